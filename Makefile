@@ -1,0 +1,32 @@
+# The tested torch; override with e.g. `make test TORCH='torch==2.4.1'`.
+TORCH ?= torch==2.13.0
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint demo bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned, so that resolving vlret's loose `torch>=2.1` installs nothing more.
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+test: lint
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/vlret demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_metrics.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

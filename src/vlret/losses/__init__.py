@@ -1,0 +1,28 @@
+"""Drop-in vision-language retrieval losses.
+
+Every loss comes as a pure function on a ``(B, B)`` similarity matrix and as an ``nn.Module``
+taking embeddings (``loss(img_emb, txt_emb, img_ids=None, txt_ids=None)``) or a similarity
+matrix (``loss.from_similarity(sim, pos_mask=None)``). Build any registered loss by name with
+:func:`build_loss`.
+"""
+
+from ._base import PairLoss
+from .infonce import InfoNCELoss, infonce_loss
+from .registry import available_losses, build_loss, loss_class, loss_parameters, register_loss
+from .triplet import TripletLoss, triplet_loss
+from .unified import UnifiedLoss, unified_loss
+
+__all__ = [
+    "InfoNCELoss",
+    "PairLoss",
+    "TripletLoss",
+    "UnifiedLoss",
+    "available_losses",
+    "build_loss",
+    "infonce_loss",
+    "loss_class",
+    "loss_parameters",
+    "register_loss",
+    "triplet_loss",
+    "unified_loss",
+]

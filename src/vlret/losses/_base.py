@@ -1,0 +1,117 @@
+"""Machinery shared by the pair-similarity losses: input preparation, reductions, the module base.
+
+Conventions (see ARCHITECTURE.md, "Core contract of a loss"):
+
+* ``sim`` is ``(B, B)``, rows are images, columns are texts, ``sim[i, i]`` is anchor ``i``'s
+  positive pair.
+* ``pos_mask`` marks further true matches; they are neither negatives nor pulled. The diagonal
+  is always positive.
+* A loss computes per-anchor terms in both directions: the image-anchor term of row ``i`` and
+  the text-anchor term of column ``i``. ``reduction="none"`` returns their sum per index ``i``,
+  ``"mean"`` the mean of that ``(B,)`` vector and ``"sum"`` its sum.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .._checks import (
+    check_embeddings,
+    check_pos_mask,
+    check_reduction,
+    check_similarity,
+    compute_dtype,
+)
+from ..similarity import Ids, cosine_similarity, positive_mask
+
+
+def prepare(sim: torch.Tensor, pos_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate ``sim`` and ``pos_mask``; return ``sim`` in the compute dtype and the negatives.
+
+    Half-precision inputs are computed in float32 (the gradient is cast back by autograd).
+    """
+    check_similarity(sim)
+    positives = check_pos_mask(pos_mask, sim.shape[0], sim.device)
+    return sim.to(compute_dtype(sim.dtype)), ~positives
+
+
+def log1p_sum_exp(z: torch.Tensor, negatives: torch.Tensor, dim: int) -> torch.Tensor:
+    """``log(1 + sum_{j in negatives} exp(z_j))`` along ``dim``, stably.
+
+    Non-negatives are filled with the dtype's most negative finite value (never ``-inf``, whose
+    arithmetic produces NaN gradients), so a row without negatives gives a graph-attached 0.
+    """
+    filled = z.masked_fill(~negatives, torch.finfo(z.dtype).min)
+    return torch.logaddexp(torch.zeros((), dtype=z.dtype, device=z.device), filled.logsumexp(dim))
+
+
+def reduce_terms(img_terms: torch.Tensor, txt_terms: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Combine the image-anchor and text-anchor terms of each index and reduce."""
+    per_index = img_terms + txt_terms
+    if reduction == "none":
+        return per_index
+    if reduction == "sum":
+        return per_index.sum()
+    return per_index.mean()
+
+
+class PairLoss(nn.Module):
+    """Base of the losses on a ``(B, B)`` similarity matrix.
+
+    ``loss(img_emb, txt_emb, img_ids=None, txt_ids=None)`` L2-normalises the embeddings (unless
+    ``normalize=False``, then raw dot products are used), builds ``sim`` and, from the ids, the
+    mask of further positives, and calls :meth:`from_similarity`. Passing only ``img_ids`` means
+    each text carries the id of its paired image. Models that score pairs themselves (SCAN,
+    SGRAF) call :meth:`from_similarity` directly.
+    """
+
+    #: Short citation shown by ``vlret losses`` and the README table.
+    paper: str = ""
+    #: Equation(s) implemented.
+    equation: str = ""
+
+    def __init__(self, *, reduction: str, normalize: bool = True) -> None:
+        super().__init__()
+        check_reduction(reduction)
+        self.reduction = reduction
+        self.normalize = bool(normalize)
+
+    def similarity_and_mask(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_embeddings(img_emb, txt_emb)
+        if self.normalize:
+            sim = cosine_similarity(img_emb, txt_emb)
+        else:
+            sim = img_emb @ txt_emb.t()
+        if img_ids is None and txt_ids is None:
+            return sim, None
+        if img_ids is None:
+            raise ValueError("txt_ids given without img_ids; pass img_ids (and optionally txt_ids)")
+        if txt_ids is None:
+            txt_ids = img_ids
+        batch = img_emb.shape[0]
+        for name, ids in (("img_ids", img_ids), ("txt_ids", txt_ids)):
+            if len(ids) != batch:
+                raise ValueError(f"{name} must have one id per row ({batch}), got {len(ids)}")
+        return sim, positive_mask(img_ids, txt_ids).to(sim.device)
+
+    def forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+    ) -> torch.Tensor:
+        sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
+        return self.from_similarity(sim, pos_mask=pos_mask)
+
+    def from_similarity(
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,101 @@
+"""Vision-language contrastive loss (InfoNCE / CLIP), Unified-loss paper Eq. (3)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._checks import check_positive, check_reduction
+from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
+from .registry import register_loss
+
+
+def infonce_loss(
+    sim: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 0.05,
+    pos_mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    r"""Bidirectional InfoNCE (VLC) on a ``(B, B)`` similarity matrix, Eq. (3) with
+    :math:`\gamma = 1/\tau`:
+
+    .. math:: -\sum_i \log\frac{e^{s_{ii}/\tau}}{\sum_j e^{s_{ij}/\tau}}
+              + \log\frac{e^{s_{ii}/\tau}}{\sum_j e^{s_{ji}/\tau}}
+
+    computed in the pair-similarity form Eq. (4), ``log(1 + sum_neg exp((s_ij - s_ii)/tau))``.
+    Further positives (``pos_mask``) are left out of the denominators.
+
+    ``reduction="mean"`` averages, over the ``B`` indices, the sum of the image->text and
+    text->image cross-entropies. CLIP's own loss is half of that (it averages the two
+    directions); multiply by 0.5 to match CLIP's numbers. ``temperature`` may be a tensor
+    (a learnable temperature).
+    """
+    check_positive(temperature, "temperature")
+    check_reduction(reduction)
+    s, negatives = prepare(sim, pos_mask)
+    pos = s.diagonal()
+    img_terms = log1p_sum_exp((s - pos[:, None]) / temperature, negatives, dim=1)
+    txt_terms = log1p_sum_exp((s - pos[None, :]) / temperature, negatives, dim=0)
+    return reduce_terms(img_terms, txt_terms, reduction)
+
+
+@register_loss("infonce")
+class InfoNCELoss(PairLoss):
+    """Module form of :func:`infonce_loss`.
+
+    With ``learnable_temperature=True`` the module holds a learnable log-scale
+    ``log(1/temperature)``, clamped in place like CLIP to ``[0, log(max_scale)]`` (scale <= 100
+    by default) before each use, so the gradient is never cut by the clamp.
+    """
+
+    paper = "CLIP / VLC (Radford et al. 2021)"
+    equation = "Unified Eq. (3)-(4)"
+
+    def __init__(
+        self,
+        *,
+        temperature: float = 0.05,
+        learnable_temperature: bool = False,
+        max_scale: float = 100.0,
+        reduction: str = "mean",
+        normalize: bool = True,
+    ) -> None:
+        super().__init__(reduction=reduction, normalize=normalize)
+        check_positive(temperature, "temperature")
+        check_positive(max_scale, "max_scale")
+        if max_scale < 1:
+            raise ValueError(f"max_scale must be >= 1, got {max_scale!r}")
+        self.learnable_temperature = bool(learnable_temperature)
+        self.max_scale = float(max_scale)
+        if self.learnable_temperature:
+            init = min(math.log(1.0 / temperature), math.log(max_scale))
+            self.log_scale = nn.Parameter(torch.tensor(max(init, 0.0)))
+        else:
+            self.fixed_temperature = float(temperature)
+
+    @property
+    def temperature(self) -> float:
+        """The temperature in use now (a float, for logging)."""
+        if self.learnable_temperature:
+            return float(1.0 / self.log_scale.detach().clamp(0, math.log(self.max_scale)).exp())
+        return self.fixed_temperature
+
+    def from_similarity(
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.learnable_temperature:
+            with torch.no_grad():
+                self.log_scale.clamp_(0.0, math.log(self.max_scale))
+            temperature: float | torch.Tensor = torch.exp(-self.log_scale)
+        else:
+            temperature = self.fixed_temperature
+        return infonce_loss(sim, temperature=temperature, pos_mask=pos_mask, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature:.4g}, learnable={self.learnable_temperature}, "
+            f"reduction={self.reduction!r}"
+        )

@@ -1,0 +1,77 @@
+"""Triplet ranking loss, VSE++ style (Unified-loss paper Eq. 1-2; Faghri et al., VSE++)."""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_real, check_reduction
+from ._base import PairLoss, prepare, reduce_terms
+from .registry import register_loss
+
+
+def triplet_loss(
+    sim: torch.Tensor,
+    *,
+    margin: float = 0.2,
+    hardest: bool = True,
+    pos_mask: torch.Tensor | None = None,
+    reduction: str = "sum",
+) -> torch.Tensor:
+    r"""Bidirectional triplet ranking loss on a ``(B, B)`` similarity matrix.
+
+    With ``hardest=True`` this is Triplet-HN, Eq. (1)-(2) of the Unified-loss paper:
+
+    .. math:: \sum_i [m + s(V_i,\hat T_i) - s_{ii}]_+ + [m + s(\hat V_i, T_i) - s_{ii}]_+
+
+    where :math:`\hat T_i` (:math:`\hat V_i`) is the most similar negative text of image ``i``
+    (image of text ``i``). ``hardest=False`` sums the hinge over all negatives (VSE0).
+    Entries of ``pos_mask`` are never negatives. Default reduction ``"sum"`` as in VSE++.
+    """
+    check_real(margin, "margin")
+    check_reduction(reduction)
+    s, negatives = prepare(sim, pos_mask)
+    pos = s.diagonal()
+    # Hinges are >= 0, so the max of the hinges equals the hinge of the hardest negative, and a
+    # row whose entries are all masked yields a graph-attached zero.
+    hinge_i2t = (margin + s - pos[:, None]).clamp(min=0).masked_fill(~negatives, 0)
+    hinge_t2i = (margin + s - pos[None, :]).clamp(min=0).masked_fill(~negatives, 0)
+    if hardest:
+        img_terms, txt_terms = hinge_i2t.amax(dim=1), hinge_t2i.amax(dim=0)
+    else:
+        img_terms, txt_terms = hinge_i2t.sum(dim=1), hinge_t2i.sum(dim=0)
+    return reduce_terms(img_terms, txt_terms, reduction)
+
+
+@register_loss("triplet")
+class TripletLoss(PairLoss):
+    """Module form of :func:`triplet_loss` (VSE++; Unified-loss paper Eq. 1-2)."""
+
+    paper = "VSE++ (Faghri et al. 2018)"
+    equation = "Unified Eq. (1)-(2)"
+
+    def __init__(
+        self,
+        *,
+        margin: float = 0.2,
+        hardest: bool = True,
+        reduction: str = "sum",
+        normalize: bool = True,
+    ) -> None:
+        super().__init__(reduction=reduction, normalize=normalize)
+        check_real(margin, "margin")
+        self.margin = float(margin)
+        self.hardest = bool(hardest)
+
+    def from_similarity(
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return triplet_loss(
+            sim,
+            margin=self.margin,
+            hardest=self.hardest,
+            pos_mask=pos_mask,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, hardest={self.hardest}, reduction={self.reduction!r}"
