@@ -142,11 +142,18 @@ def test_unified_matches_naive_loop(seed, use_mask, form):
     sim, mask = random_batch(6, seed)
     mask = mask if use_mask else None
     g = torch.Generator().manual_seed(100 + seed)
-    weights = torch.rand(6, 6, generator=g, dtype=torch.float64) + 0.5 if form == "weights" else None
+    weights = (
+        torch.rand(6, 6, generator=g, dtype=torch.float64) + 0.5 if form == "weights" else None
+    )
     margins = torch.rand(6, generator=g, dtype=torch.float64) * 0.4 if form == "margins" else None
     assert_value_and_grad(
         lambda s: unified_loss(
-            s, margin=0.2, gamma=8.0, pos_mask=mask, weights=weights, margins=margins,
+            s,
+            margin=0.2,
+            gamma=8.0,
+            pos_mask=mask,
+            weights=weights,
+            margins=margins,
             reduction="none",
         ),
         lambda s: naive_unified(s, 0.2, 8.0, mask, weights, margins),
@@ -339,9 +346,7 @@ def test_module_ids_build_pos_mask():
     g = torch.Generator().manual_seed(1)
     img, txt = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
     ids = ["a", "b", "a", "c"]  # texts 0 and 2 describe the same image
-    mask = torch.tensor(
-        [[1, 0, 1, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.bool
-    )
+    mask = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.bool)
     loss = TripletLoss(hardest=False)
     torch.testing.assert_close(loss(img, txt, img_ids=ids), loss(img, txt, ids, ids))
     sim = torch.nn.functional.normalize(img, dim=1) @ torch.nn.functional.normalize(txt, dim=1).t()

@@ -66,15 +66,14 @@ def make_problem(n_img, texts_per_image, dim=16, seed=0, noise=1.0, shuffle=Fals
     return img, txt, t2i
 
 
-@pytest.mark.parametrize(
-    "texts_per_image", [1, 5, 20, [1, 3, 7, 2, 5, 1, 4, 6, 2, 3, 1, 2, 8, 1]]
-)
+@pytest.mark.parametrize("texts_per_image", [1, 5, 20, [1, 3, 7, 2, 5, 1, 4, 6, 2, 3, 1, 2, 8, 1]])
 @pytest.mark.parametrize("chunk_size", [1, 3, 1024])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_ranks_match_full_sort_oracle(texts_per_image, chunk_size, shuffle):
     n_img = 14
-    img, txt, t2i = make_problem(n_img, texts_per_image, seed=len(str(texts_per_image)),
-                                 shuffle=shuffle)
+    img, txt, t2i = make_problem(
+        n_img, texts_per_image, seed=len(str(texts_per_image)), shuffle=shuffle
+    )
     sim = (img @ txt.t()).numpy()
     exp_i2t, exp_t2i = oracle_ranks(sim, t2i.numpy())
     i2t, t2i_r = retrieval_ranks(img, txt, t2i, chunk_size=chunk_size)

@@ -14,7 +14,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a loss computes in: float32 for half-precision inputs, the input dtype otherwise."""
+    """The dtype a loss computes in: float32 for half-precision inputs, else the input dtype."""
     if dtype in _HALF:
         return torch.float32
     if not dtype.is_floating_point:

@@ -75,13 +75,19 @@ def _check_txt_to_img(txt_to_img, n_img: int, n_txt: int, device: torch.device) 
         if isinstance(txt_to_img, str) or not isinstance(txt_to_img, Sequence | np.ndarray):
             raise ValueError(f"txt_to_img must be a 1-D integer tensor, got {type(txt_to_img)}")
         txt_to_img = torch.as_tensor(np.asarray(txt_to_img))
-    if txt_to_img.dim() != 1 or txt_to_img.dtype.is_floating_point or txt_to_img.dtype == torch.bool:
+    if (
+        txt_to_img.dim() != 1
+        or txt_to_img.dtype.is_floating_point
+        or txt_to_img.dtype == torch.bool
+    ):
         raise ValueError(
             "txt_to_img must be a 1-D integer tensor (the image index of each text), got "
             f"shape {tuple(txt_to_img.shape)} dtype {txt_to_img.dtype}"
         )
     if txt_to_img.numel() != n_txt:
-        raise ValueError(f"txt_to_img must have one entry per text ({n_txt}), got {txt_to_img.numel()}")
+        raise ValueError(
+            f"txt_to_img must have one entry per text ({n_txt}), got {txt_to_img.numel()}"
+        )
     t2i = txt_to_img.to(device=device, dtype=torch.long)
     if n_txt and (int(t2i.min()) < 0 or int(t2i.max()) >= n_img):
         raise ValueError(f"txt_to_img values must lie in [0, {n_img}), the number of images")
@@ -134,7 +140,7 @@ def _self_counts(pos: torch.Tensor, best: torch.Tensor, rows: torch.Tensor, n_ro
 def retrieval_ranks_from_similarity(
     sim: torch.Tensor, txt_to_img, *, chunk_size: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """0-based ``(i2t_ranks (N_img,), t2i_ranks (N_txt,))`` from a ``(N_img, N_txt)`` score matrix."""
+    """0-based ``(i2t_ranks (N_img,), t2i_ranks (N_txt,))`` from an ``(N_img, N_txt)`` matrix."""
     _check_chunk(chunk_size)
     if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
         raise ValueError("sim must be a 2-D floating-point tensor (N_img, N_txt)")
@@ -258,9 +264,7 @@ def average_metrics(folds: Sequence[RetrievalMetrics]) -> RetrievalMetrics:
     """
     if not folds:
         raise ValueError("folds must not be empty")
-    means = {
-        k: float(np.mean([f[k] for f in folds])) for k in folds[0].as_dict() if k != "rsum"
-    }
+    means = {k: float(np.mean([f[k] for f in folds])) for k in folds[0].as_dict() if k != "rsum"}
     means["rsum"] = sum(means[k] for k in RECALL_KEYS)
     return RetrievalMetrics(**means, folds=tuple(folds))
 

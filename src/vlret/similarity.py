@@ -24,7 +24,7 @@ def _as_2d_float(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def cosine_similarity(img: torch.Tensor, txt: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
-    """Cosine similarity of every image with every text: ``(N_img, D), (N_txt, D) -> (N_img, N_txt)``.
+    """Cosine similarity of every image with every text, ``(N_img, N_txt)``.
 
     Rows are L2-normalised (norms clamped at ``eps``) before the product, so the gradient
     flows through the normalisation as in VSE++ and CLIP.

@@ -92,7 +92,9 @@ class InfoNCELoss(PairLoss):
             temperature: float | torch.Tensor = torch.exp(-self.log_scale)
         else:
             temperature = self.fixed_temperature
-        return infonce_loss(sim, temperature=temperature, pos_mask=pos_mask, reduction=self.reduction)
+        return infonce_loss(
+            sim, temperature=temperature, pos_mask=pos_mask, reduction=self.reduction
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -34,7 +34,9 @@ def available_losses() -> list[str]:
 
 def loss_class(name: str) -> type[nn.Module]:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown loss {name!r}; available losses: {', '.join(available_losses())}")
+        raise ValueError(
+            f"unknown loss {name!r}; available losses: {', '.join(available_losses())}"
+        )
     return _REGISTRY[name]
 
 

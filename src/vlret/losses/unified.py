@@ -1,4 +1,4 @@
-"""Unified loss of pair similarity optimization (Eq. 5), weighted (Eq. 24), adaptive margin (Eq. 26)."""
+"""Unified loss of pair similarity optimization: Eq. (5), weighted (24), adaptive margin (26)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def unified_loss(
 ) -> torch.Tensor:
     r"""Unified loss, Eq. (5) of "Unified Loss of Pair Similarity Optimization":
 
-    .. math:: \frac{1}{\gamma}\sum_i \log\Big(1 + \sum_{j \ne i} e^{\gamma(s_{ij} - s_{ii} + m)}\Big)
+    .. math:: \frac{1}{\gamma}\sum_i
+              \log\Big(1 + \sum_{j \ne i} e^{\gamma(s_{ij} - s_{ii} + m)}\Big)
               + \log\Big(1 + \sum_{j \ne i} e^{\gamma(s_{ji} - s_{ii} + m)}\Big)
 
     Special cases (tested): ``gamma -> inf`` gives Triplet-HN (Eq. 6); ``margin=0`` gives
@@ -65,7 +66,7 @@ def unified_loss(
 class UnifiedLoss(PairLoss):
     """Module form of :func:`unified_loss`. ``weights`` and ``margins`` may be passed per batch."""
 
-    paper = "Unified Loss (Zhang et al.)"
+    paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
 
     def __init__(
