@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/vlret demo
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_metrics.py
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
