@@ -1,0 +1,84 @@
+"""On-disk data formats, tokenisation and retrieval datasets.
+
+* :mod:`~vlret.data.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
+* :mod:`~vlret.data.karpathy`: Karpathy split JSON plus an image folder.
+* :mod:`~vlret.data.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
+* :mod:`~vlret.data.vocab`: regex tokeniser, vocabulary JSON, local Hugging Face tokenizers.
+* :mod:`~vlret.data.writers`: writers of these formats and tiny generated data sets.
+
+Every dataset yields ``(features, caption ids, image index, caption index)`` per caption,
+collates with ``dataset.collate`` (captions padded, with lengths) and exposes ``txt_to_img`` for
+:func:`vlret.metrics.retrieval_metrics`.
+"""
+
+from .karpathy import (
+    KarpathyData,
+    KarpathyDataset,
+    KarpathyImage,
+    KarpathySentence,
+    build_karpathy_vocab,
+    read_karpathy_json,
+)
+from .msrvtt import (
+    FULL_SPLIT_SIZES,
+    ONE_K_A_SIZES,
+    MSRVTTDataset,
+    VideoFeatures,
+    build_msrvtt_vocab,
+    read_jsfusion_csv,
+    read_msrvtt_json,
+    read_train_csv,
+)
+from .precomp import (
+    SPLITS,
+    CaptionEncoder,
+    DataFormatError,
+    PrecompDataset,
+    RetrievalBatch,
+    RetrievalDataset,
+    RetrievalItem,
+    collate_retrieval,
+    pad_captions,
+)
+from .vocab import (
+    SPECIAL_TOKENS,
+    HFTokenizer,
+    Vocabulary,
+    build_precomp_vocab,
+    build_vocab,
+    load_hf_tokenizer,
+    tokenize,
+)
+
+__all__ = [
+    "FULL_SPLIT_SIZES",
+    "ONE_K_A_SIZES",
+    "SPECIAL_TOKENS",
+    "SPLITS",
+    "CaptionEncoder",
+    "DataFormatError",
+    "HFTokenizer",
+    "KarpathyData",
+    "KarpathyDataset",
+    "KarpathyImage",
+    "KarpathySentence",
+    "MSRVTTDataset",
+    "PrecompDataset",
+    "RetrievalBatch",
+    "RetrievalDataset",
+    "RetrievalItem",
+    "VideoFeatures",
+    "Vocabulary",
+    "build_karpathy_vocab",
+    "build_msrvtt_vocab",
+    "build_precomp_vocab",
+    "build_vocab",
+    "collate_retrieval",
+    "load_hf_tokenizer",
+    "pad_captions",
+    "read_jsfusion_csv",
+    "read_karpathy_json",
+    "read_msrvtt_json",
+    "read_train_csv",
+    "tokenize",
+]

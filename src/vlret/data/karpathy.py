@@ -1,0 +1,273 @@
+"""Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr30k.json``) plus an image folder.
+
+Top level ``{"images": [...], "dataset": "coco" | "flickr30k" | "flickr8k"}``. Each image has
+``filename``, ``imgid``, ``split`` (``train``/``restval``/``val``/``test``), ``sentids`` and
+``sentences[]`` (``raw`` with case and punctuation, ``tokens`` lower-cased without
+punctuation); COCO images also have ``filepath`` (``train2014``/``val2014``) and ``cocoid``.
+The image file is ``image_root/filepath/filename`` (COCO) or ``image_root/filename``.
+
+Our splits: ``train`` = Karpathy train + restval (COCO's 113,287 images; F30K's 29,000),
+``dev`` = val, ``test`` = test (COCO's 5000 images are the precomputed ``testall``, so
+``testall`` is accepted as another name for it). COCO images with 6 or 7 captions keep their
+first ``captions_per_image`` (5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .precomp import CaptionEncoder, DataFormatError, RetrievalDataset, read_json
+from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
+
+KARPATHY_SPLITS = ("train", "restval", "val", "test")
+#: Our split name -> the Karpathy splits it holds (``train`` includes restval by default).
+SPLIT_MEMBERS = {
+    "train": ("train", "restval"),
+    "dev": ("val",),
+    "val": ("val",),
+    "test": ("test",),
+    "testall": ("test",),
+}
+_EXPECTED = (
+    'expected {"images": [{"filename", "imgid", "split", "sentids", "sentences": '
+    '[{"raw", "tokens"}], ("filepath", "cocoid" for COCO)}], "dataset"}'
+)
+
+
+@dataclass(frozen=True)
+class KarpathySentence:
+    sentid: int
+    raw: str
+    tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KarpathyImage:
+    imgid: int
+    filename: str
+    split: str
+    sentids: tuple[int, ...]
+    sentences: tuple[KarpathySentence, ...]
+    filepath: str | None = None
+    cocoid: int | None = None
+
+    def path(self, image_root: str | Path) -> Path:
+        """``image_root/filepath/filename`` (COCO) or ``image_root/filename`` (Flickr)."""
+        root = Path(image_root)
+        return root / self.filepath / self.filename if self.filepath else root / self.filename
+
+
+@dataclass(frozen=True)
+class KarpathyData:
+    """A parsed Karpathy JSON: the file, its ``dataset`` name and its images in file order."""
+
+    path: Path
+    dataset: str
+    images: tuple[KarpathyImage, ...]
+
+    def split(self, name: str, *, include_restval: bool = True) -> list[KarpathyImage]:
+        """The images of our split ``name`` (see the module docstring), in file order."""
+        if name not in SPLIT_MEMBERS:
+            raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {name!r}")
+        members = set(SPLIT_MEMBERS[name])
+        if not include_restval:
+            members.discard("restval")
+        return [im for im in self.images if im.split in members]
+
+
+def _field(path: Path, entry: dict, key: str, kind: type | tuple, where: str) -> Any:
+    if key not in entry:
+        raise DataFormatError(path, f"{where} has no {key!r}; {_EXPECTED}")
+    value = entry[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise DataFormatError(
+            path, f"{where}: {key!r} is {type(value).__name__} {value!r:.60}; {_EXPECTED}"
+        )
+    return value
+
+
+def _parse_image(path: Path, k: int, entry: Any, is_coco: bool) -> KarpathyImage:
+    where = f"images[{k}]"
+    if not isinstance(entry, dict):
+        raise DataFormatError(path, f"{where} is {type(entry).__name__}; {_EXPECTED}")
+    imgid = _field(path, entry, "imgid", int, where)
+    where = f"images[{k}] (imgid {imgid})"
+    filename = _field(path, entry, "filename", str, where)
+    split = _field(path, entry, "split", str, where)
+    if split not in KARPATHY_SPLITS:
+        raise DataFormatError(path, f"{where}: split {split!r}; expected one of {KARPATHY_SPLITS}")
+    sentids = _field(path, entry, "sentids", list, where)
+    raw_sentences = _field(path, entry, "sentences", list, where)
+    if len(sentids) != len(raw_sentences):
+        raise DataFormatError(
+            path,
+            f"{where} has {len(sentids)} sentids and {len(raw_sentences)} sentences; "
+            "expected one sentid per sentence",
+        )
+    sentences = []
+    for s, (sid, sent) in enumerate(zip(sentids, raw_sentences, strict=True)):
+        swhere = f"{where}.sentences[{s}]"
+        if not isinstance(sent, dict):
+            raise DataFormatError(path, f"{swhere} is {type(sent).__name__}; {_EXPECTED}")
+        raw = _field(path, sent, "raw", str, swhere)
+        tokens = _field(path, sent, "tokens", list, swhere)
+        if not isinstance(sid, int) or sent.get("sentid", sid) != sid:
+            raise DataFormatError(
+                path, f"{swhere}: sentid {sent.get('sentid')!r} but sentids[{s}] is {sid!r}"
+            )
+        sentences.append(KarpathySentence(sid, raw, tuple(str(t) for t in tokens)))
+    filepath = cocoid = None
+    if is_coco:
+        filepath = _field(path, entry, "filepath", str, where)
+        cocoid = _field(path, entry, "cocoid", int, where)
+    return KarpathyImage(
+        imgid=imgid,
+        filename=filename,
+        split=split,
+        sentids=tuple(sentids),
+        sentences=tuple(sentences),
+        filepath=filepath,
+        cocoid=cocoid,
+    )
+
+
+def read_karpathy_json(path: str | Path) -> KarpathyData:
+    """Parse and validate a Karpathy split JSON; errors name the file and the entry."""
+    path = Path(path)
+    data = read_json(path, "a Karpathy split JSON " + _EXPECTED)
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise DataFormatError(path, f"top level has no 'images' list; {_EXPECTED}")
+    images = data["images"]
+    dataset = data.get("dataset")
+    if dataset is None:  # infer: only COCO entries carry a filepath
+        dataset = (
+            "coco" if images and isinstance(images[0], dict) and "filepath" in images[0] else ""
+        )
+    if not isinstance(dataset, str):
+        raise DataFormatError(path, f"'dataset' is {dataset!r}; expected a name such as 'coco'")
+    is_coco = dataset == "coco"
+    parsed = tuple(_parse_image(path, k, entry, is_coco) for k, entry in enumerate(images))
+    return KarpathyData(path, dataset, parsed)
+
+
+def _as_data(source: str | Path | KarpathyData) -> KarpathyData:
+    return source if isinstance(source, KarpathyData) else read_karpathy_json(source)
+
+
+class KarpathyDataset(RetrievalDataset):
+    """One split of a Karpathy JSON, for end-to-end fine-tuning (e.g. CLIP) on image files.
+
+    ``image(i)`` is ``image_transform(path)`` (e.g. PIL loading and CLIP preprocessing, which
+    live with the encoders) or, without a transform, the image's ``Path``. ``text_field`` picks
+    ``raw`` captions or ``tokens`` joined by spaces. ``image_ids`` are ``cocoid`` for COCO and
+    ``imgid`` otherwise (the ids that ``{split}_ids.txt`` of the precomputed format uses).
+    """
+
+    def __init__(
+        self,
+        source: str | Path | KarpathyData,
+        split: str,
+        *,
+        image_root: str | Path | None = None,
+        image_transform: Callable[[Path], Any] | None = None,
+        encoder: CaptionEncoder | None = None,
+        captions_per_image: int | None = 5,
+        text_field: str = "raw",
+        include_restval: bool = True,
+    ) -> None:
+        if text_field not in ("raw", "tokens"):
+            raise ValueError(f"text_field must be 'raw' or 'tokens', got {text_field!r}")
+        if captions_per_image is not None and (
+            not isinstance(captions_per_image, int) or captions_per_image < 1
+        ):
+            raise ValueError(
+                f"captions_per_image must be a positive int or None, got {captions_per_image!r}"
+            )
+        self.data = _as_data(source)
+        self.split = split
+        self.image_root = Path(image_root) if image_root is not None else None
+        if self.image_root is not None and not self.image_root.is_dir():
+            raise FileNotFoundError(f"{self.image_root}: missing; expected the image folder")
+        self.image_transform = image_transform
+        self.encoder = encoder
+        self.entries = self.data.split(split, include_restval=include_restval)
+        captions: list[str] = []
+        txt_to_img: list[int] = []
+        for i, im in enumerate(self.entries):
+            sents = im.sentences
+            if captions_per_image is not None:
+                if len(sents) < captions_per_image:
+                    raise DataFormatError(
+                        self.data.path,
+                        f"image imgid {im.imgid} ({im.filename}) has {len(sents)} sentences; "
+                        f"expected at least {captions_per_image}",
+                    )
+                sents = sents[:captions_per_image]
+            for s in sents:
+                captions.append(s.raw.strip() if text_field == "raw" else " ".join(s.tokens))
+                txt_to_img.append(i)
+        self.captions = captions
+        self.txt_to_img = torch.tensor(txt_to_img, dtype=torch.long)
+        self.image_ids = [im.cocoid if im.cocoid is not None else im.imgid for im in self.entries]
+
+    def image_path(self, index: int) -> Path:
+        if self.image_root is None:
+            raise ValueError("this KarpathyDataset was built without image_root")
+        return self.entries[index].path(self.image_root)
+
+    def image(self, index: int) -> Any:
+        path = self.image_path(index)
+        if not path.is_file():
+            im = self.entries[index]
+            raise FileNotFoundError(
+                f"{path}: missing; expected the image file of imgid {im.imgid} listed in "
+                f"{self.data.path}"
+            )
+        return self.image_transform(path) if self.image_transform is not None else path
+
+
+def karpathy_vocab_captions(
+    source: str | Path | KarpathyData,
+    *,
+    include_restval: bool = True,
+    captions_per_image: int | None = 5,
+) -> list[str]:
+    """The raw captions (the first ``captions_per_image`` of each image, as the datasets use)
+    of the train (+ restval) and val images; never test."""
+    data = _as_data(source)
+    out: list[str] = []
+    for name in ("train", "dev"):
+        for im in data.split(name, include_restval=include_restval):
+            out.extend(s.raw for s in im.sentences[:captions_per_image])
+    return out
+
+
+def build_karpathy_vocab(
+    source: str | Path | KarpathyData,
+    *,
+    min_count: int = DEFAULT_MIN_COUNT,
+    include_restval: bool = True,
+    captions_per_image: int | None = 5,
+) -> Vocabulary:
+    """Vocabulary from the train (+ restval) and val captions of a Karpathy JSON."""
+    captions = karpathy_vocab_captions(
+        source, include_restval=include_restval, captions_per_image=captions_per_image
+    )
+    return build_vocab(captions, min_count=min_count)
+
+
+__all__ = [
+    "KARPATHY_SPLITS",
+    "KarpathyData",
+    "KarpathyDataset",
+    "KarpathyImage",
+    "KarpathySentence",
+    "build_karpathy_vocab",
+    "karpathy_vocab_captions",
+    "read_karpathy_json",
+]

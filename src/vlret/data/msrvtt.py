@@ -1,0 +1,402 @@
+"""MSR-VTT annotations (full split and 1k-A) with precomputed per-video frame features.
+
+Annotation files, in the data root:
+
+* ``MSRVTT_data.json``: ``videos[]`` (``video_id`` such as ``"video0"``, ``split`` in
+  ``train``/``validate``/``test``, plus ``category``, ``url``, ``"start time"``, ``"end time"``,
+  ``id``) and ``sentences[]`` (``caption``, ``video_id``, ``sen_id``), 20 sentences per video.
+* ``MSRVTT_train.9k.csv``: a ``video_id`` column, the 9000 1k-A training videos.
+* ``MSRVTT_JSFUSION_test.csv``: header ``key,vid_key,video_id,sentence``, the 1000 1k-A test
+  pairs (one caption per video), e.g. ``ret0,msr9770,video9770,a person is connecting ...``.
+
+Protocols: ``full`` (train 6513 / dev = ``validate`` 497 / test 2990 videos, 20 captions each;
+video->text ranks the best of a video's captions, which is what ``txt_to_img`` gives
+:func:`vlret.metrics.retrieval_metrics`) and ``1k-A`` (train: the 9k videos with all their
+captions from the JSON; test: the 1000 JSFUSION pairs, a square problem).
+
+Feature layout (ours; the raw features come in many extractor-specific forms), in
+``features_dir`` (the data root by default):
+
+* ``video_feats.npy``: float32 ``(N_videos, T, D)`` frame features (``T`` frames sampled or
+  padded to a fixed count when extracting) or ``(N_videos, D)`` pooled vectors, memory-mapped;
+* ``video_ids.txt``: the video id of each row, one per line, in row order.
+
+One array for all videos is memory-mappable and opens once, where 10,000 small files would
+each need an open per read; :func:`vlret.data.writers.write_video_features` writes it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .precomp import (
+    CaptionEncoder,
+    DataFormatError,
+    LazyFeatures,
+    RetrievalDataset,
+    load_feature_array,
+    read_json,
+    read_lines,
+    require_file,
+)
+from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
+
+DATA_JSON = "MSRVTT_data.json"
+TRAIN_9K_CSV = "MSRVTT_train.9k.csv"
+JSFUSION_CSV = "MSRVTT_JSFUSION_test.csv"
+FEATURES_NPY = "video_feats.npy"
+FEATURE_IDS = "video_ids.txt"
+JSFUSION_HEADER = ("key", "vid_key", "video_id", "sentence")
+JSON_SPLITS = ("train", "validate", "test")
+PROTOCOLS = ("full", "1k-A")
+#: Videos per split in the real data (pass as ``expected_videos`` to check a download).
+FULL_SPLIT_SIZES = {"train": 6513, "dev": 497, "test": 2990}
+ONE_K_A_SIZES = {"train": 9000, "test": 1000}
+CAPTIONS_PER_VIDEO = 20
+
+_FULL_SPLITS = {"train": "train", "dev": "validate", "val": "validate", "test": "test"}
+_EXPECTED_JSON = (
+    'expected {"videos": [{"video_id", "split"}], "sentences": [{"caption", "video_id", "sen_id"}]}'
+)
+
+
+@dataclass(frozen=True)
+class MSRVTTAnnotations:
+    """``MSRVTT_data.json``: video ids in file order, their split, their captions by sen_id."""
+
+    path: Path
+    video_ids: tuple[str, ...]
+    splits: dict[str, str]
+    captions: dict[str, list[str]]
+
+    def split_videos(self, split: str) -> list[str]:
+        """Video ids of a JSON split (``train``, ``validate``, ``test``) in file order."""
+        return [v for v in self.video_ids if self.splits[v] == split]
+
+
+def _entry_field(path: Path, entry: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(entry, dict):
+        raise DataFormatError(path, f"{where} is {type(entry).__name__}; {_EXPECTED_JSON}")
+    value = entry.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise DataFormatError(path, f"{where}: {key!r} is {value!r:.60}; {_EXPECTED_JSON}")
+    return value
+
+
+def read_msrvtt_json(path: str | Path) -> MSRVTTAnnotations:
+    """Parse and validate ``MSRVTT_data.json``."""
+    path = Path(path)
+    data = read_json(path, "the MSR-VTT annotations " + _EXPECTED_JSON)
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), list) for k in ("videos", "sentences")
+    ):
+        raise DataFormatError(
+            path, f"top level lacks the 'videos' and 'sentences' lists; {_EXPECTED_JSON}"
+        )
+    video_ids: list[str] = []
+    splits: dict[str, str] = {}
+    for k, entry in enumerate(data["videos"]):
+        vid = _entry_field(path, entry, "video_id", str, f"videos[{k}]")
+        split = _entry_field(path, entry, "split", str, f"videos[{k}] ({vid})")
+        if split not in JSON_SPLITS:
+            raise DataFormatError(
+                path, f"videos[{k}] ({vid}): split {split!r}; expected one of {JSON_SPLITS}"
+            )
+        if vid in splits:
+            raise DataFormatError(path, f"videos[{k}]: video_id {vid!r} appears twice")
+        video_ids.append(vid)
+        splits[vid] = split
+    by_video: dict[str, list[tuple[int, str]]] = {v: [] for v in video_ids}
+    for k, entry in enumerate(data["sentences"]):
+        where = f"sentences[{k}]"
+        caption = _entry_field(path, entry, "caption", str, where)
+        vid = _entry_field(path, entry, "video_id", str, where)
+        sen_id = _entry_field(path, entry, "sen_id", int, where)
+        if vid not in by_video:
+            raise DataFormatError(path, f"{where}: video_id {vid!r} is not in 'videos'")
+        by_video[vid].append((sen_id, caption))
+    captions = {
+        v: [c for _, c in sorted(items, key=lambda t: t[0])] for v, items in by_video.items()
+    }
+    return MSRVTTAnnotations(path, tuple(video_ids), splits, captions)
+
+
+def _csv_rows(path: Path, what: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """Header and ``(line number, fields)`` rows of a UTF-8 CSV (a BOM is tolerated)."""
+    text = "\n".join(read_lines(path, what)).lstrip("\ufeff")
+    reader = csv.reader(io.StringIO(text), strict=True)
+    rows: list[tuple[int, list[str]]] = []
+    header: list[str] | None = None
+    try:
+        for fields in reader:
+            if header is None:
+                header = [f.strip() for f in fields]
+            elif fields:
+                rows.append((reader.line_num, fields))
+    except csv.Error as err:
+        raise DataFormatError(
+            path, f"bad CSV ({err}); expected {what}", line=reader.line_num
+        ) from None
+    if header is None:
+        raise DataFormatError(path, f"is empty; expected {what}", line=1)
+    return header, rows
+
+
+def read_train_csv(path: str | Path) -> list[str]:
+    """The ``video_id`` column of ``MSRVTT_train.9k.csv`` (or ``.7k``), in file order."""
+    path = Path(path)
+    what = "a CSV with a 'video_id' column"
+    header, rows = _csv_rows(path, what)
+    if "video_id" not in header:
+        raise DataFormatError(path, f"header {header} has no 'video_id'; expected {what}", line=1)
+    col = header.index("video_id")
+    out: list[str] = []
+    seen: set[str] = set()
+    for line, fields in rows:
+        if len(fields) != len(header):
+            raise DataFormatError(
+                path, f"{len(fields)} fields; expected {len(header)} like the header", line=line
+            )
+        vid = fields[col].strip()
+        if not vid:
+            raise DataFormatError(path, "empty video_id", line=line)
+        if vid in seen:
+            raise DataFormatError(path, f"video_id {vid!r} repeated", line=line)
+        seen.add(vid)
+        out.append(vid)
+    return out
+
+
+def read_jsfusion_csv(path: str | Path) -> list[tuple[str, str]]:
+    """``(video_id, sentence)`` rows of ``MSRVTT_JSFUSION_test.csv``, in file order."""
+    path = Path(path)
+    what = "the header key,vid_key,video_id,sentence and one test pair per row"
+    header, rows = _csv_rows(path, what)
+    if tuple(header) != JSFUSION_HEADER:
+        raise DataFormatError(path, f"header {','.join(header)}; expected {what}", line=1)
+    out = []
+    for line, fields in rows:
+        if len(fields) != len(JSFUSION_HEADER):
+            raise DataFormatError(path, f"{len(fields)} fields; expected 4 ({what})", line=line)
+        vid, sentence = fields[2].strip(), fields[3].strip()
+        if not vid or not sentence:
+            raise DataFormatError(path, "empty video_id or sentence", line=line)
+        out.append((vid, sentence))
+    return out
+
+
+class VideoFeatures:
+    """``video_feats.npy`` + ``video_ids.txt`` (see the module docstring), memory-mapped."""
+
+    def __init__(self, features_dir: str | Path, *, mmap: bool = True) -> None:
+        self.dir = Path(features_dir)
+        npy = self.dir / FEATURES_NPY
+        ids_path = self.dir / FEATURE_IDS
+        array = load_feature_array(npy, mmap=mmap)
+        ids = read_lines(ids_path, f"one video id per line, one per row of {FEATURES_NPY}")
+        row: dict[str, int] = {}
+        for number, vid in enumerate(ids, start=1):
+            vid = vid.strip()
+            if not vid:
+                raise DataFormatError(ids_path, "empty video id", line=number)
+            if vid in row:
+                raise DataFormatError(
+                    ids_path, f"video id {vid!r} repeats line {row[vid] + 1}", line=number
+                )
+            row[vid] = number - 1
+        if len(ids) != array.shape[0]:
+            raise DataFormatError(
+                ids_path,
+                f"has {len(ids)} ids for {array.shape[0]} rows in {FEATURES_NPY}; expected one "
+                "id per row",
+            )
+        self.ids_path = ids_path
+        self.row = row
+        self.feature_shape = tuple(array.shape[1:])
+        self._features = LazyFeatures(npy, mmap=mmap, array=array)
+
+    def rows_for(self, video_ids: Sequence[str]) -> list[int]:
+        missing = [v for v in video_ids if v not in self.row]
+        if missing:
+            raise DataFormatError(
+                self.ids_path,
+                f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
+                "row for every video of the split",
+            )
+        return [self.row[v] for v in video_ids]
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        return self._features.row(row)
+
+
+def normalise_protocol(protocol: str) -> str:
+    key = str(protocol).lower().replace("-", "").replace("_", "")
+    names = {"full": "full", "1ka": "1k-A", "msrvttfull": "full", "msrvtt1ka": "1k-A"}
+    if key not in names:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    return names[key]
+
+
+class MSRVTTDataset(RetrievalDataset):
+    """One split of MSR-VTT under the ``full`` or ``1k-A`` protocol, with frame features.
+
+    Splits: ``train``, ``dev`` (``validate``; full only) and ``test``. Each video keeps its
+    first ``captions_per_video`` captions by ``sen_id`` and must have that many (``None``: all);
+    1k-A test always has the CSV's one caption per video. ``expected_videos`` checks the split
+    size (e.g. ``FULL_SPLIT_SIZES["test"]``). ``image(i)`` returns video ``i``'s features.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        split: str,
+        *,
+        protocol: str = "full",
+        encoder: CaptionEncoder | None = None,
+        features_dir: str | Path | None = None,
+        captions_per_video: int | None = CAPTIONS_PER_VIDEO,
+        train_csv: str = TRAIN_9K_CSV,
+        expected_videos: int | None = None,
+        mmap: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self.protocol = normalise_protocol(protocol)
+        self.split = split
+        self.encoder = encoder
+        if captions_per_video is not None and (
+            not isinstance(captions_per_video, int) or captions_per_video < 1
+        ):
+            raise ValueError(
+                f"captions_per_video must be a positive int or None, got {captions_per_video!r}"
+            )
+        if self.protocol == "1k-A" and split == "test":
+            pairs = read_jsfusion_csv(self.root / JSFUSION_CSV)
+            video_ids, captions, txt_to_img = _group_pairs(pairs)
+            source: Path = self.root / JSFUSION_CSV
+        else:
+            ann = read_msrvtt_json(self.root / DATA_JSON)
+            if self.protocol == "full":
+                if split not in _FULL_SPLITS:
+                    raise ValueError(f"split must be one of {tuple(_FULL_SPLITS)}, got {split!r}")
+                video_ids = ann.split_videos(_FULL_SPLITS[split])
+            elif split == "train":
+                csv_path = self.root / train_csv
+                video_ids = read_train_csv(csv_path)
+                unknown = [v for v in video_ids if v not in ann.splits]
+                if unknown:
+                    raise DataFormatError(
+                        csv_path,
+                        f"lists {len(unknown)} videos absent from {DATA_JSON} (first "
+                        f"{unknown[:3]}); expected ids of its 'videos'",
+                    )
+            else:
+                raise ValueError(f"1k-A has the splits 'train' and 'test', got {split!r}")
+            captions, txt_to_img = _video_captions(ann, video_ids, captions_per_video)
+            source = ann.path
+        if expected_videos is not None and len(video_ids) != expected_videos:
+            raise DataFormatError(
+                source,
+                f"gives {len(video_ids)} videos for {self.protocol} {split}; expected "
+                f"{expected_videos}",
+            )
+        if not video_ids:
+            raise DataFormatError(source, f"has no videos for {self.protocol} {split}")
+        self.features = VideoFeatures(
+            features_dir if features_dir is not None else self.root, mmap=mmap
+        )
+        self._rows = self.features.rows_for(video_ids)
+        self.image_ids = list(video_ids)
+        self.captions = captions
+        self.txt_to_img = torch.tensor(txt_to_img, dtype=torch.long)
+
+    @property
+    def video_ids(self) -> list[str]:
+        return self.image_ids
+
+    def image(self, index: int) -> torch.Tensor:
+        """Float32 features of video ``index``: ``(T, D)`` frames or ``(D,)``."""
+        return self.features[self._rows[index]]
+
+
+def _video_captions(
+    ann: MSRVTTAnnotations, video_ids: Sequence[str], per_video: int | None
+) -> tuple[list[str], list[int]]:
+    captions: list[str] = []
+    txt_to_img: list[int] = []
+    for i, vid in enumerate(video_ids):
+        caps = ann.captions[vid]
+        if per_video is not None:
+            if len(caps) < per_video:
+                raise DataFormatError(
+                    ann.path, f"video {vid} has {len(caps)} sentences; expected {per_video}"
+                )
+            caps = caps[:per_video]
+        elif not caps:
+            raise DataFormatError(ann.path, f"video {vid} has no sentences; expected at least one")
+        captions.extend(caps)
+        txt_to_img.extend([i] * len(caps))
+    return captions, txt_to_img
+
+
+def _group_pairs(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str], list[int]]:
+    """Videos in first-appearance order and each caption's video index."""
+    index: dict[str, int] = {}
+    captions, txt_to_img = [], []
+    for vid, sentence in pairs:
+        txt_to_img.append(index.setdefault(vid, len(index)))
+        captions.append(sentence)
+    return list(index), captions, txt_to_img
+
+
+def msrvtt_vocab_captions(root: str | Path, *, protocol: str = "full") -> list[str]:
+    """Training captions for a vocabulary: full: train + validate videos; 1k-A: the 9k videos.
+
+    Test captions are never included (for 1k-A the 9k training videos exclude the 1000 test
+    videos by construction).
+    """
+    root = Path(root)
+    protocol = normalise_protocol(protocol)
+    ann = read_msrvtt_json(root / DATA_JSON)
+    if protocol == "full":
+        videos = ann.split_videos("train") + ann.split_videos("validate")
+    else:
+        videos = read_train_csv(root / TRAIN_9K_CSV)
+        held_out = {
+            v for v, _ in read_jsfusion_csv(require_file(root / JSFUSION_CSV, "the 1k-A test CSV"))
+        }
+        leaked = [v for v in videos if v in held_out]
+        if leaked:
+            raise DataFormatError(
+                root / TRAIN_9K_CSV,
+                f"lists 1k-A test videos (first {leaked[:3]}); expected training videos only",
+            )
+    return [c for v in videos for c in ann.captions.get(v, [])]
+
+
+def build_msrvtt_vocab(
+    root: str | Path, *, protocol: str = "full", min_count: int = DEFAULT_MIN_COUNT
+) -> Vocabulary:
+    """Vocabulary from the protocol's training (and validation) captions."""
+    return build_vocab(msrvtt_vocab_captions(root, protocol=protocol), min_count=min_count)
+
+
+__all__ = [
+    "FULL_SPLIT_SIZES",
+    "ONE_K_A_SIZES",
+    "PROTOCOLS",
+    "MSRVTTAnnotations",
+    "MSRVTTDataset",
+    "VideoFeatures",
+    "build_msrvtt_vocab",
+    "msrvtt_vocab_captions",
+    "read_jsfusion_csv",
+    "read_msrvtt_json",
+    "read_train_csv",
+]

@@ -1,0 +1,244 @@
+"""Offline tokenisation: a regex word tokeniser with a JSON vocabulary, or a local HF tokenizer.
+
+Nothing here downloads anything. NLTK's word tokenizer needs a downloaded model (punkt) and
+fails offline, so the word tokeniser is a regular expression: lower-cased words (hyphenated
+words kept whole, e.g. ``t-shirt``), English clitics split off (``man's`` -> ``man``, ``'s``)
+and every punctuation mark a token of its own, which is close to what the VSE lineage's NLTK
+tokenisation produced.
+
+The vocabulary JSON is the VSE-infinity layout ``{"word2idx": {...}, "idx2word": {"0":
+"<pad>", ...}, "idx": N}`` with ``<pad>``=0, ``<start>``=1, ``<end>``=2, ``<unk>``=3. It is
+built from train + dev captions only, keeping words seen at least 4 times (one public
+vocabulary also counted the test captions, a leak; the builders here refuse test splits).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .precomp import VOCAB_SPLITS, DataFormatError, load_precomp_captions, read_json
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIAL_TOKENS = (PAD, START, END, UNK)
+DEFAULT_MIN_COUNT = 4
+
+_TOKEN = re.compile(r"'(?:s|re|ve|ll|d|m|t)\b|\w+(?:-\w+)*|[^\w\s]")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens: ``"A man's T-shirt, red."`` -> ``a man 's t-shirt , red .``."""
+    return _TOKEN.findall(text.lower())
+
+
+def check_vocab_splits(splits: Sequence[str]) -> None:
+    """Refuse test splits: a vocabulary counted over test captions leaks them into training."""
+    bad = [s for s in splits if s not in VOCAB_SPLITS]
+    if bad:
+        raise ValueError(
+            f"a vocabulary is built from the train and dev splits only {VOCAB_SPLITS}, got {bad}"
+        )
+
+
+class Vocabulary:
+    """Word <-> index map whose first four entries are ``<pad> <start> <end> <unk>``.
+
+    ``encode`` tokenises, maps unknown words to ``<unk>`` and wraps the ids in ``<start>`` ...
+    ``<end>``; it satisfies :class:`vlret.data.precomp.CaptionEncoder`.
+    """
+
+    def __init__(
+        self, idx2word: Sequence[str], *, tokenizer: Callable[[str], list[str]] = tokenize
+    ):
+        words = list(idx2word)
+        if tuple(words[:4]) != SPECIAL_TOKENS:
+            raise ValueError(f"idx2word must start with {SPECIAL_TOKENS}, got {words[:4]}")
+        word2idx: dict[str, int] = {}
+        for i, w in enumerate(words):
+            if w in word2idx:
+                raise ValueError(f"idx2word repeats {w!r} at indices {word2idx[w]} and {i}")
+            word2idx[w] = i
+        self.idx2word = words
+        self.word2idx = word2idx
+        self.tokenizer = tokenizer
+
+    pad_id = 0
+    start_id = 1
+    end_id = 2
+    unk_id = 3
+
+    def __len__(self) -> int:
+        return len(self.idx2word)
+
+    def __contains__(self, word: object) -> bool:
+        return word in self.word2idx
+
+    def __call__(self, word: str) -> int:
+        return self.word2idx.get(word, self.unk_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.idx2word == other.idx2word
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Vocabulary({len(self)} words)"
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        ids = [self.word2idx.get(w, self.unk_id) for w in self.tokenizer(text)]
+        return [self.start_id, *ids, self.end_id] if add_special else ids
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        words = [self.idx2word[int(i)] for i in ids]
+        if skip_special:
+            words = [w for w in words if w not in SPECIAL_TOKENS or w == UNK]
+        return " ".join(words)
+
+    def to_json(self) -> dict[str, Any]:
+        """The VSE-infinity JSON layout: ``word2idx``, ``idx2word`` (string keys), ``idx``."""
+        return {
+            "word2idx": dict(self.word2idx),
+            "idx2word": {str(i): w for i, w in enumerate(self.idx2word)},
+            "idx": len(self.idx2word),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON atomically (temporary file + rename)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        """Read and validate a vocabulary JSON (any error names the file and the problem)."""
+        path = Path(path)
+        data = read_json(path, 'a vocabulary {"word2idx": ..., "idx2word": ..., "idx": N}')
+        expected = 'expected {"word2idx": {word: index}, "idx2word": {"index": word}, "idx": N}'
+        if not isinstance(data, dict) or not {"word2idx", "idx2word", "idx"} <= data.keys():
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise DataFormatError(path, f"top level is {keys}; {expected}")
+        w2i, i2w, n = data["word2idx"], data["idx2word"], data["idx"]
+        if not isinstance(w2i, dict) or not isinstance(i2w, dict) or not isinstance(n, int):
+            raise DataFormatError(path, f"wrong value types; {expected}")
+        if len(i2w) != n or len(w2i) != n:
+            raise DataFormatError(
+                path, f"idx is {n} but idx2word has {len(i2w)} and word2idx {len(w2i)} entries"
+            )
+        words = []
+        for i in range(n):
+            word = i2w.get(str(i))
+            if not isinstance(word, str):
+                raise DataFormatError(
+                    path, f'idx2word has no word for "{i}"; expected keys 0..{n - 1}'
+                )
+            if w2i.get(word) != i:
+                raise DataFormatError(
+                    path, f"word2idx[{word!r}] is {w2i.get(word)!r}, idx2word says {i}"
+                )
+            words.append(word)
+        try:
+            return cls(words)
+        except ValueError as err:
+            raise DataFormatError(path, str(err)) from None
+
+
+def build_vocab(
+    captions: Iterable[str],
+    *,
+    min_count: int = DEFAULT_MIN_COUNT,
+    tokenizer: Callable[[str], list[str]] = tokenize,
+) -> Vocabulary:
+    """Words seen at least ``min_count`` times, most frequent first (ties alphabetical).
+
+    Pass train + dev captions only, never test captions.
+    """
+    if not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min_count must be a positive int, got {min_count!r}")
+    counts: Counter[str] = Counter()
+    for text in captions:
+        counts.update(tokenizer(text))
+    kept = sorted(
+        (w for w, c in counts.items() if c >= min_count and w not in SPECIAL_TOKENS),
+        key=lambda w: (-counts[w], w),
+    )
+    return Vocabulary([*SPECIAL_TOKENS, *kept], tokenizer=tokenizer)
+
+
+def build_precomp_vocab(
+    root: str | Path, *, splits: Sequence[str] = VOCAB_SPLITS, min_count: int = DEFAULT_MIN_COUNT
+) -> Vocabulary:
+    """Vocabulary from a precomputed folder's ``train`` and ``dev`` captions (test refused)."""
+    check_vocab_splits(splits)
+    return build_vocab(load_precomp_captions(root, splits), min_count=min_count)
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer as a :class:`~vlret.data.precomp.CaptionEncoder`.
+
+    ``encode`` returns the tokenizer's ``input_ids`` (with its own special tokens), truncated to
+    ``max_length``. ``pad_id`` is the tokenizer's pad token, or 0 if it has none (padded
+    positions lie past ``lengths`` and are masked anyway).
+    """
+
+    def __init__(self, tokenizer: Any, *, max_length: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        if max_length is None:
+            model_max = getattr(tokenizer, "model_max_length", None)
+            # Tokenizers without a limit report a huge sentinel (1e30): no truncation then.
+            max_length = model_max if isinstance(model_max, int) and model_max < 10**6 else None
+        self.max_length = max_length
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+
+    def encode(self, text: str) -> list[int]:
+        kwargs: dict[str, Any] = {}
+        if self.max_length is not None:
+            kwargs = {"truncation": True, "max_length": self.max_length}
+        return list(self.tokenizer(text, **kwargs)["input_ids"])
+
+
+def load_hf_tokenizer(path: str | Path, *, max_length: int | None = None) -> HFTokenizer:
+    """``transformers.AutoTokenizer`` from a LOCAL directory (never the Hub), wrapped.
+
+    ``transformers`` is imported only here; without it this raises ``ImportError`` saying so.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path}: missing; expected a local tokenizer directory (tokenizer.save_pretrained)"
+        )
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError:
+        raise ImportError(
+            "load_hf_tokenizer needs the optional package 'transformers' (pip install "
+            "transformers); the built-in alternative is vlret.data.vocab.Vocabulary"
+        ) from None
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise DataFormatError(
+            path,
+            f"could not load a tokenizer ({err}); expected the files written by "
+            "tokenizer.save_pretrained",
+        ) from None
+    return HFTokenizer(tok, max_length=max_length)
+
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "HFTokenizer",
+    "Vocabulary",
+    "build_precomp_vocab",
+    "build_vocab",
+    "load_hf_tokenizer",
+    "tokenize",
+]
