@@ -7,12 +7,48 @@ matrix (``loss.from_similarity(sim, pos_mask=None)``). Build any registered loss
 """
 
 from ._base import PairLoss
+from .dml import (
+    BinomialDevianceLoss,
+    CircleLoss,
+    MultiSimilarityLoss,
+    NCAHardLoss,
+    binomial_deviance_loss,
+    circle_loss,
+    multi_similarity_loss,
+    nca_hard_loss,
+)
+from .goal import (
+    PAIR_WEIGHTS,
+    TRIPLET_WEIGHTS,
+    GoalConfig,
+    GoalFunction,
+    GoalObjective,
+    goal_objective,
+    goal_pair_weights,
+    goal_triplet_weight,
+)
 from .infonce import InfoNCELoss, infonce_loss
 from .registry import available_losses, build_loss, loss_class, loss_parameters, register_loss
 from .triplet import TripletLoss, triplet_loss
 from .unified import UnifiedLoss, unified_loss
 
 __all__ = [
+    "BinomialDevianceLoss",
+    "CircleLoss",
+    "MultiSimilarityLoss",
+    "NCAHardLoss",
+    "binomial_deviance_loss",
+    "circle_loss",
+    "multi_similarity_loss",
+    "nca_hard_loss",
+    "PAIR_WEIGHTS",
+    "TRIPLET_WEIGHTS",
+    "GoalConfig",
+    "GoalFunction",
+    "GoalObjective",
+    "goal_objective",
+    "goal_pair_weights",
+    "goal_triplet_weight",
     "InfoNCELoss",
     "PairLoss",
     "TripletLoss",

@@ -1,0 +1,117 @@
+"""GOAL weight figures: triplet-weight diagrams (paper Fig. 2) and pair-weight curves (Fig. 3).
+
+``vlret plot goal-weights --out DIR`` calls :func:`plot_goal_weights`. matplotlib is an optional
+extra (``pip install vlret[plot]``); it is imported inside the function with the Agg backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..losses.goal import goal_pair_weights, goal_triplet_weight
+
+#: Settings of the figures: Fig. 2 uses m = 0.2 and tau = 10; Fig. 3 alpha = 2, beta = 10,
+#: lambda = 0.5 and relative terms m = 0.1 for the MS weights. circle_offset: our default.
+MARGIN, TAU, CIRCLE_OFFSET = 0.2, 10.0, 0.5
+ALPHA, BETA, LAM, MS_TERM = 2.0, 10.0, 0.5, 0.1
+
+TRIPLET_PANELS = (
+    ("con", r"$T^{con}$, $m=0.2$"),
+    ("nca", r"$T^{nca}$, $\tau=10$"),
+    ("cir", r"$T^{cir}$, $\tau=10$, offset 0.5"),
+)
+PAIR_CURVES = (
+    ("con", r"$P^{con}$"),
+    ("lin", r"$P^{lin}$"),
+    ("sig", r"$P^{sig}$"),
+    ("lin-ms", r"$P^{\mathrm{lin-ms}}$, $m^{lin}=0.1$"),
+    ("sig-ms", r"$P^{\mathrm{sig-ms}}$, $m^{sig}=0.1$"),
+)
+
+
+def triplet_weight_grid(
+    kind: str, size: int = 201
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(pos, neg, T)`` on a ``size x size`` grid of ``[-1, 1]^2`` (pos along x, neg along y)."""
+    axis = torch.linspace(-1.0, 1.0, size, dtype=torch.float64)
+    neg, pos = torch.meshgrid(axis, axis, indexing="ij")
+    weight = goal_triplet_weight(
+        kind, pos, neg, margin=MARGIN, tau=TAU, circle_offset=CIRCLE_OFFSET
+    )
+    return pos, neg, weight
+
+
+def pair_weight_curves(
+    kind: str, size: int = 201
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(similarity, P+, P-)`` over ``[-1, 1]``, P+ as a function of the positive similarity and
+    P- of the negative one, MS weights with relative terms ``m = 0.1`` (Fig. 3)."""
+    sim = torch.linspace(-1.0, 1.0, size, dtype=torch.float64)
+    ms = MS_TERM if kind in ("lin-ms", "sig-ms") else None
+    p_pos, p_neg = goal_pair_weights(
+        kind, sim, sim, alpha=ALPHA, beta=BETA, lam=LAM, ms_pos=ms, ms_neg=ms
+    )
+    return sim, p_pos, p_neg
+
+
+def plot_goal_weights(out_dir: Path) -> list[Path]:
+    """Write ``goal_triplet_weights.png`` (Fig. 2) and ``goal_pair_weights.png`` (Fig. 3) to
+    ``out_dir`` (created if needed) and return their paths."""
+    try:
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("plotting needs matplotlib: pip install 'vlret[plot]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.2), constrained_layout=True)
+    for ax, (kind, title) in zip(axes, TRIPLET_PANELS, strict=True):
+        pos, neg, weight = triplet_weight_grid(kind)
+        mesh = ax.pcolormesh(
+            pos.numpy(), neg.numpy(), weight.numpy(), vmin=0, vmax=1, cmap="viridis", shading="auto"
+        )
+        if kind != "con":
+            ax.contour(
+                pos.numpy(),
+                neg.numpy(),
+                weight.numpy(),
+                levels=[0.1, 0.5, 0.9],
+                colors="white",
+                linewidths=0.8,
+            )
+        ax.set_title(title)
+        ax.set_xlabel("positive similarity $S_{x,y}$")
+        ax.set_ylabel("negative similarity $S_{x,y'}$")
+        ax.set_aspect("equal")
+    fig.colorbar(mesh, ax=axes, shrink=0.85, label="triplet weight T")
+    fig.suptitle("GOAL triplet weights (Fig. 2)")
+    path = out_dir / "goal_triplet_weights.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, (ax_pos, ax_neg) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for kind, label in PAIR_CURVES:
+        sim, p_pos, p_neg = pair_weight_curves(kind)
+        ax_pos.plot(sim.numpy(), p_pos.numpy(), label=label)
+        ax_neg.plot(sim.numpy(), p_neg.numpy(), label=label)
+    ax_pos.set_title("positive pair weight $P_+$")
+    ax_pos.set_xlabel("positive similarity $S_{x,y}$")
+    ax_neg.set_title("negative pair weight $P_-$")
+    ax_neg.set_xlabel("negative similarity $S_{x,y'}$")
+    for ax in (ax_pos, ax_neg):
+        ax.set_ylabel("weight")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(r"GOAL pair weights (Fig. 3): $\alpha=2$, $\beta=10$, $\lambda=0.5$")
+    path = out_dir / "goal_pair_weights.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    return paths
