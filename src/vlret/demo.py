@@ -6,9 +6,15 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from .losses import available_losses, build_loss, loss_class
 from .metrics import coco_5fold_metrics, retrieval_metrics
+from .semantic import CaptionTfidf
+
+_OBJECTS = ("dog", "cat", "horse", "bicycle", "kite", "boat", "pizza", "train", "clock", "bench")
+_COLOURS = ("red", "blue", "green", "white", "black", "yellow")
+_PLACES = ("street", "beach", "kitchen", "park", "field", "table", "river")
 
 
 def demo_batch(batch_size: int, dim: int, seed: int):
@@ -21,6 +27,33 @@ def demo_batch(batch_size: int, dim: int, seed: int):
     return img, txt, img_ids
 
 
+def demo_captions(img_ids: torch.Tensor, seed: int) -> dict[int, list[str]]:
+    """Five template captions per image id, sharing objects and places across images."""
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def pick(words):
+        return words[int(torch.randint(len(words), (1,), generator=g))]
+
+    captions = {}
+    for image in sorted(set(img_ids.tolist())):
+        obj, colour, place = pick(_OBJECTS), pick(_COLOURS), pick(_PLACES)
+        captions[image] = [
+            f"a {colour} {obj} in the {place}",
+            f"the {obj} near a {pick(_OBJECTS)} on the {place}",
+            f"{colour} {obj} standing by the {place}",
+            f"a photo of a {obj}",
+            f"there is a {pick(_COLOURS)} {pick(_OBJECTS)} at the {place}",
+        ]
+    return captions
+
+
+def build_demo_loss(name: str, img_ids: torch.Tensor, seed: int) -> nn.Module:
+    """The registered loss with its defaults; VSL gets a TF-IDF fitted on the demo captions."""
+    if name == "vsl":
+        return build_loss(name, semantic=CaptionTfidf().fit(demo_captions(img_ids, seed)))
+    return build_loss(name)
+
+
 def loss_rows(
     batch_size: int = 64, dim: int = 128, seed: int = 0
 ) -> list[tuple[str, float, float]]:
@@ -30,7 +63,7 @@ def loss_rows(
         img, txt, img_ids = demo_batch(batch_size, dim, seed)
         img.requires_grad_(True)
         txt.requires_grad_(True)
-        loss = build_loss(name)
+        loss = build_demo_loss(name, img_ids, seed)
         loss.train()
         value = loss(img, txt, img_ids=img_ids)
         value.backward()
@@ -52,10 +85,10 @@ def run_demo(seed: int = 0, print_fn: Callable[[str], None] = print) -> None:
     start = time.perf_counter()
     print_fn("vlret demo: every registered loss on one seeded batch (B=64, D=128,")
     print_fn("every 4th text a second caption of the previous image, masked as a positive)\n")
-    print_fn(f"{'loss':<20} {'paper':<34} {'value':>10} {'|grad|':>10}")
+    print_fn(f"{'loss':<18} {'paper':<40} {'value':>10} {'|grad|':>9}")
     for name, value, grad in loss_rows(seed=seed):
-        paper = getattr(loss_class(name), "paper", "")
-        print_fn(f"{name:<20} {paper:<34} {value:>10.4f} {grad:>10.4f}")
+        paper = getattr(loss_class(name), "paper", "")[:40]
+        print_fn(f"{name:<18} {paper:<40} {value:>10.4f} {grad:>9.4f}")
 
     print_fn("\nSynthetic retrieval: 1000 images x 5 captions, D=256, caption = image + noise")
     print_fn("(recalls in %, ties count against the query)\n")

@@ -31,6 +31,7 @@ from .infonce import InfoNCELoss, infonce_loss
 from .registry import available_losses, build_loss, loss_class, loss_parameters, register_loss
 from .triplet import TripletLoss, triplet_loss
 from .unified import UnifiedLoss, unified_loss
+from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [
     "BinomialDevianceLoss",
@@ -49,6 +50,9 @@ __all__ = [
     "goal_objective",
     "goal_pair_weights",
     "goal_triplet_weight",
+    "VisualSemanticLoss",
+    "smooth_rank",
+    "visual_semantic_loss",
     "InfoNCELoss",
     "PairLoss",
     "TripletLoss",

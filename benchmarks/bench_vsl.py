@@ -1,0 +1,230 @@
+"""VSL benchmark: caption TF-IDF fit and lookup, loss cost next to the triplet loss, memory.
+
+Every figure is measured in this one run:
+
+1. ``CaptionTfidf.fit`` on 150k generated captions (30k images x 5); target <= 30 s.
+2. ``similarity`` lookup of a 128-image batch (median of many); target <= 10 ms.
+3. Forward + backward at B=128, VSL (triplet + 10 * VSL) and the triplet loss alone, timed
+   interleaved round by round; target ratio <= 2. Two settings: from a similarity matrix (the
+   loss alone, semantic matrix given) and from D=1024 embeddings through the modules (cosine
+   similarity, positive mask and the semantic lookup included, as in a training step).
+4. Peak memory of VSL forward + backward at B=1024, measured in a fresh child process as the
+   growth of the peak resident set (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``)
+   over the resident set just before the call.
+
+Usage: ``python benchmarks/bench_vsl.py [--quick]`` (``--quick``: 30k captions, fewer repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from vlret.losses import TripletLoss, VisualSemanticLoss, triplet_loss, visual_semantic_loss
+from vlret.semantic import CaptionTfidf
+
+FUNCTION_WORDS = ["a", "an", "the", "on", "of", "with", "in", "next", "to", "is", "and", "near"]
+
+
+def generate_captions(n_images: int, per_image: int, seed: int = 0) -> dict[int, list[str]]:
+    """Zipf-distributed pseudo-words; each image's captions share a small topic vocabulary."""
+    rng = np.random.default_rng(seed)
+    syllables = np.array(
+        [
+            "ka",
+            "lo",
+            "mi",
+            "ren",
+            "tu",
+            "sa",
+            "po",
+            "dre",
+            "vin",
+            "chi",
+            "ba",
+            "nor",
+            "el",
+            "ost",
+            "qua",
+            "fi",
+            "gum",
+            "hal",
+            "jo",
+            "wex",
+        ]
+    )
+    picks = rng.integers(0, len(syllables), size=(40000, 4))
+    lengths = rng.integers(2, 5, size=40000)
+    words = {"".join(syllables[p[:n]]) for p, n in zip(picks, lengths, strict=True)}
+    vocab = np.array(sorted(words))[rng.permutation(len(words))][:20000]
+    zipf = 1.0 / np.arange(1, len(vocab) + 1) ** 0.9
+    zipf /= zipf.sum()
+    n_caps = n_images * per_image
+    topics = rng.choice(len(vocab), size=(n_images, 8), p=zipf)
+    owner = np.repeat(np.arange(n_images), per_image)
+    caption_len = rng.integers(8, 16, size=n_caps)
+    starts = np.concatenate(([0], np.cumsum(caption_len)))
+    token_owner = np.repeat(owner, caption_len)
+    n_tokens = int(starts[-1])
+    from_topic = topics[token_owner, rng.integers(0, 8, size=n_tokens)]
+    background = rng.choice(len(vocab), size=n_tokens, p=zipf)
+    tokens = vocab[np.where(rng.random(n_tokens) < 0.7, from_topic, background)]
+    function_words = np.array(FUNCTION_WORDS)
+    is_function = rng.random(n_tokens) < 0.35
+    tokens[is_function] = function_words[rng.integers(0, len(function_words), is_function.sum())]
+    tokens = tokens.tolist()
+    captions: dict[int, list[str]] = {i: [] for i in range(n_images)}
+    for c in range(n_caps):
+        captions[int(owner[c])].append(" ".join(tokens[starts[c] : starts[c + 1]]))
+    return captions
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def interleaved_ms(fns: dict, rounds: int, per_round: int) -> dict[str, float]:
+    """Median over rounds of each function's per-call time, the functions alternating."""
+    for fn in fns.values():  # warm-up
+        for _ in range(3):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / per_round)
+    return {k: 1e3 * statistics.median(v) for k, v in samples.items()}
+
+
+def bench_fit_and_lookup(n_images: int, repeats: int) -> CaptionTfidf:
+    t0 = time.perf_counter()
+    captions = generate_captions(n_images, 5)
+    n_caps = sum(len(c) for c in captions.values())
+    print(f"generated {n_caps} captions for {n_images} images in {time.perf_counter() - t0:.1f} s")
+    rng = np.random.default_rng(1)
+    fitted = None
+    for ngram_range, target in (((1, 1), "target <= 30 s"), ((1, 4), "informative")):
+        t0 = time.perf_counter()
+        tfidf = CaptionTfidf(ngram_range=ngram_range).fit(captions)
+        fit_s = time.perf_counter() - t0
+        batches = [rng.integers(0, n_images, 128).tolist() for _ in range(repeats)]
+        it = iter(batches)
+        lookup = median_ms(lambda it=it, t=tfidf: t.similarity(next(it)), repeats)
+        print(
+            f"ngram_range={ngram_range}: fit {fit_s:.1f} s ({target}); vocabulary "
+            f"{tfidf.vocabulary_size}, image vectors nnz {tfidf.image_vectors.nnz}; "
+            f"lookup of 128 images {lookup:.2f} ms median (target <= 10 ms)"
+        )
+        fitted = fitted or tfidf
+    return fitted
+
+
+def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int) -> None:
+    batch, dim = 128, 1024
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, tfidf.n_images, (batch,), generator=g).tolist()
+    img = torch.randn(batch, dim, generator=g)
+    txt = img + torch.randn(batch, dim, generator=g)
+    img.requires_grad_()
+    txt.requires_grad_()
+    with torch.no_grad():
+        sim0 = (
+            torch.nn.functional.normalize(img, dim=1)
+            @ torch.nn.functional.normalize(txt, dim=1).t()
+        )
+    semantic = tfidf.similarity(ids)
+
+    def triplet_sim():
+        s = sim0.clone().requires_grad_()
+        triplet_loss(s).backward()
+
+    def vsl_sim():
+        s = sim0.clone().requires_grad_()
+        (triplet_loss(s) + 10.0 * visual_semantic_loss(s, semantic)).backward()
+
+    triplet_mod, vsl_mod = TripletLoss(), VisualSemanticLoss(semantic=tfidf)
+
+    def triplet_emb():
+        triplet_mod(img, txt, ids).backward()
+
+    def vsl_emb():
+        vsl_mod(img, txt, ids).backward()
+
+    sims = interleaved_ms({"triplet": triplet_sim, "vsl": vsl_sim}, rounds, 10)
+    embs = interleaved_ms({"triplet": triplet_emb, "vsl": vsl_emb}, rounds, 5)
+    for label, t in (("from sim (B=128)", sims), (f"from embeddings (B=128, D={dim})", embs)):
+        print(
+            f"fwd+bwd {label}: triplet {t['triplet']:.3f} ms, triplet+VSL {t['vsl']:.3f} ms, "
+            f"ratio {t['vsl'] / t['triplet']:.2f}x (target <= 2x)"
+        )
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory_child(batch: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    sim = (torch.rand(batch, batch, generator=g) * 0.4).requires_grad_()
+    semantic = torch.rand(batch, batch, generator=g)
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak RSS (VmHWM) to the RSS now
+        f.write("5")
+    before = _status_kib("VmRSS")
+    t0 = time.perf_counter()
+    visual_semantic_loss(sim, semantic).backward()
+    seconds = time.perf_counter() - t0
+    peak = _status_kib("VmHWM")
+    print(f"{(peak - before) / 1024:.1f} {seconds:.2f}")
+
+
+def bench_memory(batch: int, threads: int) -> None:
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(batch), "--threads", str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    naive_gib = batch**3 * 4 / 2**30
+    print(
+        f"VSL fwd+bwd at B={batch}: peak RSS growth {float(out[0]):.0f} MiB (VmHWM - VmRSS, "
+        f"fresh process; target < 1024 MiB), {float(out[1]):.1f} s; one unchunked "
+        f"B^3 float32 tensor would be {naive_gib:.1f} GiB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="30k captions, fewer repeats")
+    parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        memory_child(args.memory_child)
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    tfidf = bench_fit_and_lookup(6000 if args.quick else 30000, 50 if args.quick else 200)
+    bench_loss_ratio(tfidf, 10 if args.quick else 30)
+    bench_memory(1024, torch.get_num_threads())
+
+
+if __name__ == "__main__":
+    main()

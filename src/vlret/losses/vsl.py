@@ -1,0 +1,390 @@
+r"""Visual Semantic Loss and the smooth rank it is built on (VSL paper Eq. 4-7).
+
+VSL ("Image-text Retrieval via Preserving Main Semantics of Vision", Zhang et al.) asks the
+ranking of each image's text similarities (a row of ``sim``) to agree with the ranking of that
+image's semantic similarity to the other images of the batch, measured on their captions
+(:class:`vlret.semantic.CaptionTfidf`, Eq. 3). Both matrices become smooth rank matrices
+(Eq. 4) and the loss is one minus the mean min/max ratio of the two ranks (Eq. 5).
+
+Rank orientation. Eq. (4) as printed, :math:`1 + \sum_k \Omega(m_{ij} - m_{ik})`, counts the
+entries *below* ``m_ij`` (the largest entry gets rank about ``n``); the authors' released code
+and Smooth-AP (the paper's ref. [20]) count the entries *above* (the largest gets rank about
+1). The two are not equivalent under Eq. (5): a min/max ratio changes far more between ranks 1
+and 2 (0.5) than between ranks 127 and 128 (0.99), so whichever end is ranked 1 dominates the
+loss. ``descending=True`` (the default) ranks the largest entry 1, so the loss concentrates on
+the top of each ranking, which is what retrieval is scored on; ``descending=False`` is Eq. (4)
+exactly as printed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._checks import (
+    check_finite,
+    check_positive,
+    check_real,
+    check_reduction,
+    check_similarity,
+    compute_dtype,
+)
+from ..similarity import Ids
+from ._base import PairLoss, prepare, reduce_terms
+from .registry import build_loss, register_loss
+
+#: The sigmoid's exponent ``x / tau`` is clamped to ``[-50, 50]`` (as Smooth-AP does): beyond
+#: it the sigmoid is saturated to within 2e-22, and the gradient there is exactly zero.
+EXPONENT_CLAMP = 50.0
+#: Elements of one ``(rows, n, n)`` block of pairwise sigmoids (16 MiB in float32).
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _check_chunk_size(chunk_size: int | None) -> None:
+    if chunk_size is not None and (
+        not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+
+
+def _rows_per_block(n_rows: int, n_cols: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        return min(chunk_size, n_rows)
+    return max(1, min(n_rows, _BLOCK_ELEMENTS // (n_cols * n_cols)))
+
+
+def _pairwise_sigmoids(scaled: torch.Tensor) -> torch.Tensor:
+    """``(c, n) -> (c, n, n)`` with ``[r, j, k] = sigmoid(clamp(scaled[r, k] - scaled[r, j]))``."""
+    block = scaled[:, None, :] - scaled[:, :, None]
+    return block.clamp_(-EXPONENT_CLAMP, EXPONENT_CLAMP).sigmoid_()
+
+
+def _ranks(scaled: torch.Tensor, rows: int) -> torch.Tensor:
+    out = torch.empty_like(scaled)
+    for r0 in range(0, scaled.shape[0], rows):
+        # 1 + sum over k != j = sum over all k + 1 - sigmoid(0), and sigmoid(0) = 0.5 exactly.
+        out[r0 : r0 + rows] = _pairwise_sigmoids(scaled[r0 : r0 + rows]).sum(-1).add_(0.5)
+    return out
+
+
+class _SmoothRank(torch.autograd.Function):
+    """Row-wise smooth rank with a hand-written backward that never holds all ``n^3`` terms.
+
+    With ``w_rjk = sigmoid'(z_rjk)`` (symmetric in ``j, k``) and incoming gradient ``g``:
+    ``dL/dm_ra = (sign / tau) * sum_j w_raj (g_rj - g_ra)``. When all the sigmoids fit in one
+    block they are kept for the backward, which turns them into ``w`` in place (a fresh
+    ``n^3`` buffer costs more in page faults than the arithmetic on it); otherwise, or on a
+    second backward through a retained graph, they are recomputed block by block.
+    """
+
+    @staticmethod
+    def forward(ctx, m: torch.Tensor, scale: float, rows: int) -> torch.Tensor:
+        scaled = m * scale
+        n_rows, n_cols = m.shape
+        ctx.scale, ctx.rows = scale, rows
+        ctx.save_for_backward(scaled)
+        ctx.sigmoids = None
+        if rows >= n_rows and n_rows * n_cols * n_cols <= _BLOCK_ELEMENTS:
+            # An intermediate, not an input or output: kept on ctx so the backward may consume it.
+            ctx.sigmoids = _pairwise_sigmoids(scaled)
+            return ctx.sigmoids.sum(-1).add_(0.5)
+        return _ranks(scaled, rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        (scaled,) = ctx.saved_tensors
+        kept, ctx.sigmoids = ctx.sigmoids, None
+        g = grad_out.to(scaled.dtype)
+        grad = torch.empty_like(scaled)
+        rows = scaled.shape[0] if kept is not None else ctx.rows
+        for r0 in range(0, scaled.shape[0], rows):
+            w = kept if kept is not None else _pairwise_sigmoids(scaled[r0 : r0 + rows])
+            w.addcmul_(w, w, value=-1.0)  # sigmoid' = sig (1 - sig), in place
+            gb = g[r0 : r0 + w.shape[0]]
+            # Row vectors times w (symmetric): [sum_j g_j w_ja, sum_j w_ja] in one batched product.
+            both = torch.stack((gb, torch.ones_like(gb)), dim=1) @ w
+            grad[r0 : r0 + w.shape[0]] = both[:, 0] - gb * both[:, 1]
+        return grad.mul_(ctx.scale), None, None
+
+
+def smooth_rank(
+    m: torch.Tensor,
+    *,
+    tau: float = 0.001,
+    descending: bool = True,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    r"""Smooth rank of every entry within its row, VSL Eq. (4) with ``k != j``.
+
+    ``descending=True`` (default, the released code and Smooth-AP):
+
+    .. math:: R(i, j, M) = 1 + \sum_{k \ne j} \Omega(m_{ik} - m_{ij}),
+              \quad \Omega(x) = \frac{1}{1 + e^{-x/\tau}}
+
+    so the largest entry of a row gets rank about 1. ``descending=False`` is Eq. (4) as printed,
+    :math:`\Omega(m_{ij} - m_{ik})`, where the largest gets rank about ``n``. The two always sum
+    to ``n + 1``. As ``tau -> 0`` the ranks become exact (ties count one half each way). The
+    exponent ``x / tau`` is clamped to ``[-50, 50]`` (:data:`EXPONENT_CLAMP`).
+
+    ``m`` is ``(rows, n)``, any floating dtype (half precision is computed and returned in
+    float32). The ``rows x n x n`` pairwise terms are computed ``chunk_size`` rows at a time
+    (default: as many as fit in 4M elements), in the forward and again in the backward, so
+    memory stays ``O(n^2)`` beyond one block (VSL forward + backward at ``n = 1024``: 128 MiB
+    peak, ``benchmarks/bench_vsl.py``, instead of 4 GiB for each unchunked ``n^3`` tensor).
+    """
+    if not isinstance(m, torch.Tensor):
+        raise ValueError(f"m must be a torch.Tensor, got {type(m).__name__}")
+    if m.dim() != 2 or m.shape[0] == 0 or m.shape[1] == 0:
+        raise ValueError(f"m must be a non-empty 2-D (rows, n) tensor, got shape {tuple(m.shape)}")
+    check_positive(tau, "tau")
+    _check_chunk_size(chunk_size)
+    m = m.to(compute_dtype(m.dtype))
+    check_finite(m, "m")
+    scale = (1.0 if descending else -1.0) / float(tau)
+    rows = _rows_per_block(m.shape[0], m.shape[1], chunk_size)
+    if torch.is_grad_enabled() and m.requires_grad:
+        return _SmoothRank.apply(m, scale, rows)
+    return _ranks(m.detach() * scale, rows)
+
+
+def _semantic_matrix(c: object, name: str, like: torch.Tensor) -> torch.Tensor:
+    if not isinstance(c, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(c).__name__}")
+    if tuple(c.shape) != tuple(like.shape):
+        raise ValueError(
+            f"{name} must have shape {tuple(like.shape)} like sim (one row and column per "
+            f"batch item), got {tuple(c.shape)}"
+        )
+    if not c.dtype.is_floating_point:
+        raise ValueError(f"{name} must be floating point, got dtype {c.dtype}")
+    check_finite(c, name)
+    # The semantic side is a fixed target: no gradient flows into it.
+    return c.detach().to(device=like.device, dtype=like.dtype)
+
+
+def _rank_disagreement(
+    s: torch.Tensor, c: torch.Tensor, tau: float, descending: bool, chunk_size: int | None
+) -> torch.Tensor:
+    """Per row ``i``: ``1 - mean_j min(sr_ij, cr_ij) / max(sr_ij, cr_ij)`` (ranks are >= 1)."""
+    with torch.no_grad():
+        cr = smooth_rank(c, tau=tau, descending=descending, chunk_size=chunk_size)
+    # Semantic ranks first: their block is freed before the similarity's is allocated.
+    sr = smooth_rank(s, tau=tau, descending=descending, chunk_size=chunk_size)
+    ratio = torch.where(sr <= cr, sr / cr, cr / sr)
+    return 1.0 - ratio.mean(dim=1)
+
+
+def visual_semantic_loss(
+    sim: torch.Tensor,
+    semantic_sim: torch.Tensor,
+    *,
+    tau: float = 0.001,
+    descending: bool = True,
+    text_semantic_sim: torch.Tensor | None = None,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    r"""Visual semantic loss, VSL Eq. (5), optionally plus the text-side loss Eq. (7).
+
+    .. math:: \mathcal{L}_{vs} = 1 - \frac{1}{n^2}\sum_{i,j}
+              \frac{\min(sr_{ij}, cr_{ij})}{\max(sr_{ij}, cr_{ij})}
+
+    with ``sr = smooth_rank(sim)`` and ``cr = smooth_rank(semantic_sim)`` row by row (Eq. 4;
+    ``semantic_sim`` is the ``(B, B)`` image-image matrix ``C`` of Eq. 3, a constant target).
+    See :func:`smooth_rank` for ``descending``: the default ranks the largest entry 1.
+
+    ``text_semantic_sim`` (the ``(B, B)`` caption-caption matrix ``TC``) adds Eq. (7),
+    :math:`\mathcal{L}_{ts}`, the same comparison between the rows of ``sim.T`` (each text's
+    image similarities) and ``TC``; the paper's ablation (Table IV) found ``L_vs`` alone better.
+
+    Per index ``i`` the terms are ``1 - mean_j ratio`` of row ``i`` (image side) plus that of
+    text ``i`` (text side, when given); ``reduction="mean"`` (default) is then exactly
+    ``L_vs (+ L_ts)``, ``"sum"`` is ``B`` times it and ``"none"`` the ``(B,)`` vector. The loss
+    lies in ``[0, 1)`` per side and is 0 when the rank matrices agree. It does not use a
+    ``pos_mask``: a second caption of the same image simply has the same semantic row.
+    """
+    check_similarity(sim)
+    check_positive(tau, "tau")
+    check_reduction(reduction)
+    _check_chunk_size(chunk_size)
+    s = sim.to(compute_dtype(sim.dtype))
+    c = _semantic_matrix(semantic_sim, "semantic_sim", s)
+    img_terms = _rank_disagreement(s, c, tau, descending, chunk_size)
+    if text_semantic_sim is None:
+        txt_terms = torch.zeros((), dtype=s.dtype, device=s.device)
+    else:
+        tc = _semantic_matrix(text_semantic_sim, "text_semantic_sim", s)
+        txt_terms = _rank_disagreement(s.t(), tc, tau, descending, chunk_size)
+    return reduce_terms(img_terms, txt_terms, reduction)
+
+
+@register_loss("vsl")
+class VisualSemanticLoss(PairLoss):
+    r"""``alpha * base + beta * VSL``, VSL Eq. (6) (and Eq. 7 with ``text_side=True``).
+
+    * ``semantic``: a fitted :class:`vlret.semantic.CaptionTfidf`; the batch's ``C`` is looked up
+      from ``img_ids`` (the image id of each row, also used for the positive mask). Instead,
+      ``semantic_sim`` may be passed per call (and then ``semantic`` may be ``None``).
+    * ``base``: the name of any registered loss (built with ``base_params``) or a loss module
+      with ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
+      margin 0.2, summed over the batch, as in the paper and its code.
+    * ``alpha=1, beta=10`` (Table V). The base keeps its own reduction (the triplet's ``"sum"``)
+      while ``reduction`` applies to the VSL term, whose ``"mean"`` is Eq. (5); together they
+      reproduce the paper's balance at its batch size of 128. The summed base grows with the
+      batch size and Eq. (5) does not, so retune ``beta`` for other batch sizes or a
+      mean-reduced base. ``reduction="none"`` needs a base with reduction ``"none"`` too and
+      returns ``alpha * base_i + beta * vsl_i`` per index.
+    * ``text_side=True`` adds Eq. (7) (``L = alpha L_base + beta (L_vs + L_ts)``); the texts'
+      semantic matrix comes from the batch's caption strings (``captions=``) or is passed as
+      ``text_semantic_sim``.
+    """
+
+    paper = "VSL (Zhang et al. 2023)"
+    equation = "VSL Eq. (3)-(7)"
+
+    def __init__(
+        self,
+        *,
+        semantic: Any = None,
+        base: str | nn.Module = "triplet",
+        base_params: dict[str, Any] | None = None,
+        alpha: float = 1.0,
+        beta: float = 10.0,
+        tau: float = 0.001,
+        descending: bool = True,
+        text_side: bool = False,
+        reduction: str = "mean",
+        chunk_size: int | None = None,
+        normalize: bool = True,
+    ) -> None:
+        super().__init__(reduction=reduction, normalize=normalize)
+        for value, name in ((alpha, "alpha"), (beta, "beta")):
+            check_real(value, name)
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        check_positive(tau, "tau")
+        _check_chunk_size(chunk_size)
+        if semantic is not None:
+            from ..semantic import CaptionTfidf
+
+            if not isinstance(semantic, CaptionTfidf):
+                raise ValueError(
+                    f"semantic must be a fitted CaptionTfidf, got {type(semantic).__name__}"
+                )
+            if not semantic.is_fitted:
+                raise ValueError("semantic must be a fitted CaptionTfidf; call .fit(captions)")
+        self.semantic = semantic
+        self.base = self._build_base(base, base_params)
+        base_none = getattr(self.base, "reduction", None) == "none"
+        if base_none != (reduction == "none"):
+            raise ValueError(
+                "reduction='none' must be used by both terms: got reduction="
+                f"{reduction!r} and a base with reduction={getattr(self.base, 'reduction', None)!r}"
+            )
+        self.alpha, self.beta, self.tau = float(alpha), float(beta), float(tau)
+        self.descending = bool(descending)
+        self.text_side = bool(text_side)
+        self.chunk_size = chunk_size
+
+    @staticmethod
+    def _build_base(base: str | nn.Module, base_params: dict[str, Any] | None) -> nn.Module:
+        if isinstance(base, str):
+            if base == "vsl":
+                raise ValueError("base must be another loss than 'vsl'")
+            if base_params is not None and not isinstance(base_params, dict):
+                raise ValueError(f"base_params must be a dict, got {type(base_params).__name__}")
+            return build_loss(base, **(base_params or {}))
+        if isinstance(base, nn.Module) and callable(getattr(base, "from_similarity", None)):
+            if base_params:
+                raise ValueError("base_params is only used when base is given by name")
+            return base
+        raise ValueError(
+            "base must be a registered loss name or a loss module with from_similarity(), "
+            f"got {type(base).__name__}"
+        )
+
+    def forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+        *,
+        captions: list[str] | None = None,
+        semantic_sim: torch.Tensor | None = None,
+        text_semantic_sim: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
+        return self.from_similarity(
+            sim,
+            pos_mask=pos_mask,
+            img_ids=img_ids,
+            captions=captions,
+            semantic_sim=semantic_sim,
+            text_semantic_sim=text_semantic_sim,
+        )
+
+    def from_similarity(
+        self,
+        sim: torch.Tensor,
+        pos_mask: torch.Tensor | None = None,
+        *,
+        img_ids: Ids | None = None,
+        captions: list[str] | None = None,
+        semantic_sim: torch.Tensor | None = None,
+        text_semantic_sim: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        prepare(sim, pos_mask)  # validate before the (costlier) lookups
+        batch = sim.shape[0]
+        if semantic_sim is None:
+            semantic_sim = self._lookup_images(img_ids, batch, sim.device)
+        if self.text_side and text_semantic_sim is None:
+            text_semantic_sim = self._lookup_captions(captions, batch, sim.device)
+        vsl = visual_semantic_loss(
+            sim,
+            semantic_sim,
+            tau=self.tau,
+            descending=self.descending,
+            text_semantic_sim=text_semantic_sim if self.text_side else None,
+            reduction=self.reduction,
+            chunk_size=self.chunk_size,
+        )
+        if self.alpha == 0:
+            return self.beta * vsl
+        return self.alpha * self.base.from_similarity(sim, pos_mask=pos_mask) + self.beta * vsl
+
+    def _lookup_images(self, img_ids: Ids | None, batch: int, device: torch.device) -> torch.Tensor:
+        if self.semantic is None:
+            raise ValueError(
+                "no semantic similarity: build the loss with semantic=<fitted CaptionTfidf> "
+                "or pass semantic_sim"
+            )
+        if img_ids is None:
+            raise ValueError("img_ids is required to look up the images' semantic similarity")
+        if len(img_ids) != batch:
+            raise ValueError(f"img_ids must have one id per row ({batch}), got {len(img_ids)}")
+        return self.semantic.similarity(img_ids, device=device)
+
+    def _lookup_captions(
+        self, captions: list[str] | None, batch: int, device: torch.device
+    ) -> torch.Tensor:
+        if captions is None:
+            raise ValueError("text_side=True needs the batch's captions= or text_semantic_sim")
+        if self.semantic is None:
+            raise ValueError(
+                "no caption vectorizer: build the loss with semantic=<fitted CaptionTfidf> "
+                "or pass text_semantic_sim"
+            )
+        if isinstance(captions, str) or len(captions) != batch:
+            got = "a string" if isinstance(captions, str) else len(captions)
+            raise ValueError(f"captions must hold one caption per column ({batch}), got {got}")
+        return self.semantic.caption_similarity(captions, device=device)
+
+    def extra_repr(self) -> str:
+        return (
+            f"alpha={self.alpha}, beta={self.beta}, tau={self.tau}, descending={self.descending}, "
+            f"text_side={self.text_side}, reduction={self.reduction!r}"
+        )
