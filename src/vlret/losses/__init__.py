@@ -7,6 +7,7 @@ matrix (``loss.from_similarity(sim, pos_mask=None)``). Build any registered loss
 """
 
 from ._base import PairLoss
+from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins
 from .dml import (
     BinomialDevianceLoss,
     CircleLoss,
@@ -34,6 +35,10 @@ from .unified import UnifiedLoss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [
+    "AdaCLLoss",
+    "adacl_anchor",
+    "adacl_loss",
+    "adacl_margins",
     "BinomialDevianceLoss",
     "CircleLoss",
     "MultiSimilarityLoss",
