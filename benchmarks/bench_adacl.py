@@ -31,6 +31,12 @@ from vlret.memory import MemoryQueue
 
 DIM = 256
 TEMPERATURE = 0.05
+DEVICE = torch.device("cpu")
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def moco_infonce(
@@ -68,6 +74,7 @@ def make_batches(batch: int, count: int, seed: int) -> list[tuple[torch.Tensor, 
         img = torch.randn(batch, DIM, generator=g)
         txt = img + 0.8 * torch.randn(batch, DIM, generator=g)
         ids = torch.arange(batch) + batch * k
+        img, txt, ids = img.to(DEVICE), txt.to(DEVICE), ids.to(DEVICE)
         out.append((img.requires_grad_(True), txt.requires_grad_(True), ids))
     return out
 
@@ -75,7 +82,7 @@ def make_batches(batch: int, count: int, seed: int) -> list[tuple[torch.Tensor, 
 def fill(queue: MemoryQueue, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     keys = F.normalize(torch.randn(queue.size, queue.dim, generator=g), dim=1)
-    queue.enqueue(keys, torch.arange(queue.size) + 10_000_000)
+    queue.enqueue(keys.to(DEVICE), (torch.arange(queue.size) + 10_000_000).to(DEVICE))
 
 
 def measure(
@@ -89,8 +96,10 @@ def measure(
         for name, step in contenders.items():
             img, txt, _ = batch
             img.grad = txt.grad = None
+            sync()
             t0 = time.perf_counter()
             step(batch).backward()
+            sync()
             elapsed = time.perf_counter() - t0
             if k >= warmup:
                 times[name].append(elapsed)
@@ -107,17 +116,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, D={DIM}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {DEVICE}, D={DIM}")
     print(f"median of {args.repeats} interleaved steps (forward + backward + state update)\n")
 
     # B=64 with a 4096 queue.
-    adacl_q = AdaCLLoss(queue_size=4096, embed_dim=DIM).train()
+    adacl_q = AdaCLLoss(queue_size=4096, embed_dim=DIM).to(DEVICE).train()
     fill(adacl_q.img_queue, 1)
     fill(adacl_q.txt_queue, 2)
-    base_img_q, base_txt_q = MemoryQueue(4096, DIM), MemoryQueue(4096, DIM)
+    base_img_q = MemoryQueue(4096, DIM).to(DEVICE)
+    base_txt_q = MemoryQueue(4096, DIM).to(DEVICE)
     fill(base_img_q, 1)
     fill(base_txt_q, 2)
     infonce = InfoNCELoss(temperature=TEMPERATURE)
@@ -131,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         args.warmup,
     )
     # B=128 without a queue.
-    adacl = AdaCLLoss().train()
+    adacl = AdaCLLoss().to(DEVICE).train()
     t128 = measure(
         {
             "adacl": lambda b: adacl(b[0], b[1], b[2]),

@@ -94,7 +94,14 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def interleaved_ms(fns: dict, rounds: int, per_round: int) -> dict[str, float]:
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved_ms(
+    fns: dict, rounds: int, per_round: int, device: torch.device | None = None
+) -> dict[str, float]:
     """Median over rounds of each function's per-call time, the functions alternating."""
     for fn in fns.values():  # warm-up
         for _ in range(3):
@@ -102,9 +109,11 @@ def interleaved_ms(fns: dict, rounds: int, per_round: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            _sync(device)
             t0 = time.perf_counter()
             for _ in range(per_round):
                 fn()
+            _sync(device)
             samples[name].append((time.perf_counter() - t0) / per_round)
     return {k: 1e3 * statistics.median(v) for k, v in samples.items()}
 
@@ -132,12 +141,12 @@ def bench_fit_and_lookup(n_images: int, repeats: int) -> CaptionTfidf:
     return fitted
 
 
-def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int) -> None:
+def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int, device: torch.device) -> None:
     batch, dim = 128, 1024
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, tfidf.n_images, (batch,), generator=g).tolist()
-    img = torch.randn(batch, dim, generator=g)
-    txt = img + torch.randn(batch, dim, generator=g)
+    img = torch.randn(batch, dim, generator=g).to(device)
+    txt = img + torch.randn(batch, dim, generator=g).to(device)
     img.requires_grad_()
     txt.requires_grad_()
     with torch.no_grad():
@@ -145,7 +154,7 @@ def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int) -> None:
             torch.nn.functional.normalize(img, dim=1)
             @ torch.nn.functional.normalize(txt, dim=1).t()
         )
-    semantic = tfidf.similarity(ids)
+    semantic = tfidf.similarity(ids, device=device)
 
     def triplet_sim():
         s = sim0.clone().requires_grad_()
@@ -163,8 +172,9 @@ def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int) -> None:
     def vsl_emb():
         vsl_mod(img, txt, ids).backward()
 
-    sims = interleaved_ms({"triplet": triplet_sim, "vsl": vsl_sim}, rounds, 10)
-    embs = interleaved_ms({"triplet": triplet_emb, "vsl": vsl_emb}, rounds, 5)
+    sims = interleaved_ms({"triplet": triplet_sim, "vsl": vsl_sim}, rounds, 10, device)
+    embs = interleaved_ms({"triplet": triplet_emb, "vsl": vsl_emb}, rounds, 5, device)
+    print(f"device {device}")
     for label, t in (("from sim (B=128)", sims), (f"from embeddings (B=128, D={dim})", embs)):
         print(
             f"fwd+bwd {label}: triplet {t['triplet']:.3f} ms, triplet+VSL {t['vsl']:.3f} ms, "
@@ -214,6 +224,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="30k captions, fewer repeats")
     parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="device for the loss timings")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -222,7 +233,7 @@ def main() -> None:
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     tfidf = bench_fit_and_lookup(6000 if args.quick else 30000, 50 if args.quick else 200)
-    bench_loss_ratio(tfidf, 10 if args.quick else 30)
+    bench_loss_ratio(tfidf, 10 if args.quick else 30, torch.device(args.device))
     bench_memory(1024, torch.get_num_threads())
 
 
