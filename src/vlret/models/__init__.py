@@ -1,0 +1,50 @@
+"""Encoders into the joint embedding space, and the two-tower retrieval model.
+
+* :mod:`~vlret.models.image`: region / vector features -> FC projection -> max, mean or GPO
+  pooling (VSE++ (BUTD), VSE-infinity), with VSE-infinity's region dropout.
+* :mod:`~vlret.models.text`: word embeddings + (bi-)GRU, or a local Hugging Face BERT.
+* :mod:`~vlret.models.video`: frame features with the same poolings.
+* :mod:`~vlret.models.clip`: a local ``CLIPModel`` with added embedding layers (Unified paper
+  B.1.2) and CLIP preprocessing with PIL and numpy.
+* :mod:`~vlret.models.retrieval`: :class:`RetrievalModel` and :func:`build_model`.
+
+Models never import losses; embeddings are not normalised by default (the losses normalise).
+``transformers`` and ``pillow`` (``pip install vlret[hf]``) are imported only when a BERT or
+CLIP encoder is built or an image is preprocessed.
+"""
+
+from .clip import (
+    CLIP_MEAN,
+    CLIP_STD,
+    CLIPImageEncoder,
+    CLIPImageTransform,
+    CLIPTextEncoder,
+    load_clip,
+)
+from .image import GPO, POOLINGS, ImageEncoder, MaskedPooling, lengths_to_mask, sinusoidal_positions
+from .retrieval import IMAGE_DEFAULTS, MODEL_DEFAULTS, TEXT_DEFAULTS, RetrievalModel, build_model
+from .text import BertTextEncoder, GRUTextEncoder
+from .video import VideoEncoder
+
+__all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "GPO",
+    "IMAGE_DEFAULTS",
+    "MODEL_DEFAULTS",
+    "POOLINGS",
+    "TEXT_DEFAULTS",
+    "BertTextEncoder",
+    "CLIPImageEncoder",
+    "CLIPImageTransform",
+    "CLIPTextEncoder",
+    "GRUTextEncoder",
+    "ImageEncoder",
+    "MaskedPooling",
+    "RetrievalModel",
+    "VideoEncoder",
+    "build_model",
+    "lengths_to_mask",
+    "load_clip",
+    "sinusoidal_positions",
+]

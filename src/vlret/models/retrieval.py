@@ -1,0 +1,305 @@
+"""The two-tower retrieval model and its construction from a plain config dict.
+
+:class:`RetrievalModel` pairs an image (or video) encoder with a text encoder and maps a
+:class:`vlret.data.RetrievalBatch` to ``(img_emb, txt_emb)``, both ``(B, embed_dim)`` and not
+normalised unless ``normalize=True`` (the losses normalise). It never imports a loss.
+
+:func:`build_model` config schema (every key optional unless marked; defaults shown)::
+
+    # VSE-style ("kind": "vse", the default): precomputed features + GRU or BERT text
+    {"kind": "vse", "embed_dim": 1024, "normalize": False,
+     "image": {"kind": "precomp", "in_dim": 2048, "pooling": "max",   # max | mean | gpo
+               "region_dropout": 0.0,
+               "gpo_pe_dim": 32, "gpo_hidden": 32, "gpo_temperature": 0.1},
+           # or {"kind": "video", "in_dim": 2048, "pooling": "mean", "frame_dropout": 0.0, gpo_*}
+     "text": {"kind": "gru", "vocab_size": <from build_model(vocab_size=...)>,
+              "word_dim": 300, "bidirectional": False, "num_layers": 1,
+              "pooling": "last",                                      # last | mean | max | gpo
+              gpo_*},
+           # or {"kind": "bert", "path": DIR (required), "pooling": "cls", gpo_*}
+    }
+    # shorthand for BERT text: {"kind": "bert", "path": DIR, "image": {...}, "embed_dim": 1024}
+    # CLIP fine-tuning (Unified paper B.1.2):
+    {"kind": "clip", "path": DIR (required), "proj_dim": 768, "normalize": False}
+
+Unknown keys and kinds raise ``ValueError`` naming the key and listing the valid ones.
+``model.config`` holds the resolved config (defaults filled in, ``vocab_size`` included), which
+``build_model`` accepts back, e.g. to rebuild a model from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .image import POOLINGS, ImageEncoder
+from .text import BERT_POOLINGS, GRU_POOLINGS, BertTextEncoder, GRUTextEncoder
+from .video import VideoEncoder
+
+_GPO_DEFAULTS = {"gpo_pe_dim": 32, "gpo_hidden": 32, "gpo_temperature": 0.1}
+
+#: Per model kind: the valid top-level keys and their defaults (``...`` marks required).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vse": {"kind": "vse", "embed_dim": 1024, "normalize": False, "image": {}, "text": {}},
+    "bert": {
+        "kind": "bert",
+        "path": ...,
+        "embed_dim": 1024,
+        "normalize": False,
+        "image": {},
+        "text": {},
+    },
+    "clip": {"kind": "clip", "path": ..., "proj_dim": 768, "normalize": False},
+}
+IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "precomp": {
+        "kind": "precomp",
+        "in_dim": 2048,
+        "pooling": "max",
+        "region_dropout": 0.0,
+        **_GPO_DEFAULTS,
+    },
+    "video": {
+        "kind": "video",
+        "in_dim": 2048,
+        "pooling": "mean",
+        "frame_dropout": 0.0,
+        **_GPO_DEFAULTS,
+    },
+}
+TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gru": {
+        "kind": "gru",
+        "vocab_size": None,
+        "word_dim": 300,
+        "bidirectional": False,
+        "num_layers": 1,
+        "pooling": "last",
+        **_GPO_DEFAULTS,
+    },
+    "bert": {"kind": "bert", "path": ..., "pooling": "cls", **_GPO_DEFAULTS},
+}
+_POOLING_CHOICES = {"image": POOLINGS, "gru": GRU_POOLINGS, "bert": BERT_POOLINGS}
+
+
+class RetrievalModel(nn.Module):
+    """Two encoders into one joint space.
+
+    ``image_encoder(features[, lengths])`` and ``text_encoder(captions, lengths)`` each return
+    ``(N, embed_dim)``. ``image_transform`` (CLIP) turns image files or PIL images into the
+    encoder's input; ``tokenizer_path`` names the local Hugging Face tokenizer the text encoder
+    expects (``None``: a :class:`vlret.data.Vocabulary`).
+    """
+
+    def __init__(
+        self,
+        image_encoder: nn.Module,
+        text_encoder: nn.Module,
+        *,
+        normalize: bool = False,
+        image_transform: Any = None,
+        tokenizer_path: str | Path | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        dims = (getattr(image_encoder, "embed_dim", None), getattr(text_encoder, "embed_dim", None))
+        if None not in dims and dims[0] != dims[1]:
+            raise ValueError(
+                f"image and text encoders disagree on embed_dim: {dims[0]} vs {dims[1]}"
+            )
+        self.image_encoder = image_encoder
+        self.text_encoder = text_encoder
+        self.normalize = bool(normalize)
+        self.image_transform = image_transform
+        self.tokenizer_path = str(tokenizer_path) if tokenizer_path is not None else None
+        self.config = copy.deepcopy(dict(config)) if config is not None else None
+
+    @property
+    def embed_dim(self) -> int | None:
+        return getattr(self.image_encoder, "embed_dim", None)
+
+    def _out(self, emb: torch.Tensor) -> torch.Tensor:
+        return F.normalize(emb, dim=-1) if self.normalize else emb
+
+    def encode_images(
+        self, features: torch.Tensor | list[Any], lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``(N, R, D)`` regions, ``(N, T, D)`` frames, ``(N, D)`` vectors or ``(N, 3, H, W)``
+        pixels -> ``(N, E)``. A list of image paths or PIL images is transformed first when
+        the model has an ``image_transform``. ``lengths`` marks padded regions or frames."""
+        if isinstance(features, (list, tuple)):
+            if self.image_transform is None:
+                raise ValueError(
+                    "features is a list (image paths?) but this model has no image_transform; "
+                    "pass tensors, e.g. a dataset built with an image_transform"
+                )
+            device = next(self.parameters()).device
+            features = torch.stack([self.image_transform(f) for f in features]).to(device)
+        if lengths is None:
+            return self._out(self.image_encoder(features))
+        return self._out(self.image_encoder(features, lengths))
+
+    def encode_texts(
+        self, captions: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``(B, L)`` padded token ids with ``lengths`` ``(B,)`` -> ``(B, E)``."""
+        return self._out(self.text_encoder(captions, lengths))
+
+    def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A :class:`vlret.data.RetrievalBatch` -> ``(img_emb, txt_emb)``, row ``i`` of both
+        from item ``i`` (an image repeated in the batch is encoded once per caption)."""
+        for name in ("features", "captions", "lengths"):
+            if not hasattr(batch, name):
+                raise ValueError(
+                    f"batch has no {name!r}; expected a vlret.data.RetrievalBatch, got "
+                    f"{type(batch).__name__}"
+                )
+        return self.encode_images(batch.features), self.encode_texts(batch.captions, batch.lengths)
+
+
+def _resolve(section: str, given: Any, defaults_by_kind: dict, default_kind: str) -> dict:
+    """``given`` merged over the defaults of its kind; unknown kinds or keys raise."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{section} must be a dict, got {type(given).__name__}")
+    kind = given.get("kind", default_kind)
+    if kind not in defaults_by_kind:
+        raise ValueError(
+            f"{section}.kind: unknown kind {kind!r}; valid kinds: {sorted(defaults_by_kind)}"
+        )
+    defaults = defaults_by_kind[kind]
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"{section}: unknown key {unknown[0]!r} for kind {kind!r}"
+            + (f" (also {unknown[1:]})" if len(unknown) > 1 else "")
+            + f"; valid keys: {sorted(defaults)}"
+        )
+    out = {**copy.deepcopy(defaults), **copy.deepcopy(dict(given)), "kind": kind}
+    missing = [k for k, v in out.items() if v is ...]
+    if missing:
+        raise ValueError(f"{section}: key {missing[0]!r} is required for kind {kind!r}")
+    return out
+
+
+def _check_types(section: str, cfg: dict, pooling_choices: tuple[str, ...] | None) -> None:
+    for key, value in cfg.items():
+        if key in ("normalize", "bidirectional") and not isinstance(value, bool):
+            raise ValueError(f"{section}.{key} must be true or false, got {value!r}")
+        if key == "path" and not isinstance(value, (str, Path)):
+            raise ValueError(f"{section}.path must be a directory path, got {value!r}")
+    if pooling_choices is not None and cfg.get("pooling") not in pooling_choices:
+        raise ValueError(
+            f"{section}.pooling: unknown pooling {cfg.get('pooling')!r}; "
+            f"valid: {list(pooling_choices)}"
+        )
+
+
+def _gpo(cfg: dict) -> dict:
+    return {k: cfg[k] for k in _GPO_DEFAULTS}
+
+
+def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
+    common = dict(in_dim=cfg["in_dim"], embed_dim=embed_dim, pooling=cfg["pooling"], **_gpo(cfg))
+    if cfg["kind"] == "video":
+        return VideoEncoder(frame_dropout=float(cfg["frame_dropout"]), **common)
+    return ImageEncoder(region_dropout=float(cfg["region_dropout"]), **common)
+
+
+def build_model(config: Mapping[str, Any], *, vocab_size: int | None = None) -> RetrievalModel:
+    """A :class:`RetrievalModel` from a plain dict (schema in the module docstring).
+
+    ``vocab_size`` (``len(vocabulary)``) sizes the GRU's word embeddings; it may also be given
+    as ``text.vocab_size`` (they must agree). Pretrained weights load from local directories
+    only; ``transformers`` is imported only for the ``bert`` and ``clip`` kinds.
+    """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    top = _resolve("model", config, MODEL_DEFAULTS, "vse")
+    _check_types("model", top, None)
+    kind = top["kind"]
+
+    if kind == "clip":
+        from .clip import load_clip
+
+        image, text, transform = load_clip(top["path"], proj_dim=top["proj_dim"])
+        top["path"] = str(top["path"])
+        return RetrievalModel(
+            image,
+            text,
+            normalize=top["normalize"],
+            image_transform=transform,
+            tokenizer_path=top["path"],
+            config=top,
+        )
+
+    embed_dim = top["embed_dim"]
+    image_cfg = _resolve("image", top["image"], IMAGE_DEFAULTS, "precomp")
+    _check_types("image", image_cfg, POOLINGS)
+    text_given = dict(top["text"]) if isinstance(top["text"], Mapping) else top["text"]
+    if kind == "bert":
+        if isinstance(text_given, dict):
+            if text_given.get("kind", "bert") != "bert":
+                raise ValueError(
+                    f"text.kind is {text_given['kind']!r} but model kind 'bert' sets BERT text"
+                )
+            if "path" in text_given and str(text_given["path"]) != str(top["path"]):
+                raise ValueError("text.path and model path disagree; give the path once")
+            text_given = {**text_given, "kind": "bert", "path": top["path"]}
+    text_cfg = _resolve("text", text_given, TEXT_DEFAULTS, "gru")
+    _check_types("text", text_cfg, _POOLING_CHOICES[text_cfg["kind"]])
+
+    image = _build_image(image_cfg, embed_dim)
+    tokenizer_path = None
+    if text_cfg["kind"] == "gru":
+        size = text_cfg["vocab_size"]
+        if vocab_size is not None and size is not None and int(vocab_size) != int(size):
+            raise ValueError(
+                f"vocab_size={vocab_size} disagrees with text.vocab_size={size} in the config"
+            )
+        size = vocab_size if vocab_size is not None else size
+        if size is None:
+            raise ValueError(
+                "text.vocab_size: the GRU text encoder needs the vocabulary size; pass "
+                "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
+            )
+        text_cfg["vocab_size"] = int(size)
+        text = GRUTextEncoder(
+            int(size),
+            word_dim=text_cfg["word_dim"],
+            embed_dim=embed_dim,
+            bidirectional=text_cfg["bidirectional"],
+            num_layers=text_cfg["num_layers"],
+            pooling=text_cfg["pooling"],
+            **_gpo(text_cfg),
+        )
+    else:
+        text_cfg["path"] = str(text_cfg["path"])
+        text = BertTextEncoder(
+            text_cfg["path"], embed_dim=embed_dim, pooling=text_cfg["pooling"], **_gpo(text_cfg)
+        )
+        tokenizer_path = text_cfg["path"]
+    if kind == "bert":
+        top["path"] = str(top["path"])
+    top["image"], top["text"] = image_cfg, text_cfg
+    return RetrievalModel(
+        image,
+        text,
+        normalize=top["normalize"],
+        tokenizer_path=tokenizer_path,
+        config=top,
+    )
+
+
+__all__ = [
+    "IMAGE_DEFAULTS",
+    "MODEL_DEFAULTS",
+    "TEXT_DEFAULTS",
+    "RetrievalModel",
+    "build_model",
+]
