@@ -62,7 +62,8 @@ def naive_goal_grad(sim, tw, pw, hp, pos_mask=None, index_weights=None):
             else:
                 t = _sigmoid_inv(hp["tau"] * (p * (2 - p) - sn**2 - hp["circle_offset"]))
             rel_pos = [r for r in positives if r < sn + hp["epsilon"]]
-            rel_neg = [score[c] for c in cands if score[c] > p - hp["epsilon"]]
+            # Eq. (12): N's bound is min{S_xy, R} - epsilon over the relative positives R.
+            rel_neg = [score[c] for c in cands if score[c] > min(p, *positives) - hp["epsilon"]]
             al, be, lam = hp["alpha"], hp["beta"], hp["lam"]
             if pw == "con":
                 wp, wn = 1.0, 1.0
@@ -133,6 +134,23 @@ def test_ms_relative_terms_are_exercised():
     assert not torch.allclose(plain, ms) and not torch.allclose(lin, lin_ms)
 
 
+def test_ms_negative_set_is_bounded_by_the_lowest_relative_positive():
+    """Eq. (12): N = {negatives > min(S_xy, R) - epsilon}, R = the batch's positive scores.
+
+    Row 0 has p = 0.9 but the lowest diagonal entry is 0.3, so N's bound is 0.2, not
+    p - epsilon = 0.8: both of row 0's negatives (0.5, 0.25) are in N. Only row 0's triplet
+    touches S[0, 1] (text 1's hinge 0.45 + 0.5 - 1.0 is negative).
+    """
+    sim = torch.tensor([[0.9, 0.5, 0.25], [0.0, 1.0, 0.28], [0.0, 0.1, 0.3]], dtype=torch.float64)
+    kw = dict(triplet_weight="con", margin=0.45, epsilon=0.1, beta=10.0, lam=0.5)
+    lin = goal_grad(sim, pair_weight="lin-ms", **kw)[0, 1]
+    m_lin = ((0.5 - 0.5) + (0.5 - 0.25)) / 2
+    assert lin.item() == pytest.approx((1 + m_lin) * 0.5, abs=1e-15)  # p - eps reading: 0.5
+    sig = goal_grad(sim, pair_weight="sig-ms", **kw)[0, 1]
+    m_sig = (1.0 + math.exp(-10.0 * (0.5 - 0.25))) / 2
+    assert sig.item() == pytest.approx(1 / (m_sig + math.exp(-10.0 * (0.5 - 0.5))), abs=1e-15)
+
+
 @pytest.mark.parametrize("tw,pw", [("con", "con"), ("cir", "sig-ms"), ("nca", "lin-ms")])
 def test_reduction_none_takes_per_index_gradient(tw, pw):
     sim = cosine_batch(seed=3).requires_grad_(True)
@@ -158,8 +176,9 @@ def test_mean_is_sum_over_batch():
 
 @pytest.mark.parametrize("use_mask", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_con_con_is_exactly_the_triplet_loss_gradient(use_mask, seed):
-    """Table 2 / Eq. (4)-(5): (T^con, P^con) == d triplet_loss(hardest, sum) / dS."""
+def test_con_con_is_exactly_the_triplet_loss_gradient_off_ties(use_mask, seed):
+    """Table 2 / Eq. (4)-(5): (T^con, P^con) == d triplet_loss(hardest, sum) / dS on random
+    data, where hardest negatives are unique and no hinge is exactly 0 (see the next test)."""
     sim = cosine_batch(b=9, d=4, seed=seed)
     mask = dup_mask(9) if use_mask else None
     ref = sim.clone().requires_grad_(True)
@@ -172,6 +191,46 @@ def test_con_con_is_exactly_the_triplet_loss_gradient(use_mask, seed):
             goal_objective(sim, pos_mask=mask, reduction=reduction),
             triplet_loss(sim, hardest=True, pos_mask=mask, reduction=reduction),
         )
+
+
+def test_con_con_at_ties_and_zero_hinges_is_another_subgradient():
+    """Where triplet_loss(hardest) is not differentiable the two gradients differ, both valid.
+
+    Row 0's two hardest negatives tie at 0.5. With margin 0.5 the hinge is active: autograd
+    through amax splits the unit weight 1/2, 1/2 over the tie; GOAL gives all of it to the one
+    negative max() returns. With margin 0.25 the hinge is exactly 0: T^con (strict Heaviside)
+    is 0, while autograd passes 1/4 (amax splits over the row's four zero hinges) to each tied
+    negative and -1/2 to the positive. Dyadic values make the ties exact.
+    """
+    sim = torch.tensor(
+        [
+            [0.75, 0.5, 0.5, 0.0],
+            [0.0, 0.875, 0.0, 0.0],
+            [0.0, 0.0, 0.875, 0.0],
+            [0.0] * 3 + [0.875],
+        ],
+        dtype=torch.float64,
+    )
+    tie = [(0, 1), (0, 2)]
+
+    def both(margin):
+        ref = sim.clone().requires_grad_(True)
+        triplet_loss(ref, margin=margin, hardest=True, reduction="sum").backward()
+        return ref.grad, goal_grad(sim, triplet_weight="con", pair_weight="con", margin=margin)
+
+    tri, goal = both(0.5)
+    # Texts 1 and 2 also have S[0, 1], S[0, 2] as their violating hardest negatives (+1 each).
+    assert sorted(tri[i, j].item() for i, j in tie) == [1.5, 1.5]
+    assert sorted(goal[i, j].item() for i, j in tie) == [1.0, 2.0]
+    off_tie = torch.ones(4, 4, dtype=torch.bool)
+    off_tie[0, 1] = off_tie[0, 2] = False
+    torch.testing.assert_close(goal[off_tie], tri[off_tie], rtol=0, atol=0)
+    assert goal[0, 0].item() == tri[0, 0].item() == -1.0
+
+    tri, goal = both(0.25)
+    assert torch.count_nonzero(goal) == 0
+    assert [tri[0, 0].item(), tri[0, 1].item(), tri[0, 2].item()] == [-0.5, 0.25, 0.25]
+    assert torch.count_nonzero(tri) == 3
 
 
 def test_weight_functions_follow_the_equations():

@@ -146,3 +146,59 @@ def test_errors_are_clear():
         tfidf.similarity(torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"captions_a\[0\] is empty"):
         tfidf.caption_similarity([""])
+    with pytest.raises(ValueError, match=r"^txt_ids: 1 id\(s\) are not in the fitted"):
+        tfidf.similarity([1], [7], names=("img_ids", "txt_ids"))
+    with pytest.raises(ValueError, match=r"^img_ids: 1 id\(s\)"):
+        tfidf.similarity([7], names=("img_ids", "txt_ids"))
+
+
+@pytest.mark.parametrize("ngram_range", [(1, 1), (1, 3)])
+def test_save_load_round_trip(tmp_path, ngram_range):
+    corpus = make_corpus(25, seed=5)
+    corpus.update(make_corpus(5, seed=6, str_ids=True))  # int and str ids side by side
+    tfidf = CaptionTfidf(ngram_range=ngram_range).fit(corpus)
+    out = tfidf.save(tmp_path / "tfidf")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [CaptionTfidf.META_FILE, CaptionTfidf.VECTORS_FILE]
+    )
+    loaded = CaptionTfidf.load(out)
+    assert loaded.ngram_range == ngram_range and loaded.n_images == 30
+    assert loaded.vocabulary_size == tfidf.vocabulary_size
+    keys = list(corpus)
+    assert all(k in loaded for k in keys) and "img0" in loaded and "0" not in loaded
+    for ids in (keys, keys[::-1][:7]):
+        torch.testing.assert_close(
+            loaded.similarity(ids, keys, dtype=torch.float64),
+            tfidf.similarity(ids, keys, dtype=torch.float64),
+            rtol=0,
+            atol=0,
+        )
+    captions = [c for caps in list(corpus.values())[:6] for c in caps] + ["unseen words only"]
+    torch.testing.assert_close(
+        loaded.caption_similarity(captions, dtype=torch.float64),
+        tfidf.caption_similarity(captions, dtype=torch.float64),
+        rtol=0,
+        atol=0,
+    )
+    assert (loaded.image_vectors != tfidf.image_vectors).nnz == 0
+
+
+def test_save_load_errors(tmp_path):
+    with pytest.raises(NotFittedError):
+        CaptionTfidf().save(tmp_path / "unfitted")
+    with pytest.raises(ValueError, match="int or str image ids only.*tuple"):
+        CaptionTfidf().fit({(1, 2): ["dog runs"]}).save(tmp_path / "tuple")
+    out = CaptionTfidf().fit({1: ["dog runs"], "b": ["cat sleeps"]}).save(tmp_path / "ok")
+    meta_file = out / CaptionTfidf.META_FILE
+    meta = meta_file.read_text()
+    meta_file.write_text(meta.replace('"version": 1', '"version": 99'))
+    with pytest.raises(ValueError, match="unsupported CaptionTfidf format version 99"):
+        CaptionTfidf.load(out)
+    meta_file.write_text(meta.replace('"ids": [1, "b"]', '"ids": [1]'))
+    with pytest.raises(ValueError, match="inconsistent saved CaptionTfidf"):
+        CaptionTfidf.load(out)
+    meta_file.write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="is not a saved CaptionTfidf"):
+        CaptionTfidf.load(out)
+    with pytest.raises(FileNotFoundError):
+        CaptionTfidf.load(tmp_path / "missing")

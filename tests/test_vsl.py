@@ -167,6 +167,58 @@ def test_smooth_rank_errors():
         smooth_rank(torch.ones(2, 2), chunk_size=0)
     with pytest.raises(ValueError, match="m contains NaN"):
         smooth_rank(torch.tensor([[0.0, float("nan")]]))
+    with pytest.raises(
+        ValueError, match="m must be a floating-point tensor, got dtype torch.int64"
+    ):
+        smooth_rank(torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="m must be a floating-point tensor"):
+        smooth_rank(torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_batch_1024_forward_backward_is_chunked(monkeypatch):
+    """At B = 1024 no (B, B, B) block (4 GiB in float32) is ever built, forward or backward.
+
+    Every pairwise-sigmoid block goes through ``_pairwise_sigmoids``; the spy records its shape
+    and fails (before allocating) on any block over the 4M-element budget. To stay fast it
+    does not compute sigmoids: forward blocks are a broadcast constant and backward blocks
+    (which the backward overwrites in place) a reused buffer. This test checks the blocking;
+    the numerics are covered by the naive-loop tests above.
+    """
+    import vlret.losses.vsl as vsl_module
+
+    n = 1024
+    budget = vsl_module._BLOCK_ELEMENTS
+    buffer = torch.full((budget,), 0.5)
+    blocks: dict[str, list[tuple[int, int]]] = {"forward": [], "backward": []}
+    phase = "forward"
+
+    def spy(scaled):
+        rows, cols = scaled.shape
+        blocks[phase].append((rows, cols))
+        assert rows < n and rows * cols * cols <= budget, f"unchunked block {rows}x{cols}^2"
+        if phase == "forward":
+            return torch.tensor(0.5).expand(rows, cols, cols)
+        return buffer[: rows * cols * cols].view(rows, cols, cols)
+
+    monkeypatch.setattr(vsl_module, "_pairwise_sigmoids", spy)
+    sim = torch.zeros(n, n, requires_grad=True)
+    saved: list[int] = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = visual_semantic_loss(sim, torch.zeros(n, n))  # semantic + similarity ranks
+    assert max(saved) <= n * n  # nothing cubic is kept for the backward
+    phase = "backward"
+    loss.backward()
+    rows_per_block = budget // (n * n)
+    assert rows_per_block == 4
+    # The two forward rank passes and the backward each cover all n rows in 4-row blocks.
+    assert blocks["forward"] == [(rows_per_block, n)] * (2 * n // rows_per_block)
+    assert blocks["backward"] == [(rows_per_block, n)] * (n // rows_per_block)
+    assert torch.isfinite(sim.grad).all()
 
 
 # -- visual_semantic_loss ------------------------------------------------------------------------
@@ -324,6 +376,57 @@ def test_reduction_none_per_index(tfidf):
         sim, tfidf.similarity(ids), reduction="none"
     )
     torch.testing.assert_close(per_index, expected)
+
+
+def naive_image_similarity(corpus: dict, a, b) -> float:
+    """Eq. (3) from scratch: dense TF-IDF of every caption, mean of the Q_a x Q_b cosines."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    texts = [c for caps in corpus.values() for c in caps]
+    vec = TfidfVectorizer().fit(texts)
+    va, vb = vec.transform(corpus[a]).toarray(), vec.transform(corpus[b]).toarray()
+    return float((va @ vb.T).mean())  # rows are L2-normalised: dot products are cosines
+
+
+@pytest.mark.parametrize("entry", ["forward", "from_similarity"])
+def test_semantic_columns_follow_txt_ids(tfidf, entry):
+    """C[i, j] compares row i's image with the image of text j, txt_ids[j], not img_ids[j]."""
+    img_ids = [10, 12, 14, 11, 13]
+    txt_ids = [10, 12, 14, 15, 11]  # texts 3 and 4 describe images 15 and 11
+    img, txt = embeddings(5, seed=3)
+    sim = cosine_similarity(img, txt)
+    sem = torch.tensor(
+        [[naive_image_similarity(CORPUS, a, b) for b in txt_ids] for a in img_ids],
+        dtype=torch.float64,
+    )
+    assert not torch.allclose(sem, tfidf.similarity(img_ids, dtype=torch.float64))
+    loss = VisualSemanticLoss(semantic=tfidf, alpha=0.0, beta=1.0)
+    if entry == "forward":
+        got = loss(img.double(), txt.double(), img_ids, txt_ids)
+    else:
+        got = loss.from_similarity(sim.detach().double(), img_ids=img_ids, txt_ids=txt_ids)
+    want = naive_vsl(sim.detach().double(), sem, 0.001)
+    assert got.item() == pytest.approx(want, abs=1e-9)
+    # With the base term too, the positive mask comes from the same ids.
+    full = VisualSemanticLoss(semantic=tfidf)(img, txt, img_ids, txt_ids)
+    mask = positive_mask(img_ids, txt_ids)
+    expected = triplet_loss(sim, pos_mask=mask, reduction="sum") + 10 * visual_semantic_loss(
+        sim, tfidf.similarity(img_ids, txt_ids)
+    )
+    torch.testing.assert_close(full, expected)
+
+
+def test_unknown_ids_are_named_as_the_module_argument(tfidf):
+    img, txt = embeddings(3)
+    loss = VisualSemanticLoss(semantic=tfidf)
+    with pytest.raises(ValueError, match=r"^img_ids: 1 id\(s\) are not in the fitted.*\[99\]"):
+        loss(img, txt, [10, 11, 99])
+    with pytest.raises(ValueError, match=r"^txt_ids: 1 id\(s\) are not in the fitted.*\[98\]"):
+        loss(img, txt, [10, 11, 12], [10, 11, 98])
+    with pytest.raises(ValueError, match=r"^img_ids must be 1-D"):
+        loss.from_similarity(torch.rand(2, 2), img_ids=torch.ones(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"txt_ids must have one id per column \(3\)"):
+        loss.from_similarity(torch.rand(3, 3), img_ids=[10, 11, 12], txt_ids=[10, 11])
 
 
 def test_module_errors(tfidf):

@@ -16,7 +16,10 @@ precomputed once at fit time; a batch lookup is one small sparse product.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,7 +68,17 @@ class CaptionTfidf:
     Every caption must keep at least one token after tokenisation: a blank caption, or one made
     only of one-letter words, raises ``ValueError`` at fit time rather than silently counting
     as a zero vector.
+
+    A fitted instance is not part of any model's ``state_dict``: :meth:`save` writes it to a
+    directory (sparse ``.npz`` plus JSON, no pickle) and :meth:`load` restores it, so a resumed
+    run need not refit on the training captions.
     """
+
+    #: Files written by :meth:`save` inside its directory.
+    META_FILE = "caption_tfidf.json"
+    VECTORS_FILE = "image_vectors.npz"
+    _FORMAT = "vlret.semantic.CaptionTfidf"
+    _VERSION = 1
 
     def __init__(self, ngram_range: tuple[int, int] = (1, 1)) -> None:
         self.ngram_range = _check_ngram_range(ngram_range)
@@ -164,6 +177,84 @@ class CaptionTfidf:
         state = f"{len(self._row_of)} images" if self.is_fitted else "not fitted"
         return f"CaptionTfidf(ngram_range={self.ngram_range}, {state})"
 
+    # -- persistence -------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the fitted state to the directory ``path`` (created if missing); returns it.
+
+        Two files: :data:`VECTORS_FILE`, the per-image mean vectors
+        (``scipy.sparse.save_npz``), and :data:`META_FILE`, JSON with the ``ngram_range``, the
+        image ids in row order, their caption counts, the vocabulary in column order and the
+        idf weights. No pickle is involved, so image ids must be ``int`` or ``str``.
+        """
+        self._require_fitted()
+        ids: list[int | str] = []
+        for img_id in self._row_of:
+            if isinstance(img_id, (np.integer, int)) and not isinstance(img_id, (bool, np.bool_)):
+                ids.append(int(img_id))
+            elif isinstance(img_id, str):
+                ids.append(img_id)
+            else:
+                raise ValueError(
+                    f"save() supports int or str image ids only, got {type(img_id).__name__} "
+                    f"({img_id!r})"
+                )
+        vocabulary = [""] * len(self._vectorizer.vocabulary_)
+        for term, column in self._vectorizer.vocabulary_.items():
+            vocabulary[column] = term
+        meta = {
+            "format": self._FORMAT,
+            "version": self._VERSION,
+            "ngram_range": list(self.ngram_range),
+            "ids": ids,
+            "caption_counts": [int(c) for c in self._caption_counts],
+            "vocabulary": vocabulary,
+            "idf": [float(v) for v in self._vectorizer.idf_],
+        }
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        sp.save_npz(out / self.VECTORS_FILE, self._mean_vectors.tocsr(), compressed=True)
+        (out / self.META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CaptionTfidf:
+        """Restore an instance written by :meth:`save`; lookups give identical results."""
+        src = Path(path)
+        meta = json.loads((src / cls.META_FILE).read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or meta.get("format") != cls._FORMAT:
+            raise ValueError(f"{src / cls.META_FILE} is not a saved CaptionTfidf")
+        if meta.get("version") != cls._VERSION:
+            raise ValueError(
+                f"{src / cls.META_FILE}: unsupported CaptionTfidf format version "
+                f"{meta.get('version')!r} (this vlret reads version {cls._VERSION})"
+            )
+        vectors = sp.load_npz(src / cls.VECTORS_FILE).tocsr()
+        ids, counts = meta["ids"], np.asarray(meta["caption_counts"], dtype=np.int64)
+        vocabulary, idf = meta["vocabulary"], np.asarray(meta["idf"], dtype=np.float64)
+        if not (
+            vectors.shape == (len(ids), len(vocabulary))
+            and len(counts) == len(ids) == len(set(ids))
+            and len(idf) == len(vocabulary) == len(set(vocabulary))
+        ):
+            raise ValueError(
+                f"{src}: inconsistent saved CaptionTfidf (vectors {vectors.shape}, "
+                f"{len(ids)} ids, {len(counts)} caption counts, {len(vocabulary)} terms, "
+                f"{len(idf)} idf weights)"
+            )
+        obj = cls(ngram_range=tuple(meta["ngram_range"]))
+        vectorizer = TfidfVectorizer(
+            ngram_range=obj.ngram_range,
+            dtype=np.float64,
+            vocabulary={term: column for column, term in enumerate(vocabulary)},
+        )
+        vectorizer.idf_ = idf  # public setter: builds the fitted TF-IDF transformer
+        obj._vectorizer = vectorizer
+        obj._row_of = {img_id: row for row, img_id in enumerate(ids)}
+        obj._mean_vectors = vectors
+        obj._caption_counts = counts
+        return obj
+
     # -- lookups -----------------------------------------------------------------------------
 
     def _rows(self, ids: Ids, name: str) -> np.ndarray:
@@ -191,15 +282,19 @@ class CaptionTfidf:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        names: tuple[str, str] = ("img_ids_a", "img_ids_b"),
     ) -> torch.Tensor:
         """``(len(a), len(b))`` tensor of Eq. (3): mean of the ``Q_a x Q_b`` caption cosines.
 
         ``img_ids_b`` defaults to ``img_ids_a`` (the ``(B, B)`` matrix ``C`` of a batch). Ids
-        are a 1-D integer tensor or a sequence of the keys given to :meth:`fit`.
+        are a 1-D integer tensor or a sequence of the keys given to :meth:`fit`. ``names`` are
+        the argument names error messages use for the two id lists (a caller that forwards
+        its own arguments, such as ``VisualSemanticLoss``, passes ``("img_ids", "txt_ids")``).
         """
         self._require_fitted()
-        rows_a = self._rows(img_ids_a, "img_ids_a")
-        rows_b = rows_a if img_ids_b is None else self._rows(img_ids_b, "img_ids_b")
+        name_a, name_b = names
+        rows_a = self._rows(img_ids_a, name_a)
+        rows_b = rows_a if img_ids_b is None else self._rows(img_ids_b, name_b)
         mean_a = self._mean_vectors[rows_a]
         mean_b = mean_a if img_ids_b is None else self._mean_vectors[rows_b]
         dense = (mean_a @ mean_b.T).toarray()

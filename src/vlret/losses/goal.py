@@ -9,7 +9,7 @@ text anchor). The objective's gradient on that triplet is
 
 with a triplet weight ``T`` (Eq. 5, 7, 8) and a pair weight ``P`` (Eq. 9-13). All 15
 combinations are available; Table 1 of the paper maps five of them to known losses (see
-``docs/goal.md`` for which of them are exactly the gradient of that loss).
+``docs/goal.md`` for which of them are the gradient of that loss).
 
 Where the paper and the authors' released gradient file disagree, this module follows:
 
@@ -24,18 +24,31 @@ Where the paper and the authors' released gradient file disagree, this module fo
   s_n``. Circle loss with relaxation margin ``m`` has offset ``1 - 2 m^2`` (0.5 is ``m = 0.5``);
   ``circle_offset = 1`` (``m = 0``) with ``tau = gamma`` makes ``(cir, lin)`` exactly
   ``1/gamma`` times the gradient of Circle loss on the hardest negative (when ``s_n >= 0``).
-* ``T^con`` is the Heaviside of ``margin + s_n - p`` as in Eq. (5) (the code had no margin check).
+* ``T^con`` is the Heaviside of ``margin + s_n - p`` as in Eq. (5) (the code had no margin check),
+  taken strictly (0 at a hinge of exactly 0).
 * The gradient is multiplied by the incoming gradient (the released backward ignored it), so
   loss weights, warm-up factors and AMP loss scaling work.
 * ``pos_mask`` entries are never negatives (the code only excluded the diagonal).
 * The MS relative similarities (Eq. 12-13) of anchor ``i`` use the batch's positive-pair
   scores ``S[k, k]`` (an image-text batch has one positive per anchor, so the other positives
   are the other pairs; the released code did the same), kept when ``S[k, k] < s_n + epsilon``
-  (set P), and the anchor's negatives ``S[i, j]``, kept when ``S[i, j] > p - epsilon`` (set N).
-  As in the MS loss's own sums, the selected pair belongs to its set when it passes the test
-  and then contributes the neutral term (``e^0 = 1`` for sig-ms, ``0`` for lin-ms), so
-  ``P- <= |N|`` and ``P+ <= |P|`` stay bounded. An empty set gives the neutral value
-  (``m = 1`` for sig-ms, ``m = 0`` for lin-ms), i.e. the plain sig / lin weight.
+  (set P), and the anchor's negatives ``S[i, j]``, kept when ``S[i, j] > min(p, R) -
+  epsilon`` with ``R = min_k S[k, k]`` (set N). This is Eq. (12)'s ``min{S_xy, R_xy^i} -
+  epsilon`` taken over the relative positives ``R_xy^i``, the candidates of P rather than the
+  selected set (symmetrically, P's bound ``max{S_xy', R'_xy^j} + epsilon`` ranges over all the
+  anchor's negatives and so is ``s_n + epsilon``; taking the selected sets would make each
+  bound depend on the other set). ``p`` is itself on the diagonal, so N's bound is
+  ``min_k S[k, k] - epsilon`` for every anchor. As in the MS loss's own sums, the selected pair
+  belongs to its set when it passes the test and then contributes the neutral term (``e^0 =
+  1`` for sig-ms, ``0`` for lin-ms), so ``P- <= |N|`` and ``P+ <= |P|`` stay bounded. An empty
+  set gives the neutral value (``m = 1`` for sig-ms, ``m = 0`` for lin-ms), i.e. the plain sig
+  / lin weight.
+* Under hardest-negative mining every member of N is at most ``s_n``, so the printed
+  ``m-^sig = mean_N exp(-beta (s_n - R))`` is at most 1 and ``P-^sig-ms >= P-^sig`` always.
+  The paper's prose says the case ``m-^sig < 1`` "will not exist under hard negative mining";
+  with its formula ``m-^sig <= 1`` always (``= 1`` only when every member of N equals
+  ``s_n``), so sig-ms only ever raises the hardest negative's weight over sig. This module
+  follows the formula.
 * The linear pair weights are clamped at 0, as Circle loss's ``alpha_n = [s_n]_+`` and
   ``alpha_p = [1 - p]_+``: with a hardest negative below 0, Eq. (10) as printed would pull it
   towards the anchor.
@@ -219,25 +232,27 @@ def _relative_negative(
     filled: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, cfg: GoalConfig
 ) -> torch.Tensor:
     """MS relative term of the negatives, ``(2, B)``: log m-^sig (sig-ms) or m-^lin (lin-ms)
-    over N = {S[i, j] negative : S[i, j] > p - epsilon}.
+    over N = {S[i, j] negative : S[i, j] > min(p, min_k S[k, k]) - epsilon}.
+
+    The bound is Eq. (12)'s ``min{S_xy, R} - epsilon`` with R the relative positives, the batch
+    diagonal that set P draws from; ``p`` is on that diagonal, so the bound is
+    ``min_k S[k, k] - epsilon``, one scalar for every anchor and both directions.
 
     ``filled`` is ``sim`` with the dtype's lowest value outside the negatives; row ``i`` serves
     image anchor ``i`` and column ``i`` text anchor ``i``. Every member of N is at most the
     hardest negative, which belongs to N whenever N is non-empty, so the sig-ms sum of
     ``e^{beta (S - s_n)} <= 1`` is at least 1 and needs no max-shift.
     """
-    bound = pos - cfg.epsilon
-    keeps = (filled > bound[:, None], filled > bound[None, :])
-    count = torch.stack((keeps[0].sum(1), keeps[1].sum(0)))
+    keep = filled > pos.min() - cfg.epsilon
+    count = torch.stack((keep.sum(1), keep.sum(0)))
     n = count.clamp(min=1).to(filled.dtype)
     if cfg.pair_weight == "sig-ms":
-        rows = torch.exp(cfg.beta * (filled - neg[0][:, None])).mul_(keeps[0]).sum(1)
-        cols = torch.exp(cfg.beta * (filled - neg[1][None, :])).mul_(keeps[1]).sum(0)
+        rows = torch.exp(cfg.beta * (filled - neg[0][:, None])).mul_(keep).sum(1)
+        cols = torch.exp(cfg.beta * (filled - neg[1][None, :])).mul_(keep).sum(0)
         value = torch.stack((rows, cols)).clamp(min=1).log() - n.log()
     else:
-        rows = (filled * keeps[0]).sum(1)
-        cols = (filled * keeps[1]).sum(0)
-        value = neg - torch.stack((rows, cols)) / n
+        kept = filled * keep
+        value = neg - torch.stack((kept.sum(1), kept.sum(0))) / n
     return torch.where(count > 0, value, 0.0)
 
 
@@ -289,7 +304,8 @@ class GoalFunction(torch.autograd.Function):
 
     Forward returns the monitoring value, the hardest-negative triplet loss
     ``[margin + s_n - p]_+`` per anchor and direction, reduced like every vlret loss (for
-    ``(con, con)`` this value is the loss whose gradient the objective is). Backward returns
+    ``(con, con)`` the objective is this loss's gradient wherever the loss is differentiable,
+    see :func:`goal_objective`). Backward returns
     ``grad_output * dL/dS`` with ``dL/dS[i, n(i)] += T P-`` and ``dL/dS[i, i] -= T P+`` for each
     direction. Only ``O(B)`` numbers are kept between forward and backward.
     """
@@ -365,7 +381,12 @@ def goal_objective(
     (paper, Fig. 2) and ``circle_offset=0.5``, ``alpha=2, beta=10, lam=0.5, epsilon=0.1`` (the
     released code); the module docstring gives the reasons and the alternatives.
 
-    ``(con, con)`` has exactly the gradient of ``triplet_loss(hardest=True)``;
+    ``(con, con)`` equals the gradient of ``triplet_loss(hardest=True)`` almost everywhere:
+    wherever every anchor's hardest negative is unique and no hinge ``margin + s_n - p`` is
+    exactly 0, i.e. wherever that loss is differentiable. Elsewhere both are valid
+    subgradients but differ: on a tie this objective puts the whole weight on the one negative
+    ``torch.max`` returns while autograd through ``amax`` splits it evenly over the tied ones,
+    and at a zero hinge ``T^con`` (a strict Heaviside) is 0 while autograd passes a fraction.
     ``(nca, con)`` is ``1/tau`` times the gradient of :func:`nca_hard_loss` (Eq. 6).
     ``reduction="mean"`` divides the gradient by ``B``; ``"none"`` returns the ``(B,)``
     per-index values and accepts a ``(B,)`` incoming gradient.

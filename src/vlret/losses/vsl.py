@@ -36,7 +36,11 @@ from ._base import PairLoss, prepare, reduce_terms
 from .registry import build_loss, register_loss
 
 #: The sigmoid's exponent ``x / tau`` is clamped to ``[-50, 50]`` (as Smooth-AP does): beyond
-#: it the sigmoid is saturated to within 2e-22, and the gradient there is exactly zero.
+#: it the sigmoid is saturated to within 2e-22. The gradient there is tiny but not exactly
+#: zero (as autograd through ``clamp`` would give): the hand-written backward evaluates
+#: ``sigma' = sigma (1 - sigma)`` at the clamped exponent, so a saturated pair contributes up
+#: to ``sigma'(+-50) ~ 1.9e-22`` (times ``1 / tau``) in float64 and float32 alike (0 where
+#: ``sigma`` itself rounded to 1).
 EXPONENT_CLAMP = 50.0
 #: Elements of one ``(rows, n, n)`` block of pairwise sigmoids (16 MiB in float32).
 _BLOCK_ELEMENTS = 1 << 22
@@ -139,6 +143,8 @@ def smooth_rank(
         raise ValueError(f"m must be a torch.Tensor, got {type(m).__name__}")
     if m.dim() != 2 or m.shape[0] == 0 or m.shape[1] == 0:
         raise ValueError(f"m must be a non-empty 2-D (rows, n) tensor, got shape {tuple(m.shape)}")
+    if not m.dtype.is_floating_point:
+        raise ValueError(f"m must be a floating-point tensor, got dtype {m.dtype}")
     check_positive(tau, "tau")
     _check_chunk_size(chunk_size)
     m = m.to(compute_dtype(m.dtype))
@@ -193,7 +199,8 @@ def visual_semantic_loss(
               \frac{\min(sr_{ij}, cr_{ij})}{\max(sr_{ij}, cr_{ij})}
 
     with ``sr = smooth_rank(sim)`` and ``cr = smooth_rank(semantic_sim)`` row by row (Eq. 4;
-    ``semantic_sim`` is the ``(B, B)`` image-image matrix ``C`` of Eq. 3, a constant target).
+    ``semantic_sim`` is the ``(B, B)`` image-image matrix ``C`` of Eq. 3, a constant target:
+    ``C[i, j]`` is the semantic similarity between image ``i`` and the image of text ``j``).
     See :func:`smooth_rank` for ``descending``: the default ranks the largest entry 1.
 
     ``text_semantic_sim`` (the ``(B, B)`` caption-caption matrix ``TC``) adds Eq. (7),
@@ -226,8 +233,13 @@ class VisualSemanticLoss(PairLoss):
     r"""``alpha * base + beta * VSL``, VSL Eq. (6) (and Eq. 7 with ``text_side=True``).
 
     * ``semantic``: a fitted :class:`vlret.semantic.CaptionTfidf`; the batch's ``C`` is looked up
-      from ``img_ids`` (the image id of each row, also used for the positive mask). Instead,
-      ``semantic_sim`` may be passed per call (and then ``semantic`` may be ``None``).
+      from ``img_ids`` (the image id of each row) and ``txt_ids`` (the id of the image each
+      text, i.e. each column, belongs to; default ``img_ids``, text ``j`` of image ``j``), the
+      ids that also build the positive mask: ``C[i, j] = K(img_ids[i], txt_ids[j])``, the
+      semantic similarity between row ``i``'s image and the image described by text ``j``.
+      Instead, ``semantic_sim`` may be passed per call (and then ``semantic`` may be ``None``).
+      The fitted ``CaptionTfidf`` is not module state: it is not in ``state_dict``; refit it on
+      the training captions or restore it with :meth:`~vlret.semantic.CaptionTfidf.load`.
     * ``base``: the name of any registered loss (built with ``base_params``) or a loss module
       with ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
       margin 0.2, summed over the batch, as in the paper and its code.
@@ -322,6 +334,7 @@ class VisualSemanticLoss(PairLoss):
             sim,
             pos_mask=pos_mask,
             img_ids=img_ids,
+            txt_ids=txt_ids,
             captions=captions,
             semantic_sim=semantic_sim,
             text_semantic_sim=text_semantic_sim,
@@ -333,6 +346,7 @@ class VisualSemanticLoss(PairLoss):
         pos_mask: torch.Tensor | None = None,
         *,
         img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
         captions: list[str] | None = None,
         semantic_sim: torch.Tensor | None = None,
         text_semantic_sim: torch.Tensor | None = None,
@@ -340,7 +354,7 @@ class VisualSemanticLoss(PairLoss):
         prepare(sim, pos_mask)  # validate before the (costlier) lookups
         batch = sim.shape[0]
         if semantic_sim is None:
-            semantic_sim = self._lookup_images(img_ids, batch, sim.device)
+            semantic_sim = self._lookup_images(img_ids, txt_ids, batch, sim.device)
         if self.text_side and text_semantic_sim is None:
             text_semantic_sim = self._lookup_captions(captions, batch, sim.device)
         vsl = visual_semantic_loss(
@@ -356,7 +370,10 @@ class VisualSemanticLoss(PairLoss):
             return self.beta * vsl
         return self.alpha * self.base.from_similarity(sim, pos_mask=pos_mask) + self.beta * vsl
 
-    def _lookup_images(self, img_ids: Ids | None, batch: int, device: torch.device) -> torch.Tensor:
+    def _lookup_images(
+        self, img_ids: Ids | None, txt_ids: Ids | None, batch: int, device: torch.device
+    ) -> torch.Tensor:
+        """``C[i, j] = K(img_ids[i], txt_ids[j])``: row image vs the image of text ``j``."""
         if self.semantic is None:
             raise ValueError(
                 "no semantic similarity: build the loss with semantic=<fitted CaptionTfidf> "
@@ -366,7 +383,12 @@ class VisualSemanticLoss(PairLoss):
             raise ValueError("img_ids is required to look up the images' semantic similarity")
         if len(img_ids) != batch:
             raise ValueError(f"img_ids must have one id per row ({batch}), got {len(img_ids)}")
-        return self.semantic.similarity(img_ids, device=device)
+        if txt_ids is not None and len(txt_ids) != batch:
+            raise ValueError(f"txt_ids must have one id per column ({batch}), got {len(txt_ids)}")
+        # txt_ids=None gives the square (symmetric) C of the images in img_ids.
+        return self.semantic.similarity(
+            img_ids, txt_ids, device=device, names=("img_ids", "txt_ids")
+        )
 
     def _lookup_captions(
         self, captions: list[str] | None, batch: int, device: torch.device
