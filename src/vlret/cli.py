@@ -1,4 +1,4 @@
-"""Command line: ``vlret demo | losses | plot``."""
+"""Command line: ``vlret train | eval | demo | losses | plot``."""
 
 from __future__ import annotations
 
@@ -44,6 +44,48 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import ConfigError, TrainingInterrupted, load_config, train
+
+    try:
+        config = load_config(args.config, args.set)
+    except (ConfigError, FileNotFoundError) as err:
+        raise SystemExit(f"vlret train: {err}") from None
+    try:
+        result = train(config, resume=args.resume)
+    except TrainingInterrupted as err:
+        print(f"interrupted; resume with: vlret train {args.config} --resume {err.checkpoint}")
+        return 130
+    best = f", best dev rsum {result.best_rsum:.2f}" if result.best_rsum is not None else ""
+    print(f"done: {result.epochs_done} epochs, {result.steps} steps{best}; {result.output_dir}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .train.evaluate import (
+        evaluate_checkpoint,
+        format_metrics_table,
+        metrics_json,
+        write_metrics_json,
+    )
+
+    metrics = evaluate_checkpoint(
+        args.checkpoint,
+        data=args.data,
+        split=args.split,
+        protocol=args.protocol,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
+    print(format_metrics_table(metrics, args.protocol))
+    if args.json is not None:
+        record = metrics_json(
+            metrics, protocol=args.protocol, split=args.split, checkpoint=str(args.checkpoint)
+        )
+        print(write_metrics_json(record, args.json))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlret",
@@ -51,6 +93,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vlret {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train a retrieval model from a TOML/YAML config")
+    train.add_argument("config", type=Path, help="run config (.toml or .yaml)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key (repeatable), e.g. --set optim.lr=1e-4",
+    )
+    train.add_argument("--resume", type=Path, help="checkpoint to continue from (last.pt)")
+    train.set_defaults(func=_cmd_train)
+
+    from .train.evaluate import PROTOCOLS
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint under a paper protocol")
+    ev.add_argument("checkpoint", type=Path, help="checkpoint written by vlret train")
+    ev.add_argument("--data", type=Path, required=True, help="data folder of the test split")
+    ev.add_argument("--split", required=True, help="split to evaluate (test or testall)")
+    ev.add_argument("--protocol", required=True, choices=PROTOCOLS)
+    ev.add_argument("--json", type=Path, help="also write the metrics as JSON")
+    ev.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
+    ev.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    ev.set_defaults(func=_cmd_eval)
 
     demo = sub.add_parser("demo", help="every loss on a seeded batch + metrics of a toy problem")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -1,0 +1,62 @@
+"""Training harness: configs, the trainer, checkpoints, distributed helpers and evaluation.
+
+``vlret train CONFIG [--set section.key=value ...] [--resume PATH]`` and ``vlret eval`` are the
+command-line entry points; :func:`train` and :func:`evaluate_checkpoint` the Python ones.
+"""
+
+from .checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from .config import (
+    ConfigError,
+    DataConfig,
+    LossConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    parse_value,
+    save_config,
+)
+from .distributed import ShardedBatchSampler, gather_with_grad, init_distributed
+from .evaluate import (
+    PROTOCOLS,
+    encode_dataset,
+    evaluate_checkpoint,
+    format_metrics_table,
+    metrics_json,
+    protocol_metrics,
+)
+from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
+
+__all__ = [
+    "PROTOCOLS",
+    "ConfigError",
+    "DataConfig",
+    "LossConfig",
+    "OptimConfig",
+    "RunConfig",
+    "ShardedBatchSampler",
+    "StepDecayWarmup",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainingInterrupted",
+    "apply_overrides",
+    "capture_rng_state",
+    "config_from_dict",
+    "encode_dataset",
+    "evaluate_checkpoint",
+    "format_metrics_table",
+    "gather_with_grad",
+    "init_distributed",
+    "load_checkpoint",
+    "load_config",
+    "metrics_json",
+    "parse_value",
+    "protocol_metrics",
+    "restore_rng_state",
+    "save_checkpoint",
+    "save_config",
+    "train",
+]

@@ -1,0 +1,419 @@
+"""Run configuration: TOML or YAML files, ``--set section.key=value`` overrides, dataclasses.
+
+A config file has the sections ``data``, ``model``, ``loss``, ``optim``, ``train`` and the
+top-level key ``output_dir``::
+
+    output_dir = "runs/vsepp_f30k_unified"
+
+    [data]
+    root = "data/f30k_precomp"
+    format = "precomp"            # precomp | msrvtt | karpathy
+
+    [model]                       # passed as is to vlret.models.build_model
+    embed_dim = 1024
+    image = { kind = "precomp", in_dim = 2048, pooling = "max" }
+    text = { kind = "gru", word_dim = 300, bidirectional = true, pooling = "last" }
+
+    [loss]
+    name = "unified"              # any registered loss; the other keys are its parameters
+    margin = 0.2
+    gamma = 60.0
+
+    [optim]
+    name = "adam"
+    lr = 5e-4
+    decay_epochs = [10]
+
+    [train]
+    epochs = 20
+    batch_size = 128
+    seed = 0
+
+Every unknown key is an error naming the file and the dotted key; so is a value of the wrong
+type. Loss parameters are checked against :func:`vlret.losses.loss_parameters`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SECTIONS = ("data", "model", "loss", "optim", "train")
+DATA_FORMATS = ("precomp", "msrvtt", "karpathy")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not hold what the schema requires."""
+
+    def __init__(self, source: str | Path, key: str, message: str) -> None:
+        self.source = str(source)
+        self.key = key
+        where = f"{source}: {key}" if key else str(source)
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass
+class DataConfig:
+    """Where the data lives and how captions are encoded.
+
+    ``format``: ``precomp`` (SCAN / VSE-infinity folder), ``msrvtt`` (with ``protocol`` full or
+    1k-A, ``captions_per_video``) or ``karpathy`` (``karpathy_json`` + ``image_root``; images go
+    through the model's transform).
+    ``vocab``: a vocabulary JSON; by default one is built from the train (+dev) captions with
+    ``min_count``. ``tokenizer``: a local Hugging Face tokenizer directory instead of a vocab.
+    ``dev_max_images``: model selection uses the first 1000 dev images (5000 captions).
+    """
+
+    root: str
+    format: str = "precomp"
+    train_split: str = "train"
+    dev_split: str | None = "dev"
+    dev_max_images: int | None = 1000
+    captions_per_image: int = 5
+    captions_per_video: int = 20
+    protocol: str = "full"
+    features_dir: str | None = None
+    karpathy_json: str | None = None
+    image_root: str | None = None
+    vocab: str | None = None
+    tokenizer: str | None = None
+    min_count: int = 4
+    num_workers: int = 0
+
+
+@dataclass
+class LossConfig:
+    """``name`` of a registered loss and its constructor ``params``."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and learning-rate schedule.
+
+    The learning rate is ``lr * decay_factor ** (number of decay_epochs <= epoch)``, times a
+    linear warm-up from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps.
+    ``grad_clip`` is the max total gradient norm (VSE++: 2.0); 0 disables clipping.
+    """
+
+    name: str = "adam"
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    momentum: float = 0.0
+    decay_epochs: list[int] = field(default_factory=list)
+    decay_factor: float = 0.1
+    warmup_steps: int = 0
+    grad_clip: float = 2.0
+
+
+@dataclass
+class TrainConfig:
+    """Loop settings.
+
+    ``batch_size`` is the global batch (split evenly over ranks under torchrun).
+    ``all_negatives_epochs``: VSE-infinity's schedule for the triplet loss, summing over all
+    negatives (``hardest=False``) for that many first epochs and using the hardest negative
+    afterwards. ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the
+    AdaCL memory queue (AdaCL: 0.99); ``None`` enqueues the online embeddings.
+    ``max_steps_per_epoch`` truncates epochs (smoke tests, benchmarks).
+    """
+
+    epochs: int
+    batch_size: int
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = True
+    deterministic: bool = True
+    drop_last: bool = True
+    log_every: int = 10
+    checkpoint_every: int = 0
+    validate: bool = True
+    eval_batch_size: int = 256
+    all_negatives_epochs: int = 0
+    momentum_encoder: float | None = None
+    max_steps_per_epoch: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class RunConfig:
+    """A resolved run configuration (see the module docstring)."""
+
+    data: DataConfig
+    model: dict[str, Any]
+    loss: LossConfig
+    optim: OptimConfig
+    train: TrainConfig
+    output_dir: str
+    source: str = "<dict>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, in the file layout (loss params flattened into ``loss``)."""
+        return {
+            "output_dir": self.output_dir,
+            "data": dataclasses.asdict(self.data),
+            "model": copy.deepcopy(self.model),
+            "loss": {"name": self.loss.name, **copy.deepcopy(self.loss.params)},
+            "optim": dataclasses.asdict(self.optim),
+            "train": dataclasses.asdict(self.train),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and overriding
+# --------------------------------------------------------------------------------------------
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a ``.toml`` / ``.yaml`` / ``.yml`` / ``.json`` file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; expected a TOML or YAML run config")
+    suffix = path.suffix.lower()
+    text = path.read_text(encoding="utf-8")
+    try:
+        if suffix == ".toml":
+            raw = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            raw = yaml.safe_load(text)
+        elif suffix == ".json":
+            raw = json.loads(text)
+        else:
+            raise ConfigError(path, "", "unknown extension; expected .toml, .yaml, .yml or .json")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as err:
+        raise ConfigError(path, "", f"cannot parse: {err}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "", f"expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def parse_value(text: str) -> Any:
+    """Type an override value: TOML literal syntax (``3``, ``1e-4``, ``true``, ``[10, 15]``,
+    ``{a = 1}``, ``"quoted"``), ``null``/``none`` for None, anything else a plain string."""
+    stripped = text.strip()
+    if stripped.lower() in ("null", "none", "~"):
+        return None
+    try:
+        return tomllib.loads(f"v = {stripped}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    if stripped.lower() in ("true", "false"):  # YAML-style capitalisation
+        return stripped.lower() == "true"
+    return stripped
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """A copy of ``raw`` with ``section.key[.sub]=value`` overrides applied (typed values)."""
+    out = copy.deepcopy(raw)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError("--set", item, "expected section.key=value")
+        dotted, value = item.split("=", 1)
+        keys = [k.strip() for k in dotted.strip().split(".")]
+        if not all(keys):
+            raise ConfigError("--set", dotted, "empty key component")
+        if keys[0] not in (*SECTIONS, "output_dir"):
+            raise ConfigError(
+                "--set",
+                dotted,
+                f"unknown section {keys[0]!r}; expected one of "
+                f"{', '.join((*SECTIONS, 'output_dir'))}",
+            )
+        if keys[0] == "output_dir" and len(keys) > 1:
+            raise ConfigError("--set", dotted, "output_dir has no sub-keys")
+        node = out
+        for k in keys[:-1]:
+            child = node.setdefault(k, {})
+            if not isinstance(child, dict):
+                raise ConfigError("--set", dotted, f"{k!r} is not a section")
+            node = child
+        node[keys[-1]] = parse_value(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check_type(value: Any, annotation: Any, source: str, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(value, arg, source, key)
+            except ConfigError as err:
+                errors.append(err)
+        raise errors[0]
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(source, key, f"expected a list, got {value!r}")
+        return [_check_type(v, item, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(source, key, f"expected a table/mapping, got {value!r}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, f"expected true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, f"expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(source, key, f"expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(source, key, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, raw: Any, source: str, section: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(source, section, f"expected a table/mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            source,
+            f"{section}.{unknown[0]}",
+            f"unknown key; valid keys of [{section}]: {', '.join(known)}",
+        )
+    kwargs = {}
+    for name, f in known.items():
+        key = f"{section}.{name}"
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(source, key, "required key is missing")
+            continue
+        kwargs[name] = _check_type(raw[name], hints[name], source, key)
+    return cls(**kwargs)
+
+
+def _check_choice(value: str, choices: tuple[str, ...], source: str, key: str) -> None:
+    if value not in choices:
+        raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {value!r}")
+
+
+def _build_loss(raw: Any, source: str) -> LossConfig:
+    from ..losses import available_losses, loss_parameters
+
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "loss", f"expected a table/mapping, got {raw!r}")
+    if "name" not in raw:
+        raise ConfigError(source, "loss.name", "required key is missing")
+    name = raw["name"]
+    if name not in available_losses():
+        raise ConfigError(
+            source,
+            "loss.name",
+            f"unknown loss {name!r}; available: {', '.join(available_losses())}",
+        )
+    params = {k: v for k, v in raw.items() if k != "name"}
+    valid = loss_parameters(name)
+    for k in params:
+        if k not in valid or k == "semantic":
+            listing = ", ".join(p for p in valid if p != "semantic")
+            raise ConfigError(
+                source, f"loss.{k}", f"not a parameter of loss {name!r}; valid: {listing}"
+            )
+    return LossConfig(name=name, params=params)
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
+    """Validate a raw mapping (file layout) into a :class:`RunConfig`."""
+    source = str(source)
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "", "expected a mapping of sections")
+    unknown = sorted(set(raw) - {*SECTIONS, "output_dir"})
+    if unknown:
+        raise ConfigError(
+            source, unknown[0], f"unknown section; expected {', '.join(SECTIONS)}, output_dir"
+        )
+    for section in ("data", "loss", "train"):
+        if section not in raw:
+            raise ConfigError(source, section, "required section is missing")
+    if "output_dir" not in raw:
+        raise ConfigError(source, "output_dir", "required key is missing")
+    output_dir = _check_type(raw["output_dir"], str, source, "output_dir")
+    data = _build(DataConfig, raw["data"], source, "data")
+    _check_choice(data.format, DATA_FORMATS, source, "data.format")
+    model = raw.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
+    loss = _build_loss(raw["loss"], source)
+    optim = _build(OptimConfig, raw.get("optim", {}), source, "optim")
+    _check_choice(optim.name, OPTIMIZERS, source, "optim.name")
+    if optim.lr <= 0:
+        raise ConfigError(source, "optim.lr", f"expected a positive number, got {optim.lr!r}")
+    if len(optim.betas) != 2:
+        raise ConfigError(source, "optim.betas", f"expected two numbers, got {optim.betas!r}")
+    train = _build(TrainConfig, raw["train"], source, "train")
+    for key in ("epochs", "batch_size"):
+        if getattr(train, key) < 1:
+            raise ConfigError(source, f"train.{key}", "expected a positive integer")
+    if train.all_negatives_epochs and loss.name != "triplet":
+        raise ConfigError(
+            source,
+            "train.all_negatives_epochs",
+            "the all-negatives-then-hardest schedule applies to the triplet loss, "
+            f"not {loss.name!r}",
+        )
+    if train.momentum_encoder is not None and not 0.0 <= train.momentum_encoder <= 1.0:
+        raise ConfigError(source, "train.momentum_encoder", "expected a momentum in [0, 1]")
+    return RunConfig(
+        data=data,
+        model=copy.deepcopy(model),
+        loss=loss,
+        optim=optim,
+        train=train,
+        output_dir=output_dir,
+        source=source,
+    )
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read ``path`` (TOML or YAML), apply ``--set`` overrides and validate."""
+    raw = apply_overrides(read_config_file(path), overrides)
+    return config_from_dict(raw, source=path)
+
+
+def save_config(config: RunConfig, path: str | Path) -> Path:
+    """Write the resolved config as YAML (loadable by :func:`load_config`)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+    return path

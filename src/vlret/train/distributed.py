@@ -1,0 +1,185 @@
+r"""``torch.distributed`` helpers: torchrun initialisation, gathering with gradient, sharding.
+
+Launch with ``torchrun --nproc_per_node=N -m vlret train CONFIG``. ``train.batch_size`` is the
+global batch ``N * B``: :class:`ShardedBatchSampler` draws the same seeded permutation on every
+rank, cuts it into global batches, and gives rank ``r`` the ``r``-th contiguous slice of ``B``
+captions, so the concatenation of the local batches in rank order *is* the single-process batch.
+
+**In-batch negatives from all ranks.** Each rank encodes its ``B`` pairs, then
+:func:`gather_with_grad` all-gathers the embeddings of every rank (``N*B`` rows, rank order) and
+puts its own local tensor back in its slot, so gradient flows to the local shard only. The
+loss is computed on the global ``(N*B, N*B)`` similarity matrix: the local rows against all
+columns and all rows against the local columns carry gradient; the other blocks are constants.
+Every rank therefore evaluates the same global loss ``L`` (identical inputs), and the gradient
+reaching rank ``r``'s parameters is ``J_r^T dL/de_r``, the part of the single-process gradient
+``sum_r J_r^T dL/de_r`` that comes from its own pairs. This holds for every loss, including
+those with batch-level statistics (hardest negatives over the global batch, AdaCL's anchor,
+VSL's ranks).
+
+**Gradient scaling.** DistributedDataParallel *averages* gradients over ranks, giving
+``(1/N) sum_r J_r^T dL/de_r = (1/N) grad L``. The trainer multiplies the loss by
+``N`` (:func:`world_size`) before ``backward`` so that the averaged gradient equals the
+gradient of one process on the concatenated ``N*B`` batch (tested with 2 gloo processes to
+1e-6). The logged loss is the unscaled ``L``.
+
+Only rank 0 writes files (:func:`is_main_process`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def env_from_torchrun() -> DistEnv:
+    """``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` as set by torchrun (single process without)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"bad torchrun environment: RANK={rank}, WORLD_SIZE={world}")
+    return DistEnv(rank=rank, world_size=world, local_rank=local)
+
+
+def init_distributed(*, backend: str | None = None) -> DistEnv:
+    """Initialise the default process group from torchrun's environment when ``WORLD_SIZE > 1``.
+
+    Backend: NCCL when CUDA is available, else gloo. Already initialised groups are reused.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    env = env_from_torchrun()
+    if not env.enabled:
+        return env
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size)
+    return env
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_main_process() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
+    """All-gather ``local`` ``(B, ...)`` from every rank into ``(N*B, ...)`` in rank order.
+
+    The slot of this rank holds ``local`` itself, so gradient flows to the local shard; the
+    other ranks' rows are constants here (their own rank differentiates them). Every rank must
+    pass the same ``B``. Single process: returns ``local``.
+    """
+    world = world_size()
+    if world == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local.detach().contiguous())
+    parts[rank()] = local
+    return torch.cat(parts, dim=0)
+
+
+def gather_no_grad(local: torch.Tensor) -> torch.Tensor:
+    """All-gather without gradient (ids, indices)."""
+    world = world_size()
+    if world == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts, dim=0)
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Seeded global batches of ``batch_size`` indices, sharded contiguously over ranks.
+
+    The permutation of epoch ``e`` depends only on ``seed + e`` (not on the global RNG), so a
+    resumed run draws the same batches; ``start_batch`` skips the batches already done.
+    ``batch_size`` must divide by ``world_size``. With ``drop_last=False`` the final partial
+    batch is kept in a single process and dropped under distribution (ranks need equal shards).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+        shuffle: bool = True,
+        max_batches: int | None = None,
+    ) -> None:
+        if batch_size % world_size:
+            raise ValueError(
+                f"train.batch_size ({batch_size}) must be a multiple of the number of ranks "
+                f"({world_size}); it is the global batch"
+            )
+        if n < batch_size and (drop_last or world_size > 1):
+            raise ValueError(
+                f"the training split has {n} captions, fewer than one batch of {batch_size}"
+            )
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.drop_last = drop_last or world_size > 1
+        self.shuffle = shuffle
+        self.max_batches = max_batches
+        self.epoch = 0
+        self.start_batch = 0
+
+    def set_epoch(self, epoch: int, *, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def num_batches(self) -> int:
+        full, rest = divmod(self.n, self.batch_size)
+        count = full + (1 if rest and not self.drop_last else 0)
+        return count if self.max_batches is None else min(count, self.max_batches)
+
+    def __len__(self) -> int:
+        return max(0, self.num_batches() - self.start_batch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=gen).tolist()
+        else:
+            order = list(range(self.n))
+        local = self.batch_size // self.world_size
+        for b in range(self.start_batch, self.num_batches()):
+            batch = order[b * self.batch_size : (b + 1) * self.batch_size]
+            if self.world_size > 1:
+                batch = batch[self.rank * local : (self.rank + 1) * local]
+            yield batch

@@ -1,0 +1,192 @@
+"""Evaluation of a trained model under the papers' protocols.
+
+========================  =====================  ==========================================
+protocol                  data / split           metric
+========================  =====================  ==========================================
+``f30k``                  F30K ``test``          1000 images x 5000 captions
+``coco5k``                COCO ``testall``       5000 images x 25000 captions
+``coco1k``                COCO ``testall``       5 folds of 1000 images, averaged
+``msrvtt-full``           MSR-VTT ``test``       2990 videos x 20 captions; v2t ranks the best
+                                                 of a video's 20 captions (dual-encoding)
+``msrvtt-1ka``            MSR-VTT ``test``       1000 videos x 1 caption (JSFUSION)
+========================  =====================  ==========================================
+
+All of them go through :func:`vlret.metrics.retrieval_metrics` (or
+:func:`~vlret.metrics.coco_5fold_metrics`) on L2-normalised embeddings (cosine scores): the
+image-to-text rank there is already the rank of an image's best caption, which is the
+dual-encoding video-to-text definition of MSR-VTT full.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..data import RetrievalDataset
+from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
+from .builders import build_dataset, encoder_from_state
+from .checkpoint import load_checkpoint
+from .config import config_from_dict
+
+PROTOCOLS = ("f30k", "coco1k", "coco5k", "msrvtt-full", "msrvtt-1ka")
+_TITLES = {
+    "f30k": "Flickr30K 1K test",
+    "coco1k": "MS-COCO 5-fold 1K test",
+    "coco5k": "MS-COCO 5K test",
+    "msrvtt-full": "MSR-VTT full test (v2t: best of each video's captions)",
+    "msrvtt-1ka": "MSR-VTT 1k-A test",
+}
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    return protocol
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+@torch.no_grad()
+def encode_dataset(
+    model: nn.Module,
+    dataset: RetrievalDataset,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+    normalize: bool = True,
+    num_workers: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(img_emb (N_img, E), txt_emb (N_txt, E))`` in float32 on the CPU, each image encoded
+    once. The model is put in eval mode and restored afterwards."""
+    model = _unwrap(model)
+    was_training = model.training
+    # Loaders with their own generator leave the global torch RNG untouched (exact resume).
+    gen = torch.Generator().manual_seed(0)
+    model.eval()
+    try:
+        images = dataset.images()
+        img_parts = []
+        for feats, _ in DataLoader(
+            images,
+            batch_size=batch_size,
+            collate_fn=images.collate,
+            num_workers=num_workers,
+            generator=gen,
+        ):
+            if isinstance(feats, torch.Tensor):
+                feats = feats.to(device)
+            img_parts.append(model.encode_images(feats).float().cpu())
+        texts = dataset.texts()
+        txt_parts = []
+        for caps, lengths, _ in DataLoader(
+            texts,
+            batch_size=batch_size,
+            collate_fn=texts.collate,
+            num_workers=num_workers,
+            generator=gen,
+        ):
+            if isinstance(caps, torch.Tensor):
+                caps = caps.to(device)
+            txt_parts.append(model.encode_texts(caps, lengths).float().cpu())
+    finally:
+        model.train(was_training)
+    img, txt = torch.cat(img_parts), torch.cat(txt_parts)
+    if normalize:
+        img, txt = F.normalize(img, dim=1), F.normalize(txt, dim=1)
+    return img, txt
+
+
+def protocol_metrics(
+    img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor, protocol: str
+) -> RetrievalMetrics:
+    """Metrics of ``protocol`` from normalised embeddings (see the module table)."""
+    check_protocol(protocol)
+    if protocol == "coco1k":
+        return coco_5fold_metrics(img_emb, txt_emb, txt_to_img, n_folds=5)
+    return retrieval_metrics(img_emb, txt_emb, txt_to_img)
+
+
+def format_metrics_table(metrics: RetrievalMetrics, protocol: str) -> str:
+    """The paper-style table: R@1/5/10 both directions, rsum, medr (and each COCO fold)."""
+    lines = [metrics.format_table(_TITLES[protocol])]
+    for k, fold in enumerate(metrics.folds):
+        row = fold.format_table().splitlines()[-1]
+        lines.append(f"{row}   (fold {k + 1})")
+    return "\n".join(lines)
+
+
+def metrics_json(
+    metrics: RetrievalMetrics, *, protocol: str, split: str, **extra: Any
+) -> dict[str, Any]:
+    """JSON record: the foundation's key names under ``metrics`` (and per fold under ``folds``)."""
+    out: dict[str, Any] = {"protocol": protocol, "split": split, **extra}
+    out["metrics"] = metrics.as_dict()
+    if metrics.folds:
+        out["folds"] = [f.as_dict() for f in metrics.folds]
+    return out
+
+
+def load_trained_model(
+    checkpoint: str | Path, *, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Any, Any]:
+    """``(model, config, caption encoder)`` rebuilt from a training checkpoint."""
+    from ..models import build_model
+
+    state = load_checkpoint(checkpoint)
+    if "config" not in state or "encoder" not in state:
+        raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config or encoder)")
+    config = config_from_dict(state["config"], source=f"{checkpoint} (stored config)")
+    encoder = encoder_from_state(state["encoder"])
+    model = build_model(config.model, vocab_size=state.get("vocab_size"))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), config, encoder
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    *,
+    data: str | Path,
+    split: str,
+    protocol: str,
+    batch_size: int = 256,
+    device: str = "auto",
+) -> RetrievalMetrics:
+    """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``."""
+    check_protocol(protocol)
+    dev = torch.device(
+        "cuda"
+        if device == "auto" and torch.cuda.is_available()
+        else ("cpu" if device == "auto" else device)
+    )
+    model, config, encoder = load_trained_model(checkpoint, device=dev)
+    data_cfg = config.data
+    if protocol.startswith("msrvtt"):
+        if data_cfg.format != "msrvtt":
+            data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "format": "msrvtt"})
+        ds_protocol = "1k-A" if protocol == "msrvtt-1ka" else "full"
+    else:
+        ds_protocol = None
+    transform = getattr(model, "image_transform", None)
+    dataset = build_dataset(
+        data_cfg, split, encoder, root=data, protocol=ds_protocol, image_transform=transform
+    )
+    normalize = config.loss.params.get("normalize", True)
+    img, txt = encode_dataset(
+        model, dataset, batch_size=batch_size, device=dev, normalize=normalize
+    )
+    return protocol_metrics(img, txt, dataset.txt_to_img, protocol)
+
+
+def write_metrics_json(record: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path

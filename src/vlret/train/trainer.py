@@ -1,0 +1,550 @@
+"""The training loop: the one place that knows both the models and the losses.
+
+``Trainer(config).fit()`` trains ``vlret.models.build_model(config.model)`` with the registered
+loss ``config.loss.name``; the output folder receives ``config.yaml`` (resolved config),
+``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every ``checkpoint_every`` steps,
+and on Ctrl-C) and ``best.pt`` (best dev rsum on the first 1000 images / 5000 captions).
+
+Exact resume: the batch order of epoch ``e`` is a function of ``seed + e`` only, and a
+checkpoint holds every other piece of state that a step reads (weights, optimiser, schedule,
+AMP scaler, loss buffers and extra state, memory queues, momentum encoder, the Python / NumPy /
+torch / CUDA generators, the position inside the epoch). A CPU run resumed from ``last.pt``
+therefore ends with bit-identical weights to the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..memory import MomentumEncoder
+from ..metrics import retrieval_metrics
+from .builders import (
+    build_dataset,
+    build_encoder,
+    build_run_loss,
+    encoder_state,
+    vocab_size,
+)
+from .checkpoint import (
+    CHECKPOINT_VERSION,
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from .config import ConfigError, RunConfig, save_config
+from .distributed import (
+    ShardedBatchSampler,
+    gather_no_grad,
+    gather_with_grad,
+    init_distributed,
+)
+from .evaluate import encode_dataset
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Raised by :meth:`Trainer.fit` after Ctrl-C (or SIGTERM) once ``last.pt`` is written."""
+
+    def __init__(self, checkpoint: Path | None) -> None:
+        super().__init__(f"training interrupted; checkpoint: {checkpoint}")
+        self.checkpoint = checkpoint
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    epochs_done: int
+    steps: int
+    best_rsum: float | None
+    last_checkpoint: Path
+    best_checkpoint: Path | None
+
+
+class StepDecayWarmup:
+    """Learning rate ``base * decay_factor ** #(decay_epochs <= epoch)``, times a linear warm-up
+    ``min(1, (step + 1) / warmup_steps)`` over the first optimisation steps."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        decay_epochs: list[int],
+        decay_factor: float = 0.1,
+        warmup_steps: int = 0,
+    ) -> None:
+        self.optimizer = optimizer
+        self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        self.decay_epochs = sorted(int(e) for e in decay_epochs)
+        self.decay_factor = float(decay_factor)
+        self.warmup_steps = int(warmup_steps)
+
+    def factor(self, *, epoch: int, step: int) -> float:
+        decays = sum(1 for e in self.decay_epochs if e <= epoch)
+        f = self.decay_factor**decays
+        if self.warmup_steps > 0:
+            f *= min(1.0, (step + 1) / self.warmup_steps)
+        return f
+
+    def apply(self, *, epoch: int, step: int) -> float:
+        f = self.factor(epoch=epoch, step=step)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * f
+        return self.base_lrs[0] * f
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "base_lrs": list(self.base_lrs),
+            "decay_epochs": list(self.decay_epochs),
+            "decay_factor": self.decay_factor,
+            "warmup_steps": self.warmup_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base_lrs = [float(v) for v in state["base_lrs"]]
+        self.decay_epochs = [int(e) for e in state["decay_epochs"]]
+        self.decay_factor = float(state["decay_factor"])
+        self.warmup_steps = int(state["warmup_steps"])
+
+
+@contextlib.contextmanager
+def _interrupt_flag() -> Iterator[dict[str, bool]]:
+    """SIGINT / SIGTERM set a flag that the loop checks between steps (a second one raises)."""
+    flag = {"set": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        if flag["set"]:
+            raise KeyboardInterrupt
+        flag["set"] = True
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def batch_similarity_stats(
+    img_emb: torch.Tensor, txt_emb: torch.Tensor, ids: torch.Tensor
+) -> dict[str, float]:
+    """Mean cosine of the positive pairs and mean hardest-negative cosine (both directions)."""
+    with torch.no_grad():
+        sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
+        pos = ids[:, None] == ids[None, :]
+        neg = sim.masked_fill(pos, -math.inf)
+        hardest_i2t = neg.amax(dim=1)
+        hardest_t2i = neg.amax(dim=0)
+        finite = torch.cat([hardest_i2t, hardest_t2i])
+        finite = finite[torch.isfinite(finite)]
+        return {
+            "pos_sim": float(sim.diagonal().mean()),
+            "hardest_neg_sim": float(finite.mean()) if finite.numel() else float("nan"),
+        }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class Trainer:
+    """Builds everything from a :class:`RunConfig` and runs :meth:`fit`."""
+
+    def __init__(self, config: RunConfig, *, resume: str | Path | None = None) -> None:
+        from ..models import build_model
+
+        self.config = config
+        tc = config.train
+        self.env = init_distributed()
+        self.world = self.env.world_size
+        self.is_main = self.env.is_main
+        if tc.device == "auto":
+            self.device = (
+                torch.device("cuda", self.env.local_rank)
+                if torch.cuda.is_available()
+                else torch.device("cpu")
+            )
+        else:
+            self.device = torch.device(tc.device)
+        self.amp = bool(tc.amp and self.device.type == "cuda")
+        if tc.deterministic and self.device.type == "cuda":
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        seed_everything(tc.seed)
+
+        self.output_dir = Path(config.output_dir)
+        self.encoder = build_encoder(config.data, model=config.model, source=config.source)
+        self.vocab_size = vocab_size(self.encoder)
+        self.model = build_model(config.model, vocab_size=self.vocab_size).to(self.device)
+        transform = getattr(self.model, "image_transform", None)
+        self.train_set = build_dataset(
+            config.data, config.data.train_split, self.encoder, image_transform=transform
+        )
+        self.dev_set = None
+        if tc.validate and config.data.dev_split and self.is_main:
+            self.dev_set = build_dataset(
+                config.data,
+                config.data.dev_split,
+                self.encoder,
+                max_images=config.data.dev_max_images,
+                image_transform=transform,
+            )
+        self.loss_fn = build_run_loss(config, self.train_set).to(self.device)
+        self.has_queue = getattr(self.loss_fn, "img_queue", None) is not None
+        # An AdaCL memory queue gathers its keys over ranks itself; its loss stays per rank.
+        self.gather = self.world > 1 and not self.has_queue
+        self.momentum_encoder = None
+        if tc.momentum_encoder is not None:
+            if not self.has_queue:
+                raise ConfigError(
+                    config.source,
+                    "train.momentum_encoder",
+                    "only used to fill a memory queue (loss adacl with queue_size > 0)",
+                )
+            self.momentum_encoder = MomentumEncoder(self.model, momentum=tc.momentum_encoder)
+        if self.world > 1:
+            ddp_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp_model: nn.Module = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ddp_ids
+            )
+        else:
+            self.ddp_model = self.model
+        self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
+        self.optimizer = self._build_optimizer()
+        oc = config.optim
+        self.scheduler = StepDecayWarmup(
+            self.optimizer,
+            decay_epochs=oc.decay_epochs,
+            decay_factor=oc.decay_factor,
+            warmup_steps=oc.warmup_steps,
+        )
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.sampler = ShardedBatchSampler(
+            len(self.train_set),
+            tc.batch_size,
+            seed=tc.seed,
+            rank=self.env.rank,
+            world_size=self.world,
+            drop_last=tc.drop_last,
+            max_batches=tc.max_steps_per_epoch,
+        )
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.step = 0
+        self.best_rsum: float | None = None
+        self.epoch_loss_sum = 0.0
+        self.epoch_batches = 0
+        if resume is not None:
+            self._load(resume)
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        oc = self.config.optim
+        params = [p for p in self.model.parameters() if p.requires_grad] + self.loss_params
+        if oc.name == "adam":
+            return torch.optim.Adam(
+                params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay
+            )
+        if oc.name == "adamw":
+            return torch.optim.AdamW(
+                params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay
+            )
+        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": CHECKPOINT_VERSION,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "loss": self.loss_fn.state_dict(),
+            "momentum_encoder": (
+                self.momentum_encoder.state_dict() if self.momentum_encoder is not None else None
+            ),
+            "rng": capture_rng_state(),
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "step": self.step,
+            "best_rsum": self.best_rsum,
+            "epoch_loss_sum": self.epoch_loss_sum,
+            "epoch_batches": self.epoch_batches,
+            "world_size": self.world,
+            "config": self.config.to_dict(),
+            "encoder": encoder_state(self.encoder, self.config),
+            "vocab_size": self.vocab_size,
+        }
+
+    def _load(self, path: str | Path) -> None:
+        state = load_checkpoint(path, map_location=self.device)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.loss_fn.load_state_dict(state["loss"])
+        if self.momentum_encoder is not None:
+            if state.get("momentum_encoder") is None:
+                raise ValueError(f"{path}: holds no momentum encoder but the config uses one")
+            self.momentum_encoder.load_state_dict(state["momentum_encoder"])
+        restore_rng_state(state["rng"])
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.step = int(state["step"])
+        self.best_rsum = state["best_rsum"]
+        self.epoch_loss_sum = float(state["epoch_loss_sum"])
+        self.epoch_batches = int(state["epoch_batches"])
+        if self.is_main:
+            self._truncate_log()
+
+    def _truncate_log(self) -> None:
+        """Drop records written after the checkpoint (by a run killed before its next one)."""
+        log = self.output_dir / "metrics.jsonl"
+        if not log.is_file():
+            return
+        kept = []
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by SIGKILL
+            if rec.get("step", 0) <= self.step and not (
+                rec.get("kind") == "epoch" and rec.get("epoch", -1) >= self.epoch
+            ):
+                kept.append(line)
+        log.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+
+    def save(self, name: str = "last.pt") -> Path | None:
+        if not self.is_main:
+            return None
+        return save_checkpoint(self.state_dict(), self.output_dir / name)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def _set_epoch_schedule(self) -> None:
+        tc = self.config.train
+        if tc.all_negatives_epochs and hasattr(self.loss_fn, "hardest"):
+            self.loss_fn.hardest = self.epoch >= tc.all_negatives_epochs
+
+    def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """``(loss for backward, logged loss, context)`` of one local batch."""
+        with torch.autocast(device_type=self.device.type, enabled=self.amp):
+            img, txt = self.ddp_model(batch)
+        img, txt = img.float(), txt.float()
+        ids = batch.img_index
+        kwargs: dict[str, Any] = {}
+        if self.momentum_encoder is not None:
+            with torch.autocast(device_type=self.device.type, enabled=self.amp):
+                img_k, txt_k = self.momentum_encoder(batch)
+            kwargs = {"img_keys": img_k.float(), "txt_keys": txt_k.float()}
+        if self.gather:
+            img, txt = gather_with_grad(img), gather_with_grad(txt)
+            ids = gather_no_grad(ids)
+        loss = self.loss_fn(img, txt, ids, ids, **kwargs)
+        if not torch.isfinite(loss.detach()):
+            raise FloatingPointError(
+                f"non-finite loss {float(loss)} at epoch {self.epoch} step {self.step}"
+            )
+        scaled = loss * self.world if self.gather else loss
+        return scaled, loss.detach(), {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+
+    def train_step(self, batch) -> tuple[float, dict[str, Any]]:
+        """One optimisation step on a local batch; returns the (global) loss value."""
+        oc = self.config.optim
+        lr = self.scheduler.apply(epoch=self.epoch, step=self.step)
+        batch = batch.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        scaled, loss, ctx = self.compute_loss(batch)
+        self.scaler.scale(scaled).backward()
+        if self.gather:
+            # Loss parameters (e.g. a learnable temperature) see the full global loss on every
+            # rank and are not averaged by DDP: undo the world-size factor.
+            for p in self.loss_params:
+                if p.grad is not None:
+                    p.grad.div_(self.world)
+        self.scaler.unscale_(self.optimizer)
+        if oc.grad_clip and oc.grad_clip > 0:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, oc.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.momentum_encoder is not None:
+            self.momentum_encoder.update(self.model)
+        self.step += 1
+        ctx["lr"] = lr
+        return float(loss), ctx
+
+    # -- validation --------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float] | None:
+        if self.dev_set is None:
+            return None
+        img, txt = encode_dataset(
+            self.model,
+            self.dev_set,
+            batch_size=self.config.train.eval_batch_size,
+            device=self.device,
+            normalize=self.config.loss.params.get("normalize", True),
+        )
+        return retrieval_metrics(img, txt, self.dev_set.txt_to_img).as_dict()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        tc = self.config.train
+        if self.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.config, self.output_dir / "config.yaml")
+            if hasattr(self.encoder, "save"):
+                self.encoder.save(self.output_dir / "vocab.json")
+        last = self.output_dir / "last.pt"
+        best_path: Path | None = (self.output_dir / "best.pt") if self.dev_set else None
+        with _interrupt_flag() as flag:
+            while self.epoch < tc.epochs:
+                self._set_epoch_schedule()
+                self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
+                loader = DataLoader(
+                    self.train_set,
+                    batch_sampler=self.sampler,
+                    collate_fn=self.train_set.collate,
+                    num_workers=self.config.data.num_workers,
+                    # Its own generator: creating an iterator must not draw from the global
+                    # torch RNG, or a resumed epoch would shift the model's random stream.
+                    generator=torch.Generator().manual_seed(tc.seed + self.epoch),
+                )
+                self.ddp_model.train()
+                self.loss_fn.train()
+                t_epoch = time.perf_counter()
+                t_log, n_log = time.perf_counter(), 0
+                bar = self._progress(loader)
+                for batch in bar:
+                    loss, ctx = self.train_step(batch)
+                    self.batch_in_epoch += 1
+                    self.epoch_loss_sum += loss
+                    self.epoch_batches += 1
+                    n_log += len(batch.img_index) * self.world
+                    if tc.log_every and self.step % tc.log_every == 0:
+                        now = time.perf_counter()
+                        rate = n_log / max(now - t_log, 1e-9)
+                        self._log_step(loss, ctx, rate)
+                        if hasattr(bar, "set_postfix"):
+                            bar.set_postfix(loss=f"{loss:.4g}", pairs_per_s=f"{rate:.0f}")
+                        t_log, n_log = now, 0
+                    if self._stop_requested(flag):
+                        path = self.save()
+                        raise TrainingInterrupted(path)
+                    if tc.checkpoint_every and self.step % tc.checkpoint_every == 0:
+                        self.save()
+                train_loss = self.epoch_loss_sum / max(self.epoch_batches, 1)
+                dev = self.validate() if self.is_main else None
+                improved = False
+                if dev is not None and (self.best_rsum is None or dev["rsum"] > self.best_rsum):
+                    self.best_rsum, improved = dev["rsum"], True
+                finished_epoch = self.epoch
+                self.epoch += 1
+                self.batch_in_epoch = 0
+                self.epoch_loss_sum, self.epoch_batches = 0.0, 0
+                self._log(
+                    {
+                        "kind": "epoch",
+                        "epoch": finished_epoch,
+                        "step": self.step,
+                        "train_loss": train_loss,
+                        "lr": self.optimizer.param_groups[0]["lr"],
+                        "time_s": time.perf_counter() - t_epoch,
+                        "best_rsum": self.best_rsum,
+                        **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
+                    }
+                )
+                self.save()
+                if improved:
+                    self.save("best.pt")
+                if self.world > 1:
+                    dist.barrier()
+        return TrainResult(
+            output_dir=self.output_dir,
+            epochs_done=self.epoch,
+            steps=self.step,
+            best_rsum=self.best_rsum,
+            last_checkpoint=last,
+            best_checkpoint=best_path,
+        )
+
+    def _progress(self, loader: DataLoader):
+        show = self.config.train.progress and self.is_main
+        if not show:
+            return loader
+        from tqdm.auto import tqdm
+
+        return tqdm(
+            loader,
+            desc=f"epoch {self.epoch + 1}/{self.config.train.epochs}",
+            unit="batch",
+            dynamic_ncols=True,
+            leave=False,
+        )
+
+    def _stop_requested(self, flag: dict[str, bool]) -> bool:
+        if self.world == 1:
+            return flag["set"]
+        t = torch.tensor([1.0 if flag["set"] else 0.0], device=self.device)
+        dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
+        record: dict[str, Any] = {
+            "kind": "step",
+            "epoch": self.epoch,
+            "step": self.step,
+            "loss": loss,
+            "lr": ctx["lr"],
+            "pairs_per_s": rate,
+        }
+        record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
+        stats = getattr(self.loss_fn, "last_stats", None)
+        if isinstance(stats, dict):
+            record.update({f"loss_{k}": v for k, v in stats.items()})
+        if self.scaler.is_enabled():
+            record["amp_scale"] = float(self.scaler.get_scale())
+        self._log(record)
+
+
+def train(config: RunConfig, *, resume: str | Path | None = None) -> TrainResult:
+    """Build a :class:`Trainer` and run it."""
+    return Trainer(config, resume=resume).fit()

@@ -1,0 +1,173 @@
+"""`vlret train` then `vlret eval --json` on tiny real-format data; the numbers equal the
+foundation metrics computed directly from the checkpoint's model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from train_helpers import tiny_data, tiny_raw
+from vlret.cli import main
+from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
+from vlret.data.writers import make_tiny_msrvtt
+from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
+from vlret.models import build_model
+from vlret.train.checkpoint import load_checkpoint
+
+METRIC_KEYS = set(RetrievalMetrics.__dataclass_fields__) - {"folds"}
+
+
+def direct_embeddings(checkpoint: Path, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    state = load_checkpoint(checkpoint)
+    model = build_model(state["config"]["model"], vocab_size=state["vocab_size"])
+    model.load_state_dict(state["model"])
+    model.eval()
+    with torch.no_grad():
+        img = torch.stack([dataset.image(i) for i in range(dataset.num_images)])
+        img_emb = model.encode_images(img)
+        txt_emb = torch.cat(
+            [
+                model.encode_texts(c[None], torch.tensor([len(c)]))
+                for c in map(dataset.caption, range(dataset.num_captions))
+            ]
+        )
+    return F.normalize(img_emb, dim=1), F.normalize(txt_emb, dim=1)
+
+
+def run_cli(args: list[str]) -> int:
+    return main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    data = tiny_data(root / "data")
+    cfg = root / "run.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw(data, root / "unused")))
+    assert (
+        run_cli(
+            [
+                "train",
+                cfg,
+                "--set",
+                f"output_dir={root / 'run'}",
+                "--set",
+                "train.epochs=2",
+                "--set",
+                "loss.name=unified",
+                "--set",
+                "loss.gamma=50",
+            ]
+        )
+        == 0
+    )
+    return data, root / "run"
+
+
+def test_train_writes_the_run_folder(trained):
+    _, run = trained
+    assert {"config.yaml", "metrics.jsonl", "last.pt", "best.pt", "vocab.json"} <= {
+        p.name for p in run.iterdir()
+    }
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["loss"] == {"name": "unified", "gamma": 50.0}
+    assert resolved["train"]["epochs"] == 2 and resolved["output_dir"] == str(run)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["epoch"] for r in epochs] == [0, 1] and len(steps) == 5  # 10 steps, every 2
+    assert {"loss", "lr", "pairs_per_s", "pos_sim", "hardest_neg_sim"} <= set(steps[0])
+    assert "dev_rsum" in epochs[0] and epochs[-1]["best_rsum"] == max(r["dev_rsum"] for r in epochs)
+    assert Vocabulary.load(run / "vocab.json") == Vocabulary(
+        load_checkpoint(run / "best.pt")["encoder"]["idx2word"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("split", "protocol"), [("test", "f30k"), ("testall", "coco5k"), ("testall", "coco1k")]
+)
+def test_eval_json_matches_the_foundation_metrics(trained, tmp_path, capsys, split, protocol):
+    data, run = trained
+    out = tmp_path / "m.json"
+    assert (
+        run_cli(
+            [
+                "eval",
+                run / "best.pt",
+                "--data",
+                data,
+                "--split",
+                split,
+                "--protocol",
+                protocol,
+                "--json",
+                out,
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "R@1" in printed and "rsum" in printed
+    record = json.loads(out.read_text())
+    assert record["protocol"] == protocol and record["split"] == split
+    assert set(record["metrics"]) == METRIC_KEYS
+
+    dataset = PrecompDataset(data, split, encoder=Vocabulary.load(run / "vocab.json"))
+    img, txt = direct_embeddings(run / "best.pt", dataset)
+    if protocol == "coco1k":
+        expected = coco_5fold_metrics(img, txt, dataset.txt_to_img)
+        assert [set(f) for f in record["folds"]] == [METRIC_KEYS] * 5
+    else:
+        expected = retrieval_metrics(img, txt, dataset.txt_to_img)
+    assert record["metrics"] == pytest.approx(expected.as_dict())
+
+
+def test_eval_msrvtt_protocols(tmp_path, capsys):
+    root = tmp_path / "msrvtt"
+    make_tiny_msrvtt(root, sizes={"train": 4, "validate": 2, "test": 3}, captions_per_video=4)
+    raw = tiny_raw(root, tmp_path / "run")
+    raw["data"].update(format="msrvtt", protocol="full", captions_per_video=4)
+    raw["model"]["image"] = {"kind": "video", "in_dim": 8, "pooling": "mean"}
+    raw["train"]["epochs"] = 1
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps(raw))  # JSON is valid YAML
+    assert run_cli(["train", cfg]) == 0
+    encoder = Vocabulary.load(tmp_path / "run" / "vocab.json")
+    for protocol, ds_protocol, n_txt in (("msrvtt-full", "full", 12), ("msrvtt-1ka", "1k-A", 2)):
+        out = tmp_path / f"{protocol}.json"
+        assert (
+            run_cli(
+                [
+                    "eval",
+                    tmp_path / "run" / "last.pt",
+                    "--data",
+                    root,
+                    "--split",
+                    "test",
+                    "--protocol",
+                    protocol,
+                    "--json",
+                    out,
+                ]
+            )
+            == 0
+        )
+        dataset = MSRVTTDataset(
+            root, "test", protocol=ds_protocol, encoder=encoder, captions_per_video=4
+        )
+        assert dataset.num_captions == n_txt
+        img, txt = direct_embeddings(tmp_path / "run" / "last.pt", dataset)
+        expected = retrieval_metrics(img, txt, dataset.txt_to_img)
+        assert json.loads(out.read_text())["metrics"] == pytest.approx(expected.as_dict())
+    assert "MSR-VTT" in capsys.readouterr().out
+
+
+def test_eval_rejects_unknown_protocol(trained):
+    data, run = trained
+    with pytest.raises(SystemExit):
+        run_cli(["eval", run / "best.pt", "--data", data, "--split", "test", "--protocol", "x"])
