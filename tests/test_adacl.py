@@ -86,9 +86,11 @@ def oracle_anchor(
                 if ext_txt_mask is None or bool(ext_txt_mask[i, k])
             ]
         rows.append(negs)
-    salient = [s[i, i] - sum(r) / len(r) for i, r in enumerate(rows)]
-    i_plus = max(range(b), key=lambda i: salient[i])
-    i_minus = min(range(b), key=lambda i: salient[i])
+    # Eq. (7) over the rows with at least two negatives (a variance needs two values).
+    eligible = [i for i in range(b) if len(rows[i]) >= 2]
+    salient = {i: s[i, i] - sum(rows[i]) / len(rows[i]) for i in eligible}
+    i_plus = max(eligible, key=lambda i: salient[i])
+    i_minus = min(eligible, key=lambda i: salient[i])
     sal, cln = list(rows[i_plus]), list(rows[i_minus])
     if top_k is not None:
         sal, cln = sorted(sal)[::-1][:top_k], sorted(cln)[::-1][:top_k]
@@ -110,7 +112,14 @@ def oracle_anchor(
         delta, u = clones[-1]
     anchor = s[u, u]
     sigma = sum(math.exp(x) for x in rows[u])
-    return {"anchor": anchor, "sigma": sigma, "row": u, "count": len(clones)}
+    return {
+        "anchor": anchor,
+        "sigma": sigma,
+        "row": u,
+        "count": len(clones),
+        "i_plus": i_plus,
+        "i_minus": i_minus,
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -371,6 +380,32 @@ def test_anchor_with_queue_pos_mask_and_top_k_matches_oracle():
         assert math.exp(float(found.log_sigma_anchor)) == pytest.approx(want["sigma"], rel=1e-12)
 
 
+def test_rows_with_fewer_than_two_negatives_are_not_eligible():
+    # Row 0 keeps a single negative (column 9) and row 5 none; row 0 has by far the highest
+    # salient score, so a code path that let it be S_sln would fit a zero variance.
+    sim = paired_sim(10, seed=21)
+    sim[0, 0], sim[0, 9] = 0.99, -0.5
+    pos_mask = torch.zeros(10, 10, dtype=torch.bool)
+    pos_mask[0, 1:9] = True
+    pos_mask[5, :] = True
+    negatives = (~pos_mask & ~torch.eye(10, dtype=torch.bool)).sum(dim=1)
+    assert negatives[0] == 1 and negatives[5] == 0
+    found = adacl_anchor(sim, pos_mask=pos_mask)
+    want = oracle_anchor(sim, pos_mask)
+    assert found.guard is None
+    assert (found.salient_row, found.clone_row) == (want["i_plus"], want["i_minus"])
+    assert 0 not in (found.salient_row, found.clone_row)
+    assert (found.row, found.clone_count) == (want["row"], want["count"])
+    assert float(found.anchor) == pytest.approx(want["anchor"], rel=1e-12)
+    assert math.exp(float(found.log_sigma_anchor)) == pytest.approx(want["sigma"], rel=1e-12)
+    loss = AdaCLLoss()
+    loss.from_similarity(sim, pos_mask=pos_mask)
+    m1, m2 = oracle_margins(want["anchor"], want["sigma"])
+    assert loss.last_stats["updated"]
+    assert float(loss.m1) == pytest.approx(m1, rel=1e-6)
+    assert float(loss.m2) == pytest.approx(m2, rel=1e-6)
+
+
 def test_random_anchor_is_a_clone_row_and_seeded():
     sim = paired_sim(12, seed=13)
     picks = []
@@ -419,6 +454,11 @@ def test_module_registered_with_paper_defaults():
         ({"p_u": 1.5}, "p_u"),
         ({"top_k": 0}, "top_k"),
         ({"max_anchor": 1.5}, "max_anchor"),
+        ({"max_m1": 0.0}, "max_m1"),
+        ({"max_m1": -5.0}, "max_m1"),
+        ({"max_m1": float("inf")}, "max_m1"),
+        ({"max_m1": "100"}, "max_m1"),
+        ({"seed": 1.5}, "seed"),
         ({"reduction": "avg"}, "reduction"),
     ],
 )
@@ -512,6 +552,37 @@ def test_guard_anchor_at_least_one():
     accepted = AdaCLLoss(max_anchor=anchor + 1e-9)
     accepted.from_similarity(sim)
     assert accepted.last_stats["updated"]
+
+
+def test_max_m1_caps_the_scale_and_keeps_eq4():
+    # Positives at 0.995: the paper's rule gives m1 = 10.47 / 0.005 ~ 2100.
+    sim = paired_sim(12, seed=11)
+    sim.fill_diagonal_(0.995)
+    free = AdaCLLoss()
+    free.from_similarity(sim)
+    assert float(free.m1) > 1000 and free.last_stats["m1_capped"] == 0
+    capped = AdaCLLoss(max_m1=100.0)
+    capped.from_similarity(sim)
+    stats = capped.last_stats
+    assert stats["updated"] and stats["guard"] is None and stats["m1_capped"] == 1
+    assert float(capped.m1) == 100.0
+    # Same anchor; m2 re-derived so that the anchor's probability (Eq. 4) is still p_u.
+    assert stats["anchor"] == free.last_stats["anchor"] == pytest.approx(0.995)
+    m1, m2 = float(capped.m1), float(capped.m2)
+    e_anchor = math.exp(m1 * (stats["anchor"] - m2))
+    p_anchor = e_anchor / (e_anchor + math.exp(stats["log_sigma_anchor"]))
+    assert p_anchor == pytest.approx(P_U, abs=1e-5)
+    # Below the cap nothing changes.
+    plain = paired_sim(12, seed=3)
+    a, b = AdaCLLoss(), AdaCLLoss(max_m1=1e4)
+    a.from_similarity(plain)
+    b.from_similarity(plain)
+    assert (float(a.m1), float(a.m2)) == (float(b.m1), float(b.m2))
+    assert b.last_stats["m1_capped"] == 0
+    # The counter survives a checkpoint.
+    restored = AdaCLLoss(max_m1=100.0)
+    restored.load_state_dict(capped.state_dict())
+    assert restored.last_stats["m1_capped"] == 1
 
 
 def test_guard_nonfinite_margins():
@@ -632,6 +703,54 @@ def test_deterministic_under_a_seed():
 
     for selection in ("median", "random"):
         assert run(selection) == run(selection)
+
+
+def _random_run(loss: AdaCLLoss, batches) -> list[float]:
+    anchors = []
+    for img, txt, ids in batches:
+        loss(img, txt, ids)
+        anchors.append(loss.last_stats["anchor"])
+    return anchors
+
+
+def test_random_anchor_uses_its_own_generator_not_the_global_rng():
+    batches = _batches(4, seed=5)
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    first = _random_run(AdaCLLoss(anchor_selection="random", seed=3), batches)
+    assert torch.equal(torch.get_rng_state(), before)  # the training stream is not shifted
+    torch.manual_seed(12345)  # the global seed plays no part
+    assert _random_run(AdaCLLoss(anchor_selection="random", seed=3), batches) == first
+    others = [_random_run(AdaCLLoss(anchor_selection="random", seed=k), batches) for k in (4, 5)]
+    assert any(run != first for run in others)
+
+
+def test_random_draws_resume_from_a_checkpoint():
+    batches = _batches(8, seed=6)
+    loss = AdaCLLoss(anchor_selection="random", seed=11)
+    _random_run(loss, batches[:4])
+    state = copy.deepcopy(loss.state_dict())
+    assert isinstance(state["_extra_state"]["rng_state"], torch.Tensor)
+    continued = _random_run(loss, batches[4:])
+    restored = AdaCLLoss(anchor_selection="random", seed=99)  # the saved state wins
+    restored.load_state_dict(state)
+    assert _random_run(restored, batches[4:]) == continued
+    fresh = AdaCLLoss(anchor_selection="random", seed=11)  # same seed, no state: other draws
+    assert _random_run(fresh, batches[4:]) != continued
+
+
+def test_extra_state_from_before_the_generator_still_loads():
+    loss = AdaCLLoss()
+    loss.from_similarity(paired_sim(12, seed=11))
+    state = loss.state_dict()
+    for key in ("rng_state", "m1_capped"):
+        del state["_extra_state"][key]
+    restored = AdaCLLoss()
+    restored.load_state_dict(state)
+    assert restored.last_stats == loss.last_stats
+    state["_extra_state"]["bogus"] = 1
+    with pytest.raises(ValueError, match="extra state"):
+        restored.load_state_dict(state)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

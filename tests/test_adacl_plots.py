@@ -54,6 +54,20 @@ def test_plot_writes_a_png(tmp_path: Path):
     assert files[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cli_plot_adacl_margins(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from vlret.cli import main
+
+    log = tmp_path / "adacl.jsonl"
+    _train_log(log)
+    out = tmp_path / "figs"
+    assert main(["plot", "adacl-margins", "--stats", str(log), "--out", str(out)]) == 0
+    png = out / "adacl_margins.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(png) in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--stats"):
+        main(["plot", "adacl-margins", "--out", str(out)])
+
+
 def test_missing_file_is_named(tmp_path: Path):
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):

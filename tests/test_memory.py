@@ -163,6 +163,13 @@ def test_momentum_encoder_round_trip_and_mismatch():
         MomentumEncoder(_net(), momentum=1.5)
 
 
+@pytest.mark.parametrize("bad", ["x", None, True, [0.9], float("nan")])
+def test_momentum_encoder_rejects_non_numbers_with_value_error(bad):
+    # A string used to reach the range comparison and raise TypeError.
+    with pytest.raises(ValueError, match="momentum"):
+        MomentumEncoder(_net(), momentum=bad)
+
+
 WORKER = textwrap.dedent(
     """
     import sys

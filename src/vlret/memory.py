@@ -208,8 +208,13 @@ class MomentumEncoder(nn.Module):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not (0.0 <= momentum <= 1.0):
-            raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
+        # Type first: a comparison with a string would raise TypeError, not name the argument.
+        if (
+            isinstance(momentum, bool)
+            or not isinstance(momentum, (int, float))
+            or not 0.0 <= momentum <= 1.0
+        ):
+            raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r}")
         self.momentum = float(momentum)
         self.module = copy.deepcopy(_unwrap(model))
         self.module.requires_grad_(False)

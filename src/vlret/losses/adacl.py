@@ -31,10 +31,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .._checks import check_finite, check_reduction
+from .._checks import (
+    check_finite,
+    check_pos_mask,
+    check_reduction,
+    check_similarity,
+    compute_dtype,
+)
 from ..memory import MemoryQueue, as_id_tensor
 from ..similarity import Ids
-from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
+from ._base import PairLoss, reduce_terms
 from .registry import register_loss
 
 #: Anchor selection rules on Delta S (paper Table 5).
@@ -118,38 +124,39 @@ def _extra(
     return scores.to(device=device, dtype=dtype), mask
 
 
-def _masked_logsumexp(z: torch.Tensor, mask: torch.Tensor | None, dim: int) -> torch.Tensor:
-    if mask is None:
-        return z.logsumexp(dim)
-    return z.masked_fill(~mask, torch.finfo(z.dtype).min).logsumexp(dim)
+@dataclass(frozen=True)
+class _Block:
+    """Scores in the compute dtype with the entries that are *not* negatives.
+
+    ``excluded`` (bool) is ``None`` when every entry is a negative; ``out`` is the same mask as
+    0 / 1 in the compute dtype and ``penalty`` is ``out * finfo(dtype).min``. The loss adds
+    ``penalty`` (the backward pass of an addition is free, unlike that of ``masked_fill``) and
+    the anchor statistics multiply by ``1 - out``. Masks are converted through ``uint8``, which
+    torch turns into floats several times faster than ``bool`` on CPU.
+    """
+
+    scores: torch.Tensor
+    excluded: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+    penalty: torch.Tensor | None = None
 
 
-def _log1p_sum_exp_with_extra(
-    z: torch.Tensor,
-    negatives: torch.Tensor,
-    extra_z: torch.Tensor | None,
-    extra_mask: torch.Tensor | None,
-    dim: int,
-) -> torch.Tensor:
-    """``log(1 + sum_neg exp(z) + sum_extra exp(extra_z))`` along ``dim`` without concatenating."""
-    if extra_z is None:
-        return log1p_sum_exp(z, negatives, dim)
-    lse = torch.logaddexp(
-        _masked_logsumexp(z, negatives, dim), _masked_logsumexp(extra_z, extra_mask, dim)
-    )
-    return torch.logaddexp(torch.zeros((), dtype=z.dtype, device=z.device), lse)
+def _block(scores: torch.Tensor, excluded: torch.Tensor | None) -> _Block:
+    if excluded is None:
+        return _Block(scores)
+    excluded = excluded.contiguous()
+    out = excluded.view(torch.uint8).to(scores.dtype)
+    return _Block(scores, excluded, out, out * torch.finfo(scores.dtype).min)
 
 
 @dataclass(frozen=True)
 class _Batch:
-    """Validated inputs in the compute dtype; masks are ``None`` where every entry counts."""
+    """Validated inputs: ``sim`` (its excluded entries: the diagonal and ``pos_mask``) and the
+    optional queue blocks ``q_txt`` ``(B, K)`` and ``q_img`` ``(K', B)``."""
 
-    sim: torch.Tensor
-    negatives: torch.Tensor
-    q_txt: torch.Tensor | None
-    q_txt_mask: torch.Tensor | None
-    q_img: torch.Tensor | None
-    q_img_mask: torch.Tensor | None
+    sim: _Block
+    q_txt: _Block | None
+    q_img: _Block | None
 
 
 def _prepare_batch(
@@ -160,7 +167,9 @@ def _prepare_batch(
     extra_neg_img: torch.Tensor | None = None,
     extra_neg_img_mask: torch.Tensor | None = None,
 ) -> _Batch:
-    s, negatives = prepare(sim, pos_mask)
+    check_similarity(sim)
+    excluded = check_pos_mask(pos_mask, sim.shape[0], sim.device)
+    s = sim.to(compute_dtype(sim.dtype))
     b = s.shape[0]
     q_txt, q_txt_mask = _extra(
         extra_neg_txt, extra_neg_txt_mask, "extra_neg_txt", (b, None), s.dtype, s.device
@@ -168,7 +177,22 @@ def _prepare_batch(
     q_img, q_img_mask = _extra(
         extra_neg_img, extra_neg_img_mask, "extra_neg_img", (None, b), s.dtype, s.device
     )
-    return _Batch(s, negatives, q_txt, q_txt_mask, q_img, q_img_mask)
+    return _Batch(
+        _block(s, excluded),
+        None if q_txt is None else _block(q_txt, None if q_txt_mask is None else ~q_txt_mask),
+        None if q_img is None else _block(q_img, None if q_img_mask is None else ~q_img_mask),
+    )
+
+
+def _negative_logsumexp(block: _Block, dim: int) -> torch.Tensor:
+    """``log sum exp`` of the negatives of a block along ``dim``.
+
+    Excluded entries get the dtype's most negative finite value added (never ``-inf``, whose
+    arithmetic produces NaN gradients), so they contribute ``exp(-huge) = 0`` and a line
+    without negatives gives about that value, hence a graph-attached zero loss term.
+    """
+    scores = block.scores if block.penalty is None else block.scores + block.penalty
+    return scores.logsumexp(dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,7 +222,8 @@ def adacl_loss(
     printed (no temperature). It is applied in both directions, image->text on row ``i`` and
     text->image on column ``i`` (Eq. 3 is written for an image anchor; the paper trains its
     retrieval models bidirectionally), computed stably as
-    ``log(1 + sum_j exp(s_ij - m1 (s_ii - m2)))``.
+    ``log(1 + exp(logsumexp_j s_ij - m1 (s_ii - m2)))``: the negatives' log-sum-exp does not
+    depend on the margins, so one masked copy of ``sim`` serves both directions.
 
     * ``extra_neg_txt`` ``(B, K)``: similarities of each batch image to ``K`` extra texts
       (memory-queue keys), appended to the image->text denominators; ``extra_neg_img``
@@ -224,29 +249,38 @@ def adacl_loss(
     return _loss_of_batch(batch, m1, m2, reduction)
 
 
+def _negatives_logsumexp(batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log sum exp`` of every row's (image->text) and column's (text->image) negatives,
+    queue included: ``log Sigma`` of Eq. (3)-(4), independent of the margins."""
+    sim = batch.sim
+    filled = sim.scores if sim.penalty is None else sim.scores + sim.penalty
+    lse_row = filled.logsumexp(1)
+    lse_col = filled.logsumexp(0)
+    if batch.q_txt is not None:
+        lse_row = torch.logaddexp(lse_row, _negative_logsumexp(batch.q_txt, 1))
+    if batch.q_img is not None:
+        lse_col = torch.logaddexp(lse_col, _negative_logsumexp(batch.q_img, 0))
+    return lse_row, lse_col
+
+
 def _loss_of_batch(
-    batch: _Batch, m1: float | torch.Tensor, m2: float | torch.Tensor, reduction: str
+    batch: _Batch,
+    m1: float | torch.Tensor,
+    m2: float | torch.Tensor,
+    reduction: str,
+    lse: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    s = batch.sim
+    """Eq. (3) in both directions; ``lse`` is :func:`_negatives_logsumexp` when already known."""
+    s = batch.sim.scores
     if isinstance(m1, torch.Tensor):
         m1 = m1.to(device=s.device, dtype=s.dtype)
     if isinstance(m2, torch.Tensor):
         m2 = m2.to(device=s.device, dtype=s.dtype)
+    lse_row, lse_col = _negatives_logsumexp(batch) if lse is None else lse
     pos_logit = m1 * (s.diagonal() - m2)
-    img_terms = _log1p_sum_exp_with_extra(
-        s - pos_logit[:, None],
-        batch.negatives,
-        None if batch.q_txt is None else batch.q_txt - pos_logit[:, None],
-        batch.q_txt_mask,
-        dim=1,
-    )
-    txt_terms = _log1p_sum_exp_with_extra(
-        s - pos_logit[None, :],
-        batch.negatives,
-        None if batch.q_img is None else batch.q_img - pos_logit[None, :],
-        batch.q_img_mask,
-        dim=0,
-    )
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    img_terms = torch.logaddexp(zero, lse_row - pos_logit)
+    txt_terms = torch.logaddexp(zero, lse_col - pos_logit)
     return reduce_terms(img_terms, txt_terms, reduction)
 
 
@@ -328,8 +362,8 @@ def fit_gda(salient_negatives: torch.Tensor, clone_negatives: torch.Tensor) -> G
     r"""Fit the two Gaussians of Eq. (9) on the negatives of S_sln and S_cln.
 
     * Means and variances are the maximum-likelihood estimates (variance divides by ``n``, as
-      GDA does), computed in float64 (:class:`AdaCLLoss` computes them for every row at once in
-      the compute dtype of ``sim``).
+      GDA does), computed in float64 on the host (as :func:`adacl_anchor` and
+      :class:`AdaCLLoss` do for the two rows).
     * Each class keeps its own variance, as Eq. (9) and (27) are written (the paper mentions
       GDA's usual shared covariance, but its formula has :math:`\sigma_0 \ne \sigma_1`).
     * Priors come from the sizes of the two sets:
@@ -338,10 +372,11 @@ def fit_gda(salient_negatives: torch.Tensor, clone_negatives: torch.Tensor) -> G
     for name, t in (("salient_negatives", salient_negatives), ("clone_negatives", clone_negatives)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() == 0:
             raise ValueError(f"{name} must be a non-empty 1-D tensor")
-    rows = np.full((2, max(salient_negatives.numel(), clone_negatives.numel())), np.nan)
-    rows[0, : salient_negatives.numel()] = salient_negatives.detach().cpu().double().numpy()
-    rows[1, : clone_negatives.numel()] = clone_negatives.detach().cpu().double().numpy()
-    return _fit_nan_rows(rows, None)
+    return _fit_values(
+        salient_negatives.detach().cpu().double().numpy(),
+        clone_negatives.detach().cpu().double().numpy(),
+        None,
+    )
 
 
 def clone_log_odds(scores: torch.Tensor, fit: GDAFit) -> torch.Tensor:
@@ -446,15 +481,16 @@ def adacl_anchor(
       lowest (class C, clone). ``top_k`` (A.10, off by default as in the paper's main
       results) fits each class on the ``top_k`` largest scores of its set instead.
     * **Eq. (8)-(10)** the GDA of :func:`fit_gda` (maximum-likelihood means and two-pass
-      variances of the two rows, in the compute dtype of ``sim``; float64 host values) and
+      variances of the two rows' negatives, float64 on the host) and
       :func:`clone_log_odds`; S* = every negative of every row (in-batch and queue) with
       log-odds > 0, i.e. :math:`p(C|s) > p(\bar C|s)`, found through the roots of the log-odds
       quadratic (:func:`_clone_region`). :math:`\Sigma_\mathrm{anchor}` is summed in float64.
     * **Eq. (11)** :math:`\Delta S = \{|s_{ii} - s| : s \in S^*\}` with ``s_ii`` the positive of
       the row ``s`` belongs to. ``selection="median"`` takes the clone whose delta is the lower
-      median (rank ``ceil(|S*|/2)``, so it is an observed element), ``"min"`` / ``"max"`` the
-      smallest / largest delta, ``"random"`` a uniform draw (``generator``, else the global RNG)
-      -- the four rules of Table 5.
+      median (rank ``ceil(|S*|/2)``, so it is an observed element; on CPU, among equal deltas
+      the first in row-major order, batch block before queue block), ``"min"`` / ``"max"`` the
+      smallest / largest delta, ``"random"`` a uniform draw (``generator``, else the global RNG;
+      :class:`AdaCLLoss` passes its own seeded generator) -- the four rules of Table 5.
     * **The anchor is the positive score** :math:`s_{uu}` of the row ``u`` that this clone
       belongs to, and :math:`\Sigma_\mathrm{anchor} = \sum_k e^{s_{uk}}` sums that row's
       negatives (in-batch outside ``pos_mask``, plus queue). Eq. (11) reads
@@ -467,7 +503,9 @@ def adacl_anchor(
     Guards: fewer than two eligible rows' worth of negatives or a variance ``<= min_variance``
     (or non-finite) gives ``guard="degenerate_variance"``; an empty S* gives
     ``guard="empty_clone_set"`` (this includes the case where one row is both S_sln and S_cln).
-    Runs without gradient; synchronises with the host a few times (row picks, ``|S*|``).
+    Runs without gradient. On CPU the elementwise work over the ``B x (B + K)`` scores is done
+    in numpy on views of the tensors; on other devices it stays there and a few scalars come to
+    the host (row picks and the two rows, ``|S*|``, the pick, the anchor).
     """
     if selection not in ANCHOR_SELECTIONS:
         raise ValueError(f"selection must be one of {ANCHOR_SELECTIONS}, got {selection!r}")
@@ -483,16 +521,92 @@ def adacl_anchor(
 def _kth_smallest_index(values: torch.Tensor, k: int) -> int:
     """Index of the ``k``-th smallest entry (1-based) of a 1-D tensor.
 
-    On CPU numpy's introselect is used: ``torch.kthvalue`` is some 50x slower there on the
-    ``~10^5`` deltas of a queue batch (measured), and this step would dominate AdaCL's cost.
+    On CPU numpy's introselect finds the value and the first entry equal to it is returned:
+    ``torch.kthvalue`` is some 50x slower there on the ``~10^5`` deltas of a queue batch, and
+    ``np.partition`` plus a scan is twice as fast as ``np.argpartition`` (measured).
     """
     if values.device.type == "cpu":
-        return int(np.argpartition(values.numpy(), k - 1)[k - 1])
+        v = values.numpy()
+        kth = np.partition(v, k - 1)[k - 1]
+        return int(np.argmax(v == kth))
     return int(values.kthvalue(k).indices)
 
 
 def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+#: Signed integer type of the same width as a float type (for :func:`_fill_inf`).
+_INT_OF_FLOAT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+
+
+def _fill_inf(d: np.ndarray, mask: np.ndarray) -> None:
+    """``d[mask] = +inf`` in place for a non-negative float array, without branches.
+
+    Non-negative IEEE floats order like their bit patterns read as signed integers, so the
+    integer maximum with ``mask * bits(+inf)`` sets the masked entries to ``+inf`` and leaves
+    the others bit for bit. ``np.putmask`` (and ``masked_fill_``) are some 20x slower on the
+    irregular clone masks (measured), the cost of mispredicted branches.
+    """
+    itype = _INT_OF_FLOAT.get(d.dtype)
+    if itype is None:
+        np.putmask(d, mask, np.inf)
+        return
+    bits = d.view(itype)
+    fill = mask.view(np.uint8).astype(itype)
+    fill *= np.array(np.inf, dtype=d.dtype).view(itype)
+    np.maximum(bits, fill, out=bits)
+
+
+def _blocks(batch: _Batch) -> list[_Block]:
+    """The candidate blocks of every image row: in-batch texts, then queue texts (if any)."""
+    return [batch.sim] if batch.q_txt is None else [batch.sim, batch.q_txt]
+
+
+def _row_negatives(blocks: list[_Block], rows: list[int]) -> list[np.ndarray]:
+    """The negatives of the given rows (in-batch, then queue) as float64 host arrays.
+
+    The statistics of a few rows (GDA fit, ``Sigma_anchor``) are cheaper in numpy than as a
+    dozen small tensor operations; on CPU the blocks are viewed, not copied.
+    """
+    per_row: list[list[np.ndarray]] = [[] for _ in rows]
+    for block in blocks:
+        x, excluded = block.scores.detach(), block.excluded
+        if x.device.type == "cpu":
+            values = x.numpy()[rows]
+            drop = None if excluded is None else excluded.numpy()[rows]
+        else:
+            idx = torch.tensor(rows, device=x.device)
+            values = x.index_select(0, idx).cpu().numpy()
+            drop = None if excluded is None else excluded.index_select(0, idx).cpu().numpy()
+        for k, parts in enumerate(per_row):
+            parts.append(values[k] if drop is None else values[k][~drop[k]])
+    return [np.concatenate(parts).astype(np.float64) for parts in per_row]
+
+
+def _fit_values(salient: np.ndarray, clone: np.ndarray, top_k: int | None) -> GDAFit:
+    """:func:`fit_gda` on float64 host arrays (``top_k``: the largest ``top_k`` of each)."""
+    stats = []
+    for values in (salient, clone):
+        if top_k is not None:
+            values = -np.sort(-values)[:top_k]
+        mean = values.sum() / values.size
+        centred = values - mean
+        stats.append((values.size, float(mean), float(centred @ centred) / values.size))
+    (n_s, mu_s, var_s), (n_c, mu_c, var_c) = stats
+    return GDAFit(
+        mu_clone=mu_c,
+        var_clone=var_c,
+        prior_clone=n_c / (n_s + n_c),
+        mu_salient=mu_s,
+        var_salient=var_s,
+        prior_salient=n_s / (n_s + n_c),
+    )
+
+
+def _log_sum_exp(values: np.ndarray) -> float:
+    top = values.max()
+    return float(top + math.log(np.exp(values - top).sum()))
 
 
 @torch.no_grad()
@@ -502,72 +616,71 @@ def _anchor_of_batch(
     top_k: int | None,
     min_variance: float,
     generator: torch.Generator | None,
+    log_sigma_rows: torch.Tensor | None = None,
 ) -> AdaCLAnchor:
-    s = batch.sim.detach()
+    """Eq. (7)-(11) on a prepared batch. ``log_sigma_rows``: ``log Sigma`` of every row when
+    the caller has it (the loss computes it, :func:`_negatives_logsumexp`); else the anchor
+    row's is summed here in float64."""
+    blocks = _blocks(batch)
+    s = batch.sim.scores.detach()
+    on_cpu = s.device.type == "cpu"
     pos = s.diagonal()
     width = s.shape[0]
-    # Candidate blocks of every row: in-batch texts, then queue texts, visited in turn rather
-    # than concatenated. Non-negatives become NaN, which every comparison below rejects.
-    blocks = [s.masked_fill(~batch.negatives, math.nan)]
-    n_neg = torch.count_nonzero(batch.negatives, dim=1)
-    if batch.q_txt is not None:
-        q, q_mask = batch.q_txt.detach(), batch.q_txt_mask
-        if q_mask is None:
-            blocks.append(q)
-            n_neg = n_neg + q.shape[1]
+    # Eq. (7) for every row: sum and number of the row's negatives. x - x * out is x for a
+    # negative and exactly 0 otherwise, so the sums equal those over the negatives alone.
+    total = torch.zeros_like(pos)
+    n_neg = torch.zeros_like(pos)
+    for block in blocks:
+        x = block.scores.detach()
+        if block.out is None:
+            total += x.sum(1)
+            n_neg += x.shape[1]
         else:
-            blocks.append(q.masked_fill(~q_mask, math.nan))
-            n_neg = n_neg + torch.count_nonzero(q_mask.expand(q.shape), dim=1)
-    count = n_neg.clamp(min=1)
-    mean_neg = sum(x.nansum(dim=1) for x in blocks) / count
-    salient = pos - mean_neg
-    if top_k is None:
-        # Two-pass (maximum-likelihood) variance of every row's negatives, so that one host
-        # transfer brings the salient / clone rows together with their GDA statistics.
-        var_neg = sum((x - mean_neg[:, None]).square_().nansum(dim=1) for x in blocks) / count
-        extra = [mean_neg, var_neg, n_neg.to(mean_neg.dtype)]
+            total += torch.addcmul(x, x, block.out, value=-1.0).sum(1)
+            n_neg += x.shape[1] - block.out.sum(1)
+    salient = pos - total / n_neg.clamp(min=1)
+    if on_cpu:
+        salient_h, n_neg_h = salient.numpy(), n_neg.numpy()
     else:
-        extra = []
-    picks = torch.stack([salient.argmax(), salient.argmin(), n_neg.min()]).to(pos.dtype)
-    host = torch.cat([picks, *extra]).tolist()
-    i_plus, i_minus, fewest = (int(v) for v in host[:3])
-    if fewest < 2:  # rare: rows with fewer than two negatives cannot define a variance
-        eligible = n_neg >= 2
-        picks = torch.stack(
-            [
-                torch.where(eligible, salient, -math.inf).argmax(),
-                torch.where(eligible, salient, math.inf).argmin(),
-                eligible.any(),
-            ]
-        )
-        i_plus, i_minus, any_eligible = picks.tolist()
-        if not any_eligible:
-            return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
-    if top_k is None:
-        width_b = pos.shape[0]
-        means, variances, sizes = (host[3 + k * width_b : 3 + (k + 1) * width_b] for k in range(3))
-        total = sizes[i_plus] + sizes[i_minus]
-        fit = GDAFit(
-            mu_clone=means[i_minus],
-            var_clone=variances[i_minus],
-            prior_clone=sizes[i_minus] / total,
-            mu_salient=means[i_plus],
-            var_salient=variances[i_plus],
-            prior_salient=sizes[i_plus] / total,
-        )
+        salient_h, n_neg_h = torch.stack([salient, n_neg]).cpu().numpy()
+    eligible = n_neg_h >= 2
+    if eligible.all():
+        i_plus, i_minus = int(salient_h.argmax()), int(salient_h.argmin())
+    elif eligible.any():  # rare: rows with fewer than two negatives cannot define a variance
+        i_plus = int(np.where(eligible, salient_h, -np.inf).argmax())
+        i_minus = int(np.where(eligible, salient_h, np.inf).argmin())
     else:
-        fit = _fit_nan_rows(_host_rows(blocks, [i_plus, i_minus]), top_k)
+        return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
+    # Eq. (8)-(9): the GDA of the two rows' negatives, float64 on the host.
+    fit = _fit_values(*_row_negatives(blocks, [i_plus, i_minus]), top_k)
     if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
         return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
     lo, hi, inside = _clone_region(fit)
-    # Delta S of every clone, +inf elsewhere: the k-th smallest over a whole block is then the
-    # k-th smallest clone, with no compaction; the flat position gives the row directly.
-    deltas, count = [], 0
-    for x in blocks:
-        clone = (x > lo) & (x < hi) if inside else (x < lo) | (x > hi)
-        count += int(torch.count_nonzero(clone))
-        deltas.append((pos[:, None] - x).abs_().masked_fill_(~clone, math.inf).flatten())
-    delta = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
+    # Eq. (10)-(11): Delta S of every clone, +inf elsewhere, written block by block into one
+    # flat buffer: the k-th smallest over it is the k-th smallest clone, with no compaction,
+    # and the flat position gives the row directly. On CPU numpy does the elementwise work
+    # on views of the same memory (its comparisons are several times cheaper than torch's).
+    sizes = [block.scores.numel() for block in blocks]
+    delta = torch.empty(sum(sizes), dtype=s.dtype, device=s.device)
+    count, offset = 0, 0
+    for block, size in zip(blocks, sizes, strict=True):
+        x, out = block.scores.detach(), block.excluded
+        if on_cpu:
+            x, out = x.numpy(), None if out is None else out.numpy()
+        # Not a clone: outside the clone region of Eq. (10), or not a negative of the row.
+        other = (x <= lo) | (x >= hi) if inside else (x >= lo) & (x <= hi)
+        if out is not None:
+            other |= out
+        if on_cpu:
+            count += size - int(np.count_nonzero(other))
+            d = delta.numpy()[offset : offset + size].reshape(x.shape)
+            np.abs(np.subtract(pos.numpy()[:, None], x, out=d), out=d)
+            _fill_inf(d, other)
+        else:
+            count += size - int(torch.count_nonzero(other))
+            d = delta[offset : offset + size].view(x.shape)
+            torch.sub(pos[:, None], x, out=d).abs_().masked_fill_(other, math.inf)
+        offset += size
     if count == 0:
         return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
     if selection == "median":
@@ -583,50 +696,15 @@ def _anchor_of_batch(
             r = int(torch.randint(count, (), generator=generator, device=generator.device))
         pick = int((delta < math.inf).nonzero()[r, 0])
     in_batch = width * width
-    u = pick // width if pick < in_batch else (pick - in_batch) // blocks[1].shape[1]
-    row_u = _host_rows(blocks, [u])[0]
-    values = row_u[~np.isnan(row_u)].astype(np.float64)
-    top = values.max()
-    log_sigma = float(top + math.log(np.exp(values - top).sum()))
-    return AdaCLAnchor(float(s[u, u]), log_sigma, u, count, i_plus, i_minus, fit, None)
-
-
-def _host_rows(blocks: list[torch.Tensor], index: list[int]) -> np.ndarray:
-    """The given rows of every block side by side on the host, ``(len(index), width)``.
-
-    The statistics of a few rows (GDA fit, ``Sigma_anchor``) are cheaper in numpy than as a
-    dozen small tensor operations; on CPU the blocks are viewed, not copied.
-    """
-    if blocks[0].device.type == "cpu":
-        parts = [x.numpy()[index] for x in blocks]
+    u = pick // width if pick < in_batch else (pick - in_batch) // blocks[1].scores.shape[1]
+    if log_sigma_rows is None:
+        log_sigma = _log_sum_exp(_row_negatives(blocks, [u])[0])
+        anchor = float(s.numpy()[u, u]) if on_cpu else float(pos[u])
+    elif on_cpu:
+        log_sigma, anchor = float(log_sigma_rows.numpy()[u]), float(s.numpy()[u, u])
     else:
-        idx = torch.tensor(index, device=blocks[0].device)
-        parts = [x.index_select(0, idx).cpu().numpy() for x in blocks]
-    return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-
-
-def _fit_nan_rows(rows: np.ndarray, top_k: int | None) -> GDAFit:
-    """:func:`fit_gda` on row 0 (S_sln) and row 1 (S_cln) of a NaN-padded ``(2, N)`` array."""
-    rows = rows.astype(np.float64)
-    if top_k is not None:
-        # Largest top_k of each row; NaN padding sorts last and is restored afterwards.
-        ranked = -np.sort(-np.where(np.isnan(rows), -np.inf, rows), axis=1)[:, :top_k]
-        rows = np.where(np.isneginf(ranked), np.nan, ranked)
-    stats = []
-    for row in rows:
-        values = row[~np.isnan(row)]
-        mean = values.sum() / values.size
-        centred = values - mean
-        stats.append((values.size, float(mean), float(centred @ centred) / values.size))
-    (n_s, mu_s, var_s), (n_c, mu_c, var_c) = stats
-    return GDAFit(
-        mu_clone=mu_c,
-        var_clone=var_c,
-        prior_clone=n_c / (n_s + n_c),
-        mu_salient=mu_s,
-        var_salient=var_s,
-        prior_salient=n_s / (n_s + n_c),
-    )
+        log_sigma, anchor = torch.stack([log_sigma_rows[u], pos[u]]).double().tolist()
+    return AdaCLAnchor(anchor, log_sigma, u, count, i_plus, i_minus, fit, None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -651,8 +729,10 @@ class AdaCLLoss(PairLoss):
     State, all saved by ``state_dict``: the buffers ``m1``, ``m2`` (initially the paper's 20 and
     0.1) and the memory queues when ``queue_size > 0``; as extra state (host values), the last
     ``anchor`` and ``log_sigma_anchor``, ``clone_count`` (``|S*|``), ``steps`` (training batches
-    seen), ``guard_counts`` (one counter per entry of :data:`GUARDS`) and ``last_guard`` (-1
-    before the first batch, 0 after an accepted update, else 1 + the index of the guard).
+    seen), ``guard_counts`` (one counter per entry of :data:`GUARDS`), ``last_guard`` (-1
+    before the first batch, 0 after an accepted update, else 1 + the index of the guard),
+    ``m1_capped`` (updates whose ``m1`` was capped by ``max_m1``) and the state of the module's
+    random generator (``anchor_selection="random"``).
 
     In training mode each call of :meth:`from_similarity` (hence of ``forward``) first runs
     Algorithm 1 steps 2-5 on the detached batch -- :func:`adacl_anchor`, then
@@ -666,6 +746,21 @@ class AdaCLLoss(PairLoss):
       ``10.5 / (1 - anchor)`` with the paper's ``p_u, eps``: an anchor a rounding error below 1
       (a positive pair of identical embeddings) gives ``m1 ~ 1e8``; lower ``max_anchor`` (e.g.
       0.999) to refuse such near-singular anchors as well.
+    * **Cap on m1** (not in the paper). Nothing bounds ``m1 = 10.47 / (1 - anchor)`` while the
+      anchor stays below ``max_anchor``: 105 at an anchor of 0.9, 1047 at 0.99, and a 200-step
+      run on random embeddings at B=64 reached ``m1 = 22,359`` without any guard firing. Such a
+      scale makes the positive logit ``m1 (s_ii - m2)`` dominate every denominator (the loss
+      and its gradient vanish for most pairs, and are huge for the few below ``m2``).
+      ``max_m1`` (default ``None``: the paper's unbounded rule) clamps ``m1`` to ``max_m1`` and
+      recomputes ``m2 = anchor + log((1 - p_u) / (p_u Sigma_anchor)) / m1`` for the clamped
+      value, so Eq. (4) (the anchor's probability is ``p_u``) still holds and only Eq. (6) (the
+      probability at similarity 1) is relaxed. The update is accepted and counted in
+      ``m1_capped``. Recommended: ``max_m1=100``, about 2.6x the value the paper reports
+      ``m1`` settling at (38.1, Fig. 3a); it leaves anchors up to ~0.895 untouched.
+    * **Random anchor.** ``anchor_selection="random"`` draws from a ``torch.Generator`` owned by
+      the module and seeded with ``seed`` (default 0), never from the global RNG, so it does
+      not shift the training's random stream; its state is saved in the extra state, so a
+      resumed checkpoint continues the same draws.
     * **Smoothing.** ``margin_momentum`` ``mu`` (default 0: the paper's raw per-batch values)
       blends an accepted update as ``m <- mu * m_prev + (1 - mu) * m_new``; the paper reports
       oscillating ``m1`` early in training (Fig. 3a), which this can damp.
@@ -679,7 +774,13 @@ class AdaCLLoss(PairLoss):
       batch plus queue, as in Eq. 1). Ids stored in the queue must be integers.
     * **Distributed.** Queues gather keys from all ranks. With ``sync_margins=True`` the margins
       accepted on rank 0 are broadcast after each update, so every rank trains with the same
-      ``m1, m2``; anchors, ``|S*|`` and guard counters stay per rank.
+      ``m1, m2``; anchors, ``|S*|`` and guard counters stay per rank. The broadcast is a
+      collective on the buffers themselves, so (1) the module must live on a device the process
+      group's backend supports -- with NCCL, move the loss to the rank's CUDA device
+      (``loss.to(device)``; CPU buffers fail there), with gloo CPU works -- and (2) every rank
+      must run the training-mode forward the same number of times, in the same order as its
+      other collectives (a rank that skips a batch, or runs an extra one, deadlocks the
+      others). Eval-mode calls do not synchronise. ``sync_margins=False`` keeps margins per rank.
     * ``last_stats`` is a dict of plain Python values for logging (see
       :func:`vlret.analysis.adacl_plots.append_stats`).
 
@@ -701,6 +802,8 @@ class AdaCLLoss(PairLoss):
         margin_momentum: float = 0.0,
         min_variance: float = 1e-12,
         max_anchor: float = 1.0,
+        max_m1: float | None = None,
+        seed: int = 0,
         queue_size: int = 0,
         embed_dim: int | None = None,
         sync_margins: bool = True,
@@ -725,6 +828,14 @@ class AdaCLLoss(PairLoss):
             raise ValueError(f"min_variance must be a non-negative number, got {min_variance!r}")
         if not (isinstance(max_anchor, (int, float)) and max_anchor <= 1.0):
             raise ValueError(f"max_anchor must be a number <= 1, got {max_anchor!r}")
+        if max_m1 is not None and not (
+            isinstance(max_m1, (int, float))
+            and not isinstance(max_m1, bool)
+            and 0.0 < max_m1 < math.inf
+        ):
+            raise ValueError(f"max_m1 must be None or a positive finite number, got {max_m1!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
             raise ValueError(f"queue_size must be a non-negative integer, got {queue_size!r}")
         if queue_size and embed_dim is None:
@@ -736,6 +847,9 @@ class AdaCLLoss(PairLoss):
         self.margin_momentum = float(margin_momentum)
         self.min_variance = float(min_variance)
         self.max_anchor = float(max_anchor)
+        self.max_m1 = None if max_m1 is None else float(max_m1)
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
         self.queue_size = queue_size
         self.sync_margins = bool(sync_margins)
         self.register_buffer("m1", torch.tensor(float(m1_init)))
@@ -747,6 +861,7 @@ class AdaCLLoss(PairLoss):
         self.log_sigma_anchor = math.nan
         self.clone_count = 0
         self.guard_counts = [0] * len(GUARDS)
+        self.m1_capped = 0
         self.last_guard = -1
         if queue_size:
             self.img_queue: MemoryQueue | None = MemoryQueue(queue_size, embed_dim)
@@ -771,10 +886,15 @@ class AdaCLLoss(PairLoss):
         return self._update(batch)
 
     @torch.no_grad()
-    def _update(self, batch: _Batch) -> str | None:
+    def _update(self, batch: _Batch, log_sigma_rows: torch.Tensor | None = None) -> str | None:
         self.steps += 1
         found = _anchor_of_batch(
-            batch, self.anchor_selection, self.top_k, self.min_variance, generator=None
+            batch,
+            self.anchor_selection,
+            self.top_k,
+            self.min_variance,
+            generator=self.generator,
+            log_sigma_rows=log_sigma_rows,
         )
         guard = found.guard
         self.clone_count = found.clone_count
@@ -788,6 +908,11 @@ class AdaCLLoss(PairLoss):
                 guard = "anchor_ge_one"
             else:
                 m1, m2 = _margins_from_log_sigma(anchor, log_sigma, self.p_u, self.eps)
+                if self.max_m1 is not None and m1 > self.max_m1:
+                    # Keep Eq. (4) for the capped scale: m2 from Eq. (22) with m1 = max_m1.
+                    m1 = self.max_m1
+                    m2 = anchor + (math.log((1.0 - self.p_u) / self.p_u) - log_sigma) / m1
+                    self.m1_capped += 1
                 mu = self.margin_momentum
                 if mu:
                     prev_m1, prev_m2 = torch.stack([self.m1, self.m2]).double().tolist()
@@ -819,7 +944,9 @@ class AdaCLLoss(PairLoss):
 
         Keys: ``step``, ``m1``, ``m2``, ``anchor`` (``None`` when no anchor was found),
         ``log_sigma_anchor``, ``clone_count``, ``updated`` (the margins were re-estimated),
-        ``guard`` (name of the guard that fired, or ``None``) and ``guard_<name>`` counters.
+        ``guard`` (name of the guard that fired, or ``None``), ``guard_<name>`` counters and
+        ``m1_capped`` (updates clamped by ``max_m1``, a counter). Built when read: the update
+        itself keeps only the buffers and a few host numbers.
         """
         code = self.last_guard
         stats: dict[str, float | int | str | None] = {
@@ -836,6 +963,7 @@ class AdaCLLoss(PairLoss):
         }
         for name, n in zip(GUARDS, self.guard_counts, strict=True):
             stats[f"guard_{name}"] = n
+        stats["m1_capped"] = self.m1_capped
         return stats
 
     def get_extra_state(self) -> dict[str, object]:
@@ -846,10 +974,16 @@ class AdaCLLoss(PairLoss):
             "clone_count": self.clone_count,
             "guard_counts": dict(zip(GUARDS, self.guard_counts, strict=True)),
             "last_guard": self.last_guard,
+            "m1_capped": self.m1_capped,
+            "rng_state": self.generator.get_state(),
         }
 
+    #: Extra-state keys added after the first release; older checkpoints load without them.
+    _OPTIONAL_STATE = frozenset({"m1_capped", "rng_state"})
+
     def set_extra_state(self, state: dict[str, object]) -> None:
-        if not isinstance(state, dict) or set(state) != set(self.get_extra_state()):
+        keys = set(self.get_extra_state())
+        if not isinstance(state, dict) or not keys - self._OPTIONAL_STATE <= set(state) <= keys:
             raise ValueError("AdaCLLoss extra state must be a dict saved by AdaCLLoss")
         self.steps = int(state["steps"])
         self.anchor = float(state["anchor"])
@@ -858,6 +992,13 @@ class AdaCLLoss(PairLoss):
         counts = state["guard_counts"]
         self.guard_counts = [int(counts.get(name, 0)) for name in GUARDS]
         self.last_guard = int(state["last_guard"])
+        self.m1_capped = int(state.get("m1_capped", 0))
+        if "rng_state" in state:
+            rng = state["rng_state"]
+            if not isinstance(rng, torch.Tensor):
+                raise ValueError("AdaCLLoss extra state: rng_state must be a uint8 tensor")
+            # A checkpoint read with map_location may have moved it; generators take CPU bytes.
+            self.generator.set_state(rng.detach().to("cpu", torch.uint8))
 
     # -- loss -------------------------------------------------------------------------------
 
@@ -874,10 +1015,13 @@ class AdaCLLoss(PairLoss):
         batch = _prepare_batch(
             sim, pos_mask, extra_neg_txt, extra_neg_txt_mask, extra_neg_img, extra_neg_img_mask
         )
+        # The negatives' log-sum-exp does not depend on the margins: computed once, it gives
+        # the loss its denominators and the anchor update its Sigma_anchor.
+        lse = _negatives_logsumexp(batch)
         if self.training:
-            self._update(batch)
+            self._update(batch, lse[0].detach())
         # Clones: a later in-place update must not touch tensors saved for this backward.
-        return _loss_of_batch(batch, self.m1.clone(), self.m2.clone(), self.reduction)
+        return _loss_of_batch(batch, self.m1.clone(), self.m2.clone(), self.reduction, lse)
 
     def forward(
         self,
@@ -928,5 +1072,5 @@ class AdaCLLoss(PairLoss):
         return (
             f"m1={float(self.m1):.4g}, m2={float(self.m2):.4g}, p_u={self.p_u}, "
             f"eps={self.eps:.3g}, anchor_selection={self.anchor_selection!r}, "
-            f"queue_size={self.queue_size}, reduction={self.reduction!r}"
+            f"queue_size={self.queue_size}, max_m1={self.max_m1}, reduction={self.reduction!r}"
         )
