@@ -671,6 +671,24 @@ def test_momentum_keys_are_enqueued():
         AdaCLLoss()(img, txt, ids, img_keys=keys)
 
 
+def test_gathered_flag_changes_nothing_in_a_single_process():
+    # gathered=True only skips the queue's all-gather, a no-op without torch.distributed.
+    plain = AdaCLLoss(queue_size=12, embed_dim=16)
+    flagged = AdaCLLoss(queue_size=12, embed_dim=16)
+    keys = torch.randn(8, 16)
+    for img, txt, ids in _batches(3, seed=4):
+        a = plain(img, txt, ids, img_keys=keys, txt_keys=keys)
+        b = flagged(img, txt, ids, img_keys=keys, txt_keys=keys, gathered=True)
+        assert torch.equal(a, b)
+    for name, value in plain.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, flagged.state_dict()[name]), name
+    img, txt, ids = _batches(1)[0]
+    assert torch.equal(AdaCLLoss()(img, txt, ids), AdaCLLoss()(img, txt, ids, gathered=True))
+    with pytest.raises(ValueError, match="gathered"):
+        plain(img, txt, ids, gathered=1)
+
+
 def test_state_dict_round_trip_continues_identically():
     loss = AdaCLLoss(queue_size=12, embed_dim=16)
     batches = _batches(5, seed=9)

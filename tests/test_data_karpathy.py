@@ -14,7 +14,7 @@ from vlret.data import (
     build_karpathy_vocab,
     read_karpathy_json,
 )
-from vlret.data.karpathy import KarpathyImage, KarpathySentence
+from vlret.data.karpathy import KarpathyImage, KarpathySentence, locate_json_line
 from vlret.data.writers import make_tiny_karpathy, write_karpathy_json
 
 
@@ -160,11 +160,63 @@ def test_malformed_entries_are_named(tmp_path, mutate, message):
     assert str(path) in str(e.value)
 
 
+# One entry field per line: the line numbers below are those of this text.
+_FLICKR_LINES = """{"dataset": "flickr30k", "images": [
+ {"imgid": 0, "filename": "0.jpg", "split": "train", "sentids": [0],
+  "sentences": [{"sentid": 0, "raw": "a dog", "tokens": ["a", "dog"]}]},
+ {IMGID "filename": "1.jpg",
+  "split": "SPLIT", "sentids": [1, 2],
+  "sentences": [{"sentid": 1, "raw": "a cat", "tokens": ["a", "cat"]},
+                {"sentid": 2, RAW "tokens": ["a", "cat"]}]}
+]}"""
+
+
+@pytest.mark.parametrize(
+    ("imgid", "split", "raw", "message"),
+    [
+        ('"imgid": 1,', "test", '"raw": "x",', None),
+        # A missing key: the line where the entry starts.
+        ("", "test", '"raw": "x",', r"line 4: images\[1\] has no 'imgid'; expected \{"),
+        # A bad value: the line of the value.
+        ('"imgid": 1,', "dev", '"raw": "x",', r"line 5: images\[1\] \(imgid 1\): split 'dev'"),
+        ('"imgid": "1",', "test", '"raw": "x",', r"line 4: images\[1\]: 'imgid' is str '1'"),
+        ('"imgid": 1,', "test", "", r"line 7: images\[1\] \(imgid 1\)\.sentences\[1\] has no"),
+        ('"imgid": 1,', "test", '"raw": 5,', r"line 7: .*sentences\[1\]: 'raw' is int 5"),
+    ],
+)
+def test_entry_errors_name_file_line_and_entry(tmp_path, imgid, split, raw, message):
+    path = tmp_path / "dataset_flickr30k.json"
+    text = _FLICKR_LINES.replace("IMGID", imgid).replace("SPLIT", split).replace("RAW", raw)
+    path.write_text(text)
+    if message is None:
+        assert [im.imgid for im in read_karpathy_json(path).images] == [0, 1]
+        return
+    with pytest.raises(DataFormatError, match=message) as e:
+        read_karpathy_json(path)
+    assert str(e.value).startswith(f"{path}, line ")
+    assert e.value.line is not None and str(e.value).count("expected") == 1
+
+
+def test_locate_json_line_walks_keys_and_indices(tmp_path):
+    path = tmp_path / "doc.json"
+    path.write_text('{"a": 1,\n "b": [\n  {"x": "[,]"},\n  {"x":\n 2}],\n "a": [0]}')
+    assert locate_json_line(path, ()) == 1
+    assert locate_json_line(path, ("b", 1)) == 4
+    assert locate_json_line(path, ("b", 1, "x")) == 5
+    assert locate_json_line(path, ("a", 0)) == 6  # a repeated key: its last value, as json.loads
+    assert locate_json_line(path, ("b", 2)) is None
+    assert locate_json_line(path, ("c",)) is None
+    assert locate_json_line(tmp_path / "missing.json", ("a",)) is None
+
+
 def test_bad_json_names_the_line(tmp_path):
     path = tmp_path / "dataset_coco.json"
     path.write_text('{"images": [\n{"imgid": 0,\n"split": "train"\n"filename": "x.jpg"}]}')
-    with pytest.raises(DataFormatError, match=r"dataset_coco\.json, line 4: invalid JSON"):
+    with pytest.raises(DataFormatError, match=r"dataset_coco\.json, line 4: invalid JSON") as e:
         read_karpathy_json(path)
+    # "expected" once, then the layout (it used to read "expected ... expected {...}").
+    assert 'expected a Karpathy split JSON {"images": [{"filename"' in str(e.value)
+    assert str(e.value).count("expected") == 1
     with pytest.raises(FileNotFoundError, match=r"missing\.json: missing; expected a Karpathy"):
         read_karpathy_json(tmp_path / "missing.json")
 

@@ -221,10 +221,55 @@ def test_malformed_json(tmp_path, mutate, message):
         read_msrvtt_json(tmp_path / "MSRVTT_data.json")
 
 
+_MSRVTT_LINES = """{"videos": [
+  {"video_id": "video0", "split": "train"},
+  {"video_id": "video1",
+   "split": SPLIT}],
+ "sentences": [
+  {"caption": "a dog", "video_id": "video0", "sen_id": 0},
+  {"caption": "a cat",
+   VIDEO "sen_id": 1}]}"""
+
+
+@pytest.mark.parametrize(
+    ("split", "video", "message"),
+    [
+        ('"test"', '"video_id": "video1",', None),
+        ('"val"', '"video_id": "video1",', r"line 4: videos\[1\] \(video1\): split 'val'"),
+        ("3", '"video_id": "video1",', r"line 4: videos\[1\] \(video1\): 'split' is 3"),
+        ('"test"', "", r"line 7: sentences\[1\]: 'video_id' is None; expected \{"),
+        ('"test"', '"video_id": "video9",', r"line 8: sentences\[1\]: video_id 'video9' is not"),
+        ('"test"', '"video_id": "video0",', None),
+    ],
+)
+def test_entry_errors_name_file_line_and_entry(tmp_path, split, video, message):
+    path = tmp_path / "MSRVTT_data.json"
+    path.write_text(_MSRVTT_LINES.replace("SPLIT", split).replace("VIDEO", video))
+    if message is None:
+        assert read_msrvtt_json(path).video_ids == ("video0", "video1")
+        return
+    with pytest.raises(DataFormatError, match=message) as e:
+        read_msrvtt_json(path)
+    assert str(e.value).startswith(f"{path}, line ")
+
+
+def test_repeated_video_names_both_entries_and_the_line(tmp_path):
+    path = tmp_path / "MSRVTT_data.json"
+    text = _MSRVTT_LINES.replace("SPLIT", '"test"').replace("VIDEO", '"video_id": "video0",')
+    path.write_text(text.replace("video1", "video0"))
+    with pytest.raises(
+        DataFormatError,
+        match=r"line 3: videos\[1\]: video_id 'video0' appears twice \(first at videos\[0\]\)",
+    ):
+        read_msrvtt_json(path)
+
+
 def test_bad_json_syntax(tmp_path):
     (tmp_path / "MSRVTT_data.json").write_text('{"videos": [],\n"sentences": [,]}')
-    with pytest.raises(DataFormatError, match=r"MSRVTT_data\.json, line 2: invalid JSON"):
+    with pytest.raises(DataFormatError, match=r"MSRVTT_data\.json, line 2: invalid JSON") as e:
         read_msrvtt_json(tmp_path / "MSRVTT_data.json")
+    assert 'expected the MSR-VTT annotations {"videos"' in str(e.value)
+    assert str(e.value).count("expected") == 1
 
 
 def test_bad_csv(tmp_path):

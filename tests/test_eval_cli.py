@@ -4,6 +4,7 @@ foundation metrics computed directly from the checkpoint's model."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,13 @@ import yaml
 from train_helpers import tiny_data, tiny_raw
 from vlret.cli import main
 from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
-from vlret.data.writers import make_tiny_msrvtt
+from vlret.data.writers import make_tiny_karpathy, make_tiny_msrvtt
 from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from vlret.models import build_model
+from vlret.train import TrainingInterrupted
+from vlret.train.builders import build_dataset, eval_data_config
 from vlret.train.checkpoint import load_checkpoint
+from vlret.train.config import DataConfig
 
 METRIC_KEYS = set(RetrievalMetrics.__dataclass_fields__) - {"folds"}
 
@@ -171,3 +175,116 @@ def test_eval_rejects_unknown_protocol(trained):
     data, run = trained
     with pytest.raises(SystemExit):
         run_cli(["eval", run / "best.pt", "--data", data, "--split", "test", "--protocol", "x"])
+
+
+@pytest.mark.parametrize(
+    ("split", "protocol", "words"),
+    [
+        ("testall", "f30k", "protocol f30k on precomp data evaluates the split(s) test, dev"),
+        ("test", "coco5k", "not 'test'"),  # precomp COCO test is only the first 1000 images
+        ("test", "msrvtt-full", "protocol msrvtt-full needs msrvtt data"),
+        ("dev", "coco1k", "2 images, not divisible by 5"),
+    ],
+)
+def test_eval_checks_split_protocol_and_data(trained, capsys, split, protocol, words):
+    data, run = trained
+    args = ["eval", run / "best.pt", "--data", data, "--split", split, "--protocol", protocol]
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlret eval: ") and words in err and "Traceback" not in err
+
+
+def test_eval_split_is_a_choice(trained, capsys):
+    data, run = trained
+    with pytest.raises(SystemExit):
+        run_cli(["eval", run / "best.pt", "--data", data, "--split", "tst", "--protocol", "f30k"])
+    assert "invalid choice: 'tst'" in capsys.readouterr().err
+
+
+def test_eval_missing_data_folder(trained, tmp_path, capsys):
+    _, run = trained
+    missing = tmp_path / "nowhere"
+    args = ["eval", run / "best.pt", "--data", missing, "--split", "test", "--protocol", "f30k"]
+    assert run_cli(args) == 2
+    assert capsys.readouterr().err == f"vlret eval: {missing}: missing; expected the data " + (
+        "folder of the test split\n"
+    )
+
+
+def test_eval_data_locates_karpathy_files(tmp_path):
+    stored = DataConfig(
+        root="/train/flickr30k",
+        format="karpathy",
+        karpathy_json="/train/flickr30k/dataset_flickr30k.json",
+        image_root="/train/flickr30k/images",
+    )
+    moved = tmp_path / "copy"
+    images = make_tiny_karpathy(
+        moved / "dataset_flickr30k.json", dataset="flickr30k", image_root=moved / "images"
+    )
+    cfg = eval_data_config(stored, moved)
+    assert (cfg.karpathy_json, cfg.image_root, cfg.root) == (
+        str(moved / "dataset_flickr30k.json"),
+        str(moved / "images"),
+        str(moved),
+    )
+    assert eval_data_config(stored, moved / "dataset_flickr30k.json") == cfg  # the JSON itself
+    test = build_dataset(cfg, "test", None)
+    assert test.num_images == 2 and test.image_path(0) == moved / "images" / images[-2].filename
+    # another JSON name: the only dataset_*.json of the folder
+    (moved / "dataset_flickr30k.json").rename(moved / "dataset_f30k.json")
+    assert eval_data_config(stored, moved).karpathy_json == str(moved / "dataset_f30k.json")
+    (moved / "dataset_f30k.json").unlink()
+    with pytest.raises(FileNotFoundError, match="expected the Karpathy JSON dataset_flickr30k"):
+        eval_data_config(stored, moved)
+    with pytest.raises(FileNotFoundError, match="missing; expected the data folder"):
+        eval_data_config(stored, tmp_path / "nowhere")
+
+
+def _write_config(tmp_path: Path, data: Path, **data_keys) -> Path:
+    raw = tiny_raw(data, tmp_path / "run")
+    raw["data"].update(data_keys)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("data_keys", "override", "words"),
+    [
+        ({"root": "/nonexistent/f30k"}, None, "/nonexistent/f30k"),
+        ({}, "model.image.poolin=max", "model.image: unknown key 'poolin'"),
+        ({}, "loss.margin=abc", "loss.margin: expected a number, got 'abc'"),
+    ],
+)
+def test_train_errors_exit_2_without_traceback(
+    trained, tmp_path, capsys, data_keys, override, words
+):
+    data, _ = trained
+    cfg = _write_config(tmp_path, data, **data_keys)
+    args = ["train", cfg] + (["--set", override] if override else [])
+    assert run_cli(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("vlret train: ") and words in captured.err
+    assert "Traceback" not in captured.err + captured.out
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_ctrl_c_hint_repeats_the_overrides(trained, tmp_path, capsys, monkeypatch):
+    import vlret.train
+
+    def interrupted(config, *, resume=None):
+        raise TrainingInterrupted(Path(config.output_dir) / "last.pt")
+
+    monkeypatch.setattr(vlret.train, "train", interrupted)
+    data, _ = trained
+    cfg = _write_config(tmp_path, data)
+    out = tmp_path / "my run"
+    sets = [f"output_dir={out}", "train.epochs=2", "loss.margin=0.1"]
+    assert run_cli(["train", cfg, *[a for s in sets for a in ("--set", s)]]) == 130
+    hint = capsys.readouterr().out.strip()
+    assert hint == (
+        f"interrupted; resume with: vlret train {cfg} --set 'output_dir={out}' "
+        f"--set train.epochs=2 --set loss.margin=0.1 --resume '{out}/last.pt'"
+    )
+    assert shlex.split(hint.split(": ", 1)[1])[4] == f"output_dir={out}"

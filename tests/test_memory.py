@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from vlret.losses import AdaCLLoss
 from vlret.memory import NO_ID, MemoryQueue, MomentumEncoder
 
 
@@ -66,6 +67,16 @@ def test_first_fill_and_wrap_positions():
     assert queue.ids.tolist() == [15, 11, 12, 13, 14]
 
 
+def test_gather_false_is_identical_in_a_single_process():
+    a, b = MemoryQueue(5, 3), MemoryQueue(5, 3)
+    for k in range(3):
+        keys = torch.randn(3, 3)
+        a.enqueue(keys, [k, k, k + 1])
+        b.enqueue(keys, [k, k, k + 1], gather=False)
+    for name, buf in a.state_dict().items():
+        assert torch.equal(buf, b.state_dict()[name]), name
+
+
 def test_negative_mask_excludes_own_image_and_empty_slots():
     queue = MemoryQueue(6, 2)
     queue.enqueue(torch.ones(4, 2), [7, 8, 7, 9])  # two captions of image 7
@@ -116,6 +127,7 @@ def test_state_dict_round_trip_restores_pointer_and_contents():
         (lambda q: q.enqueue(torch.zeros(2, 2), torch.zeros(2)), "ids"),
         (lambda q: q.enqueue(torch.zeros(2, 2), mask=torch.ones(3, dtype=torch.bool)), "mask"),
         (lambda q: q.enqueue(torch.zeros(2, 2), mask=torch.ones(2)), "mask"),
+        (lambda q: q.enqueue(torch.zeros(2, 2), gather=1), "gather"),
         (lambda q: MemoryQueue(0, 2), "size"),
         (lambda q: MemoryQueue(4, 0), "dim"),
     ],
@@ -187,8 +199,21 @@ WORKER = textwrap.dedent(
     loss = AdaCLLoss()
     img = torch.randn(12, 16)
     loss(img, img + 0.7 * torch.randn(12, 16))
+    # gather=False: the rows are written as given, without the all-gather.
+    local = MemoryQueue(6, 2)
+    local.enqueue(torch.full((rank + 1, 2), float(rank)), torch.arange(rank + 1), gather=False)
+    # gathered=True: every rank passes the same global batch; it is enqueued exactly once.
+    torch.manual_seed(100)
+    glob = AdaCLLoss(queue_size=12, embed_dim=16)
+    values = []
+    for k in range(2):
+        g_img = torch.randn(8, 16)
+        values.append(glob(g_img, g_img + 0.5 * torch.randn(8, 16), torch.arange(8) + 8 * k,
+                           gathered=True))
     torch.save({"keys": queue.keys, "ids": queue.ids, "ptr": queue.ptr, "m1": loss.m1,
-                "m2": loss.m2, "anchor": loss.anchor}, out)
+                "m2": loss.m2, "anchor": loss.anchor, "local_ptr": local.ptr,
+                "local_keys": local.keys, "global": glob.state_dict(),
+                "global_values": torch.stack(values)}, out)
     dist.destroy_process_group()
     """
 )
@@ -226,3 +251,20 @@ def test_distributed_gather_and_margin_sync(tmp_path: Path):
         assert int(res["ptr"]) == 3
     assert torch.equal(r0["m1"], r1["m1"]) and torch.equal(r0["m2"], r1["m2"])
     assert r0["anchor"] != r1["anchor"]  # anchors stay local to each rank
+    for r, res in enumerate((r0, r1)):  # gather=False: only this rank's rows
+        assert int(res["local_ptr"]) == r + 1
+        assert res["local_keys"][: r + 1].eq(float(r)).all()
+    # gathered=True on the global batch: each queue holds what one process holds (16 keys of
+    # two steps in a queue of 12, wrapped), not the doubled 32 of a second all-gather.
+    torch.manual_seed(100)
+    single = AdaCLLoss(queue_size=12, embed_dim=16)
+    values = []
+    for k in range(2):
+        g_img = torch.randn(8, 16)
+        values.append(single(g_img, g_img + 0.5 * torch.randn(8, 16), torch.arange(8) + 8 * k))
+    assert int(single.img_queue.ptr) == 4
+    for res in (r0, r1):
+        assert torch.equal(res["global_values"], torch.stack(values))
+        for name, value in single.state_dict().items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(res["global"][name], value), name

@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from train_helpers import tiny_config, tiny_data, tiny_raw
+from vlret.data.writers import make_tiny_msrvtt
 from vlret.models import build_model
+from vlret.train import Trainer
+from vlret.train.builders import build_run_loss
+from vlret.train.checkpoint import load_checkpoint
 from vlret.train.config import (
     ConfigError,
     apply_overrides,
@@ -127,6 +133,11 @@ def test_parse_value(text, value):
         ("data.format=hdf5", "data.format", "expected one of"),
         ("train.all_negatives_epochs=1", "train.all_negatives_epochs", "triplet"),
         ("train.amp=3", "train.amp", "true or false"),
+        ("loss.margin=abc", "loss.margin", "expected a number"),
+        ("loss.gamma=true", "loss.gamma", "expected a number"),
+        ("loss.reduction=1", "loss.reduction", "expected a string"),
+        ("loss.normalize=1", "loss.normalize", "true or false"),
+        ("optim.grad_clip=-1", "optim.grad_clip", "0 or null: no clipping"),
     ],
 )
 def test_errors_name_the_file_and_key(tmp_path, override, key, words):
@@ -200,3 +211,123 @@ def test_paper_settings_in_configs():
     c = by_name["clip_unified_f30k"]
     assert (c.loss.params["gamma"], c.train.epochs, c.train.batch_size) == (50.0, 10, 128)
     assert by_name["goal_vseinf_f30k_triplet"].train.all_negatives_epochs == 1
+    for data in ("coco", "f30k"):
+        # VSL's alpha = 1, beta = 10 balance a triplet base summed over the batch (B = 128)
+        vsl = by_name[f"vsl_sgraf_{data}"].loss.params
+        assert vsl["base_params"] == {"margin": 0.2, "hardest": True}
+        # the VSE++ group's gamma = 60, summed over the batch like the VLC (Unified Eq. 3, 7)
+        nce = by_name[f"vsepp_butd_{data}_infonce"].loss.params
+        assert nce == {"temperature": 1 / 60, "reduction": "sum"}
+
+
+def test_yaml_reads_exponent_floats_without_a_dot(tmp_path):
+    text = YAML.replace("lr: 0.0005", "lr: 1e-3").replace("margin: 0.2", "margin: 2E-1")
+    cfg = load_config(write(tmp_path, "a.yaml", text))
+    assert cfg.optim.lr == 1e-3 and cfg.loss.params["margin"] == 0.2
+    quoted = load_config(write(tmp_path, "b.yaml", YAML), ["loss.reduction=sum"])
+    assert quoted.loss.params["reduction"] == "sum"
+    text = YAML.replace("margin: 0.2", 'margin: "1e-3"')  # quoted: a string, rejected
+    with pytest.raises(ConfigError, match=r"c\.yaml: loss\.margin: expected a number") as err:
+        load_config(write(tmp_path, "c.yaml", text))
+    assert err.value.key == "loss.margin"
+
+
+def test_loss_parameters_are_type_checked_against_the_defaults(tmp_path):
+    path = write(tmp_path, "run.toml", TOML)
+    cfg = load_config(path, ["loss.margin=1", "loss.gamma=50", "loss.reduction=mean"])
+    assert cfg.loss.params == {"margin": 1, "gamma": 50, "reduction": "mean"}  # ints are numbers
+    raw = load_config(path).to_dict()
+    raw["loss"] = {"name": "adacl", "top_k": 5, "queue_size": 8}  # top_k's default is None
+    assert config_from_dict(raw).loss.params == {"top_k": 5, "queue_size": 8}
+    raw["loss"]["queue_size"] = 8.5
+    with pytest.raises(ConfigError, match="loss.queue_size: expected an integer"):
+        config_from_dict(raw)
+    raw["loss"] = {"name": "vsl", "base_params": {"margin": "x"}}
+    with pytest.raises(ConfigError, match="loss.base_params.margin: expected a number"):
+        config_from_dict(raw)
+    raw["loss"] = {"name": "vsl", "base_params": {"gama": 1.0}}
+    with pytest.raises(ConfigError, match="loss.base_params.gama: not a parameter"):
+        config_from_dict(raw)
+
+
+def test_grad_clip_zero_or_null_disables_clipping(tmp_path):
+    path = write(tmp_path, "run.toml", TOML)
+    assert load_config(path, ["optim.grad_clip=0"]).optim.grad_clip == 0.0
+    assert load_config(path, ["optim.grad_clip=null"]).optim.grad_clip is None
+
+
+def test_msrvtt_1ka_has_no_dev_split(tmp_path):
+    path = write(tmp_path, "run.toml", TOML)
+    msrvtt = ["data.format=msrvtt", "data.protocol=1k-A"]
+    assert load_config(path, msrvtt).data.dev_split is None  # default: no validation
+    assert load_config(path, ["data.format=msrvtt"]).data.dev_split == "dev"  # full: validate
+    assert load_config(path, [*msrvtt, "data.dev_split=test"]).data.dev_split == "test"
+    with pytest.raises(ConfigError, match="no 'dev' split") as err:
+        load_config(path, [*msrvtt, "data.dev_split=dev"])
+    assert err.value.key == "data.dev_split" and "data.dev_split = null" in str(err.value)
+    assert load_config(path, [*msrvtt, "data.dev_split=dev", "train.validate=false"])
+    with pytest.raises(ConfigError, match="data.protocol: protocol must be one of"):
+        load_config(path, ["data.format=msrvtt", "data.protocol=2k"])
+
+
+# --- the config's effect on the trainer -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.mark.parametrize(("hardest", "schedule"), [(None, [False, True]), (False, [False, False])])
+def test_all_negatives_schedule_respects_loss_hardest(tmp_path, tiny, hardest, schedule):
+    loss = {} if hardest is None else {"hardest": hardest}
+    cfg = tiny_config(tiny, tmp_path / "run", ["train.all_negatives_epochs=1"], **loss)
+    trainer = Trainer(cfg)
+    seen = []
+    for epoch in (0, 1):
+        trainer.epoch = epoch
+        trainer._set_epoch_schedule()
+        seen.append(trainer.loss_fn.hardest)
+    assert seen == schedule
+
+
+def test_model_errors_name_the_model_key_before_the_vocabulary(tmp_path, tiny, monkeypatch):
+    import vlret.train.trainer as trainer_module
+
+    def no_vocab(*args, **kwargs):
+        raise AssertionError("the vocabulary was built before the model section was checked")
+
+    monkeypatch.setattr(trainer_module, "build_encoder", no_vocab)
+    cfg = tiny_config(tiny, tmp_path / "run", ["model.image.pooling=maxx"])
+    with pytest.raises(ConfigError, match="model.image.pooling: unknown pooling") as err:
+        Trainer(cfg)
+    assert err.value.key == "model.image.pooling"
+    with pytest.raises(ConfigError, match="model: unknown key 'bogus'"):
+        Trainer(tiny_config(tiny, tmp_path / "run", ["model.bogus=1"]))
+
+
+def test_type_errors_of_loss_construction_name_the_loss(tmp_path, tiny, monkeypatch):
+    import vlret.losses
+
+    def build_loss(name, **params):
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(vlret.losses, "build_loss", build_loss)
+    cfg = tiny_config(tiny, tmp_path / "run", ["loss.margin=0.3"])
+    with pytest.raises(ConfigError, match=r"loss: triplet\(margin=0.3\): unsupported operand"):
+        build_run_loss(cfg, None)
+
+
+def test_msrvtt_1ka_trains_without_validation(tmp_path):
+    root = tmp_path / "msrvtt"
+    make_tiny_msrvtt(root, sizes={"train": 4, "validate": 2, "test": 3}, captions_per_video=4)
+    raw = tiny_raw(root, tmp_path / "run")
+    raw["data"].update(format="msrvtt", protocol="1k-A", captions_per_video=4)
+    raw["model"]["image"] = {"kind": "video", "in_dim": 8, "pooling": "mean"}
+    raw["train"]["epochs"] = 2
+    result = Trainer(config_from_dict(raw)).fit()
+    assert result.best_rsum is None and result.best_checkpoint == tmp_path / "run" / "best.pt"
+    best = load_checkpoint(tmp_path / "run" / "best.pt")
+    last = load_checkpoint(result.last_checkpoint)
+    assert best["epoch"] == last["epoch"] == 2  # best.pt is the last epoch
+    assert all(torch.equal(v, last["model"][k]) for k, v in best["model"].items())

@@ -1,6 +1,6 @@
-"""Two CPU ranks (gloo): one optimisation step equals the single-process step on the
-concatenated batch (in-batch negatives gathered from all ranks, gradient scaled by the world
-size to undo DDP's averaging)."""
+"""Two CPU ranks (gloo): optimisation steps equal the single-process steps on the concatenated
+batch (in-batch negatives gathered from all ranks, gradient scaled by the world size to undo
+DDP's averaging), for AdaCL also with a memory queue filled by a momentum encoder."""
 
 from __future__ import annotations
 
@@ -27,24 +27,41 @@ SETTINGS = {
     ],
     "adacl_sgd": ["loss.name=adacl", "optim.name=sgd", "optim.lr=0.1"],
     "vsl_sgd": ["loss.name=vsl", "optim.name=sgd", "optim.lr=0.1", "optim.grad_clip=0"],
+    # A queue smaller than the 3 steps' 24 keys wraps around, and a momentum encoder fills it:
+    # the later steps score against keys of the earlier ones.
+    "adacl_queue_momentum_sgd": [
+        "loss.name=adacl",
+        "loss.queue_size=16",
+        "train.momentum_encoder=0.9",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
 }
+#: Optimisation steps per setting (the queue's contents matter from the second step on).
+STEPS = {"adacl_queue_momentum_sgd": 3}
 COMMON = ["optim.warmup_steps=0", "train.validate=false"]
 
 
-def one_step(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
+def run_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
+    """``STEPS[name]`` (default 1) optimisation steps from the start; the final state."""
     trainer = Trainer(tiny_config(data, out / name, COMMON + SETTINGS[name]))
     trainer.sampler.set_epoch(0)
     loader = DataLoader(
         trainer.train_set, batch_sampler=trainer.sampler, collate_fn=trainer.train_set.collate
     )
-    batch = next(iter(loader))
-    loss, _ = trainer.train_step(batch)
+    batches = iter(loader)
+    for _ in range(STEPS.get(name, 1)):
+        batch = next(batches)
+        loss, _ = trainer.train_step(batch)
     state = {f"model.{k}": v.detach().clone() for k, v in trainer.model.state_dict().items()}
     for k, p in trainer.model.named_parameters():
         state[f"grad.{k}"] = p.grad.detach().clone()
     for k, v in trainer.loss_fn.state_dict().items():
         if isinstance(v, torch.Tensor):
             state[f"loss.{k}"] = v.detach().clone()
+    if trainer.momentum_encoder is not None:
+        for k, v in trainer.momentum_encoder.state_dict().items():
+            state[f"momentum.{k}"] = v.detach().clone()
     state["loss_value"] = torch.tensor(loss)
     state["local_batch"] = torch.tensor(len(batch.img_index))
     return state
@@ -61,7 +78,7 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     torch.set_num_threads(1)
     try:
         for name in SETTINGS:
-            state = one_step(Path(data), Path(out), name)
+            state = run_steps(Path(data), Path(out), name)
             torch.save(state, Path(out) / f"{name}.rank{rank}.pt")
     finally:
         if dist.is_initialized():
@@ -91,12 +108,15 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(distributed_run, 
     data, out = distributed_run
     ranks = [torch.load(out / f"{name}.rank{r}.pt", weights_only=True) for r in range(2)]
     assert [int(s["local_batch"]) for s in ranks] == [4, 4]
-    single = one_step(data, tmp_path, name)
+    single = run_steps(data, tmp_path, name)
     assert int(single["local_batch"]) == 8
+    if "loss.img_queue.valid" in single:  # 3 steps of 8 keys: the queue of 16 has wrapped
+        assert bool(single["loss.img_queue.valid"].all()) and int(single["loss.img_queue.ptr"]) == 8
     for state in ranks:
         torch.testing.assert_close(state["loss_value"], single["loss_value"], atol=1e-6, rtol=1e-6)
-        params = {k: v for k, v in state.items() if k.startswith(("model.", "loss."))}
-        expected = {k: v for k, v in single.items() if k.startswith(("model.", "loss."))}
+        kept = ("model.", "loss.", "momentum.")
+        params = {k: v for k, v in state.items() if k.startswith(kept)}
+        expected = {k: v for k, v in single.items() if k.startswith(kept)}
         assert_same_params(params, expected, atol=1e-6)
         for k, g in single.items():
             if k.startswith("grad."):

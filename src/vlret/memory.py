@@ -12,7 +12,8 @@ are an exponential moving average of the online encoder (momentum ``z = 0.99``).
 * :class:`MomentumEncoder` holds the EMA copy and runs it without gradient.
 
 Under ``torch.distributed`` the keys (and ids) of all ranks are gathered, in rank order, before
-they are enqueued, so every rank holds the same queue.
+they are enqueued, so every rank holds the same queue; ``enqueue(..., gather=False)`` skips
+that step for keys that are already the global batch on every rank.
 """
 
 from __future__ import annotations
@@ -124,14 +125,19 @@ class MemoryQueue(nn.Module):
         ids: torch.Tensor | Sequence[int] | None = None,
         *,
         mask: torch.Tensor | None = None,
+        gather: bool = True,
     ) -> None:
         """Write ``keys`` ``(n, dim)`` (detached) and their ``ids`` at the pointer, wrapping around.
 
         ``mask`` ``(n,)`` bool selects the rows to enqueue (e.g. drop padding or duplicated
         captions); the others are skipped and take no slot. Under ``torch.distributed`` the
         selected rows of all ranks are gathered in rank order first, so every rank must call
-        this method at the same step.
+        this method at the same step. ``gather=False`` skips that all-gather and writes the
+        rows as given: for keys that are already the global batch, identical on every rank
+        (otherwise the ranks' queues diverge).
         """
+        if not isinstance(gather, bool):
+            raise ValueError(f"gather must be a bool, got {gather!r}")
         if not isinstance(keys, torch.Tensor) or keys.dim() != 2 or keys.shape[1] != self.dim:
             shape = tuple(keys.shape) if isinstance(keys, torch.Tensor) else type(keys).__name__
             raise ValueError(f"keys must have shape (n, {self.dim}), got {shape}")
@@ -152,7 +158,8 @@ class MemoryQueue(nn.Module):
                 raise ValueError(f"mask must have shape ({rows},), got {tuple(mask.shape)}")
             mask = mask.to(device)
             keys, id_t = keys[mask], id_t[mask]
-        keys, id_t = _gather_rows([keys, id_t])
+        if gather:
+            keys, id_t = _gather_rows([keys, id_t])
         n = keys.shape[0]
         if n == 0:
             return

@@ -14,7 +14,9 @@ first ``captions_per_image`` (5).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +35,89 @@ SPLIT_MEMBERS = {
     "test": ("test",),
     "testall": ("test",),
 }
-_EXPECTED = (
-    'expected {"images": [{"filename", "imgid", "split", "sentids", "sentences": '
+_LAYOUT = (
+    '{"images": [{"filename", "imgid", "split", "sentids", "sentences": '
     '[{"raw", "tokens"}], ("filepath", "cocoid" for COCO)}], "dataset"}'
 )
+_EXPECTED = "expected " + _LAYOUT
+
+#: A step into a JSON document: an object key or an array index.
+JsonPath = Sequence[str | int]
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _json_offset(text: str, at: JsonPath) -> int:
+    """Character offset of the value at ``at`` in the JSON ``text`` (``ValueError`` if absent).
+
+    Walks only the containers on the way, skipping the siblings before the target with
+    ``json.JSONDecoder.raw_decode`` (C speed); a repeated key resolves to its last occurrence,
+    as ``json.loads`` does.
+    """
+    decode = json.JSONDecoder().raw_decode
+
+    def skip(i: int) -> int:
+        return _WHITESPACE.match(text, i).end()
+
+    i = skip(0)
+    for step in at:
+        if isinstance(step, int):
+            if text[i] != "[":
+                raise ValueError("not an array")
+            i = skip(i + 1)
+            for _ in range(step):
+                _, i = decode(text, i)
+                i = skip(i)
+                if text[i] != ",":
+                    raise ValueError("index out of range")
+                i = skip(i + 1)
+            if text[i] == "]":
+                raise ValueError("index out of range")
+        else:
+            if text[i] != "{":
+                raise ValueError("not an object")
+            i = skip(i + 1)
+            found = None
+            while text[i] != "}":
+                key, i = decode(text, i)
+                i = skip(i)
+                if text[i] != ":":
+                    raise ValueError("malformed object")
+                i = skip(i + 1)
+                if key == step:
+                    found = i
+                _, i = decode(text, i)
+                i = skip(i)
+                if text[i] == ",":
+                    i = skip(i + 1)
+            if found is None:
+                raise ValueError("key not found")
+            i = found
+    return i
+
+
+def locate_json_line(path: str | Path, at: JsonPath) -> int | None:
+    """1-based line where the value at ``at`` (e.g. ``("images", 3, "imgid")``) starts in the
+    JSON file ``path``, or ``None`` when it cannot be found (the caller then names the entry
+    only). Reads the file again: meant for error messages, after ``json.loads`` succeeded."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        return text.count("\n", 0, _json_offset(text, at)) + 1
+    except (OSError, UnicodeDecodeError, ValueError, IndexError):
+        return None
+
+
+class EntryError(Exception):
+    """A malformed entry of a parsed JSON document: ``message`` and the entry's JSON path
+    ``at``; the reader turns it into a :class:`DataFormatError` with the file and the line."""
+
+    def __init__(self, at: JsonPath, message: str) -> None:
+        super().__init__(message)
+        self.at = tuple(at)
+        self.message = message
+
+    def located(self, path: Path) -> DataFormatError:
+        return DataFormatError(path, self.message, line=locate_json_line(path, self.at))
 
 
 @dataclass(frozen=True)
@@ -80,51 +161,57 @@ class KarpathyData:
         return [im for im in self.images if im.split in members]
 
 
-def _field(path: Path, entry: dict, key: str, kind: type | tuple, where: str) -> Any:
+def _field(entry: dict, key: str, kind: type | tuple, where: str, at: tuple) -> Any:
+    """``entry[key]`` of type ``kind``; an :class:`EntryError` at the entry (missing key) or at
+    the value (wrong type) otherwise."""
     if key not in entry:
-        raise DataFormatError(path, f"{where} has no {key!r}; {_EXPECTED}")
+        raise EntryError(at, f"{where} has no {key!r}; {_EXPECTED}")
     value = entry[key]
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise DataFormatError(
-            path, f"{where}: {key!r} is {type(value).__name__} {value!r:.60}; {_EXPECTED}"
+        raise EntryError(
+            (*at, key), f"{where}: {key!r} is {type(value).__name__} {value!r:.60}; {_EXPECTED}"
         )
     return value
 
 
-def _parse_image(path: Path, k: int, entry: Any, is_coco: bool) -> KarpathyImage:
+def _parse_image(k: int, entry: Any, is_coco: bool) -> KarpathyImage:
     where = f"images[{k}]"
+    at = ("images", k)
     if not isinstance(entry, dict):
-        raise DataFormatError(path, f"{where} is {type(entry).__name__}; {_EXPECTED}")
-    imgid = _field(path, entry, "imgid", int, where)
+        raise EntryError(at, f"{where} is {type(entry).__name__}; {_EXPECTED}")
+    imgid = _field(entry, "imgid", int, where, at)
     where = f"images[{k}] (imgid {imgid})"
-    filename = _field(path, entry, "filename", str, where)
-    split = _field(path, entry, "split", str, where)
+    filename = _field(entry, "filename", str, where, at)
+    split = _field(entry, "split", str, where, at)
     if split not in KARPATHY_SPLITS:
-        raise DataFormatError(path, f"{where}: split {split!r}; expected one of {KARPATHY_SPLITS}")
-    sentids = _field(path, entry, "sentids", list, where)
-    raw_sentences = _field(path, entry, "sentences", list, where)
+        raise EntryError(
+            (*at, "split"), f"{where}: split {split!r}; expected one of {KARPATHY_SPLITS}"
+        )
+    sentids = _field(entry, "sentids", list, where, at)
+    raw_sentences = _field(entry, "sentences", list, where, at)
     if len(sentids) != len(raw_sentences):
-        raise DataFormatError(
-            path,
+        raise EntryError(
+            at,
             f"{where} has {len(sentids)} sentids and {len(raw_sentences)} sentences; "
             "expected one sentid per sentence",
         )
     sentences = []
     for s, (sid, sent) in enumerate(zip(sentids, raw_sentences, strict=True)):
         swhere = f"{where}.sentences[{s}]"
+        sat = (*at, "sentences", s)
         if not isinstance(sent, dict):
-            raise DataFormatError(path, f"{swhere} is {type(sent).__name__}; {_EXPECTED}")
-        raw = _field(path, sent, "raw", str, swhere)
-        tokens = _field(path, sent, "tokens", list, swhere)
+            raise EntryError(sat, f"{swhere} is {type(sent).__name__}; {_EXPECTED}")
+        raw = _field(sent, "raw", str, swhere, sat)
+        tokens = _field(sent, "tokens", list, swhere, sat)
         if not isinstance(sid, int) or sent.get("sentid", sid) != sid:
-            raise DataFormatError(
-                path, f"{swhere}: sentid {sent.get('sentid')!r} but sentids[{s}] is {sid!r}"
+            raise EntryError(
+                sat, f"{swhere}: sentid {sent.get('sentid')!r} but sentids[{s}] is {sid!r}"
             )
         sentences.append(KarpathySentence(sid, raw, tuple(str(t) for t in tokens)))
     filepath = cocoid = None
     if is_coco:
-        filepath = _field(path, entry, "filepath", str, where)
-        cocoid = _field(path, entry, "cocoid", int, where)
+        filepath = _field(entry, "filepath", str, where, at)
+        cocoid = _field(entry, "cocoid", int, where, at)
     return KarpathyImage(
         imgid=imgid,
         filename=filename,
@@ -137,9 +224,13 @@ def _parse_image(path: Path, k: int, entry: Any, is_coco: bool) -> KarpathyImage
 
 
 def read_karpathy_json(path: str | Path) -> KarpathyData:
-    """Parse and validate a Karpathy split JSON; errors name the file and the entry."""
+    """Parse and validate a Karpathy split JSON.
+
+    Errors name the file, the entry (``images[3] (imgid 3) has no 'split'``) and, where the
+    entry can be found in the text, its line (the line of the offending value, or of the
+    entry's opening brace for a missing key)."""
     path = Path(path)
-    data = read_json(path, "a Karpathy split JSON " + _EXPECTED)
+    data = read_json(path, "a Karpathy split JSON " + _LAYOUT)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise DataFormatError(path, f"top level has no 'images' list; {_EXPECTED}")
     images = data["images"]
@@ -149,9 +240,16 @@ def read_karpathy_json(path: str | Path) -> KarpathyData:
             "coco" if images and isinstance(images[0], dict) and "filepath" in images[0] else ""
         )
     if not isinstance(dataset, str):
-        raise DataFormatError(path, f"'dataset' is {dataset!r}; expected a name such as 'coco'")
+        raise DataFormatError(
+            path,
+            f"'dataset' is {dataset!r}; expected a name such as 'coco'",
+            line=locate_json_line(path, ("dataset",)),
+        )
     is_coco = dataset == "coco"
-    parsed = tuple(_parse_image(path, k, entry, is_coco) for k, entry in enumerate(images))
+    try:
+        parsed = tuple(_parse_image(k, entry, is_coco) for k, entry in enumerate(images))
+    except EntryError as err:
+        raise err.located(path) from None
     return KarpathyData(path, dataset, parsed)
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .karpathy import EntryError, JsonPath
 from .precomp import (
     CaptionEncoder,
     DataFormatError,
@@ -62,9 +63,10 @@ ONE_K_A_SIZES = {"train": 9000, "test": 1000}
 CAPTIONS_PER_VIDEO = 20
 
 _FULL_SPLITS = {"train": "train", "dev": "validate", "val": "validate", "test": "test"}
-_EXPECTED_JSON = (
-    'expected {"videos": [{"video_id", "split"}], "sentences": [{"caption", "video_id", "sen_id"}]}'
+_JSON_LAYOUT = (
+    '{"videos": [{"video_id", "split"}], "sentences": [{"caption", "video_id", "sen_id"}]}'
 )
+_EXPECTED_JSON = "expected " + _JSON_LAYOUT
 
 
 @dataclass(frozen=True)
@@ -81,46 +83,66 @@ class MSRVTTAnnotations:
         return [v for v in self.video_ids if self.splits[v] == split]
 
 
-def _entry_field(path: Path, entry: Any, key: str, kind: type, where: str) -> Any:
+def _entry_field(entry: Any, key: str, kind: type, where: str, at: JsonPath) -> Any:
+    """``entry[key]`` of type ``kind``; an :class:`~vlret.data.karpathy.EntryError` at the entry
+    (not an object, missing key) or at the value (wrong type) otherwise."""
     if not isinstance(entry, dict):
-        raise DataFormatError(path, f"{where} is {type(entry).__name__}; {_EXPECTED_JSON}")
+        raise EntryError(at, f"{where} is {type(entry).__name__}; {_EXPECTED_JSON}")
     value = entry.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise DataFormatError(path, f"{where}: {key!r} is {value!r:.60}; {_EXPECTED_JSON}")
+        value_at = (*at, key) if key in entry else at
+        raise EntryError(value_at, f"{where}: {key!r} is {value!r:.60}; {_EXPECTED_JSON}")
     return value
 
 
 def read_msrvtt_json(path: str | Path) -> MSRVTTAnnotations:
-    """Parse and validate ``MSRVTT_data.json``."""
+    """Parse and validate ``MSRVTT_data.json``.
+
+    Errors name the file, the entry (``videos[1] (video1): split 'val'``) and, where the entry
+    can be found in the text, its line (see :func:`vlret.data.karpathy.locate_json_line`)."""
     path = Path(path)
-    data = read_json(path, "the MSR-VTT annotations " + _EXPECTED_JSON)
+    data = read_json(path, "the MSR-VTT annotations " + _JSON_LAYOUT)
     if not isinstance(data, dict) or not all(
         isinstance(data.get(k), list) for k in ("videos", "sentences")
     ):
         raise DataFormatError(
             path, f"top level lacks the 'videos' and 'sentences' lists; {_EXPECTED_JSON}"
         )
+    try:
+        return _parse_annotations(path, data)
+    except EntryError as err:
+        raise err.located(path) from None
+
+
+def _parse_annotations(path: Path, data: dict) -> MSRVTTAnnotations:
     video_ids: list[str] = []
     splits: dict[str, str] = {}
     for k, entry in enumerate(data["videos"]):
-        vid = _entry_field(path, entry, "video_id", str, f"videos[{k}]")
-        split = _entry_field(path, entry, "split", str, f"videos[{k}] ({vid})")
+        at = ("videos", k)
+        vid = _entry_field(entry, "video_id", str, f"videos[{k}]", at)
+        split = _entry_field(entry, "split", str, f"videos[{k}] ({vid})", at)
         if split not in JSON_SPLITS:
-            raise DataFormatError(
-                path, f"videos[{k}] ({vid}): split {split!r}; expected one of {JSON_SPLITS}"
+            raise EntryError(
+                (*at, "split"),
+                f"videos[{k}] ({vid}): split {split!r}; expected one of {JSON_SPLITS}",
             )
         if vid in splits:
-            raise DataFormatError(path, f"videos[{k}]: video_id {vid!r} appears twice")
+            raise EntryError(
+                (*at, "video_id"),
+                f"videos[{k}]: video_id {vid!r} appears twice "
+                f"(first at videos[{video_ids.index(vid)}])",
+            )
         video_ids.append(vid)
         splits[vid] = split
     by_video: dict[str, list[tuple[int, str]]] = {v: [] for v in video_ids}
     for k, entry in enumerate(data["sentences"]):
         where = f"sentences[{k}]"
-        caption = _entry_field(path, entry, "caption", str, where)
-        vid = _entry_field(path, entry, "video_id", str, where)
-        sen_id = _entry_field(path, entry, "sen_id", int, where)
+        at = ("sentences", k)
+        caption = _entry_field(entry, "caption", str, where, at)
+        vid = _entry_field(entry, "video_id", str, where, at)
+        sen_id = _entry_field(entry, "sen_id", int, where, at)
         if vid not in by_video:
-            raise DataFormatError(path, f"{where}: video_id {vid!r} is not in 'videos'")
+            raise EntryError((*at, "video_id"), f"{where}: video_id {vid!r} is not in 'videos'")
         by_video[vid].append((sen_id, caption))
     captions = {
         v: [c for _, c in sorted(items, key=lambda t: t[0])] for v, items in by_video.items()

@@ -772,7 +772,22 @@ class AdaCLLoss(PairLoss):
       :class:`~vlret.memory.MomentumEncoder`) or, when not given, the detached batch
       embeddings. Queue negatives enter the denominators and the anchor statistics (``M`` =
       batch plus queue, as in Eq. 1). Ids stored in the queue must be integers.
-    * **Distributed.** Queues gather keys from all ranks. With ``sync_margins=True`` the margins
+    * **Distributed.** Two ways of calling the loss under ``torch.distributed``:
+
+      - *Global batch* (what :class:`vlret.train.Trainer` does, exact): every rank passes the
+        all-gathered batch (:func:`vlret.train.distributed.gather_with_grad` for the
+        embeddings, ids and momentum keys gathered without gradient) and ``gathered=True``.
+        Every rank then computes the loss, the anchor and the margins of the single-process
+        ``N*B`` batch against the same queue, and the queues enqueue the global keys exactly
+        once, without a further all-gather (they stay identical on all ranks since their
+        inputs are). ``N`` ranks of ``B`` pairs thus match one process on the concatenated
+        batch, queue contents included.
+      - *Local batch* (``gathered=False``, the default): each rank scores only its own ``B``
+        pairs (in-batch negatives from that rank only) against the shared queue, and each
+        queue all-gathers the keys of all ranks in rank order before writing them, so every
+        rank still holds the same queue. This differs from one process on ``N*B`` pairs.
+
+      In a single process ``gathered`` has no effect. With ``sync_margins=True`` the margins
       accepted on rank 0 are broadcast after each update, so every rank trains with the same
       ``m1, m2``; anchors, ``|S*|`` and guard counters stay per rank. The broadcast is a
       collective on the buffers themselves, so (1) the module must live on a device the process
@@ -1032,7 +1047,17 @@ class AdaCLLoss(PairLoss):
         *,
         img_keys: torch.Tensor | None = None,
         txt_keys: torch.Tensor | None = None,
+        gathered: bool = False,
     ) -> torch.Tensor:
+        """Loss of a batch; ``img_keys`` / ``txt_keys`` fill the queue (see the class notes).
+
+        ``gathered=True`` says the inputs (embeddings, ids, keys) are already the global batch
+        of every rank, identical on all ranks: the queues then enqueue them as they are instead
+        of all-gathering them again. Without a queue, and in a single process, it changes
+        nothing.
+        """
+        if not isinstance(gathered, bool):
+            raise ValueError(f"gathered must be a bool, got {gathered!r}")
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         if self.img_queue is None or self.txt_queue is None:
             if img_keys is not None or txt_keys is not None:
@@ -1055,8 +1080,9 @@ class AdaCLLoss(PairLoss):
             extra_neg_img_mask=self.img_queue.negative_mask(txt_id_t).t(),
         )
         if self.training:
-            self.img_queue.enqueue(self._keys(img_keys, img_n, "img_keys"), img_id_t)
-            self.txt_queue.enqueue(self._keys(txt_keys, txt_n, "txt_keys"), txt_id_t)
+            gather = not gathered
+            self.img_queue.enqueue(self._keys(img_keys, img_n, "img_keys"), img_id_t, gather=gather)
+            self.txt_queue.enqueue(self._keys(txt_keys, txt_n, "txt_keys"), txt_id_t, gather=gather)
         return loss
 
     def _keys(self, keys: torch.Tensor | None, fallback: torch.Tensor, name: str) -> torch.Tensor:

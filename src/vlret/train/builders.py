@@ -6,6 +6,7 @@ checkpoint).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -163,5 +164,82 @@ def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.
         params["embed_dim"] = embed_dim
     try:
         return build_loss(config.loss.name, **params)
-    except ValueError as err:
-        raise ConfigError(config.source, "loss", str(err)) from None
+    except (ValueError, TypeError) as err:
+        given = ", ".join(f"{k}={v!r}" for k, v in config.loss.params.items())
+        raise ConfigError(config.source, "loss", f"{config.loss.name}({given}): {err}") from None
+
+
+def _model_error(source: str, err: Exception) -> ConfigError:
+    """A ``build_model`` error as a ConfigError keyed ``model`` / ``model.<sub key>``."""
+    text = str(err)
+    if text.startswith("model: "):
+        text = text[len("model: ") :]
+    head, sep, rest = text.partition(": ")
+    if sep and head and " " not in head:
+        return ConfigError(source, f"model.{head}", rest)
+    return ConfigError(source, "model", text)
+
+
+def build_run_model(config: RunConfig, vocab_size: int | None) -> nn.Module:
+    """``vlret.models.build_model(config.model)``; its errors become ConfigErrors naming the
+    ``model`` key."""
+    from ..models import build_model
+
+    try:
+        return build_model(config.model, vocab_size=vocab_size)
+    except (ValueError, TypeError) as err:
+        raise _model_error(config.source, err) from None
+
+
+def check_model_config(config: RunConfig) -> None:
+    """Validate the ``model`` section before the (slow) vocabulary is built, by building the
+    model once with a stand-in vocabulary size. Skipped for the pretrained kinds (BERT, CLIP),
+    which load weights from disk; their errors surface at the real build."""
+    model = config.model
+    text = model.get("text")
+    text_kind = text.get("kind", "gru") if isinstance(text, dict) else None
+    if model.get("kind", "vse") != "vse" or text_kind != "gru":
+        return
+    build_run_model(config, None if text.get("vocab_size") is not None else 8)
+
+
+def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
+    """The training run's data config pointed at the data folder ``root`` (``vlret eval --data``).
+
+    ``precomp`` and ``msrvtt`` read their files from ``root`` itself. ``karpathy`` expects::
+
+        root/
+          dataset_<name>.json     the Karpathy JSON: the training config's file name, else the
+                                  only dataset_*.json in root (root may also be the JSON file,
+                                  and then its folder is the root)
+          images/                 the image folder: the training config's image_root folder
+                                  name, else images/, else root itself (COCO: root/val2014/...)
+    """
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: missing; expected the data folder of the test split")
+    if data.format != "karpathy":
+        return dataclasses.replace(data, root=str(root))
+    if root.is_file():
+        json_path, folder = root, root.parent
+    else:
+        folder = root
+        stored = Path(data.karpathy_json).name if data.karpathy_json else None
+        if stored and (folder / stored).is_file():
+            json_path = folder / stored
+        else:
+            found = sorted(folder.glob("dataset_*.json"))
+            if len(found) != 1:
+                want = stored or "dataset_<name>.json"
+                raise FileNotFoundError(
+                    f"{folder}: expected the Karpathy JSON {want} in this folder, found "
+                    f"{[p.name for p in found] or 'none'}"
+                )
+            json_path = found[0]
+    image_root = None
+    if data.image_root is not None:
+        candidates = [folder / Path(data.image_root).name, folder / "images", folder]
+        image_root = next(str(c) for c in candidates if c.is_dir())
+    return dataclasses.replace(
+        data, root=str(folder), karpathy_json=str(json_path), image_root=image_root
+    )

@@ -30,7 +30,11 @@ top-level key ``output_dir``::
     seed = 0
 
 Every unknown key is an error naming the file and the dotted key; so is a value of the wrong
-type. Loss parameters are checked against :func:`vlret.losses.loss_parameters`.
+type. Loss parameters are checked against :func:`vlret.losses.loss_parameters`: their names,
+and their types against the defaults (a number where the default is a number, an integer where
+it is an integer, true/false where it is a bool, a string where it is a string; parameters
+whose default is ``None`` take any value). YAML files are read with a safe loader that also
+reads exponent floats without a dot (``lr: 1e-3``) as numbers, as TOML does.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
+import shlex
 import sys
 import types
 import typing
@@ -55,6 +61,14 @@ else:  # pragma: no cover
 SECTIONS = ("data", "model", "loss", "optim", "train")
 DATA_FORMATS = ("precomp", "msrvtt", "karpathy")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads ``1e-3`` / ``5E+4`` (no dot) as floats (YAML 1.2)."""
+
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
 class ConfigError(ValueError):
@@ -77,6 +91,9 @@ class DataConfig:
     ``vocab``: a vocabulary JSON; by default one is built from the train (+dev) captions with
     ``min_count``. ``tokenizer``: a local Hugging Face tokenizer directory instead of a vocab.
     ``dev_max_images``: model selection uses the first 1000 dev images (5000 captions).
+    ``dev_split``: ``None`` trains without validation; ``best.pt`` is then the last epoch.
+    MSR-VTT 1k-A has no dev split (only train and test), so there it defaults to ``None``;
+    another value than ``None`` or ``"test"`` is an error.
     """
 
     root: str
@@ -110,7 +127,8 @@ class OptimConfig:
 
     The learning rate is ``lr * decay_factor ** (number of decay_epochs <= epoch)``, times a
     linear warm-up from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps.
-    ``grad_clip`` is the max total gradient norm (VSE++: 2.0); 0 disables clipping.
+    ``grad_clip`` is the max total gradient norm (VSE++: 2.0); 0 or ``None`` disables
+    clipping; a negative value is an error.
     """
 
     name: str = "adam"
@@ -121,7 +139,7 @@ class OptimConfig:
     decay_epochs: list[int] = field(default_factory=list)
     decay_factor: float = 0.1
     warmup_steps: int = 0
-    grad_clip: float = 2.0
+    grad_clip: float | None = 2.0
 
 
 @dataclass
@@ -131,8 +149,9 @@ class TrainConfig:
     ``batch_size`` is the global batch (split evenly over ranks under torchrun).
     ``all_negatives_epochs``: VSE-infinity's schedule for the triplet loss, summing over all
     negatives (``hardest=False``) for that many first epochs and using the hardest negative
-    afterwards. ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the
-    AdaCL memory queue (AdaCL: 0.99); ``None`` enqueues the online embeddings.
+    afterwards; with ``loss.hardest = false`` the loss stays all-negatives throughout.
+    ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the AdaCL memory
+    queue (AdaCL: 0.99); ``None`` enqueues the online embeddings.
     ``max_steps_per_epoch`` truncates epochs (smoke tests, benchmarks).
     """
 
@@ -193,7 +212,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if suffix == ".toml":
             raw = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 (a SafeLoader subclass)
         elif suffix == ".json":
             raw = json.loads(text)
         else:
@@ -349,7 +368,49 @@ def _build_loss(raw: Any, source: str) -> LossConfig:
             raise ConfigError(
                 source, f"loss.{k}", f"not a parameter of loss {name!r}; valid: {listing}"
             )
+    for k, v in params.items():
+        _check_loss_param(v, valid[k], source, f"loss.{k}")
+    if name == "vsl":
+        _check_vsl_base_params(params, source)
     return LossConfig(name=name, params=params)
+
+
+def _check_loss_param(value: Any, default: Any, source: str, key: str) -> None:
+    """``value`` has the type of the parameter's ``default`` (any value where it is None)."""
+    if default is None or value is None:
+        return
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, f"expected true or false, got {value!r}")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, f"expected an integer, got {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(source, key, f"expected a number, got {value!r}")
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(source, key, f"expected a string, got {value!r}")
+
+
+def _check_vsl_base_params(params: dict[str, Any], source: str) -> None:
+    from ..losses import available_losses, loss_parameters
+
+    base, base_params = params.get("base", "triplet"), params.get("base_params")
+    if base_params is None or not isinstance(base, str) or base not in available_losses():
+        return
+    if not isinstance(base_params, dict):
+        raise ConfigError(
+            source, "loss.base_params", f"expected a table/mapping, got {base_params!r}"
+        )
+    valid = loss_parameters(base)
+    for k, v in base_params.items():
+        if k not in valid:
+            raise ConfigError(
+                source,
+                f"loss.base_params.{k}",
+                f"not a parameter of loss {base!r}; valid: {', '.join(valid)}",
+            )
+        _check_loss_param(v, valid[k], source, f"loss.base_params.{k}")
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
@@ -370,6 +431,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     output_dir = _check_type(raw["output_dir"], str, source, "output_dir")
     data = _build(DataConfig, raw["data"], source, "data")
     _check_choice(data.format, DATA_FORMATS, source, "data.format")
+    train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
+    _check_msrvtt_dev_split(data, raw["data"], train_raw.get("validate", True), source)
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
@@ -378,6 +441,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     _check_choice(optim.name, OPTIMIZERS, source, "optim.name")
     if optim.lr <= 0:
         raise ConfigError(source, "optim.lr", f"expected a positive number, got {optim.lr!r}")
+    if optim.grad_clip is not None and optim.grad_clip < 0:
+        raise ConfigError(
+            source,
+            "optim.grad_clip",
+            f"expected a max gradient norm >= 0 (0 or null: no clipping), got {optim.grad_clip!r}",
+        )
     if len(optim.betas) != 2:
         raise ConfigError(source, "optim.betas", f"expected two numbers, got {optim.betas!r}")
     train = _build(TrainConfig, raw["train"], source, "train")
@@ -402,6 +471,41 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         output_dir=output_dir,
         source=source,
     )
+
+
+def _check_msrvtt_dev_split(
+    data: DataConfig, raw_data: dict[str, Any], validate: Any, source: str
+) -> None:
+    """MSR-VTT 1k-A has only train and test: no validation unless ``dev_split`` says test."""
+    if data.format != "msrvtt":
+        return
+    from ..data.msrvtt import normalise_protocol
+
+    try:
+        protocol = normalise_protocol(data.protocol)
+    except ValueError as err:
+        raise ConfigError(source, "data.protocol", str(err)) from None
+    if protocol != "1k-A":
+        return
+    if "dev_split" not in raw_data:
+        data.dev_split = None
+    elif data.dev_split not in (None, "test") and validate is not False:
+        raise ConfigError(
+            source,
+            "data.dev_split",
+            f"MSR-VTT 1k-A has no {data.dev_split!r} split (only train and test); set "
+            "data.dev_split = null (no validation; best.pt is the last epoch)",
+        )
+
+
+def resume_command(config_path: str | Path, overrides: list[str], checkpoint: Any) -> str:
+    """The shell command that continues an interrupted ``vlret train`` run with the same
+    config file and ``--set`` overrides (each shell-quoted)."""
+    parts = ["vlret", "train", str(config_path)]
+    for item in overrides:
+        parts += ["--set", item]
+    parts += ["--resume", str(checkpoint)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

@@ -5,22 +5,31 @@ global batch ``N * B``: :class:`ShardedBatchSampler` draws the same seeded permu
 rank, cuts it into global batches, and gives rank ``r`` the ``r``-th contiguous slice of ``B``
 captions, so the concatenation of the local batches in rank order *is* the single-process batch.
 
-**In-batch negatives from all ranks.** Each rank encodes its ``B`` pairs, then
-:func:`gather_with_grad` all-gathers the embeddings of every rank (``N*B`` rows, rank order) and
-puts its own local tensor back in its slot, so gradient flows to the local shard only. The
-loss is computed on the global ``(N*B, N*B)`` similarity matrix: the local rows against all
-columns and all rows against the local columns carry gradient; the other blocks are constants.
-Every rank therefore evaluates the same global loss ``L`` (identical inputs), and the gradient
-reaching rank ``r``'s parameters is ``J_r^T dL/de_r``, the part of the single-process gradient
-``sum_r J_r^T dL/de_r`` that comes from its own pairs. This holds for every loss, including
-those with batch-level statistics (hardest negatives over the global batch, AdaCL's anchor,
-VSL's ranks).
+**What every rank computes.** Each rank encodes its ``B`` pairs, then
+:func:`gather_with_grad` all-gathers the embeddings of every rank (``N*B`` rows, rank order)
+and puts its own local tensor back in its slot, so the autograd graph reaches the local shard
+only (the other ranks' rows are constants here). Every rank then computes the *full* loss on
+the *full* gathered ``(N*B) x (N*B)`` similarity matrix -- all rows, all columns, every
+batch-level statistic (hardest negatives over the global batch, AdaCL's anchor and margins,
+VSL's ranks) -- so every rank evaluates the same global loss ``L`` from identical inputs. The
+gradient reaching rank ``r``'s parameters is ``J_r^T dL/de_r`` (``e_r`` its local embeddings,
+``J_r`` their Jacobian), the part of the single-process gradient ``sum_r J_r^T dL/de_r`` that
+comes from its own pairs. AdaCL's memory queue is filled with the gathered keys exactly once
+(``gathered=True``, no second all-gather), so it holds on every rank what one process holds.
 
 **Gradient scaling.** DistributedDataParallel *averages* gradients over ranks, giving
-``(1/N) sum_r J_r^T dL/de_r = (1/N) grad L``. The trainer multiplies the loss by
-``N`` (:func:`world_size`) before ``backward`` so that the averaged gradient equals the
-gradient of one process on the concatenated ``N*B`` batch (tested with 2 gloo processes to
-1e-6). The logged loss is the unscaled ``L``.
+``(1/N) sum_r J_r^T dL/de_r = (1/N) grad L``. The trainer multiplies the loss by ``N``
+(:func:`world_size`) before ``backward``, so the averaged gradient equals the gradient of one
+process on the concatenated ``N*B`` batch (tested with 2 gloo processes to 1e-6, over several
+steps for AdaCL with a queue and a momentum encoder). Parameters of the loss itself (a
+learnable temperature) are not averaged by DDP and see ``N * grad L`` on every rank; the
+trainer divides their gradient by ``N``. The logged loss is the unscaled ``L``.
+
+**Cost.** The loss is not split: its cost, ``O((N*B)^2)`` similarities plus its batch
+statistics, is repeated in full on every rank, and only the encoders' work is divided by
+``N``. Computing each rank's local rows against the global columns only (tiles of
+``B x N*B``, with the column terms and batch statistics exchanged between ranks) is left to
+issue 8.
 
 Only rank 0 writes files (:func:`is_main_process`).
 """

@@ -11,6 +11,15 @@ protocol                  data / split           metric
 ``msrvtt-1ka``            MSR-VTT ``test``       1000 videos x 1 caption (JSFUSION)
 ========================  =====================  ==========================================
 
+``vlret eval --split`` is one of ``test``, ``testall`` and ``dev``, checked against the protocol
+and the checkpoint's data format (:func:`check_eval_split`): ``f30k`` takes ``test`` of
+precomp or Karpathy data; ``coco5k`` / ``coco1k`` take ``testall`` of precomp data (COCO's
+5000 test images; precomp ``test`` is only the first 1000) or ``test`` / ``testall`` of a
+Karpathy COCO JSON; the MSR-VTT protocols take ``test`` of MSR-VTT data. ``dev`` (precomp dev,
+Karpathy val, MSR-VTT validate) is accepted by every protocol but ``msrvtt-1ka``, whose split
+has no dev videos, for checking model selection; papers report the test splits. ``coco1k``
+needs a number of images divisible by 5 (its 5 folds).
+
 All of them go through :func:`vlret.metrics.retrieval_metrics` (or
 :func:`~vlret.metrics.coco_5fold_metrics`) on L2-normalised embeddings (cosine scores): the
 image-to-text rank there is already the rank of an image's best caption, which is the
@@ -30,11 +39,21 @@ from torch.utils.data import DataLoader
 
 from ..data import RetrievalDataset
 from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
-from .builders import build_dataset, encoder_from_state
+from .builders import build_dataset, encoder_from_state, eval_data_config
 from .checkpoint import load_checkpoint
 from .config import config_from_dict
 
 PROTOCOLS = ("f30k", "coco1k", "coco5k", "msrvtt-full", "msrvtt-1ka")
+EVAL_SPLITS = ("test", "testall", "dev")
+#: protocol -> data format -> the splits it evaluates (see the module docstring).
+_COCO_SPLITS = {"precomp": ("testall", "dev"), "karpathy": ("test", "testall", "dev")}
+PROTOCOL_SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
+    "f30k": {"precomp": ("test", "dev"), "karpathy": ("test", "dev")},
+    "coco1k": _COCO_SPLITS,
+    "coco5k": _COCO_SPLITS,
+    "msrvtt-full": {"msrvtt": ("test", "dev")},
+    "msrvtt-1ka": {"msrvtt": ("test",)},
+}
 _TITLES = {
     "f30k": "Flickr30K 1K test",
     "coco1k": "MS-COCO 5-fold 1K test",
@@ -48,6 +67,22 @@ def check_protocol(protocol: str) -> str:
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     return protocol
+
+
+def check_eval_split(protocol: str, split: str, data_format: str) -> None:
+    """Raise ``ValueError`` unless ``protocol`` evaluates ``split`` of ``data_format`` data."""
+    check_protocol(protocol)
+    by_format = PROTOCOL_SPLITS[protocol]
+    if data_format not in by_format:
+        raise ValueError(
+            f"protocol {protocol} needs {' or '.join(by_format)} data; the checkpoint was "
+            f"trained on {data_format} data"
+        )
+    if split not in by_format[data_format]:
+        raise ValueError(
+            f"protocol {protocol} on {data_format} data evaluates the split(s) "
+            f"{', '.join(by_format[data_format])}, not {split!r}"
+        )
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -110,6 +145,12 @@ def protocol_metrics(
     """Metrics of ``protocol`` from normalised embeddings (see the module table)."""
     check_protocol(protocol)
     if protocol == "coco1k":
+        n_img = img_emb.shape[0]
+        if n_img % 5:
+            raise ValueError(
+                f"coco1k averages 5 folds of equal size (COCO testall: 5 x 1000 images); "
+                f"this split has {n_img} images, not divisible by 5 (use coco5k)"
+            )
         return coco_5fold_metrics(img_emb, txt_emb, txt_to_img, n_folds=5)
     return retrieval_metrics(img_emb, txt_emb, txt_to_img)
 
@@ -159,24 +200,28 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     device: str = "auto",
 ) -> RetrievalMetrics:
-    """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``."""
+    """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``.
+
+    ``data`` replaces the training data paths (for Karpathy data: the JSON and the image
+    folder under it, see :func:`~vlret.train.builders.eval_data_config`); a missing folder
+    raises ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``."""
     check_protocol(protocol)
+    if split not in EVAL_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
+    if not Path(data).exists():
+        raise FileNotFoundError(f"{data}: missing; expected the data folder of the test split")
     dev = torch.device(
         "cuda"
         if device == "auto" and torch.cuda.is_available()
         else ("cpu" if device == "auto" else device)
     )
     model, config, encoder = load_trained_model(checkpoint, device=dev)
-    data_cfg = config.data
-    if protocol.startswith("msrvtt"):
-        if data_cfg.format != "msrvtt":
-            data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "format": "msrvtt"})
-        ds_protocol = "1k-A" if protocol == "msrvtt-1ka" else "full"
-    else:
-        ds_protocol = None
+    check_eval_split(protocol, split, config.data.format)
+    data_cfg = eval_data_config(config.data, data)
+    ds_protocol = {"msrvtt-1ka": "1k-A", "msrvtt-full": "full"}.get(protocol)
     transform = getattr(model, "image_transform", None)
     dataset = build_dataset(
-        data_cfg, split, encoder, root=data, protocol=ds_protocol, image_transform=transform
+        data_cfg, split, encoder, protocol=ds_protocol, image_transform=transform
     )
     normalize = config.loss.params.get("normalize", True)
     img, txt = encode_dataset(

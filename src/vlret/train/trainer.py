@@ -39,6 +39,8 @@ from .builders import (
     build_dataset,
     build_encoder,
     build_run_loss,
+    build_run_model,
+    check_model_config,
     encoder_state,
     vocab_size,
 )
@@ -178,8 +180,6 @@ class Trainer:
     """Builds everything from a :class:`RunConfig` and runs :meth:`fit`."""
 
     def __init__(self, config: RunConfig, *, resume: str | Path | None = None) -> None:
-        from ..models import build_model
-
         self.config = config
         tc = config.train
         self.env = init_distributed()
@@ -200,9 +200,10 @@ class Trainer:
         seed_everything(tc.seed)
 
         self.output_dir = Path(config.output_dir)
+        check_model_config(config)  # model-section errors before the (slow) vocabulary
         self.encoder = build_encoder(config.data, model=config.model, source=config.source)
         self.vocab_size = vocab_size(self.encoder)
-        self.model = build_model(config.model, vocab_size=self.vocab_size).to(self.device)
+        self.model = build_run_model(config, self.vocab_size).to(self.device)
         transform = getattr(self.model, "image_transform", None)
         self.train_set = build_dataset(
             config.data, config.data.train_split, self.encoder, image_transform=transform
@@ -218,8 +219,9 @@ class Trainer:
             )
         self.loss_fn = build_run_loss(config, self.train_set).to(self.device)
         self.has_queue = getattr(self.loss_fn, "img_queue", None) is not None
-        # An AdaCL memory queue gathers its keys over ranks itself; its loss stays per rank.
-        self.gather = self.world > 1 and not self.has_queue
+        # Every loss sees the global batch; an AdaCL queue is then told (gathered=True) that its
+        # keys are global already, so it enqueues them once without gathering them again.
+        self.gather = self.world > 1
         self.momentum_encoder = None
         if tc.momentum_encoder is not None:
             if not self.has_queue:
@@ -359,7 +361,9 @@ class Trainer:
 
     def _set_epoch_schedule(self) -> None:
         tc = self.config.train
-        if tc.all_negatives_epochs and hasattr(self.loss_fn, "hardest"):
+        # Only a configured hardest=True loss switches; loss.hardest=false stays all-negatives.
+        configured = self.config.loss.params.get("hardest", True)  # the triplet default
+        if tc.all_negatives_epochs and configured and hasattr(self.loss_fn, "hardest"):
             self.loss_fn.hardest = self.epoch >= tc.all_negatives_epochs
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -376,6 +380,9 @@ class Trainer:
         if self.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
             ids = gather_no_grad(ids)
+            kwargs = {k: gather_no_grad(v) for k, v in kwargs.items()}
+            if self.has_queue:
+                kwargs["gathered"] = True
         loss = self.loss_fn(img, txt, ids, ids, **kwargs)
         if not torch.isfinite(loss.detach()):
             raise FloatingPointError(
@@ -434,7 +441,8 @@ class Trainer:
             if hasattr(self.encoder, "save"):
                 self.encoder.save(self.output_dir / "vocab.json")
         last = self.output_dir / "last.pt"
-        best_path: Path | None = (self.output_dir / "best.pt") if self.dev_set else None
+        # Without a dev set (validate off, dev_split null, MSR-VTT 1k-A) best.pt = last epoch.
+        best_path: Path | None = self.output_dir / "best.pt"
         with _interrupt_flag() as flag:
             while self.epoch < tc.epochs:
                 self._set_epoch_schedule()
@@ -493,7 +501,7 @@ class Trainer:
                     }
                 )
                 self.save()
-                if improved:
+                if improved or (self.dev_set is None and self.epoch == tc.epochs):
                     self.save("best.pt")
                 if self.world > 1:
                     dist.barrier()
