@@ -1,4 +1,4 @@
-"""Command line: ``vlret train | eval | demo | losses | plot``."""
+"""Command line: ``vlret train | eval | compare | sweep | synth | demo | losses | plot``."""
 
 from __future__ import annotations
 
@@ -45,17 +45,20 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from .data import DataFormatError
     from .train import ConfigError, TrainingInterrupted, load_config, train
+    from .train.config import resume_command
 
+    # Errors in the config or the data: one line on stderr, exit status 2, no traceback.
     try:
         config = load_config(args.config, args.set)
-    except (ConfigError, FileNotFoundError) as err:
-        raise SystemExit(f"vlret train: {err}") from None
-    try:
         result = train(config, resume=args.resume)
     except TrainingInterrupted as err:
-        print(f"interrupted; resume with: vlret train {args.config} --resume {err.checkpoint}")
+        print(f"interrupted; resume with: {resume_command(args.config, args.set, err.checkpoint)}")
         return 130
+    except (ConfigError, DataFormatError, FileNotFoundError, ValueError) as err:
+        print(f"vlret train: {err}", file=sys.stderr)
+        return 2
     best = f", best dev rsum {result.best_rsum:.2f}" if result.best_rsum is not None else ""
     print(f"done: {result.epochs_done} epochs, {result.steps} steps{best}; {result.output_dir}")
     return 0
@@ -69,14 +72,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         write_metrics_json,
     )
 
-    metrics = evaluate_checkpoint(
-        args.checkpoint,
-        data=args.data,
-        split=args.split,
-        protocol=args.protocol,
-        batch_size=args.batch_size,
-        device=args.device,
-    )
+    try:
+        metrics = evaluate_checkpoint(
+            args.checkpoint,
+            data=args.data,
+            split=args.split,
+            protocol=args.protocol,
+            batch_size=args.batch_size,
+            device=args.device,
+        )
+    except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
+        print(f"vlret eval: {err}", file=sys.stderr)
+        return 2
     print(format_metrics_table(metrics, args.protocol))
     if args.json is not None:
         record = metrics_json(
@@ -84,6 +91,112 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
         print(write_metrics_json(record, args.json))
     return 0
+
+
+def _print_report(report) -> None:
+    print(report.table_text(), end="")
+    if report.goal_table is not None:
+        print()
+        print(report.goal_table.read_text(encoding="utf-8"), end="")
+    counts = ", ".join(
+        f"{report.count(s)} {s}" for s in ("trained", "resumed", "cached") if report.count(s)
+    )
+    print(f"\nruns: {counts}")
+    for path in (report.table, report.results_csv, report.results_json, *report.plots):
+        print(path)
+
+
+def _run_report(command: str, fn, args: argparse.Namespace, **kwargs) -> int:
+    from .train import TrainingInterrupted
+
+    try:
+        report = fn(
+            args.config,
+            seeds=args.seeds,
+            out=args.out,
+            overrides=args.set,
+            progress=not args.no_progress,
+            **kwargs,
+        )
+    except (FileNotFoundError, ValueError) as err:  # CompareError, ConfigError, DataFormatError
+        print(f"vlret {command}: {err}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as err:
+        print(f"interrupted ({err.checkpoint}); run the same command again to continue")
+        return 130
+    _print_report(report)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .analysis.compare import CompareError, compare, parse_losses
+
+    try:
+        losses = parse_losses(args.losses) if args.losses is not None else None
+    except CompareError as err:
+        print(f"vlret compare: {err}", file=sys.stderr)
+        return 2
+    return _run_report("compare", compare, args, losses=losses, goal_grid=args.goal_grid)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .analysis.compare import sweep
+
+    return _run_report("sweep", sweep, args, params=args.param, loss=args.loss)
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    try:
+        from .data.synthetic import synth_main
+    except ImportError as err:
+        print(f"vlret synth: the synthetic world is not available: {err}", file=sys.stderr)
+        return 2
+    options = {
+        k: v
+        for k, v in (("seed", args.seed), ("format", args.format), ("noise", args.noise))
+        if v is not None
+    }
+    if args.overwrite:
+        options["overwrite"] = True
+    try:
+        path = synth_main(args.preset, args.out, **options)
+    except (ValueError, FileExistsError) as err:
+        print(f"vlret synth: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, help="run config (.toml or .yaml) with optional [compare]")
+    p.add_argument(
+        "--seeds",
+        type=_positive_int,
+        help="number of seeds per variant (train.seed + 0, 1, ...; default [compare] seeds or 1)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder (default [compare] output_dir, else <output_dir>/compare|sweep)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key (repeatable); compare.KEY=VALUE overrides [compare]",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,17 +219,81 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", type=Path, help="checkpoint to continue from (last.pt)")
     train.set_defaults(func=_cmd_train)
 
-    from .train.evaluate import PROTOCOLS
+    from .train.evaluate import EVAL_SPLITS, PROTOCOLS
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint under a paper protocol")
     ev.add_argument("checkpoint", type=Path, help="checkpoint written by vlret train")
-    ev.add_argument("--data", type=Path, required=True, help="data folder of the test split")
-    ev.add_argument("--split", required=True, help="split to evaluate (test or testall)")
+    ev.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="data folder of the test split (Karpathy: dataset_*.json and images/ in it)",
+    )
+    ev.add_argument(
+        "--split",
+        required=True,
+        choices=EVAL_SPLITS,
+        help="f30k: test; coco1k/coco5k: testall (Karpathy COCO: test); msrvtt-*: test; "
+        "dev for model-selection checks (not msrvtt-1ka)",
+    )
     ev.add_argument("--protocol", required=True, choices=PROTOCOLS)
     ev.add_argument("--json", type=Path, help="also write the metrics as JSON")
     ev.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
     ev.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
     ev.set_defaults(func=_cmd_eval)
+
+    cmp = sub.add_parser(
+        "compare",
+        help="train the same model with each loss and seed; paper-style table and plots",
+        description="Train every loss variant x seed (resuming unfinished runs), test each, "
+        "and write table.md, results.csv, results.json and plots/*.png.",
+    )
+    _add_run_options(cmp)
+    cmp.add_argument(
+        "--losses",
+        metavar="A,B,...",
+        help="comma-separated losses or [compare.losses] labels "
+        "(default: the config's [compare.losses], else triplet,infonce,unified,goal,vsl,adacl)",
+    )
+    cmp.add_argument(
+        "--goal-grid",
+        action="store_true",
+        help="also run the 15 GOAL (triplet weight, pair weight) combinations and a heatmap",
+    )
+    cmp.set_defaults(func=_cmd_compare)
+
+    sw = sub.add_parser(
+        "sweep",
+        help="grid over loss parameters; rsum against each parameter (Unified Fig. 5)",
+        description="Train the product of the --param values (each seed), test each, and write "
+        "the comparison report plus plots/sweep_<param>.png.",
+    )
+    _add_run_options(sw)
+    sw.add_argument(
+        "--param",
+        action="append",
+        required=True,
+        metavar="NAME=V1,V2,...",
+        help="loss parameter and its values (repeatable; the grid is their product)",
+    )
+    sw.add_argument("--loss", help="loss or [compare.losses] label (default: the config's loss)")
+    sw.set_defaults(func=_cmd_sweep)
+
+    syn = sub.add_parser("synth", help="write a synthetic retrieval world in a real data format")
+    syn.add_argument("preset", help="tiny, f30k-like, coco-like or video")
+    syn.add_argument("--out", type=Path, required=True, help="output data folder")
+    syn.add_argument("--seed", type=int, help="world seed (default: the preset's)")
+    syn.add_argument(
+        "--format", choices=["precomp", "karpathy", "msrvtt"], help="on-disk format to write"
+    )
+    syn.add_argument(
+        "--noise",
+        metavar="MODE:RATE",
+        help="noisy correspondence on the train split, e.g. permute_captions:0.2 "
+        "(modes: permute_captions, permute_images, falsify)",
+    )
+    syn.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    syn.set_defaults(func=_cmd_synth)
 
     demo = sub.add_parser("demo", help="every loss on a seeded batch + metrics of a toy problem")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -1,0 +1,326 @@
+"""Figures of a loss comparison, drawn from the runs' ``metrics.jsonl`` logs.
+
+* :func:`plot_training_curves`: training loss and dev rsum against epochs, one line per loss
+  (Unified paper Fig. 3); the mean over seeds with a min-max band.
+* :func:`plot_similarity_curves`: mean positive and mean hardest-negative cosine on dev against
+  epochs (Unified Fig. 4); runs logged without dev similarities fall back to the training
+  batches' ``pos_sim`` / ``hardest_neg_sim`` step records, and the panel title says so.
+* :func:`plot_sweep_curves`: test rsum against each swept parameter, one line per setting of
+  the other parameters (Unified Fig. 5).
+* :func:`plot_adacl_trajectories`: AdaCL m1 / m2 against steps (AdaCL Fig. 3a), through
+  :func:`vlret.analysis.adacl_plots.plot_adacl_margins`.
+* :func:`plot_goal_heatmap`: the 15 GOAL combinations (GOAL Tables 3-5): I->T R@1, T->I R@1
+  and rsum as three heatmaps, rows triplet weight, columns pair weight.
+
+matplotlib (the ``plot`` extra) is imported inside each function and drawn on an Agg canvas
+without touching pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: File names written by the functions of this module.
+TRAINING_FIGURE = "curves_loss_rsum.png"
+SIMILARITY_FIGURE = "curves_similarity.png"
+GOAL_HEATMAP_FIGURE = "goal_grid_heatmap.png"
+
+
+def _figure(figsize: tuple[float, float]):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("plotting needs matplotlib: pip install 'vlret[plot]'") from err
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON records of a trainer's ``metrics.jsonl`` (a line cut by a kill is skipped)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"training log not found: {path}")
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def epoch_series(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
+    """``{epoch (1-based): value}`` of ``key`` in the ``kind = "epoch"`` records."""
+    out = {}
+    for rec in records:
+        value = rec.get(key)
+        if rec.get("kind") == "epoch" and isinstance(value, (int, float)):
+            out[int(rec["epoch"]) + 1] = float(value)
+    return out
+
+
+def step_epoch_means(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
+    """``{epoch (1-based): mean of key over that epoch's step records}``."""
+    sums: dict[int, list[float]] = {}
+    for rec in records:
+        value = rec.get(key)
+        if rec.get("kind") == "step" and isinstance(value, (int, float)) and math.isfinite(value):
+            sums.setdefault(int(rec["epoch"]) + 1, []).append(float(value))
+    return {e: sum(v) / len(v) for e, v in sums.items()}
+
+
+def _aggregate(
+    series: Sequence[Mapping[int, float]],
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Epochs present in any seed, with the mean, min and max over the seeds that have them."""
+    epochs = sorted({e for s in series for e in s})
+    mean, low, high = [], [], []
+    for e in epochs:
+        vals = [s[e] for s in series if e in s]
+        mean.append(sum(vals) / len(vals))
+        low.append(min(vals))
+        high.append(max(vals))
+    return epochs, mean, low, high
+
+
+def _draw(ax, series: Sequence[Mapping[int, float]], *, label: str, color, style="-") -> bool:
+    series = [s for s in series if s]
+    if not series:
+        return False
+    epochs, mean, low, high = _aggregate(series)
+    ax.plot(epochs, mean, style, color=color, label=label, marker="o" if len(epochs) < 30 else None)
+    if len(series) > 1 and len(epochs) > 1:
+        ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
+    return True
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
+    """Training loss (relative to its first epoch, so that losses of different scales share an
+    axis) and dev rsum against epochs; ``runs`` maps a label to its seeds' run folders."""
+    logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
+    fig = _figure((12.0, 4.4))
+    ax_loss, ax_rsum = fig.subplots(1, 2)
+    for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
+        losses = []
+        for r in recs:
+            s = epoch_series(r, "train_loss")
+            first = s.get(min(s)) if s else None
+            if first is not None and first != 0 and math.isfinite(first):
+                losses.append({e: v / abs(first) for e, v in s.items()})
+        _draw(ax_loss, losses, label=label, color=color)
+        _draw(ax_rsum, [epoch_series(r, "dev_rsum") for r in recs], label=label, color=color)
+    ax_loss.set_title("training loss (÷ |epoch-1 loss|)")
+    ax_loss.set_ylabel("relative training loss")
+    ax_rsum.set_title("dev rsum")
+    ax_rsum.set_ylabel("rsum")
+    for ax in (ax_loss, ax_rsum):
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("Loss and dev rsum against epochs (cf. Unified loss Fig. 3)")
+    fig.tight_layout()
+    return _save(fig, Path(out_dir) / TRAINING_FIGURE)
+
+
+def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
+    """Mean positive (solid) and mean hardest-negative (dashed) cosine against epochs, one
+    panel per label (Unified Fig. 4 draws one panel per loss)."""
+    logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
+    n = max(len(logs), 1)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig = _figure((4.6 * cols, 3.6 * rows + 0.5))
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    for ax, (label, recs) in zip(axes, logs.items(), strict=False):
+        pos = [epoch_series(r, "dev_pos_sim") for r in recs]
+        neg = [epoch_series(r, "dev_hardest_neg_sim") for r in recs]
+        where = "dev"
+        if not any(pos):
+            pos = [step_epoch_means(r, "pos_sim") for r in recs]
+            neg = [step_epoch_means(r, "hardest_neg_sim") for r in recs]
+            where = "train batches"
+        _draw(ax, pos, label="positive", color="tab:blue")
+        _draw(ax, neg, label="hardest negative", color="tab:red", style="--")
+        ax.set_title(f"{label} ({where})", fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("cosine similarity")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    for ax in axes[len(logs) :]:
+        ax.set_visible(False)
+    fig.suptitle("Positive and hardest-negative similarity against epochs (cf. Unified Fig. 4)")
+    fig.tight_layout()
+    return _save(fig, Path(out_dir) / SIMILARITY_FIGURE)
+
+
+def _value_key(v: Any) -> tuple:
+    return (0, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v))
+
+
+def plot_sweep_curves(
+    points: Sequence[tuple[Mapping[str, Any], float, float]],
+    params: Sequence[str],
+    out_dir: str | Path,
+    *,
+    loss: str = "",
+    metric: str = "rsum",
+) -> list[Path]:
+    """One figure ``sweep_{param}.png`` per swept parameter: ``metric`` (mean, with a std
+    error bar) against the parameter, one line per setting of the other swept parameters.
+
+    ``points``: ``(parameter values, mean, std)`` of each grid point.
+    """
+    paths = []
+    for param in params:
+        others = [p for p in params if p != param]
+        lines: dict[tuple, list[tuple[Any, float, float]]] = {}
+        for values, mean, std in points:
+            key = tuple((p, values[p]) for p in others)
+            lines.setdefault(key, []).append((values[param], mean, std))
+        fig = _figure((6.4, 4.4))
+        ax = fig.subplots()
+        numeric = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+            for values, _, _ in points
+            for v in [values[param]]
+        )
+        for color, (key, pts) in zip(_colors(len(lines)), lines.items(), strict=True):
+            pts = sorted(pts, key=lambda t: _value_key(t[0]))
+            xs = [p[0] if numeric else str(p[0]) for p in pts]
+            label = ", ".join(f"{k}={v}" for k, v in key) or None
+            ax.errorbar(
+                xs,
+                [p[1] for p in pts],
+                yerr=[p[2] for p in pts],
+                marker="o",
+                capsize=3,
+                color=color,
+                label=label,
+            )
+        ax.set_xlabel(param)
+        ax.set_ylabel(f"test {metric}")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        name = f"{loss}: " if loss else ""
+        ax.set_title(f"{name}{metric} against {param} (cf. Unified Fig. 5)")
+        fig.tight_layout()
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in param)
+        paths.append(_save(fig, Path(out_dir) / f"sweep_{safe}.png"))
+    return paths
+
+
+def adacl_stats_from_log(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """AdaCL stats records (``adacl_plots`` format) from the trainer's step records, whose
+    ``loss.last_stats`` keys carry a ``loss_`` prefix; the x coordinate is the trainer step."""
+    out = []
+    for rec in records:
+        if rec.get("kind") != "step" or rec.get("loss_m1") is None or rec.get("loss_m2") is None:
+            continue
+        stats = {
+            k[len("loss_") :]: v for k, v in rec.items() if k.startswith("loss_") and k != "loss"
+        }
+        stats["step"] = rec["step"]
+        out.append(stats)
+    return out
+
+
+def plot_adacl_trajectories(
+    runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path
+) -> list[Path]:
+    """``adacl_margins_{label}.png`` for each AdaCL label, from its first seed with logged
+    margins (AdaCL Fig. 3a). The stats log drawn is kept next to it as ``.jsonl``."""
+    from .adacl_plots import append_stats, plot_adacl_margins
+
+    out_dir = Path(out_dir)
+    paths = []
+    for label, dirs in runs.items():
+        for run_dir in dirs:
+            stats = adacl_stats_from_log(read_metrics_log(run_dir))
+            if not stats:
+                continue
+            work = out_dir / f"adacl_{label}"
+            stats_file = work / "stats.jsonl"
+            if stats_file.exists():
+                stats_file.unlink()
+            for s in stats:
+                append_stats(stats_file, s)
+            (figure,) = plot_adacl_margins(stats_file, work)
+            target = out_dir / f"adacl_margins_{label}.png"
+            figure.replace(target)
+            stats_file.replace(out_dir / f"adacl_margins_{label}.jsonl")
+            work.rmdir()
+            paths.append(target)
+            break
+    return paths
+
+
+def plot_goal_heatmap(
+    cells: Mapping[tuple[str, str], Mapping[str, float]],
+    out_dir: str | Path,
+    *,
+    triplet_weights: Sequence[str],
+    pair_weights: Sequence[str],
+) -> Path:
+    """Heatmaps of the GOAL grid: ``cells[(triplet_weight, pair_weight)]`` holds the mean
+    metrics of that combination; missing combinations are left blank."""
+    import numpy as np
+
+    keys = (("i2t_r1", "I→T R@1"), ("t2i_r1", "T→I R@1"), ("rsum", "rsum"))
+    fig = _figure((4.4 * len(keys) + 0.6, 3.4))
+    axes = fig.subplots(1, len(keys))
+    for ax, (key, title) in zip(axes, keys, strict=True):
+        grid = np.full((len(triplet_weights), len(pair_weights)), np.nan)
+        for i, t in enumerate(triplet_weights):
+            for j, p in enumerate(pair_weights):
+                value = cells.get((t, p), {}).get(key)
+                if value is not None:
+                    grid[i, j] = value
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", aspect="auto")
+        finite = grid[np.isfinite(grid)]
+        best = finite.max() if finite.size else None
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if np.isfinite(grid[i, j]):
+                    ax.text(
+                        j,
+                        i,
+                        f"{grid[i, j]:.1f}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        fontweight="bold" if grid[i, j] == best else "normal",
+                        color="white" if grid[i, j] < np.nanmean(grid) else "black",
+                    )
+        ax.set_xticks(range(len(pair_weights)), [f"$P^{{{p}}}$" for p in pair_weights])
+        ax.set_yticks(range(len(triplet_weights)), [f"$T^{{{t}}}$" for t in triplet_weights])
+        ax.set_title(title)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle("GOAL gradient combinations (cf. GOAL Tables 3-5)")
+    fig.tight_layout()
+    return _save(fig, Path(out_dir) / GOAL_HEATMAP_FIGURE)

@@ -1,0 +1,277 @@
+"""Paper-style result tables of a loss comparison: ``table.md``, ``results.csv``, ``results.json``.
+
+The input is one :class:`RunResult` per (variant, seed); :func:`summarize` groups them by
+variant into :class:`VariantSummary` (mean and sample standard deviation over seeds, ``ddof =
+1``, 0 for a single seed). :func:`markdown_table` renders the papers' layout: R@1/5/10 image to
+text, R@1/5/10 text to image, rsum, each cell ``mean +- std``, the best mean of each column in
+bold (every variant whose mean rounds to the best shown value, so visible ties are all bold).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Table columns in the papers' order, with their header labels.
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("i2t_r1", "R@1"),
+    ("i2t_r5", "R@5"),
+    ("i2t_r10", "R@10"),
+    ("t2i_r1", "R@1"),
+    ("t2i_r5", "R@5"),
+    ("t2i_r10", "R@10"),
+    ("rsum", "rsum"),
+)
+#: Every metric written to the CSV / JSON (lower is better for the rank columns).
+METRIC_KEYS: tuple[str, ...] = (
+    "i2t_r1",
+    "i2t_r5",
+    "i2t_r10",
+    "t2i_r1",
+    "t2i_r5",
+    "t2i_r10",
+    "rsum",
+    "i2t_medr",
+    "t2i_medr",
+    "i2t_meanr",
+    "t2i_meanr",
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Test metrics of one trained run."""
+
+    label: str
+    loss: str
+    seed: int
+    metrics: Mapping[str, float]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    run_dir: str = ""
+
+
+@dataclass(frozen=True)
+class VariantSummary:
+    """All seeds of one variant (a loss with its parameters) and their mean / std."""
+
+    label: str
+    loss: str
+    params: Mapping[str, Any]
+    runs: tuple[RunResult, ...]
+    mean: Mapping[str, float]
+    std: Mapping[str, float]
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (``ddof = 1``; 0 for fewer than two values)."""
+    if not values:
+        raise ValueError("mean_std needs at least one value")
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return mean, 0.0
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var)
+
+
+def summarize(results: Iterable[RunResult]) -> list[VariantSummary]:
+    """Group runs by label (first-seen order) and compute mean / std of every metric."""
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.label, []).append(r)
+    out = []
+    for label, runs in groups.items():
+        runs = sorted(runs, key=lambda r: r.seed)
+        keys = [k for k in METRIC_KEYS if all(k in r.metrics for r in runs)]
+        stats = {k: mean_std([float(r.metrics[k]) for r in runs]) for k in keys}
+        out.append(
+            VariantSummary(
+                label=label,
+                loss=runs[0].loss,
+                params=dict(runs[0].params),
+                runs=tuple(runs),
+                mean={k: s[0] for k, s in stats.items()},
+                std={k: s[1] for k, s in stats.items()},
+            )
+        )
+    return out
+
+
+def _cell(mean: float, std: float, n_seeds: int, digits: int) -> str:
+    if n_seeds < 2:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def best_labels(summaries: Sequence[VariantSummary], key: str, *, digits: int = 1) -> set[str]:
+    """Labels whose mean of ``key`` equals the best one at the displayed precision."""
+    shown = {s.label: round(s.mean[key], digits) for s in summaries if key in s.mean}
+    if not shown:
+        return set()
+    lower_better = key.endswith(("medr", "meanr"))
+    best = min(shown.values()) if lower_better else max(shown.values())
+    return {label for label, v in shown.items() if v == best}
+
+
+def markdown_table(summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1) -> str:
+    """The paper-style markdown table (see the module docstring)."""
+    if not summaries:
+        raise ValueError("markdown_table needs at least one variant")
+    best = {key: best_labels(summaries, key, digits=digits) for key, _ in TABLE_COLUMNS}
+    counts = [len(s.runs) for s in summaries]
+    if max(counts) < 2:
+        seeds_note = "one seed"
+    elif len(set(counts)) == 1:
+        seeds_note = f"mean ± sample std over {counts[0]} seeds"
+    else:
+        seeds_note = "mean ± sample std over seeds (seed counts differ: see results.csv)"
+    lines = []
+    if title:
+        lines += [f"### {title}", ""]
+    lines.append(f"Image → Text: columns 2-4; Text → Image: columns 5-7; {seeds_note}.")
+    lines.append("")
+    header = ["Loss"] + [
+        f"{'I→T' if k.startswith('i2t') else 'T→I' if k.startswith('t2i') else ''} {name}".strip()
+        for k, name in TABLE_COLUMNS
+    ]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join([":---"] + ["---:"] * len(TABLE_COLUMNS)) + "|")
+    for s in summaries:
+        cells = [s.label]
+        for key, _ in TABLE_COLUMNS:
+            if key not in s.mean:
+                cells.append("-")
+                continue
+            text = _cell(s.mean[key], s.std[key], len(s.runs), digits)
+            cells.append(f"**{text}**" if s.label in best[key] else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def goal_grid_markdown(
+    summaries: Sequence[VariantSummary],
+    *,
+    triplet_weights: Sequence[str],
+    pair_weights: Sequence[str],
+    digits: int = 1,
+) -> str:
+    """GOAL Tables 3-5 layout: rows triplet weight, columns pair weight, each cell ``i2t R@1 /
+    t2i R@1 (rsum)`` (means over seeds); the best of each of the three numbers in bold.
+
+    Variants are matched by ``params["triplet_weight"]`` / ``params["pair_weight"]`` of GOAL
+    runs; a missing combination shows ``-``.
+    """
+    cells: dict[tuple[str, str], VariantSummary] = {}
+    for s in summaries:
+        if s.loss == "goal":
+            key = (str(s.params.get("triplet_weight")), str(s.params.get("pair_weight")))
+            cells.setdefault(key, s)
+    present = list(cells.values())
+    best = {k: best_labels(present, k, digits=digits) for k in ("i2t_r1", "t2i_r1", "rsum")}
+
+    def fmt(s: VariantSummary, key: str) -> str:
+        text = f"{s.mean[key]:.{digits}f}"
+        return f"**{text}**" if s.label in best[key] else text
+
+    lines = [
+        "GOAL combinations: I→T R@1 / T→I R@1 (rsum), mean over seeds; rows: triplet weight T, "
+        "columns: pair weight P.",
+        "",
+        "| T \\ P | " + " | ".join(pair_weights) + " |",
+        "|:---|" + "|".join(["---:"] * len(pair_weights)) + "|",
+    ]
+    for t in triplet_weights:
+        row = [t]
+        for p in pair_weights:
+            s = cells.get((t, p))
+            row.append(
+                "-" if s is None else f"{fmt(s, 'i2t_r1')} / {fmt(s, 't2i_r1')} ({fmt(s, 'rsum')})"
+            )
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def results_record(summaries: Sequence[VariantSummary], **extra: Any) -> dict[str, Any]:
+    """The ``results.json`` document: ``extra`` keys, then one entry per variant with its
+    parameters, per-seed metrics, mean and std."""
+    return _plain(
+        {
+            **extra,
+            "variants": [
+                {
+                    "label": s.label,
+                    "loss": s.loss,
+                    "params": dict(s.params),
+                    "seeds": s.seeds,
+                    "runs": [
+                        {"seed": r.seed, "run_dir": r.run_dir, "metrics": dict(r.metrics)}
+                        for r in s.runs
+                    ],
+                    "mean": dict(s.mean),
+                    "std": dict(s.std),
+                }
+                for s in summaries
+            ],
+        }
+    )
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def write_results_json(summaries: Sequence[VariantSummary], path: str | Path, **extra: Any) -> Path:
+    return _atomic_write(
+        Path(path), json.dumps(results_record(summaries, **extra), indent=2) + "\n"
+    )
+
+
+def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> Path:
+    """One row per run (``seed`` = the seed) then a ``mean`` and a ``std`` row per variant;
+    columns: label, loss, seed, params (JSON), then :data:`METRIC_KEYS`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["label", "loss", "seed", "params", *METRIC_KEYS])
+        for s in summaries:
+            params = json.dumps(_plain(dict(s.params)), sort_keys=True)
+            for r in s.runs:
+                row = [r.metrics.get(k, "") for k in METRIC_KEYS]
+                writer.writerow([s.label, s.loss, r.seed, params, *row])
+            for name, stats in (("mean", s.mean), ("std", s.std)):
+                writer.writerow(
+                    [s.label, s.loss, name, params, *[stats.get(k, "") for k in METRIC_KEYS]]
+                )
+    tmp.replace(path)
+    return path
+
+
+def write_table(
+    summaries: Sequence[VariantSummary], path: str | Path, *, title: str = "", digits: int = 1
+) -> Path:
+    return _atomic_write(Path(path), markdown_table(summaries, title=title, digits=digits))

@@ -1,0 +1,360 @@
+"""The comparison runner and the compare / sweep / synth commands on tiny precomp data."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import statistics
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from train_helpers import tiny_data, tiny_raw
+from vlret.analysis.compare import (
+    CompareError,
+    compare,
+    dev_similarity_stats,
+    parse_param,
+    read_compare_config,
+    resolve_variants,
+    run_config,
+    sweep,
+)
+from vlret.analysis.tables import TABLE_COLUMNS
+from vlret.cli import main
+from vlret.train import TrainingInterrupted
+from vlret.train.evaluate import evaluate_checkpoint
+
+pytest.importorskip("matplotlib")
+
+
+def _config(tmp: Path, *, epochs: int = 1, compare_section: dict | None = None, **loss) -> Path:
+    data = tmp / "data"
+    if not data.is_dir():
+        tiny_data(data)
+    raw = tiny_raw(data, tmp / "base", **loss)
+    raw["train"]["epochs"] = epochs
+    if compare_section is not None:
+        raw["compare"] = compare_section
+    path = tmp / f"cfg_e{epochs}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cmp")
+    cfg = _config(tmp, compare_section={"losses": {"unified": {"margin": 0.1, "gamma": 30.0}}})
+    report = compare(cfg, losses=["triplet", "unified"], seeds=2, out=tmp / "out", progress=False)
+    return cfg, tmp / "out", report
+
+
+def test_compare_results_equal_recomputed_metrics(two_by_two):
+    _, out, report = two_by_two
+    assert report.count("trained") == 4
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert [v["label"] for v in doc["variants"]] == ["triplet", "unified"]
+    assert doc["variants"][1]["params"] == {"margin": 0.1, "gamma": 30.0}
+    rows = list(csv.DictReader((out / "results.csv").open(encoding="utf-8")))
+    for variant in doc["variants"]:
+        assert variant["seeds"] == [0, 1]
+        for run in variant["runs"]:
+            run_dir = Path(run["run_dir"])
+            assert run_dir == out / "runs" / variant["label"] / f"seed{run['seed']}"
+            stored = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+            assert stored["train"]["seed"] == run["seed"]
+            assert stored["loss"]["name"] == variant["loss"]
+            fresh = evaluate_checkpoint(
+                run_dir / "best.pt", data=stored["data"]["root"], split="test", protocol="f30k"
+            ).as_dict()
+            assert run["metrics"] == pytest.approx(fresh)
+            (row,) = [
+                r for r in rows if r["label"] == variant["label"] and r["seed"] == str(run["seed"])
+            ]
+            assert float(row["rsum"]) == pytest.approx(fresh["rsum"])
+        for key in fresh:
+            values = [r["metrics"][key] for r in variant["runs"]]
+            assert variant["mean"][key] == pytest.approx(statistics.mean(values))
+            assert variant["std"][key] == pytest.approx(statistics.stdev(values))
+
+
+def test_compare_table_cells_and_bold(two_by_two):
+    _, out, _ = two_by_two
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    lines = (out / "table.md").read_text(encoding="utf-8").splitlines()
+    for col, (key, _) in enumerate(TABLE_COLUMNS, start=2):
+        shown = {v["label"]: round(v["mean"][key], 1) for v in doc["variants"]}
+        best = max(shown.values())
+        for v in doc["variants"]:
+            (row,) = [line for line in lines if line.startswith(f"| {v['label']} |")]
+            cell = row.split("|")[col].strip()
+            text = f"{v['mean'][key]:.1f} ± {v['std'][key]:.1f}"
+            assert cell == (f"**{text}**" if shown[v["label"]] == best else text)
+
+
+def test_compare_writes_plots_and_dev_similarities(two_by_two):
+    _, out, report = two_by_two
+    names = {p.name for p in report.plots}
+    assert {"curves_loss_rsum.png", "curves_similarity.png"} <= names
+    for p in report.plots:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    log = out / "runs" / "triplet" / "seed0" / "metrics.jsonl"
+    epochs = [json.loads(line) for line in log.read_text().splitlines() if '"epoch"' in line]
+    epoch_recs = [r for r in epochs if r["kind"] == "epoch"]
+    assert len(epoch_recs) == 1
+    assert -1.0 <= epoch_recs[0]["dev_pos_sim"] <= 1.0
+    assert -1.0 <= epoch_recs[0]["dev_hardest_neg_sim"] <= 1.0
+
+
+def test_deleted_result_reruns_only_that_run(tmp_path, two_by_two):
+    import shutil
+
+    cfg, out0, _ = two_by_two
+    out = tmp_path / "out"
+    shutil.copytree(out0, out)
+    results = sorted(out.glob("runs/*/seed*/result.json"))
+    before = {p: p.stat().st_mtime_ns for p in results}
+    old = json.loads(results[1].read_text())
+    results[1].unlink()
+    report = compare(cfg, losses=["triplet", "unified"], seeds=2, out=out, progress=False)
+    assert report.count("cached") == 3 and report.count("resumed") == 1
+    for p in results:
+        if p != results[1]:
+            assert p.stat().st_mtime_ns == before[p]
+    assert json.loads(results[1].read_text())["metrics"] == old["metrics"]
+
+
+def test_interrupted_comparison_resumes_unfinished_runs(tmp_path):
+    cfg = _config(tmp_path, epochs=2)
+    out = tmp_path / "out"
+    calls = []
+
+    def interrupt_in_second_run(spec, epoch):
+        calls.append((spec.variant.label, spec.seed, epoch))
+        if spec.variant.label == "infonce" and epoch == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the trainer saves last.pt at its next step
+
+    with pytest.raises(TrainingInterrupted):
+        compare(
+            cfg,
+            losses=["triplet", "infonce"],
+            seeds=1,
+            out=out,
+            progress=False,
+            on_epoch=interrupt_in_second_run,
+        )
+    assert (out / "runs/triplet/seed0/result.json").is_file()
+    assert (out / "runs/infonce/seed0/last.pt").is_file()
+    assert not (out / "runs/infonce/seed0/result.json").exists()
+    finished_mtime = (out / "runs/triplet/seed0/result.json").stat().st_mtime_ns
+
+    calls.clear()
+    report = compare(
+        cfg,
+        losses=["triplet", "infonce"],
+        seeds=1,
+        out=out,
+        progress=False,
+        on_epoch=lambda spec, epoch: calls.append((spec.variant.label, spec.seed, epoch)),
+    )
+    assert calls == [("infonce", 0, 2)]  # only the unfinished epoch of the unfinished run
+    assert report.count("cached") == 1 and report.count("resumed") == 1
+    assert (out / "runs/triplet/seed0/result.json").stat().st_mtime_ns == finished_mtime
+    log = (out / "runs/infonce/seed0/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in log if '"kind": "epoch"' in x] == [0, 1]
+
+
+def test_changed_settings_in_same_folder_is_an_error(tmp_path, two_by_two):
+    cfg, out, _ = two_by_two
+    with pytest.raises(CompareError, match="other settings"):
+        compare(
+            cfg,
+            losses=["triplet"],
+            seeds=1,
+            out=out,
+            progress=False,
+            overrides=["optim.lr=0.01"],
+        )
+
+
+def test_sweep_covers_the_product(tmp_path):
+    cfg = _config(tmp_path)
+    report = sweep(
+        cfg,
+        params=["margin=0,0.2", "gamma=20,40,60"],
+        loss="unified",
+        seeds=1,
+        out=tmp_path / "sw",
+        progress=False,
+    )
+    points = sorted((s.params["margin"], s.params["gamma"]) for s in report.summaries)
+    assert points == sorted((m, g) for m in (0, 0.2) for g in (20, 40, 60))
+    assert len({s.label for s in report.summaries}) == 6
+    names = {p.name for p in report.plots}
+    assert {"sweep_margin.png", "sweep_gamma.png"} <= names
+    doc = json.loads((tmp_path / "sw" / "results.json").read_text())
+    assert doc["sweep"] == {"margin": [0, 0.2], "gamma": [20, 40, 60]}
+
+
+def test_variant_parameters_are_layered(tmp_path):
+    cfg = _config(
+        tmp_path,
+        compare_section={
+            "seeds": 2,
+            "losses": {
+                "unified": {"gamma": 70.0},
+                "triplet-sum": {"name": "triplet", "hardest": False, "set": ["optim.lr=0.01"]},
+            },
+        },
+    )
+    raw, section = read_compare_config(
+        cfg, ["loss.name=unified", "loss.margin=0.3", "compare.seeds=3"]
+    )
+    assert section["seeds"] == 3
+    variants = resolve_variants(raw, section, None)
+    assert [v.label for v in variants] == ["unified", "triplet-sum"]
+    assert variants[0].params == {"margin": 0.3, "gamma": 70.0}  # [loss], then the table
+    assert variants[1].loss == "triplet" and variants[1].params == {"hardest": False}
+    config = run_config(raw, variants[1], 5, tmp_path / "r")
+    assert config.optim.lr == 0.01 and config.train.seed == 5
+    # defaults: the six papers' losses with registry defaults (the table has none of them)
+    raw2, _ = read_compare_config(_config(tmp_path, epochs=2))
+    labels = [v.label for v in resolve_variants(raw2, {}, None)]
+    assert labels == ["triplet", "infonce", "unified", "goal", "vsl", "adacl"]
+    assert resolve_variants(raw2, {}, ["infonce"])[0].params == {}
+
+
+def test_goal_grid_and_loss_only_train_keys(tmp_path):
+    cfg = _config(tmp_path)
+    raw, section = read_compare_config(
+        cfg, ["train.all_negatives_epochs=1", "compare.losses.goal.margin=0.3"]
+    )
+    grid = resolve_variants(raw, section, [], goal_grid=True)
+    assert len(grid) == 15
+    combos = {(v.params["triplet_weight"], v.params["pair_weight"]) for v in grid}
+    assert len(combos) == 15 and all(v.params["margin"] == 0.3 for v in grid)
+    assert grid[0].label == "goal-con-con"
+    # the triplet-only schedule stays for triplet and is dropped for GOAL
+    (tri,) = resolve_variants(raw, section, ["triplet"])
+    assert run_config(raw, tri, 0, tmp_path / "t").train.all_negatives_epochs == 1
+    assert run_config(raw, grid[0], 0, tmp_path / "g").train.all_negatives_epochs == 0
+
+
+@pytest.mark.parametrize(
+    ("losses", "overrides", "match"),
+    [
+        (["nope"], [], "unknown loss or variant 'nope'"),
+        (["triplet", "triplet"], [], "listed twice"),
+        (["bad/label"], [], "names a folder"),
+        (["unified"], ["compare.losses.unified.gama=3"], "'gama' is not a parameter"),
+        (["unified"], ["compare.colour=red"], "compare.colour: unknown key"),
+    ],
+)
+def test_bad_requests_raise_clear_errors(tmp_path, losses, overrides, match):
+    cfg = _config(tmp_path)
+    with pytest.raises(CompareError, match=match):
+        compare(cfg, losses=losses, seeds=1, out=tmp_path / "o", overrides=overrides)
+
+
+def test_parse_param():
+    assert parse_param("margin=0,0.1, 0.2") == ("margin", [0, 0.1, 0.2])
+    assert parse_param("pair_weight=sig,lin-ms") == ("pair_weight", ["sig", "lin-ms"])
+    for bad in ("margin", "=1,2", "margin=1,,2", "margin=1,1"):
+        with pytest.raises(CompareError, match="--param"):
+            parse_param(bad)
+
+
+def test_dev_similarity_stats_matches_loops():
+    g = torch.Generator().manual_seed(0)
+    img, txt = torch.randn(3, 4, generator=g), torch.randn(7, 4, generator=g)
+    txt_to_img = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    stats = dev_similarity_stats(img, txt, txt_to_img)
+    cos = torch.nn.functional.cosine_similarity
+    pos = [float(cos(img[int(i)], txt[j], dim=0)) for j, i in enumerate(txt_to_img)]
+    hardest = []
+    for i in range(3):
+        hardest.append(
+            max(float(cos(img[i], txt[j], dim=0)) for j in range(7) if txt_to_img[j] != i)
+        )
+    for j in range(7):
+        hardest.append(
+            max(float(cos(img[i], txt[j], dim=0)) for i in range(3) if txt_to_img[j] != i)
+        )
+    assert stats["pos_sim"] == pytest.approx(sum(pos) / len(pos), abs=1e-6)
+    assert stats["hardest_neg_sim"] == pytest.approx(sum(hardest) / len(hardest), abs=1e-6)
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def test_cli_compare_prints_table_and_paths(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    out = tmp_path / "o"
+    argv = ["compare", str(cfg), "--losses", "triplet", "--seeds", "1", "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "| triplet |" in text and "runs: 1 trained" in text
+    assert str(out / "table.md") in text and str(out / "plots" / "curves_loss_rsum.png") in text
+    assert main([*argv, "--no-progress"]) == 0
+    assert "runs: 1 cached" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compare", "C", "--seeds", "0"], "--seeds: expected a positive integer, got '0'"),
+        (["compare", "C", "--seeds", "x"], "--seeds: expected a positive integer, got 'x'"),
+        (["sweep", "C"], "the following arguments are required: --param"),
+        (["synth", "tiny"], "the following arguments are required: --out"),
+        (["synth", "tiny", "--out", "d", "--format", "png"], "invalid choice: 'png'"),
+    ],
+)
+def test_cli_parse_errors_are_clear(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_request_errors_name_the_command(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    cases = [
+        (["compare", str(cfg), "--losses", "a,,b"], "vlret compare: --losses 'a,,b'"),
+        (["sweep", str(cfg), "--param", "margin"], "vlret sweep: --param 'margin'"),
+        (["compare", str(tmp_path / "missing.toml")], "vlret compare: "),
+        (["synth", "tiny", "--out", str(tmp_path), "--noise", "0.2"], "vlret synth: "),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        assert capsys.readouterr().err.startswith(message)
+
+
+def test_cli_synth_passes_options(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def synth_main(preset, out, **options):
+        seen.update(preset=preset, out=out, **options)
+        return Path(out) / "made"
+
+    fake = types.ModuleType("vlret.data.synthetic")
+    fake.synth_main = synth_main
+    monkeypatch.setitem(sys.modules, "vlret.data.synthetic", fake)
+    argv = ["synth", "tiny", "--out", str(tmp_path), "--seed", "3", "--format", "karpathy"]
+    assert main([*argv, "--noise", "permute_captions:0.2"]) == 0
+    assert seen == {
+        "preset": "tiny",
+        "out": tmp_path,
+        "seed": 3,
+        "format": "karpathy",
+        "noise": "permute_captions:0.2",
+    }
+    assert capsys.readouterr().out.strip() == str(tmp_path / "made")
+    seen.clear()
+    assert main(["synth", "video", "--out", str(tmp_path)]) == 0
+    assert seen == {"preset": "video", "out": tmp_path}  # the module's defaults apply

@@ -1,0 +1,120 @@
+"""Comparison figures: series extraction from training logs and valid PNG files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from vlret.analysis.curves import (  # noqa: E402
+    adacl_stats_from_log,
+    epoch_series,
+    plot_adacl_trajectories,
+    plot_goal_heatmap,
+    plot_similarity_curves,
+    plot_sweep_curves,
+    plot_training_curves,
+    read_metrics_log,
+    step_epoch_means,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_png(path: Path) -> None:
+    from matplotlib.image import imread
+
+    assert path.is_file()
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def _write_log(run_dir: Path, *, epochs: int = 3, dev_sims: bool = True, adacl: bool = False):
+    run_dir.mkdir(parents=True)
+    lines = []
+    step = 0
+    for e in range(epochs):
+        for _ in range(2):
+            step += 1
+            rec = {"kind": "step", "epoch": e, "step": step, "loss": 1.0 / step}
+            rec.update({"pos_sim": 0.1 * e, "hardest_neg_sim": 0.05 * e + 0.01 * step})
+            if adacl:
+                rec.update({"loss_m1": 20.0 + step, "loss_m2": 0.1 * step, "loss_anchor": 0.3})
+                rec.update({"loss_step": step, "loss_guard": None, "loss_clone_count": 4})
+            lines.append(json.dumps(rec))
+        rec = {"kind": "epoch", "epoch": e, "step": step, "train_loss": 2.0 / (e + 1)}
+        rec["dev_rsum"] = 100.0 + 10 * e
+        if dev_sims:
+            rec.update({"dev_pos_sim": 0.2 + 0.1 * e, "dev_hardest_neg_sim": 0.1})
+        lines.append(json.dumps(rec))
+    lines.append('{"kind": "step", "epo')  # a line cut by a kill
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return run_dir
+
+
+def test_series_extraction(tmp_path):
+    records = read_metrics_log(_write_log(tmp_path / "r"))
+    assert len(records) == 9
+    assert epoch_series(records, "dev_rsum") == {1: 100.0, 2: 110.0, 3: 120.0}
+    assert epoch_series(records, "train_loss")[2] == pytest.approx(1.0)
+    # steps 3 and 4 are epoch 1 (0-based): mean of 0.05 + 0.03 and 0.05 + 0.04
+    assert step_epoch_means(records, "hardest_neg_sim")[2] == pytest.approx(0.085)
+    with pytest.raises(FileNotFoundError):
+        read_metrics_log(tmp_path / "missing")
+
+
+def test_adacl_stats_from_log(tmp_path):
+    records = read_metrics_log(_write_log(tmp_path / "r", adacl=True))
+    stats = adacl_stats_from_log(records)
+    assert [s["step"] for s in stats] == [1, 2, 3, 4, 5, 6]
+    assert stats[2]["m1"] == 23.0 and stats[2]["m2"] == pytest.approx(0.3)
+    assert "loss" not in stats[0] and stats[0]["clone_count"] == 4
+
+
+def test_training_and_similarity_plots(tmp_path):
+    runs = {
+        "triplet": [_write_log(tmp_path / "t0"), _write_log(tmp_path / "t1", epochs=2)],
+        "infonce": [_write_log(tmp_path / "i0", dev_sims=False)],  # falls back to train batches
+    }
+    _assert_png(plot_training_curves(runs, tmp_path / "plots"))
+    _assert_png(plot_similarity_curves(runs, tmp_path / "plots"))
+
+
+def test_sweep_plots_one_file_per_parameter(tmp_path):
+    points = [
+        ({"margin": m, "gamma": g}, 400 + 100 * m + g / 10, 1.0)
+        for m in (0.0, 0.1, 0.2)
+        for g in (20, 60)
+    ]
+    paths = plot_sweep_curves(points, ["margin", "gamma"], tmp_path, loss="unified")
+    assert [p.name for p in paths] == ["sweep_margin.png", "sweep_gamma.png"]
+    for p in paths:
+        _assert_png(p)
+
+
+def test_adacl_and_goal_heatmap(tmp_path):
+    runs = {"adacl": [_write_log(tmp_path / "a0", adacl=True)]}
+    (path,) = plot_adacl_trajectories(runs, tmp_path / "plots")
+    assert path.name == "adacl_margins_adacl.png"
+    _assert_png(path)
+    assert (tmp_path / "plots" / "adacl_margins_adacl.jsonl").is_file()
+    assert plot_adacl_trajectories({"x": [_write_log(tmp_path / "x0")]}, tmp_path / "p2") == []
+
+    cells = {
+        (t, p): {"i2t_r1": float(i), "t2i_r1": float(j), "rsum": float(i + j)}
+        for i, t in enumerate(("con", "nca", "cir"))
+        for j, p in enumerate(("con", "lin", "sig", "lin-ms", "sig-ms"))
+        if (t, p) != ("nca", "sig")  # a missing combination is left blank
+    }
+    _assert_png(
+        plot_goal_heatmap(
+            cells,
+            tmp_path / "plots",
+            triplet_weights=("con", "nca", "cir"),
+            pair_weights=("con", "lin", "sig", "lin-ms", "sig-ms"),
+        )
+    )
