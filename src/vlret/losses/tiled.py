@@ -1,0 +1,441 @@
+"""O(B)-memory tiled forms of InfoNCE, Unified and Triplet (hardest and sum), issue 8.
+
+The dense losses build the ``(B, B)`` similarity matrix ``S = X Y^T`` and let autograd keep it
+(and its gradient). The functions here take the embeddings and never hold it: a custom
+``autograd.Function`` streams row strips ``S[I, :] = X[I] Y^T`` of ``chunk_size`` rows, keeps
+``O(B)`` per-row and per-column statistics, and the backward recomputes the strips to
+accumulate ``dX = G Y`` and ``dY = G^T X`` strip by strip. Peak extra memory is
+``O(chunk_size * B)`` for one strip and its temporaries, plus ``O(B)`` saved statistics.
+
+Semantics are those of the dense functions in ``infonce.py``, ``unified.py`` and ``triplet.py``:
+the per-index vector (``reduction="none"``) is the image-anchor term of row ``i`` plus the
+text-anchor term of column ``i``; ids mark further positives, which are neither negatives nor
+pulled; the diagonal is always positive; a row without negatives contributes a graph-attached
+zero; half-precision inputs are computed in float32 (gradients are cast back by autograd).
+
+Tie rule (hardest triplet): when several negatives share the largest similarity, the tiled
+backward sends the whole gradient to the lowest index (first column for an image anchor, first
+row for a text anchor), where the dense ``amax`` splits it evenly among them; the value is the
+same. A hinge that is exactly zero gets a zero gradient. Ties have measure zero on real data.
+
+See ``docs/tiled.md`` for how a module's embedding entry point calls these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .._checks import (
+    check_embeddings,
+    check_finite,
+    check_positive,
+    check_real,
+    check_reduction,
+    compute_dtype,
+)
+from ..similarity import Ids, _ids_to_tensor
+
+__all__ = ["tiled_infonce_loss", "tiled_triplet_loss", "tiled_unified_loss"]
+
+# Same norm clamp as ``similarity.cosine_similarity``, so normalize=True matches the dense path.
+_NORM_EPS = 1e-8
+
+Codes = tuple[torch.Tensor, torch.Tensor] | None
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def _strips(batch: int, chunk: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, batch, chunk):
+        yield start, min(start + chunk, batch)
+
+
+def _positives(codes: Codes, start: int, stop: int, batch: int, device) -> torch.Tensor:
+    """Bool ``(stop - start, B)`` mask of the positives of rows ``start:stop``, diagonal in."""
+    if codes is None:
+        pos = torch.zeros(stop - start, batch, dtype=torch.bool, device=device)
+    else:
+        pos = codes[0][start:stop, None] == codes[1][None, :]
+    rows = torch.arange(start, stop, device=device)
+    pos[rows - start, rows] = True
+    return pos
+
+
+def _reduce(per_index: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return per_index
+    if reduction == "sum":
+        return per_index.sum()
+    return per_index.mean()
+
+
+def _per_index_grad(grad_out: torch.Tensor, reduction: str, batch: int) -> torch.Tensor:
+    """The incoming gradient as one weight per index ``i`` (shared by row i and column i)."""
+    if reduction == "none":
+        return grad_out
+    if reduction == "sum":
+        return grad_out.expand(batch)
+    return (grad_out / batch).expand(batch)
+
+
+def _check_chunk(chunk_size: int) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    return chunk_size
+
+
+def _codes(img_ids: Ids | None, txt_ids: Ids | None, batch: int, device) -> Codes:
+    """Ids as two integer tensors with a shared coding (same rules as ``PairLoss``)."""
+    if img_ids is None and txt_ids is None:
+        return None
+    if img_ids is None:
+        raise ValueError("txt_ids given without img_ids; pass img_ids (and optionally txt_ids)")
+    if txt_ids is None:
+        txt_ids = img_ids
+    if isinstance(img_ids, torch.Tensor) != isinstance(txt_ids, torch.Tensor):
+        raise ValueError("img_ids and txt_ids must both be tensors or both be sequences")
+    lookup: dict = {}
+    out = []
+    for name, ids in (("img_ids", img_ids), ("txt_ids", txt_ids)):
+        codes = _ids_to_tensor(ids, name, lookup, device)
+        if len(codes) != batch:
+            raise ValueError(f"{name} must have one id per row ({batch}), got {len(codes)}")
+        out.append(codes.to(device))
+    return out[0], out[1]
+
+
+def _prepare(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    img_ids: Ids | None,
+    txt_ids: Ids | None,
+    *,
+    chunk_size: int,
+    reduction: str,
+    normalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor, Codes, int]:
+    """Validate; return the (normalised) embeddings in the compute dtype, the id codes, chunk."""
+    check_embeddings(img_emb, txt_emb)
+    check_reduction(reduction)
+    chunk = _check_chunk(chunk_size)
+    batch = img_emb.shape[0]
+    if batch < 2:
+        raise ValueError("img_emb needs a batch size of at least 2 to have negatives, got 1")
+    dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
+    x, y = img_emb.to(dtype), txt_emb.to(dtype)
+    check_finite(x, "img_emb")
+    check_finite(y, "txt_emb")
+    if normalize:
+        x, y = F.normalize(x, dim=1, eps=_NORM_EPS), F.normalize(y, dim=1, eps=_NORM_EPS)
+    return x, y, _codes(img_ids, txt_ids, batch, x.device), chunk
+
+
+def _split_codes(codes: Codes) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (None, None) if codes is None else codes
+
+
+# ----------------------------------------------------------------------------- log-sum-exp losses
+
+
+def _exponent(
+    s: torch.Tensor, diag: torch.Tensor, margins: torch.Tensor | None, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``u = s - s_ii (+ m)`` in the dense functions' order of operations, and ``scale * u``."""
+    u = s - diag
+    if margins is not None:
+        u = u + margins
+    return u, u * scale
+
+
+class _TiledPairLogSumExp(torch.autograd.Function):
+    """``reduce_i( log(1 + sum_neg exp(c (s_ij - s_ii + m_i))) + same over column i )``.
+
+    InfoNCE is ``c = 1/tau, m = 0``; Unified is ``c = gamma`` with margins, divided by gamma.
+    Saved for backward: ``X, Y`` (the inputs), the diagonal ``s_ii`` and the row and column
+    log-sum-exps, all ``O(B)``; the strips of ``S`` are recomputed.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, scale, margins, img_codes, txt_codes, chunk, reduction):
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        lowest = torch.finfo(x.dtype).min
+        zero = x.new_zeros(())
+        diag = (x * y).sum(1)
+        row_lse = x.new_empty(batch)
+        col_lse = x.new_zeros(batch)  # log(1): the "1 +" term of every column
+        for start, stop in _strips(batch, chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            s = x[start:stop] @ y.t()
+            m_row = None if margins is None else margins[start:stop, None]
+            _, a = _exponent(s, diag[start:stop, None], m_row, scale)
+            row_lse[start:stop] = torch.logaddexp(zero, a.masked_fill_(pos, lowest).logsumexp(1))
+            m_col = None if margins is None else margins[None, :]
+            _, a = _exponent(s, diag[None, :], m_col, scale)
+            col_lse = torch.logaddexp(col_lse, a.masked_fill_(pos, lowest).logsumexp(0))
+        ctx.chunk, ctx.reduction = chunk, reduction
+        ctx.save_for_backward(x, y, scale, margins, img_codes, txt_codes, diag, row_lse, col_lse)
+        return _reduce(row_lse + col_lse, reduction)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, y, scale, margins, img_codes, txt_codes, diag, row_lse, col_lse = ctx.saved_tensors
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        lowest = torch.finfo(x.dtype).min
+        g = _per_index_grad(grad_out.to(x.dtype), ctx.reduction, batch)
+        need_scale = ctx.needs_input_grad[2]
+        dx, dy = torch.zeros_like(x), torch.zeros_like(y)
+        dscale = x.new_zeros(())
+        for start, stop in _strips(batch, ctx.chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            s = x[start:stop] @ y.t()
+            m_row = None if margins is None else margins[start:stop, None]
+            u_row, a = _exponent(s, diag[start:stop, None], m_row, scale)
+            # Softmax weights of row i's negatives, times the incoming gradient of index i.
+            w = a.masked_fill_(pos, lowest).sub_(row_lse[start:stop, None]).exp_()
+            w.mul_(g[start:stop, None])
+            m_col = None if margins is None else margins[None, :]
+            u_col, a = _exponent(s, diag[None, :], m_col, scale)
+            w_col = a.masked_fill_(pos, lowest).sub_(col_lse[None, :]).exp_().mul_(g[None, :])
+            if need_scale:
+                dscale += (w * u_row).sum() + (w_col * u_col).sum()
+            grad_s = w.add_(w_col).mul_(scale)
+            dx[start:stop] += grad_s @ y
+            dy += grad_s.t() @ x[start:stop]
+        # s_ii enters every term of anchor i (both directions) with weight -(mass of negatives).
+        mass = -torch.expm1(-row_lse) - torch.expm1(-col_lse)
+        grad_diag = -scale * g * mass
+        dx += grad_diag[:, None] * y
+        dy += grad_diag[:, None] * x
+        grad_margins = -grad_diag if ctx.needs_input_grad[3] else None
+        grad_scale = dscale.reshape(scale.shape) if need_scale else None
+        return dx, dy, grad_scale, grad_margins, None, None, None, None
+
+
+def _scale_tensor(value: float | torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
+        check_finite(value, name)
+        return value.to(device=like.device, dtype=like.dtype).reshape(())
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
+def tiled_infonce_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 0.05,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "mean",
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Tiled :func:`~vlret.losses.infonce_loss` on embeddings, ``O(chunk_size * B)`` memory.
+
+    Equal to ``infonce_loss(cosine_similarity(img, txt), pos_mask=positive_mask(ids), ...)``
+    (raw dot products if ``normalize=False``). ``temperature`` may be a (learnable) scalar
+    tensor; it receives its gradient. ``img_ids``/``txt_ids`` follow ``PairLoss``.
+    """
+    check_positive(temperature, "temperature")
+    x, y, codes, chunk = _prepare(
+        img_emb,
+        txt_emb,
+        img_ids,
+        txt_ids,
+        chunk_size=chunk_size,
+        reduction=reduction,
+        normalize=normalize,
+    )
+    scale = 1.0 / _scale_tensor(temperature, x, "temperature")
+    return _TiledPairLogSumExp.apply(x, y, scale, None, *_split_codes(codes), chunk, reduction)
+
+
+def tiled_unified_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    margin: float = 0.2,
+    gamma: float = 60.0,
+    margins: torch.Tensor | None = None,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "sum",
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Tiled :func:`~vlret.losses.unified_loss` (Eq. 5; adaptive margins Eq. 26).
+
+    ``margins`` ``(B,)`` replaces ``margin`` per anchor (both directions) and receives its
+    gradient if it requires one. The weighted form (Eq. 24, a dense ``(B, B)`` ``weights``) has
+    no tiled counterpart.
+    """
+    check_real(margin, "margin")
+    check_positive(gamma, "gamma")
+    x, y, codes, chunk = _prepare(
+        img_emb,
+        txt_emb,
+        img_ids,
+        txt_ids,
+        chunk_size=chunk_size,
+        reduction=reduction,
+        normalize=normalize,
+    )
+    batch = x.shape[0]
+    if margins is None:
+        m = x.new_full((batch,), float(margin))
+    else:
+        if not isinstance(margins, torch.Tensor) or tuple(margins.shape) != (batch,):
+            shape = tuple(margins.shape) if isinstance(margins, torch.Tensor) else type(margins)
+            raise ValueError(f"margins must be a ({batch},) tensor, one per anchor, got {shape}")
+        check_finite(margins, "margins")
+        m = margins.to(device=x.device, dtype=x.dtype)
+    scale = torch.tensor(float(gamma), dtype=x.dtype, device=x.device)
+    out = _TiledPairLogSumExp.apply(x, y, scale, m, *_split_codes(codes), chunk, reduction)
+    return out / gamma
+
+
+# ----------------------------------------------------------------------------- triplet losses
+
+
+class _TiledTripletHardest(torch.autograd.Function):
+    """Triplet-HN: per anchor, the hinge of its hardest negative in each direction.
+
+    The forward keeps a running max and argmax per row and per column; saved for backward are
+    ``X, Y``, the two argmax vectors and the two "hinge active" masks, all ``O(B)``. The
+    backward needs no strip: each active anchor has exactly one negative pair.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, margin, img_codes, txt_codes, chunk, reduction):
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        lowest = torch.finfo(x.dtype).min
+        diag = (x * y).sum(1)
+        row_max, row_arg = x.new_full((batch,), lowest), x.new_zeros(batch, dtype=torch.long)
+        col_max, col_arg = x.new_full((batch,), lowest), x.new_zeros(batch, dtype=torch.long)
+        row_any = torch.zeros(batch, dtype=torch.bool, device=x.device)
+        col_any = torch.zeros(batch, dtype=torch.bool, device=x.device)
+        for start, stop in _strips(batch, chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            s = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
+            # torch.max returns the first maximal index; strict ">" keeps the earlier strip.
+            row_max[start:stop], row_arg[start:stop] = s.max(dim=1)
+            values, index = s.max(dim=0)
+            better = values > col_max
+            col_max = torch.where(better, values, col_max)
+            col_arg = torch.where(better, index + start, col_arg)
+            neg = ~pos
+            row_any[start:stop] = neg.any(1)
+            col_any |= neg.any(0)
+        # (margin + s) - s_ii as in the dense form; max and hinge commute since both are monotone.
+        row_hinge = margin + row_max - diag
+        col_hinge = margin + col_max - diag
+        row_active = row_any & (row_hinge > 0)
+        col_active = col_any & (col_hinge > 0)
+        per_index = torch.where(row_active, row_hinge, 0.0) + torch.where(
+            col_active, col_hinge, 0.0
+        )
+        ctx.reduction = reduction
+        ctx.save_for_backward(x, y, row_arg, col_arg, row_active, col_active)
+        return _reduce(per_index, reduction)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, y, row_arg, col_arg, row_active, col_active = ctx.saved_tensors
+        g = _per_index_grad(grad_out.to(x.dtype), ctx.reduction, x.shape[0])
+        g_row = (g * row_active)[:, None]  # image anchor i: + s(i, row_arg[i]) - s(i, i)
+        g_col = (g * col_active)[:, None]  # text anchor i: + s(col_arg[i], i) - s(i, i)
+        dx = g_row * (y[row_arg] - y) - g_col * y
+        dx.index_add_(0, col_arg, g_col * y)
+        dy = g_col * (x[col_arg] - x) - g_row * x
+        dy.index_add_(0, row_arg, g_row * x)
+        return dx, dy, None, None, None, None, None
+
+
+class _TiledTripletSum(torch.autograd.Function):
+    """VSE0: per anchor, the sum of the hinges over all its negatives in each direction.
+
+    Saved for backward: ``X, Y`` and the diagonal, ``O(B)``; the backward recomputes the strips
+    and the hinge indicators (``>= 0``, as the dense ``clamp`` passes its gradient at zero).
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, margin, img_codes, txt_codes, chunk, reduction):
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        diag = (x * y).sum(1)
+        row_sum, col_sum = x.new_empty(batch), x.new_zeros(batch)
+        for start, stop in _strips(batch, chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            shifted = margin + x[start:stop] @ y.t()
+            hinge = (shifted - diag[start:stop, None]).clamp_(min=0).masked_fill_(pos, 0)
+            row_sum[start:stop] = hinge.sum(1)
+            hinge = (shifted - diag[None, :]).clamp_(min=0).masked_fill_(pos, 0)
+            col_sum += hinge.sum(0)
+        ctx.chunk, ctx.margin, ctx.reduction = chunk, margin, reduction
+        ctx.save_for_backward(x, y, img_codes, txt_codes, diag)
+        return _reduce(row_sum + col_sum, reduction)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, y, img_codes, txt_codes, diag = ctx.saved_tensors
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        g = _per_index_grad(grad_out.to(x.dtype), ctx.reduction, batch)
+        dx, dy = torch.zeros_like(x), torch.zeros_like(y)
+        count = x.new_zeros(batch)  # active hinges of anchor i, both directions
+        for start, stop in _strips(batch, ctx.chunk):
+            neg = ~_positives(codes, start, stop, batch, x.device)
+            shifted = ctx.margin + x[start:stop] @ y.t()
+            active_row = ((shifted - diag[start:stop, None]) >= 0) & neg
+            active_col = ((shifted - diag[None, :]) >= 0) & neg
+            count[start:stop] += active_row.sum(1).to(x.dtype)
+            count += active_col.sum(0).to(x.dtype)
+            grad_s = active_row.to(x.dtype).mul_(g[start:stop, None])
+            grad_s += active_col.to(x.dtype).mul_(g[None, :])
+            dx[start:stop] += grad_s @ y
+            dy += grad_s.t() @ x[start:stop]
+        grad_diag = -(g * count)[:, None]
+        dx += grad_diag * y
+        dy += grad_diag * x
+        return dx, dy, None, None, None, None, None
+
+
+def tiled_triplet_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    margin: float = 0.2,
+    hardest: bool = True,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "sum",
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Tiled :func:`~vlret.losses.triplet_loss` (Triplet-HN Eq. 1-2, or VSE0 with
+    ``hardest=False``). Tie rule for ``hardest``: see the module docstring (lowest index wins).
+    """
+    check_real(margin, "margin")
+    x, y, codes, chunk = _prepare(
+        img_emb,
+        txt_emb,
+        img_ids,
+        txt_ids,
+        chunk_size=chunk_size,
+        reduction=reduction,
+        normalize=normalize,
+    )
+    function = _TiledTripletHardest if hardest else _TiledTripletSum
+    return function.apply(x, y, float(margin), *_split_codes(codes), chunk, reduction)

@@ -1,0 +1,316 @@
+"""Tiled (O(B)-memory) losses against the dense functions they must equal, value and gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vlret.losses import infonce_loss, triplet_loss, unified_loss
+from vlret.losses.tiled import tiled_infonce_loss, tiled_triplet_loss, tiled_unified_loss
+from vlret.similarity import cosine_similarity, positive_mask
+
+REDUCTIONS = ("sum", "mean", "none")
+
+# name -> (tiled function, dense function on sim, shared keyword arguments)
+LOSSES = {
+    "infonce": (tiled_infonce_loss, infonce_loss, {"temperature": 0.07}),
+    "unified": (tiled_unified_loss, unified_loss, {"margin": 0.2, "gamma": 60.0}),
+    "triplet_hardest": (tiled_triplet_loss, triplet_loss, {"margin": 0.2, "hardest": True}),
+    "triplet_sum": (tiled_triplet_loss, triplet_loss, {"margin": 0.2, "hardest": False}),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Many tiny ops: on shared cores, OpenMP spin-waits cost 5x more than a second thread saves."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _embeddings(batch, dim=16, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.randn(batch, dim, generator=gen, dtype=torch.float64).to(dtype)
+    txt = torch.randn(batch, dim, generator=gen, dtype=torch.float64).to(dtype)
+    return img.requires_grad_(), txt.requires_grad_()
+
+
+def _group_ids(batch):
+    """Several texts of the same image: image ids 0,0,0,1,1,2,2,2,3,... (groups of 1 to 3)."""
+    return torch.tensor([i // 3 if i % 7 else i // 2 for i in range(batch)])
+
+
+def _dense(name, img, txt, ids=None, normalize=True, **kw):
+    _, dense_fn, defaults = LOSSES[name]
+    sim = cosine_similarity(img, txt) if normalize else img @ txt.t()
+    pos_mask = None if ids is None else positive_mask(ids, ids)
+    return dense_fn(sim, pos_mask=pos_mask, **{**defaults, **kw})
+
+
+def _tiled(name, img, txt, ids=None, **kw):
+    tiled_fn, _, defaults = LOSSES[name]
+    return tiled_fn(img, txt, img_ids=ids, **{**defaults, **kw})
+
+
+def _value_and_grads(loss, inputs, reduction, seed=1):
+    """The loss and the gradients of a fixed random projection of it w.r.t. ``inputs``."""
+    if reduction == "none":
+        gen = torch.Generator().manual_seed(seed)
+        weight = torch.randn(loss.shape, generator=gen, dtype=torch.float64).to(loss.dtype)
+        target = (loss * weight).sum()
+    else:
+        target = loss * 1.7
+    grads = torch.autograd.grad(target, inputs)
+    return loss.detach(), grads
+
+
+def _assert_close(got, want, rtol, atol):
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
+# ----------------------------------------------------------------------------- equality with dense
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_float64_equals_dense(name, reduction, with_ids):
+    img, txt = _embeddings(37)
+    ids = _group_ids(37) if with_ids else None
+    want = _value_and_grads(_dense(name, img, txt, ids, reduction=reduction), (img, txt), reduction)
+    got = _value_and_grads(
+        _tiled(name, img, txt, ids, reduction=reduction, chunk_size=8), (img, txt), reduction
+    )
+    _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_float32_equals_dense(name, reduction):
+    img, txt = _embeddings(37, dim=32, dtype=torch.float32, seed=3)
+    ids = _group_ids(37)
+    want = _value_and_grads(_dense(name, img, txt, ids, reduction=reduction), (img, txt), reduction)
+    got = _value_and_grads(
+        _tiled(name, img, txt, ids, reduction=reduction, chunk_size=8), (img, txt), reduction
+    )
+    _assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("chunk_size", [1, 5, 37, 100])
+def test_any_chunk_size_and_raw_dot_products(name, chunk_size):
+    img, txt = _embeddings(11, dim=4, seed=4)
+    with torch.no_grad():
+        img.mul_(0.3), txt.mul_(0.3)  # raw dot products of a sane size for gamma=60
+    ids = ["a", "b", "a", "c", "d", "b", "e", "f", "g", "h", "a"]  # string ids work too
+    mask_ids = torch.tensor([ord(c) for c in ids])
+    want = _value_and_grads(_dense(name, img, txt, mask_ids, normalize=False), (img, txt), "sum")
+    got = _value_and_grads(
+        _tiled(name, img, txt, ids, normalize=False, chunk_size=chunk_size), (img, txt), "sum"
+    )
+    _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_separate_txt_ids():
+    img, txt = _embeddings(9, seed=5)
+    img_ids, txt_ids = torch.arange(9) // 2, torch.tensor([0, 0, 1, 1, 2, 9, 3, 3, 4])
+    sim = cosine_similarity(img, txt)
+    want = infonce_loss(sim, temperature=0.1, pos_mask=positive_mask(img_ids, txt_ids))
+    got = tiled_infonce_loss(
+        img, txt, temperature=0.1, img_ids=img_ids, txt_ids=txt_ids, chunk_size=4
+    )
+    _assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_unified_per_anchor_margins_with_gradient(reduction):
+    img, txt = _embeddings(37, seed=6)
+    ids = _group_ids(37)
+    margins = torch.rand(37, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    margins = (0.4 * margins).requires_grad_()
+    inputs = (img, txt, margins)
+    dense = _dense("unified", img, txt, ids, margins=margins, reduction=reduction)
+    tiled = _tiled("unified", img, txt, ids, margins=margins, reduction=reduction, chunk_size=8)
+    want, got = (
+        _value_and_grads(dense, inputs, reduction),
+        _value_and_grads(tiled, inputs, reduction),
+    )
+    _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_infonce_learnable_temperature_gets_its_gradient():
+    img, txt = _embeddings(37, seed=7)
+    log_scale = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
+    inputs = (img, txt, log_scale)
+    dense = _dense("infonce", img, txt, temperature=torch.exp(-log_scale))
+    tiled = _tiled("infonce", img, txt, temperature=torch.exp(-log_scale), chunk_size=8)
+    want, got = _value_and_grads(dense, inputs, "mean"), _value_and_grads(tiled, inputs, "mean")
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_unified_margin_zero_is_infonce_identity():
+    """Unified Eq. (7): gamma * unified(m=0) == infonce(tau = 1/gamma, sum)."""
+    img, txt = _embeddings(20, seed=8)
+    uni = tiled_unified_loss(img, txt, margin=0.0, gamma=20.0, chunk_size=6)
+    nce = tiled_infonce_loss(img, txt, temperature=1 / 20.0, chunk_size=6, reduction="sum")
+    _assert_close(20.0 * uni, nce, rtol=0, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- edge cases
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_rows_without_negatives_give_graph_attached_zero(name):
+    img, txt = _embeddings(10, seed=9)
+    ids = torch.zeros(10, dtype=torch.long)  # every pair positive: nothing to learn from
+    loss = _tiled(name, img, txt, ids, chunk_size=3)
+    assert loss.requires_grad and loss.item() == 0.0
+    grads = torch.autograd.grad(loss, (img, txt))
+    assert all(bool((g == 0).all()) for g in grads)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_some_rows_without_negatives(name):
+    img, txt = _embeddings(9, seed=10)
+    # Every text but the last belongs to image group 0, so rows 0..7 have one negative column
+    # and text columns 0..7 have one negative row; row 8 and column 8 have eight.
+    ids = torch.tensor([0] * 8 + [1])
+    want = _value_and_grads(_dense(name, img, txt, ids, reduction="none"), (img, txt), "none")
+    got = _value_and_grads(
+        _tiled(name, img, txt, ids, reduction="none", chunk_size=4), (img, txt), "none"
+    )
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(name, dtype):
+    img, txt = _embeddings(37, dim=32, dtype=dtype, seed=11)
+    loss = _tiled(name, img, txt, _group_ids(37), chunk_size=8)
+    assert loss.dtype == torch.float32
+    g_img, g_txt = torch.autograd.grad(loss, (img, txt))
+    assert g_img.dtype == dtype and g_txt.dtype == dtype
+    # Identical to the dense form on the same values upcast to float32.
+    img32, txt32 = (t.detach().float().requires_grad_() for t in (img, txt))
+    want = _dense(name, img32, txt32, _group_ids(37))
+    w_img, w_txt = torch.autograd.grad(want, (img32, txt32))
+    _assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    _assert_close(g_img.float(), w_img.to(dtype).float(), rtol=1e-2, atol=1e-3)
+    _assert_close(g_txt.float(), w_txt.to(dtype).float(), rtol=1e-2, atol=1e-3)
+
+
+def _orthogonal(v, seed):
+    w = torch.randn(v.shape, generator=torch.Generator().manual_seed(seed), dtype=v.dtype)
+    return w - (w @ v) / (v @ v) * v
+
+
+def test_hardest_tie_sends_gradient_to_lowest_index():
+    img, txt = _embeddings(6, dim=5, seed=12)
+    with torch.no_grad():
+        # Image 0's hardest negatives are texts 2 and 4, tied; text 1's are images 3 and 5.
+        txt[2] = 3 * img[0]
+        txt[4] = txt[2] + _orthogonal(img[0], 1)
+        img[3] = 3 * txt[1]
+        img[5] = img[3] + _orthogonal(txt[1], 2)
+    kwargs = {"margin": 0.2, "chunk_size": 4, "normalize": False}
+    loss = tiled_triplet_loss(img, txt, **kwargs)
+    dense = _dense("triplet_hardest", img, txt, normalize=False)
+    _assert_close(loss, dense, rtol=0, atol=1e-10)
+    got = torch.autograd.grad(loss, (img, txt))
+    # Break both ties in favour of the lower index: the gradient is continuous there.
+    with torch.no_grad():
+        img_moved, txt_moved = img.detach().clone(), txt.detach().clone()
+        txt_moved[4] -= 1e-9 * img[0]
+        img_moved[5] -= 1e-9 * txt[1]
+    inputs = (img_moved.requires_grad_(), txt_moved.requires_grad_())
+    want = torch.autograd.grad(_dense("triplet_hardest", *inputs, normalize=False), inputs)
+    for g, w in zip(got, want, strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-6)
+    # The dense amax splits a tied gradient evenly instead; only the value is shared.
+    split = torch.autograd.grad(dense, (img, txt))
+    assert not torch.allclose(split[1], got[1])
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_gradcheck(name):
+    img, txt = _embeddings(5, dim=3, seed=13)
+    ids = torch.tensor([0, 0, 1, 2, 2])
+    kwargs = {"gamma": 5.0} if name == "unified" else {}
+    kwargs = {**kwargs, "margin": 0.5} if name.startswith("triplet") else kwargs
+
+    def fn(a, b):
+        return _tiled(name, a, b, ids, reduction="none", chunk_size=2, **kwargs)
+
+    assert torch.autograd.gradcheck(fn, (img, txt), eps=1e-6, atol=1e-7)
+
+
+def test_bad_arguments_raise():
+    img, txt = _embeddings(4)
+    with pytest.raises(ValueError, match="chunk_size"):
+        tiled_infonce_loss(img, txt, chunk_size=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        tiled_infonce_loss(img, txt, chunk_size=2.0)
+    with pytest.raises(ValueError, match="reduction"):
+        tiled_infonce_loss(img, txt, chunk_size=2, reduction="avg")
+    with pytest.raises(ValueError, match="txt_ids given without img_ids"):
+        tiled_triplet_loss(img, txt, chunk_size=2, txt_ids=torch.arange(4))
+    with pytest.raises(ValueError, match="img_ids must have one id per row"):
+        tiled_triplet_loss(img, txt, chunk_size=2, img_ids=torch.arange(3))
+    with pytest.raises(ValueError, match="margins must be a"):
+        tiled_unified_loss(img, txt, chunk_size=2, margins=torch.zeros(3))
+    with pytest.raises(ValueError, match="at least 2"):
+        tiled_unified_loss(img[:1], txt[:1], chunk_size=2)
+    with pytest.raises(ValueError, match="temperature"):
+        tiled_infonce_loss(img, txt, chunk_size=2, temperature=-1.0)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        tiled_infonce_loss(img.detach() * float("nan"), txt, chunk_size=2)
+    with pytest.raises(ValueError, match="same shape"):
+        tiled_infonce_loss(img, txt[:3], chunk_size=2)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+class _LargestAllocation(TorchDispatchMode):
+    """Records the largest tensor any aten op returns (forward and backward alike)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_spy_sees_the_dense_matrix():
+    img, txt = _embeddings(64, dim=8, dtype=torch.float32)
+    with _LargestAllocation() as spy:
+        _dense("infonce", img, txt).backward()
+    assert spy.largest >= 64 * 64
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_forward_backward_never_allocates_batch_squared(name):
+    batch, dim, chunk = 4096, 64, 256
+    img, txt = _embeddings(batch, dim=dim, dtype=torch.float32, seed=14)
+    ids = torch.arange(batch) // 2
+    with _LargestAllocation() as spy:
+        _tiled(name, img, txt, ids, chunk_size=chunk).backward()
+    assert img.grad is not None and txt.grad is not None
+    assert spy.largest <= chunk * batch < batch * batch
