@@ -401,3 +401,50 @@ def test_registry():
         build_loss("unified", gama=3)
     with pytest.raises(ValueError, match="reduction"):
         build_loss("triplet", reduction="avg")
+
+
+# ----------------------------------------------------------------------------- chunk_size
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("triplet", {"hardest": True}),
+        ("triplet", {"hardest": False, "reduction": "mean"}),
+        ("infonce", {"temperature": 0.1}),
+        ("infonce", {"learnable_temperature": True}),
+        ("unified", {"gamma": 30.0, "reduction": "none"}),
+    ],
+)
+def test_chunk_size_switches_modules_to_the_tiled_form(name, params):
+    g = torch.Generator().manual_seed(7)
+    img = torch.randn(23, 6, generator=g, dtype=torch.float64)
+    txt = torch.randn(23, 6, generator=g, dtype=torch.float64)
+    ids = torch.arange(23) // 2  # pairs of captions share an image
+    dense, tiled = build_loss(name, **params), build_loss(name, chunk_size=5, **params)
+    tiled.load_state_dict(dense.state_dict())
+    outs, grads = [], []
+    for module in (dense, tiled):
+        a, b = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+        out = module(a, b, img_ids=ids)
+        out.sum().backward()
+        outs.append(out.detach())
+        grads.append((a.grad, b.grad))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-10)
+    for ga, gb in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(ga, gb, rtol=1e-9, atol=1e-10)
+
+
+def test_chunk_size_errors():
+    with pytest.raises(ValueError, match="chunk_size"):
+        TripletLoss(chunk_size=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        build_loss("infonce", chunk_size=2.5)
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="weights"):
+        UnifiedLoss(chunk_size=2)(x, x, weights=torch.ones(4, 4))
+    margins = torch.full((4,), 0.1)
+    torch.testing.assert_close(
+        UnifiedLoss(chunk_size=3)(x, x.flip(0), margins=margins),
+        UnifiedLoss()(x, x.flip(0), margins=margins),
+    )

@@ -71,11 +71,20 @@ class PairLoss(nn.Module):
     #: Equation(s) implemented.
     equation: str = ""
 
-    def __init__(self, *, reduction: str, normalize: bool = True) -> None:
+    def __init__(
+        self, *, reduction: str, normalize: bool = True, chunk_size: int | None = None
+    ) -> None:
         super().__init__()
         check_reduction(reduction)
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
         self.reduction = reduction
         self.normalize = bool(normalize)
+        #: With an int, the embedding entry point uses the tiled O(chunk_size x B)-memory form
+        #: (``vlret.losses.tiled``) where the loss has one; ``from_similarity`` stays dense.
+        self.chunk_size = chunk_size
 
     def similarity_and_mask(
         self,

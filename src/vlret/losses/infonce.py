@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from .._checks import check_positive, check_reduction
+from ..similarity import Ids
 from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
+from .tiled import tiled_infonce_loss
 
 
 def infonce_loss(
@@ -49,6 +51,9 @@ class InfoNCELoss(PairLoss):
     With ``learnable_temperature=True`` the module holds a learnable log-scale
     ``log(1/temperature)``, clamped in place like CLIP to ``[0, log(max_scale)]`` (scale <= 100
     by default) before each use, so the gradient is never cut by the clamp.
+
+    ``chunk_size=N`` makes the embedding entry point use :func:`tiled_infonce_loss`
+    (O(N x B) memory, same values and gradients).
     """
 
     paper = "CLIP / VLC (Radford et al. 2021)"
@@ -62,8 +67,9 @@ class InfoNCELoss(PairLoss):
         max_scale: float = 100.0,
         reduction: str = "mean",
         normalize: bool = True,
+        chunk_size: int | None = None,
     ) -> None:
-        super().__init__(reduction=reduction, normalize=normalize)
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         check_positive(temperature, "temperature")
         check_positive(max_scale, "max_scale")
         if max_scale < 1:
@@ -83,17 +89,41 @@ class InfoNCELoss(PairLoss):
             return float(1.0 / self.log_scale.detach().clamp(0, math.log(self.max_scale)).exp())
         return self.fixed_temperature
 
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def _current_temperature(self) -> float | torch.Tensor:
         if self.learnable_temperature:
             with torch.no_grad():
                 self.log_scale.clamp_(0.0, math.log(self.max_scale))
-            temperature: float | torch.Tensor = torch.exp(-self.log_scale)
-        else:
-            temperature = self.fixed_temperature
+            return torch.exp(-self.log_scale)
+        return self.fixed_temperature
+
+    def forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+    ) -> torch.Tensor:
+        if self.chunk_size is None:
+            return super().forward(img_emb, txt_emb, img_ids, txt_ids)
+        return tiled_infonce_loss(
+            img_emb,
+            txt_emb,
+            temperature=self._current_temperature(),
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            chunk_size=self.chunk_size,
+            reduction=self.reduction,
+            normalize=self.normalize,
+        )
+
+    def from_similarity(
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return infonce_loss(
-            sim, temperature=temperature, pos_mask=pos_mask, reduction=self.reduction
+            sim,
+            temperature=self._current_temperature(),
+            pos_mask=pos_mask,
+            reduction=self.reduction,
         )
 
     def extra_repr(self) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_real, check_reduction
+from ..similarity import Ids
 from ._base import PairLoss, prepare, reduce_terms
 from .registry import register_loss
+from .tiled import tiled_triplet_loss
 
 
 def triplet_loss(
@@ -44,7 +46,12 @@ def triplet_loss(
 
 @register_loss("triplet")
 class TripletLoss(PairLoss):
-    """Module form of :func:`triplet_loss` (VSE++; Unified-loss paper Eq. 1-2)."""
+    """Module form of :func:`triplet_loss` (VSE++; Unified-loss paper Eq. 1-2).
+
+    ``chunk_size=N`` makes the embedding entry point use :func:`tiled_triplet_loss`, which never
+    holds the ``B x B`` matrix (same value; at exact ties of the hardest negative the whole
+    gradient goes to the first index instead of being split).
+    """
 
     paper = "VSE++ (Faghri et al. 2018)"
     equation = "Unified Eq. (1)-(2)"
@@ -56,11 +63,33 @@ class TripletLoss(PairLoss):
         hardest: bool = True,
         reduction: str = "sum",
         normalize: bool = True,
+        chunk_size: int | None = None,
     ) -> None:
-        super().__init__(reduction=reduction, normalize=normalize)
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         check_real(margin, "margin")
         self.margin = float(margin)
         self.hardest = bool(hardest)
+
+    def forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+    ) -> torch.Tensor:
+        if self.chunk_size is None:
+            return super().forward(img_emb, txt_emb, img_ids, txt_ids)
+        return tiled_triplet_loss(
+            img_emb,
+            txt_emb,
+            margin=self.margin,
+            hardest=self.hardest,
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            chunk_size=self.chunk_size,
+            reduction=self.reduction,
+            normalize=self.normalize,
+        )
 
     def from_similarity(
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None

@@ -7,6 +7,7 @@ import torch
 from .._checks import check_finite, check_positive, check_real, check_reduction
 from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
+from .tiled import tiled_unified_loss
 
 
 def unified_loss(
@@ -64,7 +65,11 @@ def unified_loss(
 
 @register_loss("unified")
 class UnifiedLoss(PairLoss):
-    """Module form of :func:`unified_loss`. ``weights`` and ``margins`` may be passed per batch."""
+    """Module form of :func:`unified_loss`. ``weights`` and ``margins`` may be passed per batch.
+
+    ``chunk_size=N`` makes the embedding entry point use :func:`tiled_unified_loss` (O(N x B)
+    memory, same values and gradients); the dense ``weights`` form is then unavailable.
+    """
 
     paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
@@ -76,8 +81,9 @@ class UnifiedLoss(PairLoss):
         gamma: float = 60.0,
         reduction: str = "sum",
         normalize: bool = True,
+        chunk_size: int | None = None,
     ) -> None:
-        super().__init__(reduction=reduction, normalize=normalize)
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         check_real(margin, "margin")
         check_positive(gamma, "gamma")
         self.margin = float(margin)
@@ -93,6 +99,21 @@ class UnifiedLoss(PairLoss):
         weights: torch.Tensor | None = None,
         margins: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.chunk_size is not None:
+            if weights is not None:
+                raise ValueError("weights (Eq. 24) needs the dense form; use chunk_size=None")
+            return tiled_unified_loss(
+                img_emb,
+                txt_emb,
+                margin=self.margin,
+                gamma=self.gamma,
+                margins=margins,
+                img_ids=img_ids,
+                txt_ids=txt_ids,
+                chunk_size=self.chunk_size,
+                reduction=self.reduction,
+                normalize=self.normalize,
+            )
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask, weights=weights, margins=margins)
 
