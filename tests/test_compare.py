@@ -19,17 +19,18 @@ from train_helpers import tiny_data, tiny_raw
 from vlret.analysis.compare import (
     CompareError,
     compare,
-    dev_similarity_stats,
     parse_param,
     read_compare_config,
     resolve_variants,
     run_config,
     sweep,
 )
-from vlret.analysis.tables import TABLE_COLUMNS
+from vlret.analysis.tables import SYNTHETIC_COLUMNS, SYNTHETIC_KEYS, TABLE_COLUMNS
 from vlret.cli import main
-from vlret.train import TrainingInterrupted
-from vlret.train.evaluate import evaluate_checkpoint
+from vlret.train import Trainer, TrainingInterrupted
+from vlret.train.builders import build_dataset
+from vlret.train.config import config_from_dict
+from vlret.train.evaluate import encode_dataset, evaluate_checkpoint, load_trained_model
 
 pytest.importorskip("matplotlib")
 
@@ -270,24 +271,120 @@ def test_parse_param():
             parse_param(bad)
 
 
-def test_dev_similarity_stats_matches_loops():
-    g = torch.Generator().manual_seed(0)
-    img, txt = torch.randn(3, 4, generator=g), torch.randn(7, 4, generator=g)
-    txt_to_img = torch.tensor([0, 0, 1, 1, 1, 2, 2])
-    stats = dev_similarity_stats(img, txt, txt_to_img)
+def test_trainer_logs_dev_similarities_equal_to_loops(tmp_path):
+    data = tiny_data(tmp_path / "data")
+    raw = tiny_raw(data, tmp_path / "run")
+    raw["train"]["epochs"] = 1
+    Trainer(config_from_dict(raw)).fit()
+    log = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    (record,) = [r for r in map(json.loads, log) if r["kind"] == "epoch"]
+    # the weights that were validated: last.pt after the single epoch
+    model, config, encoder = load_trained_model(tmp_path / "run" / "last.pt")
+    img, txt = encode_dataset(model, build_dataset(config.data, "dev", encoder))
+    t2i = [int(i) for i in build_dataset(config.data, "dev", encoder).txt_to_img]
     cos = torch.nn.functional.cosine_similarity
-    pos = [float(cos(img[int(i)], txt[j], dim=0)) for j, i in enumerate(txt_to_img)]
-    hardest = []
-    for i in range(3):
-        hardest.append(
-            max(float(cos(img[i], txt[j], dim=0)) for j in range(7) if txt_to_img[j] != i)
-        )
-    for j in range(7):
-        hardest.append(
-            max(float(cos(img[i], txt[j], dim=0)) for i in range(3) if txt_to_img[j] != i)
-        )
-    assert stats["pos_sim"] == pytest.approx(sum(pos) / len(pos), abs=1e-6)
-    assert stats["hardest_neg_sim"] == pytest.approx(sum(hardest) / len(hardest), abs=1e-6)
+    pos = [float(cos(img[i], txt[j], dim=0)) for j, i in enumerate(t2i)]
+    hardest = [
+        max(float(cos(img[i], txt[j], dim=0)) for j in range(len(t2i)) if t2i[j] != i)
+        for i in range(img.shape[0])
+    ]
+    hardest += [
+        max(float(cos(img[i], txt[j], dim=0)) for i in range(img.shape[0]) if i != t2i[j])
+        for j in range(len(t2i))
+    ]
+    assert record["dev_pos_sim"] == pytest.approx(sum(pos) / len(pos), abs=1e-5)
+    assert record["dev_hardest_neg_sim"] == pytest.approx(sum(hardest) / len(hardest), abs=1e-5)
+    assert "dev_rsum" in record
+
+
+# -- synthetic world extras ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic_comparison(tmp_path_factory):
+    from vlret.data.synthetic import write_synthetic
+
+    tmp = tmp_path_factory.mktemp("syn")
+    world = write_synthetic("tiny", tmp / "world")
+    hint = json.loads((world / "synthetic.json").read_text(encoding="utf-8"))["train_config_hint"]
+    raw = tiny_raw(world, tmp / "base")
+    raw["data"].update(hint["data"])
+    raw["model"]["image"]["in_dim"] = hint["image_in_dim"]
+    raw["train"].update(epochs=1, batch_size=32, max_steps_per_epoch=6)
+    cfg = tmp / "syn.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    report = compare(cfg, losses=["triplet", "infonce"], seeds=2, out=tmp / "out", progress=False)
+    return world, tmp / "out", report
+
+
+def test_synthetic_extras_equal_evaluate_synthetic(synthetic_comparison):
+    from vlret.data.synthetic import evaluate_synthetic, load_synthetic
+
+    world, out, _ = synthetic_comparison
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    rows = list(csv.DictReader((out / "results.csv").open(encoding="utf-8")))
+    assert set(SYNTHETIC_KEYS) <= set(rows[0])
+    annotations = load_synthetic(world, "test")
+    for variant in doc["variants"]:
+        for run in variant["runs"]:
+            model, config, encoder = load_trained_model(Path(run["run_dir"]) / "best.pt")
+            img, txt = encode_dataset(model, build_dataset(config.data, "test", encoder))
+            direct = evaluate_synthetic(img, txt, annotations)
+            want = {
+                "clone_t2i": direct["clone"].t2i,
+                "clone_i2t": direct["clone"].i2t,
+                "t2i_rprecision": direct["extended"].t2i_rprecision,
+                "t2i_map_at_r": direct["extended"].t2i_map_at_r,
+                "i2t_rprecision": direct["extended"].i2t_rprecision,
+                "i2t_map_at_r": direct["extended"].i2t_map_at_r,
+                "secondary_t2i_r1": direct["secondary_t2i_r1"],
+            }
+            got = {k: run["metrics"][k] for k in SYNTHETIC_KEYS}
+            assert got == pytest.approx(want, abs=1e-9)
+            (row,) = [
+                r for r in rows if r["label"] == variant["label"] and r["seed"] == str(run["seed"])
+            ]
+            assert float(row["clone_t2i"]) == pytest.approx(want["clone_t2i"])
+            stored = json.loads((Path(run["run_dir"]) / "result.json").read_text())
+            assert stored["synthetic"]["split"] == "test"
+            assert stored["synthetic"]["trials"]["clone_t2i"] > 0
+        for key in SYNTHETIC_KEYS:
+            values = [r["metrics"][key] for r in variant["runs"]]
+            assert variant["mean"][key] == pytest.approx(statistics.mean(values))
+            assert variant["std"][key] == pytest.approx(statistics.stdev(values))
+
+
+def test_synthetic_extras_table_has_bold_best(synthetic_comparison):
+    _, out, report = synthetic_comparison
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    text = report.table_text()
+    assert "synthetic-world extras" in text
+    second = text[text.index("synthetic-world extras") :].splitlines()
+    header = next(line for line in second if line.startswith("| Loss |"))
+    assert [c.strip() for c in header.split("|")[2:-1]] == [h for _, h in SYNTHETIC_COLUMNS]
+    for col, (key, _) in enumerate(SYNTHETIC_COLUMNS, start=2):
+        shown = {v["label"]: round(v["mean"][key], 1) for v in doc["variants"]}
+        for v in doc["variants"]:
+            (row,) = [line for line in second if line.startswith(f"| {v['label']} |")]
+            cell = row.split("|")[col].strip()
+            body = f"{v['mean'][key]:.1f} ± {v['std'][key]:.1f}"
+            assert cell == (f"**{body}**" if shown[v["label"]] == max(shown.values()) else body)
+
+
+def test_synthetic_extras_added_to_cached_runs(tmp_path, synthetic_comparison):
+    import shutil
+
+    world, out0, _ = synthetic_comparison
+    out = tmp_path / "out"
+    shutil.copytree(out0, out)
+    result = out / "runs" / "triplet" / "seed0" / "result.json"
+    record = json.loads(result.read_text())
+    extras = record.pop("synthetic")
+    result.write_text(json.dumps(record))  # as written before the extras existed
+    cfg = next(out0.parent.glob("syn.yaml"))
+    report = compare(cfg, losses=["triplet", "infonce"], seeds=2, out=out, progress=False)
+    assert report.count("cached") == 4
+    assert json.loads(result.read_text())["synthetic"] == extras
 
 
 # -- command line ----------------------------------------------------------------------------
@@ -320,6 +417,33 @@ def test_cli_parse_errors_are_clear(capsys, argv, message):
         main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_compare_checks_the_test_split_before_training(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    out = tmp_path / "o"
+    base = ["compare", str(cfg), "--losses", "triplet", "--seeds", "1", "--out", str(out)]
+    cases = [
+        (["--set", "compare.split=testall"], "not 'testall'"),
+        (["--set", "compare.protocol=msrvtt-full"], "needs msrvtt data"),
+        (["--set", f"compare.data={tmp_path / 'nowhere'}"], "compare.data: "),
+    ]
+    for extra, message in cases:
+        assert main([*base, "--no-progress", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vlret compare: ") and message in err
+        assert "Traceback" not in err
+        assert not (out / "runs").exists()  # nothing was trained
+
+
+def test_cli_compare_evaluation_errors_exit_2(tmp_path, capsys):
+    # coco1k on precomp dev passes the split check; its 2 dev images are not 5 folds
+    cfg = _config(tmp_path)
+    argv = ["compare", str(cfg), "--losses", "triplet", "--seeds", "1", "--out", str(tmp_path)]
+    argv += ["--no-progress", "--set", "compare.protocol=coco1k", "--set", "compare.split=dev"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlret compare: coco1k averages 5 folds") and "Traceback" not in err
 
 
 def test_cli_request_errors_name_the_command(tmp_path, capsys):

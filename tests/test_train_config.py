@@ -331,3 +331,26 @@ def test_msrvtt_1ka_trains_without_validation(tmp_path):
     last = load_checkpoint(result.last_checkpoint)
     assert best["epoch"] == last["epoch"] == 2  # best.pt is the last epoch
     assert all(torch.equal(v, last["model"][k]) for k, v in best["model"].items())
+
+
+def test_train_accepts_and_ignores_a_compare_section(tmp_path, tiny, capsys):
+    import yaml
+
+    from vlret.cli import main
+
+    compare = '\n[compare]\nseeds = 3\n\n[compare.losses.triplet-hn]\nname = "triplet"\n'
+    path = write(tmp_path, "c.toml", TOML + compare)
+    plain = load_config(write(tmp_path, "p.toml", TOML))
+    assert load_config(path).to_dict() == plain.to_dict()
+    with pytest.raises(ConfigError, match="compare: expected a table"):
+        load_config(write(tmp_path, "bad.toml", 'compare = "x"\n' + TOML))
+    # `vlret train` on a compare config: trains, and the saved config has no [compare]
+    raw = tiny_raw(tiny, tmp_path / "run")
+    raw["train"]["epochs"] = 1
+    raw["compare"] = {"seeds": 2, "losses": {"unified": {"gamma": 30.0}}}
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    assert main(["train", str(cfg)]) == 0
+    assert "done: 1 epochs" in capsys.readouterr().out
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))
+    assert "compare" not in saved and saved["loss"]["name"] == "triplet"

@@ -11,9 +11,40 @@ from . import __version__
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    if args.preset is None:  # the quick demo: losses on a seeded batch, toy metrics
+        from .demo import run_demo
 
-    run_demo(seed=args.seed)
+        run_demo(seed=0 if args.seed is None else args.seed)
+        return 0
+    from .analysis.compare import CompareError, parse_losses
+    from .demo import run_comparison_demo
+    from .train import TrainingInterrupted
+
+    try:
+        losses = parse_losses(args.losses) if args.losses is not None else None
+        result = run_comparison_demo(
+            args.preset,
+            out=args.out,
+            epochs=args.epochs,
+            seeds=args.seeds,
+            seed=args.seed,
+            losses=losses,
+            fresh=args.fresh,
+            progress=not args.no_progress,
+        )
+    except CompareError as err:
+        hint = " (or pass --fresh)" if "other settings" in str(err) else ""
+        print(f"vlret demo: {err}{hint}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"vlret demo: {err}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as err:
+        print(f"interrupted ({err.checkpoint}); run the same command again to continue")
+        return 130
+    _print_report(result.report)
+    print(f"\nreproduce: {result.command}")
+    print(f"done in {result.seconds:.1f} s")
     return 0
 
 
@@ -295,8 +326,36 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     syn.set_defaults(func=_cmd_synth)
 
-    demo = sub.add_parser("demo", help="every loss on a seeded batch + metrics of a toy problem")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    from .demo import DEMO_PRESETS
+
+    demo = sub.add_parser(
+        "demo",
+        help="quick: every loss on a seeded batch + toy metrics; --preset: a loss comparison",
+        description="Without --preset (a few seconds): every registered loss on a seeded batch "
+        "(value, gradient norm) and the metrics of a seeded toy problem. With --preset: write "
+        "the preset's synthetic world (reused when present), compare triplet-HN, InfoNCE, "
+        "Unified, GOAL, VSL and AdaCL with their papers' hyper-parameters, and print the table "
+        "and the paths of the plots. Presets: "
+        + "; ".join(f"{k}: {p.description}" for k, p in DEMO_PRESETS.items())
+        + ".",
+    )
+    demo.add_argument("--preset", choices=list(DEMO_PRESETS), help="run the loss comparison")
+    demo.add_argument(
+        "--seed", type=int, help="random seed (default 0; with --preset: the first train seed)"
+    )
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/demo"),
+        help="with --preset: folder of the world, the config and the comparison (runs/demo)",
+    )
+    demo.add_argument("--epochs", type=_positive_int, help="with --preset: epochs per run")
+    demo.add_argument("--seeds", type=_positive_int, help="with --preset: seeds per loss")
+    demo.add_argument("--losses", metavar="A,B,...", help="with --preset: a subset of the losses")
+    demo.add_argument(
+        "--fresh", action="store_true", help="with --preset: retrain instead of reusing runs"
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_cmd_demo)
 
     losses = sub.add_parser("losses", help="list the registered losses and their defaults")

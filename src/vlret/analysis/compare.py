@@ -37,6 +37,16 @@ the other losses. ``--set compare.KEY=VALUE`` overrides the ``[compare]`` sectio
 Layout of OUT: ``runs/{label}/seed{seed}/`` (the trainer's folder plus ``spec.json``, the
 resolved settings of the run, and ``result.json``, its test metrics), ``table.md``,
 ``results.csv``, ``results.json``, ``goal_grid.md`` (with ``--goal-grid``) and ``plots/*.png``.
+The dev similarity curves read ``dev_pos_sim`` / ``dev_hardest_neg_sim``, which the trainer
+logs in each epoch record of ``metrics.jsonl``.
+
+Before any run trains, the test protocol, split and data folder are checked against every
+run's data format (:func:`check_eval_plan`). When the test data folder is a synthetic world
+(``synthetic.json``, :mod:`vlret.data.synthetic`), each run is also scored with
+:func:`~vlret.data.synthetic.evaluate_synthetic` on the same split: clone forced choice,
+R-Precision / mAP@R on the exhaustive relevance and T->I R@1 of the secondary-content captions
+(``result.json`` key ``synthetic``; extra columns of ``results.csv`` / ``results.json`` and a
+second table in ``table.md``).
 
 Resume: a run is finished when its ``result.json`` exists, and is then read, not retrained; a
 run with a ``last.pt`` continues from it through the trainer's exact resume; any other run
@@ -364,29 +374,10 @@ def plan_runs(
 # --------------------------------------------------------------------------------------------
 
 
-def dev_similarity_stats(
-    img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor
-) -> dict[str, float]:
-    """Mean cosine of the matching (image, caption) pairs, and the mean over both directions of
-    each query's hardest non-matching cosine (Unified Fig. 4), on a whole split."""
-    img = torch.nn.functional.normalize(img_emb.float(), dim=1)
-    txt = torch.nn.functional.normalize(txt_emb.float(), dim=1)
-    sim = img @ txt.t()
-    pos = (
-        txt_to_img.to(sim.device)[None, :] == torch.arange(img.shape[0], device=sim.device)[:, None]
-    )
-    neg = sim.masked_fill(pos, -math.inf)
-    hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
-    hardest = hardest[torch.isfinite(hardest)]
-    return {
-        "pos_sim": float(sim[pos].mean()),
-        "hardest_neg_sim": float(hardest.mean()) if hardest.numel() else float("nan"),
-    }
-
-
 class ComparisonTrainer(Trainer):
-    """The trainer, with dev positive / hardest-negative cosines added to each epoch's record
-    (logged as ``dev_pos_sim`` / ``dev_hardest_neg_sim``) and a callback after each epoch."""
+    """The trainer with a callback after each epoch (the progress display); the dev
+    similarities of the plots (``dev_pos_sim`` / ``dev_hardest_neg_sim``) are logged by
+    :meth:`Trainer.validate` itself."""
 
     def __init__(
         self,
@@ -399,20 +390,7 @@ class ComparisonTrainer(Trainer):
         super().__init__(config, resume=resume)
 
     def validate(self) -> dict[str, float] | None:
-        from ..metrics import retrieval_metrics
-        from ..train.evaluate import encode_dataset
-
-        out = None
-        if self.dev_set is not None:
-            img, txt = encode_dataset(
-                self.model,
-                self.dev_set,
-                batch_size=self.config.train.eval_batch_size,
-                device=self.device,
-                normalize=self.config.loss.params.get("normalize", True),
-            )
-            out = retrieval_metrics(img, txt, self.dev_set.txt_to_img).as_dict()
-            out.update(dev_similarity_stats(img, txt, self.dev_set.txt_to_img))
+        out = super().validate()
         if self._on_epoch is not None:
             self._on_epoch(self.epoch + 1)
         return out
@@ -439,11 +417,14 @@ def run_fingerprint(spec: RunSpec, settings: EvalSettings) -> dict[str, Any]:
 
 
 def _result_from_record(spec: RunSpec, record: dict[str, Any]) -> RunResult:
+    """The run's test metrics, with the synthetic extras (``record["synthetic"]``) merged in."""
+    metrics = dict(record["metrics"])
+    metrics.update((record.get("synthetic") or {}).get("metrics", {}))
     return RunResult(
         label=spec.variant.label,
         loss=spec.variant.loss,
         seed=spec.seed,
-        metrics={k: float(v) for k, v in record["metrics"].items() if v is not None},
+        metrics={k: float(v) for k, v in metrics.items() if v is not None},
         params=spec.variant.params,
         run_dir=str(spec.run_dir),
     )
@@ -457,6 +438,116 @@ def _write_json(path: Path, value: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def check_eval_plan(specs: Sequence[RunSpec], settings: EvalSettings) -> None:
+    """Before any training: the test protocol evaluates the test split of every run's data
+    format (:func:`~vlret.train.evaluate.check_eval_split`) and the test data folder exists,
+    so a wrong ``[compare]`` protocol / split / data fails in seconds, not after the runs."""
+    from ..train.evaluate import check_eval_split
+
+    for spec in specs:
+        try:
+            check_eval_split(settings.protocol, settings.split, spec.config.data.format)
+        except ValueError as err:
+            raise CompareError(
+                f"compare.protocol = {settings.protocol!r}, compare.split = {settings.split!r}: "
+                f"{err}"
+            ) from None
+        data = Path(settings.data or spec.config.data.root)
+        if not data.exists():
+            key = "compare.data" if settings.data else "data.root"
+            raise CompareError(
+                f"{key}: {data}: missing; expected the data folder of the test split"
+            )
+
+
+def synthetic_root(data: str | Path) -> Path | None:
+    """The synthetic world behind the data folder ``data`` (a folder with ``synthetic.json``;
+    ``data`` may also be a Karpathy JSON inside it), else ``None``."""
+    from ..data.synthetic import META_FILE
+
+    folder = Path(data)
+    if folder.is_file():
+        folder = folder.parent
+    return folder if (folder / META_FILE).is_file() else None
+
+
+def _synthetic_split(root: Path, split: str) -> str | None:
+    """Our split name of the evaluated ``split``: the same, or COCO's test / testall twin."""
+    twins = {"test": ("test", "testall"), "testall": ("testall", "test")}
+    for name in twins.get(split, (split,)):
+        if (root / f"{name}_synth.npz").is_file():
+            return name
+    return None
+
+
+def synthetic_extras(
+    checkpoint: Path, *, root: Path, spec: RunSpec, settings: EvalSettings
+) -> dict[str, Any] | None:
+    """The synthetic world's extras of a trained run on the test split, through
+    :func:`~vlret.data.synthetic.evaluate_synthetic`: ``{"split", "metrics", "trials"}`` with
+    the :data:`~vlret.analysis.tables.SYNTHETIC_KEYS` metrics (NaN as ``None``) and the
+    forced-choice trial counts; ``None`` (with a warning) when the evaluated captions are not
+    the world's split one to one (e.g. MSR-VTT 1k-A, one caption per test video)."""
+    from ..data.synthetic import evaluate_synthetic, load_synthetic
+    from ..train.builders import build_dataset, eval_data_config
+    from ..train.evaluate import encode_dataset, load_trained_model
+
+    name = _synthetic_split(root, settings.split)
+    if name is None:
+        warnings.warn(f"{root}: no side files of split {settings.split!r}", stacklevel=2)
+        return None
+    device = spec.config.train.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, config, encoder = load_trained_model(checkpoint, device=device)
+    ds_protocol = {"msrvtt-1ka": "1k-A", "msrvtt-full": "full"}.get(settings.protocol)
+    dataset = build_dataset(
+        eval_data_config(config.data, settings.data or config.data.root),
+        settings.split,
+        encoder,
+        protocol=ds_protocol,
+        image_transform=getattr(model, "image_transform", None),
+    )
+    annotations = load_synthetic(root, name)
+    if not torch.equal(
+        torch.as_tensor(dataset.txt_to_img, dtype=torch.long),
+        torch.as_tensor(annotations.txt_to_img, dtype=torch.long),
+    ):
+        warnings.warn(
+            f"{spec.variant.label} seed {spec.seed}: the {settings.protocol} {settings.split} "
+            f"captions are not those of the synthetic split {name!r}; no synthetic extras",
+            stacklevel=2,
+        )
+        return None
+    img, txt = encode_dataset(
+        model,
+        dataset,
+        batch_size=settings.batch_size,
+        device=device,
+        normalize=config.loss.params.get("normalize", True),
+    )
+    out = evaluate_synthetic(img, txt, annotations)
+    ext, clone = out["extended"], out["clone"]
+    metrics = {
+        "clone_t2i": clone.t2i,
+        "clone_i2t": clone.i2t,
+        "t2i_rprecision": ext.t2i_rprecision,
+        "t2i_map_at_r": ext.t2i_map_at_r,
+        "i2t_rprecision": ext.i2t_rprecision,
+        "i2t_map_at_r": ext.i2t_map_at_r,
+        "secondary_t2i_r1": out["secondary_t2i_r1"],
+    }
+    return {
+        "split": name,
+        "metrics": {k: float(v) if math.isfinite(v) else None for k, v in metrics.items()},
+        "trials": {
+            "clone_t2i": clone.t2i_trials,
+            "clone_i2t": clone.i2t_trials,
+            "secondary_t2i": int((annotations.caption_form == 1).sum()),
+        },
+    }
 
 
 def execute_run(
@@ -483,8 +574,14 @@ def execute_run(
     else:
         _write_json(spec_path, fingerprint)
     result_path = run_dir / RESULT_FILE
+    world = synthetic_root(settings.data or spec.config.data.root)
     if result_path.is_file():
         record = json.loads(result_path.read_text(encoding="utf-8"))
+        tested = run_dir / str(record.get("checkpoint", ""))
+        if world is not None and "synthetic" not in record and tested.is_file():
+            # finished before the synthetic extras existed: add them, the run stays as it is
+            record["synthetic"] = synthetic_extras(tested, root=world, spec=spec, settings=settings)
+            _write_json(result_path, record)
         return RunOutcome(spec, "cached", _result_from_record(spec, record))
 
     last = run_dir / "last.pt"
@@ -516,6 +613,8 @@ def execute_run(
         seed=spec.seed,
         epochs=trainer.epoch,
     )
+    if world is not None:
+        record["synthetic"] = synthetic_extras(checkpoint, root=world, spec=spec, settings=settings)
     _write_json(result_path, record)  # last: its presence marks the run finished
     status = "resumed" if resume is not None else "trained"
     return RunOutcome(spec, status, _result_from_record(spec, record))
@@ -546,7 +645,9 @@ def run_all(
     on_epoch: Callable[[RunSpec, int], None] | None = None,
 ) -> list[RunOutcome]:
     """Every run in order, with one progress bar counting epochs over the whole plan (the
-    estimate of the time left is the average epoch time of this session so far)."""
+    estimate of the time left is the average epoch time of this session so far). The test
+    protocol, split and data folder are checked first (:func:`check_eval_plan`)."""
+    check_eval_plan(specs, settings)
     total = sum(s.config.train.epochs for s in specs)
     done = sum(s.config.train.epochs for s in specs if is_finished(s))
     if progress:
@@ -814,8 +915,8 @@ __all__ = [
     "RunOutcome",
     "RunSpec",
     "Variant",
+    "check_eval_plan",
     "compare",
-    "dev_similarity_stats",
     "execute_run",
     "parse_losses",
     "parse_param",
@@ -825,4 +926,6 @@ __all__ = [
     "run_all",
     "sweep",
     "sweep_variants",
+    "synthetic_extras",
+    "synthetic_root",
 ]

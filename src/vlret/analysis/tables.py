@@ -5,6 +5,12 @@ variant into :class:`VariantSummary` (mean and sample standard deviation over se
 1``, 0 for a single seed). :func:`markdown_table` renders the papers' layout: R@1/5/10 image to
 text, R@1/5/10 text to image, rsum, each cell ``mean +- std``, the best mean of each column in
 bold (every variant whose mean rounds to the best shown value, so visible ties are all bold).
+
+Runs tested on a synthetic world (:mod:`vlret.data.synthetic`) also carry the metrics of
+:data:`SYNTHETIC_COLUMNS` (clone forced choice, R-Precision / mAP@R on the exhaustive
+relevance, text-to-image R@1 of the secondary-content captions); they get the same treatment
+in a second table of ``table.md`` (:func:`synthetic_markdown_table`), and extra columns in
+``results.csv`` / ``results.json`` when any run has them.
 """
 
 from __future__ import annotations
@@ -41,6 +47,17 @@ METRIC_KEYS: tuple[str, ...] = (
     "i2t_meanr",
     "t2i_meanr",
 )
+#: The synthetic world's extra metrics (percent, higher is better) with their header labels.
+SYNTHETIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("clone_t2i", "Clone T→I"),
+    ("clone_i2t", "Clone I→T"),
+    ("t2i_rprecision", "T→I R-Prec"),
+    ("t2i_map_at_r", "T→I mAP@R"),
+    ("i2t_rprecision", "I→T R-Prec"),
+    ("i2t_map_at_r", "I→T mAP@R"),
+    ("secondary_t2i_r1", "Secondary T→I R@1"),
+)
+SYNTHETIC_KEYS: tuple[str, ...] = tuple(k for k, _ in SYNTHETIC_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -91,7 +108,7 @@ def summarize(results: Iterable[RunResult]) -> list[VariantSummary]:
     out = []
     for label, runs in groups.items():
         runs = sorted(runs, key=lambda r: r.seed)
-        keys = [k for k in METRIC_KEYS if all(k in r.metrics for r in runs)]
+        keys = [k for k in METRIC_KEYS + SYNTHETIC_KEYS if all(k in r.metrics for r in runs)]
         stats = {k: mean_std([float(r.metrics[k]) for r in runs]) for k in keys}
         out.append(
             VariantSummary(
@@ -122,38 +139,77 @@ def best_labels(summaries: Sequence[VariantSummary], key: str, *, digits: int = 
     return {label for label, v in shown.items() if v == best}
 
 
-def markdown_table(summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1) -> str:
-    """The paper-style markdown table (see the module docstring)."""
-    if not summaries:
-        raise ValueError("markdown_table needs at least one variant")
-    best = {key: best_labels(summaries, key, digits=digits) for key, _ in TABLE_COLUMNS}
+def _seeds_note(summaries: Sequence[VariantSummary]) -> str:
     counts = [len(s.runs) for s in summaries]
     if max(counts) < 2:
-        seeds_note = "one seed"
-    elif len(set(counts)) == 1:
-        seeds_note = f"mean ± sample std over {counts[0]} seeds"
-    else:
-        seeds_note = "mean ± sample std over seeds (seed counts differ: see results.csv)"
-    lines = []
-    if title:
-        lines += [f"### {title}", ""]
-    lines.append(f"Image → Text: columns 2-4; Text → Image: columns 5-7; {seeds_note}.")
-    lines.append("")
-    header = ["Loss"] + [
-        f"{'I→T' if k.startswith('i2t') else 'T→I' if k.startswith('t2i') else ''} {name}".strip()
-        for k, name in TABLE_COLUMNS
-    ]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join([":---"] + ["---:"] * len(TABLE_COLUMNS)) + "|")
+        return "one seed"
+    if len(set(counts)) == 1:
+        return f"mean ± sample std over {counts[0]} seeds"
+    return "mean ± sample std over seeds (seed counts differ: see results.csv)"
+
+
+def _table_rows(
+    summaries: Sequence[VariantSummary],
+    columns: Sequence[tuple[str, str]],
+    header: Sequence[str],
+    digits: int,
+) -> list[str]:
+    """Header, alignment and one row per variant; ``-`` where a variant lacks a metric."""
+    best = {key: best_labels(summaries, key, digits=digits) for key, _ in columns}
+    lines = ["| " + " | ".join(["Loss", *header]) + " |"]
+    lines.append("|" + "|".join([":---"] + ["---:"] * len(columns)) + "|")
     for s in summaries:
         cells = [s.label]
-        for key, _ in TABLE_COLUMNS:
+        for key, _ in columns:
             if key not in s.mean:
                 cells.append("-")
                 continue
             text = _cell(s.mean[key], s.std[key], len(s.runs), digits)
             cells.append(f"**{text}**" if s.label in best[key] else text)
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown_table(summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1) -> str:
+    """The paper-style markdown table (see the module docstring)."""
+    if not summaries:
+        raise ValueError("markdown_table needs at least one variant")
+    lines = []
+    if title:
+        lines += [f"### {title}", ""]
+    lines.append(f"Image → Text: columns 2-4; Text → Image: columns 5-7; {_seeds_note(summaries)}.")
+    lines.append("")
+    header = [
+        f"{'I→T' if k.startswith('i2t') else 'T→I' if k.startswith('t2i') else ''} {name}".strip()
+        for k, name in TABLE_COLUMNS
+    ]
+    lines += _table_rows(summaries, TABLE_COLUMNS, header, digits)
+    return "\n".join(lines) + "\n"
+
+
+def has_synthetic_metrics(summaries: Sequence[VariantSummary]) -> bool:
+    """Whether any run of ``summaries`` carries a synthetic-world metric."""
+    return any(k in r.metrics for s in summaries for r in s.runs for k in SYNTHETIC_KEYS)
+
+
+def synthetic_markdown_table(
+    summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1
+) -> str:
+    """The synthetic world's extras (:data:`SYNTHETIC_COLUMNS`) as a table like
+    :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column in bold."""
+    if not summaries:
+        raise ValueError("synthetic_markdown_table needs at least one variant")
+    lines = []
+    if title:
+        lines += [f"### {title}", ""]
+    lines.append(
+        "Synthetic world, same test split: clone forced choice (a caption picks its image over "
+        "a one-edit sibling it does not describe, and an image its caption over the sibling's; "
+        "chance 50), R-Precision and mAP@R on the exhaustive relevance, and T→I R@1 of the "
+        f"captions that mention only a secondary object; percent, {_seeds_note(summaries)}."
+    )
+    lines.append("")
+    lines += _table_rows(summaries, SYNTHETIC_COLUMNS, [h for _, h in SYNTHETIC_COLUMNS], digits)
     return "\n".join(lines) + "\n"
 
 
@@ -251,22 +307,22 @@ def write_results_json(summaries: Sequence[VariantSummary], path: str | Path, **
 
 def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> Path:
     """One row per run (``seed`` = the seed) then a ``mean`` and a ``std`` row per variant;
-    columns: label, loss, seed, params (JSON), then :data:`METRIC_KEYS`."""
+    columns: label, loss, seed, params (JSON), then :data:`METRIC_KEYS` (and
+    :data:`SYNTHETIC_KEYS` when any run has a synthetic-world metric)."""
     path = Path(path)
+    keys = METRIC_KEYS + (SYNTHETIC_KEYS if has_synthetic_metrics(summaries) else ())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["label", "loss", "seed", "params", *METRIC_KEYS])
+        writer.writerow(["label", "loss", "seed", "params", *keys])
         for s in summaries:
             params = json.dumps(_plain(dict(s.params)), sort_keys=True)
             for r in s.runs:
-                row = [r.metrics.get(k, "") for k in METRIC_KEYS]
+                row = [r.metrics.get(k, "") for k in keys]
                 writer.writerow([s.label, s.loss, r.seed, params, *row])
             for name, stats in (("mean", s.mean), ("std", s.std)):
-                writer.writerow(
-                    [s.label, s.loss, name, params, *[stats.get(k, "") for k in METRIC_KEYS]]
-                )
+                writer.writerow([s.label, s.loss, name, params, *[stats.get(k, "") for k in keys]])
     tmp.replace(path)
     return path
 
@@ -274,4 +330,10 @@ def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> 
 def write_table(
     summaries: Sequence[VariantSummary], path: str | Path, *, title: str = "", digits: int = 1
 ) -> Path:
-    return _atomic_write(Path(path), markdown_table(summaries, title=title, digits=digits))
+    """``table.md``: the paper-style table, then the synthetic extras' table when any run has
+    them."""
+    text = markdown_table(summaries, title=title, digits=digits)
+    if has_synthetic_metrics(summaries):
+        extras_title = f"{title}: synthetic-world extras" if title else ""
+        text += "\n" + synthetic_markdown_table(summaries, title=extras_title, digits=digits)
+    return _atomic_write(Path(path), text)

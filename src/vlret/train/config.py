@@ -29,7 +29,9 @@ top-level key ``output_dir``::
     batch_size = 128
     seed = 0
 
-Every unknown key is an error naming the file and the dotted key; so is a value of the wrong
+A ``[compare]`` section (the settings of ``vlret compare``) is accepted and ignored for
+training: it is neither validated here nor kept in the resolved config. Every other unknown
+key is an error naming the file and the dotted key; so is a value of the wrong
 type. Loss parameters are checked against :func:`vlret.losses.loss_parameters`: their names,
 and their types against the defaults (a number where the default is a number, an integer where
 it is an integer, true/false where it is a bool, a string where it is a string; parameters
@@ -59,6 +61,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SECTIONS = ("data", "model", "loss", "optim", "train")
+#: Sections of a run config that training ignores: ``[compare]`` belongs to ``vlret compare``
+#: / ``vlret sweep`` (:mod:`vlret.analysis.compare`), so ``vlret train`` runs a compare config.
+IGNORED_SECTIONS = ("compare",)
 DATA_FORMATS = ("precomp", "msrvtt", "karpathy")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -418,11 +423,17 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     source = str(source)
     if not isinstance(raw, dict):
         raise ConfigError(source, "", "expected a mapping of sections")
-    unknown = sorted(set(raw) - {*SECTIONS, "output_dir"})
+    unknown = sorted(set(raw) - {*SECTIONS, *IGNORED_SECTIONS, "output_dir"})
     if unknown:
         raise ConfigError(
-            source, unknown[0], f"unknown section; expected {', '.join(SECTIONS)}, output_dir"
+            source,
+            unknown[0],
+            f"unknown section; expected {', '.join(SECTIONS)}, output_dir "
+            f"(and {', '.join(IGNORED_SECTIONS)}, read by vlret compare)",
         )
+    for section in IGNORED_SECTIONS:
+        if section in raw and not isinstance(raw[section], dict):
+            raise ConfigError(source, section, f"expected a table/mapping, got {raw[section]!r}")
     for section in ("data", "loss", "train"):
         if section not in raw:
             raise ConfigError(source, section, "required section is missing")

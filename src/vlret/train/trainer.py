@@ -420,6 +420,10 @@ class Trainer:
     # -- validation --------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float] | None:
+        """Dev metrics (logged with a ``dev_`` prefix in the epoch record): the retrieval
+        metrics, plus ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
+        ``hardest_neg_sim``, the mean over every image and every caption query of its hardest
+        non-matching cosine (Unified Fig. 4). ``None`` without a dev set."""
         if self.dev_set is None:
             return None
         img, txt = encode_dataset(
@@ -429,7 +433,17 @@ class Trainer:
             device=self.device,
             normalize=self.config.loss.params.get("normalize", True),
         )
-        return retrieval_metrics(img, txt, self.dev_set.txt_to_img).as_dict()
+        txt_to_img = torch.as_tensor(self.dev_set.txt_to_img)
+        out = retrieval_metrics(img, txt, txt_to_img).as_dict()
+        # Cosines whatever loss.normalize says; the scores above are the model's own.
+        sim = F.normalize(img.float(), dim=1) @ F.normalize(txt.float(), dim=1).t()
+        pos = txt_to_img[None, :] == torch.arange(sim.shape[0])[:, None]
+        neg = sim.masked_fill(pos, -math.inf)
+        hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
+        hardest = hardest[torch.isfinite(hardest)]  # a query without negatives has none
+        out["pos_sim"] = float(sim[pos].mean())
+        out["hardest_neg_sim"] = float(hardest.mean()) if hardest.numel() else float("nan")
+        return out
 
     # -- the loop ----------------------------------------------------------------------------
 

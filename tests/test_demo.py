@@ -1,0 +1,114 @@
+"""`vlret demo`: the quick demo, and the loss comparison on a synthetic world (--preset)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from vlret.analysis.compare import read_compare_config, resolve_variants
+from vlret.cli import main
+from vlret.demo import DEMO_PRESETS, demo_config_text, ensure_world
+
+pytest.importorskip("matplotlib")
+
+LABELS = ["triplet-hn", "infonce", "unified", "goal", "vsl", "adacl"]
+
+
+def test_quick_demo_is_the_default(capsys):
+    start = time.perf_counter()
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "every registered loss on one seeded batch" in out and "5-fold 1K" in out
+    assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("preset", list(DEMO_PRESETS))
+def test_packaged_configs_hold_the_papers_settings(tmp_path, preset):
+    path = tmp_path / f"demo_{preset}.toml"
+    path.write_text(demo_config_text(preset), encoding="utf-8")
+    raw, section = read_compare_config(path)
+    variants = {v.label: v for v in resolve_variants(raw, section, None)}
+    assert list(variants) == LABELS
+    assert variants["triplet-hn"].params == {"margin": 0.2, "hardest": True}
+    assert variants["infonce"].params == {"temperature": 1 / 60, "reduction": "sum"}
+    assert variants["unified"].params == {"margin": 0.2, "gamma": 60.0}
+    assert variants["goal"].params == {
+        "triplet_weight": "cir",
+        "pair_weight": "sig-ms",
+        "margin": 0.2,
+    }
+    assert variants["vsl"].params["base_params"] == {"margin": 0.2, "hardest": True}
+    assert (variants["vsl"].params["beta"], variants["vsl"].params["tau"]) == (10.0, 0.001)
+    adacl = variants["adacl"]
+    assert (adacl.params["m1_init"], adacl.params["m2_init"], adacl.params["p_u"]) == (
+        20.0,
+        0.1,
+        0.03,
+    )
+    assert adacl.params["queue_size"] == 4096
+    assert adacl.overrides == ("train.momentum_encoder=0.99",)
+
+
+def test_world_is_reused_only_with_the_same_settings(tmp_path):
+    lines: list[str] = []
+    root, written = ensure_world("tiny", tmp_path / "w", print_fn=lines.append)
+    assert written and "written" in lines[-1]
+    assert ensure_world("tiny", root, print_fn=lines.append) == (root, False)
+    assert lines[-1].endswith("(reused)")
+    meta = json.loads((root / "synthetic.json").read_text(encoding="utf-8"))
+    meta["seed"] = 7  # another world in the folder: written again
+    (root / "synthetic.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert ensure_world("tiny", root, print_fn=lines.append) == (root, True)
+    assert json.loads((root / "synthetic.json").read_text(encoding="utf-8"))["seed"] == 0
+
+
+def test_demo_preset_tiny_prints_the_table_and_the_plots(tmp_path, capsys):
+    argv = ["demo", "--preset", "tiny", "--out", str(tmp_path), "--epochs", "1", "--seeds", "1"]
+    start = time.perf_counter()
+    assert main([*argv, "--no-progress"]) == 0
+    assert time.perf_counter() - start < 30
+    out = capsys.readouterr().out
+    for label in LABELS:
+        assert f"| {label} |" in out
+    assert "| Loss | I→T R@1 |" in out and "synthetic-world extras" in out
+    assert "| Loss | Clone T→I |" in out
+    cmp_dir = tmp_path / "tiny-e1"
+    plots = [
+        cmp_dir / "plots" / name
+        for name in ("curves_loss_rsum.png", "curves_similarity.png", "adacl_margins_adacl.png")
+    ]
+    for path in [cmp_dir / "table.md", cmp_dir / "results.csv", *plots]:
+        assert f"\n{path}\n" in out
+        assert path.is_file()
+    assert "runs: 6 trained" in out
+    assert f"reproduce: vlret compare {tmp_path / 'demo_tiny.yaml'} --seeds 1" in out
+    # again: the world and the finished runs are reused
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "(reused)" in out and "runs: 6 cached" in out
+
+
+def test_demo_errors_are_clean(tmp_path, capsys):
+    (tmp_path / "data-tiny").mkdir()
+    (tmp_path / "data-tiny" / "mine.txt").write_text("not a synthetic world")
+    assert main(["demo", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlret demo: ") and "synthetic.json" in err
+    with pytest.raises(SystemExit):
+        main(["demo", "--preset", "huge"])
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+
+
+def test_demo_writes_a_reproducible_config(tmp_path):
+    from vlret.demo import write_demo_config
+
+    root, _ = ensure_world("tiny", tmp_path / "w", print_fn=lambda _: None)
+    path = write_demo_config("tiny", tmp_path / "c.yaml", data_root=root, epochs=3, seed=5)
+    raw, section = read_compare_config(path)
+    assert Path(raw["data"]["root"]) == root
+    assert raw["model"]["image"]["in_dim"] == 32  # the tiny world's feature size
+    assert (raw["train"]["epochs"], raw["train"]["seed"]) == (3, 5)
+    assert section["seeds"] == 1
