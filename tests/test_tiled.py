@@ -6,8 +6,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vlret.losses import infonce_loss, triplet_loss, unified_loss
-from vlret.losses.tiled import tiled_infonce_loss, tiled_triplet_loss, tiled_unified_loss
+from vlret.losses import adacl_loss, goal_objective, infonce_loss, triplet_loss, unified_loss
+from vlret.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
+from vlret.losses.tiled import (
+    tiled_adacl_loss,
+    tiled_goal_objective,
+    tiled_infonce_loss,
+    tiled_triplet_loss,
+    tiled_unified_loss,
+)
 from vlret.similarity import cosine_similarity, positive_mask
 
 REDUCTIONS = ("sum", "mean", "none")
@@ -18,7 +25,12 @@ LOSSES = {
     "unified": (tiled_unified_loss, unified_loss, {"margin": 0.2, "gamma": 60.0}),
     "triplet_hardest": (tiled_triplet_loss, triplet_loss, {"margin": 0.2, "hardest": True}),
     "triplet_sum": (tiled_triplet_loss, triplet_loss, {"margin": 0.2, "hardest": False}),
+    "adacl": (tiled_adacl_loss, adacl_loss, {"m1": 20.0, "m2": 0.1}),
+    # Defaults: the paper's best (cir, sig-ms); every combination is tested further down.
+    "goal": (tiled_goal_objective, goal_objective, {}),
 }
+# GOAL prescribes a gradient that is not the derivative of its (monitoring) value.
+DIFFERENTIABLE = sorted(name for name in LOSSES if name != "goal")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -243,7 +255,7 @@ def test_hardest_tie_sends_gradient_to_lowest_index():
     assert not torch.allclose(split[1], got[1])
 
 
-@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
 def test_gradcheck(name):
     img, txt = _embeddings(5, dim=3, seed=13)
     ids = torch.tensor([0, 0, 1, 2, 2])
@@ -254,6 +266,118 @@ def test_gradcheck(name):
         return _tiled(name, a, b, ids, reduction="none", chunk_size=2, **kwargs)
 
     assert torch.autograd.gradcheck(fn, (img, txt), eps=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- AdaCL
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_adacl_tensor_margins_get_their_gradient(reduction):
+    img, txt = _embeddings(37, seed=15)
+    ids = _group_ids(37)
+    m1 = torch.tensor(12.0, dtype=torch.float64, requires_grad=True)
+    m2 = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    inputs = (img, txt, m1, m2)
+    dense = _dense("adacl", img, txt, ids, m1=m1, m2=m2, reduction=reduction)
+    tiled = _tiled("adacl", img, txt, ids, m1=m1, m2=m2, reduction=reduction, chunk_size=8)
+    want, got = (
+        _value_and_grads(dense, inputs, reduction),
+        _value_and_grads(tiled, inputs, reduction),
+    )
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_adacl_unit_margins_are_infonce_at_temperature_one():
+    img, txt = _embeddings(20, seed=16)
+    ada = tiled_adacl_loss(img, txt, m1=1.0, m2=0.0, chunk_size=6)
+    nce = tiled_infonce_loss(img, txt, temperature=1.0, chunk_size=6)
+    _assert_close(ada, nce, rtol=0, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- GOAL
+
+
+def _paired(batch, noise, seed):
+    """Texts near their images: with noise 0.7 and epsilon 0.1 about half the anchors have
+    empty MS sets P and N, the rest non-empty ones (both branches of Eq. 12-13)."""
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.randn(batch, 16, generator=gen, dtype=torch.float64)
+    txt = img + noise * torch.randn(batch, 16, generator=gen, dtype=torch.float64)
+    return img.requires_grad_(), txt.requires_grad_()
+
+
+@pytest.mark.parametrize("triplet_weight", TRIPLET_WEIGHTS)
+@pytest.mark.parametrize("pair_weight", PAIR_WEIGHTS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("paired", [False, True])
+def test_goal_every_combination_equals_dense(triplet_weight, pair_weight, reduction, paired):
+    img, txt = _paired(37, 0.7, seed=17) if paired else _embeddings(37, seed=17)
+    ids = _group_ids(37)
+    kw = {"triplet_weight": triplet_weight, "pair_weight": pair_weight, "reduction": reduction}
+    want = _value_and_grads(_dense("goal", img, txt, ids, **kw), (img, txt), reduction)
+    got = _value_and_grads(_tiled("goal", img, txt, ids, chunk_size=8, **kw), (img, txt), reduction)
+    _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        assert bool(g.abs().max() > 0)
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("triplet_weight", TRIPLET_WEIGHTS)
+@pytest.mark.parametrize("pair_weight", PAIR_WEIGHTS)
+def test_goal_every_combination_float32(triplet_weight, pair_weight):
+    img, txt = (t.detach().float().requires_grad_() for t in _paired(37, 0.7, seed=19))
+    ids = _group_ids(37)
+    kw = {"triplet_weight": triplet_weight, "pair_weight": pair_weight}
+    want = _value_and_grads(_dense("goal", img, txt, ids, **kw), (img, txt), "sum")
+    got = _value_and_grads(_tiled("goal", img, txt, ids, chunk_size=8, **kw), (img, txt), "sum")
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        _assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pair_weight", ["lin-ms", "sig-ms"])
+def test_goal_ms_parameters_and_raw_dot_products(pair_weight):
+    img, txt = _paired(23, 0.7, seed=18)
+    ids = torch.arange(23) // 4
+    kw = {
+        "triplet_weight": "nca",
+        "pair_weight": pair_weight,
+        "margin": 0.1,
+        "tau": 4.0,
+        "alpha": 3.0,
+        "beta": 7.0,
+        "lam": 0.3,
+        "epsilon": 0.25,
+        "reduction": "none",
+    }
+    with torch.no_grad():
+        img.mul_(0.3), txt.mul_(0.3)
+    want = _value_and_grads(
+        _dense("goal", img, txt, ids, normalize=False, **kw), (img, txt), "none"
+    )
+    got = _value_and_grads(
+        _tiled("goal", img, txt, ids, normalize=False, chunk_size=5, **kw), (img, txt), "none"
+    )
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_goal_tie_picks_the_lowest_index_like_dense_max():
+    img, txt = _embeddings(6, dim=5, seed=12)
+    with torch.no_grad():
+        # Image 0's hardest negatives are texts 2 and 4, tied; text 1's are images 3 and 5.
+        txt[2] = 3 * img[0]
+        txt[4] = txt[2] + _orthogonal(img[0], 1)
+        img[3] = 3 * txt[1]
+        img[5] = img[3] + _orthogonal(txt[1], 2)
+    kw = {"triplet_weight": "con", "pair_weight": "con", "margin": 0.2, "normalize": False}
+    dense = _dense("goal", img, txt, **kw)
+    tiled = _tiled("goal", img, txt, chunk_size=4, **kw)
+    _assert_close(tiled, dense, rtol=0, atol=1e-10)
+    got = torch.autograd.grad(tiled, (img, txt))
+    want = torch.autograd.grad(dense, (img, txt))
+    for g, w in zip(got, want, strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
 
 
 def test_bad_arguments_raise():
@@ -278,6 +402,16 @@ def test_bad_arguments_raise():
         tiled_infonce_loss(img.detach() * float("nan"), txt, chunk_size=2)
     with pytest.raises(ValueError, match="same shape"):
         tiled_infonce_loss(img, txt[:3], chunk_size=2)
+    with pytest.raises(ValueError, match="m1 must be a positive"):
+        tiled_adacl_loss(img, txt, m1=0.0, m2=0.1, chunk_size=2)
+    with pytest.raises(ValueError, match="m2 must be a scalar"):
+        tiled_adacl_loss(img, txt, m1=1.0, m2=torch.zeros(2), chunk_size=2)
+    with pytest.raises(ValueError, match="m2 must be a finite"):
+        tiled_adacl_loss(img, txt, m1=1.0, m2=float("inf"), chunk_size=2)
+    with pytest.raises(ValueError, match="pair_weight='ms'"):
+        tiled_goal_objective(img, txt, pair_weight="ms", chunk_size=2)
+    with pytest.raises(ValueError, match="epsilon"):
+        tiled_goal_objective(img, txt, epsilon=-0.1, chunk_size=2)
 
 
 # ----------------------------------------------------------------------------- memory

@@ -1,4 +1,4 @@
-"""O(B)-memory tiled forms of InfoNCE, Unified and Triplet (hardest and sum), issue 8.
+"""O(B)-memory tiled forms of InfoNCE, Unified, Triplet (hardest and sum), AdaCL and GOAL, issue 8.
 
 The dense losses build the ``(B, B)`` similarity matrix ``S = X Y^T`` and let autograd keep it
 (and its gradient). The functions here take the embeddings and never hold it: a custom
@@ -7,22 +7,26 @@ The dense losses build the ``(B, B)`` similarity matrix ``S = X Y^T`` and let au
 accumulate ``dX = G Y`` and ``dY = G^T X`` strip by strip. Peak extra memory is
 ``O(chunk_size * B)`` for one strip and its temporaries, plus ``O(B)`` saved statistics.
 
-Semantics are those of the dense functions in ``infonce.py``, ``unified.py`` and ``triplet.py``:
+Semantics are those of the dense functions in ``infonce.py``, ``unified.py``, ``triplet.py``,
+``adacl.py`` (:func:`adacl_loss` for given margins, in-batch negatives) and ``goal.py``:
 the per-index vector (``reduction="none"``) is the image-anchor term of row ``i`` plus the
 text-anchor term of column ``i``; ids mark further positives, which are neither negatives nor
 pulled; the diagonal is always positive; a row without negatives contributes a graph-attached
 zero; half-precision inputs are computed in float32 (gradients are cast back by autograd).
 
-Tie rule (hardest triplet): when several negatives share the largest similarity, the tiled
-backward sends the whole gradient to the lowest index (first column for an image anchor, first
-row for a text anchor), where the dense ``amax`` splits it evenly among them; the value is the
-same. A hinge that is exactly zero gets a zero gradient. Ties have measure zero on real data.
+Tie rule (hardest triplet, GOAL): when several negatives share the largest similarity, the
+tiled backward sends the whole gradient to the lowest index (first column for an image anchor,
+first row for a text anchor). The dense triplet ``amax`` splits it evenly among them (the value
+is the same); the dense GOAL takes ``torch.max``'s index, the first maximal one, so the two GOAL
+forms agree on ties too. A hinge that is exactly zero gets a zero gradient. Ties have measure
+zero on real data.
 
 See ``docs/tiled.md`` for how a module's embedding entry point calls these functions.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -38,8 +42,15 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids, _ids_to_tensor
+from .goal import GoalConfig, _pair_weight_log_ms, _relative_positive, goal_triplet_weight
 
-__all__ = ["tiled_infonce_loss", "tiled_triplet_loss", "tiled_unified_loss"]
+__all__ = [
+    "tiled_adacl_loss",
+    "tiled_goal_objective",
+    "tiled_infonce_loss",
+    "tiled_triplet_loss",
+    "tiled_unified_loss",
+]
 
 # Same norm clamp as ``similarity.cosine_similarity``, so normalize=True matches the dense path.
 _NORM_EPS = 1e-8
@@ -439,3 +450,265 @@ def tiled_triplet_loss(
     )
     function = _TiledTripletHardest if hardest else _TiledTripletSum
     return function.apply(x, y, float(margin), *_split_codes(codes), chunk, reduction)
+
+
+# ----------------------------------------------------------------------------- AdaCL
+
+
+class _TiledNegativeLogSumExp(torch.autograd.Function):
+    """``(log sum_{j neg} e^{s_ij}, log sum_{i neg} e^{s_ij})``: the log-sum-exp of every row's
+    and every column's negatives, two ``(B,)`` outputs (``log Sigma`` of AdaCL Eq. 3).
+
+    A line without negatives gives ``finfo.min`` (the dense sentinel), never ``-inf``. Saved for
+    backward: ``X, Y`` and the two vectors; the backward recomputes each strip's two softmaxes
+    and accumulates ``G = g_row[i] P_ij + g_col[j] Q_ij`` into ``dX`` and ``dY``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, img_codes, txt_codes, chunk):
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        lowest = torch.finfo(x.dtype).min
+        row_lse = x.new_empty(batch)
+        col_lse = x.new_full((batch,), lowest)
+        for start, stop in _strips(batch, chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            a = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
+            row_lse[start:stop] = a.logsumexp(1)
+            col_lse = torch.logaddexp(col_lse, a.logsumexp(0))
+        ctx.chunk = chunk
+        ctx.save_for_backward(x, y, img_codes, txt_codes, row_lse, col_lse)
+        return row_lse, col_lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_row, g_col):
+        x, y, img_codes, txt_codes, row_lse, col_lse = ctx.saved_tensors
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        lowest = torch.finfo(x.dtype).min
+        g_row, g_col = g_row.to(x.dtype), g_col.to(x.dtype)
+        dx, dy = torch.zeros_like(x), torch.zeros_like(y)
+        for start, stop in _strips(batch, ctx.chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            a = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
+            # Positives are zeroed explicitly: in a line without negatives they are exp(0) = 1.
+            grad_s = (a - row_lse[start:stop, None]).exp_().masked_fill_(pos, 0)
+            grad_s.mul_(g_row[start:stop, None])
+            col = a.sub_(col_lse[None, :]).exp_().masked_fill_(pos, 0).mul_(g_col[None, :])
+            grad_s += col
+            dx[start:stop] += grad_s @ y
+            dy += grad_s.t() @ x[start:stop]
+        return dx, dy, None, None, None
+
+
+def _check_adacl_margin(value: float | torch.Tensor, name: str, *, positive: bool) -> None:
+    """Same rule as ``adacl_loss``: a real number or a 0-dim tensor, finite (``m1`` > 0)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
+        v = float(value.detach())
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        v = float(value)
+    else:
+        raise ValueError(f"{name} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(v) or (positive and v <= 0):
+        kind = "a positive finite number" if positive else "a finite number"
+        raise ValueError(f"{name} must be {kind}, got {v!r}")
+
+
+def tiled_adacl_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    m1: float | torch.Tensor,
+    m2: float | torch.Tensor,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "mean",
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Tiled :func:`~vlret.losses.adacl_loss` for given margins, in-batch negatives only.
+
+    Per index ``i``: ``log(1 + exp(L_i - m1 (s_ii - m2)))`` with ``L_i`` the log-sum-exp of row
+    ``i``'s negatives, plus the same over column ``i``. The two ``(B,)`` log-sum-exp vectors
+    come from a tiled Function; the rest is ``O(B)`` autograd, so ``m1``/``m2`` tensors that
+    require grad receive their gradient as in the dense form. Memory-queue negatives
+    (``extra_neg_*``) have no tiled counterpart yet (``docs/tiled.md``).
+    """
+    _check_adacl_margin(m1, "m1", positive=True)
+    _check_adacl_margin(m2, "m2", positive=False)
+    x, y, codes, chunk = _prepare(
+        img_emb,
+        txt_emb,
+        img_ids,
+        txt_ids,
+        chunk_size=chunk_size,
+        reduction=reduction,
+        normalize=normalize,
+    )
+    if isinstance(m1, torch.Tensor):
+        m1 = m1.to(device=x.device, dtype=x.dtype)
+    if isinstance(m2, torch.Tensor):
+        m2 = m2.to(device=x.device, dtype=x.dtype)
+    lse_row, lse_col = _TiledNegativeLogSumExp.apply(x, y, *_split_codes(codes), chunk)
+    pos_logit = m1 * ((x * y).sum(1) - m2)
+    zero = x.new_zeros(())
+    per_index = torch.logaddexp(zero, lse_row - pos_logit) + torch.logaddexp(
+        zero, lse_col - pos_logit
+    )
+    return _reduce(per_index, reduction)
+
+
+# ----------------------------------------------------------------------------- GOAL
+
+
+class _TiledGoal(torch.autograd.Function):
+    """GOAL (``goal.GoalFunction``) on embeddings: one streaming pass, ``O(B)`` saved.
+
+    Per strip: running max / argmax of the negatives per row and per column (hardest
+    negatives), "has a negative" flags, and for the MS pair weights the statistics of set N
+    (negatives above the scalar bound ``min_k s_kk - epsilon``, known before the pass): its
+    size per row and column and either the log-sum-exp of ``beta s`` (sig-ms; shifted by
+    ``beta s_n`` afterwards, as every member of N is at most ``s_n``) or the plain sum of ``s``
+    (lin-ms). Set P and the weights ``T P+``, ``T P-`` then need only ``O(B)`` vectors. The
+    backward scatters the five non-zeros per index of ``dL/dS`` (two hardest negatives and the
+    diagonal) onto the embeddings with gathers and ``index_add_``: no strip at all.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, img_codes, txt_codes, chunk, cfg):
+        batch = x.shape[0]
+        codes = None if img_codes is None else (img_codes, txt_codes)
+        lowest = torch.finfo(x.dtype).min
+        diag = (x * y).sum(1)
+        row_max, row_arg = x.new_full((batch,), lowest), x.new_zeros(batch, dtype=torch.long)
+        col_max, col_arg = x.new_full((batch,), lowest), x.new_zeros(batch, dtype=torch.long)
+        row_any = torch.zeros(batch, dtype=torch.bool, device=x.device)
+        col_any = torch.zeros(batch, dtype=torch.bool, device=x.device)
+        ms, sig = cfg.pair_weight in ("lin-ms", "sig-ms"), cfg.pair_weight == "sig-ms"
+        if ms:
+            bound = diag.min() - cfg.epsilon
+            count = torch.zeros(2, batch, dtype=torch.long, device=x.device)
+            row_stat = x.new_empty(batch)
+            col_stat = x.new_full((batch,), lowest) if sig else x.new_zeros(batch)
+        for start, stop in _strips(batch, chunk):
+            pos = _positives(codes, start, stop, batch, x.device)
+            filled = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
+            row_max[start:stop], row_arg[start:stop] = filled.max(dim=1)
+            values, index = filled.max(dim=0)
+            better = values > col_max  # strict: an earlier strip keeps a tie
+            col_max = torch.where(better, values, col_max)
+            col_arg = torch.where(better, index + start, col_arg)
+            neg = ~pos
+            row_any[start:stop] = neg.any(1)
+            col_any |= neg.any(0)
+            if not ms:
+                continue
+            keep = filled > bound
+            count[0, start:stop] = keep.sum(1)
+            count[1] += keep.sum(0)
+            if sig:
+                z = torch.where(keep, filled * cfg.beta, lowest)
+                row_stat[start:stop] = z.logsumexp(1)
+                col_stat = torch.logaddexp(col_stat, z.logsumexp(0))
+            else:
+                kept = filled * keep
+                row_stat[start:stop] = kept.sum(1)
+                col_stat += kept.sum(0)
+        has_neg = torch.stack((row_any, col_any))
+        # Anchors without a negative get a harmless stand-in; their weights are zeroed below.
+        neg = torch.where(has_neg, torch.stack((row_max, col_max)), diag)
+        t = goal_triplet_weight(
+            cfg.triplet_weight,
+            diag,
+            neg,
+            margin=cfg.margin,
+            tau=cfg.tau,
+            circle_offset=cfg.circle_offset,
+        )
+        ms_pos: torch.Tensor | float = 0.0
+        ms_neg: torch.Tensor | float = 0.0
+        if ms:
+            ms_pos = _relative_positive(diag, neg, cfg)
+            stat = torch.stack((row_stat, col_stat))
+            n = count.clamp(min=1).to(x.dtype)
+            if sig:
+                # log mean_N e^{beta (s - s_n)}; the sum is >= 1 as s_n is in N (log >= 0).
+                value = (stat - cfg.beta * neg).clamp(min=0) - n.log()
+            else:
+                value = neg - stat / n
+            ms_neg = torch.where(count > 0, value, 0.0)
+        p_pos, p_neg = _pair_weight_log_ms(
+            cfg.pair_weight, diag, neg, cfg.alpha, cfg.beta, cfg.lam, ms_pos, ms_neg
+        )
+        active = has_neg.to(x.dtype)
+        t = t * active
+        hinge = (cfg.margin + neg - diag).clamp(min=0) * active
+        ctx.reduction = cfg.reduction
+        ctx.save_for_backward(x, y, row_arg, col_arg, t * p_pos, t * p_neg)
+        return _reduce(hinge[0] + hinge[1], cfg.reduction)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, y, row_arg, col_arg, weight_pos, weight_neg = ctx.saved_tensors
+        g = _per_index_grad(grad_out.to(x.dtype), ctx.reduction, x.shape[0])
+        on_row = (weight_neg[0] * g)[:, None]  # dL/dS[i, row_arg[i]]
+        on_col = (weight_neg[1] * g)[:, None]  # dL/dS[col_arg[i], i]
+        on_diag = (-(weight_pos[0] + weight_pos[1]) * g)[:, None]  # dL/dS[i, i]
+        dx = on_row * y[row_arg] + on_diag * y
+        dx.index_add_(0, col_arg, on_col * y)
+        dy = on_col * x[col_arg] + on_diag * x
+        dy.index_add_(0, row_arg, on_row * x)
+        return dx, dy, None, None, None, None
+
+
+def tiled_goal_objective(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    triplet_weight: str = "cir",
+    pair_weight: str = "sig-ms",
+    margin: float = 0.2,
+    tau: float = 10.0,
+    alpha: float = 2.0,
+    beta: float = 10.0,
+    lam: float = 0.5,
+    epsilon: float = 0.1,
+    circle_offset: float = 0.5,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "sum",
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Tiled :func:`~vlret.losses.goal_objective` on embeddings, all 15 combinations.
+
+    Same value (the hardest-negative hinge, a monitoring value) and the same prescribed
+    gradient as the dense form on ``cosine_similarity(img, txt)`` (raw dot products if
+    ``normalize=False``) with ``pos_mask=positive_mask(ids)``. Tie rule: the module docstring.
+    """
+    cfg = GoalConfig(
+        triplet_weight=triplet_weight,
+        pair_weight=pair_weight,
+        margin=margin,
+        tau=tau,
+        alpha=alpha,
+        beta=beta,
+        lam=lam,
+        epsilon=epsilon,
+        circle_offset=circle_offset,
+        reduction=reduction,
+    )
+    x, y, codes, chunk = _prepare(
+        img_emb,
+        txt_emb,
+        img_ids,
+        txt_ids,
+        chunk_size=chunk_size,
+        reduction=reduction,
+        normalize=normalize,
+    )
+    return _TiledGoal.apply(x, y, *_split_codes(codes), chunk, cfg)
