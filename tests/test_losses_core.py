@@ -414,6 +414,8 @@ def test_registry():
         ("infonce", {"temperature": 0.1}),
         ("infonce", {"learnable_temperature": True}),
         ("unified", {"gamma": 30.0, "reduction": "none"}),
+        ("goal", {}),
+        ("goal", {"triplet_weight": "nca", "pair_weight": "lin-ms", "reduction": "mean"}),
     ],
 )
 def test_chunk_size_switches_modules_to_the_tiled_form(name, params):

@@ -30,7 +30,13 @@ from .goal import (
 )
 from .infonce import InfoNCELoss, infonce_loss
 from .registry import available_losses, build_loss, loss_class, loss_parameters, register_loss
-from .tiled import tiled_infonce_loss, tiled_triplet_loss, tiled_unified_loss
+from .tiled import (
+    tiled_adacl_loss,
+    tiled_goal_objective,
+    tiled_infonce_loss,
+    tiled_triplet_loss,
+    tiled_unified_loss,
+)
 from .triplet import TripletLoss, triplet_loss
 from .unified import UnifiedLoss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
@@ -69,6 +75,8 @@ __all__ = [
     "loss_class",
     "loss_parameters",
     "register_loss",
+    "tiled_adacl_loss",
+    "tiled_goal_objective",
     "tiled_infonce_loss",
     "tiled_triplet_loss",
     "tiled_unified_loss",

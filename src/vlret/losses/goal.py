@@ -62,6 +62,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._checks import check_positive, check_real, check_reduction
+from ..similarity import Ids
 from ._base import PairLoss, prepare
 from .registry import register_loss
 
@@ -409,7 +410,11 @@ def goal_objective(
 
 @register_loss("goal")
 class GoalObjective(PairLoss):
-    """Module form of :func:`goal_objective` (GOAL, Xuan & Chen, Eq. 3-13)."""
+    """Module form of :func:`goal_objective` (GOAL, Xuan & Chen, Eq. 3-13).
+
+    ``chunk_size=N`` makes the embedding entry point use
+    :func:`vlret.losses.tiled.tiled_goal_objective`, which never holds the ``B x B`` matrix.
+    """
 
     paper = "GOAL (Xuan & Chen 2022)"
     equation = "GOAL Eq. (3)-(13), Table 1"
@@ -428,8 +433,9 @@ class GoalObjective(PairLoss):
         circle_offset: float = 0.5,
         reduction: str = "sum",
         normalize: bool = True,
+        chunk_size: int | None = None,
     ) -> None:
-        super().__init__(reduction=reduction, normalize=normalize)
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         self.config = GoalConfig(
             triplet_weight=triplet_weight,
             pair_weight=pair_weight,
@@ -441,6 +447,37 @@ class GoalObjective(PairLoss):
             epsilon=float(epsilon),
             circle_offset=float(circle_offset),
             reduction=reduction,
+        )
+
+    def forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+    ) -> torch.Tensor:
+        if self.chunk_size is None:
+            return super().forward(img_emb, txt_emb, img_ids, txt_ids)
+        from .tiled import tiled_goal_objective  # tiled builds on this module's weights
+
+        c = self.config
+        return tiled_goal_objective(
+            img_emb,
+            txt_emb,
+            triplet_weight=c.triplet_weight,
+            pair_weight=c.pair_weight,
+            margin=c.margin,
+            tau=c.tau,
+            alpha=c.alpha,
+            beta=c.beta,
+            lam=c.lam,
+            epsilon=c.epsilon,
+            circle_offset=c.circle_offset,
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            chunk_size=self.chunk_size,
+            reduction=c.reduction,
+            normalize=self.normalize,
         )
 
     def from_similarity(
