@@ -52,6 +52,17 @@ def test_packaged_configs_hold_the_papers_settings(tmp_path, preset):
     assert adacl.overrides == ("train.momentum_encoder=0.99",)
 
 
+def test_tiny_triplet_hn_warms_up_on_all_negatives(tmp_path):
+    # VSE-infinity's all-negatives warm-up, stretched over half of the tiny schedule: without it
+    # the hardest negative collapses the text side (test rsum at chance).
+    path = tmp_path / "demo_tiny.toml"
+    path.write_text(demo_config_text("tiny"), encoding="utf-8")
+    raw, section = read_compare_config(path)
+    variants = {v.label: v for v in resolve_variants(raw, section, None)}
+    assert variants["triplet-hn"].overrides == ("train.all_negatives_epochs=5",)
+    assert all(not v.overrides for k, v in variants.items() if k not in ("triplet-hn", "adacl"))
+
+
 def test_world_is_reused_only_with_the_same_settings(tmp_path):
     lines: list[str] = []
     root, written = ensure_world("tiny", tmp_path / "w", print_fn=lines.append)
