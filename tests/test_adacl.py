@@ -40,25 +40,33 @@ def paired_sim(batch: int, *, dim: int = 32, seed: int = 0, dtype=torch.float64)
 
 
 def naive_adacl_loss(
-    sim, m1, m2, pos_mask=None, ext_txt=None, ext_txt_mask=None, ext_img=None, ext_img_mask=None
+    sim,
+    m1,
+    m2,
+    pos_mask=None,
+    ext_txt=None,
+    ext_txt_mask=None,
+    ext_img=None,
+    ext_img_mask=None,
+    tau=1.0,
 ):
-    """Per-index -log p_hat (Eq. 3) in both directions, by explicit loops."""
+    """Per-index -log p_hat (Eq. 3, negatives exp(s / tau)) in both directions, by loops."""
     s = sim.double().tolist()
     b = len(s)
     pm = pos_mask.tolist() if pos_mask is not None else [[False] * b for _ in range(b)]
     out = []
     for i in range(b):
         pos = math.exp(m1 * (s[i][i] - m2))
-        den_row = pos + sum(math.exp(s[i][j]) for j in range(b) if j != i and not pm[i][j])
-        den_col = pos + sum(math.exp(s[j][i]) for j in range(b) if j != i and not pm[j][i])
+        den_row = pos + sum(math.exp(s[i][j] / tau) for j in range(b) if j != i and not pm[i][j])
+        den_col = pos + sum(math.exp(s[j][i] / tau) for j in range(b) if j != i and not pm[j][i])
         if ext_txt is not None:
             for k in range(ext_txt.shape[1]):
                 if ext_txt_mask is None or bool(ext_txt_mask[i, k]):
-                    den_row += math.exp(float(ext_txt[i, k]))
+                    den_row += math.exp(float(ext_txt[i, k]) / tau)
         if ext_img is not None:
             for k in range(ext_img.shape[0]):
                 if ext_img_mask is None or bool(ext_img_mask[k, i]):
-                    den_col += math.exp(float(ext_img[k, i]))
+                    den_col += math.exp(float(ext_img[k, i]) / tau)
         out.append(-math.log(pos / den_row) - math.log(pos / den_col))
     return torch.tensor(out, dtype=torch.float64)
 
@@ -70,9 +78,10 @@ def oracle_margins(anchor, sigma, p_u=P_U, eps=EPS):
 
 
 def oracle_anchor(
-    sim, pos_mask=None, ext_txt=None, ext_txt_mask=None, selection="median", top_k=None
+    sim, pos_mask=None, ext_txt=None, ext_txt_mask=None, selection="median", top_k=None, tau=1.0
 ):
-    """Eq. (7)-(11) by loops, with scipy's normal pdf for the GDA posterior (Eq. 8)."""
+    """Eq. (7)-(11) by loops, with scipy's normal pdf for the GDA posterior (Eq. 8);
+    ``sigma`` sums exp(s / tau) over the anchor row's negatives."""
     s = sim.double().numpy()
     b = s.shape[0]
     pm = pos_mask.numpy() if pos_mask is not None else np.zeros((b, b), bool)
@@ -111,7 +120,7 @@ def oracle_anchor(
     else:
         delta, u = clones[-1]
     anchor = s[u, u]
-    sigma = sum(math.exp(x) for x in rows[u])
+    sigma = sum(math.exp(x / tau) for x in rows[u])
     return {
         "anchor": anchor,
         "sigma": sigma,
@@ -184,6 +193,74 @@ def test_loss_with_unit_margins_is_infonce_at_temperature_one(reduction):
         got = adacl_loss(sim, m1=1, m2=0, pos_mask=pm, reduction=reduction)
         want = infonce_loss(sim, temperature=1, pos_mask=pm, reduction=reduction)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("tau", [0.05, 0.1, 2.0])
+def test_loss_with_negative_temperature_is_infonce_at_that_temperature(tau, reduction):
+    # Negatives exp(s_ij / t) and positive m1 (s_ii - m2) with m1 = 1/t, m2 = 0: InfoNCE at t.
+    sim = paired_sim(9, seed=2)
+    pos_mask = torch.zeros(9, 9, dtype=torch.bool)
+    pos_mask[0, 3] = pos_mask[3, 0] = True
+    for pm in (None, pos_mask):
+        got = adacl_loss(
+            sim, m1=1 / tau, m2=0, pos_mask=pm, reduction=reduction, negative_temperature=tau
+        )
+        want = infonce_loss(sim, temperature=tau, pos_mask=pm, reduction=reduction)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    # The default is the printed Eq. (3): the same as an explicit temperature of 1.
+    torch.testing.assert_close(
+        adacl_loss(sim, m1=20.0, m2=0.1), adacl_loss(sim, m1=20.0, m2=0.1, negative_temperature=1)
+    )
+
+
+def test_negative_temperature_scales_every_negative_including_the_queue():
+    g = torch.Generator().manual_seed(8)
+    sim = paired_sim(6, seed=8)
+    pos_mask = torch.zeros(6, 6, dtype=torch.bool)
+    pos_mask[1, 4] = pos_mask[4, 1] = True
+    ext_txt = torch.rand(6, 7, generator=g, dtype=torch.float64) * 2 - 1
+    ext_img = torch.rand(5, 6, generator=g, dtype=torch.float64) * 2 - 1
+    ext_txt_mask = torch.rand(6, 7, generator=g) > 0.3
+    ext_img_mask = torch.rand(5, 6, generator=g) > 0.3
+    m1, m2, tau = 23.5, 0.37, 0.05
+    want = naive_adacl_loss(
+        sim, m1, m2, pos_mask, ext_txt, ext_txt_mask, ext_img, ext_img_mask, tau=tau
+    )
+    got = adacl_loss(
+        sim,
+        m1=m1,
+        m2=m2,
+        pos_mask=pos_mask,
+        extra_neg_txt=ext_txt,
+        extra_neg_img=ext_img,
+        extra_neg_txt_mask=ext_txt_mask,
+        extra_neg_img_mask=ext_img_mask,
+        reduction="none",
+        negative_temperature=tau,
+    )
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    # Half precision in, float32 compute: the finfo.min mask penalty must not overflow when scaled.
+    half = adacl_loss(
+        sim.half(), m1=m1, m2=m2, pos_mask=pos_mask, negative_temperature=tau, reduction="none"
+    )
+    assert torch.isfinite(half).all()
+    torch.testing.assert_close(
+        half.double(),
+        naive_adacl_loss(sim.half().double(), m1, m2, pos_mask, tau=tau),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("tau", [0.0, -0.1, float("inf"), float("nan"), True, "0.05"])
+def test_loss_rejects_bad_negative_temperature(tau):
+    with pytest.raises(ValueError, match="negative_temperature"):
+        adacl_loss(paired_sim(4), m1=20.0, m2=0.1, negative_temperature=tau)
+    with pytest.raises(ValueError, match="negative_temperature"):
+        AdaCLLoss(negative_temperature=tau)
+    with pytest.raises(ValueError, match="negative_temperature"):
+        adacl_anchor(paired_sim(4), negative_temperature=tau)
 
 
 def test_loss_matches_naive_loop_with_queue_negatives_and_masks():
@@ -459,6 +536,9 @@ def test_module_registered_with_paper_defaults():
         ({"max_m1": float("inf")}, "max_m1"),
         ({"max_m1": "100"}, "max_m1"),
         ({"seed": 1.5}, "seed"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"warmup_steps": 1.5}, "warmup_steps"),
+        ({"warmup_steps": True}, "warmup_steps"),
         ({"reduction": "avg"}, "reduction"),
     ],
 )
@@ -481,6 +561,169 @@ def test_training_step_updates_margins_then_computes_loss():
     assert stats["anchor"] == pytest.approx(want["anchor"], rel=1e-6)
     assert stats["clone_count"] == want["count"]
     assert all(stats[f"guard_{g}"] == 0 for g in GUARDS)
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.1])
+def test_negative_temperature_margins_keep_eq4_and_eq6_for_the_trained_loss(tau):
+    sim = paired_sim(12, seed=11)
+    loss = AdaCLLoss(negative_temperature=tau)
+    got = loss.from_similarity(sim)
+    want = oracle_anchor(sim, tau=tau)
+    # The anchor (raw s_uu, its row, S*) does not depend on the temperature; Sigma does.
+    plain = oracle_anchor(sim)
+    assert (want["row"], want["count"]) == (plain["row"], plain["count"])
+    assert want["anchor"] == plain["anchor"] and want["sigma"] > plain["sigma"]
+    stats = loss.last_stats
+    assert stats["anchor"] == pytest.approx(want["anchor"], rel=1e-12)
+    assert stats["log_sigma_anchor"] == pytest.approx(math.log(want["sigma"]), rel=1e-6)
+    m1, m2 = float(loss.m1), float(loss.m2)
+    assert (m1, m2) == pytest.approx(oracle_margins(want["anchor"], want["sigma"]), rel=1e-6)
+    # Eq. (4) and (6) under the loss actually trained (negatives exp(s / tau)).
+    u = want["row"]
+    negatives = [float(sim[u, k]) / tau for k in range(12) if k != u]
+    for score, target in ((want["anchor"], P_U), (1.0, 1 - EPS)):
+        logits = torch.tensor([m1 * (score - m2), *negatives], dtype=torch.float64)
+        assert float(torch.softmax(logits, 0)[0]) == pytest.approx(target, abs=1e-6)
+    torch.testing.assert_close(got, naive_adacl_loss(sim, m1, m2, tau=tau).mean())
+    # The functional anchor agrees, and so does the module's update_margins entry point.
+    fa = adacl_anchor(sim, negative_temperature=tau)
+    assert fa.row == u and fa.log_sigma_anchor == pytest.approx(math.log(want["sigma"]), rel=1e-9)
+    other = AdaCLLoss(negative_temperature=tau)
+    other.update_margins(sim)
+    assert float(other.m1) == m1 and float(other.m2) == pytest.approx(m2, rel=1e-6)
+    assert "negative_temperature=" + f"{tau:g}" in repr(loss)
+
+
+def test_negative_temperature_with_queue_matches_oracle():
+    tau = 0.07
+    loss = AdaCLLoss(queue_size=20, embed_dim=16, negative_temperature=tau)
+    batches = _batches(4, seed=2)
+    for img, txt, ids in batches[:3]:
+        loss(img, txt, ids)
+    img, txt, ids = batches[3]
+    q_img, q_txt, q_ids = (
+        loss.img_queue.keys.clone(),
+        loss.txt_queue.keys.clone(),
+        loss.img_queue.ids.clone(),
+    )
+    img_n = img / img.norm(dim=1, keepdim=True)
+    txt_n = txt / txt.norm(dim=1, keepdim=True)
+    sim = img_n @ txt_n.t()
+    ext_txt, ext_img = img_n @ q_txt.t(), q_img @ txt_n.t()
+    allowed = q_ids[None, :] != ids[:, None]
+    want = oracle_anchor(sim, None, ext_txt, allowed, tau=tau)
+    m1, m2 = oracle_margins(want["anchor"], want["sigma"])
+    got = loss(img, txt, ids)
+    assert float(loss.m1) == pytest.approx(m1, rel=1e-4)
+    assert float(loss.m2) == pytest.approx(m2, rel=1e-4, abs=1e-5)
+    naive = naive_adacl_loss(
+        sim, float(loss.m1), float(loss.m2), None, ext_txt, allowed, ext_img, allowed.t(), tau=tau
+    )
+    torch.testing.assert_close(got.double(), naive.mean(), rtol=1e-4, atol=1e-4)
+
+
+def naive_scaled_negatives_loss(sim, m1, m2):
+    """Per-index -log p_hat with every negative logit scaled by m1 too, by loops."""
+    s = sim.double().tolist()
+    b = len(s)
+    out = []
+    for i in range(b):
+        pos = m1 * (s[i][i] - m2)
+        row = [pos] + [m1 * s[i][j] for j in range(b) if j != i]
+        col = [pos] + [m1 * s[j][i] for j in range(b) if j != i]
+        out.append(sum(-pos + math.log(sum(math.exp(x) for x in xs)) for xs in (row, col)))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_scaled_negatives_loss_is_infonce_at_temperature_one_over_m1(reduction):
+    sim = paired_sim(9, seed=4)
+    pos_mask = torch.zeros(9, 9, dtype=torch.bool)
+    pos_mask[2, 5] = pos_mask[5, 2] = True
+    for tau in (0.05, 0.2):
+        for pm in (None, pos_mask):
+            got = adacl_loss(
+                sim, m1=1 / tau, m2=0, pos_mask=pm, reduction=reduction, scale_negatives=True
+            )
+            want = infonce_loss(sim, temperature=tau, pos_mask=pm, reduction=reduction)
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    got = adacl_loss(sim, m1=31.0, m2=0.2, scale_negatives=True, reduction="none")
+    torch.testing.assert_close(got, naive_scaled_negatives_loss(sim, 31.0, 0.2))
+    # A tensor m1 scales the negatives as well (and gets their gradient).
+    m1 = torch.tensor(31.0, dtype=torch.float64, requires_grad=True)
+    adacl_loss(sim, m1=m1, m2=0.2, scale_negatives=True).backward()
+    h = 1e-6
+    numeric = (
+        naive_scaled_negatives_loss(sim, 31.0 + h, 0.2).mean()
+        - naive_scaled_negatives_loss(sim, 31.0 - h, 0.2).mean()
+    ) / (2 * h)
+    assert float(m1.grad) == pytest.approx(float(numeric), rel=1e-5)
+    with pytest.raises(ValueError, match="scale_negatives"):
+        adacl_loss(sim, m1=20.0, m2=0.1, scale_negatives=True, negative_temperature=0.05)
+    with pytest.raises(ValueError, match="scale_negatives"):
+        AdaCLLoss(scale_negatives=True, negative_temperature=0.05)
+    with pytest.raises(ValueError, match="scale_negatives"):
+        AdaCLLoss(scale_negatives=1)
+
+
+def test_scaled_negatives_margins_keep_eq4_and_eq6_for_the_trained_loss():
+    sim = paired_sim(12, seed=11)
+    loss = AdaCLLoss(scale_negatives=True)
+    got = loss.from_similarity(sim)
+    want = oracle_anchor(sim)
+    # Eq. (20): m1 depends on the anchor alone, whatever Sigma_anchor is.
+    m1, m2 = float(loss.m1), float(loss.m2)
+    assert m1 == pytest.approx(oracle_margins(want["anchor"], 1.0)[0], rel=1e-6)
+    u = want["row"]
+    negatives = [m1 * float(sim[u, k]) for k in range(12) if k != u]
+    assert loss.last_stats["log_sigma_anchor"] == pytest.approx(
+        float(torch.tensor(negatives, dtype=torch.float64).logsumexp(0)), rel=1e-9
+    )
+    for score, target in ((want["anchor"], P_U), (1.0, 1 - EPS)):
+        logits = torch.tensor([m1 * (score - m2), *negatives], dtype=torch.float64)
+        assert float(torch.softmax(logits, 0)[0]) == pytest.approx(target, abs=1e-6)
+    torch.testing.assert_close(got, naive_scaled_negatives_loss(sim, m1, m2).mean())
+    # Capped m1: Sigma_anchor is re-summed at the capped scale, so Eq. (4) still holds.
+    capped = AdaCLLoss(scale_negatives=True, max_m1=0.5 * m1)
+    capped.from_similarity(sim)
+    c1, c2 = float(capped.m1), float(capped.m2)
+    assert c1 == pytest.approx(0.5 * m1) and capped.last_stats["m1_capped"] == 1
+    logits = torch.tensor(
+        [c1 * (want["anchor"] - c2), *[c1 * float(sim[u, k]) for k in range(12) if k != u]],
+        dtype=torch.float64,
+    )
+    assert float(torch.softmax(logits, 0)[0]) == pytest.approx(P_U, abs=1e-6)
+    assert "scale_negatives=True" in repr(loss)
+
+
+def test_warmup_steps_keep_the_initial_margins_then_update():
+    sims = [paired_sim(12, seed=k) for k in (11, 12, 13)]
+    loss = AdaCLLoss(warmup_steps=2, m1_init=20.0, m2_init=0.1)
+    for k, sim in enumerate(sims[:2]):
+        got = loss.from_similarity(sim)
+        torch.testing.assert_close(got, naive_adacl_loss(sim, 20.0, float(loss.m2)).mean())
+        assert float(loss.m1) == 20.0 and float(loss.m2) == pytest.approx(0.1)
+        stats = loss.last_stats
+        assert stats["step"] == k + 1 and stats["warmup"]
+        assert not stats["updated"] and stats["guard"] is None and stats["anchor"] is None
+        assert all(stats[f"guard_{g}"] == 0 for g in GUARDS)
+    # A checkpoint taken inside the warm-up resumes it; the third batch updates as usual.
+    restored = AdaCLLoss(warmup_steps=2)
+    restored.load_state_dict(copy.deepcopy(loss.state_dict()))
+    fresh = AdaCLLoss()
+    fresh.from_similarity(sims[2])
+    for module in (loss, restored):
+        got = module.from_similarity(sims[2])
+        assert (float(module.m1), float(module.m2)) == (float(fresh.m1), float(fresh.m2))
+        assert module.last_stats["updated"] and not module.last_stats["warmup"]
+        assert module.last_stats["step"] == 3
+        torch.testing.assert_close(
+            got, naive_adacl_loss(sims[2], *map(float, (fresh.m1, fresh.m2))).mean()
+        )
+    # Eval-mode calls do not count towards the warm-up.
+    held = AdaCLLoss(warmup_steps=1).eval()
+    held.from_similarity(sims[0])
+    assert held.steps == 0 and not held.last_stats["warmup"]
 
 
 def test_eval_mode_keeps_margins():

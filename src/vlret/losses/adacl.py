@@ -73,6 +73,26 @@ def _check_margin(value: float | torch.Tensor, name: str, *, positive: bool) -> 
         raise ValueError(f"{name} must be {kind}, got {v!r}")
 
 
+def _check_temperature(value: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (0.0 < value < math.inf)
+    ):
+        raise ValueError(f"negative_temperature must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _check_scale_negatives(scale_negatives: bool, temperature: float) -> None:
+    if not isinstance(scale_negatives, bool):
+        raise ValueError(f"scale_negatives must be a bool, got {scale_negatives!r}")
+    if scale_negatives and temperature != 1.0:
+        raise ValueError(
+            "scale_negatives=True scales the negatives by m1; it excludes a "
+            f"negative_temperature other than 1, got {temperature!r}"
+        )
+
+
 def _check_probabilities(p_u: float, eps: float) -> None:
     if not (isinstance(p_u, (int, float)) and 0.0 < p_u < 1.0):
         raise ValueError(f"p_u must be a probability in (0, 1), got {p_u!r}")
@@ -184,14 +204,16 @@ def _prepare_batch(
     )
 
 
-def _negative_logsumexp(block: _Block, dim: int) -> torch.Tensor:
-    """``log sum exp`` of the negatives of a block along ``dim``.
+def _negative_logsumexp(block: _Block, dim: int, scale: float = 1.0) -> torch.Tensor:
+    """``log sum exp`` of the negatives of a block along ``dim``, logits ``scale * s``.
 
     Excluded entries get the dtype's most negative finite value added (never ``-inf``, whose
     arithmetic produces NaN gradients), so they contribute ``exp(-huge) = 0`` and a line
-    without negatives gives about that value, hence a graph-attached zero loss term.
+    without negatives gives about that value, hence a graph-attached zero loss term. The
+    penalty is added after scaling, so it cannot overflow to ``-inf``.
     """
-    scores = block.scores if block.penalty is None else block.scores + block.penalty
+    scores = block.scores if _is_one(scale) else block.scores * scale
+    scores = scores if block.penalty is None else scores + block.penalty
     return scores.logsumexp(dim)
 
 
@@ -211,6 +233,8 @@ def adacl_loss(
     extra_neg_txt_mask: torch.Tensor | None = None,
     extra_neg_img_mask: torch.Tensor | None = None,
     reduction: str = "mean",
+    negative_temperature: float = 1.0,
+    scale_negatives: bool = False,
 ) -> torch.Tensor:
     r"""AdaCL loss for fixed margins, Eq. (3) with the cross-entropy of Eq. (2) / (13):
 
@@ -239,27 +263,52 @@ def adacl_loss(
 
     ``m1`` (> 0) and ``m2`` may be floats or 0-dim tensors; gradient flows through tensors, so
     pass buffers or detached values for the paper's training-free margins.
+
+    ``negative_temperature`` ``t`` (default 1: Eq. 3 as printed; not in the paper) divides
+    every negative logit, in-batch and queue: the denominators sum ``exp(s_ij / t)``, the
+    temperature of Eq. (1)-(2) kept on the negatives while the positive logit stays
+    ``m1 (s_ii - m2)``. Identity (tested): ``adacl_loss(sim, m1=1/t, m2=0,
+    negative_temperature=t) == infonce_loss(sim, temperature=t)``. :class:`AdaCLLoss` uses
+    the same scaled negatives for ``Sigma_anchor``, so Eq. (4) and (6) keep holding for the
+    loss actually trained (see its notes and docs/adacl.md, "Training dynamics").
+
+    ``scale_negatives=True`` (not in the paper's printed Eq. 3; excludes
+    ``negative_temperature``) gives the negatives the positive's scale: ``exp(m1 s_ij)``, i.e.
+    a softmax at temperature ``1/m1`` with the shift ``m2`` on the positive only (the
+    scale-and-margin form of CosFace). Identity (tested): ``adacl_loss(sim, m1=1/t, m2=0,
+    scale_negatives=True) == infonce_loss(sim, temperature=t)``.
     """
     _check_margin(m1, "m1", positive=True)
     _check_margin(m2, "m2", positive=False)
     check_reduction(reduction)
+    t = _check_temperature(negative_temperature)
+    _check_scale_negatives(scale_negatives, t)
+    scale: float | torch.Tensor = m1 if scale_negatives else 1.0 / t
     batch = _prepare_batch(
         sim, pos_mask, extra_neg_txt, extra_neg_txt_mask, extra_neg_img, extra_neg_img_mask
     )
-    return _loss_of_batch(batch, m1, m2, reduction)
+    return _loss_of_batch(batch, m1, m2, reduction, scale=scale)
 
 
-def _negatives_logsumexp(batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log sum exp`` of every row's (image->text) and column's (text->image) negatives,
-    queue included: ``log Sigma`` of Eq. (3)-(4), independent of the margins."""
+def _is_one(scale: float | torch.Tensor) -> bool:
+    return not isinstance(scale, torch.Tensor) and scale == 1.0
+
+
+def _negatives_logsumexp(
+    batch: _Batch, scale: float | torch.Tensor = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log sum exp`` of every row's (image->text) and column's (text->image) negative logits
+    ``scale * s`` (``scale = 1 / negative_temperature``), queue included: ``log Sigma`` of
+    Eq. (3)-(4), independent of the margins."""
     sim = batch.sim
-    filled = sim.scores if sim.penalty is None else sim.scores + sim.penalty
+    filled = sim.scores if _is_one(scale) else sim.scores * scale
+    filled = filled if sim.penalty is None else filled + sim.penalty
     lse_row = filled.logsumexp(1)
     lse_col = filled.logsumexp(0)
     if batch.q_txt is not None:
-        lse_row = torch.logaddexp(lse_row, _negative_logsumexp(batch.q_txt, 1))
+        lse_row = torch.logaddexp(lse_row, _negative_logsumexp(batch.q_txt, 1, scale))
     if batch.q_img is not None:
-        lse_col = torch.logaddexp(lse_col, _negative_logsumexp(batch.q_img, 0))
+        lse_col = torch.logaddexp(lse_col, _negative_logsumexp(batch.q_img, 0, scale))
     return lse_row, lse_col
 
 
@@ -269,14 +318,18 @@ def _loss_of_batch(
     m2: float | torch.Tensor,
     reduction: str,
     lse: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scale: float | torch.Tensor = 1.0,
 ) -> torch.Tensor:
-    """Eq. (3) in both directions; ``lse`` is :func:`_negatives_logsumexp` when already known."""
+    """Eq. (3) in both directions, negative logits ``scale * s``; ``lse`` is
+    :func:`_negatives_logsumexp` (with the same ``scale``) when already known."""
     s = batch.sim.scores
     if isinstance(m1, torch.Tensor):
         m1 = m1.to(device=s.device, dtype=s.dtype)
     if isinstance(m2, torch.Tensor):
         m2 = m2.to(device=s.device, dtype=s.dtype)
-    lse_row, lse_col = _negatives_logsumexp(batch) if lse is None else lse
+    if isinstance(scale, torch.Tensor):
+        scale = scale.to(device=s.device, dtype=s.dtype)
+    lse_row, lse_col = _negatives_logsumexp(batch, scale) if lse is None else lse
     pos_logit = m1 * (s.diagonal() - m2)
     zero = torch.zeros((), dtype=s.dtype, device=s.device)
     img_terms = torch.logaddexp(zero, lse_row - pos_logit)
@@ -464,6 +517,7 @@ def adacl_anchor(
     top_k: int | None = None,
     min_variance: float = 1e-12,
     generator: torch.Generator | None = None,
+    negative_temperature: float = 1.0,
 ) -> AdaCLAnchor:
     r"""Select the AdaCL anchor of a batch, Eq. (7)-(11) and Algorithm 1 steps 2-3.
 
@@ -499,6 +553,11 @@ def adacl_anchor(
       positive slot of row ``u`` with :math:`\Sigma_\mathrm{anchor}` over that row's negatives;
       A.3's shorthand "the median of S*" (the clone score itself) is not consistent with those,
       so it is not followed.
+    * ``negative_temperature`` ``t`` (default 1, the printed Eq. 3) only changes
+      :math:`\Sigma_\mathrm{anchor} = \sum_k e^{s_{uk}/t}`, to match the negatives of
+      :func:`adacl_loss` with the same ``t``. Salient scores, the GDA, S* and Delta S use the
+      raw similarities (a common positive scale would not change S* or the ranks anyway), and
+      the anchor stays the raw ``s_uu``: Eq. (6) pins the similarity 1.
 
     Guards: fewer than two eligible rows' worth of negatives or a variance ``<= min_variance``
     (or non-finite) gives ``guard="degenerate_variance"``; an empty S* gives
@@ -513,9 +572,10 @@ def adacl_anchor(
         raise ValueError(f"top_k must be None or an integer >= 2, got {top_k!r}")
     if not (isinstance(min_variance, (int, float)) and min_variance >= 0):
         raise ValueError(f"min_variance must be a non-negative number, got {min_variance!r}")
+    scale = 1.0 / _check_temperature(negative_temperature)
     with torch.no_grad():
         batch = _prepare_batch(sim.detach(), pos_mask, _detached(extra_neg_txt), extra_neg_txt_mask)
-        return _anchor_of_batch(batch, selection, top_k, min_variance, generator)
+        return _anchor_of_batch(batch, selection, top_k, min_variance, generator, scale=scale)
 
 
 def _kth_smallest_index(values: torch.Tensor, k: int) -> int:
@@ -617,10 +677,11 @@ def _anchor_of_batch(
     min_variance: float,
     generator: torch.Generator | None,
     log_sigma_rows: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> AdaCLAnchor:
     """Eq. (7)-(11) on a prepared batch. ``log_sigma_rows``: ``log Sigma`` of every row when
-    the caller has it (the loss computes it, :func:`_negatives_logsumexp`); else the anchor
-    row's is summed here in float64."""
+    the caller has it (the loss computes it, :func:`_negatives_logsumexp`, with the same
+    ``scale``); else the anchor row's ``log sum exp(scale * s)`` is summed here in float64."""
     blocks = _blocks(batch)
     s = batch.sim.scores.detach()
     on_cpu = s.device.type == "cpu"
@@ -698,7 +759,7 @@ def _anchor_of_batch(
     in_batch = width * width
     u = pick // width if pick < in_batch else (pick - in_batch) // blocks[1].scores.shape[1]
     if log_sigma_rows is None:
-        log_sigma = _log_sum_exp(_row_negatives(blocks, [u])[0])
+        log_sigma = _log_sum_exp(scale * _row_negatives(blocks, [u])[0])
         anchor = float(s.numpy()[u, u]) if on_cpu else float(pos[u])
     elif on_cpu:
         log_sigma, anchor = float(log_sigma_rows.numpy()[u]), float(s.numpy()[u, u])
@@ -764,6 +825,26 @@ class AdaCLLoss(PairLoss):
     * **Smoothing.** ``margin_momentum`` ``mu`` (default 0: the paper's raw per-batch values)
       blends an accepted update as ``m <- mu * m_prev + (1 - mu) * m_new``; the paper reports
       oscillating ``m1`` early in training (Fig. 3a), which this can damp.
+    * **Negative logits** (not in the paper; defaults keep the printed Eq. 3, negatives
+      ``exp(s_ij)``). Eq. (3) pulls a positive with the scale ``m1`` and pushes the
+      negatives with the scale 1, so a shift ``c`` of every similarity changes a row's logit
+      margin by ``(m1 - 1/t) c``: the loss rewards moving *all* similarities towards 1 when
+      ``m1 > 1/t`` and towards -1 when ``m1 < 1/t``. Since ``m1 = 10.47 / (1 - anchor)`` rises
+      and falls with the positives, this is a positive feedback, and on the tiny synthetic
+      preset training collapses to a constant embedding (``t = 1``, m1 -> 7,000) or to
+      image/text embeddings at cosine -1 (``t = 0.05`` or 0.1, m1 -> 5.2); see docs/adacl.md,
+      "Training dynamics". ``negative_temperature=t`` divides every negative logit (batch and
+      queue) and ``Sigma_anchor`` by ``t`` (Eq. 1-2's temperature kept on the negatives);
+      ``scale_negatives=True`` gives the negatives the scale ``m1`` too (``exp(m1 s_ij)``, a
+      softmax at temperature ``1/m1`` with the shift ``m2`` on the positive, as in CosFace),
+      which makes the loss invariant to that common shift and is the setting that trains on
+      the tiny preset. Eq. (20) does not involve ``Sigma_anchor``, so m1 is unchanged; with
+      ``scale_negatives`` ``Sigma_anchor = sum_k exp(m1 s_uk)`` is summed at the new (possibly
+      capped) ``m1`` before Eq. (22), so Eq. (4) and (6) hold for the loss actually trained.
+    * **Warm-up.** ``warmup_steps=N`` (default 0) trains the first ``N`` training batches with
+      the initial margins (``m1_init``, ``m2_init``) and starts the per-batch re-estimation
+      after them (``last_stats["warmup"]``). In the paper's order (Algorithm 1: update, then
+      loss) the initial values are otherwise overwritten before they are ever used.
     * **Memory queue** (Sec. 4.1, A.9: size 4096 in the paper). With ``queue_size > 0`` the
       module owns two :class:`~vlret.memory.MemoryQueue` of ``embed_dim`` keys (``img_queue``,
       ``txt_queue``). ``forward`` scores the batch against them (masked by image id, so an
@@ -815,6 +896,9 @@ class AdaCLLoss(PairLoss):
         anchor_selection: str = "median",
         top_k: int | None = None,
         margin_momentum: float = 0.0,
+        negative_temperature: float = 1.0,
+        scale_negatives: bool = False,
+        warmup_steps: int = 0,
         min_variance: float = 1e-12,
         max_anchor: float = 1.0,
         max_m1: float | None = None,
@@ -839,6 +923,10 @@ class AdaCLLoss(PairLoss):
             raise ValueError(f"top_k must be None or an integer >= 2, got {top_k!r}")
         if not (isinstance(margin_momentum, (int, float)) and 0.0 <= margin_momentum < 1.0):
             raise ValueError(f"margin_momentum must be in [0, 1), got {margin_momentum!r}")
+        negative_temperature = _check_temperature(negative_temperature)
+        _check_scale_negatives(scale_negatives, negative_temperature)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative integer, got {warmup_steps!r}")
         if not (isinstance(min_variance, (int, float)) and min_variance >= 0):
             raise ValueError(f"min_variance must be a non-negative number, got {min_variance!r}")
         if not (isinstance(max_anchor, (int, float)) and max_anchor <= 1.0):
@@ -860,6 +948,9 @@ class AdaCLLoss(PairLoss):
         self.anchor_selection = anchor_selection
         self.top_k = top_k
         self.margin_momentum = float(margin_momentum)
+        self.negative_temperature = negative_temperature
+        self.scale_negatives = scale_negatives
+        self.warmup_steps = warmup_steps
         self.min_variance = float(min_variance)
         self.max_anchor = float(max_anchor)
         self.max_m1 = None if max_m1 is None else float(max_m1)
@@ -903,6 +994,12 @@ class AdaCLLoss(PairLoss):
     @torch.no_grad()
     def _update(self, batch: _Batch, log_sigma_rows: torch.Tensor | None = None) -> str | None:
         self.steps += 1
+        if self.steps <= self.warmup_steps:
+            # Warm-up: the initial margins are used as they are; nothing is estimated.
+            self.anchor = self.log_sigma_anchor = math.nan
+            self.clone_count = 0
+            self.last_guard = -1
+            return None
         found = _anchor_of_batch(
             batch,
             self.anchor_selection,
@@ -910,6 +1007,7 @@ class AdaCLLoss(PairLoss):
             self.min_variance,
             generator=self.generator,
             log_sigma_rows=log_sigma_rows,
+            scale=1.0 / self.negative_temperature,
         )
         guard = found.guard
         self.clone_count = found.clone_count
@@ -922,12 +1020,19 @@ class AdaCLLoss(PairLoss):
             if anchor >= self.max_anchor:
                 guard = "anchor_ge_one"
             else:
-                m1, m2 = _margins_from_log_sigma(anchor, log_sigma, self.p_u, self.eps)
+                # Eq. (20): m1 depends on the anchor alone (Sigma_anchor cancels out).
+                m1, _ = _margins_from_log_sigma(anchor, 0.0, self.p_u, self.eps)
                 if self.max_m1 is not None and m1 > self.max_m1:
                     # Keep Eq. (4) for the capped scale: m2 from Eq. (22) with m1 = max_m1.
                     m1 = self.max_m1
-                    m2 = anchor + (math.log((1.0 - self.p_u) / self.p_u) - log_sigma) / m1
                     self.m1_capped += 1
+                if self.scale_negatives:
+                    # Sigma_anchor = sum_k exp(m1 s_uk) with the m1 just found.
+                    row = _row_negatives(_blocks(batch), [found.row])[0]
+                    log_sigma = _log_sum_exp(m1 * row)
+                    self.log_sigma_anchor = log_sigma
+                # Eq. (22).
+                m2 = anchor + (math.log((1.0 - self.p_u) / self.p_u) - log_sigma) / m1
                 mu = self.margin_momentum
                 if mu:
                     prev_m1, prev_m2 = torch.stack([self.m1, self.m2]).double().tolist()
@@ -960,7 +1065,8 @@ class AdaCLLoss(PairLoss):
         Keys: ``step``, ``m1``, ``m2``, ``anchor`` (``None`` when no anchor was found),
         ``log_sigma_anchor``, ``clone_count``, ``updated`` (the margins were re-estimated),
         ``guard`` (name of the guard that fired, or ``None``), ``guard_<name>`` counters and
-        ``m1_capped`` (updates clamped by ``max_m1``, a counter). Built when read: the update
+        ``m1_capped`` (updates clamped by ``max_m1``, a counter) and ``warmup`` (the last batch
+        was within ``warmup_steps``, margins not re-estimated). Built when read: the update
         itself keeps only the buffers and a few host numbers.
         """
         code = self.last_guard
@@ -979,6 +1085,7 @@ class AdaCLLoss(PairLoss):
         for name, n in zip(GUARDS, self.guard_counts, strict=True):
             stats[f"guard_{name}"] = n
         stats["m1_capped"] = self.m1_capped
+        stats["warmup"] = 0 < self.steps <= self.warmup_steps
         return stats
 
     def get_extra_state(self) -> dict[str, object]:
@@ -1032,7 +1139,13 @@ class AdaCLLoss(PairLoss):
         )
         # The negatives' log-sum-exp does not depend on the margins: computed once, it gives
         # the loss its denominators and the anchor update its Sigma_anchor.
-        lse = _negatives_logsumexp(batch)
+        if self.scale_negatives:
+            # The negatives' logits m1 s_ij depend on the margins: update first, then score.
+            if self.training:
+                self._update(batch)
+            m1, m2 = self.m1.clone(), self.m2.clone()
+            return _loss_of_batch(batch, m1, m2, self.reduction, scale=m1)
+        lse = _negatives_logsumexp(batch, 1.0 / self.negative_temperature)
         if self.training:
             self._update(batch, lse[0].detach())
         # Clones: a later in-place update must not touch tensors saved for this backward.
@@ -1098,5 +1211,8 @@ class AdaCLLoss(PairLoss):
         return (
             f"m1={float(self.m1):.4g}, m2={float(self.m2):.4g}, p_u={self.p_u}, "
             f"eps={self.eps:.3g}, anchor_selection={self.anchor_selection!r}, "
+            f"negative_temperature={self.negative_temperature:g}, "
+            f"scale_negatives={self.scale_negatives}, "
+            f"warmup_steps={self.warmup_steps}, "
             f"queue_size={self.queue_size}, max_m1={self.max_m1}, reduction={self.reduction!r}"
         )
