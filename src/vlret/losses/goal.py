@@ -275,6 +275,27 @@ def _goal_triplets(
     has_neg = torch.stack((negatives.any(1), negatives.any(0)))
     # Anchors without a negative get a harmless stand-in; their weights are zeroed below.
     neg = torch.where(has_neg, torch.stack((row_val, col_val)), pos)
+    ms_neg: torch.Tensor | float = 0.0
+    if cfg.pair_weight in ("lin-ms", "sig-ms"):
+        ms_neg = _relative_negative(filled, pos, neg, cfg)
+    weight_pos, weight_neg, hinge = triplet_weights_from_hardest(cfg, pos, neg, has_neg, ms_neg)
+    return torch.stack((row_idx, col_idx)), weight_pos, weight_neg, hinge
+
+
+def triplet_weights_from_hardest(
+    cfg: GoalConfig,
+    pos: torch.Tensor,
+    neg: torch.Tensor,
+    has_neg: torch.Tensor,
+    ms_neg: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(T P+, T P-, hinge)``, each ``(2, B)``, from the positives ``pos`` ``(B,)``, the hardest
+    negatives ``neg`` ``(2, B)`` (any stand-in where ``has_neg`` is False) and the relative
+    negative term ``ms_neg`` of the MS pair weights (0 for the other pair weights).
+
+    Shared by the dense :class:`GoalFunction` and the tiled objective, which find ``neg`` and
+    ``ms_neg`` differently; anchors without a negative get all-zero weights and hinge.
+    """
     t = goal_triplet_weight(
         cfg.triplet_weight,
         pos,
@@ -284,17 +305,15 @@ def _goal_triplets(
         circle_offset=cfg.circle_offset,
     )
     ms_pos: torch.Tensor | float = 0.0
-    ms_neg: torch.Tensor | float = 0.0
     if cfg.pair_weight in ("lin-ms", "sig-ms"):
         ms_pos = _relative_positive(pos, neg, cfg)
-        ms_neg = _relative_negative(filled, pos, neg, cfg)
     p_pos, p_neg = _pair_weight_log_ms(
         cfg.pair_weight, pos, neg, cfg.alpha, cfg.beta, cfg.lam, ms_pos, ms_neg
     )
-    active = has_neg.to(s.dtype)
+    active = has_neg.to(pos.dtype)
     t = t * active
     hinge = (cfg.margin + neg - pos).clamp(min=0) * active
-    return torch.stack((row_idx, col_idx)), t * p_pos, t * p_neg, hinge
+    return t * p_pos, t * p_neg, hinge
 
 
 class GoalFunction(torch.autograd.Function):

@@ -42,7 +42,7 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids, _ids_to_tensor
-from .goal import GoalConfig, _pair_weight_log_ms, _relative_positive, goal_triplet_weight
+from .goal import GoalConfig, triplet_weights_from_hardest
 
 __all__ = [
     "tiled_adacl_loss",
@@ -620,18 +620,8 @@ class _TiledGoal(torch.autograd.Function):
         has_neg = torch.stack((row_any, col_any))
         # Anchors without a negative get a harmless stand-in; their weights are zeroed below.
         neg = torch.where(has_neg, torch.stack((row_max, col_max)), diag)
-        t = goal_triplet_weight(
-            cfg.triplet_weight,
-            diag,
-            neg,
-            margin=cfg.margin,
-            tau=cfg.tau,
-            circle_offset=cfg.circle_offset,
-        )
-        ms_pos: torch.Tensor | float = 0.0
         ms_neg: torch.Tensor | float = 0.0
         if ms:
-            ms_pos = _relative_positive(diag, neg, cfg)
             stat = torch.stack((row_stat, col_stat))
             n = count.clamp(min=1).to(x.dtype)
             if sig:
@@ -640,14 +630,11 @@ class _TiledGoal(torch.autograd.Function):
             else:
                 value = neg - stat / n
             ms_neg = torch.where(count > 0, value, 0.0)
-        p_pos, p_neg = _pair_weight_log_ms(
-            cfg.pair_weight, diag, neg, cfg.alpha, cfg.beta, cfg.lam, ms_pos, ms_neg
+        weight_pos, weight_neg, hinge = triplet_weights_from_hardest(
+            cfg, diag, neg, has_neg, ms_neg
         )
-        active = has_neg.to(x.dtype)
-        t = t * active
-        hinge = (cfg.margin + neg - diag).clamp(min=0) * active
         ctx.reduction = cfg.reduction
-        ctx.save_for_backward(x, y, row_arg, col_arg, t * p_pos, t * p_neg)
+        ctx.save_for_backward(x, y, row_arg, col_arg, weight_pos, weight_neg)
         return _reduce(hinge[0] + hinge[1], cfg.reduction)
 
     @staticmethod
