@@ -450,3 +450,16 @@ def test_chunk_size_errors():
         UnifiedLoss(chunk_size=3)(x, x.flip(0), margins=margins),
         UnifiedLoss()(x, x.flip(0), margins=margins),
     )
+
+
+def test_chunk_size_on_a_loss_without_tiled_form_is_a_clear_error():
+    from vlret.losses import PairLoss
+
+    class DenseOnly(PairLoss):
+        def from_similarity(self, sim, pos_mask=None):
+            return sim.sum()
+
+    x = torch.randn(4, 3)
+    assert torch.isfinite(DenseOnly(reduction="sum")(x, x))
+    with pytest.raises(ValueError, match="DenseOnly has no tiled form"):
+        DenseOnly(reduction="sum", chunk_size=2)(x, x)

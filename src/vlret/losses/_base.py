@@ -117,8 +117,20 @@ class PairLoss(nn.Module):
         img_ids: Ids | None = None,
         txt_ids: Ids | None = None,
     ) -> torch.Tensor:
+        if self.chunk_size is not None:
+            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask)
+
+    def tiled_forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None,
+        txt_ids: Ids | None,
+    ) -> torch.Tensor:
+        """The embedding entry point with ``chunk_size`` set (``vlret.losses.tiled``)."""
+        raise ValueError(f"{type(self).__name__} has no tiled form; use chunk_size=None")
 
     def from_similarity(
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None

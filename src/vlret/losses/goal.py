@@ -468,15 +468,13 @@ class GoalObjective(PairLoss):
             reduction=reduction,
         )
 
-    def forward(
+    def tiled_forward(
         self,
         img_emb: torch.Tensor,
         txt_emb: torch.Tensor,
-        img_ids: Ids | None = None,
-        txt_ids: Ids | None = None,
+        img_ids: Ids | None,
+        txt_ids: Ids | None,
     ) -> torch.Tensor:
-        if self.chunk_size is None:
-            return super().forward(img_emb, txt_emb, img_ids, txt_ids)
         from .tiled import tiled_goal_objective  # tiled builds on this module's weights
 
         c = self.config

@@ -96,15 +96,13 @@ class InfoNCELoss(PairLoss):
             return torch.exp(-self.log_scale)
         return self.fixed_temperature
 
-    def forward(
+    def tiled_forward(
         self,
         img_emb: torch.Tensor,
         txt_emb: torch.Tensor,
-        img_ids: Ids | None = None,
-        txt_ids: Ids | None = None,
+        img_ids: Ids | None,
+        txt_ids: Ids | None,
     ) -> torch.Tensor:
-        if self.chunk_size is None:
-            return super().forward(img_emb, txt_emb, img_ids, txt_ids)
         return tiled_infonce_loss(
             img_emb,
             txt_emb,

@@ -70,15 +70,13 @@ class TripletLoss(PairLoss):
         self.margin = float(margin)
         self.hardest = bool(hardest)
 
-    def forward(
+    def tiled_forward(
         self,
         img_emb: torch.Tensor,
         txt_emb: torch.Tensor,
-        img_ids: Ids | None = None,
-        txt_ids: Ids | None = None,
+        img_ids: Ids | None,
+        txt_ids: Ids | None,
     ) -> torch.Tensor:
-        if self.chunk_size is None:
-            return super().forward(img_emb, txt_emb, img_ids, txt_ids)
         return tiled_triplet_loss(
             img_emb,
             txt_emb,
