@@ -528,3 +528,90 @@ def test_forward_backward_never_allocates_batch_squared(name):
         _tiled(name, img, txt, ids, chunk_size=chunk).backward()
     assert img.grad is not None and txt.grad is not None
     assert spy.largest <= chunk * batch < batch * batch
+
+
+# ----------------------------------------------------------------------------- local anchors
+
+ANCHOR_LOSSES = ["infonce", "unified", "triplet_hardest", "triplet_sum"]
+
+
+def _split_sum(name, img, txt, ids, parts, **kw):
+    """The loss as the sum of its local-anchor pieces, e.g. one per rank."""
+    bounds = [0, *parts, img.shape[0]]
+    spans = zip(bounds[:-1], bounds[1:], strict=True)
+    pieces = [_tiled(name, img, txt, ids, anchors=span, **kw) for span in spans]
+    return torch.cat(pieces) if kw.get("reduction") == "none" else sum(pieces)
+
+
+@pytest.mark.parametrize("name", ANCHOR_LOSSES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_local_anchor_pieces_sum_to_the_dense_loss(name, reduction, with_ids):
+    img, txt = _embeddings(37)
+    ids = _group_ids(37) if with_ids else None
+    want = _value_and_grads(_dense(name, img, txt, ids, reduction=reduction), (img, txt), reduction)
+    got = _value_and_grads(
+        _split_sum(name, img, txt, ids, [10, 11, 30], reduction=reduction, chunk_size=4),
+        (img, txt),
+        reduction,
+    )
+    _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_local_anchors_learnable_temperature_and_margins_get_their_gradients():
+    img, txt = _embeddings(23)
+    ids = _group_ids(23)
+    temp = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
+    want = torch.autograd.grad(
+        infonce_loss(
+            cosine_similarity(img, txt), temperature=temp, pos_mask=positive_mask(ids, ids)
+        ),
+        temp,
+    )
+    loss = sum(
+        tiled_infonce_loss(img, txt, temperature=temp, img_ids=ids, chunk_size=3, anchors=span)
+        for span in [(0, 7), (7, 23)]
+    )
+    _assert_close(torch.autograd.grad(loss, temp)[0], want[0], rtol=0, atol=1e-10)
+    margins = torch.rand(23, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    margins.requires_grad_(True)
+    dense = unified_loss(cosine_similarity(img, txt), margins=margins, gamma=30.0)
+    tiled = sum(
+        tiled_unified_loss(img, txt, margins=margins, gamma=30.0, chunk_size=5, anchors=span)
+        for span in [(0, 12), (12, 23)]
+    )
+    _assert_close(tiled, dense, rtol=0, atol=1e-10)
+    _assert_close(
+        torch.autograd.grad(tiled, margins)[0],
+        torch.autograd.grad(dense, margins)[0],
+        rtol=0,
+        atol=1e-10,
+    )
+
+
+def test_local_anchors_float32_large_scale_and_rows_without_negatives():
+    """c = 100 (CLIP's largest scale) in float32; anchors whose candidates are all positive."""
+    img, txt = _embeddings(40, dim=32, dtype=torch.float32, seed=9)
+    ids = torch.tensor([0] * 3 + list(range(1, 38)))
+    kw = {"temperature": 0.01, "reduction": "none"}
+    want = _value_and_grads(_dense("infonce", img, txt, ids, **kw), (img, txt), "none")
+    got = _value_and_grads(
+        _split_sum("infonce", img, txt, ids, [20], chunk_size=7, **kw), (img, txt), "none"
+    )
+    _assert_close(got[0], want[0], rtol=1e-5, atol=1e-5 * want[0].abs().max().item())
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=1e-5, atol=1e-5 * w.abs().max().item())
+    lonely = torch.zeros(4, dtype=torch.long)  # every pair shares one id: no negatives at all
+    x, y = _embeddings(4)
+    out = tiled_infonce_loss(x, y, img_ids=lonely, chunk_size=2, anchors=(1, 3), reduction="none")
+    assert torch.equal(out.detach(), torch.zeros(2, dtype=torch.float64))
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), (x, y)))
+
+
+@pytest.mark.parametrize("anchors", [(3, 3), (-1, 2), (0, 38), (2,), [0.0, 1.0], "0:2"])
+def test_bad_anchors_raise(anchors):
+    img, txt = _embeddings(37)
+    with pytest.raises(ValueError, match="anchors"):
+        tiled_infonce_loss(img, txt, chunk_size=4, anchors=anchors)

@@ -36,6 +36,21 @@ SETTINGS = {
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
+    # Tiled losses split by anchors on 2 ranks (each rank its own pairs' terms) against the
+    # tiled loss over the whole batch in one process.
+    "infonce_tiled_local_anchors": [
+        "loss.name=infonce",
+        "loss.learnable_temperature=true",
+        "loss.chunk_size=3",
+        "optim.lr=0.01",
+    ],
+    "unified_tiled_local_anchors": [
+        "loss.name=unified",
+        "loss.chunk_size=3",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
+    "triplet_tiled_local_anchors": ["loss.chunk_size=3", "optim.name=sgd", "optim.lr=0.1"],
 }
 #: Optimisation steps per setting (the queue's contents matter from the second step on).
 STEPS = {"adacl_queue_momentum_sgd": 3}
@@ -64,6 +79,7 @@ def run_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
             state[f"momentum.{k}"] = v.detach().clone()
     state["loss_value"] = torch.tensor(loss)
     state["local_batch"] = torch.tensor(len(batch.img_index))
+    state["local_anchors"] = torch.tensor(trainer.local_anchors)
     return state
 
 
@@ -110,6 +126,7 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(distributed_run, 
     assert [int(s["local_batch"]) for s in ranks] == [4, 4]
     single = run_steps(data, tmp_path, name)
     assert int(single["local_batch"]) == 8
+    assert [bool(s["local_anchors"]) for s in ranks] == ["local_anchors" in name] * 2
     if "loss.img_queue.valid" in single:  # 3 steps of 8 keys: the queue of 16 has wrapped
         assert bool(single["loss.img_queue.valid"].all()) and int(single["loss.img_queue.ptr"]) == 8
     for state in ranks:

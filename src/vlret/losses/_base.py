@@ -116,11 +116,30 @@ class PairLoss(nn.Module):
         txt_emb: torch.Tensor,
         img_ids: Ids | None = None,
         txt_ids: Ids | None = None,
+        *,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
+        """``anchors=(start, stop)`` (with ``chunk_size``): only the terms of pairs start:stop
+        of a gathered batch, for data-parallel training (``vlret.losses.tiled``)."""
+        self.check_anchors(anchors)
         if self.chunk_size is not None:
-            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
+            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, anchors=anchors)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask)
+
+    #: Whether the tiled form can compute local anchors only (``anchors=``).
+    supports_anchors: bool = False
+
+    def check_anchors(self, anchors: tuple[int, int] | None) -> None:
+        if anchors is None:
+            return
+        if not self.supports_anchors:
+            raise ValueError(
+                f"anchors= is not supported by {type(self).__name__} (its tiled form needs "
+                "batch-level statistics); only InfoNCE, Unified and Triplet have local anchors"
+            )
+        if self.chunk_size is None:
+            raise ValueError("anchors= needs the tiled form: set chunk_size")
 
     def tiled_forward(
         self,
@@ -128,6 +147,7 @@ class PairLoss(nn.Module):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """The embedding entry point with ``chunk_size`` set (``vlret.losses.tiled``)."""
         raise ValueError(f"{type(self).__name__} has no tiled form; use chunk_size=None")

@@ -474,6 +474,7 @@ class GoalObjective(PairLoss):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         from .tiled import tiled_goal_objective  # tiled builds on this module's weights
 

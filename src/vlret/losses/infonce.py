@@ -56,6 +56,7 @@ class InfoNCELoss(PairLoss):
     (O(N x B) memory, same values and gradients).
     """
 
+    supports_anchors = True
     paper = "CLIP / VLC (Radford et al. 2021)"
     equation = "Unified Eq. (3)-(4)"
 
@@ -102,6 +103,7 @@ class InfoNCELoss(PairLoss):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         return tiled_infonce_loss(
             img_emb,
@@ -112,6 +114,7 @@ class InfoNCELoss(PairLoss):
             chunk_size=self.chunk_size,
             reduction=self.reduction,
             normalize=self.normalize,
+            anchors=anchors,
         )
 
     def from_similarity(

@@ -21,6 +21,15 @@ is the same); the dense GOAL takes ``torch.max``'s index, the first maximal one,
 forms agree on ties too. A hinge that is exactly zero gets a zero gradient. Ties have measure
 zero on real data.
 
+Local anchors (``anchors=(start, stop)``; InfoNCE, Unified, Triplet): for data-parallel
+training, a rank that holds pairs ``start:stop`` of an all-gathered batch computes only the
+terms of those indices -- image anchor ``i`` against all ``B`` texts and text anchor ``i``
+against all ``B`` images, two ``(n, B)`` rectangles -- instead of the whole ``(B, B)`` square.
+``"none"`` returns the ``(n,)`` terms, ``"sum"`` their sum, ``"mean"`` their sum divided by
+``B``, so the ranks' values add up to the loss of the whole batch; with a gather whose
+backward sums the ranks' gradients (``torch.distributed.nn.functional.all_gather``) the
+gradients add up too. GOAL and AdaCL keep batch-level statistics and have no local form.
+
 See ``docs/tiled.md`` for how a module's embedding entry point calls these functions.
 """
 
@@ -345,12 +354,15 @@ def tiled_infonce_loss(
     chunk_size: int,
     reduction: str = "mean",
     normalize: bool = True,
+    anchors: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.infonce_loss` on embeddings, ``O(chunk_size * B)`` memory.
 
     Equal to ``infonce_loss(cosine_similarity(img, txt), pos_mask=positive_mask(ids), ...)``
     (raw dot products if ``normalize=False``). ``temperature`` may be a (learnable) scalar
     tensor; it receives its gradient. ``img_ids``/``txt_ids`` follow ``PairLoss``.
+    ``anchors=(start, stop)``: only the terms of indices ``start:stop`` (local anchors,
+    module docstring).
     """
     check_positive(temperature, "temperature")
     x, y, codes, chunk = _prepare(
@@ -363,6 +375,10 @@ def tiled_infonce_loss(
         normalize=normalize,
     )
     scale = 1.0 / _scale_tensor(temperature, x, "temperature")
+    if anchors is not None:
+        span = _check_anchors(anchors, x.shape[0])
+        terms = _anchor_terms(_TiledAnchorLogSumExp, x, y, codes, span, (scale, None), (chunk,))
+        return _reduce_anchors(terms, reduction, x.shape[0])
     return _TiledPairLogSumExp.apply(x, y, scale, None, *_split_codes(codes), chunk, reduction)
 
 
@@ -378,12 +394,15 @@ def tiled_unified_loss(
     chunk_size: int,
     reduction: str = "sum",
     normalize: bool = True,
+    anchors: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.unified_loss` (Eq. 5; adaptive margins Eq. 26).
 
     ``margins`` ``(B,)`` replaces ``margin`` per anchor (both directions) and receives its
     gradient if it requires one. The weighted form (Eq. 24, a dense ``(B, B)`` ``weights``) has
     no tiled counterpart.
+    ``anchors=(start, stop)``: only the terms of indices ``start:stop`` (local anchors,
+    module docstring).
     """
     check_real(margin, "margin")
     check_positive(gamma, "gamma")
@@ -406,6 +425,12 @@ def tiled_unified_loss(
         check_finite(margins, "margins")
         m = margins.to(device=x.device, dtype=x.dtype)
     scale = torch.tensor(float(gamma), dtype=x.dtype, device=x.device)
+    if anchors is not None:
+        start, stop = _check_anchors(anchors, batch)
+        terms = _anchor_terms(
+            _TiledAnchorLogSumExp, x, y, codes, (start, stop), (scale, m[start:stop]), (chunk,)
+        )
+        return _reduce_anchors(terms, reduction, batch) / gamma
     out = _TiledPairLogSumExp.apply(x, y, scale, m, *_split_codes(codes), chunk, reduction)
     return out / gamma
 
@@ -530,9 +555,12 @@ def tiled_triplet_loss(
     chunk_size: int,
     reduction: str = "sum",
     normalize: bool = True,
+    anchors: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.triplet_loss` (Triplet-HN Eq. 1-2, or VSE0 with
     ``hardest=False``). Tie rule for ``hardest``: see the module docstring (lowest index wins).
+    ``anchors=(start, stop)``: only the terms of indices ``start:stop`` (local anchors,
+    module docstring).
     """
     check_real(margin, "margin")
     x, y, codes, chunk = _prepare(
@@ -544,8 +572,190 @@ def tiled_triplet_loss(
         reduction=reduction,
         normalize=normalize,
     )
+    if anchors is not None:
+        span = _check_anchors(anchors, x.shape[0])
+        after = (chunk, bool(hardest))
+        terms = _anchor_terms(_TiledAnchorTriplet, x, y, codes, span, (float(margin),), after)
+        return _reduce_anchors(terms, reduction, x.shape[0])
     function = _TiledTripletHardest if hardest else _TiledTripletSum
     return function.apply(x, y, float(margin), *_split_codes(codes), chunk, reduction)
+
+
+# ----------------------------------------------------------------------------- local anchors
+#
+# ``anchors=(start, stop)``: a rank that holds pairs start:stop of an all-gathered batch computes
+# only their terms -- image anchor i against every text (row i) and text anchor i against every
+# image (column i) -- two ``(n, B)`` rectangles instead of the ``(B, B)`` square. Summed over
+# ranks (through a gather whose backward sums the gradients, e.g.
+# ``torch.distributed.nn.functional.all_gather``) the terms are the loss of the whole batch.
+# Each rectangle is one direction: anchors ``A`` (n, D) against candidates ``C`` (B, D), where
+# anchor k's own pair is candidate ``p_k`` and ids mark further positives.
+
+
+def _anchor_positives(
+    t: torch.Tensor, codes: Codes, start: int, pair: torch.Tensor, fill: float
+) -> torch.Tensor:
+    """Fill the positives of anchor strip ``t`` (anchors ``start:``) with ``fill``, in place."""
+    rows = torch.arange(t.shape[0], device=t.device)
+    if codes is not None:
+        t.masked_fill_(codes[0][start : start + t.shape[0], None] == codes[1][None, :], fill)
+    t[rows, pair[start : start + t.shape[0]]] = fill
+    return t
+
+
+class _TiledAnchorLogSumExp(torch.autograd.Function):
+    """``log(1 + sum_{j neg} exp(c (a_k . c_j - a_k . c_{p_k} + m_k)))`` per anchor, ``(n,)``.
+
+    One exponential per entry with each row's own maximum over its negatives as the shift
+    (``exp2`` in base-2 units), so no entry that matters underflows. Saved: the inputs, the
+    positive scores, the row maxima and the terms, ``O(n + B)``; strips are recomputed.
+    """
+
+    @staticmethod
+    def forward(ctx, a, c, scale, margins, pair, a_codes, c_codes, chunk):
+        n = a.shape[0]
+        codes = None if a_codes is None else (a_codes, c_codes)
+        lowest = torch.finfo(a.dtype).min
+        pos_score = (a * c[pair]).sum(1)
+        offset = scale * (pos_score if margins is None else pos_score - margins)
+        ac = a * (scale * _LOG2E)
+        shift, terms = a.new_empty(n), a.new_empty(n)
+        buf = a.new_empty(min(chunk, n), c.shape[0])
+        for start, stop in _strips(n, chunk):
+            t = torch.mm(ac[start:stop], c.t(), out=buf[: stop - start])
+            top = _anchor_positives(t, codes, start, pair, lowest).amax(1)
+            top = torch.where(top == lowest, 0.0, top)  # no negatives: every entry becomes 0
+            shift[start:stop] = top
+            log_sum = t.sub_(top[:, None]).exp2_().sum(1).log_().add_(top * _LN2)
+            terms[start:stop] = torch.logaddexp(a.new_zeros(()), log_sum - offset[start:stop])
+        ctx.chunk = chunk
+        ctx.save_for_backward(a, c, scale, margins, pair, a_codes, c_codes, pos_score, shift, terms)
+        return terms
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        a, c, scale, margins, pair, a_codes, c_codes, pos_score, shift, terms = ctx.saved_tensors
+        codes = None if a_codes is None else (a_codes, c_codes)
+        offset = scale * (pos_score if margins is None else pos_score - margins)
+        ac = a * (scale * _LOG2E)
+        # dL/ds_kj = g_k c softmax_k(j) = E_kj * g_k c e^{shift_k - offset_k - term_k}
+        weight = (g * scale) * torch.exp(shift * _LN2 - offset - terms)
+        da, dc = torch.zeros_like(a), torch.zeros_like(c)
+        need_scale = ctx.needs_input_grad[2]
+        dscale = a.new_zeros(())
+        buf = a.new_empty(min(ctx.chunk, a.shape[0]), c.shape[0])
+        for start, stop in _strips(a.shape[0], ctx.chunk):
+            t = torch.mm(ac[start:stop], c.t(), out=buf[: stop - start])
+            t = _anchor_positives(t.sub_(shift[start:stop, None]).exp2_(), codes, start, pair, 0.0)
+            grad_s = t.mul_(weight[start:stop, None])
+            da_strip = grad_s @ c
+            da[start:stop] += da_strip
+            dc.addmm_(grad_s.t(), a[start:stop])
+            if need_scale:
+                dscale += (da_strip * a[start:stop]).sum()
+        mass = -torch.expm1(-terms)  # the softmax mass of the negatives, per anchor
+        grad_pos = -scale * g * mass  # on s_{k p_k}
+        da += grad_pos[:, None] * c[pair]
+        dc.index_add_(0, pair, grad_pos[:, None] * a)
+        grad_scale = grad_margins = None
+        if need_scale:
+            m = 0 if margins is None else margins
+            grad_scale = (dscale / scale - (g * mass * (pos_score - m)).sum()).reshape(scale.shape)
+        if ctx.needs_input_grad[3]:
+            grad_margins = -grad_pos
+        return da, dc, grad_scale, grad_margins, None, None, None, None
+
+
+class _TiledAnchorTriplet(torch.autograd.Function):
+    """Per anchor, ``relu(m + a_k . c_j - a_k . c_{p_k})`` of its hardest negative (``hardest``)
+    or summed over its negatives, ``(n,)``. Tie rule: the lowest candidate index wins."""
+
+    @staticmethod
+    def forward(ctx, a, c, margin, pair, a_codes, c_codes, chunk, hardest):
+        n = a.shape[0]
+        codes = None if a_codes is None else (a_codes, c_codes)
+        lowest = torch.finfo(a.dtype).min
+        pos_score = (a * c[pair]).sum(1)
+        terms = a.new_empty(n)
+        arg = torch.zeros(n, dtype=torch.long, device=a.device)
+        for start, stop in _strips(n, chunk):
+            s = _anchor_positives(a[start:stop] @ c.t(), codes, start, pair, lowest)
+            if hardest:
+                top, arg[start:stop] = s.max(dim=1)
+                hinge = margin + top - pos_score[start:stop]
+                terms[start:stop] = torch.where((top > lowest) & (hinge > 0), hinge, 0.0)
+            else:
+                # positives hold `lowest`, so their hinge is clamped to zero
+                hinge = s.add_(margin).sub_(pos_score[start:stop, None]).clamp_(min=0)
+                terms[start:stop] = hinge.sum(1)
+        ctx.chunk, ctx.margin, ctx.hardest = chunk, margin, hardest
+        ctx.save_for_backward(a, c, pair, a_codes, c_codes, pos_score, arg, terms)
+        return terms
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        a, c, pair, a_codes, c_codes, pos_score, arg, terms = ctx.saved_tensors
+        codes = None if a_codes is None else (a_codes, c_codes)
+        lowest = torch.finfo(a.dtype).min
+        if ctx.hardest:
+            active = (g * (terms > 0))[:, None]
+            da = active * (c[arg] - c[pair])
+            dc = torch.zeros_like(c)
+            dc.index_add_(0, arg, active * a)
+            dc.index_add_(0, pair, -active * a)
+            return da, dc, None, None, None, None, None, None
+        da, dc = torch.zeros_like(a), torch.zeros_like(c)
+        count = a.new_zeros(a.shape[0])
+        for start, stop in _strips(a.shape[0], ctx.chunk):
+            s = _anchor_positives(a[start:stop] @ c.t(), codes, start, pair, lowest)
+            # the dense clamp passes its gradient at exactly zero: ">= 0"
+            grad_s = (s.add_(ctx.margin).sub_(pos_score[start:stop, None]) >= 0).to(a.dtype)
+            count[start:stop] = grad_s.sum(1)
+            grad_s.mul_(g[start:stop, None])
+            da[start:stop] += grad_s @ c
+            dc.addmm_(grad_s.t(), a[start:stop])
+        grad_pos = -(g * count)[:, None]
+        da += grad_pos * c[pair]
+        dc.index_add_(0, pair, grad_pos * a)
+        return da, dc, None, None, None, None, None, None
+
+
+def _check_anchors(anchors, batch: int) -> tuple[int, int]:
+    ok = (
+        isinstance(anchors, tuple | list)
+        and len(anchors) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in anchors)
+        and 0 <= anchors[0] < anchors[1] <= batch
+    )
+    if not ok:
+        raise ValueError(
+            f"anchors must be (start, stop) with 0 <= start < stop <= {batch}, got {anchors!r}"
+        )
+    return int(anchors[0]), int(anchors[1])
+
+
+def _reduce_anchors(per_index: torch.Tensor, reduction: str, batch: int) -> torch.Tensor:
+    """``"mean"`` divides by the whole batch, so that the ranks' values sum to the batch mean."""
+    if reduction == "none":
+        return per_index
+    total = per_index.sum()
+    return total if reduction == "sum" else total / batch
+
+
+def _anchor_terms(function, x, y, codes, anchors, before, after) -> torch.Tensor:
+    """Image anchors start:stop against all texts plus text anchors start:stop against all
+    images, per index (``(stop - start,)``); ``before``/``after`` are the Function's arguments
+    around ``(pair, anchor codes, candidate codes)``."""
+    start, stop = anchors
+    pair = torch.arange(start, stop, device=x.device)
+    img_codes, txt_codes = _split_codes(codes)
+    local_img = None if img_codes is None else img_codes[start:stop]
+    local_txt = None if txt_codes is None else txt_codes[start:stop]
+    rows = function.apply(x[start:stop], y, *before, pair, local_img, txt_codes, *after)
+    cols = function.apply(y[start:stop], x, *before, pair, local_txt, img_codes, *after)
+    return rows + cols
 
 
 # ----------------------------------------------------------------------------- AdaCL

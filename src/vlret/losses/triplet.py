@@ -53,6 +53,7 @@ class TripletLoss(PairLoss):
     gradient goes to the first index instead of being split).
     """
 
+    supports_anchors = True
     paper = "VSE++ (Faghri et al. 2018)"
     equation = "Unified Eq. (1)-(2)"
 
@@ -76,6 +77,7 @@ class TripletLoss(PairLoss):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         return tiled_triplet_loss(
             img_emb,
@@ -87,6 +89,7 @@ class TripletLoss(PairLoss):
             chunk_size=self.chunk_size,
             reduction=self.reduction,
             normalize=self.normalize,
+            anchors=anchors,
         )
 
     def from_similarity(

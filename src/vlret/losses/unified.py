@@ -71,6 +71,7 @@ class UnifiedLoss(PairLoss):
     memory, same values and gradients); the dense ``weights`` form is then unavailable.
     """
 
+    supports_anchors = True
     paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
 
@@ -98,7 +99,9 @@ class UnifiedLoss(PairLoss):
         *,
         weights: torch.Tensor | None = None,
         margins: torch.Tensor | None = None,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
+        self.check_anchors(anchors)
         if self.chunk_size is not None:
             if weights is not None:
                 raise ValueError("weights (Eq. 24) needs the dense form; use chunk_size=None")
@@ -113,6 +116,7 @@ class UnifiedLoss(PairLoss):
                 chunk_size=self.chunk_size,
                 reduction=self.reduction,
                 normalize=self.normalize,
+                anchors=anchors,
             )
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask, weights=weights, margins=margins)

@@ -25,11 +25,17 @@ steps for AdaCL with a queue and a momentum encoder). Parameters of the loss its
 learnable temperature) are not averaged by DDP and see ``N * grad L`` on every rank; the
 trainer divides their gradient by ``N``. The logged loss is the unscaled ``L``.
 
-**Cost.** The loss is not split: its cost, ``O((N*B)^2)`` similarities plus its batch
-statistics, is repeated in full on every rank, and only the encoders' work is divided by
-``N``. Computing each rank's local rows against the global columns only (tiles of
-``B x N*B``, with the column terms and batch statistics exchanged between ranks) is left to
-issue 8.
+**Cost, and local anchors.** By default the loss is not split: its cost, ``O((N*B)^2)``
+similarities plus its batch statistics, is repeated in full on every rank, and only the
+encoders' work is divided by ``N``. With a tiled loss that supports it (``chunk_size`` set on
+InfoNCE, Unified or Triplet: ``supports_anchors``), each rank instead computes only the terms
+of its own ``B`` pairs -- its images against all ``N*B`` texts and its texts against all
+``N*B`` images, two ``B x N*B`` rectangles, ``O(chunk_size * N*B)`` memory -- through
+:func:`gather_sum_grad`, whose backward sums the gradients that all ranks' terms send to each
+rank's embeddings. The ranks' terms add up to the global loss, so the same ``N`` scaling
+gives the single-process gradient (tested with 2 gloo processes); the logged loss is the
+all-reduced sum, and a learnable temperature's gradient (each rank sees only its own terms'
+share) is all-reduced before the ``1/N``. GOAL, AdaCL and VSL keep the full computation.
 
 Only rank 0 writes files (:func:`is_main_process`).
 """
@@ -119,6 +125,43 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     dist.all_gather(parts, local.detach().contiguous())
     parts[rank()] = local
     return torch.cat(parts, dim=0)
+
+
+class _GatherSumGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local: torch.Tensor) -> torch.Tensor:
+        world = world_size()
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local.contiguous())
+        ctx.rank, ctx.rows = rank(), local.shape[0]
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)  # gloo has no reduce_scatter; the sum over ranks, then our slice
+        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows]
+
+
+def gather_sum_grad(local: torch.Tensor) -> torch.Tensor:
+    """All-gather ``local`` ``(B, ...)`` into ``(N*B, ...)``; the backward *sums* the gradient
+    that every rank's loss sends to each slot and hands each rank its own slice.
+
+    For losses split by anchors (each rank computes only its own pairs' terms, see
+    ``vlret.losses.tiled``): rank ``r``'s embeddings also appear as candidates in the other
+    ranks' terms, and those gradients come back to it here. Single process: returns ``local``.
+    """
+    if world_size() == 1:
+        return local
+    return _GatherSumGrad.apply(local)
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """The sum of ``value`` over ranks (a copy; no gradient)."""
+    value = value.detach().clone()
+    if world_size() > 1:
+        dist.all_reduce(value)
+    return value
 
 
 def gather_no_grad(local: torch.Tensor) -> torch.Tensor:

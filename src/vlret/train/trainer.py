@@ -54,7 +54,9 @@ from .checkpoint import (
 from .config import ConfigError, RunConfig, save_config
 from .distributed import (
     ShardedBatchSampler,
+    all_reduce_sum,
     gather_no_grad,
+    gather_sum_grad,
     gather_with_grad,
     init_distributed,
 )
@@ -222,6 +224,13 @@ class Trainer:
         # Every loss sees the global batch; an AdaCL queue is then told (gathered=True) that its
         # keys are global already, so it enqueues them once without gathering them again.
         self.gather = self.world > 1
+        #: Multi-process with a tiled loss that splits by anchors: each rank computes only the
+        #: terms of its own pairs (``vlret.train.distributed``, "local anchors").
+        self.local_anchors = (
+            self.gather
+            and getattr(self.loss_fn, "supports_anchors", False)
+            and getattr(self.loss_fn, "chunk_size", None) is not None
+        )
         self.momentum_encoder = None
         if tc.momentum_encoder is not None:
             if not self.has_queue:
@@ -377,19 +386,27 @@ class Trainer:
             with torch.autocast(device_type=self.device.type, enabled=self.amp):
                 img_k, txt_k = self.momentum_encoder(batch)
             kwargs = {"img_keys": img_k.float(), "txt_keys": txt_k.float()}
-        if self.gather:
+        if self.local_anchors:
+            # Each rank computes only its own pairs' terms against the gathered batch; the
+            # gather's backward brings back the gradients the other ranks' terms send here.
+            start = self.env.rank * img.shape[0]
+            kwargs["anchors"] = (start, start + img.shape[0])
+            img, txt = gather_sum_grad(img), gather_sum_grad(txt)
+            ids = gather_no_grad(ids)
+        elif self.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
             ids = gather_no_grad(ids)
             kwargs = {k: gather_no_grad(v) for k, v in kwargs.items()}
             if self.has_queue:
                 kwargs["gathered"] = True
         loss = self.loss_fn(img, txt, ids, ids, **kwargs)
-        if not torch.isfinite(loss.detach()):
+        logged = all_reduce_sum(loss) if self.local_anchors else loss.detach()
+        if not torch.isfinite(logged):
             raise FloatingPointError(
-                f"non-finite loss {float(loss)} at epoch {self.epoch} step {self.step}"
+                f"non-finite loss {float(logged)} at epoch {self.epoch} step {self.step}"
             )
         scaled = loss * self.world if self.gather else loss
-        return scaled, loss.detach(), {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+        return scaled, logged, {"img": img.detach(), "txt": txt.detach(), "ids": ids}
 
     def train_step(self, batch) -> tuple[float, dict[str, Any]]:
         """One optimisation step on a local batch; returns the (global) loss value."""
@@ -404,6 +421,8 @@ class Trainer:
             # rank and are not averaged by DDP: undo the world-size factor.
             for p in self.loss_params:
                 if p.grad is not None:
+                    if self.local_anchors:  # each rank holds its own terms' share
+                        torch.distributed.all_reduce(p.grad)
                     p.grad.div_(self.world)
         self.scaler.unscale_(self.optimizer)
         if oc.grad_clip and oc.grad_clip > 0:
