@@ -615,3 +615,110 @@ def test_bad_anchors_raise(anchors):
     img, txt = _embeddings(37)
     with pytest.raises(ValueError, match="anchors"):
         tiled_infonce_loss(img, txt, chunk_size=4, anchors=anchors)
+
+
+# ----------------------------------------------------------------------------- AdaCL margin update
+
+
+def _anchor_fields(found):
+    return (found.row, found.clone_count, found.salient_row, found.clone_row, found.guard)
+
+
+def _clone_world(batch, dtype=torch.float64, seed=0):
+    """Texts near their images, so the batch has salient and clone-like negatives."""
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.randn(batch, 16, generator=gen, dtype=torch.float64)
+    txt = img + 0.8 * torch.randn(batch, 16, generator=gen, dtype=torch.float64)
+    return img.to(dtype), txt.to(dtype)
+
+
+@pytest.mark.parametrize("selection", ["median", "min", "max", "random"])
+@pytest.mark.parametrize("with_ids", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 7, 64])
+def test_tiled_adacl_anchor_equals_dense(selection, with_ids, chunk_size):
+    from vlret.losses.adacl import adacl_anchor
+    from vlret.losses.tiled import TiledAdaCLBatch
+
+    img, txt = _clone_world(53)
+    ids = _group_ids(53) if with_ids else None
+    pos = None if ids is None else positive_mask(ids, ids)
+    dense = adacl_anchor(
+        cosine_similarity(img, txt),
+        pos_mask=pos,
+        selection=selection,
+        generator=torch.Generator().manual_seed(3),
+        negative_temperature=0.5,
+    )
+    tiled = TiledAdaCLBatch(img, txt, ids, chunk_size=chunk_size).anchor(
+        selection=selection, generator=torch.Generator().manual_seed(3), scale=2.0
+    )
+    assert dense.guard is None and dense.clone_count > 0
+    assert _anchor_fields(tiled) == _anchor_fields(dense)
+    assert tiled.anchor == pytest.approx(dense.anchor, abs=1e-12)
+    assert tiled.log_sigma_anchor == pytest.approx(dense.log_sigma_anchor, abs=1e-12)
+    assert tiled.fit.mu_clone == pytest.approx(dense.fit.mu_clone, abs=1e-12)
+    assert tiled.fit.var_salient == pytest.approx(dense.fit.var_salient, abs=1e-12)
+
+
+@pytest.mark.parametrize("selection", ["median", "min", "max", "random"])
+def test_tiled_adacl_anchor_exact_ties_and_refined_histograms(selection, monkeypatch):
+    """Integer dot products tie everywhere: the first clone in row-major order among equal
+    deltas wins, as in the dense selection; a zero bin cap forces all histogram refinements."""
+    import vlret.losses.tiled as tiled
+    from vlret.losses.adacl import adacl_anchor
+
+    monkeypatch.setattr(tiled, "_BIN_CAP_PER_ROW", 0)
+    gen = torch.Generator().manual_seed(4)
+    img = torch.randint(0, 2, (40, 12), generator=gen).double()
+    txt = (img + torch.randint(0, 2, (40, 12), generator=gen)).clamp(max=1)
+    dense = adacl_anchor(
+        img @ txt.t(), selection=selection, generator=torch.Generator().manual_seed(1)
+    )
+    got = tiled.TiledAdaCLBatch(img, txt, chunk_size=6, normalize=False).anchor(
+        selection=selection, generator=torch.Generator().manual_seed(1)
+    )
+    assert dense.guard is None
+    assert _anchor_fields(got) == _anchor_fields(dense)
+    assert (got.anchor, got.log_sigma_anchor) == pytest.approx(
+        (dense.anchor, dense.log_sigma_anchor), abs=1e-12
+    )
+
+
+@pytest.mark.parametrize("scale_negatives", [False, True])
+@pytest.mark.parametrize("selection", ["median", "random"])
+def test_adacl_module_with_chunk_size_trains_like_the_dense_module(scale_negatives, selection):
+    from vlret.losses import AdaCLLoss
+
+    kw = {
+        "anchor_selection": selection,
+        "scale_negatives": scale_negatives,
+        "negative_temperature": 1.0 if scale_negatives else 0.5,
+        "margin_momentum": 0.5,
+        "seed": 7,
+    }
+    dense, tiled = AdaCLLoss(**kw), AdaCLLoss(chunk_size=9, **kw)
+    for step in range(4):
+        img, txt = (t.requires_grad_(True) for t in _clone_world(41, seed=step))
+        ids = _group_ids(41)
+        want = _value_and_grads(dense(img, txt, ids), (img, txt), "mean")
+        got = _value_and_grads(tiled(img, txt, ids), (img, txt), "mean")
+        _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+        for g, w in zip(got[1], want[1], strict=True):
+            _assert_close(g, w, rtol=0, atol=1e-10)
+        for name in ("m1", "m2"):
+            _assert_close(getattr(tiled, name), getattr(dense, name), rtol=0, atol=1e-10)
+        stats, expected = tiled.last_stats, dense.last_stats
+        assert stats["guard"] == expected["guard"]
+        assert stats["clone_count"] == expected["clone_count"] > 0
+    assert sum(dense.guard_counts) == 0 and float(dense.m1) != 20.0  # updates were accepted
+    tiled.eval()  # eval mode: the loss with fixed margins, no update
+    steps = tiled.steps
+    tiled(img, txt, ids)
+    assert tiled.steps == steps
+
+
+def test_adacl_chunk_size_with_a_queue_raises():
+    from vlret.losses import AdaCLLoss
+
+    with pytest.raises(ValueError, match="queue_size=0"):
+        AdaCLLoss(chunk_size=8, queue_size=16, embed_dim=4)

@@ -879,6 +879,12 @@ class AdaCLLoss(PairLoss):
       others). Eval-mode calls do not synchronise. ``sync_margins=False`` keeps margins per rank.
     * ``last_stats`` is a dict of plain Python values for logging (see
       :func:`vlret.analysis.adacl_plots.append_stats`).
+    * **Large batches** (``chunk_size=N``, no memory queue): ``forward`` never builds the
+      ``(B, B)`` matrix. The loss is the tiled Eq. (3) and the margin update streams strips
+      (:class:`~vlret.losses.tiled.TiledAdaCLBatch`: the same salient rows, GDA, clone set,
+      count and selection rule as the dense update, about three more strip passes), so
+      ``O(N x B)`` memory. With a queue the queue block would have to be tiled too; that
+      combination raises a ``ValueError``.
 
     Calling the loss twice per optimiser step updates the margins twice.
     """
@@ -908,8 +914,14 @@ class AdaCLLoss(PairLoss):
         sync_margins: bool = True,
         reduction: str = "mean",
         normalize: bool = True,
+        chunk_size: int | None = None,
     ) -> None:
-        super().__init__(reduction=reduction, normalize=normalize)
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
+        if chunk_size is not None and queue_size:
+            raise ValueError(
+                "chunk_size (tiled AdaCL) works without a memory queue: set queue_size=0 "
+                f"(got queue_size={queue_size!r})"
+            )
         _check_margin(m1_init, "m1_init", positive=True)
         _check_margin(m2_init, "m2_init", positive=False)
         _check_probabilities(p_u, eps)
@@ -993,6 +1005,23 @@ class AdaCLLoss(PairLoss):
 
     @torch.no_grad()
     def _update(self, batch: _Batch, log_sigma_rows: torch.Tensor | None = None) -> str | None:
+        return self._update_with(
+            lambda: _anchor_of_batch(
+                batch,
+                self.anchor_selection,
+                self.top_k,
+                self.min_variance,
+                generator=self.generator,
+                log_sigma_rows=log_sigma_rows,
+                scale=1.0 / self.negative_temperature,
+            ),
+            lambda row: _row_negatives(_blocks(batch), [row])[0],
+        )
+
+    @torch.no_grad()
+    def _update_with(self, find_anchor, row_negatives) -> str | None:
+        """Algorithm 1 steps 2-5 given ``find_anchor() -> AdaCLAnchor`` and
+        ``row_negatives(u) -> float64 array`` (dense batch or tiled strips)."""
         self.steps += 1
         if self.steps <= self.warmup_steps:
             # Warm-up: the initial margins are used as they are; nothing is estimated.
@@ -1000,15 +1029,7 @@ class AdaCLLoss(PairLoss):
             self.clone_count = 0
             self.last_guard = -1
             return None
-        found = _anchor_of_batch(
-            batch,
-            self.anchor_selection,
-            self.top_k,
-            self.min_variance,
-            generator=self.generator,
-            log_sigma_rows=log_sigma_rows,
-            scale=1.0 / self.negative_temperature,
-        )
+        found = find_anchor()
         guard = found.guard
         self.clone_count = found.clone_count
         if found.anchor is None:
@@ -1028,8 +1049,7 @@ class AdaCLLoss(PairLoss):
                     self.m1_capped += 1
                 if self.scale_negatives:
                     # Sigma_anchor = sum_k exp(m1 s_uk) with the m1 just found.
-                    row = _row_negatives(_blocks(batch), [found.row])[0]
-                    log_sigma = _log_sum_exp(m1 * row)
+                    log_sigma = _log_sum_exp(m1 * row_negatives(found.row))
                     self.log_sigma_anchor = log_sigma
                 # Eq. (22).
                 m2 = anchor + (math.log((1.0 - self.p_u) / self.p_u) - log_sigma) / m1
@@ -1171,6 +1191,10 @@ class AdaCLLoss(PairLoss):
         """
         if not isinstance(gathered, bool):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
+        if self.chunk_size is not None:
+            if img_keys is not None or txt_keys is not None:
+                raise ValueError("img_keys/txt_keys need a memory queue (queue_size > 0)")
+            return self._tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         if self.img_queue is None or self.txt_queue is None:
             if img_keys is not None or txt_keys is not None:
@@ -1197,6 +1221,34 @@ class AdaCLLoss(PairLoss):
             self.img_queue.enqueue(self._keys(img_keys, img_n, "img_keys"), img_id_t, gather=gather)
             self.txt_queue.enqueue(self._keys(txt_keys, txt_n, "txt_keys"), txt_id_t, gather=gather)
         return loss
+
+    def _tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids) -> torch.Tensor:
+        """``from_similarity`` without the ``(B, B)`` matrix (``chunk_size``, no queue)."""
+        from .tiled import TiledAdaCLBatch  # tiled builds on this module's helpers
+
+        batch = TiledAdaCLBatch(
+            img_emb, txt_emb, img_ids, txt_ids, chunk_size=self.chunk_size, normalize=self.normalize
+        )
+
+        def find(log_sigma_rows=None):
+            return lambda: batch.anchor(
+                selection=self.anchor_selection,
+                top_k=self.top_k,
+                min_variance=self.min_variance,
+                generator=self.generator,
+                scale=1.0 / self.negative_temperature,
+                log_sigma_rows=log_sigma_rows,
+            )
+
+        if self.scale_negatives:
+            if self.training:
+                self._update_with(find(), batch.row_negatives)
+            m1 = self.m1.clone()
+            return batch.loss(m1, self.m2.clone(), self.reduction, scale=m1)
+        lse = batch.negatives_lse(1.0 / self.negative_temperature)
+        if self.training:
+            self._update_with(find(lse[0].detach()), batch.row_negatives)
+        return batch.loss(self.m1.clone(), self.m2.clone(), self.reduction, lse)
 
     def _keys(self, keys: torch.Tensor | None, fallback: torch.Tensor, name: str) -> torch.Tensor:
         if keys is None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -54,6 +55,7 @@ from ..similarity import Ids, _ids_to_tensor
 from .goal import GoalConfig, triplet_weights_from_hardest
 
 __all__ = [
+    "TiledAdaCLBatch",
     "tiled_adacl_loss",
     "tiled_goal_objective",
     "tiled_infonce_loss",
@@ -845,26 +847,221 @@ def tiled_adacl_loss(
     """
     _check_adacl_margin(m1, "m1", positive=True)
     _check_adacl_margin(m2, "m2", positive=False)
-    x, y, codes, chunk = _prepare(
-        img_emb,
-        txt_emb,
-        img_ids,
-        txt_ids,
-        chunk_size=chunk_size,
-        reduction=reduction,
-        normalize=normalize,
+    check_reduction(reduction)
+    batch = TiledAdaCLBatch(
+        img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
     )
-    if isinstance(m1, torch.Tensor):
-        m1 = m1.to(device=x.device, dtype=x.dtype)
-    if isinstance(m2, torch.Tensor):
-        m2 = m2.to(device=x.device, dtype=x.dtype)
-    lse_row, lse_col = _TiledNegativeLogSumExp.apply(x, y, *_split_codes(codes), chunk)
-    pos_logit = m1 * ((x * y).sum(1) - m2)
-    zero = x.new_zeros(())
-    per_index = torch.logaddexp(zero, lse_row - pos_logit) + torch.logaddexp(
-        zero, lse_col - pos_logit
-    )
-    return _reduce(per_index, reduction)
+    return batch.loss(m1, m2, reduction)
+
+
+#: Bins of the delta histogram that locates the median clone (Eq. 11) in two passes.
+_DELTA_BINS = 65536
+#: A median bin holding more than this many clones per row is refined by another histogram.
+_BIN_CAP_PER_ROW = 64
+
+
+class TiledAdaCLBatch:
+    """One batch of :class:`~vlret.losses.AdaCLLoss` with ``chunk_size`` (no memory queue).
+
+    Everything the module needs, without the ``(B, B)`` matrix: the negatives' log-sum-exps
+    (:meth:`negatives_lse`, ``_TiledNegativeLogSumExp``), Eq. (3) given the margins
+    (:meth:`loss`), and the anchor of Eq. (7)-(11) (:meth:`anchor`, no gradient), equal to
+    ``adacl.adacl_anchor`` on the dense matrix: the same salient rows, GDA, clone set S*,
+    count and selection rule, including its tie rule (the first clone in row-major order among
+    equal deltas). The selection streams strips: pass 1 the salient scores (row sums of the
+    negatives), then the two chosen rows, pass 2 ``|S*|`` and, for ``"median"``, a
+    ``65536``-bin histogram of ``Delta S`` over ``[0, 2 max|x| max|y|]`` (Cauchy-Schwarz bounds
+    every delta), pass 3 the clones of the median's bin only (refined by further histograms
+    while that bin holds more than ``64 B`` clones). ``"min"``/``"max"`` need pass 2 only,
+    ``"random"`` one more strip. Each pass costs one strip product per strip, so the update
+    costs about three forward passes; memory stays ``O(chunk_size x B)``.
+    """
+
+    def __init__(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+        *,
+        chunk_size: int,
+        normalize: bool = True,
+    ) -> None:
+        self.x, self.y, self.codes, self.chunk = _prepare(
+            img_emb,
+            txt_emb,
+            img_ids,
+            txt_ids,
+            chunk_size=chunk_size,
+            reduction="sum",
+            normalize=normalize,
+        )
+        self.size = self.x.shape[0]
+
+    def negatives_lse(self, scale: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``log sum_neg exp(scale * s)`` of every row and every column (``log Sigma``)."""
+        if isinstance(scale, torch.Tensor):
+            scale = scale.to(device=self.x.device, dtype=self.x.dtype)
+        x = self.x if not isinstance(scale, torch.Tensor) and scale == 1.0 else self.x * scale
+        return _TiledNegativeLogSumExp.apply(x, self.y, *_split_codes(self.codes), self.chunk)
+
+    def loss(
+        self,
+        m1: float | torch.Tensor,
+        m2: float | torch.Tensor,
+        reduction: str,
+        lse: tuple[torch.Tensor, torch.Tensor] | None = None,
+        scale: float | torch.Tensor = 1.0,
+    ) -> torch.Tensor:
+        """Eq. (3) in both directions with negative logits ``scale * s`` (``lse`` if known)."""
+        x, y = self.x, self.y
+        if isinstance(m1, torch.Tensor):
+            m1 = m1.to(device=x.device, dtype=x.dtype)
+        if isinstance(m2, torch.Tensor):
+            m2 = m2.to(device=x.device, dtype=x.dtype)
+        lse_row, lse_col = self.negatives_lse(scale) if lse is None else lse
+        pos_logit = m1 * ((x * y).sum(1) - m2)
+        zero = x.new_zeros(())
+        per_index = torch.logaddexp(zero, lse_row - pos_logit) + torch.logaddexp(
+            zero, lse_col - pos_logit
+        )
+        return _reduce(per_index, reduction)
+
+    def _strip(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores and positives (diagonal included) of rows ``start:stop``, without gradient."""
+        s = self.x[start:stop].detach() @ self.y.detach().t()
+        return s, _positives(self.codes, start, stop, self.size, s.device)
+
+    def row_negatives(self, row: int) -> np.ndarray:
+        """The negatives of image row ``row`` in column order, float64 on the host."""
+        s, pos = self._strip(row, row + 1)
+        return s[0][~pos[0]].double().cpu().numpy()
+
+    @torch.no_grad()
+    def anchor(
+        self,
+        *,
+        selection: str = "median",
+        top_k: int | None = None,
+        min_variance: float = 1e-12,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        log_sigma_rows: torch.Tensor | None = None,
+    ):
+        """``adacl.adacl_anchor`` on this batch (same readings, guards and tie rule)."""
+        from .adacl import AdaCLAnchor, _clone_region, _fit_values, _log_sum_exp
+
+        size = self.size
+        diag = (self.x.detach() * self.y.detach()).sum(1)
+        total, n_neg = diag.new_empty(size), diag.new_empty(size)
+        for start, stop in _strips(size, self.chunk):  # pass 1: Eq. (7)
+            s, pos = self._strip(start, stop)
+            total[start:stop] = s.masked_fill_(pos, 0).sum(1)
+            n_neg[start:stop] = size - pos.sum(1).to(s.dtype)
+        salient = (diag - total / n_neg.clamp(min=1)).cpu().numpy()
+        eligible = n_neg.cpu().numpy() >= 2
+        if not eligible.any():
+            return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
+        i_plus = int(np.where(eligible, salient, -np.inf).argmax())
+        i_minus = int(np.where(eligible, salient, np.inf).argmin())
+        fit = _fit_values(self.row_negatives(i_plus), self.row_negatives(i_minus), top_k)
+        if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
+            return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
+        region = _clone_region(fit)
+
+        def clones(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+            """Delta S of rows start:stop and the mask of their clones (Eq. 10-11)."""
+            s, pos = self._strip(start, stop)
+            lo, hi, inside = region
+            other = (s <= lo) | (s >= hi) if inside else (s >= lo) & (s <= hi)
+            return (diag[start:stop, None] - s).abs_(), ~(other | pos)
+
+        width = 2.0 * float(self.x.norm(dim=1).max() * self.y.norm(dim=1).max()) / _DELTA_BINS
+        width = width if width > 0 else 1.0
+        counts: list[int] = []
+        hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=diag.device)
+        best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
+        for start, stop in _strips(size, self.chunk):  # pass 2: |S*|, histogram or extremes
+            delta, clone = clones(start, stop)
+            counts.append(int(clone.sum()))
+            if selection == "median":
+                hist += _delta_bins(delta[clone], 0.0, width).bincount(minlength=_DELTA_BINS)
+            elif selection in ("min", "max") and counts[-1]:
+                low = selection == "min"
+                fill = math.inf if low else -1.0
+                flat = delta.masked_fill_(~clone, fill).flatten()
+                index = int(flat.argmin() if low else flat.argmax())
+                value = float(flat[index])
+                if best is None or (value < best[0] if low else value > best[0]):
+                    best = (value, start * size + index)  # strict: an earlier strip keeps ties
+        count = sum(counts)
+        if count == 0:
+            return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
+        if selection == "median":
+            pick = self._median_pick(clones, hist, (count + 1) // 2, width)
+        elif selection in ("min", "max"):
+            pick = best[1]
+        else:
+            if generator is None:
+                r = int(torch.randint(count, ()))
+            else:
+                r = int(torch.randint(count, (), generator=generator, device=generator.device))
+            before = 0
+            for (start, stop), n in zip(_strips(size, self.chunk), counts, strict=True):
+                if r < before + n:
+                    _, clone = clones(start, stop)
+                    pick = start * size + int(clone.flatten().nonzero()[r - before, 0])
+                    break
+                before += n
+        u = pick // size
+        if log_sigma_rows is None:
+            log_sigma = _log_sum_exp(scale * self.row_negatives(u))
+        else:
+            log_sigma = float(log_sigma_rows[u])
+        return AdaCLAnchor(float(diag[u]), log_sigma, u, count, i_plus, i_minus, fit, None)
+
+    def _median_pick(self, clones, hist: torch.Tensor, k: int, width: float) -> int:
+        """Flat index of the clone with the ``k``-th smallest delta (first among equals).
+
+        Bin membership is always decided by the same ``_delta_bins`` formula (never by
+        comparing against bin edges), so histogram counts and the collected clones agree.
+        """
+        levels: list[tuple[float, float, int]] = []  # (low, width, bin) of each refinement
+
+        def member(delta: torch.Tensor, clone: torch.Tensor) -> torch.Tensor:
+            keep = clone
+            for low, w, b in levels:
+                keep = keep & (_delta_bins(delta, low, w) == b)
+            return keep
+
+        low = 0.0
+        while True:
+            cum = hist.cumsum(0)
+            b = int(torch.searchsorted(cum, torch.tensor(k, device=cum.device)))
+            k -= int(cum[b - 1]) if b else 0
+            levels.append((low, width, b))
+            if int(hist[b]) <= _BIN_CAP_PER_ROW * self.size or len(levels) == 3:
+                break
+            # Too many clones in one bin: a finer histogram of that bin (another pass).
+            low, width = low + b * width, width / _DELTA_BINS
+            hist = torch.zeros_like(hist)
+            for start, stop in _strips(self.size, self.chunk):
+                delta, clone = clones(start, stop)
+                inside = delta[member(delta, clone)]
+                hist += _delta_bins(inside, low, width).bincount(minlength=_DELTA_BINS)
+        values, flats = [], []
+        for start, stop in _strips(self.size, self.chunk):
+            delta, clone = clones(start, stop)
+            keep = member(delta, clone).flatten().nonzero()[:, 0]
+            values.append(delta.flatten()[keep])
+            flats.append(keep + start * self.size)
+        values, flats = torch.cat(values), torch.cat(flats)
+        kth = values.kthvalue(k).values
+        return int(flats[values == kth].min())
+
+
+def _delta_bins(delta: torch.Tensor, low: float, width: float) -> torch.Tensor:
+    return ((delta - low) / width).long().clamp_(0, _DELTA_BINS - 1)
 
 
 # ----------------------------------------------------------------------------- GOAL
