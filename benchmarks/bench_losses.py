@@ -1,8 +1,9 @@
 """Losses at scale (issue 8): forward+backward time and peak memory, dense vs tiled vs bare matmuls.
 
 For each batch size B (default 128, 1024, 8192, 32768, 65536; D=512, float32) and each loss
-(``infonce`` by default; ``unified`` and ``triplet`` on request) this measures one training step
-(forward from the embeddings + backward to them) of:
+(``infonce`` by default; ``unified``, ``triplet``, ``goal`` (cir, sig-ms) and ``adacl``
+(``AdaCLLoss`` in training mode, so each step includes its margin update; no queue) on
+request) this measures one training step (forward from the embeddings + backward to them) of:
 
 * ``dense``  the module without ``chunk_size`` (``InfoNCELoss()`` ...): ``S = X Y^T`` materialised
   and kept by autograd.
@@ -35,7 +36,7 @@ dense cannot run; tiled/dense <= 1.3x where dense fits; tiled/bare <= 1.6x at B 
 path <= 1.15x the bare functional at B=128.
 
     .venv/bin/python benchmarks/bench_losses.py [--batch 128 1024 8192 32768 65536] [--dim 512]
-        [--dtype float32|bfloat16] [--device cpu|cuda] [--loss infonce unified triplet]
+        [--dtype float32|bfloat16] [--device cpu|cuda] [--loss infonce unified triplet goal adacl]
         [--chunk auto|N] [--repeats 3] [--time-budget 30] [--max-mem-gb G] [--threads N]
 """
 
@@ -54,13 +55,26 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vlret.losses import InfoNCELoss, TripletLoss, UnifiedLoss
+from vlret.losses import AdaCLLoss, GoalObjective, InfoNCELoss, TripletLoss, UnifiedLoss
+from vlret.losses.goal import goal_objective
 from vlret.losses.infonce import infonce_loss
-from vlret.losses.tiled import tiled_infonce_loss, tiled_triplet_loss, tiled_unified_loss
+from vlret.losses.tiled import (
+    tiled_goal_objective,
+    tiled_infonce_loss,
+    tiled_triplet_loss,
+    tiled_unified_loss,
+)
 from vlret.losses.triplet import triplet_loss
 from vlret.losses.unified import unified_loss
 
-LOSSES = ("infonce", "unified", "triplet")
+LOSSES = ("infonce", "unified", "triplet", "goal", "adacl")
+CLASSES = {
+    "infonce": InfoNCELoss,
+    "unified": UnifiedLoss,
+    "triplet": TripletLoss,
+    "goal": GoalObjective,  # (cir, sig-ms)
+    "adacl": AdaCLLoss,  # training mode: the margin update of every step included, no queue
+}
 TEMPERATURE = 0.05  # InfoNCELoss default; also used for pml's NTXentLoss
 PML_MISSING = "not installed (pip install pytorch-metric-learning in the benchmark environment)"
 GB = 1024**3
@@ -71,8 +85,7 @@ MB = 1024**2
 
 
 def make_module(loss: str, chunk: int | None, normalize: bool = True) -> torch.nn.Module:
-    cls = {"infonce": InfoNCELoss, "unified": UnifiedLoss, "triplet": TripletLoss}[loss]
-    return cls(chunk_size=chunk, normalize=normalize)
+    return CLASSES[loss](chunk_size=chunk, normalize=normalize)
 
 
 def bare_products(x: torch.Tensor, y: torch.Tensor, chunk: int) -> None:
@@ -121,7 +134,9 @@ def make_step(method: str, loss: str, chunk: int):
     return lambda x, y: module(x, y).backward()
 
 
-def estimate_bytes(method: str, batch: int, dim: int, chunk: int, elem: int) -> int:
+def estimate_bytes(
+    method: str, batch: int, dim: int, chunk: int, elem: int, loss: str = "infonce"
+) -> int:
     """Rough peak beyond the inputs, from peak RSS measured on CPU float32 (B <= 8192), rounded up.
 
     dense: ~6 (B, B) float32 matrices (S, its scaled/masked copies kept by autograd, gradients);
@@ -129,8 +144,9 @@ def estimate_bytes(method: str, batch: int, dim: int, chunk: int, elem: int) -> 
     pml-ntxent: its (B positives) x (B^2 negatives) masks, ~28 B^3 bytes for both directions.
     """
     bd = batch * dim * 4
-    if method == "dense":
-        return 6 * batch * batch * max(elem, 4) + 6 * bd
+    if method == "dense":  # AdaCL's anchor selection adds a delta buffer and masks
+        per_entry = 10 if loss == "adacl" else 6
+        return per_entry * batch * batch * max(elem, 4) + 6 * bd
     if method == "tiled":
         return 10 * min(chunk, batch) * batch * 4 + 8 * bd
     if method == "bare":
@@ -242,11 +258,13 @@ def functional_pairs(loss: str, chunk: int):
         "triplet": lambda x, y: tiled_triplet_loss(
             x, y, margin=0.2, hardest=True, chunk_size=chunk, reduction="sum", normalize=False
         ),
+        "goal": lambda x, y: tiled_goal_objective(x, y, chunk_size=chunk, normalize=False),
     }[loss]
     dense_fn = {
         "infonce": lambda x, y: infonce_loss(x @ y.t(), temperature=TEMPERATURE),
         "unified": lambda x, y: unified_loss(x @ y.t(), margin=0.2, gamma=60.0, reduction="sum"),
         "triplet": lambda x, y: triplet_loss(x @ y.t(), margin=0.2, hardest=True, reduction="sum"),
+        "goal": lambda x, y: goal_objective(x @ y.t()),
     }[loss]
     tiled_mod = make_module(loss, chunk, normalize=False)
     dense_mod = make_module(loss, None, normalize=False)
@@ -353,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n=== B={batch}, chunk {chunk} (tiled and bare: {math.ceil(batch / chunk)} strips)")
 
         def measure(method: str, loss: str, batch=batch, chunk=chunk) -> tuple[dict | None, str]:
-            need = estimate_bytes(method, batch, args.dim, chunk, elem)
+            need = estimate_bytes(method, batch, args.dim, chunk, elem, loss)
             if need > max_mem:
                 return None, f"does not fit (needs ~{need / GB:.1f} GB)"
             spec = {
@@ -393,10 +411,13 @@ def main(argv: list[str] | None = None) -> None:
                     "    B=65536: tiled < 2 GB beyond inputs and dense cannot run: "
                     f"{verdict(small and (dense is None or 'error' in dense))}"
                 )
-            if batch == 128:
+            if batch == 128 and loss == "adacl":
+                print("    module/functional: n/a (the module also re-estimates its margins)")
+            elif batch == 128:
                 over = module_overhead(loss, chunk, args.dim, dtype, device, args.overhead_repeats)
                 for form, (r, ms_mod, ms_fn) in over.items():
-                    name = f"tiled_{loss}_loss" if form == "tiled" else f"{loss}_loss"
+                    name = f"{loss}_objective" if loss == "goal" else f"{loss}_loss"
+                    name = f"tiled_{name}" if form == "tiled" else name
                     print(
                         f"    module/functional ({form}: {ms_mod:.2f} vs {ms_fn:.2f} ms, "
                         f"{name}) {r:5.2f}x   target <= 1.15x   {verdict(r <= 1.15)}"
