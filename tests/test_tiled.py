@@ -717,8 +717,63 @@ def test_adacl_module_with_chunk_size_trains_like_the_dense_module(scale_negativ
     assert tiled.steps == steps
 
 
-def test_adacl_chunk_size_with_a_queue_raises():
+@pytest.mark.parametrize("selection", ["median", "random", "max"])
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_adacl_module_with_a_queue_and_chunk_size_trains_like_the_dense_module(selection, with_ids):
+    """Queue of 24 keys filled by 4 batches of 11 (it wraps): the queue blocks are tiled too."""
     from vlret.losses import AdaCLLoss
 
-    with pytest.raises(ValueError, match="queue_size=0"):
-        AdaCLLoss(chunk_size=8, queue_size=16, embed_dim=4)
+    kw = {"anchor_selection": selection, "queue_size": 24, "embed_dim": 16, "seed": 3}
+    dense, tiled = AdaCLLoss(**kw), AdaCLLoss(chunk_size=4, **kw)
+    for step in range(4):
+        img, txt = (t.requires_grad_(True) for t in _clone_world(11, seed=10 + step))
+        ids = torch.arange(11) // 2 + 100 * step if with_ids else None
+        want = _value_and_grads(dense(img, txt, ids), (img, txt), "mean")
+        got = _value_and_grads(tiled(img, txt, ids), (img, txt), "mean")
+        _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+        for g, w in zip(got[1], want[1], strict=True):
+            _assert_close(g, w, rtol=0, atol=1e-10)
+        for name in ("m1", "m2"):
+            _assert_close(getattr(tiled, name), getattr(dense, name), rtol=0, atol=1e-10)
+        assert tiled.last_stats == dense.last_stats or (
+            tiled.last_stats["guard"] == dense.last_stats["guard"]
+            and tiled.last_stats["clone_count"] == dense.last_stats["clone_count"]
+        )
+    assert bool(dense.txt_queue.valid.all())  # 44 keys through a queue of 24: it wrapped
+    assert sum(dense.guard_counts) == 0 and dense.last_stats["clone_count"] > 0
+    for a, b in zip(tiled.state_dict().values(), dense.state_dict().values(), strict=True):
+        _assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_tiled_adacl_anchor_with_queue_blocks_equals_dense():
+    """Anchor fields with a queue text block whose clones can win the median (flat order:
+    batch block, then queue block)."""
+    from vlret.losses.adacl import adacl_anchor
+    from vlret.losses.tiled import QueueBlock, TiledAdaCLBatch
+
+    img, txt = _clone_world(30, seed=2)
+    gen = torch.Generator().manual_seed(8)
+    keys = torch.nn.functional.normalize(
+        img[:20] + 0.5 * torch.randn(20, 16, generator=gen, dtype=torch.float64), dim=1
+    )
+    valid = torch.arange(20) < 17
+    queue_ids = torch.arange(20) % 15
+    ids = torch.arange(30) // 2
+    x = torch.nn.functional.normalize(img, dim=1)
+    allowed = valid[None, :] & (queue_ids[None, :] != ids[:, None])
+    for selection in ("median", "min", "max", "random"):
+        dense = adacl_anchor(
+            cosine_similarity(img, txt),
+            pos_mask=positive_mask(ids, ids),
+            extra_neg_txt=x @ keys.t(),
+            extra_neg_txt_mask=allowed,
+            selection=selection,
+            generator=torch.Generator().manual_seed(6),
+        )
+        block = QueueBlock(keys, valid, queue_ids, ids)
+        got = TiledAdaCLBatch(img, txt, ids, chunk_size=7, queue_txt=block).anchor(
+            selection=selection, generator=torch.Generator().manual_seed(6)
+        )
+        assert dense.guard is None
+        assert _anchor_fields(got) == _anchor_fields(dense), selection
+        assert got.log_sigma_anchor == pytest.approx(dense.log_sigma_anchor, abs=1e-12)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._checks import (
+    check_embeddings,
     check_finite,
     check_pos_mask,
     check_reduction,
@@ -879,12 +880,11 @@ class AdaCLLoss(PairLoss):
       others). Eval-mode calls do not synchronise. ``sync_margins=False`` keeps margins per rank.
     * ``last_stats`` is a dict of plain Python values for logging (see
       :func:`vlret.analysis.adacl_plots.append_stats`).
-    * **Large batches** (``chunk_size=N``, no memory queue): ``forward`` never builds the
-      ``(B, B)`` matrix. The loss is the tiled Eq. (3) and the margin update streams strips
-      (:class:`~vlret.losses.tiled.TiledAdaCLBatch`: the same salient rows, GDA, clone set,
-      count and selection rule as the dense update, about three more strip passes), so
-      ``O(N x B)`` memory. With a queue the queue block would have to be tiled too; that
-      combination raises a ``ValueError``.
+    * **Large batches** (``chunk_size=N``): ``forward`` never builds the ``(B, B)`` matrix
+      nor the ``(B, K)`` queue blocks. The loss is the tiled Eq. (3) and the margin update
+      streams strips (:class:`~vlret.losses.tiled.TiledAdaCLBatch`: the same salient rows,
+      GDA, clone set, count and selection rule as the dense update, about three more strip
+      passes), so ``O(N x (B + K))`` memory.
 
     Calling the loss twice per optimiser step updates the margins twice.
     """
@@ -917,11 +917,6 @@ class AdaCLLoss(PairLoss):
         chunk_size: int | None = None,
     ) -> None:
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        if chunk_size is not None and queue_size:
-            raise ValueError(
-                "chunk_size (tiled AdaCL) works without a memory queue: set queue_size=0 "
-                f"(got queue_size={queue_size!r})"
-            )
         _check_margin(m1_init, "m1_init", positive=True)
         _check_margin(m2_init, "m2_init", positive=False)
         _check_probabilities(p_u, eps)
@@ -1191,15 +1186,17 @@ class AdaCLLoss(PairLoss):
         """
         if not isinstance(gathered, bool):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
-        if self.chunk_size is not None:
-            if img_keys is not None or txt_keys is not None:
-                raise ValueError("img_keys/txt_keys need a memory queue (queue_size > 0)")
-            return self._tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
-        sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         if self.img_queue is None or self.txt_queue is None:
             if img_keys is not None or txt_keys is not None:
                 raise ValueError("img_keys/txt_keys need a memory queue (queue_size > 0)")
+            if self.chunk_size is not None:
+                return self._tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
+            sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
             return self.from_similarity(sim, pos_mask=pos_mask)
+        if self.chunk_size is not None:
+            check_embeddings(img_emb, txt_emb)
+        else:
+            sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         batch = img_emb.shape[0]
         img_id_t = _ids_for_queue(img_ids, "img_ids", batch)
         txt_id_t = _ids_for_queue(txt_ids, "txt_ids", batch) if txt_ids is not None else img_id_t
@@ -1208,26 +1205,49 @@ class AdaCLLoss(PairLoss):
         # Copies: the enqueue below writes the buffers in place before backward runs.
         q_txt = self.txt_queue.keys.to(img_n.dtype, copy=True)
         q_img = self.img_queue.keys.to(txt_n.dtype, copy=True)
-        loss = self.from_similarity(
-            sim,
-            pos_mask=pos_mask,
-            extra_neg_txt=img_n @ q_txt.t(),
-            extra_neg_img=q_img @ txt_n.t(),
-            extra_neg_txt_mask=self.txt_queue.negative_mask(img_id_t),
-            extra_neg_img_mask=self.img_queue.negative_mask(txt_id_t).t(),
-        )
+        if self.chunk_size is not None:
+            from .tiled import QueueBlock
+
+            # Ids as the queues store them; without ids every filled entry is a negative.
+            txt_block = QueueBlock(q_txt, self.txt_queue.valid.clone(), None, None)
+            img_block = QueueBlock(q_img, self.img_queue.valid.clone(), None, None)
+            if img_id_t is not None:
+                txt_block = QueueBlock(q_txt, txt_block.valid, self.txt_queue.ids.clone(), img_id_t)
+                img_block = QueueBlock(q_img, img_block.valid, self.img_queue.ids.clone(), txt_id_t)
+            loss = self._tiled_forward(
+                img_emb, txt_emb, img_ids, txt_ids, queue_txt=txt_block, queue_img=img_block
+            )
+        else:
+            loss = self.from_similarity(
+                sim,
+                pos_mask=pos_mask,
+                extra_neg_txt=img_n @ q_txt.t(),
+                extra_neg_img=q_img @ txt_n.t(),
+                extra_neg_txt_mask=self.txt_queue.negative_mask(img_id_t),
+                extra_neg_img_mask=self.img_queue.negative_mask(txt_id_t).t(),
+            )
         if self.training:
             gather = not gathered
             self.img_queue.enqueue(self._keys(img_keys, img_n, "img_keys"), img_id_t, gather=gather)
             self.txt_queue.enqueue(self._keys(txt_keys, txt_n, "txt_keys"), txt_id_t, gather=gather)
         return loss
 
-    def _tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids) -> torch.Tensor:
-        """``from_similarity`` without the ``(B, B)`` matrix (``chunk_size``, no queue)."""
+    def _tiled_forward(
+        self, img_emb, txt_emb, img_ids, txt_ids, queue_txt=None, queue_img=None
+    ) -> torch.Tensor:
+        """``from_similarity`` without the ``(B, B)`` matrix (``chunk_size``); the queue
+        blocks (``tiled.QueueBlock``) are scored strip by strip as well."""
         from .tiled import TiledAdaCLBatch  # tiled builds on this module's helpers
 
         batch = TiledAdaCLBatch(
-            img_emb, txt_emb, img_ids, txt_ids, chunk_size=self.chunk_size, normalize=self.normalize
+            img_emb,
+            txt_emb,
+            img_ids,
+            txt_ids,
+            chunk_size=self.chunk_size,
+            normalize=self.normalize,
+            queue_txt=queue_txt,
+            queue_img=queue_img,
         )
 
         def find(log_sigma_rows=None):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ from ..similarity import Ids, _ids_to_tensor
 from .goal import GoalConfig, triplet_weights_from_hardest
 
 __all__ = [
+    "QueueBlock",
     "TiledAdaCLBatch",
     "tiled_adacl_loss",
     "tiled_goal_objective",
@@ -860,21 +862,73 @@ _DELTA_BINS = 65536
 _BIN_CAP_PER_ROW = 64
 
 
+@dataclass(frozen=True)
+class QueueBlock:
+    """Memory-queue negatives of one direction: ``keys`` ``(K, D)`` (no gradient), ``valid``
+    ``(K,)``, and optionally the entries' ``ids`` ``(K,)`` with the anchors' ``anchor_ids``
+    ``(B,)``: entry ``k`` is a negative of anchor ``i`` when it is filled and (with ids) its id
+    differs, as ``MemoryQueue.negative_mask``."""
+
+    keys: torch.Tensor
+    valid: torch.Tensor
+    ids: torch.Tensor | None = None
+    anchor_ids: torch.Tensor | None = None
+
+    def allowed(self, start: int, stop: int) -> torch.Tensor:
+        """Bool ``(stop - start, K)``: the negatives of anchors ``start:stop``."""
+        if self.ids is None or self.anchor_ids is None:
+            return self.valid[None, :].expand(stop - start, -1)
+        return self.valid[None, :] & (self.ids[None, :] != self.anchor_ids[start:stop, None])
+
+
+class _TiledQueueLogSumExp(torch.autograd.Function):
+    """``log sum_{k negative} exp(a_i . q_k)`` per anchor against a queue block, ``(B,)``;
+    ``finfo.min`` for an anchor without queue negatives. Gradient to ``a`` only (queue keys are
+    constants). Strips of ``chunk_size`` anchors x ``K`` keys."""
+
+    @staticmethod
+    def forward(ctx, a, keys, block, chunk):
+        lowest = torch.finfo(a.dtype).min
+        out = a.new_empty(a.shape[0])
+        for start, stop in _strips(a.shape[0], chunk):
+            t = (a[start:stop] @ keys.t()).masked_fill_(~block.allowed(start, stop), lowest)
+            out[start:stop] = t.logsumexp(1)
+        ctx.block, ctx.chunk = block, chunk
+        ctx.save_for_backward(a, keys, out)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        a, keys, out = ctx.saved_tensors
+        lowest = torch.finfo(a.dtype).min
+        g = torch.where(out > lowest, g, 0.0)  # no queue negatives: nothing to differentiate
+        da = torch.empty_like(a)
+        for start, stop in _strips(a.shape[0], ctx.chunk):
+            t = (a[start:stop] @ keys.t()).masked_fill_(~ctx.block.allowed(start, stop), lowest)
+            w = t.sub_(out[start:stop, None]).exp_().mul_(g[start:stop, None])
+            da[start:stop] = w @ keys
+        return da, None, None, None
+
+
 class TiledAdaCLBatch:
-    """One batch of :class:`~vlret.losses.AdaCLLoss` with ``chunk_size`` (no memory queue).
+    """One batch of :class:`~vlret.losses.AdaCLLoss` with ``chunk_size``.
 
     Everything the module needs, without the ``(B, B)`` matrix: the negatives' log-sum-exps
-    (:meth:`negatives_lse`, ``_TiledNegativeLogSumExp``), Eq. (3) given the margins
+    (:meth:`negatives_lse`: ``_TiledNegativeLogSumExp`` on the batch, ``_TiledQueueLogSumExp``
+    on the memory-queue blocks ``queue_txt`` (texts, negatives of the image rows) and
+    ``queue_img`` (images, negatives of the text columns)), Eq. (3) given the margins
     (:meth:`loss`), and the anchor of Eq. (7)-(11) (:meth:`anchor`, no gradient), equal to
-    ``adacl.adacl_anchor`` on the dense matrix: the same salient rows, GDA, clone set S*,
-    count and selection rule, including its tie rule (the first clone in row-major order among
-    equal deltas). The selection streams strips: pass 1 the salient scores (row sums of the
-    negatives), then the two chosen rows, pass 2 ``|S*|`` and, for ``"median"``, a
-    ``65536``-bin histogram of ``Delta S`` over ``[0, 2 max|x| max|y|]`` (Cauchy-Schwarz bounds
-    every delta), pass 3 the clones of the median's bin only (refined by further histograms
-    while that bin holds more than ``64 B`` clones). ``"min"``/``"max"`` need pass 2 only,
-    ``"random"`` one more strip. Each pass costs one strip product per strip, so the update
-    costs about three forward passes; memory stays ``O(chunk_size x B)``.
+    ``adacl.adacl_anchor`` on the dense blocks: the same salient rows, GDA, clone set S*, count
+    and selection rule, including its tie rule (the first clone in flat order -- the ``B x B``
+    block row-major, then the ``B x K`` queue block -- among equal deltas). The selection
+    streams strips: pass 1 the salient scores (row sums of the negatives), then the two chosen
+    rows, pass 2 ``|S*|`` and, for ``"median"``, a ``65536``-bin histogram of ``Delta S`` over
+    ``[0, 2 max|x| max|y, q|]`` (Cauchy-Schwarz bounds every delta), pass 3 the clones of the
+    median's bin only (refined by further histograms while that bin holds more than ``64 B``
+    clones). ``"min"``/``"max"`` need pass 2 only, ``"random"`` one more strip. Each pass costs
+    one strip product per strip, so the update costs about three forward passes; memory stays
+    ``O(chunk_size x (B + K))``.
     """
 
     def __init__(
@@ -886,6 +940,8 @@ class TiledAdaCLBatch:
         *,
         chunk_size: int,
         normalize: bool = True,
+        queue_txt: QueueBlock | None = None,
+        queue_img: QueueBlock | None = None,
     ) -> None:
         self.x, self.y, self.codes, self.chunk = _prepare(
             img_emb,
@@ -897,13 +953,33 @@ class TiledAdaCLBatch:
             normalize=normalize,
         )
         self.size = self.x.shape[0]
+        self.queue_txt, self.queue_img = (
+            None
+            if q is None
+            else QueueBlock(
+                q.keys.to(device=self.x.device, dtype=self.x.dtype),
+                q.valid.to(self.x.device),
+                None if q.ids is None else q.ids.to(self.x.device),
+                None if q.anchor_ids is None else q.anchor_ids.to(self.x.device),
+            )
+            for q in (queue_txt, queue_img)
+        )
 
     def negatives_lse(self, scale: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """``log sum_neg exp(scale * s)`` of every row and every column (``log Sigma``)."""
         if isinstance(scale, torch.Tensor):
             scale = scale.to(device=self.x.device, dtype=self.x.dtype)
-        x = self.x if not isinstance(scale, torch.Tensor) and scale == 1.0 else self.x * scale
-        return _TiledNegativeLogSumExp.apply(x, self.y, *_split_codes(self.codes), self.chunk)
+        one = not isinstance(scale, torch.Tensor) and scale == 1.0
+        x = self.x if one else self.x * scale
+        y = self.y if one else self.y * scale
+        rows, cols = _TiledNegativeLogSumExp.apply(x, self.y, *_split_codes(self.codes), self.chunk)
+        if self.queue_txt is not None:
+            queue = _TiledQueueLogSumExp.apply(x, self.queue_txt.keys, self.queue_txt, self.chunk)
+            rows = torch.logaddexp(rows, queue)
+        if self.queue_img is not None:
+            queue = _TiledQueueLogSumExp.apply(y, self.queue_img.keys, self.queue_img, self.chunk)
+            cols = torch.logaddexp(cols, queue)
+        return rows, cols
 
     def loss(
         self,
@@ -927,15 +1003,32 @@ class TiledAdaCLBatch:
         )
         return _reduce(per_index, reduction)
 
-    def _strip(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores and positives (diagonal included) of rows ``start:stop``, without gradient."""
-        s = self.x[start:stop].detach() @ self.y.detach().t()
-        return s, _positives(self.codes, start, stop, self.size, s.device)
+    def _row_blocks(self) -> Iterator[tuple[int, int, int]]:
+        """``(start, stop, flat offset)`` of every strip of the image rows' candidate blocks,
+        in flat order: the in-batch block (``B`` wide), then the queue texts (``K`` wide)."""
+        for start, stop in _strips(self.size, self.chunk):
+            yield start, stop, start * self.size
+        if self.queue_txt is not None:
+            width = self.queue_txt.keys.shape[0]
+            for start, stop in _strips(self.size, self.chunk):
+                yield start, stop, self.size * self.size + start * width
+
+    def _scores(self, start: int, stop: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores of rows ``start:stop`` in the block at ``offset`` and its *non*-negatives."""
+        x = self.x[start:stop].detach()
+        if offset < self.size * self.size:
+            s = x @ self.y.detach().t()
+            return s, _positives(self.codes, start, stop, self.size, s.device)
+        return x @ self.queue_txt.keys.t(), ~self.queue_txt.allowed(start, stop)
 
     def row_negatives(self, row: int) -> np.ndarray:
-        """The negatives of image row ``row`` in column order, float64 on the host."""
-        s, pos = self._strip(row, row + 1)
-        return s[0][~pos[0]].double().cpu().numpy()
+        """The negatives of image row ``row`` (batch, then queue), float64 on the host."""
+        parts = []
+        for start, stop, offset in self._row_blocks():
+            if start <= row < stop:
+                s, other = self._scores(row, row + 1, offset)
+                parts.append(s[0][~other[0]])
+        return torch.cat(parts).double().cpu().numpy()
 
     @torch.no_grad()
     def anchor(
@@ -953,11 +1046,11 @@ class TiledAdaCLBatch:
 
         size = self.size
         diag = (self.x.detach() * self.y.detach()).sum(1)
-        total, n_neg = diag.new_empty(size), diag.new_empty(size)
-        for start, stop in _strips(size, self.chunk):  # pass 1: Eq. (7)
-            s, pos = self._strip(start, stop)
-            total[start:stop] = s.masked_fill_(pos, 0).sum(1)
-            n_neg[start:stop] = size - pos.sum(1).to(s.dtype)
+        total, n_neg = diag.new_zeros(size), diag.new_zeros(size)
+        for start, stop, offset in self._row_blocks():  # pass 1: Eq. (7)
+            s, other = self._scores(start, stop, offset)
+            total[start:stop] += s.masked_fill_(other, 0).sum(1)
+            n_neg[start:stop] += s.shape[1] - other.sum(1).to(s.dtype)
         salient = (diag - total / n_neg.clamp(min=1)).cpu().numpy()
         eligible = n_neg.cpu().numpy() >= 2
         if not eligible.any():
@@ -969,20 +1062,24 @@ class TiledAdaCLBatch:
             return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
         region = _clone_region(fit)
 
-        def clones(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-            """Delta S of rows start:stop and the mask of their clones (Eq. 10-11)."""
-            s, pos = self._strip(start, stop)
+        def clones(start: int, stop: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+            """Delta S of a strip and the mask of its clones (Eq. 10-11)."""
+            s, excluded = self._scores(start, stop, offset)
             lo, hi, inside = region
             other = (s <= lo) | (s >= hi) if inside else (s >= lo) & (s <= hi)
-            return (diag[start:stop, None] - s).abs_(), ~(other | pos)
+            return (diag[start:stop, None] - s).abs_(), ~(other | excluded)
 
-        width = 2.0 * float(self.x.norm(dim=1).max() * self.y.norm(dim=1).max()) / _DELTA_BINS
+        cand = self.y.norm(dim=1).max()
+        if self.queue_txt is not None and self.queue_txt.keys.shape[0]:
+            cand = torch.maximum(cand, self.queue_txt.keys.norm(dim=1).max())
+        width = 2.0 * float(self.x.norm(dim=1).max() * cand) / _DELTA_BINS
         width = width if width > 0 else 1.0
         counts: list[int] = []
         hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=diag.device)
         best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
-        for start, stop in _strips(size, self.chunk):  # pass 2: |S*|, histogram or extremes
-            delta, clone = clones(start, stop)
+        blocks = list(self._row_blocks())
+        for start, stop, offset in blocks:  # pass 2: |S*|, histogram or extremes
+            delta, clone = clones(start, stop, offset)
             counts.append(int(clone.sum()))
             if selection == "median":
                 hist += _delta_bins(delta[clone], 0.0, width).bincount(minlength=_DELTA_BINS)
@@ -993,12 +1090,12 @@ class TiledAdaCLBatch:
                 index = int(flat.argmin() if low else flat.argmax())
                 value = float(flat[index])
                 if best is None or (value < best[0] if low else value > best[0]):
-                    best = (value, start * size + index)  # strict: an earlier strip keeps ties
+                    best = (value, offset + index)  # strict: an earlier strip keeps ties
         count = sum(counts)
         if count == 0:
             return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
         if selection == "median":
-            pick = self._median_pick(clones, hist, (count + 1) // 2, width)
+            pick = self._median_pick(clones, blocks, hist, (count + 1) // 2, width)
         elif selection in ("min", "max"):
             pick = best[1]
         else:
@@ -1007,20 +1104,21 @@ class TiledAdaCLBatch:
             else:
                 r = int(torch.randint(count, (), generator=generator, device=generator.device))
             before = 0
-            for (start, stop), n in zip(_strips(size, self.chunk), counts, strict=True):
+            for (start, stop, offset), n in zip(blocks, counts, strict=True):
                 if r < before + n:
-                    _, clone = clones(start, stop)
-                    pick = start * size + int(clone.flatten().nonzero()[r - before, 0])
+                    _, clone = clones(start, stop, offset)
+                    pick = offset + int(clone.flatten().nonzero()[r - before, 0])
                     break
                 before += n
-        u = pick // size
+        in_batch = size * size
+        u = pick // size if pick < in_batch else (pick - in_batch) // self.queue_txt.keys.shape[0]
         if log_sigma_rows is None:
             log_sigma = _log_sum_exp(scale * self.row_negatives(u))
         else:
             log_sigma = float(log_sigma_rows[u])
         return AdaCLAnchor(float(diag[u]), log_sigma, u, count, i_plus, i_minus, fit, None)
 
-    def _median_pick(self, clones, hist: torch.Tensor, k: int, width: float) -> int:
+    def _median_pick(self, clones, blocks, hist: torch.Tensor, k: int, width: float) -> int:
         """Flat index of the clone with the ``k``-th smallest delta (first among equals).
 
         Bin membership is always decided by the same ``_delta_bins`` formula (never by
@@ -1045,16 +1143,16 @@ class TiledAdaCLBatch:
             # Too many clones in one bin: a finer histogram of that bin (another pass).
             low, width = low + b * width, width / _DELTA_BINS
             hist = torch.zeros_like(hist)
-            for start, stop in _strips(self.size, self.chunk):
-                delta, clone = clones(start, stop)
+            for start, stop, offset in blocks:
+                delta, clone = clones(start, stop, offset)
                 inside = delta[member(delta, clone)]
                 hist += _delta_bins(inside, low, width).bincount(minlength=_DELTA_BINS)
         values, flats = [], []
-        for start, stop in _strips(self.size, self.chunk):
-            delta, clone = clones(start, stop)
+        for start, stop, offset in blocks:
+            delta, clone = clones(start, stop, offset)
             keep = member(delta, clone).flatten().nonzero()[:, 0]
             values.append(delta.flatten()[keep])
-            flats.append(keep + start * self.size)
+            flats.append(keep + offset)
         values, flats = torch.cat(values), torch.cat(flats)
         kth = values.kthvalue(k).values
         return int(flats[values == kth].min())
