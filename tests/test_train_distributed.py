@@ -50,10 +50,19 @@ SETTINGS = {
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
+    # Tiled AdaCL (loss, margin update and queue blocks streamed) on the gathered batch.
+    "adacl_tiled_queue_momentum_sgd": [
+        "loss.name=adacl",
+        "loss.queue_size=16",
+        "loss.chunk_size=3",
+        "train.momentum_encoder=0.9",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
     "triplet_tiled_local_anchors": ["loss.chunk_size=3", "optim.name=sgd", "optim.lr=0.1"],
 }
 #: Optimisation steps per setting (the queue's contents matter from the second step on).
-STEPS = {"adacl_queue_momentum_sgd": 3}
+STEPS = {"adacl_queue_momentum_sgd": 3, "adacl_tiled_queue_momentum_sgd": 3}
 COMMON = ["optim.warmup_steps=0", "train.validate=false"]
 
 
