@@ -532,7 +532,7 @@ def test_forward_backward_never_allocates_batch_squared(name):
 
 # ----------------------------------------------------------------------------- local anchors
 
-ANCHOR_LOSSES = ["infonce", "unified", "triplet_hardest", "triplet_sum"]
+ANCHOR_LOSSES = ["infonce", "unified", "triplet_hardest", "triplet_sum", "goal"]
 
 
 def _split_sum(name, img, txt, ids, parts, **kw):
@@ -608,6 +608,32 @@ def test_local_anchors_float32_large_scale_and_rows_without_negatives():
     out = tiled_infonce_loss(x, y, img_ids=lonely, chunk_size=2, anchors=(1, 3), reduction="none")
     assert torch.equal(out.detach(), torch.zeros(2, dtype=torch.float64))
     assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), (x, y)))
+
+
+@pytest.mark.parametrize("triplet_weight", sorted(TRIPLET_WEIGHTS))
+@pytest.mark.parametrize("pair_weight", sorted(PAIR_WEIGHTS))
+def test_goal_local_anchor_pieces_equal_dense_for_every_combination(triplet_weight, pair_weight):
+    """The MS sets use every positive of the batch, not only the piece's."""
+    img, txt = _embeddings(29, seed=4)
+    ids = _group_ids(29)
+    kw = {"triplet_weight": triplet_weight, "pair_weight": pair_weight, "reduction": "none"}
+    want = _value_and_grads(_dense("goal", img, txt, ids, **kw), (img, txt), "none")
+    got = _value_and_grads(
+        _split_sum("goal", img, txt, ids, [9, 20], chunk_size=4, **kw), (img, txt), "none"
+    )
+    _assert_close(got[0], want[0], rtol=0, atol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        _assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_modules_without_local_anchors_say_so():
+    from vlret.losses import AdaCLLoss, InfoNCELoss
+
+    img, txt = _embeddings(8)
+    with pytest.raises(ValueError, match="not supported by AdaCLLoss"):
+        AdaCLLoss(chunk_size=4)(img, txt, anchors=(0, 4))
+    with pytest.raises(ValueError, match="needs the tiled form"):
+        InfoNCELoss()(img, txt, anchors=(0, 4))
 
 
 @pytest.mark.parametrize("anchors", [(3, 3), (-1, 2), (0, 38), (2,), [0.0, 1.0], "0:2"])

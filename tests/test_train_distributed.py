@@ -59,6 +59,12 @@ SETTINGS = {
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
+    "goal_tiled_local_anchors": [
+        "loss.name=goal",
+        "loss.chunk_size=3",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
     "triplet_tiled_local_anchors": ["loss.chunk_size=3", "optim.name=sgd", "optim.lr=0.1"],
 }
 #: Optimisation steps per setting (the queue's contents matter from the second step on).

@@ -135,8 +135,8 @@ class PairLoss(nn.Module):
             return
         if not self.supports_anchors:
             raise ValueError(
-                f"anchors= is not supported by {type(self).__name__} (its tiled form needs "
-                "batch-level statistics); only InfoNCE, Unified and Triplet have local anchors"
+                f"anchors= is not supported by {type(self).__name__}; local anchors exist for "
+                "the tiled InfoNCE, Unified, Triplet and GOAL losses"
             )
         if self.chunk_size is None:
             raise ValueError("anchors= needs the tiled form: set chunk_size")

@@ -1176,6 +1176,7 @@ class AdaCLLoss(PairLoss):
         img_keys: torch.Tensor | None = None,
         txt_keys: torch.Tensor | None = None,
         gathered: bool = False,
+        anchors: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Loss of a batch; ``img_keys`` / ``txt_keys`` fill the queue (see the class notes).
 
@@ -1184,6 +1185,7 @@ class AdaCLLoss(PairLoss):
         of all-gathering them again. Without a queue, and in a single process, it changes
         nothing.
         """
+        self.check_anchors(anchors)  # AdaCL's anchor selection needs the whole batch
         if not isinstance(gathered, bool):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
         if self.img_queue is None or self.txt_queue is None:

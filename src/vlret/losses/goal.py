@@ -207,14 +207,17 @@ def goal_pair_weights(
     return _pair_weight_log_ms(kind, pos, neg, alpha, beta, lam, mp, mn)
 
 
-def _relative_positive(pos: torch.Tensor, neg: torch.Tensor, cfg: GoalConfig) -> torch.Tensor:
+def _relative_positive(
+    pos: torch.Tensor, neg: torch.Tensor, cfg: GoalConfig, batch_pos: torch.Tensor | None = None
+) -> torch.Tensor:
     """MS relative term of the positives, ``(2, B)``: log m+^sig (sig-ms) or m+^lin (lin-ms).
 
     P = {S[k, k] : S[k, k] < s_n + epsilon} is a threshold set over the batch's positive
     scores, so sorting them once and taking prefix sums gives every anchor's mean in
-    O(B log B) instead of a (B, B) mask. Empty P gives the neutral value 0.
+    O(B log B) instead of a (B, B) mask. Empty P gives the neutral value 0. ``batch_pos``: the
+    batch's positives when the anchors ``pos`` are only some of them (tiled local anchors).
     """
-    sorted_pos = pos.sort().values
+    sorted_pos = (pos if batch_pos is None else batch_pos).sort().values
     count = torch.searchsorted(sorted_pos, (neg + cfg.epsilon).contiguous())  # number < bound
     last = (count - 1).clamp(min=0)
     n = count.clamp(min=1).to(pos.dtype)
@@ -288,6 +291,7 @@ def triplet_weights_from_hardest(
     neg: torch.Tensor,
     has_neg: torch.Tensor,
     ms_neg: torch.Tensor | float,
+    batch_pos: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(T P+, T P-, hinge)``, each ``(2, B)``, from the positives ``pos`` ``(B,)``, the hardest
     negatives ``neg`` ``(2, B)`` (any stand-in where ``has_neg`` is False) and the relative
@@ -295,6 +299,7 @@ def triplet_weights_from_hardest(
 
     Shared by the dense :class:`GoalFunction` and the tiled objective, which find ``neg`` and
     ``ms_neg`` differently; anchors without a negative get all-zero weights and hinge.
+    ``batch_pos``: all the batch's positives (set P) when ``pos`` holds some anchors only.
     """
     t = goal_triplet_weight(
         cfg.triplet_weight,
@@ -306,7 +311,7 @@ def triplet_weights_from_hardest(
     )
     ms_pos: torch.Tensor | float = 0.0
     if cfg.pair_weight in ("lin-ms", "sig-ms"):
-        ms_pos = _relative_positive(pos, neg, cfg)
+        ms_pos = _relative_positive(pos, neg, cfg, batch_pos)
     p_pos, p_neg = _pair_weight_log_ms(
         cfg.pair_weight, pos, neg, cfg.alpha, cfg.beta, cfg.lam, ms_pos, ms_neg
     )
@@ -435,6 +440,7 @@ class GoalObjective(PairLoss):
     :func:`vlret.losses.tiled.tiled_goal_objective`, which never holds the ``B x B`` matrix.
     """
 
+    supports_anchors = True
     paper = "GOAL (Xuan & Chen 2022)"
     equation = "GOAL Eq. (3)-(13), Table 1"
 
@@ -496,6 +502,7 @@ class GoalObjective(PairLoss):
             chunk_size=self.chunk_size,
             reduction=c.reduction,
             normalize=self.normalize,
+            anchors=anchors,
         )
 
     def from_similarity(

@@ -21,14 +21,16 @@ is the same); the dense GOAL takes ``torch.max``'s index, the first maximal one,
 forms agree on ties too. A hinge that is exactly zero gets a zero gradient. Ties have measure
 zero on real data.
 
-Local anchors (``anchors=(start, stop)``; InfoNCE, Unified, Triplet): for data-parallel
+Local anchors (``anchors=(start, stop)``; InfoNCE, Unified, Triplet, GOAL): for data-parallel
 training, a rank that holds pairs ``start:stop`` of an all-gathered batch computes only the
 terms of those indices -- image anchor ``i`` against all ``B`` texts and text anchor ``i``
 against all ``B`` images, two ``(n, B)`` rectangles -- instead of the whole ``(B, B)`` square.
 ``"none"`` returns the ``(n,)`` terms, ``"sum"`` their sum, ``"mean"`` their sum divided by
 ``B``, so the ranks' values add up to the loss of the whole batch; with a gather whose
 backward sums the ranks' gradients (``torch.distributed.nn.functional.all_gather``) the
-gradients add up too. GOAL and AdaCL keep batch-level statistics and have no local form.
+gradients add up too. GOAL's MS sets draw on every positive of the batch, which each rank
+computes from the gathered embeddings. AdaCL's anchor is a batch-level selection and has no
+local form.
 
 See ``docs/tiled.md`` for how a module's embedding entry point calls these functions.
 """
@@ -1253,6 +1255,63 @@ class _TiledGoal(torch.autograd.Function):
         return dx, dy, None, None, None, None
 
 
+class _TiledAnchorGoal(torch.autograd.Function):
+    """GOAL for anchors ``a`` (n) against candidates ``c`` (B), one direction: per anchor its
+    hardest negative (lowest index among ties), the MS set-N statistics of its row, then the
+    weights ``T P+``, ``T P-`` with set P over ``batch_pos`` (all the batch's positives, a
+    constant). Returns the monitoring hinge ``(n,)``; the backward puts ``T P-`` on
+    ``s[k, arg_k]`` and ``-T P+`` on ``s[k, p_k]`` with gathers and ``index_add_``."""
+
+    @staticmethod
+    def forward(ctx, a, c, batch_pos, pair, a_codes, c_codes, chunk, cfg):
+        n = a.shape[0]
+        codes = None if a_codes is None else (a_codes, c_codes)
+        lowest = torch.finfo(a.dtype).min
+        pos = (a * c[pair]).sum(1)
+        top, arg = a.new_empty(n), torch.zeros(n, dtype=torch.long, device=a.device)
+        ms, sig = cfg.pair_weight in ("lin-ms", "sig-ms"), cfg.pair_weight == "sig-ms"
+        count = torch.zeros(n, dtype=torch.long, device=a.device)
+        stat = a.new_empty(n)
+        bound = batch_pos.min() - cfg.epsilon
+        for start, stop in _strips(n, chunk):
+            filled = _anchor_positives(a[start:stop] @ c.t(), codes, start, pair, lowest)
+            top[start:stop], arg[start:stop] = filled.max(dim=1)
+            if not ms:
+                continue
+            keep = filled > bound
+            count[start:stop] = keep.sum(1)
+            if sig:
+                stat[start:stop] = torch.where(keep, filled * cfg.beta, lowest).logsumexp(1)
+            else:
+                stat[start:stop] = (filled * keep).sum(1)
+        has_neg = top > lowest
+        neg = torch.where(has_neg, top, pos)  # a harmless stand-in; zero weights below
+        ms_neg: torch.Tensor | float = 0.0
+        if ms:
+            size = count.clamp(min=1).to(a.dtype)
+            if sig:
+                value = (stat - cfg.beta * neg).clamp(min=0) - size.log()
+            else:
+                value = neg - stat / size
+            ms_neg = torch.where(count > 0, value, 0.0)
+        weight_pos, weight_neg, hinge = triplet_weights_from_hardest(
+            cfg, pos, neg, has_neg, ms_neg, batch_pos
+        )
+        ctx.save_for_backward(a, c, pair, arg, weight_pos, weight_neg)
+        return hinge
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        a, c, pair, arg, weight_pos, weight_neg = ctx.saved_tensors
+        on_neg, on_pos = (weight_neg * g)[:, None], (-weight_pos * g)[:, None]
+        da = on_neg * c[arg] + on_pos * c[pair]
+        dc = torch.zeros_like(c)
+        dc.index_add_(0, arg, on_neg * a)
+        dc.index_add_(0, pair, on_pos * a)
+        return da, dc, None, None, None, None, None, None
+
+
 def tiled_goal_objective(
     img_emb: torch.Tensor,
     txt_emb: torch.Tensor,
@@ -1271,12 +1330,15 @@ def tiled_goal_objective(
     chunk_size: int,
     reduction: str = "sum",
     normalize: bool = True,
+    anchors: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.goal_objective` on embeddings, all 15 combinations.
 
     Same value (the hardest-negative hinge, a monitoring value) and the same prescribed
     gradient as the dense form on ``cosine_similarity(img, txt)`` (raw dot products if
     ``normalize=False``) with ``pos_mask=positive_mask(ids)``. Tie rule: the module docstring.
+    ``anchors=(start, stop)``: only the terms of indices ``start:stop`` (local anchors; the MS
+    sets still use every positive of the batch, computed from the gathered embeddings).
     """
     cfg = GoalConfig(
         triplet_weight=triplet_weight,
@@ -1299,4 +1361,10 @@ def tiled_goal_objective(
         reduction=reduction,
         normalize=normalize,
     )
+    if anchors is not None:
+        span = _check_anchors(anchors, x.shape[0])
+        batch_pos = (x * y).sum(1).detach()
+        after = (chunk, cfg)
+        terms = _anchor_terms(_TiledAnchorGoal, x, y, codes, span, (batch_pos,), after)
+        return _reduce_anchors(terms, reduction, x.shape[0])
     return _TiledGoal.apply(x, y, *_split_codes(codes), chunk, cfg)

@@ -28,14 +28,14 @@ trainer divides their gradient by ``N``. The logged loss is the unscaled ``L``.
 **Cost, and local anchors.** By default the loss is not split: its cost, ``O((N*B)^2)``
 similarities plus its batch statistics, is repeated in full on every rank, and only the
 encoders' work is divided by ``N``. With a tiled loss that supports it (``chunk_size`` set on
-InfoNCE, Unified or Triplet: ``supports_anchors``), each rank instead computes only the terms
+InfoNCE, Unified, Triplet or GOAL: ``supports_anchors``), each rank instead computes only the terms
 of its own ``B`` pairs -- its images against all ``N*B`` texts and its texts against all
 ``N*B`` images, two ``B x N*B`` rectangles, ``O(chunk_size * N*B)`` memory -- through
 :func:`gather_sum_grad`, whose backward sums the gradients that all ranks' terms send to each
 rank's embeddings. The ranks' terms add up to the global loss, so the same ``N`` scaling
 gives the single-process gradient (tested with 2 gloo processes); the logged loss is the
 all-reduced sum, and a learnable temperature's gradient (each rank sees only its own terms'
-share) is all-reduced before the ``1/N``. GOAL, AdaCL and VSL keep the full computation.
+share) is all-reduced before the ``1/N``. AdaCL and VSL keep the full computation.
 
 Only rank 0 writes files (:func:`is_main_process`).
 """
