@@ -22,8 +22,10 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q
 
+# The six-loss comparison on the synthetic "small" world (docs/results.md); `vlret demo` alone
+# is the few-second tour of the losses on one batch.
 demo: $(STAMP)
-	$(VENV)/bin/vlret demo
+	$(VENV)/bin/vlret demo --preset small
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -25,7 +25,12 @@ from vlret.analysis.compare import (
     run_config,
     sweep,
 )
-from vlret.analysis.tables import SYNTHETIC_COLUMNS, SYNTHETIC_KEYS, TABLE_COLUMNS
+from vlret.analysis.tables import (
+    SUBSET_COLUMNS,
+    SYNTHETIC_COLUMNS,
+    SYNTHETIC_KEYS,
+    TABLE_COLUMNS,
+)
 from vlret.cli import main
 from vlret.train import Trainer, TrainingInterrupted
 from vlret.train.builders import build_dataset
@@ -241,10 +246,11 @@ def test_goal_grid_and_loss_only_train_keys(tmp_path):
     combos = {(v.params["triplet_weight"], v.params["pair_weight"]) for v in grid}
     assert len(combos) == 15 and all(v.params["margin"] == 0.3 for v in grid)
     assert grid[0].label == "goal-con-con"
-    # the triplet-only schedule stays for triplet and is dropped for GOAL
-    (tri,) = resolve_variants(raw, section, ["triplet"])
-    assert run_config(raw, tri, 0, tmp_path / "t").train.all_negatives_epochs == 1
-    assert run_config(raw, grid[0], 0, tmp_path / "g").train.all_negatives_epochs == 0
+    # the warm-up stays for the hardest-negative family (triplet, GOAL, VSL), dropped for others
+    tri, vsl, nce, uni = resolve_variants(raw, section, ["triplet", "vsl", "infonce", "unified"])
+    for variant, epochs in ((tri, 1), (grid[0], 1), (vsl, 1), (nce, 0), (uni, 0)):
+        config = run_config(raw, variant, 0, tmp_path / variant.label)
+        assert config.train.all_negatives_epochs == epochs, variant.label
 
 
 @pytest.mark.parametrize(
@@ -317,6 +323,12 @@ def synthetic_comparison(tmp_path_factory):
     return world, tmp / "out", report
 
 
+def _subset_value(subsets, key: str) -> float:
+    """``clone_group_t2i_r1`` -> ``subsets["clone_group"].t2i_r1``."""
+    (name,) = [n for n in subsets if key.startswith(f"{n}_")]
+    return getattr(subsets[name], key[len(name) + 1 :])
+
+
 def test_synthetic_extras_equal_evaluate_synthetic(synthetic_comparison):
     from vlret.data.synthetic import evaluate_synthetic, load_synthetic
 
@@ -338,6 +350,7 @@ def test_synthetic_extras_equal_evaluate_synthetic(synthetic_comparison):
                 "i2t_rprecision": direct["extended"].i2t_rprecision,
                 "i2t_map_at_r": direct["extended"].i2t_map_at_r,
                 "secondary_t2i_r1": direct["secondary_t2i_r1"],
+                **{k: _subset_value(direct["subsets"], k) for k, _ in SUBSET_COLUMNS},
             }
             got = {k: run["metrics"][k] for k in SYNTHETIC_KEYS}
             assert got == pytest.approx(want, abs=1e-9)
@@ -359,7 +372,17 @@ def test_synthetic_extras_table_has_bold_best(synthetic_comparison):
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     text = report.table_text()
     assert "synthetic-world extras" in text
-    second = text[text.index("synthetic-world extras") :].splitlines()
+    second = text[text.index("synthetic-world extras") : text.index("query subsets")].splitlines()
+    third = text[text.index("query subsets") :].splitlines()
+    header3 = next(line for line in third if line.startswith("| Loss |"))
+    assert [c.strip() for c in header3.split("|")[2:-1]] == [h for _, h in SUBSET_COLUMNS]
+    for col, (key, _) in enumerate(SUBSET_COLUMNS, start=2):
+        shown = {v["label"]: round(v["mean"][key], 1) for v in doc["variants"]}
+        for v in doc["variants"]:
+            (row,) = [line for line in third if line.startswith(f"| {v['label']} |")]
+            body = f"{v['mean'][key]:.1f} ± {v['std'][key]:.1f}"
+            best = shown[v["label"]] == max(shown.values())
+            assert row.split("|")[col].strip() == (f"**{body}**" if best else body)
     header = next(line for line in second if line.startswith("| Loss |"))
     assert [c.strip() for c in header.split("|")[2:-1]] == [h for _, h in SYNTHETIC_COLUMNS]
     for col, (key, _) in enumerate(SYNTHETIC_COLUMNS, start=2):
@@ -385,6 +408,16 @@ def test_synthetic_extras_added_to_cached_runs(tmp_path, synthetic_comparison):
     report = compare(cfg, losses=["triplet", "infonce"], seeds=2, out=out, progress=False)
     assert report.count("cached") == 4
     assert json.loads(result.read_text())["synthetic"] == extras
+    # a run scored before the query subsets existed gets them, the older metrics unchanged
+    record = json.loads(result.read_text())
+    for key, _ in SUBSET_COLUMNS:
+        del record["synthetic"]["metrics"][key]
+    result.write_text(json.dumps(record))
+    compare(cfg, losses=["triplet", "infonce"], seeds=2, out=out, progress=False)
+    assert json.loads(result.read_text())["synthetic"] == extras
+    table = (out / "table.md").read_text(encoding="utf-8")
+    header = "| Loss | " + " | ".join(h for _, h in SUBSET_COLUMNS) + " |"
+    assert header in table.splitlines()
 
 
 # -- command line ----------------------------------------------------------------------------

@@ -118,3 +118,29 @@ def test_adacl_and_goal_heatmap(tmp_path):
             pair_weights=("con", "lin", "sig", "lin-ms", "sig-ms"),
         )
     )
+
+
+def test_epoch_curve_markdown_means_and_stds(tmp_path):
+    from vlret.analysis.curves import CURVES_TABLE, epoch_curve_markdown, write_epoch_curves
+
+    def log(d, values):
+        d.mkdir(parents=True)
+        lines = [{"kind": "step", "epoch": 0, "dev_rsum": 999.0}]  # step records are ignored
+        lines += [{"kind": "epoch", "epoch": e, "dev_rsum": v} for e, v in enumerate(values)]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+        return d
+
+    runs = {
+        "a": [log(tmp_path / "a0", [10.0, 20.0]), log(tmp_path / "a1", [12.0])],
+        "b": [log(tmp_path / "b0", [5.0, 7.0])],
+    }
+    text = epoch_curve_markdown(runs, "dev_rsum", title="Dev rsum")
+    lines = text.splitlines()
+    assert lines[:2] == ["### Dev rsum", ""]
+    assert lines[2] == "| Loss | ep 1 | ep 2 |"
+    # seeds 10 and 12: mean 11, sample std sqrt(2); epoch 2 only one seed
+    assert lines[4] == f"| a | 11.0 ± {2**0.5:.1f} | 20.0 |"
+    assert lines[5] == "| b | 5.0 | 7.0 |"
+    path = write_epoch_curves(runs, tmp_path / "out")
+    assert path.name == CURVES_TABLE and "| a | 11.0 ± 1.4 | 20.0 |" in path.read_text()
+    assert "cosine" not in path.read_text()  # keys no run logged get no table

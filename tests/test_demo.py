@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,9 @@ LABELS = ["triplet-hn", "infonce", "unified", "goal", "vsl", "adacl"]
 
 
 def test_quick_demo_is_the_default(capsys):
-    start = time.perf_counter()
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "every registered loss on one seeded batch" in out and "5-fold 1K" in out
-    assert time.perf_counter() - start < 30
 
 
 @pytest.mark.parametrize("preset", list(DEMO_PRESETS))
@@ -52,15 +49,21 @@ def test_packaged_configs_hold_the_papers_settings(tmp_path, preset):
     assert adacl.overrides == ("train.momentum_encoder=0.99",)
 
 
-def test_tiny_triplet_hn_warms_up_on_all_negatives(tmp_path):
-    # VSE-infinity's all-negatives warm-up, stretched over half of the tiny schedule: without it
-    # the hardest negative collapses the text side (test rsum at chance).
-    path = tmp_path / "demo_tiny.toml"
-    path.write_text(demo_config_text("tiny"), encoding="utf-8")
+@pytest.mark.parametrize(("preset", "warmup"), [("tiny", 5), ("small", 2)])
+def test_hardest_negative_losses_warm_up_on_all_negatives(tmp_path, preset, warmup):
+    # VSE-infinity's all-negatives warm-up for triplet-HN, GOAL and VSL alike: without it the
+    # hardest negative collapses the text side (test rsum near chance); the others have none.
+    from vlret.analysis.compare import run_config
+
+    path = tmp_path / f"demo_{preset}.toml"
+    path.write_text(demo_config_text(preset), encoding="utf-8")
     raw, section = read_compare_config(path)
     variants = {v.label: v for v in resolve_variants(raw, section, None)}
-    assert variants["triplet-hn"].overrides == ("train.all_negatives_epochs=5",)
-    assert all(not v.overrides for k, v in variants.items() if k not in ("triplet-hn", "adacl"))
+    assert all(not v.overrides for k, v in variants.items() if k != "adacl")
+    for label, variant in variants.items():
+        config = run_config(raw, variant, 0, tmp_path / label)
+        expected = warmup if label in ("triplet-hn", "goal", "vsl") else 0
+        assert config.train.all_negatives_epochs == expected, label
 
 
 def test_world_is_reused_only_with_the_same_settings(tmp_path):
@@ -78,9 +81,7 @@ def test_world_is_reused_only_with_the_same_settings(tmp_path):
 
 def test_demo_preset_tiny_prints_the_table_and_the_plots(tmp_path, capsys):
     argv = ["demo", "--preset", "tiny", "--out", str(tmp_path), "--epochs", "1", "--seeds", "1"]
-    start = time.perf_counter()
     assert main([*argv, "--no-progress"]) == 0
-    assert time.perf_counter() - start < 30
     out = capsys.readouterr().out
     for label in LABELS:
         assert f"| {label} |" in out
@@ -91,7 +92,7 @@ def test_demo_preset_tiny_prints_the_table_and_the_plots(tmp_path, capsys):
         cmp_dir / "plots" / name
         for name in ("curves_loss_rsum.png", "curves_similarity.png", "adacl_margins_adacl.png")
     ]
-    for path in [cmp_dir / "table.md", cmp_dir / "results.csv", *plots]:
+    for path in [cmp_dir / "table.md", cmp_dir / "results.csv", cmp_dir / "curves.md", *plots]:
         assert f"\n{path}\n" in out
         assert path.is_file()
     assert "runs: 6 trained" in out

@@ -25,3 +25,11 @@ def test_readme_opens_with_the_two_commands():
     assert first_block[1].startswith("make test")
     makefile = (README.parent / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
+
+
+def test_make_demo_runs_the_six_loss_comparison():
+    makefile = (README.parent / "Makefile").read_text()
+    recipe = re.search(r"^demo:.*\n\t(.*)$", makefile, flags=re.M).group(1)
+    assert recipe.split()[-3:] == ["demo", "--preset", "small"]
+    first = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    assert "six losses" in first.splitlines()[0]

@@ -17,6 +17,7 @@ from vlret.data.synthetic import (
     FactSets,
     apply_edit,
     clone_forced_choice,
+    clone_group_images,
     evaluate_synthetic,
     extended_metrics,
     fact_oracle_embeddings,
@@ -27,6 +28,7 @@ from vlret.data.synthetic import (
     parse_noise,
     relevance_matrix,
     relevance_pairs,
+    subset_recalls,
     synth_main,
     write_synthetic,
 )
@@ -506,3 +508,75 @@ def test_harness_trains_on_written_synthetic_data(tmp_path):
     }
     result = train(config_from_dict(raw))
     assert result is not None
+
+
+# ------------------------------------------------------------------------------ query subsets
+
+
+def _naive_ranks(img: torch.Tensor, txt: torch.Tensor, t2i: list[int]):
+    """(i2t, t2i) 0-based ranks by loops: how many wrong candidates score above the best
+    right one (continuous random scores: no ties)."""
+    s = (img.double() @ txt.double().t()).tolist()
+    n_img, n_txt = len(s), len(t2i)
+    t2i_ranks = [sum(s[i][j] > s[t2i[j]][j] for i in range(n_img)) for j in range(n_txt)]
+    i2t_ranks = []
+    for i in range(n_img):
+        best = max(s[i][j] for j in range(n_txt) if t2i[j] == i)
+        i2t_ranks.append(sum(s[i][j] > best for j in range(n_txt) if t2i[j] != i))
+    return i2t_ranks, t2i_ranks
+
+
+def test_subset_recalls_equal_naive_loops():
+    g = torch.Generator().manual_seed(0)
+    img, txt = torch.randn(30, 4, generator=g), torch.randn(90, 4, generator=g)
+    t2i = [j // 3 for j in range(90)]
+    cap = np.arange(90) % 4 == 1
+    im = np.arange(30) % 3 == 0
+    got = subset_recalls(img, txt, txt_to_img=t2i, caption_mask=cap, image_mask=im)
+    i2t_ranks, t2i_ranks = _naive_ranks(img, txt, t2i)
+    for k in (1, 5, 10):
+        want_t = 100.0 * np.mean([t2i_ranks[j] < k for j in range(90) if cap[j]])
+        want_i = 100.0 * np.mean([i2t_ranks[i] < k for i in range(30) if im[i]])
+        assert getattr(got, f"t2i_r{k}") == pytest.approx(want_t)
+        assert getattr(got, f"i2t_r{k}") == pytest.approx(want_i)
+    assert (got.t2i_queries, got.i2t_queries) == (int(cap.sum()), int(im.sum()))
+    assert 0 < got.t2i_r5 < 100  # the subsets tell the directions and cut-offs apart
+    none = subset_recalls(img, txt, txt_to_img=t2i, caption_mask=cap)
+    assert math.isnan(none.i2t_r1) and none.i2t_queries == 0
+    with pytest.raises(ValueError, match="caption_mask must be a boolean array of shape"):
+        subset_recalls(img, txt, txt_to_img=t2i, caption_mask=np.ones(89, dtype=bool))
+    with pytest.raises(ValueError, match="image_mask"):
+        subset_recalls(img, txt, txt_to_img=t2i, image_mask=np.arange(30))
+
+
+def test_clone_group_images():
+    assert clone_group_images([5, 5, 7, 8, 8, 8, 9]).tolist() == [1, 1, 0, 1, 1, 1, 0]
+
+
+def test_evaluate_synthetic_subsets_use_the_worlds_masks(clone_world):
+    split = generate_world("tiny", seed=3, features=False, clone_fraction=0.5)["test"]
+    g = torch.Generator().manual_seed(1)
+    img = torch.randn(split.num_images, 8, generator=g)
+    txt = torch.randn(split.num_captions, 8, generator=g)
+    out = evaluate_synthetic(img, txt, split)["subsets"]
+    t2i = split.txt_to_img.tolist()
+    i2t_ranks, t2i_ranks = _naive_ranks(img, txt, t2i)
+    sizes = Counter(split.groups.tolist())
+    in_group = [sizes[gid] >= 2 for gid in split.groups.tolist()]
+    assert any(in_group) and not all(in_group)
+    forms = split.caption_form.tolist()
+    captions = {
+        "secondary": [f == 1 for f in forms],
+        "primary": [f == 0 for f in forms],
+        "clone_group": [in_group[t2i[j]] for j in range(len(t2i))],
+        "no_clone": [not in_group[t2i[j]] for j in range(len(t2i))],
+    }
+    images = {"clone_group": in_group, "no_clone": [not x for x in in_group]}
+    for name, mask in captions.items():
+        want = 100.0 * np.mean([t2i_ranks[j] < 5 for j, m in enumerate(mask) if m])
+        assert out[name].t2i_r5 == pytest.approx(want), name
+        assert out[name].t2i_queries == sum(mask)
+    for name, mask in images.items():
+        want = 100.0 * np.mean([i2t_ranks[i] < 5 for i, m in enumerate(mask) if m])
+        assert out[name].i2t_r5 == pytest.approx(want), name
+    assert math.isnan(out["secondary"].i2t_r1)

@@ -210,7 +210,9 @@ def test_paper_settings_in_configs():
     assert (v.optim.lr, v.train.batch_size, v.loss.params["beta"]) == (3e-4, 128, 10.0)
     c = by_name["clip_unified_f30k"]
     assert (c.loss.params["gamma"], c.train.epochs, c.train.batch_size) == (50.0, 10, 128)
-    assert by_name["goal_vseinf_f30k_triplet"].train.all_negatives_epochs == 1
+    for data in ("coco", "f30k"):  # VSE-infinity's warm-up, kept when GOAL replaces the loss
+        for loss in ("triplet", "goal"):
+            assert by_name[f"goal_vseinf_{data}_{loss}"].train.all_negatives_epochs == 1
     for data in ("coco", "f30k"):
         # VSL's alpha = 1, beta = 10 balance a triplet base summed over the batch (B = 128)
         vsl = by_name[f"vsl_sgraf_{data}"].loss.params

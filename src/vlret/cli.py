@@ -133,7 +133,8 @@ def _print_report(report) -> None:
         f"{report.count(s)} {s}" for s in ("trained", "resumed", "cached") if report.count(s)
     )
     print(f"\nruns: {counts}")
-    for path in (report.table, report.results_csv, report.results_json, *report.plots):
+    curves = [report.curves] if report.curves is not None else []
+    for path in (report.table, report.results_csv, report.results_json, *curves, *report.plots):
         print(path)
 
 

@@ -12,12 +12,17 @@
 =========  ===========================================================  ===================
 preset     world / schedule                                             2 CPU cores (wall)
 =========  ===========================================================  ===================
-``tiny``   synthetic ``tiny`` (240 / 40 / 40 images x 5 captions),      ~55 s
-           batch 32, 10 epochs, 1 seed
-``small``  synthetic ``f30k-like`` cut to 6000 train and 500 dev         ~6.5 min, 0.6 GB RAM
+``tiny``   synthetic ``tiny`` (240 / 40 / 40 images x 5 captions),      ~50 s
+           batch 32, 10 epochs (5 of them warm-up), 1 seed
+``small``  synthetic ``f30k-like`` cut to 6000 train and 500 dev         ~5.5 min, 0.6 GB RAM
            images (its 1000-image test split is the f30k-like one),
-           batch 128, 6 epochs, 1 seed (``make demo``)
+           batch 128, 6 epochs (2 of them warm-up), 1 seed
+           (``make demo``)
 =========  ===========================================================  ===================
+
+Triplet-HN, GOAL and VSL (triplet-HN base) get VSE-infinity's all-negatives warm-up
+(``train.all_negatives_epochs`` in the configs' ``[train]``; :mod:`vlret.train.warmup`), the
+other three losses have no hardest-negative phase to warm up.
 
 Layout of OUT (default ``runs/demo``): ``data-{preset}/`` (the world), ``demo_{preset}.yaml``
 (the resolved comparison config: ``vlret compare`` on it reproduces the numbers) and

@@ -29,14 +29,16 @@ A variant's loss parameters are layered: the registry defaults, then the config'
 section when it names the same loss, then the variant's table. ``--losses`` defaults to the
 labels of ``[compare.losses]`` in file order, else the six papers' losses. ``--goal-grid`` adds
 the 15 GOAL (triplet weight, pair weight) combinations, labelled ``goal-{T}-{P}``, with the
-other parameters of the ``goal`` variant. Train settings that only apply to one loss
-(``all_negatives_epochs``: triplet; ``momentum_encoder``: AdaCL with a queue) are dropped for
-the other losses. ``--set compare.KEY=VALUE`` overrides the ``[compare]`` section; other
-``--set`` overrides apply to the run config as in ``vlret train``.
+other parameters of the ``goal`` variant. Train settings that only apply to some losses
+(``all_negatives_epochs``: triplet, GOAL and VSL, see :mod:`vlret.train.warmup`;
+``momentum_encoder``: AdaCL with a queue) are dropped for the other losses.
+``--set compare.KEY=VALUE`` overrides the ``[compare]`` section; other ``--set`` overrides
+apply to the run config as in ``vlret train``.
 
 Layout of OUT: ``runs/{label}/seed{seed}/`` (the trainer's folder plus ``spec.json``, the
 resolved settings of the run, and ``result.json``, its test metrics), ``table.md``,
-``results.csv``, ``results.json``, ``goal_grid.md`` (with ``--goal-grid``) and ``plots/*.png``.
+``results.csv``, ``results.json``, ``curves.md`` (dev rsum and dev similarities against
+epochs, mean +- std over seeds), ``goal_grid.md`` (with ``--goal-grid``) and ``plots/*.png``.
 The dev similarity curves read ``dev_pos_sim`` / ``dev_hardest_neg_sim``, which the trainer
 logs in each epoch record of ``metrics.jsonl``.
 
@@ -80,6 +82,7 @@ from ..train.config import (
 )
 from ..train.trainer import Trainer
 from .tables import (
+    SYNTHETIC_KEYS,
     RunResult,
     VariantSummary,
     goal_grid_markdown,
@@ -104,8 +107,11 @@ COMPARE_KEYS = (
     "losses",
 )
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-#: Train settings that belong to a single loss: dropped for the others.
-_LOSS_ONLY_TRAIN_KEYS = {"all_negatives_epochs": "triplet", "momentum_encoder": "adacl"}
+#: Train settings that belong to some losses only: dropped for the others.
+_LOSS_ONLY_TRAIN_KEYS = {
+    "all_negatives_epochs": ("triplet", "goal", "vsl"),
+    "momentum_encoder": ("adacl",),
+}
 
 
 class CompareError(ValueError):
@@ -161,6 +167,8 @@ class ComparisonReport:
     outcomes: list[RunOutcome]
     plots: list[Path] = field(default_factory=list)
     goal_table: Path | None = None
+    #: ``curves.md``: dev rsum and dev similarities against epochs (mean +- std over seeds).
+    curves: Path | None = None
     warnings: list[str] = field(default_factory=list)
 
     def count(self, status: str) -> int:
@@ -340,8 +348,8 @@ def run_config(raw: dict[str, Any], variant: Variant, seed: int, run_dir: Path) 
     if not isinstance(train, dict):
         raise CompareError("[train] must be a table")
     train["seed"] = seed
-    for key, owner in _LOSS_ONLY_TRAIN_KEYS.items():
-        if variant.loss != owner:
+    for key, owners in _LOSS_ONLY_TRAIN_KEYS.items():
+        if variant.loss not in owners:
             train.pop(key, None)
     r = apply_overrides(r, list(variant.overrides))
     return config_from_dict(r, source=f"{variant.label} seed {seed}")
@@ -539,6 +547,10 @@ def synthetic_extras(
         "i2t_map_at_r": ext.i2t_map_at_r,
         "secondary_t2i_r1": out["secondary_t2i_r1"],
     }
+    for group, subset in out["subsets"].items():  # the recalls tabulated in SUBSET_COLUMNS
+        for key, value in subset.as_dict().items():
+            if f"{group}_{key}" in SYNTHETIC_KEYS:
+                metrics[f"{group}_{key}"] = value
     return {
         "split": name,
         "metrics": {k: float(v) if math.isfinite(v) else None for k, v in metrics.items()},
@@ -546,6 +558,11 @@ def synthetic_extras(
             "clone_t2i": clone.t2i_trials,
             "clone_i2t": clone.i2t_trials,
             "secondary_t2i": int((annotations.caption_form == 1).sum()),
+            **{
+                f"{group}_{d}": getattr(subset, f"{d}_queries")
+                for group, subset in out["subsets"].items()
+                for d in ("t2i", "i2t")
+            },
         },
     }
 
@@ -578,8 +595,12 @@ def execute_run(
     if result_path.is_file():
         record = json.loads(result_path.read_text(encoding="utf-8"))
         tested = run_dir / str(record.get("checkpoint", ""))
-        if world is not None and "synthetic" not in record and tested.is_file():
-            # finished before the synthetic extras existed: add them, the run stays as it is
+        stored = (record.get("synthetic") or {}).get("metrics", {})
+        outdated = "synthetic" not in record or (
+            record["synthetic"] is not None and not set(SYNTHETIC_KEYS) <= set(stored)
+        )
+        if world is not None and outdated and tested.is_file():
+            # finished before (some of) the synthetic extras existed: add them, the run stays
             record["synthetic"] = synthetic_extras(tested, root=world, spec=spec, settings=settings)
             _write_json(result_path, record)
         return RunOutcome(spec, "cached", _result_from_record(spec, record))
@@ -717,13 +738,15 @@ def write_report(
     goal_grid: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> ComparisonReport:
-    """``table.md``, ``results.csv``, ``results.json``, and the training / similarity / AdaCL /
-    GOAL-grid plots under ``plots/``."""
+    """``table.md``, ``results.csv``, ``results.json``, ``curves.md`` (dev rsum and dev
+    similarities against epochs), and the training / similarity / AdaCL / GOAL-grid plots
+    under ``plots/``."""
     from .curves import (
         plot_adacl_trajectories,
         plot_goal_heatmap,
         plot_similarity_curves,
         plot_training_curves,
+        write_epoch_curves,
     )
 
     summaries = summarize(o.result for o in outcomes)
@@ -745,6 +768,7 @@ def write_report(
     plots = out_dir / "plots"
     runs = _runs_by_label(outcomes)
     if runs:
+        report.curves = write_epoch_curves(runs, out_dir)
         _plot(report, "training curves", lambda: plot_training_curves(runs, plots))
         _plot(report, "similarity curves", lambda: plot_similarity_curves(runs, plots))
         adacl = {o.spec.variant.label for o in outcomes if o.spec.variant.loss == "adacl"}

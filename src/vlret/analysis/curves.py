@@ -117,6 +117,62 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
+#: File written by :func:`write_epoch_curves` (no matplotlib needed).
+CURVES_TABLE = "curves.md"
+#: The epoch-record keys tabulated in ``curves.md``, with their titles.
+CURVE_KEYS: tuple[tuple[str, str], ...] = (
+    ("dev_rsum", "Dev rsum"),
+    ("dev_pos_sim", "Dev mean positive cosine"),
+    ("dev_hardest_neg_sim", "Dev mean hardest-negative cosine"),
+)
+
+
+def epoch_curve_markdown(
+    runs: Mapping[str, Sequence[str | Path]], key: str, *, title: str = "", digits: int = 1
+) -> str:
+    """``key`` of the epoch records against epochs as a markdown table: one row per label, one
+    column per epoch (1-based), each cell the mean over the seeds that logged that epoch, with
+    ``± sample std`` when there are two or more; ``-`` where none did."""
+    series = {
+        label: [epoch_series(read_metrics_log(Path(d) / "metrics.jsonl"), key) for d in dirs]
+        for label, dirs in runs.items()
+    }
+    epochs = sorted({e for ss in series.values() for s in ss for e in s})
+    lines = [f"### {title}", ""] if title else []
+    lines.append("| Loss | " + " | ".join(f"ep {e}" for e in epochs) + " |")
+    lines.append("|:---|" + "---:|" * len(epochs))
+    for label, ss in series.items():
+        cells = []
+        for e in epochs:
+            vals = [s[e] for s in ss if e in s]
+            if not vals:
+                cells.append("-")
+                continue
+            mean = math.fsum(vals) / len(vals)
+            if len(vals) < 2:
+                cells.append(f"{mean:.{digits}f}")
+                continue
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+            cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
+    """``curves.md`` in ``out_dir``: :func:`epoch_curve_markdown` of each :data:`CURVE_KEYS`
+    key that some run logged (rsum with one decimal, cosines with three)."""
+    logs = [read_metrics_log(Path(d) / "metrics.jsonl") for dirs in runs.values() for d in dirs]
+    parts = [
+        epoch_curve_markdown(runs, key, title=title, digits=1 if key == "dev_rsum" else 3)
+        for key, title in CURVE_KEYS
+        if any(epoch_series(r, key) for r in logs)
+    ]
+    path = Path(out_dir) / CURVES_TABLE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
 def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
     """Training loss (relative to its first epoch, so that losses of different scales share an
     axis) and dev rsum against epochs; ``runs`` maps a label to its seeds' run folders."""

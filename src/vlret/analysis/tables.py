@@ -57,7 +57,22 @@ SYNTHETIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("i2t_map_at_r", "I→T mAP@R"),
     ("secondary_t2i_r1", "Secondary T→I R@1"),
 )
-SYNTHETIC_KEYS: tuple[str, ...] = tuple(k for k, _ in SYNTHETIC_COLUMNS)
+#: Standard recall of query subsets of the synthetic world (percent; see
+#: :func:`vlret.data.synthetic.evaluate_synthetic`): captions of a secondary object alone or of
+#: the primary object alone, and the queries of images in a clone group or in none.
+SUBSET_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("secondary_t2i_r5", "Secondary T→I R@5"),
+    ("secondary_t2i_r10", "Secondary T→I R@10"),
+    ("primary_t2i_r1", "Primary T→I R@1"),
+    ("primary_t2i_r5", "Primary T→I R@5"),
+    ("clone_group_t2i_r1", "Clone-group T→I R@1"),
+    ("clone_group_t2i_r5", "Clone-group T→I R@5"),
+    ("clone_group_i2t_r1", "Clone-group I→T R@1"),
+    ("clone_group_i2t_r5", "Clone-group I→T R@5"),
+    ("no_clone_t2i_r1", "No-clone T→I R@1"),
+    ("no_clone_i2t_r1", "No-clone I→T R@1"),
+)
+SYNTHETIC_KEYS: tuple[str, ...] = tuple(k for k, _ in SYNTHETIC_COLUMNS + SUBSET_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,27 @@ def synthetic_markdown_table(
     return "\n".join(lines) + "\n"
 
 
+def subset_markdown_table(
+    summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1
+) -> str:
+    """The query subsets' recalls (:data:`SUBSET_COLUMNS`) as a table like
+    :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column in bold."""
+    if not summaries:
+        raise ValueError("subset_markdown_table needs at least one variant")
+    lines = []
+    if title:
+        lines += [f"### {title}", ""]
+    lines.append(
+        "Synthetic world, same test split, standard recall of query subsets: T→I of the "
+        "captions that mention only a secondary object / only the primary object, and both "
+        "directions for the images in a clone group (and their captions) / in none; every "
+        f"image or caption stays a candidate; percent, {_seeds_note(summaries)}."
+    )
+    lines.append("")
+    lines += _table_rows(summaries, SUBSET_COLUMNS, [h for _, h in SUBSET_COLUMNS], digits)
+    return "\n".join(lines) + "\n"
+
+
 def goal_grid_markdown(
     summaries: Sequence[VariantSummary],
     *,
@@ -330,10 +366,13 @@ def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> 
 def write_table(
     summaries: Sequence[VariantSummary], path: str | Path, *, title: str = "", digits: int = 1
 ) -> Path:
-    """``table.md``: the paper-style table, then the synthetic extras' table when any run has
-    them."""
+    """``table.md``: the paper-style table, then the synthetic extras' table and the query
+    subsets' table when any run has them."""
     text = markdown_table(summaries, title=title, digits=digits)
     if has_synthetic_metrics(summaries):
         extras_title = f"{title}: synthetic-world extras" if title else ""
         text += "\n" + synthetic_markdown_table(summaries, title=extras_title, digits=digits)
+        if any(k in s.mean for s in summaries for k, _ in SUBSET_COLUMNS):
+            subset_title = f"{title}: query subsets" if title else ""
+            text += "\n" + subset_markdown_table(summaries, title=subset_title, digits=digits)
     return _atomic_write(Path(path), text)

@@ -60,13 +60,16 @@ from .synthetic_metrics import (
     CloneChoice,
     ExtendedMetrics,
     FactSets,
+    SubsetRecall,
     clone_forced_choice,
+    clone_group_images,
     extended_metrics,
     fact_oracle_embeddings,
     iter_relevance,
     pairs_to_matrix,
     relevance_matrix,
     relevance_pairs,
+    subset_recalls,
 )
 from .writers import (
     karpathy_tokens,
@@ -1045,8 +1048,13 @@ def evaluate_synthetic(
     """Standard metrics beside the relevance-aware ones for embeddings of a split.
 
     Returns ``{"standard": RetrievalMetrics, "extended": ExtendedMetrics, "clone":
-    CloneChoice, "secondary_t2i_r1": float}`` (the last: text-to-image R@1 of the captions that
-    mention only a secondary object, NaN without any).
+    CloneChoice, "secondary_t2i_r1": float, "subsets": {name: SubsetRecall}}``:
+    ``secondary_t2i_r1`` is the text-to-image R@1 of the captions that mention only a secondary
+    object (NaN without any); ``subsets`` the standard R@1/5/10 of query subsets
+    (:func:`~vlret.data.synthetic_metrics.subset_recalls`): ``"secondary"`` (those captions,
+    T->I), ``"primary"`` (the captions of the primary object alone, T->I), ``"clone_group"``
+    (the images in a clone group of two or more and their captions, both directions) and
+    ``"no_clone"`` (the other images and their captions).
     """
     from ..metrics import retrieval_metrics, retrieval_ranks
 
@@ -1071,7 +1079,26 @@ def evaluate_synthetic(
         if bool(secondary.any())
         else float("nan")
     )
-    return {"standard": standard, "extended": extended, "clone": clone, "secondary_t2i_r1": sec_r1}
+    form = np.asarray(annotations.caption_form)
+    in_group = clone_group_images(annotations.groups)
+    cap_in_group = in_group[t2i.numpy()]
+    masks = {
+        "secondary": (form == 1, None),
+        "primary": (form == 0, None),
+        "clone_group": (cap_in_group, in_group),
+        "no_clone": (~cap_in_group, ~in_group),
+    }
+    subsets: dict[str, SubsetRecall] = {
+        name: subset_recalls(img, txt, txt_to_img=t2i, caption_mask=cap, image_mask=im)
+        for name, (cap, im) in masks.items()
+    }
+    return {
+        "standard": standard,
+        "extended": extended,
+        "clone": clone,
+        "secondary_t2i_r1": sec_r1,
+        "subsets": subsets,
+    }
 
 
 def synth_main(preset: str, out: str | Path, **options: Any) -> Path:
@@ -1096,6 +1123,7 @@ __all__ = [
     "FactSets",
     "FeatureSpace",
     "NoiseSpec",
+    "SubsetRecall",
     "SyntheticAnnotations",
     "SyntheticConfig",
     "SyntheticSplit",
@@ -1104,6 +1132,7 @@ __all__ = [
     "apply_noise",
     "build_split",
     "clone_forced_choice",
+    "clone_group_images",
     "evaluate_synthetic",
     "extended_metrics",
     "fact_oracle_embeddings",
@@ -1119,6 +1148,7 @@ __all__ = [
     "relevance_pairs",
     "sample_edit",
     "sample_scene",
+    "subset_recalls",
     "synth_main",
     "write_synthetic",
 ]

@@ -143,7 +143,9 @@ def train_captions_by_image(dataset: RetrievalDataset) -> dict[int, list[str]]:
 
 def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.Module:
     """The configured loss; VSL gets a CaptionTfidf fitted on the train captions (keyed by
-    image index, the ids the trainer passes); AdaCL's queue gets ``embed_dim`` from the model."""
+    image index, the ids the trainer passes); AdaCL's queue gets ``embed_dim`` from the model;
+    with ``train.all_negatives_epochs`` a GOAL objective comes wrapped in
+    :class:`~vlret.train.warmup.AllNegativesWarmup`."""
     from ..losses import build_loss
 
     params = dict(config.loss.params)
@@ -163,10 +165,13 @@ def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.
             )
         params["embed_dim"] = embed_dim
     try:
-        return build_loss(config.loss.name, **params)
+        loss_fn = build_loss(config.loss.name, **params)
     except (ValueError, TypeError) as err:
         given = ", ".join(f"{k}={v!r}" for k, v in config.loss.params.items())
         raise ConfigError(config.source, "loss", f"{config.loss.name}({given}): {err}") from None
+    from .warmup import wrap_for_warmup
+
+    return wrap_for_warmup(loss_fn, config.loss, config.train.all_negatives_epochs)
 
 
 def _model_error(source: str, err: Exception) -> ConfigError:

@@ -152,9 +152,19 @@ class TrainConfig:
     """Loop settings.
 
     ``batch_size`` is the global batch (split evenly over ranks under torchrun).
-    ``all_negatives_epochs``: VSE-infinity's schedule for the triplet loss, summing over all
-    negatives (``hardest=False``) for that many first epochs and using the hardest negative
-    afterwards; with ``loss.hardest = false`` the loss stays all-negatives throughout.
+    ``all_negatives_epochs``: VSE-infinity's warm-up (its ``vse_mean_warmup_epochs``) for the
+    losses built on the hardest-negative triplet, for that many first epochs (0: none):
+
+    * ``triplet``: the hinge summed over all negatives (``hardest=False``), then the hardest;
+      with ``loss.hardest = false`` the loss stays all-negatives throughout;
+    * ``goal``: the triplet sum of hinges over all negatives with GOAL's margin and reduction
+      (VSE-infinity's warm-up loss, which GOAL's objectives replace only in the
+      hardest-negative phase), then the gradient objective;
+    * ``vsl`` (triplet base only): the base sums over all negatives, then mines the hardest;
+      the ``L_vs`` term is unchanged.
+
+    Any other loss is an error; see :mod:`vlret.train.warmup`. A resumed run continues the
+    schedule from its epoch.
     ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the AdaCL memory
     queue (AdaCL: 0.99); ``None`` enqueues the online embeddings.
     ``max_steps_per_epoch`` truncates epochs (smoke tests, benchmarks).
@@ -464,13 +474,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     for key in ("epochs", "batch_size"):
         if getattr(train, key) < 1:
             raise ConfigError(source, f"train.{key}", "expected a positive integer")
-    if train.all_negatives_epochs and loss.name != "triplet":
-        raise ConfigError(
-            source,
-            "train.all_negatives_epochs",
-            "the all-negatives-then-hardest schedule applies to the triplet loss, "
-            f"not {loss.name!r}",
-        )
+    if train.all_negatives_epochs < 0:
+        raise ConfigError(source, "train.all_negatives_epochs", "expected an integer >= 0")
+    if train.all_negatives_epochs:
+        from .warmup import check_all_negatives_warmup
+
+        check_all_negatives_warmup(loss, source)
     if train.momentum_encoder is not None and not 0.0 <= train.momentum_encoder <= 1.0:
         raise ConfigError(source, "train.momentum_encoder", "expected a momentum in [0, 1]")
     return RunConfig(

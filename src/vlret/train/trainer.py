@@ -61,6 +61,7 @@ from .distributed import (
     init_distributed,
 )
 from .evaluate import encode_dataset
+from .warmup import set_all_negatives
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -370,10 +371,12 @@ class Trainer:
 
     def _set_epoch_schedule(self) -> None:
         tc = self.config.train
-        # Only a configured hardest=True loss switches; loss.hardest=false stays all-negatives.
-        configured = self.config.loss.params.get("hardest", True)  # the triplet default
-        if tc.all_negatives_epochs and configured and hasattr(self.loss_fn, "hardest"):
-            self.loss_fn.hardest = self.epoch >= tc.all_negatives_epochs
+        # Triplet, GOAL, VSL's triplet base (vlret.train.warmup); a configured hardest=false
+        # loss stays all-negatives. From self.epoch, so a resumed run keeps the schedule.
+        if tc.all_negatives_epochs:
+            set_all_negatives(
+                self.loss_fn, self.config.loss, all_negatives=self.epoch < tc.all_negatives_epochs
+            )
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """``(loss for backward, logged loss, context)`` of one local batch."""
