@@ -626,6 +626,21 @@ def test_goal_local_anchor_pieces_equal_dense_for_every_combination(triplet_weig
         _assert_close(g, w, rtol=0, atol=1e-10)
 
 
+def test_adacl_batch_within_one_strip_takes_the_dense_path(monkeypatch):
+    import vlret.losses.tiled as tiled
+    from vlret.losses import AdaCLLoss
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tiled batch was built")
+
+    monkeypatch.setattr(tiled, "TiledAdaCLBatch", refuse)
+    img, txt = _clone_world(16)
+    dense, one_strip = AdaCLLoss(), AdaCLLoss(chunk_size=16)
+    _assert_close(one_strip(img, txt), dense(img, txt), rtol=0, atol=0)
+    with pytest.raises(AssertionError, match="tiled batch"):
+        AdaCLLoss(chunk_size=15)(img, txt)
+
+
 def test_modules_without_local_anchors_say_so():
     from vlret.losses import AdaCLLoss, InfoNCELoss
 

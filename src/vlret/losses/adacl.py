@@ -884,7 +884,8 @@ class AdaCLLoss(PairLoss):
       nor the ``(B, K)`` queue blocks. The loss is the tiled Eq. (3) and the margin update
       streams strips (:class:`~vlret.losses.tiled.TiledAdaCLBatch`: the same salient rows,
       GDA, clone set, count and selection rule as the dense update, about three more strip
-      passes), so ``O(N x (B + K))`` memory.
+      passes), so ``O(N x (B + K))`` memory. A batch of at most ``N`` rows (one strip) takes
+      the dense path: the same numbers in the same memory, and faster.
 
     Calling the loss twice per optimiser step updates the margins twice.
     """
@@ -1188,16 +1189,20 @@ class AdaCLLoss(PairLoss):
         self.check_anchors(anchors)  # AdaCL's anchor selection needs the whole batch
         if not isinstance(gathered, bool):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
+        # One strip would hold the whole (B, B) matrix anyway: the dense path is then the same
+        # computation in the same memory, and faster (its selection works on one block).
+        tiled = False
+        if self.chunk_size is not None:
+            check_embeddings(img_emb, txt_emb)
+            tiled = self.chunk_size < img_emb.shape[0]
         if self.img_queue is None or self.txt_queue is None:
             if img_keys is not None or txt_keys is not None:
                 raise ValueError("img_keys/txt_keys need a memory queue (queue_size > 0)")
-            if self.chunk_size is not None:
+            if tiled:
                 return self._tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
             sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
             return self.from_similarity(sim, pos_mask=pos_mask)
-        if self.chunk_size is not None:
-            check_embeddings(img_emb, txt_emb)
-        else:
+        if not tiled:
             sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         batch = img_emb.shape[0]
         img_id_t = _ids_for_queue(img_ids, "img_ids", batch)
@@ -1207,7 +1212,7 @@ class AdaCLLoss(PairLoss):
         # Copies: the enqueue below writes the buffers in place before backward runs.
         q_txt = self.txt_queue.keys.to(img_n.dtype, copy=True)
         q_img = self.img_queue.keys.to(txt_n.dtype, copy=True)
-        if self.chunk_size is not None:
+        if tiled:
             from .tiled import QueueBlock
 
             # Ids as the queues store them; without ids every filled entry is a negative.
