@@ -1167,6 +1167,20 @@ def _delta_bins(delta: torch.Tensor, low: float, width: float) -> torch.Tensor:
 # ----------------------------------------------------------------------------- GOAL
 
 
+def _ms_negative(
+    cfg: GoalConfig, stat: torch.Tensor, count: torch.Tensor, neg: torch.Tensor
+) -> torch.Tensor:
+    """The MS relative negative term from set N's streamed statistics: ``count`` members and
+    ``stat``, their log-sum-exp of ``beta s`` (sig-ms) or their sum (lin-ms); 0 for empty N."""
+    size = count.clamp(min=1).to(neg.dtype)
+    if cfg.pair_weight == "sig-ms":
+        # log mean_N e^{beta (s - s_n)}; the sum is >= 1 as s_n is in N (log >= 0).
+        value = (stat - cfg.beta * neg).clamp(min=0) - size.log()
+    else:
+        value = neg - stat / size
+    return torch.where(count > 0, value, 0.0)
+
+
 class _TiledGoal(torch.autograd.Function):
     """GOAL (``goal.GoalFunction``) on embeddings: one streaming pass, ``O(B)`` saved.
 
@@ -1223,16 +1237,7 @@ class _TiledGoal(torch.autograd.Function):
         has_neg = torch.stack((row_any, col_any))
         # Anchors without a negative get a harmless stand-in; their weights are zeroed below.
         neg = torch.where(has_neg, torch.stack((row_max, col_max)), diag)
-        ms_neg: torch.Tensor | float = 0.0
-        if ms:
-            stat = torch.stack((row_stat, col_stat))
-            n = count.clamp(min=1).to(x.dtype)
-            if sig:
-                # log mean_N e^{beta (s - s_n)}; the sum is >= 1 as s_n is in N (log >= 0).
-                value = (stat - cfg.beta * neg).clamp(min=0) - n.log()
-            else:
-                value = neg - stat / n
-            ms_neg = torch.where(count > 0, value, 0.0)
+        ms_neg = _ms_negative(cfg, torch.stack((row_stat, col_stat)), count, neg) if ms else 0.0
         weight_pos, weight_neg, hinge = triplet_weights_from_hardest(
             cfg, diag, neg, has_neg, ms_neg
         )
@@ -1286,14 +1291,7 @@ class _TiledAnchorGoal(torch.autograd.Function):
                 stat[start:stop] = (filled * keep).sum(1)
         has_neg = top > lowest
         neg = torch.where(has_neg, top, pos)  # a harmless stand-in; zero weights below
-        ms_neg: torch.Tensor | float = 0.0
-        if ms:
-            size = count.clamp(min=1).to(a.dtype)
-            if sig:
-                value = (stat - cfg.beta * neg).clamp(min=0) - size.log()
-            else:
-                value = neg - stat / size
-            ms_neg = torch.where(count > 0, value, 0.0)
+        ms_neg = _ms_negative(cfg, stat, count, neg) if ms else 0.0
         weight_pos, weight_neg, hinge = triplet_weights_from_hardest(
             cfg, pos, neg, has_neg, ms_neg, batch_pos
         )
