@@ -207,25 +207,43 @@ def has_synthetic_metrics(summaries: Sequence[VariantSummary]) -> bool:
     return any(k in r.metrics for s in summaries for r in s.runs for k in SYNTHETIC_KEYS)
 
 
+def _extras_table(
+    summaries: Sequence[VariantSummary],
+    columns: Sequence[tuple[str, str]],
+    caption: str,
+    *,
+    name: str,
+    title: str,
+    digits: int,
+) -> str:
+    """``columns`` of ``summaries`` as a table like :func:`markdown_table` under ``caption``."""
+    if not summaries:
+        raise ValueError(f"{name} needs at least one variant")
+    lines = [f"### {title}", ""] if title else []
+    lines += [f"{caption}; percent, {_seeds_note(summaries)}.", ""]
+    lines += _table_rows(summaries, columns, [h for _, h in columns], digits)
+    return "\n".join(lines) + "\n"
+
+
 def synthetic_markdown_table(
     summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1
 ) -> str:
     """The synthetic world's extras (:data:`SYNTHETIC_COLUMNS`) as a table like
     :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column in bold."""
-    if not summaries:
-        raise ValueError("synthetic_markdown_table needs at least one variant")
-    lines = []
-    if title:
-        lines += [f"### {title}", ""]
-    lines.append(
+    caption = (
         "Synthetic world, same test split: clone forced choice (a caption picks its image over "
         "a one-edit sibling it does not describe, and an image its caption over the sibling's; "
         "chance 50), R-Precision and mAP@R on the exhaustive relevance, and T→I R@1 of the "
-        f"captions that mention only a secondary object; percent, {_seeds_note(summaries)}."
+        "captions that mention only a secondary object"
     )
-    lines.append("")
-    lines += _table_rows(summaries, SYNTHETIC_COLUMNS, [h for _, h in SYNTHETIC_COLUMNS], digits)
-    return "\n".join(lines) + "\n"
+    return _extras_table(
+        summaries,
+        SYNTHETIC_COLUMNS,
+        caption,
+        name="synthetic_markdown_table",
+        title=title,
+        digits=digits,
+    )
 
 
 def subset_markdown_table(
@@ -233,20 +251,15 @@ def subset_markdown_table(
 ) -> str:
     """The query subsets' recalls (:data:`SUBSET_COLUMNS`) as a table like
     :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column in bold."""
-    if not summaries:
-        raise ValueError("subset_markdown_table needs at least one variant")
-    lines = []
-    if title:
-        lines += [f"### {title}", ""]
-    lines.append(
+    caption = (
         "Synthetic world, same test split, standard recall of query subsets: T→I of the "
         "captions that mention only a secondary object / only the primary object, and both "
         "directions for the images in a clone group (and their captions) / in none; every "
-        f"image or caption stays a candidate; percent, {_seeds_note(summaries)}."
+        "image or caption stays a candidate"
     )
-    lines.append("")
-    lines += _table_rows(summaries, SUBSET_COLUMNS, [h for _, h in SUBSET_COLUMNS], digits)
-    return "\n".join(lines) + "\n"
+    return _extras_table(
+        summaries, SUBSET_COLUMNS, caption, name="subset_markdown_table", title=title, digits=digits
+    )
 
 
 def goal_grid_markdown(

@@ -1153,19 +1153,33 @@ class AdaCLLoss(PairLoss):
         batch = _prepare_batch(
             sim, pos_mask, extra_neg_txt, extra_neg_txt_mask, extra_neg_img, extra_neg_img_mask
         )
-        # The negatives' log-sum-exp does not depend on the margins: computed once, it gives
-        # the loss its denominators and the anchor update its Sigma_anchor.
+        return self._update_and_score(
+            lambda scale: _negatives_logsumexp(batch, scale),
+            lambda m1, m2, lse, scale: _loss_of_batch(batch, m1, m2, self.reduction, lse, scale),
+            lambda log_sigma_rows: self._update(batch, log_sigma_rows),
+        )
+
+    def _update_and_score(self, negatives_lse, loss, update) -> torch.Tensor:
+        """Algorithm 1: the margin update (steps 2-5, training mode only), then the loss with
+        the new margins (step 6), for the dense blocks or the tiled strips alike.
+
+        ``negatives_lse(scale)`` gives the rows' and columns' ``log Sigma``, ``loss(m1, m2,
+        lse, scale)`` Eq. (3), ``update(log_sigma_rows)`` the update given the rows' ``log
+        Sigma`` (``None``: the update sums the anchor row itself).
+        """
         if self.scale_negatives:
             # The negatives' logits m1 s_ij depend on the margins: update first, then score.
             if self.training:
-                self._update(batch)
-            m1, m2 = self.m1.clone(), self.m2.clone()
-            return _loss_of_batch(batch, m1, m2, self.reduction, scale=m1)
-        lse = _negatives_logsumexp(batch, 1.0 / self.negative_temperature)
+                update(None)
+            m1 = self.m1.clone()
+            return loss(m1, self.m2.clone(), None, m1)
+        # The negatives' log-sum-exp does not depend on the margins: computed once, it gives
+        # the loss its denominators and the anchor update its Sigma_anchor.
+        lse = negatives_lse(1.0 / self.negative_temperature)
         if self.training:
-            self._update(batch, lse[0].detach())
+            update(lse[0].detach())
         # Clones: a later in-place update must not touch tensors saved for this backward.
-        return _loss_of_batch(batch, self.m1.clone(), self.m2.clone(), self.reduction, lse)
+        return loss(self.m1.clone(), self.m2.clone(), lse, 1.0)
 
     def forward(
         self,
@@ -1257,25 +1271,24 @@ class AdaCLLoss(PairLoss):
             queue_img=queue_img,
         )
 
-        def find(log_sigma_rows=None):
-            return lambda: batch.anchor(
-                selection=self.anchor_selection,
-                top_k=self.top_k,
-                min_variance=self.min_variance,
-                generator=self.generator,
-                scale=1.0 / self.negative_temperature,
-                log_sigma_rows=log_sigma_rows,
-            )
+        def update(log_sigma_rows):
+            def find():
+                return batch.anchor(
+                    selection=self.anchor_selection,
+                    top_k=self.top_k,
+                    min_variance=self.min_variance,
+                    generator=self.generator,
+                    scale=1.0 / self.negative_temperature,
+                    log_sigma_rows=log_sigma_rows,
+                )
 
-        if self.scale_negatives:
-            if self.training:
-                self._update_with(find(), batch.row_negatives)
-            m1 = self.m1.clone()
-            return batch.loss(m1, self.m2.clone(), self.reduction, scale=m1)
-        lse = batch.negatives_lse(1.0 / self.negative_temperature)
-        if self.training:
-            self._update_with(find(lse[0].detach()), batch.row_negatives)
-        return batch.loss(self.m1.clone(), self.m2.clone(), self.reduction, lse)
+            return self._update_with(find, batch.row_negatives)
+
+        return self._update_and_score(
+            batch.negatives_lse,
+            lambda m1, m2, lse, scale: batch.loss(m1, m2, self.reduction, lse, scale),
+            update,
+        )
 
     def _keys(self, keys: torch.Tensor | None, fallback: torch.Tensor, name: str) -> torch.Tensor:
         if keys is None:

@@ -182,12 +182,19 @@ _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
 
 
-def _zero_positives(e: torch.Tensor, codes: Codes, start: int) -> torch.Tensor:
-    """Zero the positives of the row strip ``e`` (rows ``start:``) in place: diagonal and ids."""
+def _fill_positives(
+    t: torch.Tensor, codes: Codes, start: int, fill: float, pair: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Fill the positives of the row strip ``t`` (rows ``start:``) with ``fill``, in place: the
+    id matches and each row's own pair, column ``pair[row]`` (``None``: the diagonal)."""
+    n = t.shape[0]
     if codes is not None:
-        e.masked_fill_(codes[0][start : start + e.shape[0], None] == codes[1][None, :], 0)
-    e.diagonal(start).zero_()
-    return e
+        t.masked_fill_(codes[0][start : start + n, None] == codes[1][None, :], fill)
+    if pair is None:
+        t.diagonal(start).fill_(fill)
+    else:
+        t[torch.arange(n, device=t.device), pair[start : start + n]] = fill
+    return t
 
 
 def _fast_floor(dtype: torch.dtype) -> float:
@@ -241,7 +248,7 @@ class _TiledPairLogSumExp(torch.autograd.Function):
         for start, stop in _strips(batch, chunk):
             e = torch.mm(xc[start:stop], y.t(), out=buf[: stop - start])
             shift = e.max() if data_shift else bound
-            e = _zero_positives(e.sub_(shift).exp2_(), codes, start)
+            e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
             log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
             if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
                 rows = log_rows.add_(shift * _LN2).sub_(offset[start:stop])
@@ -289,7 +296,7 @@ class _TiledPairLogSumExp(torch.autograd.Function):
                 if e is None:
                     buf = x.new_empty(rows, batch) if buf is None else buf
                     e = torch.mm(xc[start:stop], y.t(), out=buf[:n])
-                    e = _zero_positives(e.sub_(shift).exp2_(), codes, start)
+                    e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
                 a = gc[start:stop] * torch.exp(row_log[start:stop] + shift * _LN2)
                 b = gc * torch.exp(col_log + shift * _LN2)
                 grad_s = torch.add(a[:, None], b[None, :], out=wbuf[:n])
@@ -598,17 +605,6 @@ def tiled_triplet_loss(
 # anchor k's own pair is candidate ``p_k`` and ids mark further positives.
 
 
-def _anchor_positives(
-    t: torch.Tensor, codes: Codes, start: int, pair: torch.Tensor, fill: float
-) -> torch.Tensor:
-    """Fill the positives of anchor strip ``t`` (anchors ``start:``) with ``fill``, in place."""
-    rows = torch.arange(t.shape[0], device=t.device)
-    if codes is not None:
-        t.masked_fill_(codes[0][start : start + t.shape[0], None] == codes[1][None, :], fill)
-    t[rows, pair[start : start + t.shape[0]]] = fill
-    return t
-
-
 class _TiledAnchorLogSumExp(torch.autograd.Function):
     """``log(1 + sum_{j neg} exp(c (a_k . c_j - a_k . c_{p_k} + m_k)))`` per anchor, ``(n,)``.
 
@@ -629,7 +625,7 @@ class _TiledAnchorLogSumExp(torch.autograd.Function):
         buf = a.new_empty(min(chunk, n), c.shape[0])
         for start, stop in _strips(n, chunk):
             t = torch.mm(ac[start:stop], c.t(), out=buf[: stop - start])
-            top = _anchor_positives(t, codes, start, pair, lowest).amax(1)
+            top = _fill_positives(t, codes, start, lowest, pair).amax(1)
             top = torch.where(top == lowest, 0.0, top)  # no negatives: every entry becomes 0
             shift[start:stop] = top
             log_sum = t.sub_(top[:, None]).exp2_().sum(1).log_().add_(top * _LN2)
@@ -653,7 +649,7 @@ class _TiledAnchorLogSumExp(torch.autograd.Function):
         buf = a.new_empty(min(ctx.chunk, a.shape[0]), c.shape[0])
         for start, stop in _strips(a.shape[0], ctx.chunk):
             t = torch.mm(ac[start:stop], c.t(), out=buf[: stop - start])
-            t = _anchor_positives(t.sub_(shift[start:stop, None]).exp2_(), codes, start, pair, 0.0)
+            t = _fill_positives(t.sub_(shift[start:stop, None]).exp2_(), codes, start, 0.0, pair)
             grad_s = t.mul_(weight[start:stop, None])
             da_strip = grad_s @ c
             da[start:stop] += da_strip
@@ -686,7 +682,7 @@ class _TiledAnchorTriplet(torch.autograd.Function):
         terms = a.new_empty(n)
         arg = torch.zeros(n, dtype=torch.long, device=a.device)
         for start, stop in _strips(n, chunk):
-            s = _anchor_positives(a[start:stop] @ c.t(), codes, start, pair, lowest)
+            s = _fill_positives(a[start:stop] @ c.t(), codes, start, lowest, pair)
             if hardest:
                 top, arg[start:stop] = s.max(dim=1)
                 hinge = margin + top - pos_score[start:stop]
@@ -715,7 +711,7 @@ class _TiledAnchorTriplet(torch.autograd.Function):
         da, dc = torch.zeros_like(a), torch.zeros_like(c)
         count = a.new_zeros(a.shape[0])
         for start, stop in _strips(a.shape[0], ctx.chunk):
-            s = _anchor_positives(a[start:stop] @ c.t(), codes, start, pair, lowest)
+            s = _fill_positives(a[start:stop] @ c.t(), codes, start, lowest, pair)
             # the dense clamp passes its gradient at exactly zero: ">= 0"
             grad_s = (s.add_(ctx.margin).sub_(pos_score[start:stop, None]) >= 0).to(a.dtype)
             count[start:stop] = grad_s.sum(1)
@@ -1279,7 +1275,7 @@ class _TiledAnchorGoal(torch.autograd.Function):
         stat = a.new_empty(n)
         bound = batch_pos.min() - cfg.epsilon
         for start, stop in _strips(n, chunk):
-            filled = _anchor_positives(a[start:stop] @ c.t(), codes, start, pair, lowest)
+            filled = _fill_positives(a[start:stop] @ c.t(), codes, start, lowest, pair)
             top[start:stop], arg[start:stop] = filled.max(dim=1)
             if not ms:
                 continue
