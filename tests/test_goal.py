@@ -3,6 +3,7 @@ the triplet-loss equivalence, grad_output handling (loss weights, AMP scaling, D
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import tempfile
@@ -498,6 +499,9 @@ def _ddp_worker(rank, world, init_file, out_file):
         loss.backward()
         if rank == 0:
             torch.save([p.grad for p in model.module.parameters()], out_file)
+        # A DDP wrapper alive at exit sometimes aborts the process (torch 2.13, gloo).
+        del model
+        gc.collect()
     finally:
         dist.destroy_process_group()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import weakref
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,12 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from train_helpers import assert_same_params, tiny_config, tiny_data
-from vlret.train import Trainer
-from vlret.train.distributed import ShardedBatchSampler
+from vlret.train import Trainer, train
+from vlret.train.distributed import (
+    ShardedBatchSampler,
+    init_distributed,
+    shutdown_distributed,
+)
 
 SETTINGS = {
     "triplet_sgd": ["optim.name=sgd", "optim.lr=0.1"],
@@ -83,6 +88,9 @@ def run_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
     for _ in range(STEPS.get(name, 1)):
         batch = next(batches)
         loss, _ = trainer.train_step(batch)
+    wrapper = weakref.ref(trainer.ddp_model)
+    trainer.close()  # drop the DDP wrapper now: alive at exit it can abort the process
+    released = trainer.ddp_model is trainer.model and (trainer.world == 1 or wrapper() is None)
     state = {f"model.{k}": v.detach().clone() for k, v in trainer.model.state_dict().items()}
     for k, p in trainer.model.named_parameters():
         state[f"grad.{k}"] = p.grad.detach().clone()
@@ -95,6 +103,7 @@ def run_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
     state["loss_value"] = torch.tensor(loss)
     state["local_batch"] = torch.tensor(len(batch.img_index))
     state["local_anchors"] = torch.tensor(trainer.local_anchors)
+    state["ddp_released"] = torch.tensor(released)
     return state
 
 
@@ -111,6 +120,10 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
         for name in SETTINGS:
             state = run_steps(Path(data), Path(out), name)
             torch.save(state, Path(out) / f"{name}.rank{rank}.pt")
+        # The user's path: train() runs, then destroys the group the trainers created.
+        result = train(tiny_config(Path(data), Path(out) / "train_api", COMMON))
+        after = {"initialized": dist.is_initialized(), "epochs": result.epochs_done}
+        torch.save(after, Path(out) / f"train_api.rank{rank}.pt")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -153,6 +166,25 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(distributed_run, 
         for k, g in single.items():
             if k.startswith("grad."):
                 torch.testing.assert_close(state[k], g, atol=1e-5, rtol=1e-5, msg=k)
+
+
+def test_train_releases_ddp_and_destroys_the_group_it_created(distributed_run):
+    _, out = distributed_run
+    for r in range(2):
+        assert torch.load(out / f"train_api.rank{r}.pt") == {"initialized": False, "epochs": 3}
+        for name in SETTINGS:
+            assert bool(torch.load(out / f"{name}.rank{r}.pt")["ddp_released"]), name
+
+
+def test_shutdown_leaves_a_group_the_caller_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        assert init_distributed().world_size == 1  # reused, not created
+        shutdown_distributed()
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_sharded_sampler_concatenates_to_the_global_batch():

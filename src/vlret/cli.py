@@ -79,19 +79,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .data import DataFormatError
     from .train import ConfigError, TrainingInterrupted, load_config, train
     from .train.config import resume_command
+    from .train.distributed import env_from_torchrun
 
     # Errors in the config or the data: one line on stderr, exit status 2, no traceback.
     try:
+        main = env_from_torchrun().is_main  # under torchrun only rank 0 reports
         config = load_config(args.config, args.set)
         result = train(config, resume=args.resume)
     except TrainingInterrupted as err:
-        print(f"interrupted; resume with: {resume_command(args.config, args.set, err.checkpoint)}")
+        if main:
+            command = resume_command(args.config, args.set, err.checkpoint)
+            print(f"interrupted; resume with: {command}")
         return 130
     except (ConfigError, DataFormatError, FileNotFoundError, ValueError) as err:
         print(f"vlret train: {err}", file=sys.stderr)
         return 2
-    best = f", best dev rsum {result.best_rsum:.2f}" if result.best_rsum is not None else ""
-    print(f"done: {result.epochs_done} epochs, {result.steps} steps{best}; {result.output_dir}")
+    if main:
+        best = f", best dev rsum {result.best_rsum:.2f}" if result.best_rsum is not None else ""
+        print(f"done: {result.epochs_done} epochs, {result.steps} steps{best}; {result.output_dir}")
     return 0
 
 

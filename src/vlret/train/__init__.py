@@ -18,7 +18,12 @@ from .config import (
     parse_value,
     save_config,
 )
-from .distributed import ShardedBatchSampler, gather_with_grad, init_distributed
+from .distributed import (
+    ShardedBatchSampler,
+    gather_with_grad,
+    init_distributed,
+    shutdown_distributed,
+)
 from .evaluate import (
     PROTOCOLS,
     encode_dataset,
@@ -58,5 +63,6 @@ __all__ = [
     "restore_rng_state",
     "save_checkpoint",
     "save_config",
+    "shutdown_distributed",
     "train",
 ]

@@ -38,6 +38,14 @@ all-reduced sum, and a learnable temperature's gradient (each rank sees only its
 share) is all-reduced before the ``1/N``. AdaCL and VSL keep the full computation.
 
 Only rank 0 writes files (:func:`is_main_process`).
+
+**Shutdown.** :meth:`Trainer.close` drops the DistributedDataParallel wrapper and
+:func:`shutdown_distributed` destroys the default group when :func:`init_distributed` created
+it (a group the caller initialised is left to the caller); :func:`vlret.train.train` does
+both. A DDP wrapper still alive when the interpreter exits can abort the process
+(``terminate called without an active exception``, SIGABRT; seen with torch 2.13 and gloo
+in about one exit in 20), so a process that builds a :class:`Trainer` itself under
+``WORLD_SIZE > 1`` should call ``close()`` too (or use it as a context manager).
 """
 
 from __future__ import annotations
@@ -76,11 +84,17 @@ def env_from_torchrun() -> DistEnv:
     return DistEnv(rank=rank, world_size=world, local_rank=local)
 
 
+#: Whether :func:`init_distributed` created the default group (then :func:`shutdown_distributed`
+#: destroys it).
+_CREATED_GROUP = False
+
+
 def init_distributed(*, backend: str | None = None) -> DistEnv:
     """Initialise the default process group from torchrun's environment when ``WORLD_SIZE > 1``.
 
     Backend: NCCL when CUDA is available, else gloo. Already initialised groups are reused.
     """
+    global _CREATED_GROUP
     if dist.is_available() and dist.is_initialized():
         return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
     env = env_from_torchrun()
@@ -91,7 +105,19 @@ def init_distributed(*, backend: str | None = None) -> DistEnv:
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank)
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size)
+    _CREATED_GROUP = True
     return env
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if :func:`init_distributed` created it.
+
+    A group initialised by the caller before is left alone. Safe to call more than once.
+    """
+    global _CREATED_GROUP
+    if _CREATED_GROUP and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _CREATED_GROUP = False
 
 
 def world_size() -> int:

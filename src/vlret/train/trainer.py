@@ -15,6 +15,7 @@ therefore ends with bit-identical weights to the uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import random
@@ -59,6 +60,7 @@ from .distributed import (
     gather_sum_grad,
     gather_with_grad,
     init_distributed,
+    shutdown_distributed,
 )
 from .evaluate import encode_dataset
 from .warmup import set_all_negatives
@@ -469,6 +471,24 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Drop the DistributedDataParallel wrapper (the trainer stays usable on one process).
+
+        Its reducer must be gone before the interpreter exits or the process group is
+        destroyed: with torch 2.13 and gloo a DDP object alive at exit sometimes aborts the
+        process (SIGABRT, about one exit in 20). The process group itself is left alone
+        (:func:`~vlret.train.distributed.shutdown_distributed`). Idempotent.
+        """
+        if self.ddp_model is not self.model:
+            self.ddp_model = self.model
+            gc.collect()  # the wrapper sits in reference cycles; free its reducer now
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def fit(self) -> TrainResult:
         tc = self.config.train
         if self.is_main:
@@ -590,5 +610,10 @@ class Trainer:
 
 
 def train(config: RunConfig, *, resume: str | Path | None = None) -> TrainResult:
-    """Build a :class:`Trainer` and run it."""
-    return Trainer(config, resume=resume).fit()
+    """Build a :class:`Trainer`, run it, then release the DDP wrapper and the process group
+    this call created (:func:`~vlret.train.distributed.shutdown_distributed`)."""
+    try:
+        with Trainer(config, resume=resume) as trainer:
+            return trainer.fit()
+    finally:
+        shutdown_distributed()
