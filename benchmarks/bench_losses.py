@@ -1,9 +1,11 @@
 """Losses at scale (issue 8): forward+backward time and peak memory, dense vs tiled vs bare matmuls.
 
 For each batch size B (default 128, 1024, 8192, 32768, 65536; D=512, float32) and each loss
-(``infonce`` by default; ``unified``, ``triplet``, ``goal`` (cir, sig-ms) and ``adacl``
-(``AdaCLLoss`` in training mode, so each step includes its margin update; no queue) on
-request) this measures one training step (forward from the embeddings + backward to them) of:
+(``infonce`` by default; ``unified``, ``triplet``, ``goal`` (cir, sig-ms), ``adacl``
+(``AdaCLLoss`` in training mode, so each step includes its margin update; no queue) and
+``adacl-fixed`` (the same module in eval mode: Eq. 3 for the given margins m1=20, m2=0.1, what
+``tiled_adacl_loss`` computes) on request) this measures one training step (forward from the
+embeddings + backward to them) of:
 
 * ``dense``  the module without ``chunk_size`` (``InfoNCELoss()`` ...): ``S = X Y^T`` materialised
   and kept by autograd.
@@ -36,7 +38,8 @@ dense cannot run; tiled/dense <= 1.3x where dense fits; tiled/bare <= 1.6x at B 
 path <= 1.15x the bare functional at B=128.
 
     .venv/bin/python benchmarks/bench_losses.py [--batch 128 1024 8192 32768 65536] [--dim 512]
-        [--dtype float32|bfloat16] [--device cpu|cuda] [--loss infonce unified triplet goal adacl]
+        [--dtype float32|bfloat16] [--device cpu|cuda]
+        [--loss infonce unified triplet goal adacl adacl-fixed]
         [--chunk auto|N] [--repeats 3] [--time-budget 30] [--max-mem-gb G] [--threads N]
 """
 
@@ -56,9 +59,11 @@ import torch
 import torch.nn.functional as F
 
 from vlret.losses import AdaCLLoss, GoalObjective, InfoNCELoss, TripletLoss, UnifiedLoss
+from vlret.losses.adacl import adacl_loss
 from vlret.losses.goal import goal_objective
 from vlret.losses.infonce import infonce_loss
 from vlret.losses.tiled import (
+    tiled_adacl_loss,
     tiled_goal_objective,
     tiled_infonce_loss,
     tiled_triplet_loss,
@@ -67,13 +72,14 @@ from vlret.losses.tiled import (
 from vlret.losses.triplet import triplet_loss
 from vlret.losses.unified import unified_loss
 
-LOSSES = ("infonce", "unified", "triplet", "goal", "adacl")
+LOSSES = ("infonce", "unified", "triplet", "goal", "adacl", "adacl-fixed")
 CLASSES = {
     "infonce": InfoNCELoss,
     "unified": UnifiedLoss,
     "triplet": TripletLoss,
     "goal": GoalObjective,  # (cir, sig-ms)
     "adacl": AdaCLLoss,  # training mode: the margin update of every step included, no queue
+    "adacl-fixed": AdaCLLoss,  # eval mode: the loss for the given margins, no update
 }
 TEMPERATURE = 0.05  # InfoNCELoss default; also used for pml's NTXentLoss
 PML_MISSING = "not installed (pip install pytorch-metric-learning in the benchmark environment)"
@@ -85,7 +91,8 @@ MB = 1024**2
 
 
 def make_module(loss: str, chunk: int | None, normalize: bool = True) -> torch.nn.Module:
-    return CLASSES[loss](chunk_size=chunk, normalize=normalize)
+    module = CLASSES[loss](chunk_size=chunk, normalize=normalize)
+    return module.eval() if loss == "adacl-fixed" else module
 
 
 def bare_products(x: torch.Tensor, y: torch.Tensor, chunk: int) -> None:
@@ -259,12 +266,16 @@ def functional_pairs(loss: str, chunk: int):
             x, y, margin=0.2, hardest=True, chunk_size=chunk, reduction="sum", normalize=False
         ),
         "goal": lambda x, y: tiled_goal_objective(x, y, chunk_size=chunk, normalize=False),
+        "adacl-fixed": lambda x, y: tiled_adacl_loss(
+            x, y, m1=20.0, m2=0.1, chunk_size=chunk, normalize=False
+        ),
     }[loss]
     dense_fn = {
         "infonce": lambda x, y: infonce_loss(x @ y.t(), temperature=TEMPERATURE),
         "unified": lambda x, y: unified_loss(x @ y.t(), margin=0.2, gamma=60.0, reduction="sum"),
         "triplet": lambda x, y: triplet_loss(x @ y.t(), margin=0.2, hardest=True, reduction="sum"),
         "goal": lambda x, y: goal_objective(x @ y.t()),
+        "adacl-fixed": lambda x, y: adacl_loss(x @ y.t(), m1=20.0, m2=0.1),
     }[loss]
     tiled_mod = make_module(loss, chunk, normalize=False)
     dense_mod = make_module(loss, None, normalize=False)
@@ -416,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
             elif batch == 128:
                 over = module_overhead(loss, chunk, args.dim, dtype, device, args.overhead_repeats)
                 for form, (r, ms_mod, ms_fn) in over.items():
-                    name = f"{loss}_objective" if loss == "goal" else f"{loss}_loss"
+                    base = "adacl" if loss == "adacl-fixed" else loss
+                    name = f"{base}_objective" if loss == "goal" else f"{base}_loss"
                     name = f"tiled_{name}" if form == "tiled" else name
                     print(
                         f"    module/functional ({form}: {ms_mod:.2f} vs {ms_fn:.2f} ms, "

@@ -194,6 +194,49 @@ def test_one_exponential_and_careful_strips_mix_in_one_call(monkeypatch):
         _assert_close(g, w, rtol=0, atol=1e-10)
 
 
+def test_adacl_negatives_lse_mixes_one_exponential_and_careful_strips(monkeypatch):
+    """AdaCL's negatives: rows 0-7 clustered (fast strip even at scale 1000), rows 8-15 spread
+    (underflow: careful), rows 16-19 share one text id (columns 16-19 have no negative in
+    their strip: careful); values and gradients equal a naive masked log-sum-exp."""
+    import vlret.losses.tiled as tiled
+
+    starts = []
+    positives = tiled._positives
+    monkeypatch.setattr(
+        tiled, "_positives", lambda c, a, *r: starts.append(a) or positives(c, a, *r)
+    )
+    gen = torch.Generator().manual_seed(3)
+    u, v = torch.randn(2, 8, generator=gen, dtype=torch.float64)
+    noise = torch.randn(20, 8, generator=gen, dtype=torch.float64)
+    txt = (u + 0.01 * noise).requires_grad_()
+    img_rows = [v + 0.01 * noise[:8], torch.randn(12, 8, generator=gen, dtype=torch.float64)]
+    img = torch.cat(img_rows).requires_grad_()
+    ids = torch.cat([torch.arange(16), torch.full((4,), 16)])
+    codes = (ids, ids)
+    scale = 1000.0
+
+    def naive(x, y):
+        s = scale * x @ y.t()
+        neg = ids[:, None] != ids[None, :]
+        lowest = torch.finfo(s.dtype).min
+        rows = torch.stack([s[i][neg[i]].logsumexp(0) for i in range(20)])
+        cols = [
+            s[:, j][neg[:, j]].logsumexp(0) if neg[:, j].any() else s.new_tensor(lowest)
+            for j in range(20)
+        ]
+        return rows, torch.stack(cols)
+
+    gen_w = torch.Generator().manual_seed(5)
+    w_row, w_col = torch.randn(2, 20, generator=gen_w, dtype=torch.float64)
+    got = tiled._TiledNegativeLogSumExp.apply(img * scale, txt, *codes, 8)
+    assert starts == [8, 16]  # forward: the spread strip and the id strip only
+    want = naive(img, txt)
+    grads_got = torch.autograd.grad((got[0] * w_row).sum() + (got[1] * w_col).sum(), (img, txt))
+    grads_want = torch.autograd.grad((want[0] * w_row).sum() + (want[1] * w_col).sum(), (img, txt))
+    for a, b in zip((*got, *grads_got), (*want, *grads_want), strict=True):
+        _assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("name", sorted(LOSSES))
 @pytest.mark.parametrize("chunk_size", [1, 5, 37, 100])
 def test_any_chunk_size_and_raw_dot_products(name, chunk_size):

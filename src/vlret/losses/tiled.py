@@ -768,8 +768,16 @@ class _TiledNegativeLogSumExp(torch.autograd.Function):
     and every column's negatives, two ``(B,)`` outputs (``log Sigma`` of AdaCL Eq. 3).
 
     A line without negatives gives ``finfo.min`` (the dense sentinel), never ``-inf``. Saved for
-    backward: ``X, Y`` and the two vectors; the backward recomputes each strip's two softmaxes
-    and accumulates ``G = g_row[i] P_ij + g_col[j] Q_ij`` into ``dX`` and ``dY``.
+    backward: ``X, Y``, the two vectors and one shift per strip; the backward recomputes each
+    strip and accumulates ``G = g_row[i] P_ij + g_col[j] Q_ij`` into ``dX`` and ``dY``.
+
+    Speed as :class:`_TiledPairLogSumExp`: one exponential per entry, ``E = exp(s - K)`` (as
+    ``exp2``, positives zeroed) with a per-strip shift ``K`` (the norm bound when it leaves no
+    entry below ``e^{-47}``, else the strip's maximum), serves both directions, and the
+    backward's ``G`` is ``E_ij (a_i + b_j)`` with ``a_i = g_row[i] e^{K - row_i}``,
+    ``b_j = g_col[j] e^{K - col_j}``. A strip where some row or column sum of ``E`` falls below
+    ``_fast_floor`` (underflow, or a line of the strip without negatives) is computed the
+    careful way: one stable log-sum-exp per direction.
     """
 
     @staticmethod
@@ -777,14 +785,30 @@ class _TiledNegativeLogSumExp(torch.autograd.Function):
         batch = x.shape[0]
         codes = None if img_codes is None else (img_codes, txt_codes)
         lowest = torch.finfo(x.dtype).min
+        xc = x * _LOG2E
+        floor = _fast_floor(x.dtype)
+        bound = _LOG2E * x.norm(dim=1).max() * y.norm(dim=1).max()
+        data_shift = bool(2 * bound * _LN2 > -floor)
         row_lse = x.new_empty(batch)
         col_lse = x.new_full((batch,), lowest)
+        shifts: list[float | None] = []
+        buf = x.new_empty(min(chunk, batch), batch)  # one strip, reused
         for start, stop in _strips(batch, chunk):
+            e = torch.mm(xc[start:stop], y.t(), out=buf[: stop - start])
+            shift = e.max() if data_shift else bound
+            e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
+            log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
+            if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
+                row_lse[start:stop] = log_rows.add_(shift * _LN2)
+                col_lse = torch.logaddexp(col_lse, log_cols.add_(shift * _LN2))
+                shifts.append(float(shift))
+                continue
             pos = _positives(codes, start, stop, batch, x.device)
             a = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
             row_lse[start:stop] = a.logsumexp(1)
             col_lse = torch.logaddexp(col_lse, a.logsumexp(0))
-        ctx.chunk = chunk
+            shifts.append(None)
+        ctx.chunk, ctx.shifts = chunk, shifts
         ctx.save_for_backward(x, y, img_codes, txt_codes, row_lse, col_lse)
         return row_lse, col_lse
 
@@ -796,17 +820,30 @@ class _TiledNegativeLogSumExp(torch.autograd.Function):
         codes = None if img_codes is None else (img_codes, txt_codes)
         lowest = torch.finfo(x.dtype).min
         g_row, g_col = g_row.to(x.dtype), g_col.to(x.dtype)
+        xc = x * _LOG2E
         dx, dy = torch.zeros_like(x), torch.zeros_like(y)
-        for start, stop in _strips(batch, ctx.chunk):
-            pos = _positives(codes, start, stop, batch, x.device)
-            a = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
-            # Positives are zeroed explicitly: in a line without negatives they are exp(0) = 1.
-            grad_s = (a - row_lse[start:stop, None]).exp_().masked_fill_(pos, 0)
-            grad_s.mul_(g_row[start:stop, None])
-            col = a.sub_(col_lse[None, :]).exp_().masked_fill_(pos, 0).mul_(g_col[None, :])
-            grad_s += col
-            dx[start:stop] += grad_s @ y
-            dy += grad_s.t() @ x[start:stop]
+        buf = wbuf = None
+        for (start, stop), shift in zip(_strips(batch, ctx.chunk), ctx.shifts, strict=True):
+            n = stop - start
+            if shift is not None:
+                if buf is None:
+                    rows = min(ctx.chunk, batch)
+                    buf, wbuf = x.new_empty(rows, batch), x.new_empty(rows, batch)
+                e = torch.mm(xc[start:stop], y.t(), out=buf[:n])
+                e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
+                a = g_row[start:stop] * torch.exp(shift * _LN2 - row_lse[start:stop])
+                b = g_col * torch.exp(shift * _LN2 - col_lse)
+                grad_s = torch.add(a[:, None], b[None, :], out=wbuf[:n]).mul_(e)
+            else:
+                pos = _positives(codes, start, stop, batch, x.device)
+                t = (x[start:stop] @ y.t()).masked_fill_(pos, lowest)
+                # Positives are zeroed explicitly: in a line without negatives they are exp(0).
+                grad_s = (t - row_lse[start:stop, None]).exp_().masked_fill_(pos, 0)
+                grad_s.mul_(g_row[start:stop, None])
+                col = t.sub_(col_lse[None, :]).exp_().masked_fill_(pos, 0).mul_(g_col[None, :])
+                grad_s += col
+            dx[start:stop].addmm_(grad_s, y)
+            dy.addmm_(grad_s.t(), x[start:stop])
         return dx, dy, None, None, None
 
 
