@@ -472,7 +472,7 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop the DistributedDataParallel wrapper (the trainer stays usable on one process).
+        """Drop the DistributedDataParallel wrapper; call it when training is over.
 
         Its reducer must be gone before the interpreter exits or the process group is
         destroyed: with torch 2.13 and gloo a DDP object alive at exit sometimes aborts the
