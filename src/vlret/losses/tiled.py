@@ -1085,7 +1085,7 @@ class TiledAdaCLBatch:
         for start, stop, offset in self._row_blocks():  # pass 1: Eq. (7)
             s, other = self._scores(start, stop, offset)
             total[start:stop] += s.masked_fill_(other, 0).sum(1)
-            n_neg[start:stop] += s.shape[1] - other.sum(1).to(s.dtype)
+            n_neg[start:stop] += s.shape[1] - other.count_nonzero(1).to(s.dtype)
         salient = (diag - total / n_neg.clamp(min=1)).cpu().numpy()
         eligible = n_neg.cpu().numpy() >= 2
         if not eligible.any():
@@ -1115,7 +1115,7 @@ class TiledAdaCLBatch:
         blocks = list(self._row_blocks())
         for start, stop, offset in blocks:  # pass 2: |S*|, histogram or extremes
             delta, clone = clones(start, stop, offset)
-            counts.append(int(clone.sum()))
+            counts.append(int(clone.count_nonzero()))
             if selection == "median":
                 hist += _delta_bins(delta[clone], 0.0, width).bincount(minlength=_DELTA_BINS)
             elif selection in ("min", "max") and counts[-1]:
@@ -1156,15 +1156,24 @@ class TiledAdaCLBatch:
     def _median_pick(self, clones, blocks, hist: torch.Tensor, k: int, width: float) -> int:
         """Flat index of the clone with the ``k``-th smallest delta (first among equals).
 
-        Bin membership is always decided by the same ``_delta_bins`` formula (never by
-        comparing against bin edges), so histogram counts and the collected clones agree.
+        Bin membership is always decided by the same ``_delta_bins`` formula (bin edges only
+        preselect candidates from a band one bin wider on each side), so histogram counts and
+        the collected clones agree.
         """
         levels: list[tuple[float, float, int]] = []  # (low, width, bin) of each refinement
 
         def member(delta: torch.Tensor, clone: torch.Tensor) -> torch.Tensor:
-            keep = clone
+            """Flat indices of the strip's clones in the chosen bin of every level."""
+            # The first level's bin widened by one bin on each side (unbounded at the clamped
+            # ends) holds every member; the bin formula then decides on those candidates only
+            # (no integer copy of the whole strip).
+            low, w, b = levels[0]
+            lo = -math.inf if b == 0 else low + (b - 1) * w
+            hi = math.inf if b == _DELTA_BINS - 1 else low + (b + 2) * w
+            keep = (clone & (delta >= lo) & (delta <= hi)).flatten().nonzero()[:, 0]
+            flat = delta.flatten()
             for low, w, b in levels:
-                keep = keep & (_delta_bins(delta, low, w) == b)
+                keep = keep[_delta_bins(flat[keep], low, w) == b]
             return keep
 
         low = 0.0
@@ -1180,12 +1189,12 @@ class TiledAdaCLBatch:
             hist = torch.zeros_like(hist)
             for start, stop, offset in blocks:
                 delta, clone = clones(start, stop, offset)
-                inside = delta[member(delta, clone)]
+                inside = delta.flatten()[member(delta, clone)]
                 hist += _delta_bins(inside, low, width).bincount(minlength=_DELTA_BINS)
         values, flats = [], []
         for start, stop, offset in blocks:
             delta, clone = clones(start, stop, offset)
-            keep = member(delta, clone).flatten().nonzero()[:, 0]
+            keep = member(delta, clone)
             values.append(delta.flatten()[keep])
             flats.append(keep + offset)
         values, flats = torch.cat(values), torch.cat(flats)
