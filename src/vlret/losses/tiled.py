@@ -206,6 +206,22 @@ def _fast_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 40.0
 
 
+def _norm_shift(x: torch.Tensor, y: torch.Tensor, scale, floor: float) -> torch.Tensor | None:
+    """The fixed shift ``c max|x| max|y|`` (base-2 units) of ``exp(c s - K)`` strips when no
+    entry can fall below ``e^floor`` under it; ``None``: shift each strip by its maximum."""
+    bound = (scale * _LOG2E) * x.norm(dim=1).max() * y.norm(dim=1).max()
+    return None if bool(2 * bound * _LN2 > -floor) else bound
+
+
+def _exp_strip(xc, y, start: int, stop: int, codes: Codes, out: torch.Tensor, shift=None):
+    """``(E, K)``: ``E = 2^(xc y^T - K)`` of rows ``start:stop`` written into ``out``, the
+    positives zeroed; ``K = shift``, or the strip's maximum when ``shift`` is ``None``."""
+    e = torch.mm(xc[start:stop], y.t(), out=out[: stop - start])
+    if shift is None:
+        shift = e.max()
+    return _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0), shift
+
+
 class _TiledPairLogSumExp(torch.autograd.Function):
     """``reduce_i( log(1 + sum_neg exp(c (s_ij - s_ii + m_i))) + same over column i )``.
 
@@ -239,16 +255,13 @@ class _TiledPairLogSumExp(torch.autograd.Function):
         # exp2 is ~3x faster than exp on CPU: the exponents are kept in base-2 units.
         xc = x * (scale * _LOG2E)
         floor = _fast_floor(x.dtype)
-        bound = (scale * _LOG2E) * x.norm(dim=1).max() * y.norm(dim=1).max()
-        data_shift = bool(2 * bound * _LN2 > -floor)
+        fixed = _norm_shift(x, y, scale, floor)
         row_lse = x.new_empty(batch)
         col_lse = x.new_zeros(batch)  # log(1): the "1 +" term of every column
         shifts: list[float | None] = []
         buf = x.new_empty(min(chunk, batch), batch)  # one strip, reused (no page faults)
         for start, stop in _strips(batch, chunk):
-            e = torch.mm(xc[start:stop], y.t(), out=buf[: stop - start])
-            shift = e.max() if data_shift else bound
-            e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
+            e, shift = _exp_strip(xc, y, start, stop, codes, buf, fixed)
             log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
             if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
                 rows = log_rows.add_(shift * _LN2).sub_(offset[start:stop])
@@ -295,8 +308,7 @@ class _TiledPairLogSumExp(torch.autograd.Function):
                 e = getattr(ctx, "strip", None)
                 if e is None:
                     buf = x.new_empty(rows, batch) if buf is None else buf
-                    e = torch.mm(xc[start:stop], y.t(), out=buf[:n])
-                    e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
+                    e, _ = _exp_strip(xc, y, start, stop, codes, buf, shift)
                 a = gc[start:stop] * torch.exp(row_log[start:stop] + shift * _LN2)
                 b = gc * torch.exp(col_log + shift * _LN2)
                 grad_s = torch.add(a[:, None], b[None, :], out=wbuf[:n])
@@ -390,8 +402,8 @@ def tiled_infonce_loss(
     scale = 1.0 / _scale_tensor(temperature, x, "temperature")
     if anchors is not None:
         span = _check_anchors(anchors, x.shape[0])
-        terms = _anchor_terms(_TiledAnchorLogSumExp, x, y, codes, span, (scale, None), (chunk,))
-        return _reduce_anchors(terms, reduction, x.shape[0])
+        before = (scale, None)
+        return _anchor_loss(_TiledAnchorLogSumExp, x, y, codes, span, before, (chunk,), reduction)
     return _TiledPairLogSumExp.apply(x, y, scale, None, *_split_codes(codes), chunk, reduction)
 
 
@@ -440,10 +452,10 @@ def tiled_unified_loss(
     scale = torch.tensor(float(gamma), dtype=x.dtype, device=x.device)
     if anchors is not None:
         start, stop = _check_anchors(anchors, batch)
-        terms = _anchor_terms(
-            _TiledAnchorLogSumExp, x, y, codes, (start, stop), (scale, m[start:stop]), (chunk,)
-        )
-        return _reduce_anchors(terms, reduction, batch) / gamma
+        before = (scale, m[start:stop])
+        span = (start, stop)
+        out = _anchor_loss(_TiledAnchorLogSumExp, x, y, codes, span, before, (chunk,), reduction)
+        return out / gamma
     out = _TiledPairLogSumExp.apply(x, y, scale, m, *_split_codes(codes), chunk, reduction)
     return out / gamma
 
@@ -588,8 +600,8 @@ def tiled_triplet_loss(
     if anchors is not None:
         span = _check_anchors(anchors, x.shape[0])
         after = (chunk, bool(hardest))
-        terms = _anchor_terms(_TiledAnchorTriplet, x, y, codes, span, (float(margin),), after)
-        return _reduce_anchors(terms, reduction, x.shape[0])
+        before = (float(margin),)
+        return _anchor_loss(_TiledAnchorTriplet, x, y, codes, span, before, after, reduction)
     function = _TiledTripletHardest if hardest else _TiledTripletSum
     return function.apply(x, y, float(margin), *_split_codes(codes), chunk, reduction)
 
@@ -738,26 +750,22 @@ def _check_anchors(anchors, batch: int) -> tuple[int, int]:
     return int(anchors[0]), int(anchors[1])
 
 
-def _reduce_anchors(per_index: torch.Tensor, reduction: str, batch: int) -> torch.Tensor:
-    """``"mean"`` divides by the whole batch, so that the ranks' values sum to the batch mean."""
-    if reduction == "none":
-        return per_index
-    total = per_index.sum()
-    return total if reduction == "sum" else total / batch
-
-
-def _anchor_terms(function, x, y, codes, anchors, before, after) -> torch.Tensor:
+def _anchor_loss(function, x, y, codes, anchors, before, after, reduction) -> torch.Tensor:
     """Image anchors start:stop against all texts plus text anchors start:stop against all
-    images, per index (``(stop - start,)``); ``before``/``after`` are the Function's arguments
-    around ``(pair, anchor codes, candidate codes)``."""
+    images, per index (``(stop - start,)``) and then reduced; ``before``/``after`` are the
+    Function's arguments around ``(pair, anchor codes, candidate codes)``. ``"mean"`` divides
+    by the whole batch, so that the ranks' values sum to the batch mean."""
     start, stop = anchors
     pair = torch.arange(start, stop, device=x.device)
     img_codes, txt_codes = _split_codes(codes)
     local_img = None if img_codes is None else img_codes[start:stop]
     local_txt = None if txt_codes is None else txt_codes[start:stop]
     rows = function.apply(x[start:stop], y, *before, pair, local_img, txt_codes, *after)
-    cols = function.apply(y[start:stop], x, *before, pair, local_txt, img_codes, *after)
-    return rows + cols
+    per_index = rows + function.apply(y[start:stop], x, *before, pair, local_txt, img_codes, *after)
+    if reduction == "none":
+        return per_index
+    total = per_index.sum()
+    return total if reduction == "sum" else total / x.shape[0]
 
 
 # ----------------------------------------------------------------------------- AdaCL
@@ -787,16 +795,13 @@ class _TiledNegativeLogSumExp(torch.autograd.Function):
         lowest = torch.finfo(x.dtype).min
         xc = x * _LOG2E
         floor = _fast_floor(x.dtype)
-        bound = _LOG2E * x.norm(dim=1).max() * y.norm(dim=1).max()
-        data_shift = bool(2 * bound * _LN2 > -floor)
+        fixed = _norm_shift(x, y, 1.0, floor)
         row_lse = x.new_empty(batch)
         col_lse = x.new_full((batch,), lowest)
         shifts: list[float | None] = []
         buf = x.new_empty(min(chunk, batch), batch)  # one strip, reused
         for start, stop in _strips(batch, chunk):
-            e = torch.mm(xc[start:stop], y.t(), out=buf[: stop - start])
-            shift = e.max() if data_shift else bound
-            e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
+            e, shift = _exp_strip(xc, y, start, stop, codes, buf, fixed)
             log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
             if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
                 row_lse[start:stop] = log_rows.add_(shift * _LN2)
@@ -829,8 +834,7 @@ class _TiledNegativeLogSumExp(torch.autograd.Function):
                 if buf is None:
                     rows = min(ctx.chunk, batch)
                     buf, wbuf = x.new_empty(rows, batch), x.new_empty(rows, batch)
-                e = torch.mm(xc[start:stop], y.t(), out=buf[:n])
-                e = _fill_positives(e.sub_(shift).exp2_(), codes, start, 0.0)
+                e, _ = _exp_strip(xc, y, start, stop, codes, buf, shift)
                 a = g_row[start:stop] * torch.exp(shift * _LN2 - row_lse[start:stop])
                 b = g_col * torch.exp(shift * _LN2 - col_lse)
                 grad_s = torch.add(a[:, None], b[None, :], out=wbuf[:n]).mul_(e)
@@ -1405,6 +1409,6 @@ def tiled_goal_objective(
         span = _check_anchors(anchors, x.shape[0])
         batch_pos = (x * y).sum(1).detach()
         after = (chunk, cfg)
-        terms = _anchor_terms(_TiledAnchorGoal, x, y, codes, span, (batch_pos,), after)
-        return _reduce_anchors(terms, reduction, x.shape[0])
+        before = (batch_pos,)
+        return _anchor_loss(_TiledAnchorGoal, x, y, codes, span, before, after, reduction)
     return _TiledGoal.apply(x, y, *_split_codes(codes), chunk, cfg)
