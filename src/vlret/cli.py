@@ -69,7 +69,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
             raise SystemExit("vlret plot adacl-margins: --stats FILE is required")
         from .analysis.adacl_plots import plot_adacl_margins
 
-        paths = plot_adacl_margins(args.stats, args.out)
+        # A missing file or one without AdaCL margins: one line naming the file, exit 2.
+        try:
+            paths = plot_adacl_margins(args.stats, args.out)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"vlret plot: {err}", file=sys.stderr)
+            return 2
     for p in paths:
         print(p)
     return 0
@@ -85,11 +90,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         main = env_from_torchrun().is_main  # under torchrun only rank 0 reports
         config = load_config(args.config, args.set)
-        result = train(config, resume=args.resume)
+        result = train(config, resume=args.resume, overwrite=args.overwrite)
     except TrainingInterrupted as err:
         if main:
             command = resume_command(args.config, args.set, err.checkpoint)
             print(f"interrupted; resume with: {command}")
+        return 130
+    except KeyboardInterrupt:  # a second Ctrl-C outside a step (data loading, validation)
+        if main:
+            print("interrupted; the last checkpoint written (if any) is in the output folder")
         return 130
     except (ConfigError, DataFormatError, FileNotFoundError, ValueError) as err:
         print(f"vlret train: {err}", file=sys.stderr)
@@ -102,14 +111,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .train.evaluate import (
-        evaluate_checkpoint,
+        check_json_path,
         format_metrics_table,
         metrics_json,
+        protocol_title,
+        run_evaluation,
         write_metrics_json,
     )
 
     try:
-        metrics = evaluate_checkpoint(
+        if args.json is not None:  # before the (slow) evaluation, not after the table
+            check_json_path(args.json)
+        result = run_evaluation(
             args.checkpoint,
             data=args.data,
             split=args.split,
@@ -120,10 +133,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         print(f"vlret eval: {err}", file=sys.stderr)
         return 2
-    print(format_metrics_table(metrics, args.protocol))
+    title = protocol_title(args.protocol, args.split, result.n_images, result.n_texts)
+    print(format_metrics_table(result.metrics, args.protocol, title=title))
     if args.json is not None:
         record = metrics_json(
-            metrics, protocol=args.protocol, split=args.split, checkpoint=str(args.checkpoint)
+            result.metrics,
+            protocol=args.protocol,
+            split=args.split,
+            checkpoint=str(args.checkpoint),
+            title=title,
+            n_images=result.n_images,
+            n_texts=result.n_texts,
         )
         print(write_metrics_json(record, args.json))
     return 0
@@ -254,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config key (repeatable), e.g. --set optim.lr=1e-4",
     )
     train.add_argument("--resume", type=Path, help="checkpoint to continue from (last.pt)")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run that output_dir already holds (refused without this flag)",
+    )
     train.set_defaults(func=_cmd_train)
 
     from .train.evaluate import EVAL_SPLITS, PROTOCOLS

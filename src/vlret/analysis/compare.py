@@ -393,9 +393,11 @@ class ComparisonTrainer(Trainer):
         *,
         resume: str | Path | None = None,
         on_epoch: Callable[[int], None] | None = None,
+        overwrite: bool = False,
+        print_fn: Callable[[str], None] | None = None,
     ) -> None:
         self._on_epoch = on_epoch
-        super().__init__(config, resume=resume)
+        super().__init__(config, resume=resume, overwrite=overwrite, print_fn=print_fn)
 
     def validate(self) -> dict[str, float] | None:
         out = super().validate()
@@ -573,8 +575,10 @@ def execute_run(
     *,
     on_start: Callable[[int], None] | None = None,
     on_epoch: Callable[[int], None] | None = None,
+    print_fn: Callable[[str], None] | None = None,
 ) -> RunOutcome:
-    """Train (or resume, or read) one run and test it; see the module docstring."""
+    """Train (or resume, or read) one run and test it; see the module docstring.
+    ``print_fn`` receives the trainer's per-epoch summary lines."""
     from ..train.evaluate import evaluate_checkpoint, metrics_json
 
     run_dir = spec.run_dir
@@ -607,9 +611,11 @@ def execute_run(
 
     last = run_dir / "last.pt"
     resume = last if last.is_file() else None
-    if resume is None:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a run killed before any checkpoint
-    trainer = ComparisonTrainer(spec.config, resume=resume, on_epoch=on_epoch)
+    # Without last.pt the folder holds at most a run killed before its first checkpoint (its
+    # spec.json matched above): start it afresh.
+    trainer = ComparisonTrainer(
+        spec.config, resume=resume, on_epoch=on_epoch, overwrite=resume is None, print_fn=print_fn
+    )
     if on_start is not None:
         on_start(trainer.epoch)
     trainer.fit()
@@ -677,8 +683,9 @@ def run_all(
         bar: Any = tqdm(
             total=total, initial=done, unit="epoch", smoothing=0, dynamic_ncols=True, position=0
         )
+        write: Callable[[str], None] = tqdm.write  # above the bar
     else:
-        bar = _NullBar()
+        bar, write = _NullBar(), print
     outcomes = []
     try:
         for i, spec in enumerate(specs, start=1):
@@ -701,7 +708,15 @@ def run_all(
 
             if is_finished(spec):
                 bar.set_description(f"{name} (done)")
-            outcomes.append(execute_run(spec, settings, on_start=started, on_epoch=finished_epoch))
+            outcomes.append(
+                execute_run(
+                    spec,
+                    settings,
+                    on_start=started,
+                    on_epoch=finished_epoch,
+                    print_fn=lambda line, name=name: write(f"{name}: {line}"),
+                )
+            )
     finally:
         bar.close()
     return outcomes

@@ -9,58 +9,59 @@ A training checkpoint is a plain dict of tensors and Python primitives (so the s
 
 from __future__ import annotations
 
-import os
+import pickle
 import random
-import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._files import atomic_write
+
 CHECKPOINT_VERSION = 1
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write ``state`` to ``path`` atomically: temporary file in the same folder, fsync, rename.
+    """Write ``state`` to ``path`` atomically (:func:`vlret._files.atomic_write`): a reader, or a
+    run killed mid-write, sees the previous file or the new one, never a truncated file, and a
+    second Ctrl-C during the write is held back until the file is in place."""
+    return atomic_write(path, lambda fh: torch.save(state, fh))
 
-    A reader (or a run killed with SIGKILL mid-write) sees either the previous file or the new
-    one, never a truncated file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(dir_fd)
-    return path
+
+def _unreadable_reason(path: Path, err: BaseException) -> str:
+    """One line saying why ``torch.load`` failed, without torch's advice to unpickle unsafely."""
+    if not zipfile.is_zipfile(path):
+        return (
+            f"not a complete PyTorch checkpoint ({path.stat().st_size} bytes, no zip archive "
+            "directory at its end: another kind of file, or a truncated copy)"
+        )
+    if isinstance(err, pickle.UnpicklingError):
+        return (
+            "holds objects that the safe loader (weights_only=True) refuses; vlret checkpoints "
+            "hold only tensors and plain values"
+        )
+    first = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {first[0]}" if first else type(err).__name__
 
 
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint with the safe unpickler (``weights_only=True``)."""
+    """Read a checkpoint with the safe unpickler (``weights_only=True``); a missing, empty,
+    truncated or foreign file raises an error naming the file and what is wrong with it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: missing; expected a vlret checkpoint (.pt)")
+    if not path.is_file():
+        raise ValueError(f"{path}: is a folder; expected a vlret checkpoint file (.pt)")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: empty file (0 bytes); not a vlret checkpoint")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        raise ValueError(f"{path}: not a readable vlret checkpoint ({err})") from None
+        raise ValueError(
+            f"{path}: not a readable vlret checkpoint: {_unreadable_reason(path, err)}"
+        ) from None
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path}: not a vlret checkpoint (expected a dict with 'model')")
     return state

@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import re
 import shlex
 import sys
@@ -54,6 +55,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from torch import device as torch_device
+
+from .._files import atomic_write_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -168,6 +172,11 @@ class TrainConfig:
     ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the AdaCL memory
     queue (AdaCL: 0.99); ``None`` enqueues the online embeddings.
     ``max_steps_per_epoch`` truncates epochs (smoke tests, benchmarks).
+    ``last.pt`` is written at the end of every epoch, every ``checkpoint_every`` steps (0: off)
+    and every ``checkpoint_minutes`` of training (0: off), so a killed run loses at most that
+    much work; ``best.pt`` is written before ``last.pt`` (see :mod:`vlret.train.run_folder`).
+    ``device``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+    ``progress``: a per-batch progress bar; the per-epoch summary line is printed either way.
     """
 
     epochs: int
@@ -179,6 +188,7 @@ class TrainConfig:
     drop_last: bool = True
     log_every: int = 10
     checkpoint_every: int = 0
+    checkpoint_minutes: float = 10.0
     validate: bool = True
     eval_batch_size: int = 256
     all_negatives_epochs: int = 0
@@ -449,7 +459,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             raise ConfigError(source, section, "required section is missing")
     if "output_dir" not in raw:
         raise ConfigError(source, "output_dir", "required key is missing")
+    _check_finite(raw, source, "")
     output_dir = _check_type(raw["output_dir"], str, source, "output_dir")
+    if not output_dir.strip():
+        raise ConfigError(
+            source, "output_dir", "empty; expected a run folder (it would write into the cwd)"
+        )
     data = _build(DataConfig, raw["data"], source, "data")
     _check_choice(data.format, DATA_FORMATS, source, "data.format")
     train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
@@ -468,12 +483,27 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             "optim.grad_clip",
             f"expected a max gradient norm >= 0 (0 or null: no clipping), got {optim.grad_clip!r}",
         )
-    if len(optim.betas) != 2:
-        raise ConfigError(source, "optim.betas", f"expected two numbers, got {optim.betas!r}")
+    if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
+        raise ConfigError(
+            source, "optim.betas", f"expected two numbers in [0, 1), got {optim.betas!r}"
+        )
+    _check_at_least(optim, "optim", source, weight_decay=0.0, momentum=0.0, warmup_steps=0)
+    if optim.decay_factor <= 0:
+        raise ConfigError(
+            source, "optim.decay_factor", f"expected a positive number, got {optim.decay_factor!r}"
+        )
     train = _build(TrainConfig, raw["train"], source, "train")
-    for key in ("epochs", "batch_size"):
-        if getattr(train, key) < 1:
-            raise ConfigError(source, f"train.{key}", "expected a positive integer")
+    if train.epochs < 1:
+        raise ConfigError(source, "train.epochs", "expected a positive integer")
+    if train.batch_size < 2:
+        raise ConfigError(
+            source,
+            "train.batch_size",
+            f"expected an integer >= 2 (a batch needs negatives), got {train.batch_size!r}",
+        )
+    _check_at_least(train, "train", source, log_every=0, checkpoint_every=0, checkpoint_minutes=0.0)
+    _check_at_least(train, "train", source, eval_batch_size=1, max_steps_per_epoch=1)
+    _check_device_name(train.device, source)
     if train.all_negatives_epochs < 0:
         raise ConfigError(source, "train.all_negatives_epochs", "expected an integer >= 0")
     if train.all_negatives_epochs:
@@ -491,6 +521,37 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         output_dir=output_dir,
         source=source,
     )
+
+
+def _check_finite(node: Any, source: str, prefix: str) -> None:
+    """Every number in the raw config is finite (``lr = inf`` or ``nan`` name their key)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, source, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_finite(v, source, f"{prefix}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(source, prefix, f"expected a finite number, got {node!r}")
+
+
+def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:
+    for key, minimum in minimums.items():
+        value = getattr(obj, key)
+        if value is not None and value < minimum:
+            raise ConfigError(source, f"{section}.{key}", f"expected >= {minimum}, got {value!r}")
+
+
+def _check_device_name(device: str, source: str) -> None:
+    """``auto`` or a torch device string (whether it exists is checked when training starts)."""
+    if device == "auto":
+        return
+    try:
+        torch_device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            source, "train.device", f"expected auto, cpu, cuda or cuda:N, got {device!r}"
+        ) from None
 
 
 def _check_msrvtt_dev_split(
@@ -536,8 +597,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 def save_config(config: RunConfig, path: str | Path) -> Path:
     """Write the resolved config as YAML (loadable by :func:`load_config`)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -109,6 +109,33 @@ def init_distributed(*, backend: str | None = None) -> DistEnv:
     return env
 
 
+def resolve_device(name: str, *, local_rank: int = 0) -> torch.device:
+    """``auto`` (this rank's GPU when CUDA is available, else the CPU), ``cpu``, ``cuda`` or
+    ``cuda:N``; a malformed name or a device this machine lacks raises ``ValueError``."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {name!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
+            raise ValueError(
+                f"{name!r} requested but CUDA is not available (torch {torch.__version__}: "
+                f"{build}); use auto or cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{name!r} requested but only {torch.cuda.device_count()} GPU(s) are visible"
+            )
+    elif device.type not in ("cpu", "cuda"):
+        raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {name!r}")
+    return device
+
+
 def shutdown_distributed() -> None:
     """Destroy the default process group if :func:`init_distributed` created it.
 

@@ -29,6 +29,7 @@ dual-encoding video-to-text definition of MSR-VTT full.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .._files import atomic_write_text
 from ..data import RetrievalDataset
 from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from .builders import build_dataset, encoder_from_state, eval_data_config
 from .checkpoint import load_checkpoint
 from .config import config_from_dict
+from .distributed import resolve_device
 
 PROTOCOLS = ("f30k", "coco1k", "coco5k", "msrvtt-full", "msrvtt-1ka")
 EVAL_SPLITS = ("test", "testall", "dev")
@@ -61,6 +64,36 @@ _TITLES = {
     "msrvtt-full": "MSR-VTT full test (v2t: best of each video's captions)",
     "msrvtt-1ka": "MSR-VTT 1k-A test",
 }
+#: protocol -> (name, the papers' test splits, their number of images / videos and texts)
+_PAPER_SETS: dict[str, tuple[str, tuple[str, ...], int, int]] = {
+    "f30k": ("Flickr30K 1K", ("test",), 1000, 5000),
+    "coco1k": ("MS-COCO 5-fold 1K", ("testall", "test"), 5000, 25000),
+    "coco5k": ("MS-COCO 5K", ("testall", "test"), 5000, 25000),
+    "msrvtt-full": ("MSR-VTT full", ("test",), 2990, 59800),
+    "msrvtt-1ka": ("MSR-VTT 1k-A", ("test",), 1000, 1000),
+}
+
+
+@dataclass
+class Evaluation:
+    """What :func:`run_evaluation` measured: the metrics and the size of the scored split."""
+
+    metrics: RetrievalMetrics
+    n_images: int
+    n_texts: int
+
+
+def protocol_title(protocol: str, split: str | None, n_images: int, n_texts: int) -> str:
+    """The table title: the paper's label only when ``split`` and the sizes are the paper's
+    test set; otherwise what was actually scored, marked as not the paper's set."""
+    name, splits, paper_images, paper_texts = _PAPER_SETS[check_protocol(protocol)]
+    if split in splits and (n_images, n_texts) == (paper_images, paper_texts):
+        return _TITLES[protocol]
+    folds = f", 5 folds of {n_images // 5} images" if protocol == "coco1k" else ""
+    return (
+        f"{name} protocol on {split or 'a'} split of {n_images} images x {n_texts} texts{folds} "
+        f"(not the paper's test set: {'/'.join(splits)}, {paper_images} x {paper_texts})"
+    )
 
 
 def check_protocol(protocol: str) -> str:
@@ -155,9 +188,12 @@ def protocol_metrics(
     return retrieval_metrics(img_emb, txt_emb, txt_to_img)
 
 
-def format_metrics_table(metrics: RetrievalMetrics, protocol: str) -> str:
-    """The paper-style table: R@1/5/10 both directions, rsum, medr (and each COCO fold)."""
-    lines = [metrics.format_table(_TITLES[protocol])]
+def format_metrics_table(
+    metrics: RetrievalMetrics, protocol: str, *, title: str | None = None
+) -> str:
+    """The paper-style table: R@1/5/10 both directions, rsum, medr (and each COCO fold);
+    ``title`` defaults to the protocol's paper label (see :func:`protocol_title`)."""
+    lines = [metrics.format_table(title if title is not None else _TITLES[protocol])]
     for k, fold in enumerate(metrics.folds):
         row = fold.format_table().splitlines()[-1]
         lines.append(f"{row}   (fold {k + 1})")
@@ -200,6 +236,26 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     device: str = "auto",
 ) -> RetrievalMetrics:
+    """The metrics of :func:`run_evaluation`."""
+    return run_evaluation(
+        checkpoint,
+        data=data,
+        split=split,
+        protocol=protocol,
+        batch_size=batch_size,
+        device=device,
+    ).metrics
+
+
+def run_evaluation(
+    checkpoint: str | Path,
+    *,
+    data: str | Path,
+    split: str,
+    protocol: str,
+    batch_size: int = 256,
+    device: str = "auto",
+) -> Evaluation:
     """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``.
 
     ``data`` replaces the training data paths (for Karpathy data: the JSON and the image
@@ -210,11 +266,12 @@ def evaluate_checkpoint(
         raise ValueError(f"split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
     if not Path(data).exists():
         raise FileNotFoundError(f"{data}: missing; expected the data folder of the test split")
-    dev = torch.device(
-        "cuda"
-        if device == "auto" and torch.cuda.is_available()
-        else ("cpu" if device == "auto" else device)
-    )
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    try:
+        dev = resolve_device(device)
+    except ValueError as err:
+        raise ValueError(f"device: {err}") from None
     model, config, encoder = load_trained_model(checkpoint, device=dev)
     check_eval_split(protocol, split, config.data.format)
     data_cfg = eval_data_config(config.data, data)
@@ -227,11 +284,24 @@ def evaluate_checkpoint(
     img, txt = encode_dataset(
         model, dataset, batch_size=batch_size, device=dev, normalize=normalize
     )
-    return protocol_metrics(img, txt, dataset.txt_to_img, protocol)
+    metrics = protocol_metrics(img, txt, dataset.txt_to_img, protocol)
+    return Evaluation(metrics, n_images=int(img.shape[0]), n_texts=int(txt.shape[0]))
+
+
+def check_json_path(path: str | Path) -> Path:
+    """Refuse a ``--json`` target that cannot be written (a folder, a file in a file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: --json is a folder; expected a file path such as {path}/m.json")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{path}: --json cannot be written ({parent} is a file)")
+    return path
 
 
 def write_metrics_json(record: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
+    path = check_json_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return path
+    return atomic_write_text(path, json.dumps(record, indent=2) + "\n")

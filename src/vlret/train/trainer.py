@@ -3,7 +3,9 @@
 ``Trainer(config).fit()`` trains ``vlret.models.build_model(config.model)`` with the registered
 loss ``config.loss.name``; the output folder receives ``config.yaml`` (resolved config),
 ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every ``checkpoint_every`` steps,
-and on Ctrl-C) and ``best.pt`` (best dev rsum on the first 1000 images / 5000 captions).
+every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and ``best.pt`` (best dev rsum on the
+first 1000 images / 5000 captions, written before ``last.pt``). The folder rules (no training
+into another run's folder, what a resumed config may change) are in :mod:`.run_folder`.
 
 Exact resume: the batch order of epoch ``e`` is a function of ``seed + e`` only, and a
 checkpoint holds every other piece of state that a step reads (weights, optimiser, schedule,
@@ -14,15 +16,11 @@ therefore ends with bit-identical weights to the uninterrupted run.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import json
 import math
 import random
-import signal
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +46,6 @@ from .builders import (
 from .checkpoint import (
     CHECKPOINT_VERSION,
     capture_rng_state,
-    load_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
@@ -60,9 +57,19 @@ from .distributed import (
     gather_sum_grad,
     gather_with_grad,
     init_distributed,
+    resolve_device,
     shutdown_distributed,
 )
 from .evaluate import encode_dataset
+from .run_folder import (
+    RunFolderError,
+    check_resume_config,
+    prepare_run_folder,
+    read_state,
+    restore_best,
+)
+from .run_log import LOG_FILE, append_record, batch_similarity_stats, truncate_log
+from .schedule import StepDecayWarmup, interrupt_flag
 from .warmup import set_all_negatives
 
 
@@ -84,127 +91,51 @@ class TrainResult:
     best_checkpoint: Path | None
 
 
-class StepDecayWarmup:
-    """Learning rate ``base * decay_factor ** #(decay_epochs <= epoch)``, times a linear warm-up
-    ``min(1, (step + 1) / warmup_steps)`` over the first optimisation steps."""
-
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        *,
-        decay_epochs: list[int],
-        decay_factor: float = 0.1,
-        warmup_steps: int = 0,
-    ) -> None:
-        self.optimizer = optimizer
-        self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        self.decay_epochs = sorted(int(e) for e in decay_epochs)
-        self.decay_factor = float(decay_factor)
-        self.warmup_steps = int(warmup_steps)
-
-    def factor(self, *, epoch: int, step: int) -> float:
-        decays = sum(1 for e in self.decay_epochs if e <= epoch)
-        f = self.decay_factor**decays
-        if self.warmup_steps > 0:
-            f *= min(1.0, (step + 1) / self.warmup_steps)
-        return f
-
-    def apply(self, *, epoch: int, step: int) -> float:
-        f = self.factor(epoch=epoch, step=step)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * f
-        return self.base_lrs[0] * f
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "base_lrs": list(self.base_lrs),
-            "decay_epochs": list(self.decay_epochs),
-            "decay_factor": self.decay_factor,
-            "warmup_steps": self.warmup_steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.base_lrs = [float(v) for v in state["base_lrs"]]
-        self.decay_epochs = [int(e) for e in state["decay_epochs"]]
-        self.decay_factor = float(state["decay_factor"])
-        self.warmup_steps = int(state["warmup_steps"])
-
-
-@contextlib.contextmanager
-def _interrupt_flag() -> Iterator[dict[str, bool]]:
-    """SIGINT / SIGTERM set a flag that the loop checks between steps (a second one raises)."""
-    flag = {"set": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum, frame):  # noqa: ARG001
-        if flag["set"]:
-            raise KeyboardInterrupt
-        flag["set"] = True
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
-def batch_similarity_stats(
-    img_emb: torch.Tensor, txt_emb: torch.Tensor, ids: torch.Tensor
-) -> dict[str, float]:
-    """Mean cosine of the positive pairs and mean hardest-negative cosine (both directions)."""
-    with torch.no_grad():
-        sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
-        pos = ids[:, None] == ids[None, :]
-        neg = sim.masked_fill(pos, -math.inf)
-        hardest_i2t = neg.amax(dim=1)
-        hardest_t2i = neg.amax(dim=0)
-        finite = torch.cat([hardest_i2t, hardest_t2i])
-        finite = finite[torch.isfinite(finite)]
-        return {
-            "pos_sim": float(sim.diagonal().mean()),
-            "hardest_neg_sim": float(finite.mean()) if finite.numel() else float("nan"),
-        }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 class Trainer:
     """Builds everything from a :class:`RunConfig` and runs :meth:`fit`."""
 
-    def __init__(self, config: RunConfig, *, resume: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        resume: str | Path | None = None,
+        overwrite: bool = False,
+        print_fn: Callable[[str], None] | None = print,
+    ) -> None:
+        """``resume``: a ``last.pt`` (or ``best.pt``) to continue exactly; ``overwrite``: replace
+        the run that ``config.output_dir`` holds (refused otherwise, see
+        :mod:`vlret.train.run_folder`); ``print_fn``: where the per-epoch summary line goes on
+        rank 0 (None: nowhere)."""
         self.config = config
         tc = config.train
         self.env = init_distributed()
         self.world = self.env.world_size
         self.is_main = self.env.is_main
-        if tc.device == "auto":
-            self.device = (
-                torch.device("cuda", self.env.local_rank)
-                if torch.cuda.is_available()
-                else torch.device("cpu")
-            )
-        else:
-            self.device = torch.device(tc.device)
+        self.print_fn = print_fn if self.is_main else None
+        try:
+            self.device = resolve_device(tc.device, local_rank=self.env.local_rank)
+        except ValueError as err:
+            raise ConfigError(config.source, "train.device", str(err)) from None
+        # Folder and checkpoint problems before the (slow) vocabulary and data.
+        self.output_dir = prepare_run_folder(
+            config.output_dir, resume=resume, overwrite=overwrite, create=self.is_main
+        )
+        resume_state = None
+        if resume is not None:
+            resume_state = read_state(resume, self.device)
+            check_resume_config(resume_state.get("config"), config.to_dict(), resume)
         self.amp = bool(tc.amp and self.device.type == "cuda")
         if tc.deterministic and self.device.type == "cuda":
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
         seed_everything(tc.seed)
 
-        self.output_dir = Path(config.output_dir)
         check_model_config(config)  # model-section errors before the (slow) vocabulary
         self.encoder = build_encoder(config.data, model=config.model, source=config.source)
         self.vocab_size = vocab_size(self.encoder)
@@ -273,10 +204,11 @@ class Trainer:
         self.batch_in_epoch = 0
         self.step = 0
         self.best_rsum: float | None = None
+        self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
         self.epoch_batches = 0
-        if resume is not None:
-            self._load(resume)
+        if resume is not None and resume_state is not None:
+            self._load(resume, resume_state)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -311,6 +243,7 @@ class Trainer:
             "batch_in_epoch": self.batch_in_epoch,
             "step": self.step,
             "best_rsum": self.best_rsum,
+            "best_epoch": self.best_epoch,
             "epoch_loss_sum": self.epoch_loss_sum,
             "epoch_batches": self.epoch_batches,
             "world_size": self.world,
@@ -319,14 +252,17 @@ class Trainer:
             "vocab_size": self.vocab_size,
         }
 
-    def _load(self, path: str | Path) -> None:
-        state = load_checkpoint(path, map_location=self.device)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.loss_fn.load_state_dict(state["loss"])
+    def _load(self, path: str | Path, state: dict[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            if state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            self.loss_fn.load_state_dict(state["loss"])
+        except (RuntimeError, KeyError, ValueError) as err:  # e.g. another vocabulary size
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RunFolderError(f"{path}: does not fit this run's model ({first})") from None
         if self.momentum_encoder is not None:
             if state.get("momentum_encoder") is None:
                 raise ValueError(f"{path}: holds no momentum encoder but the config uses one")
@@ -336,38 +272,27 @@ class Trainer:
         self.batch_in_epoch = int(state["batch_in_epoch"])
         self.step = int(state["step"])
         self.best_rsum = state["best_rsum"]
+        self.best_epoch = state.get("best_epoch")
         self.epoch_loss_sum = float(state["epoch_loss_sum"])
         self.epoch_batches = int(state["epoch_batches"])
         if self.is_main:
-            self._truncate_log()
+            log = self.output_dir / LOG_FILE
+            source_log = Path(path).parent / LOG_FILE
+            if not log.exists() and source_log.is_file():  # resumed into another folder
+                log.write_bytes(source_log.read_bytes())
+            truncate_log(log, step=self.step, epoch=self.epoch)
+            note = restore_best(path, state, self.output_dir)
+            if note and self.print_fn is not None:
+                self.print_fn(note)
 
-    def _truncate_log(self) -> None:
-        """Drop records written after the checkpoint (by a run killed before its next one)."""
-        log = self.output_dir / "metrics.jsonl"
-        if not log.is_file():
-            return
-        kept = []
-        for line in log.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by SIGKILL
-            if rec.get("step", 0) <= self.step and not (
-                rec.get("kind") == "epoch" and rec.get("epoch", -1) >= self.epoch
-            ):
-                kept.append(line)
-        log.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.is_main:
+            append_record(self.output_dir / LOG_FILE, record)
 
     def save(self, name: str = "last.pt") -> Path | None:
         if not self.is_main:
             return None
         return save_checkpoint(self.state_dict(), self.output_dir / name)
-
-    def _log(self, record: dict[str, Any]) -> None:
-        if not self.is_main:
-            return
-        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -499,68 +424,14 @@ class Trainer:
         last = self.output_dir / "last.pt"
         # Without a dev set (validate off, dev_split null, MSR-VTT 1k-A) best.pt = last epoch.
         best_path: Path | None = self.output_dir / "best.pt"
-        with _interrupt_flag() as flag:
+        with interrupt_flag() as flag:
+            self._check_stop(flag)  # a signal that came while the data was loading
             while self.epoch < tc.epochs:
-                self._set_epoch_schedule()
-                self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
-                loader = DataLoader(
-                    self.train_set,
-                    batch_sampler=self.sampler,
-                    collate_fn=self.train_set.collate,
-                    num_workers=self.config.data.num_workers,
-                    # Its own generator: creating an iterator must not draw from the global
-                    # torch RNG, or a resumed epoch would shift the model's random stream.
-                    generator=torch.Generator().manual_seed(tc.seed + self.epoch),
-                )
-                self.ddp_model.train()
-                self.loss_fn.train()
-                t_epoch = time.perf_counter()
-                t_log, n_log = time.perf_counter(), 0
-                bar = self._progress(loader)
-                for batch in bar:
-                    loss, ctx = self.train_step(batch)
-                    self.batch_in_epoch += 1
-                    self.epoch_loss_sum += loss
-                    self.epoch_batches += 1
-                    n_log += len(batch.img_index) * self.world
-                    if tc.log_every and self.step % tc.log_every == 0:
-                        now = time.perf_counter()
-                        rate = n_log / max(now - t_log, 1e-9)
-                        self._log_step(loss, ctx, rate)
-                        if hasattr(bar, "set_postfix"):
-                            bar.set_postfix(loss=f"{loss:.4g}", pairs_per_s=f"{rate:.0f}")
-                        t_log, n_log = now, 0
-                    if self._stop_requested(flag):
-                        path = self.save()
-                        raise TrainingInterrupted(path)
-                    if tc.checkpoint_every and self.step % tc.checkpoint_every == 0:
-                        self.save()
-                train_loss = self.epoch_loss_sum / max(self.epoch_batches, 1)
-                dev = self.validate() if self.is_main else None
-                improved = False
-                if dev is not None and (self.best_rsum is None or dev["rsum"] > self.best_rsum):
-                    self.best_rsum, improved = dev["rsum"], True
-                finished_epoch = self.epoch
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                self.epoch_loss_sum, self.epoch_batches = 0.0, 0
-                self._log(
-                    {
-                        "kind": "epoch",
-                        "epoch": finished_epoch,
-                        "step": self.step,
-                        "train_loss": train_loss,
-                        "lr": self.optimizer.param_groups[0]["lr"],
-                        "time_s": time.perf_counter() - t_epoch,
-                        "best_rsum": self.best_rsum,
-                        **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
-                    }
-                )
-                self.save()
-                if improved or (self.dev_set is None and self.epoch == tc.epochs):
-                    self.save("best.pt")
+                self._train_epoch(flag)
+                self._end_epoch()
                 if self.world > 1:
                     dist.barrier()
+                self._check_stop(flag)
         return TrainResult(
             output_dir=self.output_dir,
             epochs_done=self.epoch,
@@ -569,6 +440,106 @@ class Trainer:
             last_checkpoint=last,
             best_checkpoint=best_path,
         )
+
+    def _train_epoch(self, flag: dict[str, bool]) -> None:
+        tc = self.config.train
+        self._set_epoch_schedule()
+        self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
+        loader = DataLoader(
+            self.train_set,
+            batch_sampler=self.sampler,
+            collate_fn=self.train_set.collate,
+            num_workers=self.config.data.num_workers,
+            # Its own generator: creating an iterator must not draw from the global
+            # torch RNG, or a resumed epoch would shift the model's random stream.
+            generator=torch.Generator().manual_seed(tc.seed + self.epoch),
+        )
+        self.ddp_model.train()
+        self.loss_fn.train()
+        self._t_epoch = time.perf_counter()
+        t_log, n_log = time.perf_counter(), 0
+        t_saved = time.monotonic()
+        bar = self._progress(loader)
+        for batch in bar:
+            loss, ctx = self.train_step(batch)
+            self.batch_in_epoch += 1
+            self.epoch_loss_sum += loss
+            self.epoch_batches += 1
+            n_log += len(batch.img_index) * self.world
+            if tc.log_every and self.step % tc.log_every == 0:
+                now = time.perf_counter()
+                rate = n_log / max(now - t_log, 1e-9)
+                self._log_step(loss, ctx, rate)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{loss:.4g}", pairs_per_s=f"{rate:.0f}")
+                t_log, n_log = now, 0
+            self._check_stop(flag)
+            due = tc.checkpoint_every and self.step % tc.checkpoint_every == 0
+            if tc.checkpoint_minutes and time.monotonic() - t_saved >= 60 * tc.checkpoint_minutes:
+                due = True
+            if due:
+                self.save()
+                t_saved = time.monotonic()
+        if hasattr(bar, "close"):
+            bar.close()
+
+    def _end_epoch(self) -> None:
+        """Validate, log, print the summary line and write the checkpoints: ``best.pt`` (when
+        the dev rsum improved) before ``last.pt``, so a kill between the two never leaves a
+        ``last.pt`` that claims a best epoch ``best.pt`` does not hold."""
+        tc = self.config.train
+        train_loss = self.epoch_loss_sum / max(self.epoch_batches, 1)
+        dev = self.validate() if self.is_main else None
+        improved = False
+        if dev is not None and (self.best_rsum is None or dev["rsum"] > self.best_rsum):
+            self.best_rsum, self.best_epoch, improved = dev["rsum"], self.epoch, True
+        finished_epoch = self.epoch
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.epoch_loss_sum, self.epoch_batches = 0.0, 0
+        seconds = time.perf_counter() - self._t_epoch
+        self._log(
+            {
+                "kind": "epoch",
+                "epoch": finished_epoch,
+                "step": self.step,
+                "train_loss": train_loss,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "time_s": seconds,
+                "best_rsum": self.best_rsum,
+                "best_epoch": self.best_epoch,
+                **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
+            }
+        )
+        if self.print_fn is not None:
+            self.print_fn(self._summary_line(finished_epoch, train_loss, dev, seconds))
+        if self.dev_set is None and self.epoch == tc.epochs:
+            self.best_epoch, improved = finished_epoch, True
+        if improved:
+            self.save("best.pt")
+        self.save()
+
+    def _summary_line(
+        self, epoch: int, train_loss: float, dev: dict[str, float] | None, seconds: float
+    ) -> str:
+        line = f"epoch {epoch + 1}/{self.config.train.epochs}: loss {train_loss:.4g}"
+        if dev is not None:
+            best = f"{self.best_rsum:.2f}" if self.best_rsum is not None else "-"
+            at = f" at epoch {self.best_epoch + 1}" if self.best_epoch is not None else ""
+            line += f", dev rsum {dev['rsum']:.2f} (best {best}{at})"
+        return f"{line}, {seconds:.1f} s"
+
+    def _check_stop(self, flag: dict[str, bool]) -> None:
+        """After Ctrl-C / SIGTERM: write ``last.pt`` (a second signal meanwhile is ignored)
+        and raise :class:`TrainingInterrupted`."""
+        if not self._stop_requested(flag):
+            return
+        flag["saving"] = True
+        try:
+            path = self.save()
+        finally:
+            flag["saving"] = False
+        raise TrainingInterrupted(path)
 
     def _progress(self, loader: DataLoader):
         show = self.config.train.progress and self.is_main
@@ -609,11 +580,13 @@ class Trainer:
         self._log(record)
 
 
-def train(config: RunConfig, *, resume: str | Path | None = None) -> TrainResult:
+def train(
+    config: RunConfig, *, resume: str | Path | None = None, overwrite: bool = False
+) -> TrainResult:
     """Build a :class:`Trainer`, run it, then release the DDP wrapper and the process group
     this call created (:func:`~vlret.train.distributed.shutdown_distributed`)."""
     try:
-        with Trainer(config, resume=resume) as trainer:
+        with Trainer(config, resume=resume, overwrite=overwrite) as trainer:
             return trainer.fit()
     finally:
         shutdown_distributed()

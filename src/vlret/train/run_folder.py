@@ -1,0 +1,212 @@
+"""The run folder: what may be written where, and what a resumed run must agree with.
+
+A run folder (``output_dir``) holds :data:`RUN_FILES`. Rules:
+
+* an empty ``output_dir``, a path that is a file, or a folder that cannot be written is refused
+  before any data is read;
+* a folder that already holds a run is refused unless the run resumes from a checkpoint of that
+  folder, or ``overwrite`` is set (the old run's files are then deleted first, so no record of
+  it is mixed into the new one);
+* temporary files left by a killed atomic write are removed;
+* a resumed run must have the checkpoint's model, loss, optimiser and batch schedule
+  (:data:`FROZEN_KEYS`); other keys (epochs, logging, device, data location) may change.
+
+Checkpoint order: at the end of an epoch that improves the dev rsum ``best.pt`` is written
+before ``last.pt``, and both record ``best_epoch``. A kill between the two leaves ``best.pt``
+ahead of ``last.pt``; the resumed run repeats the epoch exactly and writes it again. A
+``best.pt`` that is missing or behind the checkpoint's ``best_epoch`` (resuming into another
+folder, or an older vlret) is restored by :func:`restore_best` where the data allow.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._files import remove_stale_temporaries
+from .checkpoint import load_checkpoint
+
+RUN_FILES = ("config.yaml", "vocab.json", "metrics.jsonl", "last.pt", "best.pt")
+
+#: Dotted config keys (a section name covers all its keys) that a resumed run cannot change.
+FROZEN_KEYS = (
+    "model",
+    "loss",
+    "optim",
+    "train.batch_size",
+    "train.seed",
+    "train.all_negatives_epochs",
+    "train.momentum_encoder",
+    "train.drop_last",
+    "data.format",
+    "data.train_split",
+    "data.vocab",
+    "data.tokenizer",
+    "data.min_count",
+    "data.captions_per_image",
+    "data.captions_per_video",
+    "data.protocol",
+)
+
+
+class RunFolderError(ValueError):
+    """An output folder or a resume that would lose or mix up a run's files."""
+
+
+def prepare_run_folder(
+    output_dir: str | Path,
+    *,
+    resume: str | Path | None = None,
+    overwrite: bool = False,
+    create: bool = True,
+) -> Path:
+    """Check (and with ``create`` make) ``output_dir`` for a run; see the module docstring.
+
+    ``create=False`` only checks (the ranks of a distributed run other than rank 0).
+    """
+    folder = Path(output_dir)
+    if not str(output_dir).strip():
+        raise RunFolderError("output_dir is empty; expected a run folder")
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"{folder}: output_dir is a file, not a folder")
+    found = [name for name in RUN_FILES if (folder / name).exists()]
+    same_run = resume is not None and _same_folder(Path(resume).parent, folder)
+    if found and not overwrite and not same_run:
+        hint = (
+            "it is not the folder of the resumed checkpoint"
+            if resume is not None
+            else f"continue it with --resume {folder / 'last.pt'}"
+        )
+        raise RunFolderError(
+            f"{folder}: holds another run ({', '.join(found)}); {hint}, replace it with "
+            "--overwrite, or choose another output_dir"
+        )
+    if not create:
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise RunFolderError(
+            f"{folder}: cannot write the output folder ({err.strerror or err})"
+        ) from None
+    if overwrite and not same_run:
+        for name in found:
+            (folder / name).unlink()
+    remove_stale_temporaries(folder, RUN_FILES)
+    return folder
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:  # pragma: no cover
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Resume
+# --------------------------------------------------------------------------------------------
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def _frozen(key: str) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in FROZEN_KEYS)
+
+
+def changed_frozen_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys under :data:`FROZEN_KEYS` whose values differ between two configs in the
+    file layout (``RunConfig.to_dict()``); a key missing on one side counts as changed."""
+    a, b = _flatten(stored), _flatten(current)
+    return sorted(k for k in set(a) | set(b) if _frozen(k) and a.get(k, "<unset>") != b.get(k))
+
+
+def check_resume_config(
+    stored: dict[str, Any] | None, current: dict[str, Any], checkpoint: str | Path
+) -> None:
+    """Refuse to resume ``checkpoint`` (whose run config is ``stored``) with a config that
+    changes the model, the loss, the optimiser or the batch schedule, naming the keys."""
+    if stored is None:
+        raise RunFolderError(f"{checkpoint}: holds no run config; not a `vlret train` checkpoint")
+    keys = changed_frozen_keys(stored, current)
+    if not keys:
+        return
+    a, b = _flatten(stored), _flatten(current)
+    shown = "; ".join(f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys[:6])
+    more = f" (and {len(keys) - 6} more)" if len(keys) > 6 else ""
+    raise RunFolderError(
+        f"{checkpoint}: this run's config differs from the checkpoint's in {shown}{more}; a "
+        "resumed run must keep its model, loss, optimiser and batch schedule (start a new run "
+        "in another output_dir instead)"
+    )
+
+
+def _best_epoch_in(path: Path) -> int | None:
+    """``best_epoch`` recorded in ``path``, or None when missing or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    value = state.get("best_epoch") if isinstance(state, dict) else None
+    return int(value) if value is not None else None
+
+
+def restore_best(checkpoint: str | Path, state: dict[str, Any], folder: str | Path) -> str | None:
+    """Make ``folder/best.pt`` hold the best epoch that the resumed ``state`` records.
+
+    Nothing to do when ``best.pt`` holds that epoch or a later one. Otherwise it is copied from
+    the checkpoint's own folder when that one holds it, or written from ``checkpoint`` itself
+    when that is the end-of-epoch checkpoint of the best epoch. Returns a one-line note of what
+    was done or could not be done (None when nothing was needed).
+    """
+    best_epoch = state.get("best_epoch")
+    if best_epoch is None:
+        return None
+    folder, checkpoint = Path(folder), Path(checkpoint)
+    target = folder / "best.pt"
+    held = _best_epoch_in(target)
+    if held is not None and held >= best_epoch:
+        return None
+    source = checkpoint.parent / "best.pt"
+    if not _same_folder(source, target) and _best_epoch_in(source) == best_epoch:
+        _copy_atomic(source, target)
+        return f"best.pt (epoch {best_epoch + 1}) copied from {source}"
+    if int(state.get("epoch", -1)) == best_epoch + 1 and int(state.get("batch_in_epoch", 1)) == 0:
+        _copy_atomic(checkpoint, target)
+        return f"best.pt (epoch {best_epoch + 1}) restored from {checkpoint}"
+    return (
+        f"best.pt of epoch {best_epoch + 1} is missing and cannot be restored from {checkpoint}; "
+        "the next epoch that improves the dev rsum writes it"
+    )
+
+
+def _copy_atomic(source: Path, target: Path) -> None:
+    from .._files import atomic_write
+
+    with open(source, "rb") as fh:
+        atomic_write(target, lambda out: shutil.copyfileobj(fh, out))
+
+
+def read_state(path: str | Path, device: torch.device) -> dict[str, Any]:
+    """The checkpoint to resume from (a run checkpoint: with its config)."""
+    state = load_checkpoint(path, map_location=device)
+    if "config" not in state or "epoch" not in state:
+        raise RunFolderError(f"{path}: not a `vlret train` checkpoint (no config or epoch)")
+    return state
