@@ -136,7 +136,7 @@ def test_vocab_never_counts_test_captions(tmp_path):
     one_k = build_msrvtt_vocab(tmp_path, protocol="1k-A")
     assert "giraffe" in one_k and "zebu" not in one_k
     (tmp_path / "MSRVTT_train.9k.csv").write_text("video_id\nvideo0\nvideo3\n")
-    with pytest.raises(DataFormatError, match=r"train\.9k\.csv: lists 1k-A test videos"):
+    with pytest.raises(DataFormatError, match=r"train\.9k\.csv, line 3: lists 1k-A test videos"):
         build_msrvtt_vocab(tmp_path, protocol="1k-A")
 
 

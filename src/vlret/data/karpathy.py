@@ -153,12 +153,15 @@ class KarpathyData:
 
     def split(self, name: str, *, include_restval: bool = True) -> list[KarpathyImage]:
         """The images of our split ``name`` (see the module docstring), in file order."""
+        members = self.split_members(name, include_restval=include_restval)
+        return [im for im in self.images if im.split in members]
+
+    @staticmethod
+    def split_members(name: str, *, include_restval: bool = True) -> tuple[str, ...]:
+        """The Karpathy splits that our split ``name`` holds."""
         if name not in SPLIT_MEMBERS:
             raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {name!r}")
-        members = set(SPLIT_MEMBERS[name])
-        if not include_restval:
-            members.discard("restval")
-        return [im for im in self.images if im.split in members]
+        return tuple(s for s in SPLIT_MEMBERS[name] if include_restval or s != "restval")
 
 
 def _field(entry: dict, key: str, kind: type | tuple, where: str, at: tuple) -> Any:
@@ -294,6 +297,13 @@ class KarpathyDataset(RetrievalDataset):
         self.image_transform = image_transform
         self.encoder = encoder
         self.entries = self.data.split(split, include_restval=include_restval)
+        if not self.entries:
+            members = self.data.split_members(split, include_restval=include_restval)
+            raise DataFormatError(
+                self.data.path,
+                f"has no images for the split {split!r} (Karpathy split "
+                f"{' + '.join(repr(m) for m in members)}); expected at least one",
+            )
         captions: list[str] = []
         txt_to_img: list[int] = []
         for i, im in enumerate(self.entries):

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .karpathy import EntryError, JsonPath
+from .karpathy import EntryError, JsonPath, locate_json_line
 from .precomp import (
     CaptionEncoder,
     DataFormatError,
@@ -151,16 +151,19 @@ def _parse_annotations(path: Path, data: dict) -> MSRVTTAnnotations:
 
 
 def _csv_rows(path: Path, what: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header and ``(line number, fields)`` rows of a UTF-8 CSV (a BOM is tolerated)."""
-    text = "\n".join(read_lines(path, what)).lstrip("\ufeff")
+    """Header and ``(line number, fields)`` rows of a UTF-8 CSV (a BOM is tolerated; blank
+    lines at the end are ignored, one before the last row is an error)."""
+    text = "\n".join(read_lines(path, what))
     reader = csv.reader(io.StringIO(text), strict=True)
     rows: list[tuple[int, list[str]]] = []
     header: list[str] | None = None
     try:
         for fields in reader:
+            if not fields:
+                raise DataFormatError(path, f"empty line; expected {what}", line=reader.line_num)
             if header is None:
                 header = [f.strip() for f in fields]
-            elif fields:
+            else:
                 rows.append((reader.line_num, fields))
     except csv.Error as err:
         raise DataFormatError(
@@ -173,13 +176,17 @@ def _csv_rows(path: Path, what: str) -> tuple[list[str], list[tuple[int, list[st
 
 def read_train_csv(path: str | Path) -> list[str]:
     """The ``video_id`` column of ``MSRVTT_train.9k.csv`` (or ``.7k``), in file order."""
-    path = Path(path)
+    return [vid for _, vid in _train_csv_lines(Path(path))]
+
+
+def _train_csv_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, video_id)`` of each row of a training CSV."""
     what = "a CSV with a 'video_id' column"
     header, rows = _csv_rows(path, what)
     if "video_id" not in header:
         raise DataFormatError(path, f"header {header} has no 'video_id'; expected {what}", line=1)
     col = header.index("video_id")
-    out: list[str] = []
+    out: list[tuple[int, str]] = []
     seen: set[str] = set()
     for line, fields in rows:
         if len(fields) != len(header):
@@ -192,8 +199,22 @@ def read_train_csv(path: str | Path) -> list[str]:
         if vid in seen:
             raise DataFormatError(path, f"video_id {vid!r} repeated", line=line)
         seen.add(vid)
-        out.append(vid)
+        out.append((line, vid))
     return out
+
+
+def _first_listed(
+    path: Path, lines: list[tuple[int, str]], bad: set[str], what: str, expected: str
+) -> DataFormatError:
+    """A ``DataFormatError`` at the first CSV row whose video is in ``bad``; ``what`` may use
+    ``{n}``, the number of such rows."""
+    hits = [(line, vid) for line, vid in lines if vid in bad]
+    line, vid = hits[0]
+    return DataFormatError(
+        path,
+        f"lists {what.format(n=len(hits))} (first {vid!r}, on this line); expected {expected}",
+        line=line,
+    )
 
 
 def read_jsfusion_csv(path: str | Path) -> list[tuple[str, str]]:
@@ -310,13 +331,16 @@ class MSRVTTDataset(RetrievalDataset):
                 video_ids = ann.split_videos(_FULL_SPLITS[split])
             elif split == "train":
                 csv_path = self.root / train_csv
-                video_ids = read_train_csv(csv_path)
-                unknown = [v for v in video_ids if v not in ann.splits]
+                lines = _train_csv_lines(csv_path)
+                video_ids = [v for _, v in lines]
+                unknown = {v for v in video_ids if v not in ann.splits}
                 if unknown:
-                    raise DataFormatError(
+                    raise _first_listed(
                         csv_path,
-                        f"lists {len(unknown)} videos absent from {DATA_JSON} (first "
-                        f"{unknown[:3]}); expected ids of its 'videos'",
+                        lines,
+                        unknown,
+                        "{n} videos absent from " + DATA_JSON,
+                        "ids of its 'videos'",
                     )
             else:
                 raise ValueError(f"1k-A has the splits 'train' and 'test', got {split!r}")
@@ -357,14 +381,25 @@ def _video_captions(
         if per_video is not None:
             if len(caps) < per_video:
                 raise DataFormatError(
-                    ann.path, f"video {vid} has {len(caps)} sentences; expected {per_video}"
+                    ann.path,
+                    f"video {vid} has {len(caps)} sentences; expected {per_video}",
+                    line=_video_line(ann, vid),
                 )
             caps = caps[:per_video]
         elif not caps:
-            raise DataFormatError(ann.path, f"video {vid} has no sentences; expected at least one")
+            raise DataFormatError(
+                ann.path,
+                f"video {vid} has no sentences; expected at least one",
+                line=_video_line(ann, vid),
+            )
         captions.extend(caps)
         txt_to_img.extend([i] * len(caps))
     return captions, txt_to_img
+
+
+def _video_line(ann: MSRVTTAnnotations, vid: str) -> int | None:
+    """Line of the video's ``video_id`` in the JSON (for an error message)."""
+    return locate_json_line(ann.path, ("videos", ann.video_ids.index(vid), "video_id"))
 
 
 def _group_pairs(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str], list[int]]:
@@ -389,15 +424,19 @@ def msrvtt_vocab_captions(root: str | Path, *, protocol: str = "full") -> list[s
     if protocol == "full":
         videos = ann.split_videos("train") + ann.split_videos("validate")
     else:
-        videos = read_train_csv(root / TRAIN_9K_CSV)
+        lines = _train_csv_lines(root / TRAIN_9K_CSV)
+        videos = [v for _, v in lines]
         held_out = {
             v for v, _ in read_jsfusion_csv(require_file(root / JSFUSION_CSV, "the 1k-A test CSV"))
         }
-        leaked = [v for v in videos if v in held_out]
+        leaked = held_out.intersection(videos)
         if leaked:
-            raise DataFormatError(
+            raise _first_listed(
                 root / TRAIN_9K_CSV,
-                f"lists 1k-A test videos (first {leaked[:3]}); expected training videos only",
+                lines,
+                leaked,
+                "1k-A test videos ({n}) of " + JSFUSION_CSV,
+                "training videos only",
             )
     return [c for v in videos for c in ann.captions.get(v, [])]
 

@@ -19,6 +19,7 @@ index of each caption) for :func:`vlret.metrics.retrieval_metrics`.
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,10 +57,14 @@ def require_file(path: Path, what: str) -> Path:
 
 
 def read_lines(path: Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file without line endings (a final newline adds no line)."""
-    data = require_file(path, what).read_bytes()
+    """The lines of a UTF-8 text file without line endings or a leading byte order mark.
+
+    Blank lines at the end of the file (an editor's final newline, or a few more) add no line;
+    a blank line before the last entry is kept, for the caller to refuse with its number.
+    """
+    data = require_file(path, what).read_bytes().removeprefix(codecs.BOM_UTF8)
     lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
+    while lines and not lines[-1].strip():
         lines.pop()
     out = []
     for number, raw in enumerate(lines, start=1):
@@ -83,11 +88,9 @@ def load_feature_array(path: Path, *, mmap: bool = True) -> np.ndarray:
         ) from None
     if not isinstance(arr, np.ndarray):
         raise DataFormatError(path, "holds an .npz archive; expected a single .npy array")
-    if arr.ndim not in (2, 3) or arr.shape[0] == 0:
-        raise DataFormatError(
-            path,
-            f"has shape {arr.shape}; expected (N, D) vectors or (N, regions, D) features, N >= 1",
-        )
+    if arr.ndim not in (2, 3) or 0 in arr.shape:
+        expected = "(N, D) vectors or (N, regions, D) features, each size >= 1"
+        raise DataFormatError(path, f"has shape {arr.shape}; expected {expected}")
     if not np.issubdtype(arr.dtype, np.floating):
         raise DataFormatError(path, f"has dtype {arr.dtype}; expected float32 features")
     return arr
@@ -320,6 +323,8 @@ def parse_precomp_ids(
     lines = read_lines(path, "one integer image id per line")
     ids = []
     for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            raise DataFormatError(path, "empty line; expected an integer image id", line=number)
         try:
             ids.append(int(text.strip()))
         except ValueError:
