@@ -6,6 +6,12 @@ bad batch fails loudly at the call site instead of producing a silent NaN three 
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
 import torch
 
 REDUCTIONS = ("sum", "mean", "none")
@@ -39,7 +45,10 @@ def check_similarity(sim: torch.Tensor, name: str = "sim") -> None:
             f"got shape {tuple(sim.shape)}"
         )
     if sim.shape[0] < 2:
-        raise ValueError(f"{name} needs a batch size of at least 2 to have negatives, got 1")
+        empty = " (an empty batch)" if sim.shape[0] == 0 else ""
+        raise ValueError(
+            f"{name} needs a batch size of at least 2 to have negatives, got {sim.shape[0]}{empty}"
+        )
     if not sim.dtype.is_floating_point:
         raise ValueError(f"{name} must be floating point, got dtype {sim.dtype}")
     check_finite(sim, name)
@@ -66,13 +75,23 @@ def check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_positive(value: float, name: str) -> None:
-    if not isinstance(value, torch.Tensor) and not (value > 0 and value < float("inf")):
+    """A positive finite number; a tensor (a learnable temperature) is not inspected."""
+    if isinstance(value, torch.Tensor):
+        return
+    if not (_is_number(value) and 0 < value < math.inf):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
 def check_real(value: float, name: str) -> None:
-    if not (value == value and abs(value) < float("inf")):
+    if isinstance(value, torch.Tensor):
+        check_finite(value, name)
+        return
+    if not (_is_number(value) and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
@@ -85,8 +104,140 @@ def check_embeddings(img_emb: torch.Tensor, txt_emb: torch.Tensor) -> None:
             raise ValueError(f"{name} must be 2-D (B, D), got shape {tuple(t.shape)}")
         if not t.dtype.is_floating_point:
             raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+        if t.shape[0] == 0:
+            raise ValueError(
+                f"{name} is empty: got 0 rows; a loss needs a batch of at least 2 pairs"
+            )
     if img_emb.shape != txt_emb.shape:
         raise ValueError(
             "img_emb and txt_emb must have the same shape (B, D) for paired batches, got "
             f"{tuple(img_emb.shape)} and {tuple(txt_emb.shape)}"
         )
+
+
+# ----------------------------------------------------------------------------- parameters
+#
+# A loss declares the constraint of each constructor parameter once, on its class
+# (``PairLoss.params``); the constructor and ``registry.check_loss_params`` (which never builds
+# the loss) both check values against that declaration.
+
+
+class ParamError(ValueError):
+    """A parameter outside its declared constraint. ``param`` names it (a dotted path for a
+    nested one, e.g. ``base_params.margin``); the message starts with that name."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def nested(self, prefix: str) -> ParamError:
+        """The same error for the parameter seen as ``prefix.param``."""
+        message = str(self)
+        if message.startswith(self.param):
+            message = f"{prefix}.{message}"
+        else:
+            message = f"{prefix}: {message}"
+        return ParamError(f"{prefix}.{self.param}", message)
+
+
+class ParamSpec(Protocol):
+    def check(self, value: Any, name: str) -> None: ...
+
+
+def _fmt(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A real (or ``integer``) parameter within optional bounds; ``optional``: ``None`` too.
+
+    Messages: a wrong type or a non-finite value, ``"<name> must be <expected>, got <value>"``
+    (``expected`` such as ``a finite number >= 0``); a value out of range,
+    ``"<name> must be <range>, got <value>"`` (``>= 0``, ``in (0, 1)``).
+    """
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    integer: bool = False
+    optional: bool = False
+
+    def range_text(self) -> str:
+        low = None if self.gt is None and self.ge is None else (self.gt, self.ge)
+        high = None if self.lt is None and self.le is None else (self.lt, self.le)
+        if low and high:
+            left = f"({_fmt(low[0])}" if low[0] is not None else f"[{_fmt(low[1])}"
+            right = f"{_fmt(high[0])})" if high[0] is not None else f"{_fmt(high[1])}]"
+            return f"in {left}, {right}"
+        if low:
+            return f"> {_fmt(low[0])}" if low[0] is not None else f">= {_fmt(low[1])}"
+        if high:
+            return f"< {_fmt(high[0])}" if high[0] is not None else f"<= {_fmt(high[1])}"
+        return ""
+
+    def expected(self) -> str:
+        noun = "an integer" if self.integer else "a finite number"
+        text = f"{noun} {self.range_text()}".rstrip()
+        return f"{text} or None" if self.optional else text
+
+    def check(self, value: Any, name: str) -> None:
+        if value is None and self.optional:
+            return
+        if self.integer:
+            # Python ints only: the queue and tiled code test isinstance(value, int).
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = _is_number(value) and math.isfinite(value)
+        if not ok:
+            shown = f"{value!r} ({type(value).__name__})" if not _is_number(value) else repr(value)
+            raise ParamError(name, f"{name} must be {self.expected()}, got {shown}")
+        in_range = (
+            (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.lt is None or value < self.lt)
+            and (self.le is None or value <= self.le)
+        )
+        if not in_range:
+            alt = " (or None)" if self.optional else ""
+            raise ParamError(name, f"{name} must be {self.range_text()}{alt}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A ``bool`` parameter (``True`` or ``False``, not a truthy stand-in)."""
+
+    def check(self, value: Any, name: str) -> None:
+        if not isinstance(value, bool):
+            raise ParamError(name, f"{name} must be a bool (True or False), got {value!r}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A parameter taking one of a fixed set of values (strings)."""
+
+    options: tuple[Any, ...]
+
+    def check(self, value: Any, name: str) -> None:
+        if not any(value == o and type(value) is type(o) for o in self.options):
+            raise ParamError(name, f"{name} must be one of {self.options}, got {value!r}")
+
+
+#: Shared declarations.
+FLAG = Flag()
+POSITIVE = Number(gt=0)
+NON_NEGATIVE = Number(ge=0)
+REAL = Number()
+#: A margin by which a positive must beat a negative (triplet, Unified, GOAL ``T^con``).
+MARGIN = NON_NEGATIVE
+REDUCTION = Choice(REDUCTIONS)
+CHUNK_SIZE = Number(integer=True, ge=1, optional=True)
+
+
+def check_declared(specs: Mapping[str, ParamSpec], params: Mapping[str, Any]) -> None:
+    """Check each of ``params`` that ``specs`` declares; raise :class:`ParamError` naming it."""
+    for name, value in params.items():
+        spec = specs.get(name)
+        if spec is not None:
+            spec.check(value, name)

@@ -29,7 +29,14 @@ from .goal import (
     goal_triplet_weight,
 )
 from .infonce import InfoNCELoss, infonce_loss
-from .registry import available_losses, build_loss, loss_class, loss_parameters, register_loss
+from .registry import (
+    available_losses,
+    build_loss,
+    check_loss_params,
+    loss_class,
+    loss_parameters,
+    register_loss,
+)
 from .tiled import (
     tiled_adacl_loss,
     tiled_goal_objective,
@@ -71,6 +78,7 @@ __all__ = [
     "UnifiedLoss",
     "available_losses",
     "build_loss",
+    "check_loss_params",
     "infonce_loss",
     "loss_class",
     "loss_parameters",

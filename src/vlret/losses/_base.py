@@ -13,13 +13,21 @@ Conventions (see ARCHITECTURE.md, "Core contract of a loss"):
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
 
 from .._checks import (
+    CHUNK_SIZE,
+    FLAG,
+    REDUCTION,
+    ParamSpec,
+    check_declared,
     check_embeddings,
     check_pos_mask,
-    check_reduction,
     check_similarity,
     compute_dtype,
 )
@@ -56,6 +64,12 @@ def reduce_terms(img_terms: torch.Tensor, txt_terms: torch.Tensor, reduction: st
     return per_index.mean()
 
 
+def init_args(frame: Mapping[str, Any]) -> dict[str, Any]:
+    """A constructor's arguments, from ``locals()`` taken on its first line:
+    ``TripletLoss.check_params(init_args(locals()))``."""
+    return {k: v for k, v in frame.items() if k not in ("self", "__class__")}
+
+
 class PairLoss(nn.Module):
     """Base of the losses on a ``(B, B)`` similarity matrix.
 
@@ -70,16 +84,46 @@ class PairLoss(nn.Module):
     paper: str = ""
     #: Equation(s) implemented.
     equation: str = ""
+    #: The constraint of each constructor parameter this class adds (``vlret._checks``:
+    #: ``Number``, ``Flag``, ``Choice``); :meth:`param_specs` merges those of the base classes.
+    #: Read by the constructor and by ``registry.check_loss_params``, which checks a config's
+    #: values without building the loss.
+    params: ClassVar[Mapping[str, ParamSpec]] = {
+        "reduction": REDUCTION,
+        "normalize": FLAG,
+        "chunk_size": CHUNK_SIZE,
+    }
+
+    @classmethod
+    def param_specs(cls) -> dict[str, ParamSpec]:
+        """Every declared parameter constraint, a subclass's overriding its bases'."""
+        specs: dict[str, ParamSpec] = {}
+        for klass in reversed(cls.__mro__):
+            specs.update(vars(klass).get("params", {}))
+        return specs
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        """Check constructor ``params`` (names already known to be parameters) against the
+        declarations, then their relations with the defaults filled in; raise
+        ``vlret._checks.ParamError`` naming the parameter. Builds nothing."""
+        check_declared(cls.param_specs(), params)
+        signature = inspect.signature(cls.__init__).parameters.values()
+        defaults = {p.name: p.default for p in signature if p.default is not p.empty}
+        cls.check_param_relations({**defaults, **params})
+
+    @classmethod
+    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
+        """Constraints between parameters (all given, each already valid); none by default."""
 
     def __init__(
         self, *, reduction: str, normalize: bool = True, chunk_size: int | None = None
     ) -> None:
         super().__init__()
-        check_reduction(reduction)
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+        check_declared(
+            PairLoss.params,
+            {"reduction": reduction, "normalize": normalize, "chunk_size": chunk_size},
+        )
         self.reduction = reduction
         self.normalize = bool(normalize)
         #: With an int, the embedding entry point uses the tiled O(chunk_size x B)-memory form

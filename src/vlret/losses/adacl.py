@@ -23,8 +23,9 @@ function that makes it. The pieces:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._checks import (
+    FLAG,
+    NON_NEGATIVE,
+    POSITIVE,
+    REAL,
+    Choice,
+    Number,
+    ParamError,
     check_embeddings,
     check_finite,
     check_pos_mask,
@@ -41,7 +49,7 @@ from .._checks import (
 )
 from ..memory import MemoryQueue, as_id_tensor
 from ..similarity import Ids
-from ._base import PairLoss, reduce_terms
+from ._base import PairLoss, init_args, reduce_terms
 from .registry import register_loss
 
 #: Anchor selection rules on Delta S (paper Table 5).
@@ -892,6 +900,42 @@ class AdaCLLoss(PairLoss):
 
     paper = "AdaCL (adaptive contrastive, clone negs)"
     equation = "AdaCL Eq. (3)-(11), Alg. 1"
+    # m2 is a shift (any real); p_u, eps are probabilities (Eq. 4, 6); anchors are similarities.
+    params = {
+        "m1_init": POSITIVE,
+        "m2_init": REAL,
+        "p_u": Number(gt=0, lt=1),
+        "eps": Number(gt=0, lt=1),
+        "anchor_selection": Choice(ANCHOR_SELECTIONS),
+        "top_k": Number(integer=True, ge=2, optional=True),
+        "margin_momentum": Number(ge=0, lt=1),
+        "negative_temperature": POSITIVE,
+        "scale_negatives": FLAG,
+        "warmup_steps": Number(integer=True, ge=0),
+        "min_variance": NON_NEGATIVE,
+        "max_anchor": Number(le=1),
+        "max_m1": Number(gt=0, optional=True),
+        "seed": Number(integer=True),
+        "queue_size": Number(integer=True, ge=0),
+        "embed_dim": Number(integer=True, ge=1, optional=True),
+        "sync_margins": FLAG,
+    }
+
+    @classmethod
+    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
+        """``p_u + eps < 1`` (else Eq. 20 gives no positive ``m1``), ``scale_negatives`` only
+        with ``negative_temperature=1``, and ``embed_dim`` with a queue."""
+        if params["p_u"] + params["eps"] >= 1.0:
+            raise ParamError(
+                "p_u",
+                f"p_u + eps must be below 1, got p_u={params['p_u']!r}, eps={params['eps']!r}",
+            )
+        try:
+            _check_scale_negatives(params["scale_negatives"], params["negative_temperature"])
+        except ValueError as err:
+            raise ParamError("scale_negatives", str(err)) from None
+        if params["queue_size"] and params["embed_dim"] is None:
+            raise ParamError("embed_dim", "embed_dim is required when queue_size > 0")
 
     def __init__(
         self,
@@ -917,40 +961,9 @@ class AdaCLLoss(PairLoss):
         normalize: bool = True,
         chunk_size: int | None = None,
     ) -> None:
+        AdaCLLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        _check_margin(m1_init, "m1_init", positive=True)
-        _check_margin(m2_init, "m2_init", positive=False)
-        _check_probabilities(p_u, eps)
-        if anchor_selection not in ANCHOR_SELECTIONS:
-            raise ValueError(
-                f"anchor_selection must be one of {ANCHOR_SELECTIONS}, got {anchor_selection!r}"
-            )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 2
-        ):
-            raise ValueError(f"top_k must be None or an integer >= 2, got {top_k!r}")
-        if not (isinstance(margin_momentum, (int, float)) and 0.0 <= margin_momentum < 1.0):
-            raise ValueError(f"margin_momentum must be in [0, 1), got {margin_momentum!r}")
-        negative_temperature = _check_temperature(negative_temperature)
-        _check_scale_negatives(scale_negatives, negative_temperature)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative integer, got {warmup_steps!r}")
-        if not (isinstance(min_variance, (int, float)) and min_variance >= 0):
-            raise ValueError(f"min_variance must be a non-negative number, got {min_variance!r}")
-        if not (isinstance(max_anchor, (int, float)) and max_anchor <= 1.0):
-            raise ValueError(f"max_anchor must be a number <= 1, got {max_anchor!r}")
-        if max_m1 is not None and not (
-            isinstance(max_m1, (int, float))
-            and not isinstance(max_m1, bool)
-            and 0.0 < max_m1 < math.inf
-        ):
-            raise ValueError(f"max_m1 must be None or a positive finite number, got {max_m1!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
-            raise ValueError(f"queue_size must be a non-negative integer, got {queue_size!r}")
-        if queue_size and embed_dim is None:
-            raise ValueError("embed_dim is required when queue_size > 0")
+        negative_temperature = float(negative_temperature)
         self.p_u = float(p_u)
         self.eps = float(eps)
         self.anchor_selection = anchor_selection

@@ -17,8 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_positive, check_real, check_reduction
-from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
+from .._checks import (
+    FLAG,
+    NON_NEGATIVE,
+    POSITIVE,
+    REAL,
+    check_positive,
+    check_real,
+    check_reduction,
+)
+from ._base import PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
 
 
@@ -202,6 +210,9 @@ class CircleLoss(PairLoss):
 
     paper = "Circle loss (Sun et al. 2020)"
     equation = "GOAL Eq. (8), (10), Table 1"
+    # The relaxation m sets O_p = 1 + m, O_n = -m and Delta_p = 1 - m, Delta_n = m; it is not
+    # bounded here (any finite value defines the loss; the paper reports 0.25 and 0.4).
+    params = {"margin": REAL, "gamma": POSITIVE, "hardest": FLAG}
 
     def __init__(
         self,
@@ -212,9 +223,8 @@ class CircleLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
+        CircleLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize)
-        check_real(margin, "margin")
-        check_positive(gamma, "gamma")
         self.margin = float(margin)
         self.gamma = float(gamma)
         self.hardest = bool(hardest)
@@ -244,6 +254,14 @@ class MultiSimilarityLoss(PairLoss):
 
     paper = "Multi-similarity (Wang et al. 2019)"
     equation = "GOAL Eq. (11)-(12), Table 1"
+    # lam is a similarity threshold (any real); epsilon widens the mining band.
+    params = {
+        "alpha": POSITIVE,
+        "beta": POSITIVE,
+        "lam": REAL,
+        "epsilon": NON_NEGATIVE,
+        "hardest": FLAG,
+    }
 
     def __init__(
         self,
@@ -256,13 +274,8 @@ class MultiSimilarityLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
+        MultiSimilarityLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize)
-        check_positive(alpha, "alpha")
-        check_positive(beta, "beta")
-        check_real(lam, "lam")
-        check_real(epsilon, "epsilon")
-        if epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.lam = float(lam)
@@ -296,6 +309,7 @@ class BinomialDevianceLoss(PairLoss):
 
     paper = "Binomial deviance (Yi et al. 2014)"
     equation = "GOAL Eq. (11), Table 1"
+    params = {"alpha": POSITIVE, "beta": POSITIVE, "lam": REAL, "hardest": FLAG}
 
     def __init__(
         self,
@@ -307,10 +321,8 @@ class BinomialDevianceLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
+        BinomialDevianceLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize)
-        check_positive(alpha, "alpha")
-        check_positive(beta, "beta")
-        check_real(lam, "lam")
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.lam = float(lam)
@@ -342,6 +354,7 @@ class NCAHardLoss(PairLoss):
 
     paper = "NCA / NT-Xent, hardest negative"
     equation = "GOAL Eq. (6)-(7)"
+    params = {"tau": POSITIVE}
 
     def __init__(
         self,
@@ -350,8 +363,8 @@ class NCAHardLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
+        NCAHardLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize)
-        check_positive(tau, "tau")
         self.tau = float(tau)
 
     def from_similarity(

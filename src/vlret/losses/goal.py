@@ -61,9 +61,17 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._checks import check_positive, check_real, check_reduction
+from .._checks import (
+    MARGIN,
+    NON_NEGATIVE,
+    POSITIVE,
+    REAL,
+    REDUCTION,
+    Choice,
+    check_declared,
+)
 from ..similarity import Ids
-from ._base import PairLoss, prepare
+from ._base import PairLoss, init_args, prepare
 from .registry import register_loss
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
@@ -83,9 +91,26 @@ def _check_kind(triplet_weight: str, pair_weight: str) -> None:
         )
 
 
+#: Constraints of the hyper-parameters (``GoalConfig`` and ``GoalObjective``): ``margin`` is
+#: T^con's margin (Eq. 5), ``lam`` a similarity threshold (Eq. 11), ``epsilon`` the MS band
+#: (Eq. 12), ``circle_offset`` the offset ``1 - 2 m^2`` of T^cir (module notes; any real).
+GOAL_PARAMS = {
+    "triplet_weight": Choice(TRIPLET_WEIGHTS),
+    "pair_weight": Choice(PAIR_WEIGHTS),
+    "margin": MARGIN,
+    "tau": POSITIVE,
+    "alpha": POSITIVE,
+    "beta": POSITIVE,
+    "lam": REAL,
+    "epsilon": NON_NEGATIVE,
+    "circle_offset": REAL,
+    "reduction": REDUCTION,
+}
+
+
 @dataclass(frozen=True)
 class GoalConfig:
-    """Hyper-parameters of a GOAL objective; validated on construction."""
+    """Hyper-parameters of a GOAL objective; validated on construction (``GOAL_PARAMS``)."""
 
     triplet_weight: str = "cir"
     pair_weight: str = "sig-ms"
@@ -99,17 +124,8 @@ class GoalConfig:
     reduction: str = "sum"
 
     def __post_init__(self) -> None:
-        _check_kind(self.triplet_weight, self.pair_weight)
-        check_real(self.margin, "margin")
-        check_positive(self.tau, "tau")
-        check_positive(self.alpha, "alpha")
-        check_positive(self.beta, "beta")
-        check_real(self.lam, "lam")
-        check_real(self.epsilon, "epsilon")
-        if self.epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon!r}")
-        check_real(self.circle_offset, "circle_offset")
-        check_reduction(self.reduction)
+        _check_kind(self.triplet_weight, self.pair_weight)  # lists the valid combinations
+        check_declared(GOAL_PARAMS, {name: getattr(self, name) for name in GOAL_PARAMS})
 
 
 def goal_triplet_weight(
@@ -443,6 +459,7 @@ class GoalObjective(PairLoss):
     supports_anchors = True
     paper = "GOAL (Xuan & Chen 2022)"
     equation = "GOAL Eq. (3)-(13), Table 1"
+    params = GOAL_PARAMS
 
     def __init__(
         self,
@@ -460,6 +477,7 @@ class GoalObjective(PairLoss):
         normalize: bool = True,
         chunk_size: int | None = None,
     ) -> None:
+        GoalObjective.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         self.config = GoalConfig(
             triplet_weight=triplet_weight,

@@ -7,9 +7,9 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_positive, check_reduction
+from .._checks import FLAG, POSITIVE, Number, check_positive, check_reduction
 from ..similarity import Ids
-from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
+from ._base import PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
 from .tiled import tiled_infonce_loss
 
@@ -59,6 +59,11 @@ class InfoNCELoss(PairLoss):
     supports_anchors = True
     paper = "CLIP / VLC (Radford et al. 2021)"
     equation = "Unified Eq. (3)-(4)"
+    params = {
+        "temperature": POSITIVE,
+        "learnable_temperature": FLAG,
+        "max_scale": Number(ge=1),  # the clamp interval [0, log(max_scale)] must not be empty
+    }
 
     def __init__(
         self,
@@ -70,11 +75,8 @@ class InfoNCELoss(PairLoss):
         normalize: bool = True,
         chunk_size: int | None = None,
     ) -> None:
+        InfoNCELoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        check_positive(temperature, "temperature")
-        check_positive(max_scale, "max_scale")
-        if max_scale < 1:
-            raise ValueError(f"max_scale must be >= 1, got {max_scale!r}")
         self.learnable_temperature = bool(learnable_temperature)
         self.max_scale = float(max_scale)
         if self.learnable_temperature:

@@ -1,4 +1,5 @@
-"""Loss registry: ``build_loss(name, **params)`` and ``available_losses()``.
+"""Loss registry: ``build_loss(name, **params)``, ``available_losses()`` and
+``check_loss_params(name, params)``.
 
 Later loss families register themselves with :func:`register_loss`.
 """
@@ -6,10 +7,12 @@ Later loss families register themselves with :func:`register_loss`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
+
+from .._checks import ParamError
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
 
@@ -50,17 +53,41 @@ def loss_parameters(name: str) -> dict[str, Any]:
     }
 
 
-def build_loss(name: str, **params: Any) -> nn.Module:
-    """Instantiate the registered loss ``name`` with keyword ``params``.
-
-    Raises ``ValueError`` listing the valid names or parameters when either is unknown.
-    """
-    cls = loss_class(name)
+def _check_names(name: str, params: Mapping[str, Any]) -> None:
     valid = loss_parameters(name)
     unknown = sorted(set(params) - set(valid))
     if unknown:
         listing = ", ".join(f"{k}={v!r}" for k, v in valid.items())
-        raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for loss {name!r}; valid: {listing}"
+        raise ParamError(
+            unknown[0],
+            f"unknown parameter(s) {', '.join(unknown)} for loss {name!r}; valid: {listing}",
         )
+
+
+def check_loss_params(name: str, params: Mapping[str, Any]) -> None:
+    """Check ``params`` for the registered loss ``name`` without building it.
+
+    Each value is checked against the constraint its loss class declares (``params`` on the
+    class, see :class:`~vlret.losses.PairLoss`), then the relations between parameters, with
+    the defaults filled in; nothing is built (no semantic model, no memory queue). Raises
+    ``ValueError`` for an unknown loss name and :class:`vlret._checks.ParamError` (a
+    ``ValueError``) otherwise: its ``param`` is the parameter's name (``base_params.margin``
+    for a nested one) and a constraint's message reads ``"<param> must be <expected>, got
+    <value>"``, e.g. ``"margin must be >= 0, got -0.2"``.
+    """
+    cls = loss_class(name)
+    _check_names(name, params)
+    check = getattr(cls, "check_params", None)
+    if check is not None:
+        check(params)
+
+
+def build_loss(name: str, **params: Any) -> nn.Module:
+    """Instantiate the registered loss ``name`` with keyword ``params``.
+
+    Raises ``ValueError`` listing the valid names or parameters when either is unknown, and
+    the constructor's ``ValueError`` naming a parameter outside its declared constraint.
+    """
+    cls = loss_class(name)
+    _check_names(name, params)
     return cls(**params)

@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .._checks import (
+    MARGIN,
     check_embeddings,
     check_finite,
     check_positive,
-    check_real,
     check_reduction,
     compute_dtype,
 )
@@ -151,7 +151,7 @@ def _prepare(
     chunk = _check_chunk(chunk_size)
     batch = img_emb.shape[0]
     if batch < 2:
-        raise ValueError("img_emb needs a batch size of at least 2 to have negatives, got 1")
+        raise ValueError(f"img_emb needs a batch size of at least 2 to have negatives, got {batch}")
     dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
     x, y = img_emb.to(dtype), txt_emb.to(dtype)
     check_finite(x, "img_emb")
@@ -429,7 +429,7 @@ def tiled_unified_loss(
     ``anchors=(start, stop)``: only the terms of indices ``start:stop`` (local anchors,
     module docstring).
     """
-    check_real(margin, "margin")
+    MARGIN.check(margin, "margin")
     check_positive(gamma, "gamma")
     x, y, codes, chunk = _prepare(
         img_emb,
@@ -587,7 +587,7 @@ def tiled_triplet_loss(
     ``anchors=(start, stop)``: only the terms of indices ``start:stop`` (local anchors,
     module docstring).
     """
-    check_real(margin, "margin")
+    MARGIN.check(margin, "margin")
     x, y, codes, chunk = _prepare(
         img_emb,
         txt_emb,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_real, check_reduction
+from .._checks import FLAG, MARGIN, check_reduction
 from ..similarity import Ids
-from ._base import PairLoss, prepare, reduce_terms
+from ._base import PairLoss, init_args, prepare, reduce_terms
 from .registry import register_loss
 from .tiled import tiled_triplet_loss
 
@@ -28,8 +28,9 @@ def triplet_loss(
     where :math:`\hat T_i` (:math:`\hat V_i`) is the most similar negative text of image ``i``
     (image of text ``i``). ``hardest=False`` sums the hinge over all negatives (VSE0).
     Entries of ``pos_mask`` are never negatives. Default reduction ``"sum"`` as in VSE++.
+    ``margin >= 0``: the paper's "differences greater than a margin m".
     """
-    check_real(margin, "margin")
+    MARGIN.check(margin, "margin")
     check_reduction(reduction)
     s, negatives = prepare(sim, pos_mask)
     pos = s.diagonal()
@@ -56,6 +57,7 @@ class TripletLoss(PairLoss):
     supports_anchors = True
     paper = "VSE++ (Faghri et al. 2018)"
     equation = "Unified Eq. (1)-(2)"
+    params = {"margin": MARGIN, "hardest": FLAG}
 
     def __init__(
         self,
@@ -66,8 +68,8 @@ class TripletLoss(PairLoss):
         normalize: bool = True,
         chunk_size: int | None = None,
     ) -> None:
+        TripletLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        check_real(margin, "margin")
         self.margin = float(margin)
         self.hardest = bool(hardest)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_finite, check_positive, check_real, check_reduction
-from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
+from .._checks import MARGIN, POSITIVE, check_finite, check_positive, check_reduction
+from ._base import PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
 from .tiled import tiled_unified_loss
 
@@ -35,9 +35,10 @@ def unified_loss(
       directions; it replaces ``margin``.
 
     Defaults ``m=0.2, gamma=60`` are the paper's VSE++ (BUTD) setting (appendix B.1.1; BFAN,
-    SGRAF and CLIP use gamma=50). Sum reduction as in the paper.
+    SGRAF and CLIP use gamma=50). Sum reduction as in the paper. ``margin >= 0``: the paper
+    asks for differences "greater than a margin m", and ``m = 0`` is already VLC (Eq. 7).
     """
-    check_real(margin, "margin")
+    MARGIN.check(margin, "margin")
     check_positive(gamma, "gamma")
     check_reduction(reduction)
     s, negatives = prepare(sim, pos_mask)
@@ -74,6 +75,7 @@ class UnifiedLoss(PairLoss):
     supports_anchors = True
     paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
+    params = {"margin": MARGIN, "gamma": POSITIVE}
 
     def __init__(
         self,
@@ -84,9 +86,8 @@ class UnifiedLoss(PairLoss):
         normalize: bool = True,
         chunk_size: int | None = None,
     ) -> None:
+        UnifiedLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        check_real(margin, "margin")
-        check_positive(gamma, "gamma")
         self.margin = float(margin)
         self.gamma = float(gamma)
 

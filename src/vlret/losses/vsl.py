@@ -18,22 +18,26 @@ exactly as printed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._checks import (
+    FLAG,
+    NON_NEGATIVE,
+    POSITIVE,
+    ParamError,
     check_finite,
     check_positive,
-    check_real,
     check_reduction,
     check_similarity,
     compute_dtype,
 )
 from ..similarity import Ids
-from ._base import PairLoss, prepare, reduce_terms
-from .registry import build_loss, register_loss
+from ._base import PairLoss, init_args, prepare, reduce_terms
+from .registry import build_loss, check_loss_params, loss_parameters, register_loss
 
 #: The sigmoid's exponent ``x / tau`` is clamped to ``[-50, 50]`` (as Smooth-AP does): beyond
 #: it the sigmoid is saturated to within 2e-22. The gradient there is tiny but not exactly
@@ -256,6 +260,14 @@ class VisualSemanticLoss(PairLoss):
 
     paper = "VSL (Zhang et al. 2023)"
     equation = "VSL Eq. (3)-(7)"
+    # semantic, base and base_params are objects: checked in check_param_relations.
+    params = {
+        "alpha": NON_NEGATIVE,
+        "beta": NON_NEGATIVE,
+        "tau": POSITIVE,
+        "descending": FLAG,
+        "text_side": FLAG,
+    }
 
     def __init__(
         self,
@@ -272,13 +284,8 @@ class VisualSemanticLoss(PairLoss):
         chunk_size: int | None = None,
         normalize: bool = True,
     ) -> None:
+        VisualSemanticLoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize)
-        for value, name in ((alpha, "alpha"), (beta, "beta")):
-            check_real(value, name)
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
-        check_positive(tau, "tau")
-        _check_chunk_size(chunk_size)
         if semantic is not None:
             from ..semantic import CaptionTfidf
 
@@ -289,34 +296,50 @@ class VisualSemanticLoss(PairLoss):
             if not semantic.is_fitted:
                 raise ValueError("semantic must be a fitted CaptionTfidf; call .fit(captions)")
         self.semantic = semantic
-        self.base = self._build_base(base, base_params)
-        base_none = getattr(self.base, "reduction", None) == "none"
-        if base_none != (reduction == "none"):
-            raise ValueError(
-                "reduction='none' must be used by both terms: got reduction="
-                f"{reduction!r} and a base with reduction={getattr(self.base, 'reduction', None)!r}"
-            )
+        self.base = base if isinstance(base, nn.Module) else build_loss(base, **(base_params or {}))
         self.alpha, self.beta, self.tau = float(alpha), float(beta), float(tau)
         self.descending = bool(descending)
         self.text_side = bool(text_side)
         self.chunk_size = chunk_size
 
-    @staticmethod
-    def _build_base(base: str | nn.Module, base_params: dict[str, Any] | None) -> nn.Module:
+    @classmethod
+    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
+        """``base`` (a registered name other than ``"vsl"``, or a loss module) with its
+        ``base_params`` (checked as that loss's, named ``base_params.<name>``), and
+        ``reduction="none"`` on both terms or on neither."""
+        base, base_params = params["base"], params["base_params"]
         if isinstance(base, str):
             if base == "vsl":
-                raise ValueError("base must be another loss than 'vsl'")
+                raise ParamError("base", "base must be another loss than 'vsl'")
             if base_params is not None and not isinstance(base_params, dict):
-                raise ValueError(f"base_params must be a dict, got {type(base_params).__name__}")
-            return build_loss(base, **(base_params or {}))
-        if isinstance(base, nn.Module) and callable(getattr(base, "from_similarity", None)):
+                got = type(base_params).__name__
+                raise ParamError("base_params", f"base_params must be a dict, got {got}")
+            try:
+                check_loss_params(base, base_params or {})
+            except ParamError as err:
+                raise err.nested("base_params") from None
+            except ValueError as err:  # an unknown loss name
+                raise ParamError("base", f"base must be a registered loss name: {err}") from None
+            defaults = loss_parameters(base)
+            base_reduction = (base_params or {}).get("reduction", defaults.get("reduction"))
+        elif isinstance(base, nn.Module) and callable(getattr(base, "from_similarity", None)):
             if base_params:
-                raise ValueError("base_params is only used when base is given by name")
-            return base
-        raise ValueError(
-            "base must be a registered loss name or a loss module with from_similarity(), "
-            f"got {type(base).__name__}"
-        )
+                raise ParamError(
+                    "base_params", "base_params is only used when base is given by name"
+                )
+            base_reduction = getattr(base, "reduction", None)
+        else:
+            raise ParamError(
+                "base",
+                "base must be a registered loss name or a loss module with from_similarity(), "
+                f"got {type(base).__name__}",
+            )
+        if (base_reduction == "none") != (params["reduction"] == "none"):
+            raise ParamError(
+                "reduction",
+                "reduction='none' must be used by both terms: got reduction="
+                f"{params['reduction']!r} and a base with reduction={base_reduction!r}",
+            )
 
     def forward(
         self,

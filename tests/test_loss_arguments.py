@@ -1,0 +1,247 @@
+"""Argument checks of the losses (issue 12): empty batches, and constructor parameters declared
+on each loss class and checked through the registry without building the loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlret._checks import ParamError, check_similarity
+from vlret.losses import TripletLoss, available_losses, build_loss
+from vlret.losses.registry import check_loss_params, loss_class, loss_parameters
+
+NAN, INF = float("nan"), float("inf")
+
+# ----------------------------------------------------------------------------- empty batches
+
+
+def _losses_with_chunks() -> list[str]:
+    return [n for n in available_losses() if "chunk_size" in loss_parameters(n) and n != "vsl"]
+
+
+@pytest.mark.parametrize("name", available_losses())
+def test_empty_batch_names_the_argument_and_zero_rows(name):
+    loss = build_loss(name)
+    with pytest.raises(ValueError, match=r"img_emb is empty: got 0 rows") as err:
+        loss(torch.zeros(0, 8), torch.zeros(0, 8))
+    assert "got 1" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", _losses_with_chunks())
+def test_empty_batch_tiled_names_the_argument(name):
+    loss = build_loss(name, chunk_size=4)
+    with pytest.raises(ValueError, match=r"img_emb is empty: got 0 rows"):
+        loss(torch.zeros(0, 8), torch.zeros(0, 8))
+
+
+def test_empty_text_batch_is_named():
+    with pytest.raises(ValueError, match=r"txt_emb is empty: got 0 rows"):
+        build_loss("triplet")(torch.zeros(3, 8), torch.zeros(0, 8))
+
+
+def test_similarity_batch_size_message_says_the_real_size():
+    with pytest.raises(ValueError, match=r"sim needs a batch size of at least 2.*got 0"):
+        check_similarity(torch.zeros(0, 0))
+    with pytest.raises(ValueError, match=r"sim needs a batch size of at least 2.*got 1$"):
+        check_similarity(torch.zeros(1, 1))
+
+
+# ----------------------------------------------------------------------------- parameters
+
+#: (loss, parameter, bad value, words the message must hold): wrong type, non-finite, range.
+BAD = [
+    ("triplet", "margin", "a", "margin must be a finite number >= 0, got 'a'"),
+    ("triplet", "margin", -0.2, "margin must be >= 0, got -0.2"),
+    ("triplet", "margin", NAN, "margin must be a finite number >= 0, got nan"),
+    ("triplet", "margin", INF, "margin must be a finite number >= 0, got inf"),
+    ("triplet", "margin", True, "margin must be a finite number"),
+    ("triplet", "margin", None, "margin must be a finite number"),
+    ("triplet", "hardest", "yes", "hardest must be a bool"),
+    ("triplet", "reduction", "avg", "reduction must be one of"),
+    ("triplet", "chunk_size", 0, "chunk_size must be >= 1"),
+    ("triplet", "chunk_size", 2.0, "chunk_size must be an integer >= 1 or None"),
+    ("infonce", "temperature", 0.0, "temperature must be > 0, got 0.0"),
+    ("infonce", "temperature", -0.05, "temperature must be > 0"),
+    ("infonce", "temperature", INF, "temperature must be a finite number > 0"),
+    ("infonce", "temperature", "0.05", "temperature must be a finite number > 0"),
+    ("infonce", "max_scale", 0.5, "max_scale must be >= 1"),
+    ("infonce", "max_scale", NAN, "max_scale must be a finite number >= 1"),
+    ("infonce", "learnable_temperature", 1, "learnable_temperature must be a bool"),
+    ("unified", "margin", -0.1, "margin must be >= 0"),
+    ("unified", "margin", NAN, "margin must be a finite number"),
+    ("unified", "gamma", 0.0, "gamma must be > 0"),
+    ("unified", "gamma", "60", "gamma must be a finite number > 0"),
+    ("circle", "margin", NAN, "margin must be a finite number"),
+    ("circle", "margin", "0.4", "margin must be a finite number"),
+    ("circle", "gamma", -1.0, "gamma must be > 0"),
+    ("multi_similarity", "alpha", 0.0, "alpha must be > 0"),
+    ("multi_similarity", "beta", INF, "beta must be a finite number > 0"),
+    ("multi_similarity", "lam", NAN, "lam must be a finite number"),
+    ("multi_similarity", "epsilon", -0.1, "epsilon must be >= 0"),
+    ("binomial_deviance", "beta", 0.0, "beta must be > 0"),
+    ("binomial_deviance", "lam", "0.5", "lam must be a finite number"),
+    ("nca_hard", "tau", 0.0, "tau must be > 0"),
+    ("nca_hard", "tau", NAN, "tau must be a finite number > 0"),
+    ("goal", "margin", -0.2, "margin must be >= 0"),
+    ("goal", "tau", 0.0, "tau must be > 0"),
+    ("goal", "alpha", "2", "alpha must be a finite number > 0"),
+    ("goal", "beta", -1.0, "beta must be > 0"),
+    ("goal", "lam", INF, "lam must be a finite number"),
+    ("goal", "epsilon", -0.1, "epsilon must be >= 0"),
+    ("goal", "circle_offset", NAN, "circle_offset must be a finite number"),
+    ("goal", "triplet_weight", "circle", "triplet_weight must be one of"),
+    ("goal", "pair_weight", "sig_ms", "pair_weight must be one of"),
+    ("vsl", "alpha", -1.0, "alpha must be >= 0"),
+    ("vsl", "beta", NAN, "beta must be a finite number >= 0"),
+    ("vsl", "tau", 0.0, "tau must be > 0"),
+    ("vsl", "descending", "no", "descending must be a bool"),
+    ("adacl", "m1_init", 0.0, "m1_init must be > 0"),
+    ("adacl", "m1_init", "20", "m1_init must be a finite number > 0"),
+    ("adacl", "m2_init", NAN, "m2_init must be a finite number"),
+    ("adacl", "p_u", 1.0, "p_u must be in (0, 1)"),
+    ("adacl", "eps", 0.0, "eps must be in (0, 1)"),
+    ("adacl", "anchor_selection", "mean", "anchor_selection must be one of"),
+    ("adacl", "top_k", 1, "top_k must be >= 2"),
+    ("adacl", "margin_momentum", 1.0, "margin_momentum must be in [0, 1)"),
+    ("adacl", "negative_temperature", 0.0, "negative_temperature must be > 0"),
+    ("adacl", "warmup_steps", -1, "warmup_steps must be >= 0"),
+    ("adacl", "min_variance", INF, "min_variance must be a finite number >= 0"),
+    ("adacl", "max_anchor", 1.5, "max_anchor must be <= 1"),
+    ("adacl", "max_anchor", -INF, "max_anchor must be a finite number <= 1"),
+    ("adacl", "max_m1", 0.0, "max_m1 must be > 0"),
+    ("adacl", "seed", 1.5, "seed must be an integer"),
+    ("adacl", "queue_size", -1, "queue_size must be >= 0"),
+    ("adacl", "embed_dim", 0, "embed_dim must be >= 1"),
+    ("adacl", "sync_margins", "true", "sync_margins must be a bool"),
+]
+
+
+@pytest.mark.parametrize(("name", "param", "value", "words"), BAD)
+def test_registry_check_names_the_parameter(name, param, value, words):
+    with pytest.raises(ParamError) as err:
+        check_loss_params(name, {param: value})
+    assert err.value.param == param
+    assert str(err.value).startswith(f"{param} ")
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize(("name", "param", "value", "words"), BAD)
+def test_constructor_raises_the_same_error(name, param, value, words):
+    with pytest.raises(ParamError) as registry_err:
+        check_loss_params(name, {param: value})
+    with pytest.raises(ValueError) as built_err:
+        build_loss(name, **{param: value})
+    assert str(built_err.value) == str(registry_err.value)
+
+
+def test_triplet_reproductions_from_the_issue():
+    with pytest.raises(ValueError, match="margin must be a finite number >= 0, got 'a' \\(str\\)"):
+        TripletLoss(margin="a")
+    with pytest.raises(ValueError, match="margin must be >= 0, got -0.2"):
+        TripletLoss(margin=-0.2)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("multi_similarity", {"lam": -0.5}),  # a similarity threshold: any real
+        ("binomial_deviance", {"lam": -0.5}),
+        ("goal", {"lam": -0.5, "circle_offset": -0.5, "margin": 0.0}),
+        ("circle", {"margin": -0.1}),  # Circle loss's relaxation m: not bounded here
+        ("adacl", {"m2_init": -0.3, "seed": -1, "max_anchor": -0.5, "top_k": None}),
+        ("adacl", {"max_m1": None, "embed_dim": None, "queue_size": 0}),
+        ("infonce", {"max_scale": 1, "temperature": 1}),  # ints are numbers
+        ("triplet", {"margin": 0, "chunk_size": None}),
+        ("vsl", {"alpha": 0.0, "base": "unified", "base_params": {"margin": 0.1}}),
+    ],
+)
+def test_legitimate_values_pass_and_build(name, params):
+    check_loss_params(name, params)
+    build_loss(name, **params)
+
+
+@pytest.mark.parametrize("name", available_losses())
+def test_defaults_pass(name):
+    check_loss_params(name, {})
+    check_loss_params(name, loss_parameters(name))
+
+
+#: Constructor parameters that are objects rather than settings (checked when built).
+UNDECLARED = {("vsl", "semantic"), ("vsl", "base"), ("vsl", "base_params")}
+
+
+@pytest.mark.parametrize("name", available_losses())
+def test_every_constructor_parameter_is_declared(name):
+    specs = loss_class(name).param_specs()
+    missing = {p for p in loss_parameters(name) if p not in specs and (name, p) not in UNDECLARED}
+    assert not missing, f"loss {name!r}: declare {sorted(missing)} in its class's params"
+
+
+def test_check_does_not_build_the_loss(monkeypatch):
+    import vlret.memory
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_loss_params built a queue")
+
+    monkeypatch.setattr(vlret.memory.MemoryQueue, "__init__", refuse)
+    check_loss_params("adacl", {"queue_size": 4096, "embed_dim": 1024})
+    with pytest.raises(AssertionError, match="built a queue"):
+        build_loss("adacl", queue_size=4096, embed_dim=1024)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "param", "words"),
+    [
+        ("adacl", {"p_u": 0.6, "eps": 0.5}, "p_u", "p_u + eps must be below 1"),
+        ("adacl", {"queue_size": 8}, "embed_dim", "embed_dim is required when queue_size > 0"),
+        (
+            "adacl",
+            {"scale_negatives": True, "negative_temperature": 0.05},
+            "scale_negatives",
+            "negative_temperature other than 1",
+        ),
+        ("vsl", {"base": "vsl"}, "base", "base must be another loss than 'vsl'"),
+        ("vsl", {"base": "tripplet"}, "base", "unknown loss 'tripplet'"),
+        ("vsl", {"base_params": [1]}, "base_params", "base_params must be a dict"),
+        ("vsl", {"reduction": "none"}, "reduction", "reduction='none' must be used by both"),
+    ],
+)
+def test_relations_between_parameters(name, params, param, words):
+    with pytest.raises(ParamError) as err:
+        check_loss_params(name, params)
+    assert err.value.param == param
+    assert words in str(err.value)
+    with pytest.raises(ValueError, match=words.replace("+", r"\+")):
+        build_loss(name, **params)
+
+
+def test_nested_base_params_are_named_with_their_path():
+    with pytest.raises(ParamError) as err:
+        check_loss_params("vsl", {"base": "triplet", "base_params": {"margin": -0.2}})
+    assert err.value.param == "base_params.margin"
+    assert str(err.value) == "base_params.margin must be >= 0, got -0.2"
+    with pytest.raises(ParamError) as err:
+        check_loss_params("vsl", {"base_params": {"gama": 1.0}})
+    assert err.value.param == "base_params.gama"
+    check_loss_params("vsl", {"base_params": {"reduction": "none"}, "reduction": "none"})
+
+
+def test_unknown_names_are_reported():
+    with pytest.raises(ValueError, match="unknown loss 'tripplet'"):
+        check_loss_params("tripplet", {})
+    with pytest.raises(ParamError, match="unknown parameter.*gama.*valid: margin=0.2") as err:
+        check_loss_params("unified", {"gama": 50.0})
+    assert err.value.param == "gama"
+
+
+def test_error_prefix_for_a_config_key():
+    with pytest.raises(ParamError) as err:
+        check_loss_params("triplet", {"margin": NAN})
+    assert f"loss.{err.value}" == "loss.margin must be a finite number >= 0, got nan"
+
+
+def test_numpy_floats_are_numbers_but_integers_must_be_ints():
+    np = pytest.importorskip("numpy")
+    check_loss_params("triplet", {"margin": np.float32(0.2), "chunk_size": 8})
+    with pytest.raises(ParamError, match="chunk_size must be an integer >= 1 or None"):
+        check_loss_params("triplet", {"chunk_size": np.int64(8)})
