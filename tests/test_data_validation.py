@@ -1,5 +1,5 @@
-"""Data validation: blank lines in text files, and loader errors that must name the file and the
-line or row (issue 12).
+"""Data validation before training: non-finite or mis-sized features, blank lines in text files,
+and loader errors that must name the file and the line or row (issue 12).
 
 Every case writes a tiny data set in the real on-disk format and reproduces one defect.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -17,10 +18,12 @@ from vlret.data import (
     KarpathyDataset,
     MSRVTTDataset,
     PrecompDataset,
+    check_features,
     read_jsfusion_csv,
     read_train_csv,
 )
 from vlret.data.msrvtt import msrvtt_vocab_captions
+from vlret.data.precomp import find_non_finite
 from vlret.data.writers import (
     make_tiny_karpathy,
     make_tiny_msrvtt,
@@ -29,6 +32,7 @@ from vlret.data.writers import (
     write_jsfusion_csv,
     write_msrvtt_train_csv,
     write_precomp,
+    write_video_features,
 )
 
 
@@ -44,7 +48,155 @@ def _append(path, data: bytes) -> None:
     path.write_bytes(path.read_bytes() + data)
 
 
-# ------------------------------------------------------------------ feature arrays
+# ------------------------------------------------------------------ precomp: finite features
+
+
+def test_clean_precomp_features_pass_with_and_without_in_dim(tmp_path):
+    make_tiny_precomp(tmp_path, feature_shape=(4, 16))
+    for split in ("train", "dev"):
+        ds = PrecompDataset(tmp_path, split)
+        check_features(ds)
+        check_features(ds, in_dim=16)
+
+
+def test_nan_in_train_regions_names_file_image_region_and_dimension(tmp_path):
+    feats = _feats(6, 4, 16)
+    feats[3, 2, 5] = np.nan
+    feats[3, 3, 0] = np.nan
+    write_precomp(tmp_path, "train", feats, _caps(30))
+    ds = PrecompDataset(tmp_path, "train")
+    with pytest.raises(DataFormatError) as info:
+        check_features(ds, in_dim=16)
+    err = info.value
+    assert err.path == tmp_path / "train_ims.npy"
+    assert err.row == 3
+    assert str(err).startswith(f"{tmp_path / 'train_ims.npy'}, row 3")
+    assert "image 3, region 2, dimension 5: NaN" in str(err)
+    assert "2 of its 64 values are not finite" in str(err)
+
+
+@pytest.mark.parametrize("value, word", [(np.inf, "inf"), (-np.inf, "-inf")])
+def test_inf_in_pooled_vectors(tmp_path, value, word):
+    feats = _feats(3, 8)
+    feats[1, 7] = value
+    write_precomp(tmp_path, "dev", feats, _caps(15))
+    with pytest.raises(
+        DataFormatError, match=rf"dev_ims\.npy, row 1: image 1, dimension 7: {word}"
+    ):
+        check_features(PrecompDataset(tmp_path, "dev"))
+
+
+def test_first_bad_row_is_reported_across_chunks(tmp_path):
+    feats = _feats(40, 2, 4)
+    feats[29, 1, 1] = np.inf
+    feats[17, 0, 3] = np.nan
+    write_precomp(tmp_path, "train", feats, _caps(200))
+    ds = PrecompDataset(tmp_path, "train")
+    # chunks of 3 rows (96 bytes): row 17 is in the sixth chunk, not at a chunk start
+    with pytest.raises(DataFormatError, match=r"row 17: image 17, region 0, dimension 3: NaN"):
+        ds.check_features(chunk_bytes=3 * 2 * 4 * 4)
+    with pytest.raises(DataFormatError, match=r"row 17: image 17, region 0, dimension 3: NaN"):
+        ds.check_features(chunk_bytes=1)  # smaller than a row: one row per chunk
+
+
+def test_in_memory_features_are_checked_too(tmp_path):
+    feats = _feats(4, 3)
+    feats[2, 0] = np.nan
+    write_precomp(tmp_path, "test", feats, _caps(20))
+    with pytest.raises(DataFormatError, match=r"row 2: image 2, dimension 0: NaN"):
+        check_features(PrecompDataset(tmp_path, "test", mmap=False))
+
+
+def test_only_the_images_a_dataset_uses_are_checked(tmp_path):
+    feats = _feats(5, 2, 4)
+    feats[3, 0, 0] = np.nan  # beyond max_images: never read by this dataset
+    write_precomp(tmp_path, "dev", feats, _caps(25))
+    check_features(PrecompDataset(tmp_path, "dev", max_images=3))
+    with pytest.raises(DataFormatError, match="row 3"):
+        check_features(PrecompDataset(tmp_path, "dev", max_images=4))
+
+
+def test_half_precision_features_are_scanned(tmp_path):
+    feats = _feats(3, 2, 4).astype(np.float16)
+    feats[2, 1, 2] = np.inf
+    write_precomp(tmp_path, "dev", feats, _caps(15))
+    with pytest.raises(DataFormatError, match=r"row 2: image 2, region 1, dimension 2: inf"):
+        check_features(PrecompDataset(tmp_path, "dev"))
+
+
+def test_scan_streams_a_memory_mapped_file_in_bounded_chunks(tmp_path):
+    feats = _feats(256, 8, 1024)  # 8 MiB
+    write_precomp(tmp_path, "train", feats, ["a cat ."] * 1280)
+    ds = PrecompDataset(tmp_path, "train")
+    tracemalloc.start()
+    try:
+        ds.check_features(chunk_bytes=256 << 10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak  # a copy of the array would be 8 MiB
+
+
+def _naive_first_non_finite(array: np.ndarray, rows) -> tuple[int, tuple[int, ...]] | None:
+    for row in rows:
+        for index in np.ndindex(array.shape[1:]):
+            if not np.isfinite(array[row][index]):
+                return row, index
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_find_non_finite_matches_a_naive_loop(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 30)), *[int(d) for d in rng.integers(1, 5, rng.integers(1, 3))])
+    array = rng.standard_normal(shape).astype(np.float32)
+    for _ in range(rng.integers(0, 4)):
+        spot = tuple(int(rng.integers(0, d)) for d in shape)
+        array[spot] = rng.choice([np.nan, np.inf, -np.inf])
+    np.save(tmp_path / "a.npy", array)
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
+    subset = np.sort(rng.choice(shape[0], size=int(rng.integers(1, shape[0] + 1)), replace=False))
+    row_bytes = array[0].nbytes
+    for chunk_bytes in (1, 2 * row_bytes + 1, 1 << 20):
+        for source in (array, mapped):
+            for rows in (None, subset):
+                found = find_non_finite(source, rows=rows, chunk_bytes=chunk_bytes)
+                expected = _naive_first_non_finite(array, range(shape[0]) if rows is None else rows)
+                got = None if found is None else (found.row, found.index)
+                assert got == expected, (chunk_bytes, type(source), rows)
+                if found is not None:
+                    bad_row = array[found.row]
+                    assert found.count == int((~np.isfinite(bad_row)).sum())
+                    assert np.array_equal(found.value, bad_row[found.index], equal_nan=True)
+
+
+# ------------------------------------------------------------------ precomp: feature size
+
+
+def test_feature_size_differs_from_model_in_dim(tmp_path):
+    write_precomp(tmp_path, "train", _feats(2, 36, 16), _caps(10))
+    with pytest.raises(DataFormatError) as info:
+        check_features(PrecompDataset(tmp_path, "train"), in_dim=2048)
+    text = str(info.value)
+    assert text.startswith(str(tmp_path / "train_ims.npy"))
+    assert "shape (2, 36, 16)" in text
+    assert "model.image.in_dim = 2048" in text
+    assert info.value.row is None
+
+
+def test_size_is_checked_before_the_scan(tmp_path):
+    feats = _feats(2, 8)
+    feats[0, 0] = np.nan
+    write_precomp(tmp_path, "train", feats, _caps(10))
+    with pytest.raises(DataFormatError, match="model.image.in_dim"):
+        check_features(PrecompDataset(tmp_path, "train"), in_dim=4)
+
+
+@pytest.mark.parametrize("in_dim", [0, -3, 2.0, True, "2048"])
+def test_bad_in_dim_argument(tmp_path, in_dim):
+    write_precomp(tmp_path, "dev", _feats(1, 4), _caps(5))
+    with pytest.raises(ValueError, match="in_dim must be a positive int"):
+        check_features(PrecompDataset(tmp_path, "dev"), in_dim=in_dim)
 
 
 @pytest.mark.parametrize("shape", [(2, 0, 4), (2, 4, 0), (2, 0)])
@@ -54,7 +206,115 @@ def test_empty_region_or_feature_axis_is_refused_on_load(tmp_path, shape):
         PrecompDataset(tmp_path, "dev")
 
 
-# ------------------------------------------------------------------ Karpathy: empty split
+# ------------------------------------------------------------------ MSR-VTT frame features
+
+
+@pytest.fixture
+def video_root(tmp_path):
+    make_tiny_msrvtt(tmp_path, feature_shape=(3, 8))  # train 4 / validate 2 / test 3 videos
+    return tmp_path
+
+
+def _poison_video(root, video_id: str, frame: int, dim: int, value: float) -> int:
+    """Write ``value`` into a video's features; returns its row in video_feats.npy."""
+    ids = (root / "video_ids.txt").read_text(encoding="utf-8").split()
+    feats = np.load(root / "video_feats.npy")
+    row = ids.index(video_id)
+    feats[row, frame, dim] = value
+    write_video_features(root, ids, feats)
+    return row
+
+
+def test_nan_in_a_dev_video_names_row_video_and_frame(video_root):
+    row = _poison_video(video_root, "video5", frame=1, dim=6, value=np.nan)
+    ds = MSRVTTDataset(video_root, "dev")
+    assert ds.video_ids == ["video4", "video5"]
+    with pytest.raises(DataFormatError) as info:
+        check_features(ds, in_dim=8)
+    err = info.value
+    assert err.path == video_root / "video_feats.npy"
+    assert err.row == row
+    assert f"row {row}: video5 (video 1 of the full dev split), frame 1, dimension 6: NaN" in (
+        str(err)
+    )
+    check_features(MSRVTTDataset(video_root, "train"))  # the bad video is not in train
+
+
+def test_first_bad_video_in_file_order_within_the_split(video_root):
+    # rows are written in reverse video order: video3 is row 5, video1 is row 7
+    _poison_video(video_root, "video1", 0, 0, np.inf)
+    row = _poison_video(video_root, "video3", 2, 3, -np.inf)
+    with pytest.raises(DataFormatError, match=rf"row {row}: video3 .* -inf"):
+        MSRVTTDataset(video_root, "train").check_features(chunk_bytes=1)
+
+
+def test_msrvtt_truncated_split_checks_only_the_kept_videos(video_root):
+    _poison_video(video_root, "video3", 0, 0, np.nan)
+    ds = MSRVTTDataset(video_root, "train")
+    # what vlret.train.builders does for max_images: keep the first images in place
+    ds.image_ids = ds.image_ids[:2]
+    ds.txt_to_img = ds.txt_to_img[ds.txt_to_img < 2]
+    ds.captions = ds.captions[: len(ds.txt_to_img)]
+    check_features(ds)
+
+
+def test_msrvtt_feature_size_names_the_config_key(video_root):
+    with pytest.raises(DataFormatError, match=r"video_feats\.npy: has shape \(9, 3, 8\).*in_dim"):
+        check_features(MSRVTTDataset(video_root, "test"), in_dim=2048)
+
+
+def test_msrvtt_pooled_vectors(tmp_path):
+    make_tiny_msrvtt(tmp_path, feature_shape=(8,))
+    row = _poison_pooled(tmp_path, "video0")
+    with pytest.raises(DataFormatError, match=rf"row {row}: video0 .*, dimension 2: inf"):
+        check_features(MSRVTTDataset(tmp_path, "train", protocol="1k-A"))
+
+
+def _poison_pooled(root, video_id: str) -> int:
+    ids = (root / "video_ids.txt").read_text(encoding="utf-8").split()
+    feats = np.load(root / "video_feats.npy")
+    row = ids.index(video_id)
+    feats[row, 2] = np.inf
+    write_video_features(root, ids, feats)
+    return row
+
+
+# ------------------------------------------------------------------ Karpathy: image files
+
+
+def test_karpathy_missing_image_file_names_json_line_and_path(tmp_path):
+    json_path = tmp_path / "dataset_coco.json"
+    images = make_tiny_karpathy(json_path)
+    # one value per line, as the real files pretty-printed: the line number then means something
+    json_path.write_text(json.dumps(json.loads(json_path.read_text()), indent=1))
+    image_root = tmp_path / "images"
+    train = [im for im in images if im.split in ("train", "restval")]
+    for im in train:
+        path = im.path(image_root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    ds = KarpathyDataset(json_path, "train", image_root=image_root)
+    check_features(ds, in_dim=2048)  # in_dim has no meaning for raw images
+    missing = train[3].path(image_root)
+    missing.unlink()
+    train[4].path(image_root).unlink()
+    with pytest.raises(DataFormatError) as info:
+        check_features(ds)
+    text = str(info.value)
+    assert text.startswith(f"{json_path}, line ")
+    assert str(missing) in text
+    assert "2 of the 5 images of the train split are missing" in text
+    # indent=1 puts each image entry's opening brace alone on a line indented by 2
+    entry_lines = [
+        n for n, text in enumerate(json_path.read_text().splitlines(), start=1) if text == "  {"
+    ]
+    assert info.value.line == entry_lines[images.index(train[3])]
+
+
+def test_karpathy_without_image_root_has_nothing_to_check(tmp_path):
+    json_path = tmp_path / "dataset_coco.json"
+    make_tiny_karpathy(json_path)
+    check_features(KarpathyDataset(json_path, "train"))
 
 
 def test_karpathy_split_without_images_is_an_error(tmp_path):
@@ -68,12 +328,6 @@ def test_karpathy_split_without_images_is_an_error(tmp_path):
 
 
 # ------------------------------------------------------------------ blank lines in text files
-
-
-@pytest.fixture
-def video_root(tmp_path):
-    make_tiny_msrvtt(tmp_path, feature_shape=(3, 8))  # train 4 / validate 2 / test 3 videos
-    return tmp_path
 
 
 @pytest.mark.parametrize("tail", [b"\n", b"\n\n", b"\r\n\r\n", b"  \n\t\n", b"\n \n \n"])

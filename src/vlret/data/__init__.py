@@ -8,7 +8,8 @@
 
 Every dataset yields ``(features, caption ids, image index, caption index)`` per caption,
 collates with ``dataset.collate`` (captions padded, with lengths) and exposes ``txt_to_img`` for
-:func:`vlret.metrics.retrieval_metrics`.
+:func:`vlret.metrics.retrieval_metrics`. :func:`check_features` scans a split's precomputed
+features for NaN / inf and a size other than the model's ``in_dim`` before training.
 """
 
 from .karpathy import (
@@ -37,6 +38,7 @@ from .precomp import (
     RetrievalBatch,
     RetrievalDataset,
     RetrievalItem,
+    check_features,
     collate_retrieval,
     pad_captions,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "build_msrvtt_vocab",
     "build_precomp_vocab",
     "build_vocab",
+    "check_features",
     "collate_retrieval",
     "load_hf_tokenizer",
     "pad_captions",

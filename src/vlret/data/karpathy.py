@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from .precomp import CaptionEncoder, DataFormatError, RetrievalDataset, read_json
+from .precomp import (
+    SCAN_CHUNK_BYTES,
+    CaptionEncoder,
+    DataFormatError,
+    RetrievalDataset,
+    check_in_dim,
+    read_json,
+)
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
@@ -162,6 +169,11 @@ class KarpathyData:
         if name not in SPLIT_MEMBERS:
             raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {name!r}")
         return tuple(s for s in SPLIT_MEMBERS[name] if include_restval or s != "restval")
+
+    def line_of(self, image: KarpathyImage) -> int | None:
+        """Line of ``image``'s entry in the JSON file (for an error message), if found."""
+        k = next(k for k, im in enumerate(self.images) if im is image)
+        return locate_json_line(self.path, ("images", k))
 
 
 def _field(entry: dict, key: str, kind: type | tuple, where: str, at: tuple) -> Any:
@@ -337,6 +349,26 @@ class KarpathyDataset(RetrievalDataset):
                 f"{self.data.path}"
             )
         return self.image_transform(path) if self.image_transform is not None else path
+
+    def check_features(
+        self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
+    ) -> None:
+        """Raw images have no features to scan (``in_dim`` is not checked); with an
+        ``image_root``, every image file of the split must exist (one ``stat`` per image)."""
+        check_in_dim(in_dim)
+        if self.image_root is None:
+            return
+        entries = self.entries[: self.num_images]  # builders may keep only the first images
+        missing = [im for im in entries if not im.path(self.image_root).is_file()]
+        if missing:
+            first = missing[0]
+            raise DataFormatError(
+                self.data.path,
+                f"image file {first.path(self.image_root)} of imgid {first.imgid} is missing; "
+                f"{len(missing)} of the {len(entries)} images of the {self.split} split are "
+                f"missing under image_root {self.image_root}",
+                line=self.data.line_of(first),
+            )
 
 
 def karpathy_vocab_captions(

@@ -34,14 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .karpathy import EntryError, JsonPath, locate_json_line
 from .precomp import (
+    SCAN_CHUNK_BYTES,
     CaptionEncoder,
     DataFormatError,
     LazyFeatures,
     RetrievalDataset,
+    check_feature_size,
+    find_non_finite,
     load_feature_array,
     read_json,
     read_lines,
@@ -261,8 +265,10 @@ class VideoFeatures:
                 "id per row",
             )
         self.ids_path = ids_path
+        self.path = npy
         self.row = row
-        self.feature_shape = tuple(array.shape[1:])
+        self.shape = tuple(array.shape)
+        self.feature_shape = self.shape[1:]
         self._features = LazyFeatures(npy, mmap=mmap, array=array)
 
     def rows_for(self, video_ids: Sequence[str]) -> list[int]:
@@ -277,6 +283,11 @@ class VideoFeatures:
 
     def __getitem__(self, row: int) -> torch.Tensor:
         return self._features.row(row)
+
+    def find_non_finite(self, rows: Sequence[int], *, chunk_bytes: int = SCAN_CHUNK_BYTES):
+        """The first of ``rows`` (in file order) holding NaN or inf, streamed in chunks; see
+        :func:`vlret.data.precomp.find_non_finite`."""
+        return find_non_finite(self._features.array, rows=np.unique(rows), chunk_bytes=chunk_bytes)
 
 
 def normalise_protocol(protocol: str) -> str:
@@ -369,6 +380,22 @@ class MSRVTTDataset(RetrievalDataset):
     def image(self, index: int) -> torch.Tensor:
         """Float32 features of video ``index``: ``(T, D)`` frames or ``(D,)``."""
         return self.features[self._rows[index]]
+
+    def check_features(
+        self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
+    ) -> None:
+        """The size check, then a scan of the rows of ``video_feats.npy`` that this split's
+        videos use (in file order; rows of other splits are not read)."""
+        feats = self.features
+        check_feature_size(feats.path, feats.shape, in_dim)
+        rows = self._rows[: self.num_images]  # builders may keep only the first videos
+        bad = feats.find_non_finite(rows, chunk_bytes=chunk_bytes)
+        if bad is not None:
+            index = rows.index(bad.row)
+            what = (
+                f"{self.image_ids[index]} (video {index} of the {self.protocol} {self.split} split)"
+            )
+            raise DataFormatError(feats.path, bad.describe(what, "frame"), row=bad.row)
 
 
 def _video_captions(

@@ -38,14 +38,22 @@ VOCAB_SPLITS = ("train", "dev")
 class DataFormatError(ValueError):
     """A data file that exists but does not hold what its format requires.
 
-    ``path`` is the file and ``line`` the 1-based line (``None`` where the problem has no line,
-    e.g. an array shape); both also appear in the message.
+    ``path`` is the file, ``line`` the 1-based line of a text file and ``row`` the 0-based row
+    of a feature array (each ``None`` where it does not apply, e.g. an array shape); they also
+    appear in the message: ``"{path}, line {line}: {message}"``, ``"{path}, row {row}: ..."``.
     """
 
-    def __init__(self, path: str | Path, message: str, *, line: int | None = None) -> None:
+    def __init__(
+        self, path: str | Path, message: str, *, line: int | None = None, row: int | None = None
+    ) -> None:
         self.path = Path(path)
         self.line = line
-        where = f"{self.path}, line {line}" if line is not None else str(self.path)
+        self.row = row
+        where = str(self.path)
+        if line is not None:
+            where += f", line {line}"
+        if row is not None:
+            where += f", row {row}"
         super().__init__(f"{where}: {message}")
 
 
@@ -94,6 +102,101 @@ def load_feature_array(path: Path, *, mmap: bool = True) -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.floating):
         raise DataFormatError(path, f"has dtype {arr.dtype}; expected float32 features")
     return arr
+
+
+#: Feature bytes read at once by :func:`find_non_finite` (plus a boolean mask a quarter as big).
+SCAN_CHUNK_BYTES = 4 << 20
+#: The model config key that must match the last feature dimension.
+IN_DIM_KEY = "model.image.in_dim"
+
+
+def check_in_dim(in_dim: int | None) -> None:
+    """``ValueError`` unless ``in_dim`` is ``None`` or a positive int."""
+    if in_dim is not None and (
+        not isinstance(in_dim, int) or isinstance(in_dim, bool) or in_dim < 1
+    ):
+        raise ValueError(f"in_dim must be a positive int or None, got {in_dim!r}")
+
+
+def check_feature_size(path: Path, shape: tuple[int, ...], in_dim: int | None) -> None:
+    """``DataFormatError`` unless the last dimension of ``shape`` is ``in_dim`` (``None``: any)."""
+    check_in_dim(in_dim)
+    if in_dim is not None and shape[-1] != in_dim:
+        raise DataFormatError(
+            path,
+            f"has shape {tuple(shape)}: features of size {shape[-1]}, but the model expects "
+            f"{IN_DIM_KEY} = {in_dim}; set {IN_DIM_KEY} = {shape[-1]} or use features of "
+            f"size {in_dim}",
+        )
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """The first non-finite value found: its ``row``, its ``index`` inside the row (``(region,
+    dimension)`` or ``(dimension,)``), the ``value`` and how many of the row's values are bad."""
+
+    row: int
+    index: tuple[int, ...]
+    value: float
+    count: int
+    row_size: int
+
+    def describe(self, what: str, axis: str) -> str:
+        """``"{what}, {axis} 2, dimension 5: NaN (3 of its 64 values are not finite)"``."""
+        names = (axis, "dimension")[-len(self.index) :]
+        where = ", ".join(f"{name} {i}" for name, i in zip(names, self.index, strict=True))
+        found = "NaN" if np.isnan(self.value) else ("inf" if self.value > 0 else "-inf")
+        return (
+            f"{what}, {where}: {found} ({self.count} of its {self.row_size} values are not "
+            "finite); expected finite features (a corrupt or partly written file?)"
+        )
+
+
+def find_non_finite(
+    array: np.ndarray,
+    *,
+    rows: np.ndarray | None = None,
+    stop: int | None = None,
+    chunk_bytes: int = SCAN_CHUNK_BYTES,
+) -> NonFinite | None:
+    """The first row holding NaN or inf among ``rows`` (ascending row indices; default: rows
+    ``0 .. stop``), or ``None``. Reads about ``chunk_bytes`` of rows at a time: a memory-mapped
+    array is streamed with file reads, so neither the heap nor the mapped pages grow with it."""
+    if rows is None:
+        rows = np.arange(len(array) if stop is None else min(stop, len(array)))
+    step = max(1, chunk_bytes // max(1, array[0].nbytes))
+    for start in range(0, len(rows), step):
+        numbers = rows[start : start + step]
+        chunk = _read_rows(array, numbers)
+        if np.isfinite(chunk).all():
+            continue
+        bad = ~np.isfinite(chunk.reshape(len(chunk), -1))
+        r = int(bad.any(axis=1).argmax())
+        index = tuple(int(i) for i in np.unravel_index(int(bad[r].argmax()), chunk.shape[1:]))
+        return NonFinite(
+            row=int(numbers[r]),
+            index=index,
+            value=float(chunk[r][index]),
+            count=int(bad[r].sum()),
+            row_size=bad.shape[1],
+        )
+    return None
+
+
+def _read_rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``array[rows]`` (ascending), one read per run of consecutive rows; a C-ordered
+    ``np.memmap`` is read from its file instead of through the mapping."""
+    runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+    parts = []
+    for run in runs:
+        start, n = int(run[0]), len(run)
+        if isinstance(array, np.memmap) and array.filename and array.flags.c_contiguous:
+            offset = array.offset + start * array[0].nbytes
+            flat = np.fromfile(array.filename, array.dtype, n * array[0].size, offset=offset)
+            parts.append(flat.reshape(n, *array.shape[1:]))
+        else:
+            parts.append(array[start : start + n])
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def read_json(path: Path, what: str) -> Any:
@@ -242,6 +345,23 @@ class RetrievalDataset(Dataset):
     def texts(self) -> CaptionView:
         """A dataset over the captions only (no image features are read)."""
         return CaptionView(self)
+
+    def check_features(
+        self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
+    ) -> None:
+        """Raise :class:`DataFormatError` if the features this dataset serves hold NaN or inf
+        (scanned ``chunk_bytes`` at a time) or, with ``in_dim`` (the model's
+        ``model.image.in_dim``), have another last dimension. Nothing to check here."""
+        check_in_dim(in_dim)
+
+
+def check_features(
+    dataset: RetrievalDataset, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
+) -> None:
+    """:meth:`RetrievalDataset.check_features`, before training: the error names the file, the
+    first bad row (image or video, region or frame, dimension) and the value found, or the
+    shape and ``model.image.in_dim``."""
+    dataset.check_features(in_dim=in_dim, chunk_bytes=chunk_bytes)
 
 
 class ImageView(Dataset):
@@ -432,6 +552,16 @@ class PrecompDataset(RetrievalDataset):
         """The feature array as stored (an ``np.memmap`` unless ``mmap=False``)."""
         return self._features.array
 
+    def check_features(
+        self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
+    ) -> None:
+        """The size check, then a scan of rows ``0 .. num_images`` of ``{split}_ims.npy``."""
+        path = self._features.path
+        check_feature_size(path, self.array.shape, in_dim)
+        bad = find_non_finite(self.array, stop=self.num_images, chunk_bytes=chunk_bytes)
+        if bad is not None:
+            raise DataFormatError(path, bad.describe(f"image {bad.row}", "region"), row=bad.row)
+
     def image(self, index: int) -> torch.Tensor:
         """Float32 features of image ``index``: ``(R, D)`` regions or ``(D,)``."""
         if not 0 <= index < self.num_images:
@@ -455,11 +585,14 @@ __all__ = [
     "CaptionView",
     "DataFormatError",
     "ImageView",
+    "NonFinite",
     "PrecompDataset",
     "RetrievalBatch",
     "RetrievalDataset",
     "RetrievalItem",
+    "check_features",
     "collate_retrieval",
+    "find_non_finite",
     "load_precomp_captions",
     "pad_captions",
 ]
