@@ -1,13 +1,16 @@
-"""Argument checks of the losses (issue 12): empty batches, and constructor parameters declared
-on each loss class and checked through the registry without building the loss."""
+"""Argument checks of the losses (issue 12): empty batches, constructor parameters declared on
+each loss class and checked through the registry without building the loss, and AdaCL's
+queue dimension."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from vlret._checks import ParamError, check_similarity
-from vlret.losses import TripletLoss, available_losses, build_loss
+from vlret.losses import AdaCLLoss, TripletLoss, available_losses, build_loss
 from vlret.losses.registry import check_loss_params, loss_class, loss_parameters
 
 NAN, INF = float("nan"), float("inf")
@@ -245,3 +248,21 @@ def test_numpy_floats_are_numbers_but_integers_must_be_ints():
     check_loss_params("triplet", {"margin": np.float32(0.2), "chunk_size": 8})
     with pytest.raises(ParamError, match="chunk_size must be an integer >= 1 or None"):
         check_loss_params("triplet", {"chunk_size": np.int64(8)})
+
+
+# ----------------------------------------------------------------------------- AdaCL queue
+
+
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_adacl_queue_dimension_mismatch_names_embed_dim(chunk_size):
+    loss = AdaCLLoss(queue_size=16, embed_dim=32, chunk_size=chunk_size)
+    img, txt = torch.randn(8, 16), torch.randn(8, 16)
+    with pytest.raises(ValueError, match=r"embed_dim=32.*16|16.*embed_dim=32") as err:
+        loss(img, txt, torch.arange(8))
+    assert "img_emb" in str(err.value)
+
+
+def test_adacl_queue_with_matching_dimension_still_trains():
+    loss = AdaCLLoss(queue_size=16, embed_dim=16)
+    out = loss(torch.randn(8, 16), torch.randn(8, 16), torch.arange(8))
+    assert math.isfinite(float(out)) and len(loss.txt_queue) == 8

@@ -110,6 +110,16 @@ class MemoryQueue(nn.Module):
         self.register_buffer("valid", torch.zeros(size, dtype=torch.bool))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
 
+    def check_dim(self, t: torch.Tensor, name: str, *, setting: str = "dim") -> None:
+        """Raise ``ValueError`` unless ``t`` ``(n, D)`` has ``D == dim``, so that it can be
+        scored against (or stored in) the queue; ``setting`` names where ``dim`` was set."""
+        if t.dim() != 2 or t.shape[1] != self.dim:
+            raise ValueError(
+                f"{name} has dimension {t.shape[-1]} (shape {tuple(t.shape)}) but the memory "
+                f"queue holds keys of {setting}={self.dim}; set {setting} to the embeddings' "
+                "dimension"
+            )
+
     def __len__(self) -> int:
         """Number of filled slots."""
         return int(self.valid.sum())

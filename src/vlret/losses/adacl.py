@@ -1229,6 +1229,8 @@ class AdaCLLoss(PairLoss):
                 return self._tiled_forward(img_emb, txt_emb, img_ids, txt_ids)
             sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
             return self.from_similarity(sim, pos_mask=pos_mask)
+        check_embeddings(img_emb, txt_emb)
+        self.txt_queue.check_dim(img_emb, "img_emb", setting="embed_dim")  # txt_emb: same shape
         if not tiled:
             sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         batch = img_emb.shape[0]
