@@ -1,15 +1,19 @@
 """Argument checks of the losses (issue 12): empty batches, constructor parameters declared on
-each loss class and checked through the registry without building the loss, and AdaCL's
-queue dimension."""
+each loss class and checked through the registry without building the loss, AdaCL's queue
+dimension, and the AdaCL margins plot on a training run's own metrics log."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vlret._checks import ParamError, check_similarity
+from vlret.analysis.adacl_plots import load_stats, plot_adacl_margins
 from vlret.losses import AdaCLLoss, TripletLoss, available_losses, build_loss
 from vlret.losses.registry import check_loss_params, loss_class, loss_parameters
 
@@ -266,3 +270,73 @@ def test_adacl_queue_with_matching_dimension_still_trains():
     loss = AdaCLLoss(queue_size=16, embed_dim=16)
     out = loss(torch.randn(8, 16), torch.randn(8, 16), torch.arange(8))
     assert math.isfinite(float(out)) and len(loss.txt_queue) == 8
+
+
+# ----------------------------------------------------------------------------- AdaCL plot
+
+
+def _metrics_log(path: Path, steps: int = 5) -> list[dict]:
+    """A training run's metrics.jsonl as the trainer writes it: step records carrying
+    ``last_stats`` under a ``loss_`` prefix, and epoch records without margins."""
+    g = torch.Generator().manual_seed(0)
+    loss = AdaCLLoss()
+    lines = []
+    for k in range(steps):
+        img = F.normalize(torch.randn(10, 16, generator=g), dim=1)
+        txt = F.normalize(img + 0.7 * torch.randn(10, 16, generator=g), dim=1)
+        loss(img, txt)
+        record = {"kind": "step", "epoch": 0, "step": 100 + k, "loss": 1.0, "lr": 1e-3}
+        record.update({f"loss_{key}": v for key, v in loss.last_stats.items()})
+        lines.append(record)
+    lines.append({"kind": "epoch", "epoch": 0, "step": 100 + steps, "rsum": 12.5})
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    return lines[:-1]
+
+
+def test_plot_reads_a_training_runs_metrics_log(tmp_path: Path):
+    log = tmp_path / "metrics.jsonl"
+    steps = _metrics_log(log)
+    records = load_stats(log)
+    assert [r["step"] for r in records] == [100, 101, 102, 103, 104]
+    assert [r["m1"] for r in records] == [s["loss_m1"] for s in steps]
+    assert [r["anchor"] for r in records] == [s["loss_anchor"] for s in steps]
+    (png,) = plot_adacl_margins(log, tmp_path / "plots")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_a_log_without_margins_names_the_file(tmp_path: Path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"kind": "step", "step": 1, "loss": 2.0}\n{"kind": "epoch", "epoch": 0}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: no stats records with AdaCL margins"):
+        plot_adacl_margins(log, tmp_path)
+
+
+def test_prefixed_record_missing_one_margin_is_named(tmp_path: Path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"kind": "step", "step": 1, "loss_m1": 20.0}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1: missing required key 'loss_m2'"):
+        load_stats(log)
+
+
+@pytest.mark.parametrize("content", [None, '{"kind": "epoch", "epoch": 0}\n'])
+def test_cli_plot_errors_are_one_line(tmp_path: Path, capsys, content):
+    from vlret.cli import main
+
+    log = tmp_path / "metrics.jsonl"
+    if content is not None:
+        log.write_text(content)
+    code = main(["plot", "adacl-margins", "--stats", str(log), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("vlret plot: ") and err.count("\n") == 1
+    assert str(log) in err
+
+
+def test_cli_plot_of_a_metrics_log(tmp_path: Path, capsys):
+    from vlret.cli import main
+
+    log = tmp_path / "metrics.jsonl"
+    _metrics_log(log, steps=3)
+    out = tmp_path / "figs"
+    assert main(["plot", "adacl-margins", "--stats", str(log), "--out", str(out)]) == 0
+    assert str(out / "adacl_margins.png") in capsys.readouterr().out

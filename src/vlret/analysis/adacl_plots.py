@@ -13,6 +13,11 @@ object per line, one line per training step, in step order, each the
 
 Other keys are ignored; blank lines are skipped. Non-finite floats are written as ``null``, so
 every line is strict JSON.
+
+A training run's own ``metrics.jsonl`` is read too: the trainer logs ``last_stats`` in its
+step records under a ``loss_`` prefix (``loss_m1``, ``loss_m2``, ``loss_anchor``, ...), with
+the trainer's ``step`` as the x coordinate. Records without margins (epoch records, the steps
+of another loss) are skipped.
 """
 
 from __future__ import annotations
@@ -48,23 +53,44 @@ def append_stats(stats_file: Path | str, stats: Mapping[str, Any]) -> None:
         fh.write(line + "\n")
 
 
-def _number(record: dict, key: str, where: str, *, required: bool) -> float | None:
+def _number(
+    record: dict, key: str, where: str, *, required: bool, prefix: str = ""
+) -> float | None:
+    """``record[key]`` as a float; errors name the key as the file spells it (``prefix``)."""
     value = record.get(key)
     if value is None:
         if required:
-            raise ValueError(f"{where}: missing required key {key!r}")
+            raise ValueError(f"{where}: missing required key {prefix + key!r}")
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: {key!r} must be a number, got {value!r}")
+        raise ValueError(f"{where}: {prefix + key!r} must be a number, got {value!r}")
     return float(value)
 
 
+#: Prefix of ``last_stats`` keys in the trainer's step records.
+TRAINER_PREFIX = "loss_"
+
+
+def _margins_record(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The stats of a record in either form (``m1`` or the trainer's ``loss_m1``); ``None``
+    for a record without margins."""
+    if "m1" in record or "m2" in record:
+        return record
+    if f"{TRAINER_PREFIX}m1" in record or f"{TRAINER_PREFIX}m2" in record:
+        n = len(TRAINER_PREFIX)
+        stats = {k[n:]: v for k, v in record.items() if k.startswith(TRAINER_PREFIX)}
+        stats["step"] = record.get("step")  # the trainer's step, not the loss's own count
+        return stats
+    return None
+
+
 def load_stats(stats_file: Path | str) -> list[dict[str, Any]]:
-    """Read and validate a stats log; every record gets a numeric ``step``.
+    """Read and validate a stats log (or a run's ``metrics.jsonl``); every record gets a numeric
+    ``step``.
 
     Raises ``FileNotFoundError`` naming a missing file and ``ValueError`` naming ``file:line``
-    for a line that is not a JSON object or lacks a numeric ``m1`` / ``m2``, and for a log with
-    no records.
+    for a line that is not a JSON object or has only one of the margins or a non-numeric one,
+    and naming the file when no record has margins.
     """
     path = Path(stats_file)
     if not path.is_file():
@@ -81,15 +107,20 @@ def load_stats(stats_file: Path | str) -> list[dict[str, Any]]:
                 raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            for key in ("m1", "m2"):
-                _number(record, key, where, required=True)
-            _number(record, "anchor", where, required=False)
-            _number(record, "clone_count", where, required=False)
-            step = _number(record, "step", where, required=False)
-            record["step"] = len(records) + 1 if step is None else step
-            records.append(record)
+            stats = _margins_record(record)
+            if stats is None:
+                continue
+            prefix = "" if stats is record else TRAINER_PREFIX
+            for key in ("m1", "m2", "anchor", "clone_count"):
+                _number(stats, key, where, required=key in ("m1", "m2"), prefix=prefix)
+            step = _number(stats, "step", where, required=False)
+            stats["step"] = len(records) + 1 if step is None else step
+            records.append(stats)
     if not records:
-        raise ValueError(f"{path}: no stats records (expected one JSON object per line)")
+        raise ValueError(
+            f"{path}: no stats records with AdaCL margins (expected m1 and m2 per line, or "
+            "loss_m1 and loss_m2 in the step records of an AdaCL run's metrics.jsonl)"
+        )
     return records
 
 
