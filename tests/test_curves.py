@@ -144,3 +144,74 @@ def test_epoch_curve_markdown_means_and_stds(tmp_path):
     path = write_epoch_curves(runs, tmp_path / "out")
     assert path.name == CURVES_TABLE and "| a | 11.0 ± 1.4 | 20.0 |" in path.read_text()
     assert "cosine" not in path.read_text()  # keys no run logged get no table
+
+
+def _warmup_run(run_dir: Path, losses: list[float], *, all_negatives_epochs: int) -> Path:
+    """A run log whose loss changes definition after ``all_negatives_epochs`` (the
+    VSE-infinity warm-up: the all-negatives hinge sum is far larger than the hardest one)."""
+    import yaml
+
+    run_dir.mkdir(parents=True)
+    lines = [
+        {"kind": "epoch", "epoch": e, "step": e + 1, "train_loss": v, "dev_rsum": 10.0 * e}
+        for e, v in enumerate(losses)
+    ]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    config = {"train": {"epochs": len(losses), "all_negatives_epochs": all_negatives_epochs}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return run_dir
+
+
+def test_loss_plot_normalises_each_loss_definition_separately(tmp_path, monkeypatch):
+    # Triplet-HN, GOAL and VSL sum the hinge over all negatives for the warm-up epochs, then
+    # take the hardest: divided by the epoch-1 (warm-up) loss, the hardest-negative phase
+    # showed as ~0 (4 / 100). Each definition is divided by its own first epoch instead, and
+    # the switch is marked.
+    from vlret.analysis import curves
+
+    figures = []
+    monkeypatch.setattr(curves, "_save", lambda fig, path: figures.append(fig) or path)
+    runs = {
+        "triplet-hn": [
+            _warmup_run(tmp_path / "t0", [100.0, 80.0, 4.0, 3.0, 2.0], all_negatives_epochs=2),
+            _warmup_run(tmp_path / "t1", [120.0, 60.0, 8.0, 4.0, 6.0], all_negatives_epochs=2),
+        ],
+        "infonce": [
+            _warmup_run(tmp_path / "i0", [10.0, 5.0, 4.0, 3.0, 2.0], all_negatives_epochs=0)
+        ],
+    }
+    curves.plot_training_curves(runs, tmp_path / "plots")
+    ax_loss, ax_rsum = figures[0].axes[:2]
+    points: dict[str, dict[float, float]] = {}
+    switches = []
+    for line in ax_loss.get_lines():
+        xs, ys = list(map(float, line.get_xdata())), list(map(float, line.get_ydata()))
+        if len(set(xs)) == 1 and len(xs) == 2 and line.get_linestyle() == ":":
+            switches.append(xs[0])  # a vertical marker
+            continue
+        color = line.get_color()
+        points.setdefault(color, {}).update(zip(xs, ys, strict=True))
+    assert switches == [2.5]  # after epoch 2, before epoch 3
+    by_first = {round(p[1.0], 6): p for p in points.values()}
+    assert set(by_first) == {1.0}  # every series starts at 1
+    triplet = next(p for p in points.values() if 3.0 in p and p[2.0] == pytest.approx(0.65))
+    # warm-up: mean over the seeds of (80 / 100, 60 / 120); hardest phase: / epoch 3 of its seed
+    assert [triplet[e] for e in (3.0, 4.0, 5.0)] == pytest.approx([1.0, 0.625, 0.625])
+    assert min(triplet.values()) > 0.5  # not the 0.03 of dividing by the warm-up's first epoch
+    infonce = next(p for p in points.values() if p[2.0] == pytest.approx(0.5))
+    assert [infonce[e] for e in (3.0, 4.0, 5.0)] == pytest.approx([0.4, 0.3, 0.2])
+    assert any(line.get_linestyle() == ":" for line in ax_rsum.get_lines())  # marked there too
+
+
+def test_relative_loss_segments_and_definition_starts(tmp_path):
+    from vlret.analysis.curves import loss_definition_starts, relative_loss_segments
+
+    series = {1: 50.0, 2: 40.0, 3: 2.0, 4: 1.0}
+    assert relative_loss_segments(series, (1, 3)) == [{1: 1.0, 2: 0.8}, {3: 1.0, 4: 0.5}]
+    assert relative_loss_segments(series) == [{e: v / 50.0 for e, v in series.items()}]
+    # a run stopped during the warm-up has no second segment; a zero first value is skipped
+    assert relative_loss_segments({1: 5.0}, (1, 3)) == [{1: 1.0}, {}]
+    assert relative_loss_segments({1: 0.0, 2: 1.0}) == [{}]
+    run = _warmup_run(tmp_path / "r", [1.0], all_negatives_epochs=5)
+    assert loss_definition_starts(run) == (1, 6)
+    assert loss_definition_starts(tmp_path / "no-config") == (1,)

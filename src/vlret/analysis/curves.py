@@ -1,7 +1,10 @@
 """Figures of a loss comparison, drawn from the runs' ``metrics.jsonl`` logs.
 
 * :func:`plot_training_curves`: training loss and dev rsum against epochs, one line per loss
-  (Unified paper Fig. 3); the mean over seeds with a min-max band.
+  (Unified paper Fig. 3); the mean over seeds with a min-max band. A loss that changes
+  definition during the run (the all-negatives warm-up of ``train.all_negatives_epochs``) is
+  drawn as one segment per definition, each relative to its own first epoch, and the switch
+  is marked (:func:`loss_definition_starts`, :func:`relative_loss_segments`).
 * :func:`plot_similarity_curves`: mean positive and mean hardest-negative cosine on dev against
   epochs (Unified Fig. 4); runs logged without dev similarities fall back to the training
   batches' ``pos_sim`` / ``hardest_neg_sim`` step records, and the panel title says so.
@@ -99,7 +102,9 @@ def _aggregate(
     return epochs, mean, low, high
 
 
-def _draw(ax, series: Sequence[Mapping[int, float]], *, label: str, color, style="-") -> bool:
+def _draw(
+    ax, series: Sequence[Mapping[int, float]], *, label: str | None, color, style="-"
+) -> bool:
     series = [s for s in series if s]
     if not series:
         return False
@@ -173,22 +178,73 @@ def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | 
     return path
 
 
+def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
+    """The 1-based epochs at which the run's training loss takes a new definition: ``(1,)``,
+    or ``(1, n + 1)`` for a run with ``train.all_negatives_epochs = n`` in its ``config.yaml``
+    (the hinge summed over all negatives, then the hardest; :mod:`vlret.train.warmup`)."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except yaml.YAMLError:
+        config = None
+    train = config.get("train") if isinstance(config, dict) else None
+    warmup = train.get("all_negatives_epochs") if isinstance(train, dict) else None
+    if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup > 0:
+        return (1, warmup + 1)
+    return (1,)
+
+
+def relative_loss_segments(
+    series: Mapping[int, float], starts: Sequence[int] = (1,)
+) -> list[dict[int, float]]:
+    """``series`` (epoch -> loss) cut at each definition start of ``starts``, each segment
+    divided by the absolute value of its own first epoch, so that losses of different scales
+    share an axis and a warm-up loss does not make the loss after it look like zero. One dict
+    per start (empty where the run has no epoch of that definition, or its first value is 0 or
+    not finite)."""
+    bounds = sorted(set(starts))
+    out = []
+    for i, start in enumerate(bounds):
+        stop = bounds[i + 1] if i + 1 < len(bounds) else math.inf
+        part = {e: v for e, v in sorted(series.items()) if start <= e < stop}
+        first = part[min(part)] if part else 0.0
+        ok = first != 0 and math.isfinite(first)
+        out.append({e: v / abs(first) for e, v in part.items()} if ok else {})
+    return out
+
+
 def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """Training loss (relative to its first epoch, so that losses of different scales share an
-    axis) and dev rsum against epochs; ``runs`` maps a label to its seeds' run folders."""
+    """Training loss (each loss definition relative to its first epoch, so that losses of
+    different scales share an axis) and dev rsum against epochs; ``runs`` maps a label to its
+    seeds' run folders. A run whose loss changes definition (``train.all_negatives_epochs``)
+    gets one segment per definition, and a dotted line marks the switch on both panels."""
     logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
+    starts = {label: [loss_definition_starts(d) for d in dirs] for label, dirs in runs.items()}
     fig = _figure((12.0, 4.4))
     ax_loss, ax_rsum = fig.subplots(1, 2)
+    switches: dict[int, list[str]] = {}
     for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
-        losses = []
-        for r in recs:
-            s = epoch_series(r, "train_loss")
-            first = s.get(min(s)) if s else None
-            if first is not None and first != 0 and math.isfinite(first):
-                losses.append({e: v / abs(first) for e, v in s.items()})
-        _draw(ax_loss, losses, label=label, color=color)
+        phases = max((len(s) for s in starts[label]), default=1)
+        segments: list[list[dict[int, float]]] = [[] for _ in range(phases)]
+        for r, run_starts in zip(recs, starts[label], strict=True):
+            for i, segment in enumerate(
+                relative_loss_segments(epoch_series(r, "train_loss"), run_starts)
+            ):
+                segments[i].append(segment)
+            for start in run_starts[1:]:
+                if label not in switches.setdefault(start, []):
+                    switches[start].append(label)
+        drawn = False
+        for segment in segments:
+            drawn |= _draw(ax_loss, segment, label=label if not drawn else None, color=color)
         _draw(ax_rsum, [epoch_series(r, "dev_rsum") for r in recs], label=label, color=color)
-    ax_loss.set_title("training loss (÷ |epoch-1 loss|)")
+    for start, labels in sorted(switches.items()):
+        text = f"all-negatives warm-up ends ({', '.join(labels)})"
+        for ax in (ax_loss, ax_rsum):
+            ax.axvline(start - 0.5, color="0.4", linestyle=":", linewidth=1.2, label=text)
+    ax_loss.set_title("training loss (÷ |first epoch of each loss definition|)")
     ax_loss.set_ylabel("relative training loss")
     ax_rsum.set_title("dev rsum")
     ax_rsum.set_ylabel("rsum")
