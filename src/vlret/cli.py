@@ -83,8 +83,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from .data import DataFormatError
     from .train import ConfigError, TrainingInterrupted, load_config, train
-    from .train.config import resume_command
     from .train.distributed import env_from_torchrun
+    from .train.run_folder import resume_command
 
     # Errors in the config or the data: one line on stderr, exit status 2, no traceback.
     try:
@@ -221,6 +221,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         print(f"vlret synth: {err}", file=sys.stderr)
         return 2
     print(path)
+    from .data.synthetic_hint import train_hint_lines
+
+    for line in train_hint_lines(path):  # the --set overrides a shipped config needs
+        print(line)
     return 0
 
 
@@ -342,7 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=_cmd_sweep)
 
     syn = sub.add_parser("synth", help="write a synthetic retrieval world in a real data format")
-    syn.add_argument("preset", help="tiny, f30k-like, coco-like or video")
+    syn.add_argument(
+        "preset",
+        help="tiny, small (the worlds of `vlret demo --preset tiny|small`), f30k-like, "
+        "coco-like or video (docs/synthetic.md)",
+    )
     syn.add_argument("--out", type=Path, required=True, help="output data folder")
     syn.add_argument("--seed", type=int, help="world seed (default: the preset's)")
     syn.add_argument(
@@ -354,7 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="noisy correspondence on the train split, e.g. permute_captions:0.2 "
         "(modes: permute_captions, permute_images, falsify)",
     )
-    syn.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    syn.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing world (or write into a non-empty folder); without it the "
+        "folder is refused",
+    )
     syn.set_defaults(func=_cmd_synth)
 
     from .demo import DEMO_PRESETS

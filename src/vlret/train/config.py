@@ -46,7 +46,6 @@ import dataclasses
 import json
 import math
 import re
-import shlex
 import sys
 import types
 import typing
@@ -103,6 +102,8 @@ class DataConfig:
     ``dev_split``: ``None`` trains without validation; ``best.pt`` is then the last epoch.
     MSR-VTT 1k-A has no dev split (only train and test), so there it defaults to ``None``;
     another value than ``None`` or ``"test"`` is an error.
+    ``check_features``: scan the train and dev features for NaN / inf and the feature size
+    before training (:func:`vlret.data.check_features`; one pass over the files).
     """
 
     root: str
@@ -120,6 +121,7 @@ class DataConfig:
     tokenizer: str | None = None
     min_count: int = 4
     num_workers: int = 0
+    check_features: bool = True
 
 
 @dataclass
@@ -371,8 +373,10 @@ def _check_choice(value: str, choices: tuple[str, ...], source: str, key: str) -
         raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {value!r}")
 
 
-def _build_loss(raw: Any, source: str) -> LossConfig:
+def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
+    from .._checks import ParamError
     from ..losses import available_losses, loss_parameters
+    from ..losses.registry import check_loss_params
 
     if not isinstance(raw, dict):
         raise ConfigError(source, "loss", f"expected a table/mapping, got {raw!r}")
@@ -397,6 +401,13 @@ def _build_loss(raw: Any, source: str) -> LossConfig:
         _check_loss_param(v, valid[k], source, f"loss.{k}")
     if name == "vsl":
         _check_vsl_base_params(params, source)
+    checked = dict(params)
+    if "embed_dim" in valid and "embed_dim" not in params and "embed_dim" in model:
+        checked["embed_dim"] = model["embed_dim"]  # what the trainer passes (builders.py)
+    try:  # each loss's declared ranges (a negative margin, a zero temperature, ...)
+        check_loss_params(name, checked)
+    except ParamError as err:
+        raise ConfigError(source, f"loss.{err.param}", str(err)) from None
     return LossConfig(name=name, params=params)
 
 
@@ -472,7 +483,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
-    loss = _build_loss(raw["loss"], source)
+    loss = _build_loss(raw["loss"], source, model)
     optim = _build(OptimConfig, raw.get("optim", {}), source, "optim")
     _check_choice(optim.name, OPTIMIZERS, source, "optim.name")
     if optim.lr <= 0:
@@ -577,16 +588,6 @@ def _check_msrvtt_dev_split(
             f"MSR-VTT 1k-A has no {data.dev_split!r} split (only train and test); set "
             "data.dev_split = null (no validation; best.pt is the last epoch)",
         )
-
-
-def resume_command(config_path: str | Path, overrides: list[str], checkpoint: Any) -> str:
-    """The shell command that continues an interrupted ``vlret train`` run with the same
-    config file and ``--set`` overrides (each shell-quoted)."""
-    parts = ["vlret", "train", str(config_path)]
-    for item in overrides:
-        parts += ["--set", item]
-    parts += ["--resume", str(checkpoint)]
-    return " ".join(shlex.quote(p) for p in parts)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

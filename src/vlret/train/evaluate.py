@@ -29,6 +29,7 @@ dual-encoding video-to-text definition of MSR-VTT full.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,25 @@ def encode_dataset(
     if normalize:
         img, txt = F.normalize(img, dim=1), F.normalize(txt, dim=1)
     return img, txt
+
+
+def dev_metrics(
+    img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor
+) -> dict[str, float]:
+    """Model-selection metrics: the retrieval metrics of the model's own scores, plus
+    ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
+    ``hardest_neg_sim``, the mean over every image and caption query of its hardest
+    non-matching cosine (Unified Fig. 4)."""
+    out = retrieval_metrics(img_emb, txt_emb, txt_to_img).as_dict()
+    # Cosines whatever loss.normalize says; the scores above are the model's own.
+    sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
+    pos = txt_to_img[None, :] == torch.arange(sim.shape[0])[:, None]
+    neg = sim.masked_fill(pos, -math.inf)
+    hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
+    hardest = hardest[torch.isfinite(hardest)]  # a query without negatives has none
+    out["pos_sim"] = float(sim[pos].mean())
+    out["hardest_neg_sim"] = float(hardest.mean()) if hardest.numel() else float("nan")
+    return out
 
 
 def protocol_metrics(

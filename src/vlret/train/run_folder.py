@@ -21,6 +21,7 @@ folder, or an older vlret) is restored by :func:`restore_best` where the data al
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -210,3 +211,13 @@ def read_state(path: str | Path, device: torch.device) -> dict[str, Any]:
     if "config" not in state or "epoch" not in state:
         raise RunFolderError(f"{path}: not a `vlret train` checkpoint (no config or epoch)")
     return state
+
+
+def resume_command(config_path: str | Path, overrides: list[str], checkpoint: Any) -> str:
+    """The shell command that continues an interrupted ``vlret train`` run with the same
+    config file and ``--set`` overrides (each shell-quoted)."""
+    parts = ["vlret", "train", str(config_path)]
+    for item in overrides:
+        parts += ["--set", item]
+    parts += ["--resume", str(checkpoint)]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -61,3 +61,22 @@ def batch_similarity_stats(
             "pos_sim": float(sim.diagonal().mean()),
             "hardest_neg_sim": float(finite.mean()) if finite.numel() else float("nan"),
         }
+
+
+def epoch_summary(
+    epoch: int,
+    epochs: int,
+    *,
+    train_loss: float,
+    dev_rsum: float | None,
+    best_rsum: float | None,
+    best_epoch: int | None,
+    seconds: float,
+) -> str:
+    """The line printed after each epoch (0-based ``epoch``, printed 1-based)."""
+    line = f"epoch {epoch + 1}/{epochs}: loss {train_loss:.4g}"
+    if dev_rsum is not None:
+        best = f"{best_rsum:.2f}" if best_rsum is not None else "-"
+        at = f" at epoch {best_epoch + 1}" if best_epoch is not None else ""
+        line += f", dev rsum {dev_rsum:.2f} (best {best}{at})"
+    return f"{line}, {seconds:.1f} s"

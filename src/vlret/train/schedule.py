@@ -1,13 +1,15 @@
-"""Learning-rate schedule and the interrupt flag of the training loop."""
+"""Learning-rate schedule, seeding and the interrupt flag of the training loop."""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -78,3 +80,9 @@ def interrupt_flag() -> Iterator[dict[str, bool]]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -17,23 +17,19 @@ therefore ends with bit-identical weights to the uninterrupted run.
 from __future__ import annotations
 
 import gc
-import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..data import DataFormatError, check_features
 from ..memory import MomentumEncoder
-from ..metrics import retrieval_metrics
 from .builders import (
     build_dataset,
     build_encoder,
@@ -60,7 +56,7 @@ from .distributed import (
     resolve_device,
     shutdown_distributed,
 )
-from .evaluate import encode_dataset
+from .evaluate import dev_metrics, encode_dataset
 from .run_folder import (
     RunFolderError,
     check_resume_config,
@@ -68,8 +64,8 @@ from .run_folder import (
     read_state,
     restore_best,
 )
-from .run_log import LOG_FILE, append_record, batch_similarity_stats, truncate_log
-from .schedule import StepDecayWarmup, interrupt_flag
+from .run_log import LOG_FILE, append_record, batch_similarity_stats, epoch_summary, truncate_log
+from .schedule import StepDecayWarmup, interrupt_flag, seed_everything
 from .warmup import set_all_negatives
 
 
@@ -89,12 +85,6 @@ class TrainResult:
     best_rsum: float | None
     last_checkpoint: Path
     best_checkpoint: Path | None
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class Trainer:
@@ -153,6 +143,8 @@ class Trainer:
                 max_images=config.data.dev_max_images,
                 image_transform=transform,
             )
+        if config.data.check_features:
+            self._check_features()
         self.loss_fn = build_run_loss(config, self.train_set).to(self.device)
         self.has_queue = getattr(self.loss_fn, "img_queue", None) is not None
         # Every loss sees the global batch; an AdaCL queue is then told (gathered=True) that its
@@ -211,6 +203,26 @@ class Trainer:
             self._load(resume, resume_state)
 
     # -- construction ------------------------------------------------------------------------
+
+    def _check_features(self) -> None:
+        """NaN / inf and the feature size of the train and dev splits, before any step (rank 0
+        reads the files; the other ranks stop too when it finds a problem)."""
+        in_dim = getattr(getattr(self.model, "image_encoder", None), "in_dim", None)
+        error: DataFormatError | None = None
+        if self.is_main:
+            try:
+                for dataset in (self.train_set, self.dev_set):
+                    if dataset is not None:
+                        check_features(dataset, in_dim=in_dim)
+            except DataFormatError as err:
+                error = err
+        if self.world > 1:
+            failed = torch.tensor([float(error is not None)], device=self.device)
+            dist.all_reduce(failed)
+            if failed.item() and error is None:
+                raise ValueError("rank 0 found a problem in the data (its message says which)")
+        if error is not None:
+            raise error
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         oc = self.config.optim
@@ -382,17 +394,7 @@ class Trainer:
             device=self.device,
             normalize=self.config.loss.params.get("normalize", True),
         )
-        txt_to_img = torch.as_tensor(self.dev_set.txt_to_img)
-        out = retrieval_metrics(img, txt, txt_to_img).as_dict()
-        # Cosines whatever loss.normalize says; the scores above are the model's own.
-        sim = F.normalize(img.float(), dim=1) @ F.normalize(txt.float(), dim=1).t()
-        pos = txt_to_img[None, :] == torch.arange(sim.shape[0])[:, None]
-        neg = sim.masked_fill(pos, -math.inf)
-        hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
-        hardest = hardest[torch.isfinite(hardest)]  # a query without negatives has none
-        out["pos_sim"] = float(sim[pos].mean())
-        out["hardest_neg_sim"] = float(hardest.mean()) if hardest.numel() else float("nan")
-        return out
+        return dev_metrics(img, txt, torch.as_tensor(self.dev_set.txt_to_img))
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -512,22 +514,22 @@ class Trainer:
             }
         )
         if self.print_fn is not None:
-            self.print_fn(self._summary_line(finished_epoch, train_loss, dev, seconds))
+            self.print_fn(
+                epoch_summary(
+                    finished_epoch,
+                    tc.epochs,
+                    train_loss=train_loss,
+                    dev_rsum=dev["rsum"] if dev else None,
+                    best_rsum=self.best_rsum,
+                    best_epoch=self.best_epoch,
+                    seconds=seconds,
+                )
+            )
         if self.dev_set is None and self.epoch == tc.epochs:
             self.best_epoch, improved = finished_epoch, True
         if improved:
             self.save("best.pt")
         self.save()
-
-    def _summary_line(
-        self, epoch: int, train_loss: float, dev: dict[str, float] | None, seconds: float
-    ) -> str:
-        line = f"epoch {epoch + 1}/{self.config.train.epochs}: loss {train_loss:.4g}"
-        if dev is not None:
-            best = f"{self.best_rsum:.2f}" if self.best_rsum is not None else "-"
-            at = f" at epoch {self.best_epoch + 1}" if self.best_epoch is not None else ""
-            line += f", dev rsum {dev['rsum']:.2f} (best {best}{at})"
-        return f"{line}, {seconds:.1f} s"
 
     def _check_stop(self, flag: dict[str, bool]) -> None:
         """After Ctrl-C / SIGTERM: write ``last.pt`` (a second signal meanwhile is ignored)
