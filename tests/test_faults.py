@@ -476,3 +476,72 @@ def test_summary_line_per_epoch_without_progress_bar(tmp_path, data, capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("epoch ")]
     assert [x.split(":")[0] for x in lines] == ["epoch 1/2", "epoch 2/2"]
     assert all("loss" in x and "dev rsum" in x and "best" in x and x.endswith(" s") for x in lines)
+
+
+def test_nan_in_train_features_is_named_before_training(tmp_path, capsys):
+    import numpy as np
+
+    data = tiny_data(tmp_path / "data")
+    feats = np.load(data / "train_ims.npy")
+    feats[5, 2, 7] = np.nan
+    np.save(data / "train_ims.npy", feats)
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "train_ims.npy" in err and "row 5" in err and "NaN" in err and "\n" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "no step ran"
+
+
+def test_feature_size_other_than_in_dim_is_named_before_training(tmp_path, data, capsys):
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    assert main(["train", str(cfg), "--set", "model.image.in_dim=32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model.image.in_dim" in err and "16" in err and "\n" not in err
+
+
+def test_negative_margin_in_a_config_names_the_key(tmp_path, data):
+    with pytest.raises(ConfigError, match=r"loss\.margin: margin must be >= 0"):
+        tiny_config(data, tmp_path / "run", ["loss.margin=-0.2"])
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("trained") / "run"
+    Trainer(tiny_config(data, out, ["train.epochs=1", "train.validate=false"])).fit()
+    return out / "last.pt"
+
+
+@pytest.mark.parametrize(
+    ("protocol", "split", "label"),
+    [
+        (
+            "coco1k",
+            "testall",
+            "MS-COCO 5-fold 1K protocol on testall split of 5 images x 25 texts, "
+            "5 folds of 1 images (not the paper's test set",
+        ),
+        ("f30k", "dev", "Flickr30K 1K protocol on dev split of 2 images x 10 texts (not the paper"),
+    ],
+)
+def test_eval_labels_a_split_that_is_not_the_papers(
+    trained_checkpoint, data, tmp_path, capsys, protocol, split, label
+):
+    out_json = tmp_path / "m.json"
+    args = ["eval", str(trained_checkpoint), "--data", str(data), "--split", split]
+    assert main([*args, "--protocol", protocol, "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    assert label in printed and "1K test" not in printed
+    record = json.loads(out_json.read_text())
+    assert label in record["title"] and record["n_images"] in (2, 5)
+
+
+def test_eval_json_that_is_a_folder_fails_before_evaluating(
+    trained_checkpoint, data, tmp_path, capsys
+):
+    args = ["eval", str(trained_checkpoint), "--data", str(data), "--split", "test"]
+    assert main([*args, "--protocol", "f30k", "--json", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", "nothing printed before the error"
+    assert "--json is a folder" in captured.err and "\n" not in captured.err.strip()
