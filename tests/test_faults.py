@@ -50,6 +50,13 @@ def scripted_dev(monkeypatch):
     monkeypatch.setattr(Trainer, "validate", validate)
 
 
+def _config_file(tmp_path: Path, data: Path) -> Path:
+    """The tiny run config as a file (output folder ``tmp_path/run``), for the CLI."""
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    return cfg
+
+
 def _records(folder: Path) -> list[dict]:
     return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
 
@@ -326,8 +333,7 @@ def test_unwritable_output_dir_fails_before_data_loading(tmp_path, data, monkeyp
 
 
 def test_cli_refuses_an_empty_output_dir_and_another_runs_folder(tmp_path, data, capsys):
-    cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    cfg = _config_file(tmp_path, data)
     assert main(["train", str(cfg), "--set", "output_dir="]) == 2
     err = capsys.readouterr().err.strip()
     assert "output_dir" in err and "\n" not in err
@@ -414,8 +420,7 @@ def test_corrupted_checkpoint_gives_one_line_naming_file_and_reason(
     assert str(bad) in message and reason in message
     assert "weights_only=False" not in message and "\n" not in message
 
-    cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    cfg = _config_file(tmp_path, data)
     assert main(["train", str(cfg), "--resume", str(bad)]) == 2
     assert reason in capsys.readouterr().err
     args = ["eval", str(bad), "--data", str(data), "--split", "test", "--protocol", "f30k"]
@@ -446,8 +451,7 @@ BAD_OVERRIDES = [
 
 @pytest.mark.parametrize(("override", "key"), BAD_OVERRIDES)
 def test_bad_config_value_names_its_key(tmp_path, data, override, key, capsys):
-    cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    cfg = _config_file(tmp_path, data)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         tiny_config(data, tmp_path / "run", [override])
     assert main(["train", str(cfg), "--set", override]) == 2
@@ -458,8 +462,7 @@ def test_bad_config_value_names_its_key(tmp_path, data, override, key, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_device_without_cuda_is_one_line(tmp_path, data, capsys):
-    cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    cfg = _config_file(tmp_path, data)
     assert main(["train", str(cfg), "--set", "train.device=cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert "train.device" in err and "CUDA is not available" in err and "\n" not in err
@@ -485,8 +488,7 @@ def test_nan_in_train_features_is_named_before_training(tmp_path, capsys):
     feats = np.load(data / "train_ims.npy")
     feats[5, 2, 7] = np.nan
     np.save(data / "train_ims.npy", feats)
-    cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    cfg = _config_file(tmp_path, data)
     assert main(["train", str(cfg)]) == 2
     err = capsys.readouterr().err.strip()
     assert "train_ims.npy" in err and "row 5" in err and "NaN" in err and "\n" not in err
@@ -494,8 +496,7 @@ def test_nan_in_train_features_is_named_before_training(tmp_path, capsys):
 
 
 def test_feature_size_other_than_in_dim_is_named_before_training(tmp_path, data, capsys):
-    cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps(tiny_config(data, tmp_path / "run").to_dict()))
+    cfg = _config_file(tmp_path, data)
     assert main(["train", str(cfg), "--set", "model.image.in_dim=32"]) == 2
     err = capsys.readouterr().err.strip()
     assert "model.image.in_dim" in err and "16" in err and "\n" not in err
