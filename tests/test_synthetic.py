@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -437,8 +438,10 @@ def test_precomp_written_data_loads_with_side_files(tmp_path):
     report = evaluate_synthetic(img, txt, ann)
     assert report["extended"].t2i_map_at_r == pytest.approx(100.0)
     assert report["standard"].rsum > 0
-    # writing again into a synthetic folder is allowed; into a foreign folder it is refused
-    write_synthetic("tiny", root, splits=SMALL, seed=2)
+    # writing again into a synthetic folder needs overwrite; into a foreign folder too
+    with pytest.raises(FileExistsError, match="already holds a synthetic world"):
+        write_synthetic("tiny", root, splits=SMALL, seed=2)
+    write_synthetic("tiny", root, splits=SMALL, seed=2, overwrite=True)
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("x")
@@ -580,3 +583,97 @@ def test_evaluate_synthetic_subsets_use_the_worlds_masks(clone_world):
         want = 100.0 * np.mean([i2t_ranks[i] < 5 for i, m in enumerate(mask) if m])
         assert out[name].i2t_r5 == pytest.approx(want), name
     assert math.isnan(out["secondary"].i2t_r1)
+
+
+# ------------------------------------------------------------------------------ vlret synth
+
+
+def test_synth_refuses_to_replace_a_world_without_overwrite(tmp_path, capsys):
+    # A model trained on the old world silently lost its data (rsum 113.0 -> 87.5): replacing
+    # needs --overwrite (overwrite=True), as the help says.
+    from vlret.cli import main
+
+    out = tmp_path / "w"
+    assert main(["synth", "tiny", "--out", str(out)]) == 0
+    before = (out / "train_ims.npy").read_bytes()
+    capsys.readouterr()
+    assert main(["synth", "tiny", "--out", str(out), "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlret synth: ") and err.count("\n") == 1
+    assert str(out) in err and "--overwrite" in err
+    assert (out / "train_ims.npy").read_bytes() == before
+    assert json.loads((out / "synthetic.json").read_text())["seed"] == 0
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        write_synthetic("tiny", out, seed=1)
+    assert main(["synth", "tiny", "--out", str(out), "--seed", "1", "--overwrite"]) == 0
+    assert json.loads((out / "synthetic.json").read_text())["seed"] == 1
+    assert (out / "train_ims.npy").read_bytes() != before
+
+
+def _printed_train_command(text: str) -> tuple[str, list[str]]:
+    import shlex
+
+    (line,) = [x for x in text.splitlines() if "vlret train " in x]
+    argv = shlex.split(line[line.index("vlret train ") :])
+    return argv[2], [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "fmt", "sizes"),
+    [("tiny", "precomp", None), ("video", "msrvtt", {"train": 12, "dev": 4, "test": 6})],
+)
+def test_synth_prints_the_overrides_a_shipped_config_needs(tmp_path, capsys, preset, fmt, sizes):
+    # No shipped config ran on `vlret synth tiny` as is (in_dim 64 vs 32, found at the first
+    # forward pass); `vlret synth` prints the --set overrides, derived from the world.
+    from pathlib import Path
+
+    from vlret.cli import main
+    from vlret.train import load_config, train
+
+    out = tmp_path / "w"
+    if sizes is None:
+        assert main(["synth", preset, "--out", str(out), "--format", fmt]) == 0
+        text = capsys.readouterr().out
+    else:  # the CLI's sizes are the preset's: write a cut through the same entry point
+        from vlret.data.synthetic import synth_main, train_hint_lines
+
+        synth_main(preset, out, format=fmt, splits=sizes, n_1ka=3)
+        text = "\n".join(train_hint_lines(out))
+    config, sets = _printed_train_command(text)
+    meta = json.loads((out / "synthetic.json").read_text())
+    feature_dim = meta["config"]["feature_dim"]
+    assert f"model.image.in_dim={feature_dim}" in sets and f"data.root={out}" in sets
+    assert f"data.format={fmt}" in sets
+    repo = Path(__file__).resolve().parents[1]
+    run = [
+        "train.epochs=1",
+        "train.max_steps_per_epoch=2",
+        "train.batch_size=8",
+        "train.progress=false",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    result = train(load_config(repo / config, [*sets, *run]))
+    assert result.steps == 2
+
+
+def test_one_set_of_preset_names_for_synth_and_demo(capsys):
+    # `vlret demo --preset small` trained on a world `vlret synth` had no name for: now each
+    # demo preset is the synth preset of the same name (the same world).
+    from vlret.cli import main
+    from vlret.data.synthetic import PRESETS
+    from vlret.demo import DEMO_PRESETS
+
+    assert set(DEMO_PRESETS) <= set(PRESETS)
+    small, f30k = get_preset("small"), get_preset("f30k-like")
+    assert small.splits == {"train": 6000, "dev": 500, "test": 1000}
+    same = {"name": "", "splits": {"train": 1}}
+    assert replace(small, **same) == replace(f30k, **same)  # the same world, other sizes
+    cut = {"train": 30, "dev": 5, "test": 8}
+    a, b = generate_world("small", splits=cut), generate_world("f30k-like", splits=cut)
+    for split in cut:
+        assert a[split].tokens == b[split].tokens
+        assert np.array_equal(a[split].features, b[split].features)
+    with pytest.raises(SystemExit):
+        main(["synth", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(name in help_text for name in PRESETS)

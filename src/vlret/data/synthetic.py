@@ -41,6 +41,7 @@ import torch
 
 from .karpathy import KarpathyImage, KarpathySentence
 from .msrvtt import DATA_JSON, JSFUSION_CSV, TRAIN_9K_CSV
+from .synthetic_hint import META_FILE, config_hint, train_hint_lines, train_overrides
 from .synthetic_language import (
     CELLS,
     COLOURS,
@@ -86,7 +87,6 @@ FORMATS = ("precomp", "karpathy", "msrvtt")
 NOISE_MODES = ("permute_captions", "permute_images", "falsify")
 EDIT_KINDS = ("none", "base", "attribute", "binding", "relation", "count")
 CAPTION_FORMS = ("primary", "secondary", "pair", "relation")
-META_FILE = "synthetic.json"
 MAX_OBJECTS = 4
 
 
@@ -151,6 +151,10 @@ PRESETS: dict[str, SyntheticConfig] = {
         hidden_dim=64,
         n_1ka=20,
     ),
+    # The f30k-like world with 6000 train and 500 dev images (a split's stream is keyed by
+    # seed and split index: the test split is the f30k-like one; train and dev are other draws
+    # of the same distribution): the world of `vlret demo --preset small`.
+    "small": SyntheticConfig("small", {"train": 6000, "dev": 500, "test": 1000}),
     "f30k-like": SyntheticConfig("f30k-like", {"train": 29000, "dev": 1000, "test": 1000}),
     "coco-like": SyntheticConfig(
         "coco-like", {"train": 40000, "dev": 5000, "testall": 5000}, dataset="coco"
@@ -168,7 +172,8 @@ PRESETS: dict[str, SyntheticConfig] = {
 
 
 def get_preset(preset: str | SyntheticConfig, **overrides: Any) -> SyntheticConfig:
-    """A preset by name (``tiny``, ``f30k-like``, ``coco-like``, ``video``) with ``overrides``
+    """A preset by name (``tiny``, ``small``, ``f30k-like``, ``coco-like``, ``video``) with
+    ``overrides``
     of :class:`SyntheticConfig` fields (``None`` values are ignored)."""
     if isinstance(preset, SyntheticConfig):
         config = preset
@@ -915,20 +920,13 @@ def write_synthetic(
     ``{split}_relevance.npz`` for ``relevance_splits`` (default: every split but train) and
     ``train_clean.npy`` with ``noise``. ``overrides`` are :class:`SyntheticConfig` fields
     (``feature_dim``, ``regions``, ``frames``, ``captions_per_image``, ``splits``, ...).
-    An existing non-empty ``out_dir`` is refused unless it holds an earlier synthetic world
-    (``synthetic.json``) or ``overwrite`` is set.
+    An existing non-empty ``out_dir`` (an earlier world included: data trained on must not
+    change under a model) is refused unless ``overwrite`` is set.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     root = Path(out_dir)
-    if root.exists() and not root.is_dir():
-        raise ValueError(f"out_dir {root} exists and is not a directory")
-    if root.is_dir() and any(root.iterdir()) and not (root / META_FILE).is_file():
-        if not overwrite:
-            raise FileExistsError(
-                f"{root} is not empty and holds no {META_FILE}; pass overwrite=True to write "
-                "into it anyway"
-            )
+    check_out_dir(root, overwrite=overwrite)
     if render_images and format == "karpathy":
         try:
             import PIL  # noqa: F401
@@ -961,7 +959,14 @@ def write_synthetic(
         "splits": {name: _summary(split) for name, split in world.splits.items()},
         "format_files": format_files,
         "side_files": side,
-        "train_config_hint": _config_hint(world, root, format, format_files),
+        "train_config_hint": config_hint(
+            root=root,
+            format=format,
+            files=format_files,
+            captions_per_image=config.captions_per_image,
+            feature_dim=config.feature_dim,
+            has_dev="dev" in world.splits,
+        ),
         "n_facts": N_FACTS,
         "facts": fact_names(),
         "edit_kinds": list(EDIT_KINDS),
@@ -971,21 +976,26 @@ def write_synthetic(
     return root
 
 
-def _config_hint(world: SyntheticWorld, root: Path, format: str, files: dict) -> dict[str, Any]:
-    config = world.config
-    data: dict[str, Any] = {"root": str(root), "format": format}
-    if format == "precomp":
-        data["captions_per_image"] = config.captions_per_image
-        if "dev" not in world.splits:
-            data["dev_split"] = None
-    elif format == "msrvtt":
-        data["captions_per_video"] = config.captions_per_image
-    else:
-        data["karpathy_json"] = str(root / files["json"])
-        data["captions_per_image"] = config.captions_per_image
-        if "image_root" in files:
-            data["image_root"] = str(root / files["image_root"])
-    return {"data": data, "image_in_dim": config.feature_dim}
+def check_out_dir(root: Path, *, overwrite: bool, flag: str = "overwrite=True") -> None:
+    """Refuse (``FileExistsError`` naming ``root`` and ``flag``) a non-empty ``root``, an
+    earlier synthetic world included, unless ``overwrite``; ``ValueError`` for a file."""
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"out_dir {root} exists and is not a directory")
+    if overwrite or not root.is_dir() or not any(root.iterdir()):
+        return
+    meta_path = root / META_FILE
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            what = f" ({meta.get('preset')}, seed {meta.get('seed')}, {meta.get('format')})"
+        except (json.JSONDecodeError, AttributeError):
+            what = ""
+        raise FileExistsError(
+            f"{root} already holds a synthetic world{what}; pass {flag} to replace it"
+        )
+    raise FileExistsError(
+        f"{root} is not empty and holds no {META_FILE}; pass {flag} to write into it anyway"
+    )
 
 
 # ------------------------------------------------------------------------------ reading
@@ -1106,8 +1116,10 @@ def synth_main(preset: str, out: str | Path, **options: Any) -> Path:
     ``options`` (``format``, ``seed``, ``noise`` as ``"MODE:RATE"``, ``relevance_splits``,
     ``render_images``, ``overwrite`` and :class:`SyntheticConfig` fields such as
     ``feature_dim``, ``regions``, ``frames``, ``captions_per_image``); ``None`` values mean
-    the preset's default. Returns the output folder."""
+    the preset's default. Returns the output folder. A non-empty ``out`` (an earlier world
+    included) is refused unless ``overwrite`` (``--overwrite``)."""
     options = {k: v for k, v in options.items() if v is not None}
+    check_out_dir(Path(out), overwrite=bool(options.get("overwrite")), flag="--overwrite")
     return write_synthetic(preset, out, **options)
 
 
@@ -1131,6 +1143,7 @@ __all__ = [
     "apply_edit",
     "apply_noise",
     "build_split",
+    "check_out_dir",
     "clone_forced_choice",
     "clone_group_images",
     "evaluate_synthetic",
@@ -1150,5 +1163,7 @@ __all__ = [
     "sample_scene",
     "subset_recalls",
     "synth_main",
+    "train_hint_lines",
+    "train_overrides",
     "write_synthetic",
 ]

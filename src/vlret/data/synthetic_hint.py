@@ -1,0 +1,94 @@
+"""How to train on a written synthetic world: the ``train_config_hint`` of ``synthetic.json``
+and the ``--set`` overrides that point a shipped config at the world (``vlret synth`` prints
+them after writing).
+
+The shipped configs name real data folders and feature sizes (2048-d BUTD regions, the
+64-d f30k-like world); a world's own folder, format and feature size come from its
+``synthetic.json``, so the overrides are derived from it, never hard-coded.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: The side file that describes a written world (``vlret.data.synthetic``).
+META_FILE = "synthetic.json"
+#: A shipped config (in the source tree) that trains on a world of each format once the
+#: overrides are applied: the demo's model for features, CLIP for the rendered images.
+EXAMPLE_CONFIGS = {
+    "precomp": "configs/synth_f30k_compare.toml",
+    "msrvtt": "configs/synth_f30k_compare.toml",
+    "karpathy": "configs/clip_unified_f30k.toml",
+}
+
+
+def config_hint(
+    *,
+    root: Path,
+    format: str,
+    files: Mapping[str, Any],
+    captions_per_image: int,
+    feature_dim: int,
+    has_dev: bool,
+) -> dict[str, Any]:
+    """``train_config_hint`` of ``synthetic.json``: the ``data`` section for ``vlret train``
+    and ``image_in_dim``, the feature size the image encoder reads."""
+    data: dict[str, Any] = {"root": str(root), "format": format}
+    if format == "precomp":
+        data["captions_per_image"] = captions_per_image
+        if not has_dev:
+            data["dev_split"] = None
+    elif format == "msrvtt":
+        data["captions_per_video"] = captions_per_image
+    else:
+        data["karpathy_json"] = str(root / files["json"])
+        data["captions_per_image"] = captions_per_image
+        if "image_root" in files:
+            data["image_root"] = str(root / files["image_root"])
+    return {"data": data, "image_in_dim": feature_dim}
+
+
+def _value(value: Any) -> str:
+    """``value`` as ``--set`` reads it back (:func:`vlret.train.config.parse_value`)."""
+    from ..train.config import parse_value
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and parse_value(value) != value:
+        return json.dumps(value)  # a folder named like a number or a list: a TOML string
+    return str(value)
+
+
+def train_overrides(meta: Mapping[str, Any]) -> list[str]:
+    """The ``section.key=value`` overrides a shipped config of the world's format needs to train
+    on the world described by ``meta`` (its ``synthetic.json``): every key of the ``data`` hint
+    and, for feature formats, ``model.image.in_dim``."""
+    hint = meta["train_config_hint"]
+    out = [f"data.{key}={_value(value)}" for key, value in hint["data"].items()]
+    if hint["data"].get("format") != "karpathy":  # rendered images go through the model's own
+        out.append(f"model.image.in_dim={int(hint['image_in_dim'])}")
+    return out
+
+
+def train_hint_lines(root: str | Path) -> list[str]:
+    """What ``vlret synth`` prints after writing ``root``: a ``vlret train`` command line that
+    runs a shipped config on the world. Empty when ``root`` holds no ``synthetic.json``."""
+    path = Path(root) / META_FILE
+    if not path.is_file():
+        return []
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    fmt = meta["train_config_hint"]["data"].get("format", "precomp")
+    config = EXAMPLE_CONFIGS.get(fmt, EXAMPLE_CONFIGS["precomp"])
+    sets = " ".join(f"--set {shlex.quote(item)}" for item in train_overrides(meta))
+    lines = [f"train on it: vlret train {config} {sets}"]
+    if fmt == "karpathy":
+        lines.append("  (plus --set model.path=DIR, a local CLIP folder: the images are pixels)")
+    else:
+        lines.append("  (the same overrides fit the other feature configs of configs/ and compare)")
+    return lines
