@@ -442,13 +442,16 @@ def test_chunk_size_errors():
         TripletLoss(chunk_size=0)
     with pytest.raises(ValueError, match="chunk_size"):
         build_loss("infonce", chunk_size=2.5)
-    x = torch.randn(4, 3)
+    # Seeded float64: the tiled and dense forms agree to float64 rounding on any CPU.
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     with pytest.raises(ValueError, match="weights"):
         UnifiedLoss(chunk_size=2)(x, x, weights=torch.ones(4, 4))
-    margins = torch.full((4,), 0.1)
+    margins = torch.full((4,), 0.1, dtype=torch.float64)
     torch.testing.assert_close(
         UnifiedLoss(chunk_size=3)(x, x.flip(0), margins=margins),
         UnifiedLoss()(x, x.flip(0), margins=margins),
+        rtol=0,
+        atol=1e-10,
     )
 
 
