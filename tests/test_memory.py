@@ -259,9 +259,15 @@ def test_distributed_gather_and_margin_sync(tmp_path: Path):
     torch.manual_seed(100)
     single = AdaCLLoss(queue_size=12, embed_dim=16)
     values = []
-    for k in range(2):
-        g_img = torch.randn(8, 16)
-        values.append(single(g_img, g_img + 0.5 * torch.randn(8, 16), torch.arange(8) + 8 * k))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): same kernels, same bits
+    try:
+        for k in range(2):
+            g_img = torch.randn(8, 16)
+            txt = g_img + 0.5 * torch.randn(8, 16)
+            values.append(single(g_img, txt, torch.arange(8) + 8 * k))
+    finally:
+        torch.set_num_threads(threads)
     assert int(single.img_queue.ptr) == 4
     for res in (r0, r1):
         assert torch.equal(res["global_values"], torch.stack(values))
