@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import vlret.metrics as metrics
 from vlret.metrics import (
     RetrievalMetrics,
     average_metrics,
@@ -198,14 +201,12 @@ def test_metric_input_errors():
 
 def test_memory_is_bounded_by_chunk(monkeypatch):
     """No score block larger than chunk_size x N_txt is ever formed."""
-    import vlret.metrics as metrics
-
     seen = []
     original = metrics._count_at_least
 
-    def spy(block, best, pos):
+    def spy(block, *rest):
         seen.append(block.numel())
-        return original(block, best, pos)
+        return original(block, *rest)
 
     monkeypatch.setattr(metrics, "_count_at_least", spy)
     img, txt, t2i = make_problem(100, 5, dim=8, seed=1)
@@ -214,3 +215,118 @@ def test_memory_is_bounded_by_chunk(monkeypatch):
     seen.clear()
     metrics.retrieval_ranks_from_similarity(img @ txt.t(), t2i, chunk_size=10)
     assert seen and max(seen) <= 10 * 500
+
+
+def integer_problem(counts, dim=3, seed=0, shuffle=True):
+    """Embeddings with entries in {-1, 0, 1}: every score is a small integer, exact in every dtype
+    and summation order, so ties are everywhere and each path must decide them the same way."""
+    g = torch.Generator().manual_seed(seed)
+    t2i = torch.tensor([i for i, c in enumerate(counts) for _ in range(c)])
+    if shuffle:
+        t2i = t2i[torch.randperm(len(t2i), generator=g)]
+    img = torch.randint(-1, 2, (len(counts), dim), generator=g).double()
+    txt = torch.randint(-1, 2, (len(t2i), dim), generator=g).double()
+    return img, txt, t2i
+
+
+def assert_ranks(got, expected):
+    np.testing.assert_array_equal(got[0].numpy(), expected[0])
+    np.testing.assert_array_equal(got[1].numpy(), expected[1])
+
+
+@pytest.mark.parametrize("tile_scores", [1, 7, 40, 1 << 25])
+@pytest.mark.parametrize("chunk_size", [1, 4, 9])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_ties_across_tile_boundaries(monkeypatch, tile_scores, chunk_size, dtype):
+    # 9 images with 1-7 texts (31 texts: no tile width divides it); scores in [-3, 3]
+    img, txt, t2i = integer_problem([3, 1, 5, 2, 7, 1, 4, 2, 6])
+    sim = img @ txt.t()
+    expected = oracle_ranks(sim.numpy(), t2i.numpy())
+    monkeypatch.setattr(metrics, "_TILE_SCORES", tile_scores)
+    got = retrieval_ranks(img.to(dtype), txt.to(dtype), t2i, chunk_size=chunk_size)
+    assert_ranks(got, expected)
+    got = retrieval_ranks_from_similarity(sim.to(dtype), t2i, chunk_size=chunk_size)
+    assert_ranks(got, expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 6), min_size=1, max_size=12),
+    dim=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    chunk_size=st.integers(1, 13),
+    tile_scores=st.integers(1, 200),
+    shuffle=st.booleans(),
+)
+def test_any_tiling_gives_the_oracle_ranks(counts, dim, seed, chunk_size, tile_scores, shuffle):
+    img, txt, t2i = integer_problem(counts, dim=dim, seed=seed, shuffle=shuffle)
+    sim = img @ txt.t()
+    expected = oracle_ranks(sim.numpy(), t2i.numpy())
+    original = metrics._TILE_SCORES
+    metrics._TILE_SCORES = tile_scores
+    try:
+        assert_ranks(retrieval_ranks(img, txt, t2i, chunk_size=chunk_size), expected)
+        got = retrieval_ranks_from_similarity(sim.float(), t2i, chunk_size=chunk_size)
+        assert_ranks(got, expected)
+    finally:
+        metrics._TILE_SCORES = original
+
+
+def test_tiles_narrower_than_a_chunk_own_texts(monkeypatch):
+    """A chunk's own texts (pass 1) wider than a tile, and float32 noise scores (no ties)."""
+    img, txt, t2i = make_problem(60, 20, dim=8, seed=4, noise=1.5, shuffle=True)
+    img, txt = img.float(), txt.float()
+    sim = img @ txt.t()
+    expected = oracle_ranks(sim.double().numpy(), t2i.numpy())
+    monkeypatch.setattr(metrics, "_TILE_SCORES", 16 * 37)
+    assert_ranks(retrieval_ranks(img, txt, t2i, chunk_size=16), expected)
+    assert_ranks(retrieval_ranks_from_similarity(sim, t2i, chunk_size=16), expected)
+
+
+def test_counts_past_float32_exact_range_switch_to_float64(monkeypatch):
+    """Sums of 0/1 beyond 2**24 ones are inexact in float32: such tiles count in float64."""
+    monkeypatch.setattr(metrics, "_FLOAT32_EXACT_COUNT", 4)
+    scratch = metrics._Scratch.make(3, 5, torch.float32, torch.device("cpu"))
+    assert scratch.hits.dtype == torch.float64
+    assert metrics._Scratch.make(3, 4, torch.float32, torch.device("cpu")).hits.dtype == (
+        torch.float32
+    )
+    img, txt, t2i = integer_problem([2, 3, 1, 4, 2])
+    expected = oracle_ranks((img @ txt.t()).numpy(), t2i.numpy())
+    assert_ranks(retrieval_ranks(img.float(), txt.float(), t2i, chunk_size=3), expected)
+
+
+def test_half_precision_is_ranked_in_float32():
+    # 1 + 2**-11 is exact in float32 but rounds to 1 in float16, where it would tie with 1
+    img = torch.tensor([[1.0, 2**-11], [1.0, 0.0]], dtype=torch.float16)
+    txt = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float16)
+    t2i = torch.tensor([0, 1])
+    # scores: [[1 + 2**-11, 1], [1, 1]]; only image 1 and text 1 meet a tie
+    i2t, t2i_r = retrieval_ranks(img, txt, t2i)
+    assert i2t.tolist() == [0, 1]
+    assert t2i_r.tolist() == [0, 1]
+    sim = (img.float() @ txt.float().t()).half()  # the caller's half matrix: ties, ranked as given
+    i2t, t2i_r = retrieval_ranks_from_similarity(sim, t2i)
+    assert i2t.tolist() == [1, 1] and t2i_r.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_one_non_finite_entry_is_caught(bad):
+    img, txt = torch.randn(5, 4), torch.randn(10, 4)
+    t2i = torch.arange(5).repeat_interleave(2)
+    for which in ("img_emb", "txt_emb"):
+        a, b = img.clone(), txt.clone()
+        (a if which == "img_emb" else b)[3, 2] = bad
+        with pytest.raises(ValueError, match=which):
+            retrieval_ranks(a, b, t2i)
+    sim = img @ txt.t()
+    sim[4, 7] = bad
+    with pytest.raises(ValueError, match="sim"):
+        retrieval_ranks_from_similarity(sim, t2i)
+
+
+def test_huge_finite_scores_are_not_mistaken_for_inf():
+    # every row sum overflows float32, yet every score is finite: all tie, all ranked last
+    sim = torch.full((3, 6), 3e38)
+    i2t, t2i_r = retrieval_ranks_from_similarity(sim, torch.arange(3).repeat_interleave(2))
+    assert i2t.tolist() == [4, 4, 4] and t2i_r.tolist() == [2] * 6
