@@ -81,6 +81,7 @@ def test_world_is_reused_only_with_the_same_settings(tmp_path):
 
 def test_demo_preset_tiny_prints_the_table_and_the_plots(tmp_path, capsys):
     argv = ["demo", "--preset", "tiny", "--out", str(tmp_path), "--epochs", "1", "--seeds", "1"]
+    argv += ["--workers", "2"]
     assert main([*argv, "--no-progress"]) == 0
     out = capsys.readouterr().out
     for label in LABELS:
@@ -96,7 +97,11 @@ def test_demo_preset_tiny_prints_the_table_and_the_plots(tmp_path, capsys):
         assert f"\n{path}\n" in out
         assert path.is_file()
     assert "runs: 6 trained" in out
-    assert f"reproduce: vlret compare {tmp_path / 'demo_tiny.yaml'} --seeds 1" in out
+    config = tmp_path / "demo_tiny.yaml"
+    assert f"reproduce: OMP_NUM_THREADS=1 vlret compare {config} --seeds 1" in out
+    # the expected duration comes first, from the measured per-step costs
+    assert out.index("expected ~") < out.index("| Loss | I→T R@1 |")
+    assert "6 runs of 37 steps in 2 one-thread processes" in out
     # again: the world and the finished runs are reused
     assert main([*argv, "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -124,3 +129,42 @@ def test_demo_writes_a_reproducible_config(tmp_path):
     assert raw["model"]["image"]["in_dim"] == 32  # the tiny world's feature size
     assert (raw["train"]["epochs"], raw["train"]["seed"]) == (3, 5)
     assert section["seeds"] == 1
+
+
+def _packaged_raw(preset: str, tmp_path: Path) -> dict:
+    path = tmp_path / f"demo_{preset}.toml"
+    path.write_text(demo_config_text(preset), encoding="utf-8")
+    return read_compare_config(path)[0]
+
+
+def test_small_demo_is_expected_within_six_minutes_on_two_cores(tmp_path):
+    # `make demo` took 10 min 49 s on a 2-core AMD EPYC (README: 5 min 39 s): the expected
+    # duration, from per-step costs measured there, must stay within 6 min on 2 cores.
+    from vlret.data.synthetic import get_preset
+    from vlret.demo import expected_seconds, steps_per_run
+
+    for name, preset in DEMO_PRESETS.items():
+        raw = _packaged_raw(name, tmp_path)
+        # the costs were measured with this model and batch: change them, measure again
+        assert {**raw["model"], "batch_size": raw["train"]["batch_size"]} == preset.measured_with
+        assert set(preset.step_seconds) == set(LABELS)
+    raw = _packaged_raw("small", tmp_path)
+    steps = steps_per_run(raw, get_preset("small"))
+    assert expected_seconds("small", LABELS, steps=steps, workers=2) <= 6 * 60
+
+
+def test_runs_are_split_evenly_over_the_workers():
+    from vlret.demo import expected_seconds, run_costs, split_runs
+
+    assert split_runs([5.0, 1.0, 4.0, 2.0, 3.0], 2) == [[0, 3, 1], [2, 4]]  # 8 and 7
+    assert split_runs([1.0, 1.0], 4) == [[0], [1]]
+    assert split_runs([2.0, 1.0], 1) == [[0, 1]]
+    costs = run_costs("small", LABELS, 100)
+    preset = DEMO_PRESETS["small"]
+    assert costs[LABELS.index("adacl")] == pytest.approx(
+        100 * preset.step_seconds["adacl"] + preset.run_seconds
+    )
+    one = expected_seconds("small", LABELS, steps=100, workers=1)
+    assert one == pytest.approx(sum(costs) + preset.extra_seconds)
+    two = expected_seconds("small", LABELS, steps=100, workers=2)
+    assert sum(costs) / 2 <= two - preset.extra_seconds <= sum(costs) / 2 + max(costs)

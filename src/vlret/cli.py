@@ -30,6 +30,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             losses=losses,
             fresh=args.fresh,
+            workers=args.workers,
             progress=not args.no_progress,
         )
     except CompareError as err:
@@ -383,7 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
         + "; ".join(f"{k}: {p.description}" for k, p in DEMO_PRESETS.items())
         + ".",
     )
-    demo.add_argument("--preset", choices=list(DEMO_PRESETS), help="run the loss comparison")
+    demo.add_argument(
+        "--preset",
+        choices=list(DEMO_PRESETS),
+        help="run the loss comparison on the synthetic world of that name (vlret synth NAME)",
+    )
     demo.add_argument(
         "--seed", type=int, help="random seed (default 0; with --preset: the first train seed)"
     )
@@ -399,7 +404,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--fresh", action="store_true", help="with --preset: retrain instead of reusing runs"
     )
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--workers",
+        type=_positive_int,
+        help="with --preset: runs trained at once, one thread each (default: one per core)",
+    )
+    demo.add_argument(
+        "--no-progress", action="store_true", help="with --preset: one line per run, not per epoch"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     losses = sub.add_parser("losses", help="list the registered losses and their defaults")
