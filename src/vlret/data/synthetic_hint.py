@@ -90,5 +90,5 @@ def train_hint_lines(root: str | Path) -> list[str]:
     if fmt == "karpathy":
         lines.append("  (plus --set model.path=DIR, a local CLIP folder: the images are pixels)")
     else:
-        lines.append("  (the same overrides fit the other feature configs of configs/ and compare)")
+        lines.append("  (the other feature configs in configs/ and vlret compare take these too)")
     return lines
