@@ -94,17 +94,18 @@ def step_tolerance(name: str) -> float:
     """Allowed difference of the two runs after the setting's steps, relative to the largest
     entry of what is compared (a step's change of a parameter or buffer, a gradient, the loss).
 
-    Both run float32 in two summation orders (4-row shards and an all-reduce against 8 rows):
-    sums of n <= 64 terms differ by ~n eps32 of their scale, a cosine's few eps32 come out of
-    the loss magnified by its logit scale c; per step (64 + c) eps32 with 16x headroom (seen:
-    at most a twentieth of the tolerance, on AVX2, default and MKL-compatible kernels). The
-    bugs this test is for move some compared tensor by 200 tolerances or more (measured by
-    breaking the trainer: no world-size scale, a wrong anchor offset, a loss-parameter
-    gradient not all-reduced or not divided by the world size, the queue enqueued twice).
+    Both run in float64 (default dtype float64; the trainer keeps float64 embeddings), in two
+    summation orders (4-row shards and an all-reduce against 8 rows): sums of n <= 64 terms
+    differ by ~n eps of their scale, a cosine's few eps come out of the loss magnified by its
+    logit scale c; per step (64 + c) eps64 with 16x headroom. In float64 the discrete choices
+    of AdaCL's margin update (median anchor, clone bins) cannot flip on another CPU's
+    rounding. The bugs this test is for move some compared tensor by many orders of magnitude
+    more (measured by breaking the trainer: no world-size scale, a wrong anchor offset, a
+    loss-parameter gradient not all-reduced or not divided by the world size, the queue
+    enqueued twice).
     """
     loss = next((o.split("=")[1] for o in SETTINGS[name] if o.startswith("loss.name=")), "triplet")
-    eps = torch.finfo(torch.float32).eps
-    return STEPS.get(name, 1) * 16 * (64 + LOGIT_SCALE[loss]) * eps
+    return STEPS.get(name, 1) * 16 * (64 + LOGIT_SCALE[loss]) * torch.finfo(torch.float64).eps
 
 
 def _state(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -157,6 +158,7 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
     try:
         for name in SETTINGS:
             state = run_steps(Path(data), Path(out), name)
@@ -193,7 +195,12 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(distributed_run, 
     data, out = distributed_run
     ranks = [torch.load(out / f"{name}.rank{r}.pt", weights_only=True) for r in range(2)]
     assert [int(s["local_batch"]) for s in ranks] == [4, 4]
-    single = run_steps(data, tmp_path, name)
+    torch.set_default_dtype(torch.float64)
+    try:
+        single = run_steps(data, tmp_path, name)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert single["grad.model.image_encoder.fc.weight"].dtype == torch.float64
     assert int(single["local_batch"]) == 8
     assert [bool(s["local_anchors"]) for s in ranks] == ["local_anchors" in name] * 2
     if "loss.img_queue.valid" in single:  # 3 steps of 8 keys: the queue of 16 has wrapped

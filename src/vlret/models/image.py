@@ -229,8 +229,7 @@ class ImageEncoder(nn.Module):
                 f"features have last dimension {features.size(-1)}; expected in_dim="
                 f"{self.in_dim} (shape {tuple(features.shape)})"
             )
-        if not features.is_floating_point():
-            features = features.to(self.fc.weight.dtype)
+        features = features.to(self.fc.weight.dtype)
         if features.dim() == 2:
             if lengths is not None or mask is not None:
                 raise ValueError("lengths/mask apply to (N, R, D) region features, not vectors")

@@ -20,7 +20,7 @@ comes from its own pairs. AdaCL's memory queue is filled with the gathered keys 
 **Gradient scaling.** DistributedDataParallel *averages* gradients over ranks, giving
 ``(1/N) sum_r J_r^T dL/de_r = (1/N) grad L``. The trainer multiplies the loss by ``N``
 (:func:`world_size`) before ``backward``, so the averaged gradient equals the gradient of one
-process on the concatenated ``N*B`` batch (tested with 2 gloo processes to 1e-6, over several
+process on the concatenated ``N*B`` batch (tested in float64 with 2 gloo processes, over several
 steps for AdaCL with a queue and a momentum encoder). Parameters of the loss itself (a
 learnable temperature) are not averaged by DDP and see ``N * grad L`` on every rank; the
 trainer divides their gradient by ``N``. The logged loss is the unscaled ``L``.

@@ -321,13 +321,14 @@ class Trainer:
         """``(loss for backward, logged loss, context)`` of one local batch."""
         with torch.autocast(device_type=self.device.type, enabled=self.amp):
             img, txt = self.ddp_model(batch)
-        img, txt = img.float(), txt.float()
+        wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
+        img, txt = img.to(wide), txt.to(wide)
         ids = batch.img_index
         kwargs: dict[str, Any] = {}
         if self.momentum_encoder is not None:
             with torch.autocast(device_type=self.device.type, enabled=self.amp):
                 img_k, txt_k = self.momentum_encoder(batch)
-            kwargs = {"img_keys": img_k.float(), "txt_keys": txt_k.float()}
+            kwargs = {"img_keys": img_k.to(wide), "txt_keys": txt_k.to(wide)}
         if self.local_anchors:
             # Each rank computes only its own pairs' terms against the gathered batch; the
             # gather's backward brings back the gradients the other ranks' terms send here.
