@@ -438,11 +438,11 @@ def train_in_workers(
     processes at once, each with one thread (``python -m vlret.demo --train-runs``); each
     prints a line per finished run, and per epoch with ``epoch_lines``.
 
-    One thread per run: on 2 cores two one-thread processes train about twice as fast as one
-    two-thread process (a batch of 128 keeps two threads busy only part of the time) and,
-    on a machine that other jobs share, far faster (the two threads wait on each other). A
-    run's numbers depend on the thread count (CPU reductions round differently), so one
-    thread also makes them the same on every machine. Ctrl-C: every worker saves its
+    One thread per run: a two-thread step stalls when the cores are shared with other jobs
+    (the two threads wait on each other; measured side by side on 2 cores at load average ~5:
+    0.5-3.7 s per step for one two-thread run, 0.25-0.56 s for each of two one-thread runs),
+    and a run's numbers depend on the thread count (CPU reductions round differently), so one
+    thread makes them independent of the number of cores. Ctrl-C: every worker saves its
     ``last.pt``; :class:`~vlret.train.TrainingInterrupted` is raised when all have stopped."""
     from .analysis.compare import CompareError
     from .train import TrainingInterrupted
@@ -481,11 +481,12 @@ def _train_runs_main(argv: Sequence[str]) -> int:
 
     torch.set_num_threads(1)
     config, out, seeds, lines, *items = argv
-    wanted = {(label, int(seed)) for label, seed in (item.rsplit(":", 1) for item in items)}
+    pairs = [(label, int(seed)) for label, seed in (item.rsplit(":", 1) for item in items)]
+    wanted = set(pairs)
     try:
         raw, section = read_compare_config(config)
         settings = eval_settings(raw, section)
-        labels = list(dict.fromkeys(label for label, _ in wanted))
+        labels = list(dict.fromkeys(label for label, _ in pairs))
         variants = resolve_variants(raw, section, labels)
         for spec in plan_runs(raw, variants, int(seeds), Path(out)):
             if (spec.variant.label, spec.seed) not in wanted:
