@@ -14,9 +14,9 @@ preset     world / schedule                                             expected
 =========  ===========================================================  ===================
 ``tiny``   synthetic ``tiny`` (240 / 40 / 40 images x 5 captions),      ~1.1 min
            batch 32, 10 epochs of 37 steps (5 of them warm-up), 1 seed
-``small``  synthetic ``small`` (the f30k-like world with 6000 train      ~5.7 min, 0.7 GB RAM
-           and 500 dev images; its 1000-image test split), batch 128,
-           6 epochs of 156 steps (2 of them warm-up), 1 seed
+``small``  synthetic ``small`` (the f30k-like world with 6000 train      ~5.7 min, up to
+           and 500 dev images; its 1000-image test split), batch 128,   0.7 GB RAM per
+           6 epochs of 156 steps (2 of them warm-up), 1 seed            worker
            (``make demo``)
 =========  ===========================================================  ===================
 
