@@ -555,10 +555,9 @@ def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> N
 
 def _check_device_name(device: str, source: str) -> None:
     """``auto`` or a torch device string (whether it exists is checked when training starts)."""
-    if device == "auto":
-        return
     try:
-        torch_device(device)
+        if device != "auto":
+            torch_device(device)
     except (RuntimeError, ValueError):
         raise ConfigError(
             source, "train.device", f"expected auto, cpu, cuda or cuda:N, got {device!r}"
