@@ -442,6 +442,7 @@ BAD_OVERRIDES = [
     ("optim.betas=[0.9, 1.5]", "optim.betas"),
     ("train.batch_size=1", "train.batch_size"),
     ("train.device=banana", "train.device"),
+    ("train.device=meta", "train.device"),  # a torch device, not one that trains
     ("train.checkpoint_minutes=-1", "train.checkpoint_minutes"),
     ("model.image.in_dim=inf", "model.image.in_dim"),
     ("output_dir=", "output_dir"),

@@ -72,6 +72,7 @@ from typing import Any
 
 import torch
 
+from .._files import atomic_write_text
 from ..train.config import (
     ConfigError,
     RunConfig,
@@ -445,9 +446,7 @@ def is_finished(spec: RunSpec) -> bool:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 def check_eval_plan(specs: Sequence[RunSpec], settings: EvalSettings) -> None:

@@ -16,12 +16,15 @@ in a second table of ``table.md`` (:func:`synthetic_markdown_table`), and extra 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .._files import atomic_write_text
 
 #: Table columns in the papers' order, with their header labels.
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -340,40 +343,26 @@ def results_record(summaries: Sequence[VariantSummary], **extra: Any) -> dict[st
     )
 
 
-def _atomic_write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
 def write_results_json(summaries: Sequence[VariantSummary], path: str | Path, **extra: Any) -> Path:
-    return _atomic_write(
-        Path(path), json.dumps(results_record(summaries, **extra), indent=2) + "\n"
-    )
+    return atomic_write_text(path, json.dumps(results_record(summaries, **extra), indent=2) + "\n")
 
 
 def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> Path:
     """One row per run (``seed`` = the seed) then a ``mean`` and a ``std`` row per variant;
     columns: label, loss, seed, params (JSON), then :data:`METRIC_KEYS` (and
     :data:`SYNTHETIC_KEYS` when any run has a synthetic-world metric)."""
-    path = Path(path)
     keys = METRIC_KEYS + (SYNTHETIC_KEYS if has_synthetic_metrics(summaries) else ())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["label", "loss", "seed", "params", *keys])
-        for s in summaries:
-            params = json.dumps(_plain(dict(s.params)), sort_keys=True)
-            for r in s.runs:
-                row = [r.metrics.get(k, "") for k in keys]
-                writer.writerow([s.label, s.loss, r.seed, params, *row])
-            for name, stats in (("mean", s.mean), ("std", s.std)):
-                writer.writerow([s.label, s.loss, name, params, *[stats.get(k, "") for k in keys]])
-    tmp.replace(path)
-    return path
+    fh = io.StringIO(newline="")
+    writer = csv.writer(fh)
+    writer.writerow(["label", "loss", "seed", "params", *keys])
+    for s in summaries:
+        params = json.dumps(_plain(dict(s.params)), sort_keys=True)
+        for r in s.runs:
+            row = [r.metrics.get(k, "") for k in keys]
+            writer.writerow([s.label, s.loss, r.seed, params, *row])
+        for name, stats in (("mean", s.mean), ("std", s.std)):
+            writer.writerow([s.label, s.loss, name, params, *[stats.get(k, "") for k in keys]])
+    return atomic_write_text(path, fh.getvalue())
 
 
 def write_table(
@@ -388,4 +377,4 @@ def write_table(
         if any(k in s.mean for s in summaries for k, _ in SUBSET_COLUMNS):
             subset_title = f"{title}: query subsets" if title else ""
             text += "\n" + subset_markdown_table(summaries, title=subset_title, digits=digits)
-    return _atomic_write(Path(path), text)
+    return atomic_write_text(path, text)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._files import atomic_write_text
 from .precomp import VOCAB_SPLITS, DataFormatError, load_precomp_captions, read_json
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
@@ -109,12 +109,8 @@ class Vocabulary:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write the JSON atomically (temporary file + rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        """Write the JSON atomically (:func:`vlret._files.atomic_write_text`)."""
+        return atomic_write_text(path, json.dumps(self.to_json(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:

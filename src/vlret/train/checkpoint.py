@@ -4,7 +4,8 @@ A training checkpoint is a plain dict of tensors and Python primitives (so the s
 ``weights_only`` unpickler reads it): ``model``, ``optimizer``, ``scheduler``, ``scaler``,
 ``loss`` (the loss module's ``state_dict``: AdaCL margins, extra state and memory queues),
 ``momentum_encoder``, ``rng`` (see :func:`capture_rng_state`), ``epoch``, ``batch_in_epoch``,
-``step``, ``best_rsum``, ``config`` (the resolved run config) and ``vocab`` (its words).
+``step``, ``best_rsum``, ``best_epoch`` (the epoch ``best.pt`` holds), ``config`` (the resolved
+run config) and ``vocab`` (its words).
 """
 
 from __future__ import annotations

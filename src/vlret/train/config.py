@@ -54,9 +54,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from torch import device as torch_device
 
 from .._files import atomic_write_text
+from .distributed import parse_device
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -554,14 +554,11 @@ def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> N
 
 
 def _check_device_name(device: str, source: str) -> None:
-    """``auto`` or a torch device string (whether it exists is checked when training starts)."""
+    """``auto`` or a device name (whether it exists is checked when training starts)."""
     try:
-        if device != "auto":
-            torch_device(device)
-    except (RuntimeError, ValueError):
-        raise ConfigError(
-            source, "train.device", f"expected auto, cpu, cuda or cuda:N, got {device!r}"
-        ) from None
+        parse_device(device)
+    except ValueError as err:
+        raise ConfigError(source, "train.device", str(err)) from None
 
 
 def _check_msrvtt_dev_split(

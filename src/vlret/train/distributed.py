@@ -109,17 +109,28 @@ def init_distributed(*, backend: str | None = None) -> DistEnv:
     return env
 
 
-def resolve_device(name: str, *, local_rank: int = 0) -> torch.device:
-    """``auto`` (this rank's GPU when CUDA is available, else the CPU), ``cpu``, ``cuda`` or
-    ``cuda:N``; a malformed name or a device this machine lacks raises ``ValueError``."""
+def parse_device(name: str) -> torch.device | None:
+    """``None`` for ``auto``, else the ``cpu``, ``cuda`` or ``cuda:N`` device; any other name
+    raises ``ValueError`` (whether the device exists is :func:`resolve_device`'s question)."""
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
-        return torch.device("cpu")
+        return None
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
-        raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {name!r}") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {name!r}")
+    return device
+
+
+def resolve_device(name: str, *, local_rank: int = 0) -> torch.device:
+    """``auto`` (this rank's GPU when CUDA is available, else the CPU), ``cpu``, ``cuda`` or
+    ``cuda:N``; a malformed name or a device this machine lacks raises ``ValueError``."""
+    device = parse_device(name)
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
@@ -131,8 +142,6 @@ def resolve_device(name: str, *, local_rank: int = 0) -> torch.device:
             raise ValueError(
                 f"{name!r} requested but only {torch.cuda.device_count()} GPU(s) are visible"
             )
-    elif device.type not in ("cpu", "cuda"):
-        raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {name!r}")
     return device
 
 

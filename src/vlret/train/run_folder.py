@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._files import remove_stale_temporaries
+from .._files import atomic_write, remove_stale_temporaries
 from .checkpoint import load_checkpoint
 
 RUN_FILES = ("config.yaml", "vocab.json", "metrics.jsonl", "last.pt", "best.pt")
@@ -199,8 +199,6 @@ def restore_best(checkpoint: str | Path, state: dict[str, Any], folder: str | Pa
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
-    from .._files import atomic_write
-
     with open(source, "rb") as fh:
         atomic_write(target, lambda out: shutil.copyfileobj(fh, out))
 

@@ -199,7 +199,7 @@ class Trainer:
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
         self.epoch_batches = 0
-        if resume is not None and resume_state is not None:
+        if resume_state is not None:
             self._load(resume, resume_state)
 
     # -- construction ------------------------------------------------------------------------
@@ -430,8 +430,9 @@ class Trainer:
         with interrupt_flag() as flag:
             self._check_stop(flag)  # a signal that came while the data was loading
             while self.epoch < tc.epochs:
+                started = time.perf_counter()
                 self._train_epoch(flag)
-                self._end_epoch()
+                self._end_epoch(started=started)
                 if self.world > 1:
                     dist.barrier()
                 self._check_stop(flag)
@@ -459,7 +460,6 @@ class Trainer:
         )
         self.ddp_model.train()
         self.loss_fn.train()
-        self._t_epoch = time.perf_counter()
         t_log, n_log = time.perf_counter(), 0
         t_saved = time.monotonic()
         bar = self._progress(loader)
@@ -486,7 +486,7 @@ class Trainer:
         if hasattr(bar, "close"):
             bar.close()
 
-    def _end_epoch(self) -> None:
+    def _end_epoch(self, *, started: float) -> None:
         """Validate, log, print the summary line and write the checkpoints: ``best.pt`` (when
         the dev rsum improved) before ``last.pt``, so a kill between the two never leaves a
         ``last.pt`` that claims a best epoch ``best.pt`` does not hold."""
@@ -500,7 +500,7 @@ class Trainer:
         self.epoch += 1
         self.batch_in_epoch = 0
         self.epoch_loss_sum, self.epoch_batches = 0.0, 0
-        seconds = time.perf_counter() - self._t_epoch
+        seconds = time.perf_counter() - started  # training and validation
         self._log(
             {
                 "kind": "epoch",
