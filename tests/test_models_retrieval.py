@@ -110,7 +110,7 @@ def test_video_kind():
     ("config", "kwargs", "pattern"),
     [
         ({"embed_dims": 8}, {}, r"unknown key 'embed_dims'.*valid keys: \['embed_dim'"),
-        ({"kind": "scan"}, {}, r"model.kind: unknown kind 'scan'; valid kinds: \['bert', 'clip'"),
+        ({"kind": "vsrn"}, {}, r"model.kind: unknown kind 'vsrn'; valid kinds: \['bert', 'bfan'"),
         ({"image": {"kind": "grid"}}, {}, r"image.kind: unknown kind 'grid'.*precomp"),
         ({"image": {"dropout": 0.2}}, {}, r"image: unknown key 'dropout'.*region_dropout"),
         ({"text": {"hidden": 3}}, {}, r"text: unknown key 'hidden'.*word_dim"),

@@ -6,6 +6,9 @@
 * :mod:`~vlret.models.video`: frame features with the same poolings.
 * :mod:`~vlret.models.clip`: a local ``CLIPModel`` with added embedding layers (Unified paper
   B.1.2) and CLIP preprocessing with PIL and numpy.
+* :mod:`~vlret.models.cross_attention`, :mod:`~vlret.models.sgraf`: the pair scorers of SCAN,
+  BFAN and SGRAF; :mod:`~vlret.models.cross_model`: the models around them (reference region
+  and word encoders), which return a score matrix (``scores_pairs = True``).
 * :mod:`~vlret.models.retrieval`: :class:`RetrievalModel` and :func:`build_model`.
 
 Models never import losses; embeddings are not normalised by default (the losses normalise).
@@ -21,12 +24,28 @@ from .clip import (
     CLIPTextEncoder,
     load_clip,
 )
+from .cross_model import (
+    BFAN,
+    SCAN,
+    SGRAF,
+    CrossAttentionModel,
+    RegionEncoder,
+    WordEncoder,
+    build_cross_model,
+)
 from .image import GPO, POOLINGS, ImageEncoder, MaskedPooling, lengths_to_mask, sinusoidal_positions
 from .retrieval import IMAGE_DEFAULTS, MODEL_DEFAULTS, TEXT_DEFAULTS, RetrievalModel, build_model
 from .text import BertTextEncoder, GRUTextEncoder
 from .video import VideoEncoder
 
 __all__ = [
+    "BFAN",
+    "SCAN",
+    "SGRAF",
+    "CrossAttentionModel",
+    "RegionEncoder",
+    "WordEncoder",
+    "build_cross_model",
     "CLIP_MEAN",
     "CLIP_STD",
     "GPO",

@@ -21,6 +21,8 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
     # shorthand for BERT text: {"kind": "bert", "path": DIR, "image": {...}, "embed_dim": 1024}
     # CLIP fine-tuning (Unified paper B.1.2):
     {"kind": "clip", "path": DIR (required), "proj_dim": 768, "normalize": False}
+    # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
+    # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
 
 Unknown keys and kinds raise ``ValueError`` naming the key and listing the valid ones.
 ``model.config`` holds the resolved config (defaults filled in, ``vocab_size`` included), which
@@ -38,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cross_model import CROSS_KINDS, CROSS_MODEL_DEFAULTS, CrossAttentionModel, build_cross_model
 from .image import POOLINGS, ImageEncoder
 from .text import BERT_POOLINGS, GRU_POOLINGS, BertTextEncoder, GRUTextEncoder
 from .video import VideoEncoder
@@ -56,6 +59,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "text": {},
     },
     "clip": {"kind": "clip", "path": ..., "proj_dim": 768, "normalize": False},
+    **CROSS_MODEL_DEFAULTS,
 }
 IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "precomp": {
@@ -211,8 +215,12 @@ def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
     return ImageEncoder(region_dropout=float(cfg["region_dropout"]), **common)
 
 
-def build_model(config: Mapping[str, Any], *, vocab_size: int | None = None) -> RetrievalModel:
-    """A :class:`RetrievalModel` from a plain dict (schema in the module docstring).
+def build_model(
+    config: Mapping[str, Any], *, vocab_size: int | None = None
+) -> RetrievalModel | CrossAttentionModel:
+    """A :class:`RetrievalModel` from a plain dict (schema in the module docstring), or for the
+    kinds ``scan``, ``bfan`` and ``sgraf`` a
+    :class:`~vlret.models.cross_model.CrossAttentionModel`.
 
     ``vocab_size`` (``len(vocabulary)``) sizes the GRU's word embeddings; it may also be given
     as ``text.vocab_size`` (they must agree). Pretrained weights load from local directories
@@ -221,8 +229,10 @@ def build_model(config: Mapping[str, Any], *, vocab_size: int | None = None) -> 
     if not isinstance(config, Mapping):
         raise ValueError(f"config must be a dict, got {type(config).__name__}")
     top = _resolve("model", config, MODEL_DEFAULTS, "vse")
-    _check_types("model", top, None)
     kind = top["kind"]
+    if kind in CROSS_KINDS:
+        return build_cross_model(top, vocab_size=vocab_size)
+    _check_types("model", top, None)
 
     if kind == "clip":
         from .clip import load_clip
