@@ -1,0 +1,238 @@
+"""Evaluation of pair-scoring models (vlret.train.evaluate_pairs): packed tokens, block scoring
+against a naive double loop over pairs, ensembles, COCO fold blocks, shortlists, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlret.data import PrecompDataset
+from vlret.data.vocab import build_precomp_vocab
+from vlret.data.writers import make_tiny_precomp
+from vlret.metrics import retrieval_metrics_from_similarity
+from vlret.train.evaluate_pairs import (
+    TextTokens,
+    dev_metrics_from_scores,
+    encode_tokens,
+    score_matrix,
+)
+
+
+class MaxMeanScorer(nn.Module):
+    """A small pair-scoring model: regions = l2norm(Linear(features)), words = l2norm(Embedding
+    of the ids) (zero padding), score(i, j) = mean over caption j's words of the best region
+    cosine of image i, plus a bias term that depends on the caption's length (so padding and
+    length handling show up in the scores)."""
+
+    scores_pairs = True
+
+    def __init__(self, in_dim: int = 16, vocab: int = 64, dim: int = 8, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = nn.Linear(in_dim, dim)
+        self.embed = nn.Embedding(vocab, dim)
+        self.calls: list[tuple[int, int, int]] = []
+
+    def encode_images(self, features, lengths=None):
+        return F.normalize(self.fc(features.float()), dim=-1)
+
+    def encode_texts(self, captions, lengths):
+        words = F.normalize(self.embed(captions), dim=-1)
+        mask = torch.arange(captions.shape[1], device=captions.device)[None, :] < lengths[:, None]
+        return words * mask[:, :, None]
+
+    def score(self, regions, words, word_lengths, *, max_elements=None):
+        self.calls.append((regions.shape[0], words.shape[0], words.shape[1]))
+        raw = torch.einsum("ird,cld->icrl", regions, words).amax(dim=2)  # (n_img, n_cap, L)
+        mask = torch.arange(words.shape[1])[None, :] < word_lengths[:, None]
+        mean = (raw * mask[None]).sum(-1) / word_lengths[None, :]
+        return mean + 0.01 * word_lengths[None, :]
+
+
+def naive_scores(model: MaxMeanScorer, regions, words_list) -> torch.Tensor:
+    """float64 double loop over pairs, each caption unpadded."""
+    out = torch.empty(regions.shape[0], len(words_list), dtype=torch.float64)
+    for i in range(regions.shape[0]):
+        for j, w in enumerate(words_list):
+            cos = regions[i].double() @ w.double().t()  # (R, l)
+            out[i, j] = cos.amax(dim=0).mean() + 0.01 * w.shape[0]
+    return out
+
+
+def random_tokens(n_img=6, n_txt=17, r=3, d=8, max_len=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    regions = F.normalize(torch.randn(n_img, r, d, generator=g), dim=-1)
+    lengths = torch.randint(1, max_len + 1, (n_txt,), generator=g)
+    words = F.normalize(torch.randn(int(lengths.sum()), d, generator=g), dim=-1)
+    return regions, TextTokens(words, lengths)
+
+
+def unpacked(texts: TextTokens) -> list[torch.Tensor]:
+    return list(torch.split(texts.words, texts.lengths.tolist()))
+
+
+# -- TextTokens ---------------------------------------------------------------------------------
+
+
+def test_text_tokens_gather_pads_each_block_to_its_own_longest():
+    _, texts = random_tokens()
+    parts = unpacked(texts)
+    index = torch.tensor([4, 0, 9])
+    words, lengths = texts.gather(index)
+    assert words.shape == (3, int(texts.lengths[index].max()), texts.dim)
+    for row, j in enumerate(index.tolist()):
+        n = int(texts.lengths[j])
+        assert int(lengths[row]) == n
+        assert torch.equal(words[row, :n], parts[j])
+        assert not words[row, n:].any()
+    torch.testing.assert_close(
+        texts.mean_pooled(), torch.stack([p.mean(0) for p in parts]), rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("words", "lengths", "match"),
+    [
+        (torch.zeros(5, 2), torch.tensor([2, 2]), "lengths sum to 4"),
+        (torch.zeros(4, 2), torch.tensor([4, 0]), "lengths must be >= 1"),
+        (torch.zeros(4), torch.tensor([4]), "words must be a 2-D"),
+        (torch.zeros(4, 2), torch.tensor([4.0]), "lengths must be a 1-D integer"),
+    ],
+)
+def test_text_tokens_rejects_bad_input(words, lengths, match):
+    with pytest.raises(ValueError, match=match):
+        TextTokens(words, lengths)
+
+
+# -- encode_tokens ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    make_tiny_precomp(root, sizes={"train": 6, "dev": 2, "testall": 10}, feature_shape=(4, 16))
+    vocab = build_precomp_vocab(root, min_count=1)
+    return root, vocab
+
+
+def test_encode_tokens_packs_each_caption_once(tiny):
+    root, vocab = tiny
+    ds = PrecompDataset(root, "testall", encoder=vocab)
+    model = MaxMeanScorer(vocab=len(vocab)).train()
+    regions, texts = encode_tokens(model, ds, batch_size=7, device="cpu")
+    assert model.training  # restored
+    assert regions.shape == (10, 4, 8) and regions.dtype == torch.float32
+    assert len(texts) == 50 and texts.words.dtype == torch.float32
+    with torch.no_grad():
+        for j in (0, 13, 49):
+            ids = ds.caption(j)
+            assert int(texts.lengths[j]) == len(ids)
+            expected = model.encode_texts(ids[None], torch.tensor([len(ids)]))[0]
+            words, _ = texts.gather(torch.tensor([j]))
+            torch.testing.assert_close(words[0], expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(regions[3], model.encode_images(ds.image(3)), rtol=0, atol=1e-6)
+
+
+def test_encode_tokens_checks_batch_size(tiny):
+    root, vocab = tiny
+    ds = PrecompDataset(root, "testall", encoder=vocab)
+    with pytest.raises(ValueError, match="batch_size"):
+        encode_tokens(MaxMeanScorer(vocab=len(vocab)), ds, batch_size=0, device="cpu")
+
+
+# -- score_matrix -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("image_block", "text_block"), [(1, 1), (4, 5), (128, 1024)])
+def test_score_matrix_equals_a_naive_double_loop(image_block, text_block):
+    regions, texts = random_tokens()
+    model = MaxMeanScorer()
+    sim = score_matrix(
+        model, regions, texts, device="cpu", image_block=image_block, text_block=text_block
+    )
+    expected = naive_scores(model, regions, unpacked(texts))
+    assert sim.dtype == torch.float32 and sim.shape == (6, 17)
+    # float32 sums of <= 7 cosines of 8-dim unit vectors: a few eps32
+    torch.testing.assert_close(sim.double(), expected, rtol=0, atol=16 * 2**-23)
+    # length-sorted blocks: each block is padded to its own longest caption only
+    padded = sum(n_img * n_cap * width for n_img, n_cap, width in model.calls)
+    if text_block == 5:
+        assert padded < 6 * 17 * int(texts.lengths.max())
+
+
+def test_score_matrix_blocks_equal_the_full_matrix_blocks():
+    regions, texts = random_tokens(n_img=10, n_txt=50)
+    model = MaxMeanScorer()
+    full = score_matrix(model, regions, texts, device="cpu")
+    blocks = [(2 * f, 2 * f + 2, 10 * f, 10 * f + 10) for f in range(5)]
+    model.calls.clear()
+    part = score_matrix(model, regions, texts, device="cpu", blocks=blocks)
+    assert sum(a * b for a, b, _ in model.calls) == 5 * 2 * 10  # the diagonal only
+    for i0, i1, t0, t1 in blocks:
+        torch.testing.assert_close(part[i0:i1, t0:t1], full[i0:i1, t0:t1], rtol=0, atol=1e-6)
+        part[i0:i1, t0:t1] = 0.0
+    assert bool((part.isnan() | (part == 0)).all()) and int(part.isnan().sum()) == 500 - 100
+
+
+def test_score_matrix_ensemble_is_the_mean():
+    regions, texts = random_tokens()
+    regions2 = F.normalize(torch.randn(regions.shape), dim=-1)  # another member's encoding
+    texts2 = TextTokens(F.normalize(torch.randn(texts.words.shape), dim=-1), texts.lengths)
+    a, b = MaxMeanScorer(seed=0), MaxMeanScorer(seed=1)
+    sa = score_matrix(a, regions, texts, device="cpu")
+    sb = score_matrix(b, regions2, texts2, device="cpu")
+    both = score_matrix([a, b], [regions, regions2], [texts, texts2], device="cpu")
+    torch.testing.assert_close(both, (sa + sb) / 2, rtol=0, atol=1e-7)
+    shared = score_matrix([a, b], regions, texts, device="cpu")
+    torch.testing.assert_close(shared, (sa + score_matrix(b, regions, texts, device="cpu")) / 2)
+
+
+def test_score_matrix_progress_bar_counts_pairs(capsys):
+    regions, texts = random_tokens()
+    score_matrix(MaxMeanScorer(), regions, texts, device="cpu", progress=True, text_block=4)
+    err = capsys.readouterr().err
+    assert "pair/s" in err and "102/102" in err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"blocks": [(0, 7, 0, 1)]}, "blocks"),
+        ({"blocks": [(0, 2, 0, 5), (1, 3, 2, 6)]}, "overlap"),
+        ({"image_block": 0}, "image_block"),
+        ({"device": "nowhere"}, "device"),
+    ],
+)
+def test_score_matrix_rejects_bad_arguments(kwargs, match):
+    regions, texts = random_tokens()
+    kwargs = {"device": "cpu", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        score_matrix(MaxMeanScorer(), regions, texts, **kwargs)
+
+
+def test_score_matrix_rejects_members_of_other_sizes():
+    regions, texts = random_tokens()
+    r2, t2 = random_tokens(n_img=5)
+    with pytest.raises(ValueError, match="same images and captions"):
+        score_matrix([MaxMeanScorer(), MaxMeanScorer()], [regions, r2], [texts, t2], device="cpu")
+
+
+# -- dev metrics --------------------------------------------------------------------------------
+
+
+def test_dev_metrics_from_scores():
+    g = torch.Generator().manual_seed(0)
+    sim = torch.randn(4, 8, generator=g)
+    t2i = torch.arange(8) // 2
+    out = dev_metrics_from_scores(sim, t2i)
+    assert out.items() >= retrieval_metrics_from_similarity(sim, t2i).as_dict().items()
+    pos = sim[t2i, torch.arange(8)]
+    assert out["pos_sim"] == pytest.approx(float(pos.mean()))
+    hardest = []
+    for i in range(4):
+        hardest.append(max(float(sim[i, j]) for j in range(8) if t2i[j] != i))
+    for j in range(8):
+        hardest.append(max(float(sim[i, j]) for i in range(4) if i != t2i[j]))
+    assert out["hardest_neg_sim"] == pytest.approx(sum(hardest) / len(hardest))
