@@ -1,0 +1,532 @@
+"""SGRAF's pair scorer: similarity graph reasoning (SGR) and attention filtration (SAF).
+
+Diao et al., "Similarity Reasoning and Filtration for Image-Text Matching", AAAI 2021,
+Sec. 3.1-3.4; the computation follows the authors' released ``EncoderSimilarity``
+(Paranioar/SGRAF ``model.py``) step for step, so that an imported official checkpoint gives
+the released model's scores. The reference scores one caption at a time against every
+image; :class:`SGRAFScorer` scores blocks of images x captions at once under a memory bound.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cross_attention import NORM_EPS, attention_weights
+
+#: Default bound on the numbers held by the largest intermediate of one block.
+DEFAULT_MAX_ELEMENTS = 2**24
+
+MODULES = ("sgr", "saf")
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """The reference ``l2norm`` over the last dimension: ``x / (||x|| + 1e-8)``."""
+    return x / (x.square().sum(dim=-1, keepdim=True).sqrt() + NORM_EPS)
+
+
+def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer`` applied in ``x``'s dtype (float32 parameters serve float64 inputs too)."""
+    return F.linear(x, layer.weight.to(x.dtype), layer.bias.to(x.dtype))
+
+
+def _update_running(bn: nn.BatchNorm1d, means: torch.Tensor, variances: torch.Tensor) -> None:
+    """Apply ``K`` successive BatchNorm updates of the running statistics at once.
+
+    ``means`` and ``variances`` (unbiased) are ``(K, C)``, the statistics of ``K`` calls in
+    order; the result equals ``K`` calls of :class:`torch.nn.BatchNorm1d` in training mode
+    (momentum ``m``: ``r <- (1 - m) r + m x``; momentum ``None``: cumulative average).
+    """
+    if not bn.track_running_stats:
+        return
+    start = int(bn.num_batches_tracked)
+    count = means.shape[0]
+    factors = [
+        bn.momentum if bn.momentum is not None else 1.0 / (start + k + 1) for k in range(count)
+    ]
+    coefs, keep = [], 1.0
+    for f in reversed(factors):
+        coefs.append(f * keep)
+        keep *= 1.0 - f
+    coef = torch.tensor(coefs[::-1], dtype=torch.float64, device=means.device)
+    with torch.no_grad():
+        for buf, stats in ((bn.running_mean, means), (bn.running_var, variances)):
+            new = keep * buf.double() + coef @ stats.detach().double()
+            buf.copy_(new.to(buf.dtype))
+        bn.num_batches_tracked.add_(count)
+
+
+def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
+    """:class:`torch.nn.BatchNorm1d` on ``x (N, C, *)`` computed in ``x``'s dtype.
+
+    Training mode normalises with the biased batch variance over every dimension but the
+    channel dimension 1 and updates the running statistics with the unbiased one; evaluation
+    mode uses the running statistics.
+    """
+    channels = x.shape[1]
+    shape = [1, channels] + [1] * (x.dim() - 2)
+    if bn.training:
+        dims = [d for d in range(x.dim()) if d != 1]
+        n = x.numel() // channels
+        mean = x.mean(dim=dims)
+        var = x.var(dim=dims, unbiased=False)
+        _update_running(bn, mean.unsqueeze(0), (var * n / (n - 1)).unsqueeze(0))
+    else:
+        mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
+    scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
+    return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
+
+
+class _GlobalAttention(nn.Module):
+    """Self-attention pooling of one side into a global vector (the reference ``VisualSA`` /
+    ``TextSA``, paper Sec. 3.1 Eq. 2-3).
+
+    Local branch ``Linear -> [BatchNorm1d(num_regions)] -> Tanh -> Dropout`` on every item,
+    global branch ``Linear -> [BatchNorm1d(embed_dim)] -> Tanh -> Dropout`` on the mean of
+    the items; the weight of item ``i`` is a softmax over the items of ``common(local_i *
+    global)``; the output is the l2-normalised weighted sum of the (input) items. The
+    BatchNorms exist on the image side only (``num_regions`` given). The image side's
+    ``BatchNorm1d(num_regions)`` runs on ``(N, R, D)``, so its channels are the region
+    *positions*: each region slot is normalised over the images and the D features.
+    """
+
+    def __init__(self, embed_dim: int, dropout: float, num_regions: int | None) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.local_fc = nn.Linear(embed_dim, embed_dim)
+        self.global_fc = nn.Linear(embed_dim, embed_dim)
+        self.common = nn.Linear(embed_dim, 1)
+        if num_regions is not None:
+            self.local_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(num_regions)
+            self.global_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(embed_dim)
+        else:
+            self.local_bn = self.global_bn = None
+
+    def _branch(self, x: torch.Tensor, fc: nn.Linear, bn: nn.BatchNorm1d | None):
+        x = _linear(x, fc)
+        if bn is not None:
+            x = _batch_norm(x, bn)
+        return F.dropout(torch.tanh(x), p=self.dropout, training=self.training)
+
+    def forward(self, items: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``items (N, K, D)`` (padding zeroed), ``mask (N, K)`` or None -> ``(N, D)``."""
+        if mask is None:
+            mean = items.mean(dim=1)
+        else:
+            mean = items.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(items.dtype)
+        local = self._branch(items, self.local_fc, self.local_bn)
+        glob = self._branch(mean, self.global_fc, self.global_bn)
+        logits = _linear(local * glob.unsqueeze(1), self.common).squeeze(-1)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        weights = torch.softmax(logits, dim=1)
+        return _l2norm((weights.unsqueeze(-1) * items).sum(dim=1))
+
+
+class _GraphStep(nn.Module):
+    """One SGR reasoning step (reference ``GraphReasoning``, paper Sec. 3.3 Eq. 6-7)."""
+
+    def __init__(self, sim_dim: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(sim_dim, sim_dim)
+        self.key = nn.Linear(sim_dim, sim_dim)
+        self.update = nn.Linear(sim_dim, sim_dim)
+
+
+class _Filtration(nn.Module):
+    """SAF's gate (reference ``AttentionFiltration``, paper Sec. 3.4 Eq. 8-9)."""
+
+    def __init__(self, sim_dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(sim_dim, 1)
+        self.bn = nn.BatchNorm1d(1)
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class SGRAFScorer(nn.Module):
+    """SGRAF's similarity encoder: the ``(n_img, n_cap)`` scores in (0, 1) of every pair.
+
+    Per pair of an image's regions ``v_1..v_R`` and a caption's words ``e_1..e_L`` (both
+    projected and l2-normalised), following the reference ``EncoderSimilarity``:
+
+    1. global vectors (Sec. 3.1): image ``g = SA_img(V)`` once per image, caption ``c =
+       SA_txt(E)`` once per caption (see :class:`_GlobalAttention`); global node ``s_0 =
+       l2norm(W_sg (g - c)^2 + b)``;
+    2. local nodes (Sec. 3.2): each word attends over the regions with the clipped-l2norm
+       step of :func:`~vlret.models.cross_attention.attention_weights` (``lambda_softmax``,
+       9 in the reference), the attended vector ``a_k`` is l2-normalised, and ``s_k =
+       l2norm(W_sl (a_k - e_k)^2 + b)``;
+    3. ``module="sgr"`` (Sec. 3.3): ``sgr_steps`` steps over the ``L + 1`` nodes, each
+       ``s <- ReLU(W_r (softmax_q((W_q s_p + b) . (W_k s_q + b)) s) + b)`` (the softmax runs
+       over the nodes ``q`` aggregated; the aggregated values are the nodes themselves, not
+       a projection); the pair's vector is the global node after the last step.
+       ``module="saf"`` (Sec. 3.4): gates ``sigmoid(BN(w^T s_p + b))`` with a
+       ``BatchNorm1d(1)`` over the scalars, L1-normalised over the nodes (sum + 1e-8), the
+       pair's vector ``l2norm(sum_p gate_p s_p)``;
+    4. score ``sigmoid(w_e^T s + b)``.
+
+    All l2norms divide by the norm plus 1e-8 as the reference's ``l2norm`` does. A caption's
+    words at or past its length never take part: not in its mean, its global attention, the
+    region attention's normalisation, nor as SGR/SAF nodes (the reference slices them off).
+
+    **BatchNorm.** Training mode normalises with batch statistics as the reference does:
+
+    - the image global branch's two BatchNorms see the images of the call (computed once
+      per call, before any blocking);
+    - SAF's BatchNorm: the reference runs its per-caption loop, so each caption's gates are
+      normalised with the statistics of *that caption's* pairs with every image of the call
+      (``n_img x (L_c + 1)`` scalars), and the running statistics take one update per
+      caption, in caption order. This scorer does the same, over all image blocks: in
+      training mode with ``module="saf"`` every block's nodes are kept until the statistics
+      are known (autograd keeps them anyway), so ``max_elements`` bounds each block's
+      intermediates but not the kept nodes (``n_img x n_cap x (L + 1) x sim_dim``).
+
+    The trainer therefore scores the batch's images against the batch's captions so that
+    these statistics cover them; under torchrun a rank sees only its local images, so its
+    statistics (like any non-synchronised BatchNorm) differ from one process's. Evaluation
+    mode uses the running statistics and every pair's score is independent of the others.
+    Dropout (``dropout``, 0.4 in the reference) acts on both branches of both global
+    attentions in training mode.
+
+    **Parameters** (reference ``sim_enc.`` name -> this module's name;
+    :meth:`reference_names` returns the full map, BatchNorm buffers included):
+
+    - ``v_global_w.embedding_local.0`` / ``.1`` -> ``image_global.local_fc`` / ``.local_bn``;
+      ``v_global_w.embedding_global.0`` / ``.1`` -> ``image_global.global_fc`` /
+      ``.global_bn``; ``v_global_w.embedding_common.0`` -> ``image_global.common``;
+    - ``t_global_w.embedding_local.0`` -> ``text_global.local_fc``,
+      ``t_global_w.embedding_global.0`` -> ``text_global.global_fc``,
+      ``t_global_w.embedding_common.0`` -> ``text_global.common``;
+    - ``sim_tranloc_w`` -> ``local_proj``, ``sim_tranglo_w`` -> ``global_proj``,
+      ``sim_eval_w`` -> ``head``;
+    - ``SGR_module.{i}.graph_query_w`` / ``graph_key_w`` / ``sim_graph_w`` ->
+      ``sgr.{i}.query`` / ``.key`` / ``.update``;
+    - ``SAF_module.attn_sim_w`` -> ``saf.gate``, ``SAF_module.bn`` -> ``saf.bn``.
+
+    The global attentions (``VisualSA``/``TextSA``) belong to the reference's similarity
+    encoder (``sim_enc``), not to its image or text encoder. ``num_regions`` is the region
+    count the image BatchNorm is built for (36 in the reference, hard-coded there); inputs
+    must have exactly that many regions.
+
+    Initialisation follows the reference's ``init_weights``: every linear layer Xavier-uniform
+    (``U(-r, r)``, ``r = sqrt(6 / (fan_in + fan_out))``) with zero bias, BatchNorm weight 1
+    and bias 0.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int = 1024,
+        sim_dim: int = 256,
+        module: str = "sgr",
+        sgr_steps: int = 3,
+        *,
+        lambda_softmax: float = 9.0,
+        dropout: float = 0.4,
+        num_regions: int = 36,
+    ) -> None:
+        super().__init__()
+        if module not in MODULES:
+            raise ValueError(f"module must be one of {MODULES}, got {module!r}")
+        _positive_int(embed_dim, "embed_dim")
+        _positive_int(sim_dim, "sim_dim")
+        _positive_int(sgr_steps, "sgr_steps")
+        _positive_int(num_regions, "num_regions")
+        lam = float(lambda_softmax)
+        if not (lam > 0 and lam < float("inf")):
+            raise ValueError(f"lambda_softmax must be positive and finite, got {lambda_softmax}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        self.embed_dim, self.sim_dim, self.module = embed_dim, sim_dim, module
+        self.sgr_steps = sgr_steps if module == "sgr" else 0
+        self.lambda_softmax, self.dropout, self.num_regions = lam, float(dropout), num_regions
+
+        self.image_global = _GlobalAttention(embed_dim, self.dropout, num_regions)
+        self.text_global = _GlobalAttention(embed_dim, self.dropout, None)
+        self.local_proj = nn.Linear(embed_dim, sim_dim)
+        self.global_proj = nn.Linear(embed_dim, sim_dim)
+        self.head = nn.Linear(sim_dim, 1)
+        if module == "sgr":
+            self.sgr = nn.ModuleList(_GraphStep(sim_dim) for _ in range(sgr_steps))
+        else:
+            self.saf = _Filtration(sim_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The reference ``init_weights``: Xavier-uniform linear weights, zero biases,
+        BatchNorm weight 1 and bias 0 (running statistics reset)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm1d):
+                m.reset_parameters()
+
+    @staticmethod
+    def reference_names(module: str = "sgr", sgr_steps: int = 3) -> dict[str, str]:
+        """Reference ``sim_enc`` state-dict names -> this module's state-dict names.
+
+        Covers every parameter and buffer of both sides exactly once, BatchNorm
+        ``running_mean``, ``running_var`` and ``num_batches_tracked`` included (checkpoints
+        from PyTorch before 0.4.1 lack ``num_batches_tracked``). ``module`` is "sgr" or "saf"
+        (the reference's ``opt.module_name`` lower-cased); ``sgr_steps`` its ``opt.sgr_step``.
+        """
+        if module not in MODULES:
+            raise ValueError(f"module must be one of {MODULES}, got {module!r}")
+        _positive_int(sgr_steps, "sgr_steps")
+        lin, bn = (
+            ("weight", "bias"),
+            (
+                "weight",
+                "bias",
+                "running_mean",
+                "running_var",
+                "num_batches_tracked",
+            ),
+        )
+        layers: list[tuple[str, str, tuple[str, ...]]] = [
+            ("v_global_w.embedding_local.0", "image_global.local_fc", lin),
+            ("v_global_w.embedding_local.1", "image_global.local_bn", bn),
+            ("v_global_w.embedding_global.0", "image_global.global_fc", lin),
+            ("v_global_w.embedding_global.1", "image_global.global_bn", bn),
+            ("v_global_w.embedding_common.0", "image_global.common", lin),
+            ("t_global_w.embedding_local.0", "text_global.local_fc", lin),
+            ("t_global_w.embedding_global.0", "text_global.global_fc", lin),
+            ("t_global_w.embedding_common.0", "text_global.common", lin),
+            ("sim_tranloc_w", "local_proj", lin),
+            ("sim_tranglo_w", "global_proj", lin),
+            ("sim_eval_w", "head", lin),
+        ]
+        if module == "sgr":
+            for i in range(sgr_steps):
+                layers += [
+                    (f"SGR_module.{i}.graph_query_w", f"sgr.{i}.query", lin),
+                    (f"SGR_module.{i}.graph_key_w", f"sgr.{i}.key", lin),
+                    (f"SGR_module.{i}.sim_graph_w", f"sgr.{i}.update", lin),
+                ]
+        else:
+            layers += [
+                ("SAF_module.attn_sim_w", "saf.gate", lin),
+                ("SAF_module.bn", "saf.bn", bn),
+            ]
+        return {f"{ref}.{p}": f"{ours}.{p}" for ref, ours, params in layers for p in params}
+
+    def extra_repr(self) -> str:
+        return (
+            f"module={self.module!r}, sgr_steps={self.sgr_steps}, "
+            f"lambda_softmax={self.lambda_softmax}, dropout={self.dropout}, "
+            f"num_regions={self.num_regions}"
+        )
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        regions: torch.Tensor,
+        words: torch.Tensor,
+        word_lengths: torch.Tensor,
+        *,
+        max_elements: int | None = None,
+    ) -> torch.Tensor:
+        """Scores ``(n_img, n_cap)`` in (0, 1) of ``regions (n_img, R, D)`` against ``words
+        (n_cap, L, D)`` with ``word_lengths (n_cap,)`` in ``1..L``.
+
+        Computed in the inputs' dtype promoted to float32 at least. Pairs are scored in
+        blocks of images x captions whose largest intermediate (the attended vector of
+        every word of every pair, ``L x D`` numbers a pair) holds at most ``max_elements``
+        numbers (default :data:`DEFAULT_MAX_ELEMENTS`, at least one pair a block).
+        """
+        lengths = _check_inputs(regions, words, word_lengths)
+        if regions.shape[1] != self.num_regions:
+            raise ValueError(
+                f"regions must have num_regions={self.num_regions} regions (the image "
+                f"BatchNorm's size), got {regions.shape[1]}"
+            )
+        if regions.shape[2] != self.embed_dim:
+            raise ValueError(
+                f"regions and words must have embed_dim={self.embed_dim} features, "
+                f"got {regions.shape[2]}"
+            )
+        if max_elements is None:
+            max_elements = DEFAULT_MAX_ELEMENTS
+        _positive_int(max_elements, "max_elements")
+        n_img, n_cap = regions.shape[0], words.shape[0]
+        dtype = torch.promote_types(torch.promote_types(regions.dtype, words.dtype), torch.float32)
+        if n_img == 0 or n_cap == 0:
+            return regions.new_zeros((n_img, n_cap), dtype=dtype)
+        if self.training and n_img < 2:
+            raise ValueError(
+                "regions: training mode needs at least 2 images (the image BatchNorm "
+                f"normalises over the images of the call), got {n_img}"
+            )
+        regions = regions.to(dtype)
+        width = words.shape[1]
+        mask = torch.arange(width, device=words.device).unsqueeze(0) < lengths.unsqueeze(1)
+        # Padding is zeroed so that garbage there can never leak (0 * inf) into real pairs.
+        words = words.to(dtype).masked_fill(~mask.unsqueeze(-1), 0.0)
+
+        img_glob = self.image_global(regions, None)  # once per image, (n_img, D)
+        cap_glob = self.text_global(words, mask)  # once per caption, (n_cap, D)
+
+        r, d = regions.shape[1], regions.shape[2]
+        per_pair = max(width * max(d, r), (width + 1) * max(self.sim_dim, width + 1), d)
+        pairs = max(1, max_elements // per_pair)
+        img_block = min(n_img, pairs)
+        cap_block = min(n_cap, max(1, pairs // img_block))
+
+        deferred = self.module == "saf" and self.saf.bn.training
+        rows, kept = [], []
+        for c0 in range(0, n_cap, cap_block):
+            c1 = min(n_cap, c0 + cap_block)
+            top = int(lengths[c0:c1].max())  # trim the block's padding columns
+            w_b, m_b = words[c0:c1, :top], mask[c0:c1, :top]
+            row = []
+            for i0 in range(0, n_img, img_block):
+                i1 = min(n_img, i0 + img_block)
+                nodes, node_mask = self._nodes(
+                    regions[i0:i1], img_glob[i0:i1], w_b, cap_glob[c0:c1], m_b
+                )
+                if deferred:
+                    kept.append((c0, c1, i0, i1, nodes, node_mask))
+                else:
+                    row.append(self._finish(nodes, node_mask, None))
+            if row:
+                rows.append(torch.cat(row, dim=0))
+        if deferred:
+            return self._finish_saf_training(kept, n_img, n_cap, lengths, dtype)
+        return torch.cat(rows, dim=1)
+
+    def _nodes(
+        self,
+        regions: torch.Tensor,
+        img_glob: torch.Tensor,
+        words: torch.Tensor,
+        cap_glob: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(ib, cb, L + 1, sim_dim)`` similarity nodes of a block (global node first,
+        padded word nodes zeroed) and their ``(cb, L + 1)`` mask."""
+        ib, r, d = regions.shape
+        cb, width, _ = words.shape
+        # Raw scores of every word with every region of the block: one GEMM.
+        raw = (regions.reshape(ib * r, d) @ words.reshape(cb * width, d).T).view(ib, r, cb, width)
+        raw = raw.permute(0, 2, 3, 1)  # (ib, cb, L, R): words query, regions are the context
+        attn = attention_weights(
+            raw, query_mask=mask, context_mask=None, lambda_softmax=self.lambda_softmax
+        )
+        attended = torch.bmm(attn.reshape(ib, cb * width, r), regions).view(ib, cb, width, d)
+        local = _l2norm(_linear((_l2norm(attended) - words).square(), self.local_proj))
+        local = local.masked_fill(~mask.unsqueeze(-1), 0.0)
+        glob = _linear((img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square(), self.global_proj)
+        nodes = torch.cat([_l2norm(glob).unsqueeze(2), local], dim=2)
+        node_mask = torch.cat([mask.new_ones(cb, 1), mask], dim=1)
+        return nodes, node_mask
+
+    def _finish(
+        self,
+        nodes: torch.Tensor,
+        node_mask: torch.Tensor,
+        saf_stats: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """``(ib, cb)`` scores from a block's nodes. ``saf_stats``: per-caption ``(mean,
+        var)`` of SAF's BatchNorm, shape ``(cb,)`` each, or None for its running statistics."""
+        if self.module == "sgr":
+            key_mask = ~node_mask.unsqueeze(-2)  # (cb, 1, L + 1)
+            last = len(self.sgr) - 1
+            for k, step in enumerate(self.sgr):
+                # Only the global node is read after the last step: update it alone there.
+                queries = nodes[:, :, :1] if k == last else nodes
+                logits = _linear(queries, step.query) @ _linear(nodes, step.key).transpose(-1, -2)
+                logits = logits.masked_fill(key_mask, torch.finfo(logits.dtype).min)
+                nodes = F.relu(_linear(torch.softmax(logits, dim=-1) @ nodes, step.update))
+            vec = nodes[:, :, 0]
+        else:
+            gates = _linear(nodes, self.saf.gate).squeeze(-1)  # (ib, cb, L + 1)
+            bn = self.saf.bn
+            if saf_stats is None:
+                mean, var = bn.running_mean.to(gates.dtype), bn.running_var.to(gates.dtype)
+            else:
+                mean, var = saf_stats[0].unsqueeze(-1), saf_stats[1].unsqueeze(-1)
+            scale = bn.weight.to(gates.dtype) / torch.sqrt(var + bn.eps)
+            gates = torch.sigmoid((gates - mean) * scale + bn.bias.to(gates.dtype))
+            gates = gates * node_mask
+            gates = gates / (gates.abs().sum(dim=-1, keepdim=True) + NORM_EPS)  # l1norm
+            vec = _l2norm((gates.unsqueeze(-1) * nodes).sum(dim=2))
+        return torch.sigmoid(_linear(vec, self.head)).squeeze(-1)
+
+    def _finish_saf_training(
+        self,
+        kept: list[tuple[int, int, int, int, torch.Tensor, torch.Tensor]],
+        n_img: int,
+        n_cap: int,
+        lengths: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """SAF in training mode: per-caption BatchNorm statistics over all images first."""
+        device = kept[0][4].device
+        gates = [_linear(nodes, self.saf.gate).squeeze(-1) * nm for *_, nodes, nm in kept]
+        count = (lengths.to(dtype) + 1) * n_img  # scalars per caption
+        total = torch.zeros(n_cap, dtype=dtype, device=device)
+        for (c0, c1, *_), g in zip(kept, gates, strict=True):
+            total = total.index_add(0, torch.arange(c0, c1, device=device), g.sum(dim=(0, 2)))
+        mean = total / count
+        sq = torch.zeros(n_cap, dtype=dtype, device=device)
+        for (c0, c1, _, _, _, nm), g in zip(kept, gates, strict=True):
+            dev = (g - mean[c0:c1].unsqueeze(-1)) * nm
+            sq = sq.index_add(0, torch.arange(c0, c1, device=device), dev.square().sum(dim=(0, 2)))
+        var = sq / count
+        _update_running(self.saf.bn, mean.unsqueeze(1), (var * count / (count - 1)).unsqueeze(1))
+        rows: dict[int, list[torch.Tensor]] = {}  # caption block -> image blocks in order
+        for c0, c1, _, _, nodes, nm in kept:
+            rows.setdefault(c0, []).append(self._finish(nodes, nm, (mean[c0:c1], var[c0:c1])))
+        return torch.cat([torch.cat(row, dim=0) for row in rows.values()], dim=1)
+
+
+def _check_inputs(
+    regions: torch.Tensor, words: torch.Tensor, word_lengths: torch.Tensor
+) -> torch.Tensor:
+    """Shapes, lengths and finiteness of the token inputs; ``word_lengths`` as long."""
+    if not isinstance(regions, torch.Tensor) or regions.dim() != 3:
+        raise ValueError(f"regions must be a 3-D tensor (n_img, R, D), got {_shape(regions)}")
+    if not isinstance(words, torch.Tensor) or words.dim() != 3:
+        raise ValueError(f"words must be a 3-D tensor (n_cap, L, D), got {_shape(words)}")
+    if regions.shape[2] != words.shape[2]:
+        raise ValueError(
+            f"regions and words must have the same feature size, got {regions.shape[2]} and "
+            f"{words.shape[2]}"
+        )
+    if not regions.is_floating_point():
+        raise ValueError(f"regions must be floating point, got {regions.dtype}")
+    if not words.is_floating_point():
+        raise ValueError(f"words must be floating point, got {words.dtype}")
+    lengths = torch.as_tensor(word_lengths, device=words.device)
+    if lengths.dim() != 1 or lengths.shape[0] != words.shape[0]:
+        raise ValueError(
+            f"word_lengths must have shape ({words.shape[0]},), got {tuple(lengths.shape)}"
+        )
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"word_lengths must hold integers, got {lengths.dtype}")
+    lengths = lengths.long()
+    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > words.shape[1]):
+        raise ValueError(
+            f"word_lengths must lie in 1..{words.shape[1]} (the padded width), got min "
+            f"{int(lengths.min())} max {int(lengths.max())}"
+        )
+    if not bool(torch.isfinite(regions).all()):
+        raise ValueError("regions must be finite (found NaN or inf)")
+    mask = torch.arange(words.shape[1], device=words.device).unsqueeze(0) < lengths.unsqueeze(1)
+    if not bool(torch.isfinite(words).all(dim=-1)[mask].all()):
+        raise ValueError("words must be finite within word_lengths (found NaN or inf)")
+    return lengths
+
+
+def _shape(x: object) -> str:
+    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+__all__ = ["DEFAULT_MAX_ELEMENTS", "MODULES", "SGRAFScorer"]
