@@ -1,0 +1,707 @@
+"""Importing the released SCAN / BFAN / SGRAF checkpoints (vlret.train.import_checkpoint).
+
+Each test writes a checkpoint in exactly the layout of the reference ``train.py``
+(``{"epoch", "model": [img_enc, txt_enc(, sim_enc)], "best_rsum", "opt": Namespace, "Eiters"}``
+with the reference modules' parameter names and the reference ``argparse`` option names),
+imports it, loads the result through ``vlret.train.evaluate.load_trained_model`` and compares
+its scores with a naive float64 oracle that reads the RAW reference tensors by their reference
+names: FC + l2norm, embedding + GRU cell by cell (directions averaged) + l2norm, and a loop over
+captions and images mirroring the reference scoring (SCAN ``xattn_score_t2i/i2t``, BFAN
+``xattn_score``, SGRAF ``EncoderSimilarity``). The imported model runs in float64 too, so the
+only differences are summation orders (tolerance 1e-9 on scores of order 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import types
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vlret.train.builders import encoder_from_state
+from vlret.train.checkpoint import load_checkpoint
+from vlret.train.evaluate import load_trained_model
+from vlret.train.import_checkpoint import (
+    CheckpointImportError,
+    add_import_parser,
+    import_reference_checkpoint,
+)
+
+E, WORD_DIM, IMG_DIM, SIM_DIM, N_REGIONS = 12, 7, 10, 6, 36
+WORDS = ["<pad>", "<start>", "<end>", "<unk>", "a", "man", "with", "red", "helmet", "on"]
+WORDS += ["small", "moped", "dirt", "road", ".", "dog", "'s", "n't", ",", "two"]
+EPS = 1e-8
+TOL = 1e-9
+
+# --------------------------------------------------------------------------------------------
+# Reference-layout checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def _rand(gen: torch.Generator, *shape: int, scale: float = 0.5) -> torch.Tensor:
+    return (torch.rand(*shape, generator=gen) * 2 - 1) * scale
+
+
+def gru_state(gen, prefix: str, layers: int, bidirectional: bool) -> OrderedDict:
+    out = OrderedDict()
+    for layer in range(layers):
+        in_dim = WORD_DIM if layer == 0 else E * (2 if bidirectional else 1)
+        for sfx in ("", "_reverse") if bidirectional else ("",):
+            out[f"{prefix}.weight_ih_l{layer}{sfx}"] = _rand(gen, 3 * E, in_dim)
+            out[f"{prefix}.weight_hh_l{layer}{sfx}"] = _rand(gen, 3 * E, E)
+            out[f"{prefix}.bias_ih_l{layer}{sfx}"] = _rand(gen, 3 * E)
+            out[f"{prefix}.bias_hh_l{layer}{sfx}"] = _rand(gen, 3 * E)
+    return out
+
+
+def linear(state: OrderedDict, name: str, gen, out_dim: int, in_dim: int) -> None:
+    state[f"{name}.weight"] = _rand(gen, out_dim, in_dim)
+    state[f"{name}.bias"] = _rand(gen, out_dim, scale=0.1)
+
+
+def batchnorm(state: OrderedDict, name: str, gen, dim: int) -> None:
+    state[f"{name}.weight"] = 1 + _rand(gen, dim, scale=0.2)
+    state[f"{name}.bias"] = _rand(gen, dim, scale=0.2)
+    state[f"{name}.running_mean"] = _rand(gen, dim, scale=0.2)
+    state[f"{name}.running_var"] = 0.5 + torch.rand(dim, generator=gen)
+    state[f"{name}.num_batches_tracked"] = torch.tensor(1234)
+
+
+def sim_enc_state(gen, module: str, steps: int) -> OrderedDict:
+    """Paranioar/SGRAF ``EncoderSimilarity.state_dict()`` key names."""
+    s = OrderedDict()
+    linear(s, "v_global_w.embedding_local.0", gen, E, E)
+    batchnorm(s, "v_global_w.embedding_local.1", gen, N_REGIONS)
+    linear(s, "v_global_w.embedding_global.0", gen, E, E)
+    batchnorm(s, "v_global_w.embedding_global.1", gen, E)
+    linear(s, "v_global_w.embedding_common.0", gen, 1, E)
+    linear(s, "t_global_w.embedding_local.0", gen, E, E)
+    linear(s, "t_global_w.embedding_global.0", gen, E, E)
+    linear(s, "t_global_w.embedding_common.0", gen, 1, E)
+    linear(s, "sim_tranloc_w", gen, SIM_DIM, E)
+    linear(s, "sim_tranglo_w", gen, SIM_DIM, E)
+    linear(s, "sim_eval_w", gen, 1, SIM_DIM)
+    if module == "SGR":
+        for i in range(steps):
+            for name in ("graph_query_w", "graph_key_w", "sim_graph_w"):
+                linear(s, f"SGR_module.{i}.{name}", gen, SIM_DIM, SIM_DIM)
+    else:
+        linear(s, "SAF_module.attn_sim_w", gen, 1, SIM_DIM)
+        batchnorm(s, "SAF_module.bn", gen, 1)
+    return s
+
+
+COMMON_OPT = dict(
+    data_path="/data/",
+    vocab_path="./vocab/",
+    margin=0.2,
+    batch_size=128,
+    word_dim=WORD_DIM,
+    embed_size=E,
+    grad_clip=2.0,
+    learning_rate=0.0002,
+    workers=10,
+    log_step=10,
+    val_step=500,
+    logger_name="./runs/runX/log",
+    model_name="./runs/runX/checkpoint",
+    max_violation=True,
+    img_dim=IMG_DIM,
+    no_imgnorm=False,
+    no_txtnorm=False,
+    vocab_size=len(WORDS),
+)
+
+
+def scan_opt(**kw) -> argparse.Namespace:
+    """kuanghuei/SCAN train.py options."""
+    base = dict(
+        COMMON_OPT,
+        data_name="f30k_precomp",
+        num_epochs=30,
+        num_layers=1,
+        lr_update=15,
+        resume="",
+        raw_feature_norm="clipped_l2norm",
+        agg_func="LogSumExp",
+        cross_attn="t2i",
+        precomp_enc_type="basic",
+        bi_gru=True,
+        lambda_lse=6.0,
+        lambda_softmax=9.0,
+    )
+    return argparse.Namespace(**{**base, **kw})
+
+
+def bfan_opt(**kw) -> argparse.Namespace:
+    """CrossmodalGroup/BFAN train.py options (no bi_gru: its GRU is always bidirectional)."""
+    base = dict(
+        COMMON_OPT,
+        data_name="f30k_precomp",
+        num_epochs=30,
+        num_layers=1,
+        lr_update=15,
+        resume="",
+        precomp_enc_type="basic",
+        lambda_softmax=20.0,
+        focal_type="equal",
+    )
+    return argparse.Namespace(**{**base, **kw})
+
+
+def sgraf_opt(**kw) -> argparse.Namespace:
+    """Paranioar/SGRAF opts.py options."""
+    base = dict(
+        COMMON_OPT,
+        data_name="f30k_precomp",
+        num_epochs=40,
+        lr_update=30,
+        sim_dim=SIM_DIM,
+        num_layers=1,
+        bi_gru=True,
+        module_name="SGR",
+        sgr_step=3,
+    )
+    return argparse.Namespace(**{**base, **kw})
+
+
+def reference_checkpoint(arch: str, opt: argparse.Namespace, seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    img = OrderedDict()
+    linear(img, "fc", gen, E, IMG_DIM)
+    txt = OrderedDict([("embed.weight", _rand(gen, len(WORDS), WORD_DIM))])
+    rnn = "cap_rnn" if arch == "sgraf" else "rnn"
+    txt.update(gru_state(gen, rnn, opt.num_layers, getattr(opt, "bi_gru", True)))
+    model = [img, txt]
+    if arch == "sgraf":
+        model.append(sim_enc_state(gen, opt.module_name, opt.sgr_step))
+    return {"epoch": 12, "model": model, "best_rsum": 480.25, "opt": opt, "Eiters": 4321}
+
+
+def write_reference(tmp_path, arch: str, opt: argparse.Namespace, *, legacy=False, seed=0):
+    path = tmp_path / f"{arch}_model_best.pth.tar"
+    # SCAN's and BFAN's checkpoints predate the zip format (PyTorch 0.3/0.4, Python 2).
+    torch.save(
+        reference_checkpoint(arch, opt, seed), path, _use_new_zipfile_serialization=not legacy
+    )
+    return path
+
+
+def write_vocab(tmp_path, words=WORDS, *, idx=None, name="f30k_precomp_vocab.json"):
+    path = tmp_path / name
+    data = {
+        "word2idx": {w: i for i, w in enumerate(words)},
+        "idx2word": {str(i): w for i, w in enumerate(words)},
+        "idx": len(words) if idx is None else idx,
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# The naive float64 oracle on the raw reference tensors
+# --------------------------------------------------------------------------------------------
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x / (x.pow(2).sum(dim=-1, keepdim=True).sqrt() + EPS)
+
+
+def cosine(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    return (x1 * x2).sum(-1) / (x1.norm(dim=-1) * x2.norm(dim=-1)).clamp(min=EPS)
+
+
+def lin(state, name, x):
+    return x @ state[f"{name}.weight"].double().t() + state[f"{name}.bias"].double()
+
+
+def ref_images(img_state, feats):
+    return l2norm(lin(img_state, "fc", feats.double()))
+
+
+def gru_direction(txt, prefix, layer, sfx, xs):
+    w_ih, w_hh = txt[f"{prefix}.weight_ih_l{layer}{sfx}"], txt[f"{prefix}.weight_hh_l{layer}{sfx}"]
+    b_ih, b_hh = txt[f"{prefix}.bias_ih_l{layer}{sfx}"], txt[f"{prefix}.bias_hh_l{layer}{sfx}"]
+    w_ih, w_hh, b_ih, b_hh = (t.double() for t in (w_ih, w_hh, b_ih, b_hh))
+    h = torch.zeros(E, dtype=torch.float64)
+    outs = []
+    order = range(len(xs)) if not sfx else reversed(range(len(xs)))
+    for t in order:
+        gi, gh = w_ih @ xs[t] + b_ih, w_hh @ h + b_hh
+        r = torch.sigmoid(gi[:E] + gh[:E])
+        z = torch.sigmoid(gi[E : 2 * E] + gh[E : 2 * E])
+        n = torch.tanh(gi[2 * E :] + r * gh[2 * E :])
+        h = (1 - z) * n + z * h
+        outs.append((t, h))
+    return torch.stack([h for _, h in sorted(outs, key=lambda p: p[0])])
+
+
+def ref_words(txt, prefix, ids, layers, bidirectional):
+    """One caption's word features (n, E): embedding, GRU layers, directions averaged, l2norm."""
+    xs = txt["embed.weight"].double()[ids]
+    for layer in range(layers):
+        fwd = gru_direction(txt, prefix, layer, "", xs)
+        if not bidirectional:
+            xs = fwd
+            continue
+        bwd = gru_direction(txt, prefix, layer, "_reverse", xs)
+        xs = torch.cat([fwd, bwd], dim=1)
+    if bidirectional:
+        xs = (xs[:, :E] + xs[:, E:]) / 2
+    return l2norm(xs)
+
+
+def ref_attention(query, context, lam, focal=None):
+    """Reference func_attention for one pair: query (q, d) attends over context (c, d)."""
+    attn = F.leaky_relu(context @ query.t(), 0.1)  # (c, q)
+    attn = attn / (attn.pow(2).sum(dim=1, keepdim=True).sqrt() + EPS)  # each context over q
+    attn = torch.softmax(attn.t() * lam, dim=1)  # (q, c)
+    if focal is not None:
+        c = attn.shape[1]
+        rows = []
+        for row in attn:
+            if focal == "equal":
+                keep = [float(row[i] * c - row.sum()) > 0 for i in range(c)]
+            else:
+                keep = [float(((row[i] - row) * row.sqrt()).sum()) > 0 for i in range(c)]
+            kept = row * torch.tensor(keep, dtype=row.dtype)
+            rows.append(kept / kept.sum())
+        attn = torch.stack(rows)
+    return attn @ context
+
+
+def pool(rel, opt):
+    if opt.agg_func == "LogSumExp":
+        return torch.log(torch.exp(rel * opt.lambda_lse).sum()) / opt.lambda_lse
+    return {"Mean": rel.mean, "Max": rel.max, "Sum": rel.sum}[opt.agg_func]()
+
+
+def ref_scan_pair(v, w, opt):
+    if opt.cross_attn == "t2i":
+        return pool(cosine(w, ref_attention(w, v, opt.lambda_softmax)), opt)
+    return pool(cosine(v, ref_attention(v, w, opt.lambda_softmax)), opt)
+
+
+def ref_bfan_pair(v, w, opt):
+    t2i = cosine(w, ref_attention(w, v, opt.lambda_softmax, opt.focal_type)).mean()
+    i2t = cosine(v, ref_attention(v, w, opt.lambda_softmax, opt.focal_type)).mean()
+    return t2i + i2t
+
+
+def bn(state, name, x, channel_dim):
+    shape = [1] * x.dim()
+    shape[channel_dim] = -1
+
+    def p(key):
+        return state[f"{name}.{key}"].double().view(shape)
+
+    return (x - p("running_mean")) / torch.sqrt(p("running_var") + 1e-5) * p("weight") + p("bias")
+
+
+def ref_sgraf_pair(v, w, sim, opt):
+    """Paranioar/SGRAF EncoderSimilarity for one (image, caption), eval mode."""
+    l_emb = torch.tanh(
+        bn(sim, "v_global_w.embedding_local.1", lin(sim, "v_global_w.embedding_local.0", v), 0)
+    )
+    g_emb = torch.tanh(
+        bn(
+            sim,
+            "v_global_w.embedding_global.1",
+            lin(sim, "v_global_w.embedding_global.0", v.mean(0)),
+            0,
+        )
+    )
+    weights = torch.softmax(lin(sim, "v_global_w.embedding_common.0", l_emb * g_emb).squeeze(1), 0)
+    img_glo = l2norm((weights.unsqueeze(1) * v).sum(0))
+    l_emb = torch.tanh(lin(sim, "t_global_w.embedding_local.0", w))
+    g_emb = torch.tanh(lin(sim, "t_global_w.embedding_global.0", w.mean(0)))
+    weights = torch.softmax(lin(sim, "t_global_w.embedding_common.0", l_emb * g_emb).squeeze(1), 0)
+    cap_glo = l2norm((weights.unsqueeze(1) * w).sum(0))
+    context = l2norm(ref_attention(w, v, 9.0))
+    sim_loc = l2norm(lin(sim, "sim_tranloc_w", (context - w) ** 2))
+    sim_glo = l2norm(lin(sim, "sim_tranglo_w", (img_glo - cap_glo) ** 2))
+    nodes = torch.cat([sim_glo.unsqueeze(0), sim_loc])
+    if opt.module_name == "SGR":
+        for i in range(opt.sgr_step):
+            q = lin(sim, f"SGR_module.{i}.graph_query_w", nodes)
+            k = lin(sim, f"SGR_module.{i}.graph_key_w", nodes)
+            edges = torch.softmax(q @ k.t(), dim=-1)
+            nodes = torch.relu(lin(sim, f"SGR_module.{i}.sim_graph_w", edges @ nodes))
+        vec = nodes[0]
+    else:
+        a = torch.sigmoid(bn(sim, "SAF_module.bn", lin(sim, "SAF_module.attn_sim_w", nodes).t(), 0))
+        a = a / (a.abs().sum(dim=-1, keepdim=True) + EPS)
+        vec = l2norm((a @ nodes).squeeze(0))
+    return torch.sigmoid(lin(sim, "sim_eval_w", vec)).squeeze()
+
+
+def reference_scores(arch, ckpt, feats, caps, lengths):
+    img, txt = ckpt["model"][0], ckpt["model"][1]
+    opt = ckpt["opt"]
+    regions = ref_images(img, feats)
+    prefix = "cap_rnn" if arch == "sgraf" else "rnn"
+    bi = getattr(opt, "bi_gru", True) if arch != "bfan" else True
+    out = torch.zeros(len(feats), len(caps), dtype=torch.float64)
+    for j in range(len(caps)):  # per caption, as the reference loops
+        w = ref_words(txt, prefix, caps[j, : lengths[j]], opt.num_layers, bi)
+        for i in range(len(feats)):
+            if arch == "scan":
+                out[i, j] = ref_scan_pair(regions[i], w, opt)
+            elif arch == "bfan":
+                out[i, j] = ref_bfan_pair(regions[i], w, opt)
+            else:
+                out[i, j] = ref_sgraf_pair(regions[i], w, ckpt["model"][2], opt)
+    return out
+
+
+def inputs(seed=1, n_img=3, n_cap=4, regions=N_REGIONS):
+    gen = torch.Generator().manual_seed(seed)
+    feats = torch.randn(n_img, regions, IMG_DIM, generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([6, 2, 9, 4][:n_cap])
+    caps = torch.randint(4, len(WORDS), (n_cap, int(lengths.max())), generator=gen)
+    caps[:, 0] = 1  # <start>
+    for j, n in enumerate(lengths.tolist()):
+        caps[j, n - 1] = 2  # <end>
+        caps[j, n:] = 0  # <pad>
+    return feats, caps, lengths
+
+
+def imported_scores(out, feats, caps, lengths):
+    model, config, encoder = load_trained_model(out)
+    model = model.double()
+    with torch.no_grad():
+        regions = model.encode_images(feats)
+        words = model.encode_texts(caps, lengths)
+        return model.score(regions, words, lengths), config, encoder
+
+
+# --------------------------------------------------------------------------------------------
+# Scores equal the reference
+# --------------------------------------------------------------------------------------------
+
+CASES = [
+    ("scan", lambda: scan_opt(cross_attn="t2i", agg_func="LogSumExp", lambda_softmax=9.0), True),
+    ("scan", lambda: scan_opt(cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0), True),
+    ("scan", lambda: scan_opt(cross_attn="t2i", agg_func="Max", num_layers=2), False),
+    ("scan", lambda: scan_opt(cross_attn="i2t", agg_func="Sum", bi_gru=False), False),
+    ("bfan", lambda: bfan_opt(focal_type="equal"), True),
+    ("bfan", lambda: bfan_opt(focal_type="prob"), True),
+    ("sgraf", lambda: sgraf_opt(module_name="SGR", sgr_step=3), False),
+    ("sgraf", lambda: sgraf_opt(module_name="SAF"), False),
+]
+
+
+@pytest.mark.parametrize("arch, make_opt, legacy", CASES)
+def test_imported_scores_equal_the_reference_computation(tmp_path, arch, make_opt, legacy):
+    opt = make_opt()
+    path = write_reference(tmp_path, arch, opt, legacy=legacy)
+    out = import_reference_checkpoint(
+        path, arch=arch, vocab=write_vocab(tmp_path), out=tmp_path / "model.pt"
+    )
+    feats, caps, lengths = inputs()
+    got, config, _ = imported_scores(out, feats, caps, lengths)
+    expected = reference_scores(arch, reference_checkpoint(arch, opt), feats, caps, lengths)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, expected, rtol=0, atol=TOL)
+    assert config.model["kind"] == arch
+    assert config.data.format == "precomp"
+    assert config.data.root == "/data/f30k_precomp"
+    assert (config.loss.name, config.loss.params) == ("triplet", {"margin": 0.2, "hardest": True})
+
+
+def test_model_config_and_record_follow_opt(tmp_path):
+    opt = scan_opt(cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0, lambda_lse=5.0)
+    opt.max_violation, opt.num_epochs, opt.lr_update = False, 20, 8
+    path = write_reference(tmp_path, "scan", opt)
+    out = import_reference_checkpoint(
+        path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "m.pt"
+    )
+    state = load_checkpoint(out)
+    model = state["config"]["model"]
+    assert model["direction"] == "i2t" and model["aggregation"] == "mean"
+    assert (model["lambda_softmax"], model["lambda_lse"]) == (4.0, 5.0)
+    assert model["text"] == {"word_dim": WORD_DIM, "num_layers": 1, "bidirectional": True}
+    assert model["image"] == {"in_dim": IMG_DIM}
+    assert state["config"]["loss"] == {"name": "triplet", "margin": 0.2, "hardest": False}
+    assert state["config"]["optim"]["decay_epochs"] == [8, 16]
+    assert state["config"]["train"]["epochs"] == 20
+    assert state["vocab_size"] == len(WORDS)
+    record = state["imported_from"]
+    assert (record["arch"], record["code"], record["epoch"]) == ("scan", "kuanghuei/SCAN", 12)
+    assert record["best_rsum"] == 480.25 and record["opt"]["agg_func"] == "Mean"
+    assert len(record["sha256"]) == 64
+
+
+def test_sgraf_settings_come_from_opt(tmp_path):
+    opt = sgraf_opt(module_name="SAF", sgr_step=2)
+    out = import_reference_checkpoint(
+        write_reference(tmp_path, "sgraf", opt),
+        arch="sgraf",
+        vocab=write_vocab(tmp_path),
+        out=tmp_path / "m.pt",
+    )
+    model = load_checkpoint(out)["config"]["model"]
+    assert (model["module"], model["sim_dim"], model["lambda_softmax"]) == ("saf", SIM_DIM, 9.0)
+
+
+# --------------------------------------------------------------------------------------------
+# The caption encoder reproduces the reference ids
+# --------------------------------------------------------------------------------------------
+
+
+def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
+    out = import_reference_checkpoint(
+        write_reference(tmp_path, "bfan", bfan_opt()),
+        arch="bfan",
+        vocab=write_vocab(tmp_path),
+        out=tmp_path / "m.pt",
+    )
+    encoder = encoder_from_state(load_checkpoint(out)["encoder"])
+    word2idx = {w: i for i, w in enumerate(WORDS)}
+    # (caption as in {split}_caps.txt, NLTK word_tokenize of its lower-cased text)
+    cases = [
+        (
+            "A man with a red helmet on a small moped on a dirt road .",
+            "a man with a red helmet on a small moped on a dirt road .",
+        ),
+        ("Two dog 's , on a zebra road", "two dog 's , on a zebra road"),
+        ("A MAN on a moped.", "a man on a moped ."),
+    ]
+    for caption, nltk_tokens in cases:
+        # the reference __getitem__: <start>, vocab(token) (<unk> if unknown), <end>
+        expected = [word2idx["<start>"]]
+        expected += [word2idx.get(t, word2idx["<unk>"]) for t in nltk_tokens.split()]
+        expected.append(word2idx["<end>"])
+        assert encoder.encode(caption) == expected, caption
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals
+# --------------------------------------------------------------------------------------------
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo should-never-run",))
+
+
+class TrainingScriptClass:
+    pass
+
+
+@pytest.mark.parametrize(
+    "obj, shown",
+    [
+        (Payload(), "posix.system" if os.name == "posix" else "system"),
+        (TrainingScriptClass(), "TrainingScriptClass"),
+    ],
+)
+def test_a_pickle_with_another_object_is_refused(tmp_path, obj, shown):
+    ckpt = reference_checkpoint("scan", scan_opt())
+    ckpt["opt"] = obj
+    path = tmp_path / "evil.pth.tar"
+    torch.save(ckpt, path)
+    with pytest.raises(CheckpointImportError, match=f"evil.pth.tar: refused.*{shown}"):
+        import_reference_checkpoint(
+            path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "o.pt"
+        )
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_python2_byte_strings_are_read_as_latin1(tmp_path):
+    class Py2Str(str):
+        """Written as Python 2 wrote a byte string: SHORT_BINSTRING, here not UTF-8."""
+
+    class Pickler(pickle._Pickler):
+        dispatch = dict(pickle._Pickler.dispatch)
+
+        def save_py2(self, obj):
+            data = obj.encode("latin1")
+            self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)
+            self.memoize(obj)
+
+        dispatch[Py2Str] = save_py2
+
+    module = types.SimpleNamespace(
+        __name__="py2_pickle",
+        Pickler=Pickler,
+        dump=lambda obj, f, protocol=2: Pickler(f, protocol).dump(obj),
+    )
+    ckpt = reference_checkpoint("scan", scan_opt(data_path=Py2Str("/donn\xe9es/")))
+    path = tmp_path / "py2.pth.tar"
+    torch.save(
+        ckpt, path, pickle_module=module, pickle_protocol=2, _use_new_zipfile_serialization=False
+    )
+    out = import_reference_checkpoint(
+        path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "o.pt"
+    )
+    assert load_checkpoint(out)["config"]["data"]["root"] == "/donn\xe9es/f30k_precomp"
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(idx=d["idx"] + 1), "idx is 21 but idx2word has 20"),
+        (lambda d: d["word2idx"].pop("dog"), "word2idx 19 entries"),
+        (lambda d: d["idx2word"].update({"5": "dog"}), r"word2idx\['dog'\] is 15, idx2word says 5"),
+    ],
+)
+def test_a_vocabulary_that_disagrees_is_refused(tmp_path, mutate, message):
+    path = write_vocab(tmp_path)
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    ckpt = write_reference(tmp_path, "scan", scan_opt())
+    with pytest.raises(ValueError, match=message):
+        import_reference_checkpoint(ckpt, arch="scan", vocab=path, out=tmp_path / "o.pt")
+
+
+def test_a_vocabulary_of_another_size_than_the_embedding_is_refused(tmp_path):
+    ckpt = write_reference(tmp_path, "scan", scan_opt())
+    vocab = write_vocab(tmp_path, WORDS[:-1])
+    with pytest.raises(ValueError, match="19 words but .* txt_enc.embed.weight has 20 rows"):
+        import_reference_checkpoint(ckpt, arch="scan", vocab=vocab, out=tmp_path / "o.pt")
+
+
+def test_wrong_arch_is_refused_naming_the_key(tmp_path):
+    vocab = write_vocab(tmp_path)
+    sgraf = write_reference(tmp_path, "sgraf", sgraf_opt())
+    with pytest.raises(ValueError, match="holds 3 state dicts; --arch scan expects 2"):
+        import_reference_checkpoint(sgraf, arch="scan", vocab=vocab, out=tmp_path / "o.pt")
+    scan = write_reference(tmp_path, "scan", scan_opt())
+    with pytest.raises(ValueError, match="holds 2 state dicts; --arch sgraf expects 3"):
+        import_reference_checkpoint(scan, arch="sgraf", vocab=vocab, out=tmp_path / "o.pt")
+    with pytest.raises(ValueError, match="opt.focal_type: missing"):
+        import_reference_checkpoint(scan, arch="bfan", vocab=vocab, out=tmp_path / "o.pt")
+    # an SGRAF text encoder (cap_rnn) under SCAN's two state dicts and opt
+    ckpt = reference_checkpoint("sgraf", sgraf_opt())
+    ckpt["model"], ckpt["opt"] = ckpt["model"][:2], scan_opt()
+    torch.save(ckpt, tmp_path / "mixed.pth.tar")
+    with pytest.raises(ValueError, match=r"missing txt_enc\.rnn\.weight_ih_l0 .*cap_rnn"):
+        import_reference_checkpoint(
+            tmp_path / "mixed.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
+        )
+
+
+def test_unexpected_and_misshapen_keys_are_named(tmp_path):
+    vocab = write_vocab(tmp_path)
+    ckpt = reference_checkpoint("bfan", bfan_opt())
+    ckpt["model"][0]["fc.weight_g"] = torch.ones(1)
+    torch.save(ckpt, tmp_path / "a.pth.tar")
+    with pytest.raises(ValueError, match=r"unexpected img_enc\.fc\.weight_g"):
+        import_reference_checkpoint(
+            tmp_path / "a.pth.tar", arch="bfan", vocab=vocab, out=tmp_path / "o.pt"
+        )
+    ckpt = reference_checkpoint("bfan", bfan_opt(embed_size=E + 1))
+    torch.save(ckpt, tmp_path / "b.pth.tar")
+    with pytest.raises(
+        ValueError, match=r"img_enc\.fc\.weight has shape \(12, 10\); .* expects \(13, 10\)"
+    ):
+        import_reference_checkpoint(
+            tmp_path / "b.pth.tar", arch="bfan", vocab=vocab, out=tmp_path / "o.pt"
+        )
+    ckpt = reference_checkpoint("scan", scan_opt(bi_gru=False))
+    ckpt["opt"].bi_gru = True
+    torch.save(ckpt, tmp_path / "c.pth.tar")
+    with pytest.raises(ValueError, match=r"missing txt_enc\.rnn\.weight_ih_l0_reverse"):
+        import_reference_checkpoint(
+            tmp_path / "c.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
+        )
+
+
+@pytest.mark.parametrize(
+    "change, option",
+    [
+        ({"raw_feature_norm": "softmax"}, "opt.raw_feature_norm = 'softmax'"),
+        ({"precomp_enc_type": "weight_norm"}, "opt.precomp_enc_type = 'weight_norm'"),
+        ({"no_imgnorm": True}, "opt.no_imgnorm = True"),
+        ({"no_txtnorm": True}, "opt.no_txtnorm = True"),
+        ({"agg_func": "Median"}, "opt.agg_func = 'Median'"),
+        ({"cross_attn": "both"}, "opt.cross_attn = 'both'"),
+        ({"embed_size": "big"}, "opt.embed_size: expected int"),
+    ],
+)
+def test_settings_vlret_does_not_implement_are_refused_naming_the_option(tmp_path, change, option):
+    path = write_reference(tmp_path, "scan", scan_opt(**change))
+    with pytest.raises(ValueError, match=option.replace("(", r"\(")) as info:
+        import_reference_checkpoint(
+            path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "o.pt"
+        )
+    assert "\n" not in str(info.value)
+
+
+def test_layout_errors(tmp_path):
+    vocab = write_vocab(tmp_path)
+    for bad, message in [
+        ({"model": []}, "no 'opt' key"),
+        ({"model": {"fc.weight": torch.ones(1)}, "opt": scan_opt()}, "'model' is dict"),
+        ({"model": [{}, {"embed.weight": 3}], "opt": scan_opt()}, r"txt_enc\.embed\.weight is int"),
+        ([1, 2], "top level is list"),
+    ]:
+        torch.save(bad, tmp_path / "x.pth.tar")
+        with pytest.raises(ValueError, match=message):
+            import_reference_checkpoint(
+                tmp_path / "x.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
+            )
+    (tmp_path / "junk.pth.tar").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="junk.pth.tar: not a PyTorch checkpoint"):
+        import_reference_checkpoint(
+            tmp_path / "junk.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
+        )
+    with pytest.raises(FileNotFoundError, match="nope.pth.tar"):
+        import_reference_checkpoint(
+            tmp_path / "nope.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
+        )
+    with pytest.raises(ValueError, match="arch must be one of"):
+        import_reference_checkpoint(
+            tmp_path / "x.pth.tar", arch="vse", vocab=vocab, out=tmp_path / "o.pt"
+        )
+
+
+def test_an_existing_output_is_kept_unless_overwrite(tmp_path):
+    path = write_reference(tmp_path, "bfan", bfan_opt())
+    vocab = write_vocab(tmp_path)
+    out = tmp_path / "m.pt"
+    out.write_bytes(b"precious")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        import_reference_checkpoint(path, arch="bfan", vocab=vocab, out=out)
+    assert out.read_bytes() == b"precious"
+    import_reference_checkpoint(path, arch="bfan", vocab=vocab, out=out, overwrite=True)
+    assert load_checkpoint(out)["config"]["model"]["kind"] == "bfan"
+
+
+def test_command_line(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="vlret")
+    add_import_parser(parser.add_subparsers(dest="command"))
+    path = write_reference(tmp_path, "bfan", bfan_opt(focal_type="prob"))
+    vocab = write_vocab(tmp_path)
+    out = tmp_path / "m.pt"
+    argv = [
+        "import-checkpoint",
+        str(path),
+        "--arch",
+        "bfan",
+        "--vocab",
+        str(vocab),
+        "--out",
+        str(out),
+    ]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    assert str(out) in capsys.readouterr().out
+    args = parser.parse_args(argv)
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlret import-checkpoint: ") and "--overwrite" in err
+    assert err.count("\n") == 1
+    args = parser.parse_args([*argv, "--overwrite"])
+    assert args.func(args) == 0
+    args = parser.parse_args([*argv[:3], "scan", *argv[4:], "--overwrite"])
+    assert args.func(args) == 2
+    assert "opt.agg_func: missing" in capsys.readouterr().err
