@@ -3,6 +3,8 @@ against a naive double loop over pairs, ensembles, COCO fold blocks, shortlists,
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,12 +13,21 @@ from torch import nn
 from vlret.data import PrecompDataset
 from vlret.data.vocab import build_precomp_vocab
 from vlret.data.writers import make_tiny_precomp
-from vlret.metrics import retrieval_metrics_from_similarity
+from vlret.metrics import (
+    average_metrics,
+    coco_5fold_metrics,
+    metrics_from_ranks,
+    retrieval_metrics_from_similarity,
+)
 from vlret.train.evaluate_pairs import (
     TextTokens,
     dev_metrics_from_scores,
     encode_tokens,
+    fold_blocks,
+    mean_pooled_scores,
+    metrics_from_scores,
     score_matrix,
+    shortlist_metrics,
 )
 
 
@@ -189,11 +200,21 @@ def test_score_matrix_ensemble_is_the_mean():
     torch.testing.assert_close(shared, (sa + score_matrix(b, regions, texts, device="cpu")) / 2)
 
 
-def test_score_matrix_progress_bar_counts_pairs(capsys):
+def test_score_matrix_progress_bar_counts_pairs(capsys, monkeypatch):
+    import tqdm.auto
+
+    closed = []
+
+    class Recorder(tqdm.auto.tqdm):
+        def close(self):
+            closed.append((self.n, self.total, self.unit))
+            super().close()
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
     regions, texts = random_tokens()
     score_matrix(MaxMeanScorer(), regions, texts, device="cpu", progress=True, text_block=4)
-    err = capsys.readouterr().err
-    assert "pair/s" in err and "102/102" in err
+    assert set(closed) == {(102, 102, "pair")}  # (tqdm closes again when collected)
+    assert "pair/s" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -236,3 +257,145 @@ def test_dev_metrics_from_scores():
     for j in range(8):
         hardest.append(max(float(sim[i, j]) for i in range(4) if i != t2i[j]))
     assert out["hardest_neg_sim"] == pytest.approx(sum(hardest) / len(hardest))
+
+
+# -- shortlists ---------------------------------------------------------------------------------
+
+
+class TableScorer(nn.Module):
+    """score(i, j) = table[i, j]: image i is the region feature (i,), caption j the word (j,)."""
+
+    scores_pairs = True
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+        self.pairs = 0
+
+    def score(self, regions, words, word_lengths, *, max_elements=None):
+        self.pairs += regions.shape[0] * words.shape[0]
+        return self.table[regions[:, 0, 0].long()][:, words[:, 0, 0].long()]
+
+
+def table_tokens(n_img: int, n_txt: int):
+    regions = torch.arange(n_img, dtype=torch.float32).view(n_img, 1, 1)
+    texts = TextTokens(
+        torch.arange(n_txt, dtype=torch.float32).view(n_txt, 1), torch.ones(n_txt, dtype=torch.long)
+    )
+    return regions, texts
+
+
+def brute_force_ranks(exact, tt, t2i, k):
+    """Each query sorts its candidates by (shortlisted, exact score if shortlisted else the
+    shortlist score), descending; rank = non-matching candidates ranked >= the best match."""
+    n_img, n_txt = exact.shape
+    i2t, t2i_ranks = [], []
+    for q, (ex, sl, gt) in enumerate(
+        [(exact[i], tt[i], t2i == i) for i in range(n_img)]
+        + [(exact[:, j], tt[:, j], torch.arange(n_img) == t2i[j]) for j in range(n_txt)]
+    ):
+        short = torch.zeros(len(sl), dtype=torch.bool)
+        short[sl.topk(min(k, len(sl))).indices] = True
+        key = [(bool(short[c]), float(ex[c]) if short[c] else float(sl[c])) for c in range(len(sl))]
+        best = max(key[c] for c in range(len(sl)) if gt[c])
+        rank = sum(1 for c in range(len(sl)) if not gt[c] and key[c] >= best)
+        (i2t if q < n_img else t2i_ranks).append(rank)
+    return torch.tensor(i2t), torch.tensor(t2i_ranks)
+
+
+def test_shortlist_of_a_constructed_case():
+    tt = torch.tensor(
+        [
+            [0.9, 0.1, 0.8, 0.7, 0.2, 0.3],
+            [0.85, 0.8, 0.1, 0.2, 0.7, 0.25],
+            [0.1, 0.2, 0.3, 0.4, 0.6, 0.5],
+        ]
+    )
+    exact = torch.full((3, 6), -5.0)  # pairs never shortlisted never matter
+    exact[0, 0], exact[0, 2], exact[1, 0] = 0.5, 0.6, 0.4
+    exact[1, 4], exact[2, 4], exact[2, 5], exact[0, 5] = 0.9, 0.3, 0.8, 0.1
+    t2i = torch.tensor([0, 0, 1, 1, 2, 2])
+    model = TableScorer(exact)
+    res = shortlist_metrics(model, *table_tokens(3, 6), t2i, tt, k=2, device="cpu")
+    # i2t: image 0 -> caption 2 (exact 0.6) beats its caption 0 (0.5): rank 1; image 1 has no
+    # caption in its list {0, 1}: 2 + captions 4 and 5 above its best (0.2) by tt: rank 4
+    expected = metrics_from_ranks(torch.tensor([1, 4, 0]), torch.tensor([0, 2, 2, 2, 1, 0]))
+    assert res.metrics == expected
+    assert (res.i2t_in_shortlist, res.t2i_in_shortlist) == (2 / 3, 3 / 6)
+    assert (res.k_i2t, res.k_t2i) == (2, 2)
+    assert (
+        res.pairs_scored
+        == model.pairs
+        == len(
+            {(i, j) for i in range(3) for j in tt[i].topk(2).indices.tolist()}
+            | {(i, j) for j in range(6) for i in tt[:, j].topk(2).indices.tolist()}
+        )
+    )
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 100])
+def test_shortlist_matches_the_brute_force_definition(k):
+    g = torch.Generator().manual_seed(k)
+    n_img, n_txt = 6, 18
+    exact = torch.randn(n_img, n_txt, generator=g).round(decimals=1)  # ties included
+    tt = torch.randn(n_img, n_txt, generator=g)
+    t2i = torch.arange(n_txt) // 3
+    res = shortlist_metrics(
+        TableScorer(exact), *table_tokens(n_img, n_txt), t2i, tt, k=k, device="cpu"
+    )
+    assert res.metrics == metrics_from_ranks(*brute_force_ranks(exact, tt, t2i, k))
+    blocks = fold_blocks(t2i, 3)
+    folded = shortlist_metrics(
+        TableScorer(exact), *table_tokens(n_img, n_txt), t2i, tt, k=k, device="cpu", blocks=blocks
+    )
+    per_fold = [
+        metrics_from_ranks(
+            *brute_force_ranks(exact[i0:i1, t0:t1], tt[i0:i1, t0:t1], t2i[t0:t1] - i0, k)
+        )
+        for i0, i1, t0, t1 in blocks
+    ]
+    assert folded.metrics == average_metrics(per_fold)
+    assert folded.metrics.folds == tuple(per_fold)
+
+
+def test_shortlist_of_all_candidates_is_the_exact_protocol():
+    regions, texts = random_tokens(n_img=10, n_txt=50)
+    t2i = torch.arange(50) // 5
+    model = MaxMeanScorer()
+    exact = score_matrix(model, regions, texts, device="cpu")
+    tt = mean_pooled_scores(regions, texts)
+    for blocks in (None, fold_blocks(t2i, 5)):
+        res = shortlist_metrics(
+            model, regions, texts, t2i, tt, k=50, device="cpu", blocks=blocks, text_block=7
+        )
+        assert res.metrics == metrics_from_scores(exact, t2i, blocks=blocks)
+        assert res.i2t_in_shortlist == res.t2i_in_shortlist == 1.0
+        assert res.pairs_scored == (500 if blocks is None else 5 * 2 * 10)
+
+
+def test_fold_blocks_and_metrics_from_scores():
+    t2i = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])
+    assert fold_blocks(t2i, 2) == [(0, 2, 0, 5), (2, 4, 5, 8)]
+    with pytest.raises(ValueError, match="not divisible by 3"):
+        fold_blocks(t2i, 3)
+    with pytest.raises(ValueError, match="grouped by image"):
+        fold_blocks(torch.tensor([0, 1, 0, 1]), 2)
+    sim = torch.randn(4, 8)
+    expected = coco_5fold_metrics(torch.eye(4), torch.eye(4)[t2i], t2i, n_folds=2)
+    got = metrics_from_scores(torch.eye(4)[:, t2i].clone(), t2i, blocks=fold_blocks(t2i, 2))
+    assert got == expected and got.folds == expected.folds
+    assert metrics_from_scores(sim, t2i) == retrieval_metrics_from_similarity(sim, t2i)
+
+
+def test_shortlist_rejects_bad_arguments():
+    regions, texts = table_tokens(3, 6)
+    t2i = torch.arange(6) // 2
+    model = TableScorer(torch.zeros(3, 6))
+    with pytest.raises(ValueError, match="k: expected a positive integer"):
+        shortlist_metrics(model, regions, texts, t2i, torch.zeros(3, 6), k=0, device="cpu")
+    with pytest.raises(ValueError, match=r"shortlist_sim: expected a \(3, 6\)"):
+        shortlist_metrics(model, regions, texts, t2i, torch.zeros(6, 3), k=2, device="cpu")
+    with pytest.raises(ValueError, match="shortlist_sim: NaN"):
+        shortlist_metrics(
+            model, regions, texts, t2i, torch.full((3, 6), math.nan), k=2, device="cpu"
+        )

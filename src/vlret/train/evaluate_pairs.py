@@ -27,11 +27,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..data import RetrievalDataset
-from ..metrics import retrieval_metrics_from_similarity
+from ..metrics import (
+    RetrievalMetrics,
+    average_metrics,
+    metrics_from_ranks,
+    retrieval_metrics_from_similarity,
+)
 
 #: Default block of one ``model.score`` call: images x captions (memory inside the call is
 #: bounded by the scorer's own ``max_elements``).
@@ -204,13 +210,29 @@ def _check_blocks(blocks, n_img: int, n_txt: int) -> list[tuple[int, int, int, i
     return out
 
 
-def _as_list(value, name: str, n: int) -> list:
-    if isinstance(value, (torch.Tensor, TextTokens)):
-        return [value] * n
-    value = list(value)
-    if len(value) != n:
-        raise ValueError(f"{name}: one per model expected ({n}), got {len(value)}")
-    return value
+def _members(models, regions, texts) -> tuple[list, list, list]:
+    """Models, regions and texts as three lists of the same length (shared inputs repeated)."""
+    model_list = [models] if isinstance(models, nn.Module) else list(models)
+    if not model_list or not all(isinstance(m, nn.Module) for m in model_list):
+        raise ValueError("models: expected a model or a non-empty sequence of models")
+    n = len(model_list)
+    lists = []
+    for name, value in (("regions", regions), ("texts", texts)):
+        value = [value] * n if isinstance(value, torch.Tensor | TextTokens) else list(value)
+        if len(value) != n:
+            raise ValueError(f"{name}: one per model expected ({n}), got {len(value)}")
+        lists.append(value)
+    for r, t in zip(*lists, strict=True):
+        if not isinstance(r, torch.Tensor) or r.dim() != 3:
+            raise ValueError("regions must be a (N_img, R, D) tensor")
+        if not isinstance(t, TextTokens):
+            raise ValueError("texts must be TextTokens (see encode_tokens)")
+        if (r.shape[0], len(t)) != (lists[0][0].shape[0], len(lists[1][0])):
+            raise ValueError(
+                "regions/texts: every model must score the same images and captions, got "
+                f"{r.shape[0]} x {len(t)} and {lists[0][0].shape[0]} x {len(lists[1][0])}"
+            )
+    return model_list, lists[0], lists[1]
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
@@ -221,20 +243,6 @@ def _progress_bar(total: int, desc: str, enabled: bool):
     return tqdm(
         total=total, desc=desc, unit="pair", unit_scale=True, dynamic_ncols=True, leave=False
     )
-
-
-def _caption_blocks(
-    texts: TextTokens, t0: int, t1: int, size: int
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Captions ``t0:t1`` in order of length, in blocks of ``size``: ``(index, words, lengths)``
-    with each block padded to its own longest caption."""
-    order = torch.argsort(texts.lengths[t0:t1], stable=True) + t0
-    out = []
-    for a in range(0, t1 - t0, size):
-        index = order[a : a + size]
-        words, lengths = texts.gather(index)
-        out.append((index, words, lengths))
-    return out
 
 
 @torch.no_grad()
@@ -261,22 +269,8 @@ def score_matrix(
     ``progress`` shows a tqdm bar in pairs with pairs/s and the ETA. Models are used in eval
     mode; their training mode is restored.
     """
-    model_list = [models] if isinstance(models, nn.Module) else list(models)
-    if not model_list or not all(isinstance(m, nn.Module) for m in model_list):
-        raise ValueError("models: expected a model or a non-empty sequence of models")
+    model_list, region_list, text_list = _members(models, regions, texts)
     n = len(model_list)
-    region_list = _as_list(regions, "regions", n)
-    text_list = _as_list(texts, "texts", n)
-    for r, t in zip(region_list, text_list, strict=True):
-        if not isinstance(r, torch.Tensor) or r.dim() != 3:
-            raise ValueError("regions must be a (N_img, R, D) tensor")
-        if not isinstance(t, TextTokens):
-            raise ValueError("texts must be TextTokens (see encode_tokens)")
-        if (r.shape[0], len(t)) != (region_list[0].shape[0], len(text_list[0])):
-            raise ValueError(
-                "regions/texts: every model must score the same images and captions, got "
-                f"{r.shape[0]} x {len(t)} and {region_list[0].shape[0]} x {len(text_list[0])}"
-            )
     for name, v in (("image_block", image_block), ("text_block", text_block)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: expected a positive integer, got {v!r}")
@@ -290,18 +284,8 @@ def score_matrix(
     bar = _progress_bar(total, "scoring pairs", progress)
     try:
         for model, reg, txt in zip(model_list, region_list, text_list, strict=True):
-            _score_into(
-                out,
-                _unwrap(model),
-                reg,
-                txt,
-                spans,
-                device=device,
-                image_block=image_block,
-                text_block=text_block,
-                max_elements=max_elements,
-                bar=bar,
-            )
+            blocking = (device, image_block, text_block, max_elements, bar)
+            _score_into(out, _unwrap(model), reg, txt, spans, *blocking)
     finally:
         if bar is not None:
             bar.close()
@@ -311,23 +295,24 @@ def score_matrix(
 
 
 def _score_into(
-    out, model, regions, texts, spans, *, device, image_block, text_block, max_elements, bar
-) -> None:
-    """Add ``model``'s scores of the ``spans`` to ``out`` (CPU float32)."""
+    out, model, regions, texts, spans, device, image_block, text_block, max_elements, bar
+):
+    """Add ``model``'s scores of the ``spans`` to ``out`` (CPU float32): for each span, its
+    captions in order of length in blocks of ``text_block``, each padded to its own longest
+    caption, against its images in blocks of ``image_block``."""
     was_training = model.training
     model.eval()
     try:
-        texts_dev = texts.to(device)
+        texts = texts.to(device)
         for i0, i1, t0, t1 in spans:
-            if i0 == i1 or t0 == t1:
-                continue
-            cap_blocks = _caption_blocks(texts_dev, t0, t1, text_block)
-            local = [(index - t0, w, ln) for index, w, ln in cap_blocks]
+            order = torch.argsort(texts.lengths[t0:t1], stable=True) + t0
+            blocks = [order[a : a + text_block] for a in range(0, t1 - t0, text_block)]
+            blocks = [(index - t0, *texts.gather(index)) for index in blocks]
             for a in range(i0, i1, image_block):
                 b = min(a + image_block, i1)
                 reg = regions[a:b].to(device=device, dtype=torch.float32)
                 row = torch.empty(b - a, t1 - t0, dtype=torch.float32, device=device)
-                for index, words, lengths in local:
+                for index, words, lengths in blocks:
                     s = model.score(reg, words, lengths, max_elements=max_elements)
                     row.index_copy_(1, index, s.float())
                     if bar is not None:
@@ -352,3 +337,254 @@ def dev_metrics_from_scores(sim: torch.Tensor, txt_to_img) -> dict[str, float]:
     out["pos_sim"] = float(sim.gather(0, t2i[None, :]).mean())
     out["hardest_neg_sim"] = float(hardest.mean()) if hardest.numel() else float("nan")
     return out
+
+
+# -- protocols on score matrices ------------------------------------------------------------------
+
+
+def fold_blocks(txt_to_img, n_folds: int) -> list[tuple[int, int, int, int]]:
+    """The COCO 1K protocol's diagonal blocks ``(img0, img1, txt0, txt1)``: ``n_folds``
+    contiguous folds of images, each with its own captions (which must be contiguous: captions
+    grouped by image, as in every supported data layout)."""
+    t2i = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
+    if t2i.dim() != 1 or t2i.numel() == 0:
+        raise ValueError("txt_to_img must be a non-empty 1-D integer tensor")
+    n_img = int(t2i.max()) + 1
+    if not isinstance(n_folds, int) or n_folds < 1 or n_img % n_folds:
+        raise ValueError(
+            f"coco1k averages {n_folds} folds of equal size (COCO testall: 5 x 1000 images); "
+            f"this split has {n_img} images, not divisible by {n_folds} (use coco5k)"
+        )
+    if bool((t2i[1:] < t2i[:-1]).any()):
+        raise ValueError("txt_to_img: the folds need captions grouped by image (non-decreasing)")
+    size = n_img // n_folds
+    bounds = torch.searchsorted(t2i, torch.arange(0, n_img + 1, size)).tolist()
+    return [(f * size, (f + 1) * size, bounds[f], bounds[f + 1]) for f in range(n_folds)]
+
+
+def metrics_from_scores(
+    sim: torch.Tensor, txt_to_img, *, blocks: Sequence[tuple[int, int, int, int]] | None = None
+) -> RetrievalMetrics:
+    """Retrieval metrics of a score matrix; with ``blocks`` (:func:`fold_blocks`), each block's
+    metrics (its captions must belong to its images) averaged as the COCO 1K protocol
+    (:func:`~vlret.metrics.average_metrics`, per-fold results in ``.folds``)."""
+    if blocks is None:
+        return retrieval_metrics_from_similarity(sim, txt_to_img)
+    t2i = torch.as_tensor(txt_to_img, dtype=torch.long)
+    folds = [
+        retrieval_metrics_from_similarity(sim[i0:i1, t0:t1], t2i[t0:t1] - i0)
+        for i0, i1, t0, t1 in blocks
+    ]
+    return average_metrics(folds)
+
+
+def embedding_scores(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    blocks: Sequence[tuple[int, int, int, int]] | None = None,
+) -> torch.Tensor:
+    """``(N_img, N_txt)`` float32 CPU dot products of two-tower embeddings (cosines when they
+    are normalised), only inside ``blocks`` (NaN elsewhere); for ensembles and shortlists."""
+    img, txt = img_emb.float().cpu(), txt_emb.float().cpu()
+    spans = _check_blocks(blocks, img.shape[0], txt.shape[0])
+    out = torch.full((img.shape[0], txt.shape[0]), math.nan, dtype=torch.float32)
+    for i0, i1, t0, t1 in spans:
+        torch.matmul(img[i0:i1], txt[t0:t1].t(), out=out[i0:i1, t0:t1])
+    return out
+
+
+def mean_pooled_scores(
+    regions: torch.Tensor,
+    texts: TextTokens,
+    *,
+    blocks: Sequence[tuple[int, int, int, int]] | None = None,
+) -> torch.Tensor:
+    """The cosine of each image's mean region feature with each caption's mean word feature:
+    a pair-scoring model's own two-tower score (cheap, no attention), used to shortlist."""
+    img = F.normalize(regions.float().mean(dim=1), dim=-1)
+    txt = F.normalize(texts.mean_pooled(), dim=-1)
+    return embedding_scores(img, txt, blocks=blocks)
+
+
+# -- approximate evaluation: shortlists re-ranked with exact scores ----------------------------
+
+
+@dataclass
+class ShortlistResult:
+    """Metrics of the shortlist protocol (:func:`shortlist_metrics`) and its coverage."""
+
+    metrics: RetrievalMetrics
+    #: the shortlist length actually used per direction (``k`` capped at the candidates)
+    k_i2t: int
+    k_t2i: int
+    #: fraction of image queries with at least one of their captions in the shortlist
+    i2t_in_shortlist: float
+    #: fraction of caption queries with their image in the shortlist
+    t2i_in_shortlist: float
+    #: distinct pairs scored exactly
+    pairs_scored: int
+
+
+@torch.no_grad()
+def shortlist_metrics(
+    models: nn.Module | Sequence[nn.Module],
+    regions: torch.Tensor | Sequence[torch.Tensor],
+    texts: TextTokens | Sequence[TextTokens],
+    txt_to_img,
+    shortlist_sim: torch.Tensor,
+    *,
+    k: int,
+    device: torch.device | str,
+    blocks: Sequence[tuple[int, int, int, int]] | None = None,
+    progress: bool = False,
+    text_block: int = TEXT_BLOCK,
+    max_elements: int | None = None,
+) -> ShortlistResult:
+    """Approximate metrics: each query's top-``k`` candidates by ``shortlist_sim`` (a two-tower
+    score, ``(N_img, N_txt)``), re-ranked by the exact pair scores of ``models`` (ensembles:
+    the mean); every candidate outside a query's shortlist ranks below all of its shortlisted
+    ones, and among themselves in ``shortlist_sim`` order.
+
+    So an image's i2t rank is its best shortlisted caption's rank among the shortlist by exact
+    score, or, when none of its captions is shortlisted, ``k`` + the rank of its best caption
+    by ``shortlist_sim`` among the non-shortlisted captions; a caption's t2i rank likewise.
+    With ``k`` >= the number of candidates this is the exact protocol. ``blocks`` restricts
+    queries and candidates to each block (the COCO 1K folds), the metrics averaged over them.
+    Ties count against the query, as in :mod:`vlret.metrics`.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: expected a positive integer (shortlist length), got {k!r}")
+    model_list, region_list, text_list = _members(models, regions, texts)
+    n_img, n_txt = region_list[0].shape[0], len(text_list[0])
+    if not isinstance(shortlist_sim, torch.Tensor) or shortlist_sim.shape != (n_img, n_txt):
+        raise ValueError(f"shortlist_sim: expected a ({n_img}, {n_txt}) score matrix")
+    device = _check_device(device)
+    t2i = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
+    if t2i.shape != (n_txt,):
+        raise ValueError(f"txt_to_img must have one entry per caption ({n_txt})")
+    spans = _check_blocks(blocks, n_img, n_txt)
+    plans = [_shortlist_plan(shortlist_sim, t2i, span, k) for span in spans]
+    keys = torch.cat([plan[-1] for plan in plans]).unique()  # global pairs, sorted
+    bar = _progress_bar(len(model_list) * keys.numel(), "scoring shortlisted pairs", progress)
+    values = torch.zeros(keys.numel(), dtype=torch.float32)
+    try:
+        for model, reg, txt in zip(model_list, region_list, text_list, strict=True):
+            values += _score_pairs(
+                _unwrap(model), reg, txt, keys, device, text_block, max_elements, bar
+            )
+    finally:
+        if bar is not None:
+            bar.close()
+    values /= len(model_list)
+    folds, inside = [], [[], []]
+    for (i0, i1, t0, t1), (tt, local, s_i2t, s_t2i, _) in zip(spans, plans, strict=True):
+        img, txt = torch.arange(i0, i1)[:, None], torch.arange(t0, t1)[:, None]
+        exact_i2t = values[torch.searchsorted(keys, img * n_txt + s_i2t + t0)]
+        exact_t2i = values[torch.searchsorted(keys, (s_t2i + i0) * n_txt + txt)]
+        r_i2t, in_i2t = _shortlist_ranks(tt, exact_i2t, s_i2t, local, images_are_queries=True)
+        r_t2i, in_t2i = _shortlist_ranks(tt, exact_t2i, s_t2i, local, images_are_queries=False)
+        folds.append(metrics_from_ranks(r_i2t, r_t2i))
+        inside[0].append(in_i2t)
+        inside[1].append(in_t2i)
+    return ShortlistResult(
+        folds[0] if blocks is None else average_metrics(folds),
+        k_i2t=min(plan[2].shape[1] for plan in plans),
+        k_t2i=min(plan[3].shape[1] for plan in plans),
+        i2t_in_shortlist=_fraction(inside[0]),
+        t2i_in_shortlist=_fraction(inside[1]),
+        pairs_scored=int(keys.numel()),
+    )
+
+
+def _fraction(flags: list[torch.Tensor]) -> float:
+    return int(sum(int(f.sum()) for f in flags)) / sum(f.numel() for f in flags)
+
+
+def _shortlist_plan(shortlist_sim, t2i, span, k):
+    """One block's shortlist scores ``tt``, local image of each caption, the top-``k``
+    candidates of each image ``(n_i, k)`` and caption ``(n_t, k)``, and the global pair keys
+    (``image * N_txt + caption``) to score."""
+    i0, i1, t0, t1 = span
+    tt = shortlist_sim[i0:i1, t0:t1].float().cpu()
+    local = t2i[t0:t1] - i0
+    if int(local.min()) < 0 or int(local.max()) >= i1 - i0:
+        raise ValueError(f"blocks: the captions of block {span} belong to other images")
+    if not bool(torch.isfinite(tt).all()):
+        raise ValueError("shortlist_sim: NaN or inf inside the scored blocks")
+    s_i2t = tt.topk(min(k, t1 - t0), dim=1).indices  # caption candidates of each image
+    s_t2i = tt.topk(min(k, i1 - i0), dim=0).indices.t().contiguous()  # image candidates
+    n_txt = shortlist_sim.shape[1]
+    img, txt = torch.arange(i0, i1)[:, None], torch.arange(t0, t1)[:, None]
+    keys = torch.cat(
+        [(img * n_txt + s_i2t + t0).reshape(-1), ((s_t2i + i0) * n_txt + txt).reshape(-1)]
+    )
+    return tt, local, s_i2t, s_t2i, keys
+
+
+def _score_pairs(model, regions, texts, keys, device, text_block, max_elements, bar):
+    """Exact scores of the pairs ``keys`` (``image * N_txt + caption``, sorted): one
+    ``model.score`` call per image and block of its captions (by length, padded to the block's
+    longest), so no pair outside ``keys`` is scored."""
+    was_training = model.training
+    model.eval()
+    out = torch.empty(keys.numel(), dtype=torch.float32)
+    n_txt = len(texts)
+    try:
+        texts = texts.to(device)
+        images, counts = torch.unique_consecutive(keys // n_txt, return_counts=True)
+        start = 0
+        for i, count in zip(images.tolist(), counts.tolist(), strict=True):
+            caps = (keys[start : start + count] % n_txt).to(device)
+            order = torch.argsort(texts.lengths.index_select(0, caps), stable=True)
+            reg = regions[i : i + 1].to(device=device, dtype=torch.float32)
+            for c in range(0, count, text_block):
+                pick = order[c : c + text_block]
+                words, lens = texts.gather(caps[pick])
+                s = model.score(reg, words, lens, max_elements=max_elements)
+                out[start + pick.cpu()] = s[0].float().cpu()
+                if bar is not None:
+                    bar.update(int(pick.numel()))
+            start += count
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _shortlist_ranks(
+    tt: torch.Tensor,
+    exact: torch.Tensor,
+    shortlist: torch.Tensor,
+    txt_to_img: torch.Tensor,
+    *,
+    images_are_queries: bool,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based ranks of each query under the shortlist protocol and whether its ground truth
+    (i2t: any of the image's captions) was shortlisted. ``tt (n_img, n_txt)`` is the shortlist
+    score, ``shortlist (n_q, k)`` the candidates of each query, ``exact (n_q, k)`` their
+    exact scores."""
+    n_img = tt.shape[0]
+    queries = torch.arange(shortlist.shape[0])
+    if images_are_queries:
+        is_gt = txt_to_img[shortlist] == queries[:, None]
+        scores = tt  # rows = queries
+    else:
+        is_gt = shortlist == txt_to_img[:, None]
+        scores = tt.t()
+    inside = is_gt.any(dim=1)
+    best = exact.masked_fill(~is_gt, -math.inf).amax(dim=1)
+    ranks = ((exact >= best[:, None]) & ~is_gt).sum(dim=1)
+    outside = torch.nonzero(~inside).squeeze(1)
+    for a in range(0, outside.numel(), chunk):
+        q = outside[a : a + chunk]
+        row = scores.index_select(0, q)  # (c, n_cand)
+        if images_are_queries:
+            gt = txt_to_img[None, :] == q[:, None]
+        else:
+            gt = torch.arange(n_img)[None, :] == txt_to_img[q][:, None]
+        best_tt = row.masked_fill(~gt, -math.inf).amax(dim=1, keepdim=True)
+        beats = (row >= best_tt) & ~gt
+        in_list = beats.gather(1, shortlist[q])
+        ranks[q] = shortlist.shape[1] + beats.sum(dim=1) - in_list.sum(dim=1)
+    return ranks, inside
