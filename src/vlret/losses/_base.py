@@ -173,6 +173,12 @@ class PairLoss(nn.Module):
 
     #: Whether the tiled form can compute local anchors only (``anchors=``).
     supports_anchors: bool = False
+    #: What :meth:`from_similarity` needs besides ``sim`` and ``pos_mask``, by keyword name
+    #: (``"img_ids"``, ``"txt_ids"``), when a model that scores pairs itself supplies ``sim``.
+    similarity_inputs: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``chunk_size`` also bounds :meth:`from_similarity`'s memory; otherwise it only
+    #: selects the tiled embedding entry point, which a pair-scoring model never reaches.
+    chunks_similarity: ClassVar[bool] = False
 
     def check_anchors(self, anchors: tuple[int, int] | None) -> None:
         if anchors is None:

@@ -260,6 +260,9 @@ class VisualSemanticLoss(PairLoss):
 
     paper = "VSL (Zhang et al. 2023)"
     equation = "VSL Eq. (3)-(7)"
+    # C is looked up from the ids; chunk_size bounds the smooth ranks of sim itself.
+    similarity_inputs = ("img_ids", "txt_ids")
+    chunks_similarity = True
     # semantic, base and base_params are objects: checked in check_param_relations.
     params = {
         "alpha": NON_NEGATIVE,

@@ -1,4 +1,5 @@
-"""From a :class:`~vlret.train.config.RunConfig` to datasets, caption encoders and losses.
+"""From a :class:`~vlret.train.config.RunConfig` to datasets, caption encoders, models, losses
+and the optimiser.
 
 Shared by the trainer and ``vlret eval`` (which rebuilds them from the config stored in a
 checkpoint).
@@ -7,12 +8,15 @@ checkpoint).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..data import (
+    DataFormatError,
     KarpathyDataset,
     MSRVTTDataset,
     PrecompDataset,
@@ -21,10 +25,12 @@ from ..data import (
     build_karpathy_vocab,
     build_msrvtt_vocab,
     build_vocab,
+    check_features,
     load_hf_tokenizer,
 )
 from ..data.precomp import load_precomp_captions
-from .config import ConfigError, DataConfig, RunConfig
+from .config import ConfigError, DataConfig, OptimConfig, RunConfig
+from .pair_scoring import check_pair_scoring, scores_pairs
 
 
 def model_tokenizer_path(model: dict[str, Any]) -> str | None:
@@ -133,6 +139,32 @@ def _first_images(ds: RetrievalDataset, max_images: int | None) -> RetrievalData
     return ds
 
 
+def check_split_features(
+    datasets: Sequence[RetrievalDataset | None],
+    *,
+    in_dim: int | None,
+    world: int = 1,
+    device: torch.device | str = "cpu",
+) -> None:
+    """NaN / inf and the feature size of ``datasets`` (the train and dev splits) before any
+    step. Under torchrun rank 0 passes the splits and the others none; every rank stops when
+    rank 0 finds a problem (its ``DataFormatError``, a ``ValueError`` on the others)."""
+    error: DataFormatError | None = None
+    try:
+        for dataset in datasets:
+            if dataset is not None:
+                check_features(dataset, in_dim=in_dim)
+    except DataFormatError as err:
+        error = err
+    if world > 1:
+        failed = torch.tensor([float(error is not None)], device=device)
+        torch.distributed.all_reduce(failed)
+        if failed.item() and error is None:
+            raise ValueError("rank 0 found a problem in the data (its message says which)")
+    if error is not None:
+        raise error
+
+
 def train_captions_by_image(dataset: RetrievalDataset) -> dict[int, list[str]]:
     """Captions of each training image keyed by image index (VSL's CaptionTfidf)."""
     out: dict[int, list[str]] = {i: [] for i in range(dataset.num_images)}
@@ -174,6 +206,16 @@ def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.
     return wrap_for_warmup(loss_fn, config.loss, config.train.all_negatives_epochs)
 
 
+def build_optimizer(optim: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """The configured optimiser (``adam``, ``adamw`` or ``sgd``) over ``params``."""
+    if optim.name in ("adam", "adamw"):
+        kind = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
+        return kind(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    return torch.optim.SGD(
+        params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+    )
+
+
 def _model_error(source: str, err: Exception) -> ConfigError:
     """A ``build_model`` error as a ConfigError keyed ``model`` / ``model.<sub key>``."""
     text = str(err)
@@ -198,14 +240,18 @@ def build_run_model(config: RunConfig, vocab_size: int | None) -> nn.Module:
 
 def check_model_config(config: RunConfig) -> None:
     """Validate the ``model`` section before the (slow) vocabulary is built, by building the
-    model once with a stand-in vocabulary size. Skipped for the pretrained kinds (BERT, CLIP),
-    which load weights from disk; their errors surface at the real build."""
+    model once with a stand-in vocabulary size, and for a model that scores pairs itself the
+    settings that need embeddings (:func:`~vlret.train.pair_scoring.check_pair_scoring`).
+    Skipped for the pretrained kinds (BERT, CLIP), which load weights from disk; their errors
+    surface at the real build."""
     model = config.model
     text = model.get("text")
     text_kind = text.get("kind", "gru") if isinstance(text, dict) else None
-    if model.get("kind", "vse") != "vse" or text_kind != "gru":
+    if model.get("kind", "vse") in ("bert", "clip") or text_kind == "bert":
         return
-    build_run_model(config, None if text.get("vocab_size") is not None else 8)
+    size = text.get("vocab_size") if isinstance(text, dict) else None
+    if scores_pairs(build_run_model(config, None if size is not None else 8)):
+        check_pair_scoring(config)
 
 
 def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:

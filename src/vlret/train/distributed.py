@@ -37,6 +37,24 @@ gives the single-process gradient (tested with 2 gloo processes); the logged los
 all-reduced sum, and a learnable temperature's gradient (each rank sees only its own terms'
 share) is all-reduced before the ``1/N``. AdaCL and VSL keep the full computation.
 
+**Pair scorers** (SCAN, BFAN, SGRAF: models with ``scores_pairs``). There are no embeddings
+to gather: the score of a pair needs the image's regions and the caption's words together.
+Inside the DistributedDataParallel forward each rank encodes its ``B`` images and ``B``
+captions, :func:`gather_tokens` pads the words to the longest caption of any rank and gathers
+them (``(N*B, L, D)`` and their lengths), and the rank scores its own images against every
+caption: a ``B x N*B`` row block. :func:`gather_with_grad` stacks the row blocks into the
+``(N*B) x (N*B)`` matrix on which every rank computes the full loss ``L`` (as above, with the
+loss scaled by ``N``). Rank ``r``'s row block holds the only scores of its images, and
+``dL/dS_r`` is exact on rank ``r``, so its images and the scorer's parameters receive rank
+``r``'s share of the gradient; the captions of rank ``q`` are scored in every rank's row block,
+so the words' gather is :func:`gather_sum_grad`, whose backward sums the gradient that all
+row blocks send to each caption and returns it to the caption's rank before its text encoder
+runs backward. Summed over ranks (DDP's average times ``N``) every parameter gets exactly the
+single-process gradient (tested with 2 gloo processes for SCAN, BFAN and SGRAF). What cannot
+match one process is what depends on the set of images a rank holds in training mode:
+SGRAF's BatchNorm statistics (computed over the local images on each rank, as any DDP model
+with BatchNorm) and the random dropout masks.
+
 Only rank 0 writes files (:func:`is_main_process`).
 
 **Shutdown.** :meth:`Trainer.close` drops the DistributedDataParallel wrapper and
@@ -216,6 +234,19 @@ def gather_sum_grad(local: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return local
     return _GatherSumGrad.apply(local)
+
+
+def gather_tokens(words: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's ``words (B, L_r, D)`` zero-padded to the longest ``L`` of any rank and
+    gathered into ``(N*B, L, D)`` with :func:`gather_sum_grad` (the gradient that all ranks'
+    scores send to a caption's words is summed and returned to its rank), and the lengths
+    ``(N*B,)``. Single process: the inputs as they are."""
+    if world_size() == 1:
+        return words, lengths
+    width = torch.tensor([words.shape[1]], dtype=torch.long, device=words.device)
+    dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    words = torch.nn.functional.pad(words, (0, 0, 0, int(width) - words.shape[1]))
+    return gather_sum_grad(words), gather_no_grad(lengths.to(words.device))
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:

@@ -28,14 +28,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..data import DataFormatError, check_features
 from ..memory import MomentumEncoder
 from .builders import (
     build_dataset,
     build_encoder,
+    build_optimizer,
     build_run_loss,
     build_run_model,
     check_model_config,
+    check_split_features,
     encoder_state,
     vocab_size,
 )
@@ -51,12 +52,14 @@ from .distributed import (
     all_reduce_sum,
     gather_no_grad,
     gather_sum_grad,
+    gather_tokens,
     gather_with_grad,
     init_distributed,
     resolve_device,
     shutdown_distributed,
 )
 from .evaluate import dev_metrics, encode_dataset
+from .pair_scoring import pair_dev_metrics, pair_loss, score_stats, scores_pairs
 from .run_folder import (
     RunFolderError,
     check_resume_config,
@@ -130,6 +133,8 @@ class Trainer:
         self.encoder = build_encoder(config.data, model=config.model, source=config.source)
         self.vocab_size = vocab_size(self.encoder)
         self.model = build_run_model(config, self.vocab_size).to(self.device)
+        #: A score matrix instead of embeddings (SCAN, BFAN, SGRAF): see :mod:`.pair_scoring`.
+        self.scores_pairs = scores_pairs(self.model)
         transform = getattr(self.model, "image_transform", None)
         self.train_set = build_dataset(
             config.data, config.data.train_split, self.encoder, image_transform=transform
@@ -143,8 +148,10 @@ class Trainer:
                 max_images=config.data.dev_max_images,
                 image_transform=transform,
             )
-        if config.data.check_features:
-            self._check_features()
+        if config.data.check_features:  # rank 0 reads the files; every rank stops on a problem
+            in_dim = getattr(getattr(self.model, "image_encoder", None), "in_dim", None)
+            sets = (self.train_set, self.dev_set) if self.is_main else ()
+            check_split_features(sets, in_dim=in_dim, world=self.world, device=self.device)
         self.loss_fn = build_run_loss(config, self.train_set).to(self.device)
         self.has_queue = getattr(self.loss_fn, "img_queue", None) is not None
         # Every loss sees the global batch; an AdaCL queue is then told (gathered=True) that its
@@ -174,7 +181,8 @@ class Trainer:
         else:
             self.ddp_model = self.model
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self.optimizer = self._build_optimizer()
+        model_params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(config.optim, model_params + self.loss_params)
         oc = config.optim
         self.scheduler = StepDecayWarmup(
             self.optimizer,
@@ -203,39 +211,6 @@ class Trainer:
             self._load(resume, resume_state)
 
     # -- construction ------------------------------------------------------------------------
-
-    def _check_features(self) -> None:
-        """NaN / inf and the feature size of the train and dev splits, before any step (rank 0
-        reads the files; the other ranks stop too when it finds a problem)."""
-        in_dim = getattr(getattr(self.model, "image_encoder", None), "in_dim", None)
-        error: DataFormatError | None = None
-        if self.is_main:
-            try:
-                for dataset in (self.train_set, self.dev_set):
-                    if dataset is not None:
-                        check_features(dataset, in_dim=in_dim)
-            except DataFormatError as err:
-                error = err
-        if self.world > 1:
-            failed = torch.tensor([float(error is not None)], device=self.device)
-            dist.all_reduce(failed)
-            if failed.item() and error is None:
-                raise ValueError("rank 0 found a problem in the data (its message says which)")
-        if error is not None:
-            raise error
-
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        oc = self.config.optim
-        params = [p for p in self.model.parameters() if p.requires_grad] + self.loss_params
-        if oc.name == "adam":
-            return torch.optim.Adam(
-                params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay
-            )
-        if oc.name == "adamw":
-            return torch.optim.AdamW(
-                params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay
-            )
-        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -319,6 +294,8 @@ class Trainer:
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """``(loss for backward, logged loss, context)`` of one local batch."""
+        if self.scores_pairs:
+            return self._pair_loss(batch)
         with torch.autocast(device_type=self.device.type, enabled=self.amp):
             img, txt = self.ddp_model(batch)
         wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
@@ -344,12 +321,29 @@ class Trainer:
                 kwargs["gathered"] = True
         loss = self.loss_fn(img, txt, ids, ids, **kwargs)
         logged = all_reduce_sum(loss) if self.local_anchors else loss.detach()
+        ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+        return self._scaled(loss, logged), logged, ctx
+
+    def _pair_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """A pair scorer's loss: under torchrun each rank scores its images against every
+        rank's captions (gathered inside the DDP forward) and the row blocks are gathered into
+        the global score matrix (:mod:`.distributed`, "Pair scorers")."""
+        with torch.autocast(device_type=self.device.type, enabled=self.amp):
+            sim = self.ddp_model(batch, gather_texts=gather_tokens if self.gather else None)
+        sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), batch.img_index
+        if self.gather:
+            sim, ids = gather_with_grad(sim), gather_no_grad(ids)
+        loss = pair_loss(self.loss_fn, sim, ids)
+        return self._scaled(loss, loss.detach()), loss.detach(), {"sim": sim.detach(), "ids": ids}
+
+    def _scaled(self, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:
+        """The loss for backward (times the world size, see :mod:`.distributed`), after a check
+        that the logged global loss is finite."""
         if not torch.isfinite(logged):
             raise FloatingPointError(
                 f"non-finite loss {float(logged)} at epoch {self.epoch} step {self.step}"
             )
-        scaled = loss * self.world if self.gather else loss
-        return scaled, logged, {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+        return loss * self.world if self.gather else loss
 
     def train_step(self, batch) -> tuple[float, dict[str, Any]]:
         """One optimisation step on a local batch; returns the (global) loss value."""
@@ -388,10 +382,13 @@ class Trainer:
         non-matching cosine (Unified Fig. 4). ``None`` without a dev set."""
         if self.dev_set is None:
             return None
+        size = self.config.train.eval_batch_size
+        if self.scores_pairs:  # in the model's score units, every dev pair scored
+            return pair_dev_metrics(self.model, self.dev_set, batch_size=size, device=self.device)
         img, txt = encode_dataset(
             self.model,
             self.dev_set,
-            batch_size=self.config.train.eval_batch_size,
+            batch_size=size,
             device=self.device,
             normalize=self.config.loss.params.get("normalize", True),
         )
@@ -402,10 +399,8 @@ class Trainer:
     def close(self) -> None:
         """Drop the DistributedDataParallel wrapper; call it when training is over.
 
-        Its reducer must be gone before the interpreter exits or the process group is
-        destroyed: with torch 2.13 and gloo a DDP object alive at exit sometimes aborts the
-        process (SIGABRT, about one exit in 20). The process group itself is left alone
-        (:func:`~vlret.train.distributed.shutdown_distributed`). Idempotent.
+        Its reducer must be gone before the interpreter exits or the process group is destroyed
+        (:mod:`.distributed`, "Shutdown"); the group itself is left alone. Idempotent.
         """
         if self.ddp_model is not self.model:
             self.ddp_model = self.model
@@ -574,7 +569,10 @@ class Trainer:
             "lr": ctx["lr"],
             "pairs_per_s": rate,
         }
-        record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
+        if "sim" in ctx:
+            record.update(score_stats(ctx["sim"], ctx["ids"]))
+        else:
+            record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
         stats = getattr(self.loss_fn, "last_stats", None)
         if isinstance(stats, dict):
             record.update({f"loss_{k}": v for k, v in stats.items()})

@@ -1,0 +1,110 @@
+"""The trainer's path for models that score pairs themselves (SCAN, BFAN, SGRAF).
+
+Such a model (``scores_pairs = True``, :mod:`vlret.models.cross_model`) maps a batch to its
+``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask, ...)``
+with the positives of the batch's image indices, plus whatever else the loss class declares
+in ``similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its semantic matrix).
+What needs embeddings cannot work on a score matrix and is refused before any data is read
+(:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the class declares
+``chunks_similarity``), AdaCL's memory queue (``loss.queue_size``) and the momentum encoder
+that fills it (``train.momentum_encoder``). Validation scores the dev pairs with
+:mod:`vlret.train.evaluate_pairs`. The distributed contract is in
+:mod:`vlret.train.distributed` ("Pair scorers").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..losses.registry import loss_class
+from ..similarity import positive_mask
+from .config import ConfigError, RunConfig
+from .evaluate_pairs import dev_metrics_from_scores, encode_tokens, score_matrix
+
+
+def scores_pairs(model: nn.Module) -> bool:
+    """Whether ``model`` returns a score matrix instead of ``(img_emb, txt_emb)``."""
+    return bool(getattr(model, "scores_pairs", False))
+
+
+def check_pair_scoring(config: RunConfig) -> None:
+    """Raise a :class:`ConfigError` naming the key of a setting that needs embeddings, which a
+    pair-scoring model does not produce."""
+    why = "the model scores pairs itself (model.kind {kind!r}) and gives the loss a score matrix"
+    why = why.format(kind=config.model.get("kind"))
+    params = config.loss.params
+    try:
+        chunks = getattr(loss_class(config.loss.name), "chunks_similarity", False)
+    except ValueError:
+        return  # an unknown loss name: the loss section's own check reports it
+    base_params = params.get("base_params")
+    base_chunk = base_params.get("chunk_size") if isinstance(base_params, dict) else None
+    for key, value in (
+        ("chunk_size", None if chunks else params.get("chunk_size")),
+        ("base_params.chunk_size", base_chunk),
+    ):
+        if value is not None:
+            raise ConfigError(
+                config.source,
+                f"loss.{key}",
+                f"a tiled loss works on embeddings, but {why}; remove chunk_size",
+            )
+    if params.get("queue_size"):
+        raise ConfigError(
+            config.source,
+            "loss.queue_size",
+            f"the memory queue holds embeddings, but {why}; use queue_size = 0",
+        )
+    if config.train.momentum_encoder is not None:
+        raise ConfigError(
+            config.source,
+            "train.momentum_encoder",
+            f"the momentum encoder fills a memory queue of embeddings, but {why}",
+        )
+
+
+def pair_loss(loss_fn: nn.Module, sim: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``loss_fn.from_similarity`` on a ``(B, B)`` score matrix whose row and column ``i`` come
+    from the item of image index ``ids[i]`` (equal ids: further positives), with the inputs the
+    loss declares in ``similarity_inputs``."""
+    available = {"img_ids": ids, "txt_ids": ids}
+    names = tuple(getattr(loss_fn, "similarity_inputs", ()))
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise ValueError(
+            f"{type(loss_fn).__name__} needs {missing} in from_similarity, which the trainer "
+            f"cannot supply (it has {sorted(available)})"
+        )
+    extra = {n: available[n] for n in names}
+    return loss_fn.from_similarity(sim, positive_mask(ids, ids), **extra)
+
+
+def score_stats(sim: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:
+    """The per-step log's ``pos_sim`` (mean score of the batch's pairs) and ``hardest_neg_sim``
+    (mean hardest non-matching score, both directions), in the model's score units."""
+    with torch.no_grad():
+        sim = sim.float()
+        neg = sim.masked_fill(ids[:, None] == ids[None, :], -math.inf)
+        hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
+        hardest = hardest[torch.isfinite(hardest)]
+        return {
+            "pos_sim": float(sim.diagonal().mean()),
+            "hardest_neg_sim": float(hardest.mean()) if hardest.numel() else float("nan"),
+        }
+
+
+def pair_dev_metrics(
+    model: nn.Module, dataset: Any, *, batch_size: int, device: torch.device
+) -> dict[str, float]:
+    """Dev metrics of a pair-scoring model: every dev image and caption encoded once, every
+    pair scored (:mod:`vlret.train.evaluate_pairs`)."""
+    regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
+    sim = score_matrix(model, regions, texts, device=device)
+    return dev_metrics_from_scores(sim, torch.as_tensor(dataset.txt_to_img))
+
+
+__all__ = ["check_pair_scoring", "pair_dev_metrics", "pair_loss", "score_stats", "scores_pairs"]
