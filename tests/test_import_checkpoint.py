@@ -565,7 +565,7 @@ def test_a_vocabulary_that_disagrees_is_refused(tmp_path, mutate, message):
 def test_a_vocabulary_of_another_size_than_the_embedding_is_refused(tmp_path):
     ckpt = write_reference(tmp_path, "scan", scan_opt())
     vocab = write_vocab(tmp_path, WORDS[:-1])
-    with pytest.raises(ValueError, match="19 words but .* txt_enc.embed.weight has 20 rows"):
+    with pytest.raises(ValueError, match="19 words but .* txt_enc.embed.weight has 20;"):
         import_reference_checkpoint(ckpt, arch="scan", vocab=vocab, out=tmp_path / "o.pt")
 
 
@@ -624,7 +624,7 @@ def test_unexpected_and_misshapen_keys_are_named(tmp_path):
         ({"no_txtnorm": True}, "opt.no_txtnorm = True"),
         ({"agg_func": "Median"}, "opt.agg_func = 'Median'"),
         ({"cross_attn": "both"}, "opt.cross_attn = 'both'"),
-        ({"embed_size": "big"}, "opt.embed_size: expected int"),
+        ({"embed_size": "big"}, "opt.embed_size: expected a positive int"),
     ],
 )
 def test_settings_vlret_does_not_implement_are_refused_naming_the_option(tmp_path, change, option):

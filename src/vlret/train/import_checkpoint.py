@@ -1,63 +1,47 @@
 """Import the released checkpoints of SCAN, BFAN and SGRAF as vlret checkpoints.
 
-``vlret import-checkpoint PATH --arch scan|bfan|sgraf --vocab VOCAB_JSON --out model.pt``
-reads a ``model_best.pth.tar`` written by the reference code (kuanghuei/SCAN,
-CrossmodalGroup/BFAN, Paranioar/SGRAF), whose ``train.py`` saves::
+``vlret import-checkpoint PATH --arch scan|bfan|sgraf --vocab VOCAB_JSON --out model.pt`` reads
+a ``model_best.pth.tar`` of kuanghuei/SCAN, CrossmodalGroup/BFAN or Paranioar/SGRAF, whose
+``train.py`` saves ``{"epoch", "model": [img_enc, txt_enc(, sim_enc)] (state dicts),
+"best_rsum", "opt": argparse.Namespace, "Eiters"}``, and writes what
+:func:`vlret.train.evaluate.load_trained_model` reads: the model state, a run config built from
+``opt``, the caption encoder, the vocabulary size and an ``imported_from`` record (file and
+SHA-256, reference epoch and best dev rsum, every ``opt`` value).
 
-    {"epoch": int, "model": [img_enc.state_dict(), txt_enc.state_dict()(, sim_enc.state_dict())],
-     "best_rsum": float, "opt": argparse.Namespace, "Eiters": int}
+**Safety.** ``torch.load(weights_only=True)`` with only ``argparse.Namespace`` allow-listed: a
+pickle holding anything else (a class of a training script, a ``posix.system`` reduce) is
+refused, naming the global it tried to load, before anything in it runs. SCAN's and BFAN's
+code is Python 2; a byte string there that is not UTF-8 (a path in ``opt``) is read again with
+``encoding="latin1"``, which maps every byte to one character.
 
-and writes a checkpoint that ``vlret eval`` and :func:`vlret.train.evaluate.load_trained_model`
-read: the model's state, a run config built from ``opt``, the caption encoder and the
-vocabulary size, plus an ``imported_from`` record (file, SHA-256, reference epoch, best dev
-rsum, every plain ``opt`` value).
+**Names** (reference -> vlret): ``img_enc`` ``fc.*`` -> ``image_encoder.fc.*``; ``txt_enc``
+``embed.weight`` -> ``text_encoder.embed.weight`` and the GRU ``rnn.*`` (SGRAF: ``cap_rnn.*``)
+-> ``text_encoder.rnn.*`` (same suffixes, ``_reverse`` and ``_l<k>`` included); ``sim_enc``
+names -> the SGRAF scorer's own, from
+:meth:`~vlret.models.sgraf.SGRAFScorer.reference_names`. A missing or unexpected key, a shape
+other than the one ``opt`` implies and a non-finite weight are errors naming the key; only a
+BatchNorm ``num_batches_tracked`` absent from a checkpoint of PyTorch < 0.4.1 is filled in (0).
 
-**Safety.** The file is read with ``torch.load(weights_only=True)`` and only
-``argparse.Namespace`` allow-listed; a pickle that holds any other object (a class of the
-training script, a ``posix.system`` reduce) is refused with the global it tried to load,
-before anything in it runs. SCAN's and BFAN's code is Python 2: a byte string there that is
-not UTF-8 (a path in ``opt``) is read again with ``encoding="latin1"``, the decoding that maps
-every byte to one character.
+**Architecture** from ``opt``: ``embed_size``, ``word_dim``, ``img_dim``, ``num_layers``,
+``bi_gru``; SCAN ``cross_attn``, ``agg_func`` (``LogSumExp`` / ``Mean`` / ``Max`` / ``Sum`` ->
+``lse`` / ``mean`` / ``max`` / ``sum``), ``lambda_lse``, ``lambda_softmax``; BFAN
+``focal_type``, ``lambda_softmax`` (its GRU is always bidirectional); SGRAF ``module_name``
+(``SGR`` / ``SAF``), ``sgr_step``, ``sim_dim`` (its code fixes lambda 9 and dropout 0.4).
+Refused, naming the option: ``raw_feature_norm`` other than ``clipped_l2norm``,
+``precomp_enc_type`` other than ``basic``, ``no_imgnorm`` / ``no_txtnorm`` set. The run config
+also records the training settings: the precomp root ``data_path/data_name``, the triplet loss
+with ``margin`` and ``max_violation`` as ``hardest``, Adam ``learning_rate`` x0.1 every
+``lr_update`` epochs, ``grad_clip``, ``num_epochs``, ``batch_size``.
 
-**Parameter names** (reference -> vlret):
-
-========================================  ==============================================
-``model[0]`` ``fc.weight`` / ``fc.bias``  ``image_encoder.fc.weight`` / ``.bias``
-``model[1]`` ``embed.weight``             ``text_encoder.embed.weight``
-``model[1]`` ``rnn.{w,b}_{ih,hh}_l<k>``   ``text_encoder.rnn.*`` (same suffix, ``_reverse``
-(SGRAF: ``cap_rnn.*``)                    included; one GRU, directions averaged)
-``model[2]`` ``<sim_enc name>``           the SGRAF scorer's own name, from
-                                          :meth:`vlret.models.sgraf.SGRAFScorer.reference_names`
-========================================  ==============================================
-
-A missing or unexpected key, a shape that differs from the one ``opt`` implies and a
-non-finite weight are errors naming the key. A BatchNorm ``num_batches_tracked`` counter
-absent from a checkpoint of PyTorch before 0.4.1 is the one key filled in (with 0; evaluation
-never reads it).
-
-**Architecture** comes from ``opt`` (``embed_size``, ``word_dim``, ``img_dim``,
-``num_layers``, ``bi_gru``; SCAN ``cross_attn``, ``agg_func`` (``LogSumExp`` / ``Mean`` /
-``Max`` / ``Sum`` -> ``lse`` / ``mean`` / ``max`` / ``sum``), ``lambda_lse``,
-``lambda_softmax``; BFAN ``focal_type``, ``lambda_softmax`` (its text GRU is always
-bidirectional); SGRAF ``module_name`` (``SGR`` / ``SAF``), ``sgr_step``, ``sim_dim``, with
-the attention's lambda 9 and the dropout 0.4 that its code fixes). Settings vlret does not
-implement are refused naming the option: ``raw_feature_norm`` other than ``clipped_l2norm``,
-``precomp_enc_type`` other than ``basic``, ``no_imgnorm`` or ``no_txtnorm`` set. The run
-config records the training settings too (``data_path``/``data_name`` as the precomp root,
-triplet loss with ``margin`` and ``max_violation`` as ``hardest``, Adam with
-``learning_rate``, x0.1 every ``lr_update`` epochs, ``grad_clip``, ``num_epochs``,
-``batch_size``), so ``vlret train`` can continue from the same settings.
-
-**Vocabulary.** The JSON of those repositories (``{"word2idx", "idx2word", "idx"}``, indices
-dense ``0..n-1``, ``<pad> <start> <end> <unk>`` = 0..3) is checked for agreement (see
-:meth:`vlret.data.vocab.Vocabulary.load`) and against the embedding rows and ``opt.vocab_size``.
-The reference encodes a caption as ``<start>``, the ids of NLTK ``word_tokenize`` of the
-lower-cased caption (``<unk>`` for unknown words), ``<end>``: vlret's
+**Vocabulary.** The repositories' JSON (``word2idx``, ``idx2word``, ``idx``) must agree, be
+dense ``0..idx-1`` with ``<pad> <start> <end> <unk>`` = 0..3
+(:meth:`~vlret.data.vocab.Vocabulary.load`) and match the embedding rows and
+``opt.vocab_size``. The reference encodes a caption as ``<start>``, the ids of NLTK
+``word_tokenize`` of the lower-cased text (``<unk>`` if unknown), ``<end>``;
 :class:`~vlret.data.vocab.Vocabulary` adds the same ids, and its offline regex tokeniser gives
-NLTK's tokens on the pre-tokenised precomp captions except where NLTK's Treebank rules differ
-(``n't`` kept whole, ``cannot`` split, abbreviations such as ``mrs.`` keeping their period,
-numbers such as ``3.5`` kept whole, ``"`` turned into `````` / ``''``); the stored encoder state
-names the reference tokeniser under ``"tokenizer"`` for that reason.
+NLTK's tokens on pre-tokenised precomp captions except where the Treebank rules differ (``"``
+as ``` `` ``` / ``''``, ``n't`` and ``cannot`` split, ``mrs.`` or ``3.5`` kept whole): the
+encoder state names the reference tokeniser under ``"tokenizer"``.
 """
 
 from __future__ import annotations
@@ -81,40 +65,24 @@ from .checkpoint import CHECKPOINT_VERSION, save_checkpoint
 from .config import config_from_dict
 
 ARCHS = ("scan", "bfan", "sgraf")
-#: the public repository whose ``train.py`` wrote each architecture's checkpoints
-REFERENCE_CODE = {
-    "scan": "kuanghuei/SCAN",
-    "bfan": "CrossmodalGroup/BFAN",
-    "sgraf": "Paranioar/SGRAF",
-}
-#: ``checkpoint["model"]``: the state dicts each reference ``state_dict()`` returns, in order
-STATE_PARTS = {
-    "scan": ("img_enc", "txt_enc"),
-    "bfan": ("img_enc", "txt_enc"),
-    "sgraf": ("img_enc", "txt_enc", "sim_enc"),
-}
+#: the repository whose ``train.py`` wrote each architecture's checkpoints
+REFERENCE_CODE = dict(scan="kuanghuei/SCAN", bfan="CrossmodalGroup/BFAN", sgraf="Paranioar/SGRAF")
+#: ``checkpoint["model"]``: the state dicts the reference ``state_dict()`` returns, in order
+STATE_PARTS = dict(scan=("img_enc", "txt_enc"), bfan=("img_enc", "txt_enc"))
+STATE_PARTS["sgraf"] = ("img_enc", "txt_enc", "sim_enc")
 #: the reference text encoder's GRU attribute
 REFERENCE_RNN = {"scan": "rnn", "bfan": "rnn", "sgraf": "cap_rnn"}
-#: SCAN ``opt.agg_func`` -> vlret ``aggregation``
 AGGREGATIONS = {"LogSumExp": "lse", "Mean": "mean", "Max": "max", "Sum": "sum"}
-#: SGRAF ``opt.module_name`` -> vlret ``module``
 SGRAF_MODULES = {"SGR": "sgr", "SAF": "saf"}
-#: what SGRAF's code fixes rather than reads from ``opt``
-SGRAF_LAMBDA_SOFTMAX = 9.0
-SGRAF_DROPOUT = 0.4
+#: what SGRAF's code fixes rather than reads from ``opt``: attention lambda, dropout
+SGRAF_LAMBDA_SOFTMAX, SGRAF_DROPOUT = 9.0, 0.4
 #: the encoder-state name of the reference caption tokeniser (see the module docstring)
 REFERENCE_TOKENIZER = "nltk_word_tokenize"
-_BN_COUNTER = "num_batches_tracked"
 
 
 class CheckpointImportError(ValueError):
     """A reference checkpoint or vocabulary that cannot be imported; the message names the
     file and the key or option at fault."""
-
-
-# --------------------------------------------------------------------------------------------
-# Reading the reference file
-# --------------------------------------------------------------------------------------------
 
 
 def _refusal(path: Path, err: BaseException) -> str:
@@ -150,8 +118,7 @@ def load_reference_checkpoint(path: str | Path) -> dict[str, Any]:
 
     def load(**kwargs: Any) -> Any:
         with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
-            # torch warns that pickle arguments need weights_only=False; the safe unpickler
-            # does honour ``encoding``.
+            # torch warns that ``encoding`` needs weights_only=False; the safe unpickler uses it
             warnings.filterwarnings("ignore", message="pickle_load_args only works")
             return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
 
@@ -225,41 +192,29 @@ def check_arch(arch: str) -> str:
     return arch
 
 
-# --------------------------------------------------------------------------------------------
-# opt -> vlret configs
-# --------------------------------------------------------------------------------------------
-
 _MISSING = object()
 
 
+_KINDS: dict[type, Any] = {  # every integer option read here is a positive size or count
+    bool: lambda v: isinstance(v, bool) or (type(v) is int and v in (0, 1)),
+    int: lambda v: type(v) is int and v >= 1,
+    float: lambda v: type(v) in (int, float) and math.isfinite(v),
+    str: lambda v: isinstance(v, str),
+}
+
+
 def _opt(opt: argparse.Namespace, name: str, kind: type, *, default: Any = _MISSING) -> Any:
-    """``opt.<name>`` checked against ``kind`` (int, float, bool or str)."""
+    """``opt.<name>`` checked against ``kind`` (bool, positive int, finite float or str)."""
     value = getattr(opt, name, _MISSING)
     if value is _MISSING:
         if default is _MISSING:
             found = ", ".join(sorted(vars(opt))) or "nothing"
             raise CheckpointImportError(f"opt.{name}: missing (opt has {found})")
         return default
-    if kind is bool:
-        if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
-            return bool(value)
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if math.isfinite(value):
-                return float(value)
-    elif isinstance(value, kind):
-        return value
-    raise CheckpointImportError(f"opt.{name}: expected {kind.__name__}, got {value!r}")
-
-
-def _positive(opt: argparse.Namespace, name: str) -> int:
-    value = _opt(opt, name, int)
-    if value < 1:
-        raise CheckpointImportError(f"opt.{name}: expected a positive integer, got {value!r}")
-    return value
+    if not _KINDS[kind](value):
+        what = "a positive int" if kind is int else kind.__name__
+        raise CheckpointImportError(f"opt.{name}: expected {what}, got {value!r}")
+    return kind(value)
 
 
 def _choice(opt: argparse.Namespace, name: str, choices: Any, *, default: Any = _MISSING) -> str:
@@ -298,11 +253,11 @@ def model_config_from_opt(
     else:
         bi = _opt(opt, "bi_gru", bool, default=_MISSING if bidirectional is None else bidirectional)
     text = {
-        "word_dim": _positive(opt, "word_dim"),
-        "num_layers": _positive(opt, "num_layers"),
+        "word_dim": _opt(opt, "word_dim", int),
+        "num_layers": _opt(opt, "num_layers", int),
         "bidirectional": bi,
     }
-    cfg: dict[str, Any] = {"kind": arch, "embed_dim": _positive(opt, "embed_size")}
+    cfg: dict[str, Any] = {"kind": arch, "embed_dim": _opt(opt, "embed_size", int)}
     if arch == "scan":
         agg = _choice(opt, "agg_func", tuple(AGGREGATIONS))
         cfg.update(
@@ -320,12 +275,12 @@ def model_config_from_opt(
         module = _choice(opt, "module_name", tuple(SGRAF_MODULES))
         cfg.update(
             module=SGRAF_MODULES[module],
-            sim_dim=_positive(opt, "sim_dim"),
-            sgr_steps=_positive(opt, "sgr_step") if hasattr(opt, "sgr_step") else 3,
+            sim_dim=_opt(opt, "sim_dim", int),
+            sgr_steps=_opt(opt, "sgr_step", int) if hasattr(opt, "sgr_step") else 3,
             lambda_softmax=SGRAF_LAMBDA_SOFTMAX,
             dropout=SGRAF_DROPOUT,
         )
-    cfg["image"] = {"in_dim": _positive(opt, "img_dim")}
+    cfg["image"] = {"in_dim": _opt(opt, "img_dim", int)}
     cfg["text"] = text
     return cfg
 
@@ -369,34 +324,16 @@ def run_config_from_opt(
     }
 
 
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, _PLAIN) else repr(value)
+
+
 def plain_opt(opt: argparse.Namespace) -> dict[str, Any]:
-    """``opt`` as plain values (anything else as its ``repr``), for the ``imported_from``
-    record."""
-
-    def plain(value: Any) -> Any:
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        if isinstance(value, (list, tuple)) and all(
-            v is None or isinstance(v, (bool, int, float, str)) for v in value
-        ):
-            return list(value)
-        return repr(value)
-
-    return {str(k): plain(v) for k, v in sorted(vars(opt).items())}
-
-
-# --------------------------------------------------------------------------------------------
-# State dicts
-# --------------------------------------------------------------------------------------------
-
-
-def _scorer_prefix(model: nn.Module) -> str:
-    from ..models.sgraf import SGRAFScorer
-
-    found = [name for name, m in model.named_modules() if isinstance(m, SGRAFScorer)]
-    if len(found) != 1:
-        raise RuntimeError(f"the SGRAF model holds {len(found)} SGRAFScorer modules, not 1")
-    return f"{found[0]}." if found[0] else ""
+    """``opt`` as plain values (anything else as its ``repr``) for ``imported_from``."""
+    return {str(k): _plain(v) for k, v in sorted(vars(opt).items())}
 
 
 def reference_key_map(
@@ -411,10 +348,9 @@ def reference_key_map(
     if arch == "sgraf":
         from ..models.sgraf import SGRAFScorer
 
-        prefix = _scorer_prefix(model)
-        for ref, mine in SGRAFScorer.reference_names(module, sgr_steps).items():
-            ref = ref[len("sim_enc.") :] if ref.startswith("sim_enc.") else ref
-            sim[mine if mine in keys and not prefix else f"{prefix}{mine}"] = ref
+        (prefix,) = [f"{n}." for n, m in model.named_modules() if isinstance(m, SGRAFScorer)]
+        names = SGRAFScorer.reference_names(module, sgr_steps)
+        sim = {f"{prefix}{mine}": ref for ref, mine in names.items()}
     out: dict[str, tuple[int, str]] = {}
     for key in keys:
         if key in sim:
@@ -450,7 +386,7 @@ def convert_state(
     for key, (part, ref) in mapping.items():
         where = f"{parts[part]}.{ref}"
         if ref not in states[part]:
-            if ref.rsplit(".", 1)[-1] == _BN_COUNTER:  # PyTorch < 0.4.1 had no counter
+            if ref.rsplit(".", 1)[-1] == "num_batches_tracked":  # PyTorch < 0.4.1 had no counter
                 out[key] = own[key].clone()
                 continue
             near = _near_keys(ref, states[part])
@@ -480,18 +416,9 @@ def convert_state(
 
 
 def _near_keys(ref: str, state: dict[str, torch.Tensor]) -> str:
-    stem = ref.split(".", 1)[0]
     keys = sorted(state)
-    same = [k for k in keys if k.split(".", 1)[0] == stem]
-    shown = same or keys
-    if not shown:
-        return "; that state dict is empty"
-    return f"; found {', '.join(shown[:4])}{' ...' if len(shown) > 4 else ''}"
-
-
-# --------------------------------------------------------------------------------------------
-# Vocabulary
-# --------------------------------------------------------------------------------------------
+    shown = [k for k in keys if k.split(".", 1)[0] == ref.split(".", 1)[0]] or keys
+    return f"; found {', '.join(shown[:4])}{' ...' if len(shown) > 4 else ''}" if keys else ""
 
 
 def load_reference_vocab(path: str | Path) -> Vocabulary:
@@ -518,11 +445,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# The import
-# --------------------------------------------------------------------------------------------
 
 
 def import_reference_checkpoint(
@@ -555,7 +477,7 @@ def import_reference_checkpoint(
         model_cfg = model_config_from_opt(opt, arch=arch, bidirectional=has_reverse)
     except CheckpointImportError as err:
         raise CheckpointImportError(f"{path}: {err} (--arch {arch})") from None
-    _check_vocab_size(states[1], opt, words, path=path, vocab_path=vocab_path)
+    _check_vocab_size(states[1], opt, len(words), path, vocab_path)
 
     output_dir = str(out.parent / out.stem)
     raw_config = run_config_from_opt(
@@ -583,9 +505,7 @@ def import_reference_checkpoint(
         "sha256": _sha256(path),
         "arch": arch,
         "code": REFERENCE_CODE[arch],
-        "epoch": _plain_number(state.get("epoch")),
-        "best_rsum": _plain_number(state.get("best_rsum")),
-        "Eiters": _plain_number(state.get("Eiters")),
+        **{k: _plain(state.get(k)) for k in ("epoch", "best_rsum", "Eiters")},
         "opt": plain_opt(opt),
         "vocab": str(vocab_path.resolve()),
         "vocab_sha256": _sha256(vocab_path),
@@ -602,43 +522,16 @@ def import_reference_checkpoint(
     return save_checkpoint(checkpoint, out)
 
 
-def _plain_number(value: Any) -> int | float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value
-
-
-def _check_vocab_size(
-    txt: dict[str, torch.Tensor],
-    opt: argparse.Namespace,
-    vocab: Vocabulary,
-    *,
-    path: Path,
-    vocab_path: Path,
-) -> None:
-    embed = txt.get("embed.weight")
-    if embed is None or embed.dim() != 2:
-        got = "missing" if embed is None else f"shape {tuple(embed.shape)}"
+def _check_vocab_size(txt: dict, opt: argparse.Namespace, n: int, path: Path, vocab: Path) -> None:
+    embed = txt.get("embed.weight")  # a missing or misshapen one is named by convert_state
+    rows = int(embed.shape[0]) if embed is not None and embed.dim() == 2 else n
+    size = getattr(opt, "vocab_size", rows)
+    if rows != n or size != n:
+        where = "txt_enc.embed.weight has" if rows != n else "opt.vocab_size says"
         raise CheckpointImportError(
-            f"{path}: txt_enc.embed.weight {got}; expected the (vocab_size, word_dim) word "
-            "embedding"
+            f"{vocab}: {n} words but {path} {where} {rows if rows != n else size}; pass the "
+            "vocabulary the model was trained with"
         )
-    rows = int(embed.shape[0])
-    if rows != len(vocab):
-        raise CheckpointImportError(
-            f"{vocab_path}: {len(vocab)} words but {path} txt_enc.embed.weight has {rows} rows; "
-            "pass the vocabulary the model was trained with"
-        )
-    size = getattr(opt, "vocab_size", None)
-    if size is not None and size != rows:
-        raise CheckpointImportError(
-            f"{path}: opt.vocab_size = {size!r} but txt_enc.embed.weight has {rows} rows"
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
 
 
 def add_import_parser(subparsers: Any) -> argparse.ArgumentParser:
