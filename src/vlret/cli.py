@@ -113,9 +113,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .train.evaluate import (
         check_json_path,
+        evaluation_record,
+        evaluation_title,
         format_metrics_table,
-        metrics_json,
-        protocol_title,
         run_evaluation,
         write_metrics_json,
     )
@@ -124,28 +124,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json)
         result = run_evaluation(
-            args.checkpoint,
+            args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint,
             data=args.data,
             split=args.split,
             protocol=args.protocol,
             batch_size=args.batch_size,
             device=args.device,
+            shortlist=args.shortlist,
+            shortlist_from=args.shortlist_from,
+            progress=not args.no_progress,
         )
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         print(f"vlret eval: {err}", file=sys.stderr)
         return 2
-    title = protocol_title(args.protocol, args.split, result.n_images, result.n_texts)
+    title = evaluation_title(result, args.protocol, args.split)
     print(format_metrics_table(result.metrics, args.protocol, title=title))
     if args.json is not None:
-        record = metrics_json(
-            result.metrics,
-            protocol=args.protocol,
-            split=args.split,
-            checkpoint=str(args.checkpoint),
-            title=title,
-            n_images=result.n_images,
-            n_texts=result.n_texts,
-        )
+        record = evaluation_record(result, protocol=args.protocol, split=args.split)
         print(write_metrics_json(record, args.json))
     return 0
 
@@ -288,8 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .train.evaluate import EVAL_SPLITS, PROTOCOLS
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint under a paper protocol")
-    ev.add_argument("checkpoint", type=Path, help="checkpoint written by vlret train")
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint (or an ensemble) under a paper protocol",
+        description="Exact protocol by default. Several checkpoints: an ensemble, the mean of "
+        "their score matrices. --shortlist K: approximate, for pair-scoring (cross-attention) "
+        "models: each query's top-K candidates by a two-tower score re-ranked by exact scores.",
+    )
+    ev.add_argument(
+        "checkpoint",
+        type=Path,
+        nargs="+",
+        help="checkpoint(s) written by vlret train (or vlret import-checkpoint); several: "
+        "an ensemble averaging their score matrices",
+    )
     ev.add_argument(
         "--data",
         type=Path,
@@ -307,6 +314,22 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", type=Path, help="also write the metrics as JSON")
     ev.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
     ev.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    ev.add_argument(
+        "--shortlist",
+        type=int,
+        metavar="K",
+        help="APPROXIMATE (cross-attention models): re-rank each query's top K candidates of a "
+        "two-tower score with exact scores, the rest ranked below; reports the fraction of "
+        "ground truths shortlisted (default: the exact protocol)",
+    )
+    ev.add_argument(
+        "--shortlist-from",
+        type=Path,
+        metavar="CKPT",
+        help="with --shortlist: a two-tower checkpoint whose cosines pick the shortlists "
+        "(default: the cosine of the model's own mean-pooled region and word features)",
+    )
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     ev.set_defaults(func=_cmd_eval)
 
     cmp = sub.add_parser(

@@ -20,16 +20,34 @@ Karpathy val, MSR-VTT validate) is accepted by every protocol but ``msrvtt-1ka``
 has no dev videos, for checking model selection; papers report the test splits. ``coco1k``
 needs a number of images divisible by 5 (its 5 folds).
 
-All of them go through :func:`vlret.metrics.retrieval_metrics` (or
+A two-tower checkpoint goes through :func:`vlret.metrics.retrieval_metrics` (or
 :func:`~vlret.metrics.coco_5fold_metrics`) on L2-normalised embeddings (cosine scores): the
 image-to-text rank there is already the rank of an image's best caption, which is the
-dual-encoding video-to-text definition of MSR-VTT full.
+dual-encoding video-to-text definition of MSR-VTT full. A pair-scoring (cross-attention)
+checkpoint (``scores_pairs``: SCAN, BFAN, SGRAF) is scored pair by pair into a score matrix
+(:mod:`vlret.train.evaluate_pairs`; COCO 1K: the 5 diagonal fold blocks only), ranked by
+:func:`vlret.metrics.retrieval_metrics_from_similarity`.
+
+Several checkpoints (``vlret eval A.pt B.pt``) are an ensemble: the mean of their score matrices
+(cosine matrices for two-tower members), each member encoding the split with its own data
+settings and vocabulary; they must evaluate the same data format and split (same images and
+captions in the same order).
+
+``shortlist=K`` (``--shortlist K``) is an opt-in, approximate protocol for pair-scoring models:
+each query keeps its top ``K`` candidates by a two-tower score, which are re-ranked by the exact
+pair scores; every other candidate ranks below them (among themselves by the two-tower score;
+:func:`~vlret.train.evaluate_pairs.shortlist_metrics`). The two-tower score is the cosine of a
+``shortlist_from`` two-tower checkpoint's embeddings, or by default the cosine of the
+pair-scoring model's own mean-pooled region and word features (for an ensemble, the mean of the
+members' cosines). Results say "approximate" and report the fraction of queries whose ground
+truth was shortlisted, per direction. The default is always the exact protocol.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +64,15 @@ from .builders import build_dataset, encoder_from_state, eval_data_config
 from .checkpoint import load_checkpoint
 from .config import config_from_dict
 from .distributed import resolve_device
+from .evaluate_pairs import (
+    embedding_scores,
+    encode_tokens,
+    fold_blocks,
+    mean_pooled_scores,
+    metrics_from_scores,
+    score_matrix,
+    shortlist_metrics,
+)
 
 PROTOCOLS = ("f30k", "coco1k", "coco5k", "msrvtt-full", "msrvtt-1ka")
 EVAL_SPLITS = ("test", "testall", "dev")
@@ -82,6 +109,14 @@ class Evaluation:
     metrics: RetrievalMetrics
     n_images: int
     n_texts: int
+    #: the checkpoints whose score matrices were averaged (empty or one: a single model)
+    members: tuple[str, ...] = ()
+    #: the approximate shortlist protocol's settings and coverage; ``None`` = exact protocol
+    shortlist: dict[str, Any] | None = None
+
+    @property
+    def approximate(self) -> bool:
+        return self.shortlist is not None
 
 
 def protocol_title(protocol: str, split: str | None, n_images: int, n_texts: int) -> str:
@@ -248,15 +283,16 @@ def load_trained_model(
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path,
+    checkpoint: str | Path | Sequence[str | Path],
     *,
     data: str | Path,
     split: str,
     protocol: str,
     batch_size: int = 256,
     device: str = "auto",
+    **options: Any,
 ) -> RetrievalMetrics:
-    """The metrics of :func:`run_evaluation`."""
+    """The metrics of :func:`run_evaluation` (``options``: its ``shortlist``, ...)."""
     return run_evaluation(
         checkpoint,
         data=data,
@@ -264,23 +300,31 @@ def evaluate_checkpoint(
         protocol=protocol,
         batch_size=batch_size,
         device=device,
+        **options,
     ).metrics
 
 
 def run_evaluation(
-    checkpoint: str | Path,
+    checkpoint: str | Path | Sequence[str | Path],
     *,
     data: str | Path,
     split: str,
     protocol: str,
     batch_size: int = 256,
     device: str = "auto",
+    shortlist: int | None = None,
+    shortlist_from: str | Path | None = None,
+    progress: bool = False,
 ) -> Evaluation:
     """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``.
 
-    ``data`` replaces the training data paths (for Karpathy data: the JSON and the image
-    folder under it, see :func:`~vlret.train.builders.eval_data_config`); a missing folder
-    raises ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``."""
+    ``checkpoint``: one checkpoint, or several for an ensemble (the mean of their score
+    matrices, see the module docstring). ``data`` replaces the training data paths (for
+    Karpathy data: the JSON and the image folder under it, see
+    :func:`~vlret.train.builders.eval_data_config`); a missing folder raises
+    ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``. ``shortlist``
+    / ``shortlist_from``: the approximate protocol (module docstring); ``progress``: a tqdm bar
+    while pairs are scored."""
     check_protocol(protocol)
     if split not in EVAL_SPLITS:
         raise ValueError(f"split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
@@ -288,24 +332,178 @@ def run_evaluation(
         raise FileNotFoundError(f"{data}: missing; expected the data folder of the test split")
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    checkpoints = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+    if not checkpoints:
+        raise ValueError("checkpoint: expected at least one checkpoint")
+    if shortlist is not None and (
+        isinstance(shortlist, bool) or not isinstance(shortlist, int) or shortlist < 1
+    ):
+        raise ValueError(f"shortlist: expected a positive number of candidates, got {shortlist!r}")
+    if shortlist_from is not None and shortlist is None:
+        raise ValueError("shortlist_from: only used with shortlist (the candidates kept, K)")
     try:
         dev = resolve_device(device)
     except ValueError as err:
         raise ValueError(f"device: {err}") from None
-    model, config, encoder = load_trained_model(checkpoint, device=dev)
-    check_eval_split(protocol, split, config.data.format)
+    names = tuple(str(c) for c in checkpoints)
+    members = [_load_member(c, protocol, split, dev) for c in checkpoints]
+    formats = {m[1].data.format for m in members}
+    if len(formats) > 1:
+        named = ", ".join(
+            f"{c} {m[1].data.format}" for c, m in zip(checkpoints, members, strict=True)
+        )
+        raise ValueError(f"the ensemble's checkpoints were trained on different data: {named}")
+    pairs = [getattr(m[0], "scores_pairs", False) for m in members]
+    if len(members) == 1 and not pairs[0] and shortlist is None:  # the two-tower protocol
+        model, config, encoder = members[0]
+        dataset = _eval_dataset(model, config, encoder, data, split, protocol)
+        normalize = config.loss.params.get("normalize", True)
+        img, txt = encode_dataset(
+            model, dataset, batch_size=batch_size, device=dev, normalize=normalize
+        )
+        metrics = protocol_metrics(img, txt, dataset.txt_to_img, protocol)
+        return Evaluation(metrics, int(img.shape[0]), int(txt.shape[0]), members=names)
+    if shortlist is not None and not all(pairs):
+        two_tower = [str(c) for c, p in zip(checkpoints, pairs, strict=True) if not p]
+        raise ValueError(
+            f"shortlist re-ranks pair scores; {', '.join(two_tower)} is a two-tower model, "
+            "whose exact evaluation is already one matrix product (drop --shortlist)"
+        )
+    datasets = [_eval_dataset(*m, data, split, protocol) for m in members]
+    for name, ds in zip(names[1:], datasets[1:], strict=True):
+        _check_same_split(names[0], datasets[0], name, ds, split)
+    t2i = datasets[0].txt_to_img
+    n_img, n_txt = datasets[0].num_images, datasets[0].num_captions
+    blocks = fold_blocks(t2i, 5) if protocol == "coco1k" else None
+    options = {"batch_size": batch_size, "device": dev}
+    if shortlist is None:
+        sim = None
+        for (model, config, _), ds in zip(members, datasets, strict=True):
+            scores = _member_scores(model, config, ds, blocks, progress=progress, **options)
+            sim = scores if sim is None else sim.add_(scores)
+        sim /= len(members)
+        metrics = metrics_from_scores(sim, t2i, blocks=blocks)
+        return Evaluation(metrics, n_images=n_img, n_texts=n_txt, members=names)
+    tokens = [encode_tokens(m[0], ds, **options) for m, ds in zip(members, datasets, strict=True)]
+    if shortlist_from is None:
+        source = "cosine of the mean-pooled region and word features"
+        tt = sum(mean_pooled_scores(r, t, blocks=blocks) for r, t in tokens) / len(tokens)
+    else:
+        source = f"cosine of the two-tower checkpoint {shortlist_from}"
+        model, config, encoder = _load_member(shortlist_from, protocol, split, dev)
+        if getattr(model, "scores_pairs", False) or config.data.format not in formats:
+            raise ValueError(
+                f"shortlist_from: {shortlist_from} must be a two-tower checkpoint trained on "
+                f"{formats.pop()} data"
+            )
+        ds = _eval_dataset(model, config, encoder, data, split, protocol)
+        _check_same_split(names[0], datasets[0], str(shortlist_from), ds, split)
+        tt = _member_scores(model, config, ds, blocks, **options)
+    result = shortlist_metrics(
+        [m[0] for m in members],
+        [r for r, _ in tokens],
+        [t for _, t in tokens],
+        t2i,
+        tt,
+        k=shortlist,
+        device=dev,
+        blocks=blocks,
+        progress=progress,
+    )
+    info = {
+        "k": shortlist,
+        "k_i2t": result.k_i2t,
+        "k_t2i": result.k_t2i,
+        "source": source,
+        "i2t_ground_truth_in_shortlist": result.i2t_in_shortlist,
+        "t2i_ground_truth_in_shortlist": result.t2i_in_shortlist,
+        "pairs_scored": result.pairs_scored,
+    }
+    return Evaluation(result.metrics, n_img, n_txt, members=names, shortlist=info)
+
+
+def _load_member(checkpoint, protocol: str, split: str, device):
+    model, config, encoder = load_trained_model(checkpoint, device=device)
+    try:
+        check_eval_split(protocol, split, config.data.format)
+    except ValueError as err:
+        raise ValueError(f"{checkpoint}: {err}") from None
+    return model, config, encoder
+
+
+def _eval_dataset(model, config, encoder, data, split: str, protocol: str) -> RetrievalDataset:
     data_cfg = eval_data_config(config.data, data)
     ds_protocol = {"msrvtt-1ka": "1k-A", "msrvtt-full": "full"}.get(protocol)
     transform = getattr(model, "image_transform", None)
-    dataset = build_dataset(
-        data_cfg, split, encoder, protocol=ds_protocol, image_transform=transform
-    )
+    return build_dataset(data_cfg, split, encoder, protocol=ds_protocol, image_transform=transform)
+
+
+def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: RetrievalDataset, split):
+    """Ensemble members must score the same images and captions, in the same order."""
+    size_a, size_b = (a.num_images, a.num_captions), (b.num_images, b.num_captions)
+    if size_a != size_b:
+        raise ValueError(
+            f"{name_a} and {name_b} see different {split} splits: {size_a[0]} x {size_a[1]} "
+            f"and {size_b[0]} x {size_b[1]} images x texts (check their data settings)"
+        )
+    same_ids = list(a.image_ids) == list(b.image_ids)
+    if not same_ids or not torch.equal(
+        torch.as_tensor(a.txt_to_img), torch.as_tensor(b.txt_to_img)
+    ):
+        raise ValueError(
+            f"{name_a} and {name_b} see the {split} split's images or captions in another order"
+        )
+
+
+def _member_scores(model, config, dataset, blocks, *, batch_size, device, progress=False):
+    """One checkpoint's score matrix (only ``blocks``): pair scores, or a two-tower model's
+    dot products (cosines unless its loss set ``normalize = false``)."""
+    if getattr(model, "scores_pairs", False):
+        regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
+        return score_matrix(model, regions, texts, device=device, blocks=blocks, progress=progress)
     normalize = config.loss.params.get("normalize", True)
     img, txt = encode_dataset(
-        model, dataset, batch_size=batch_size, device=dev, normalize=normalize
+        model, dataset, batch_size=batch_size, device=device, normalize=normalize
     )
-    metrics = protocol_metrics(img, txt, dataset.txt_to_img, protocol)
-    return Evaluation(metrics, n_images=int(img.shape[0]), n_texts=int(txt.shape[0]))
+    return embedding_scores(img, txt, blocks=blocks)
+
+
+def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
+    """:func:`protocol_title`, plus the ensemble's members and the approximate protocol."""
+    title = protocol_title(protocol, split, result.n_images, result.n_texts)
+    if len(result.members) > 1:
+        members = ", ".join(result.members)
+        title += f"\nensemble of {len(result.members)} (mean of score matrices): {members}"
+    if result.shortlist is not None:
+        info = result.shortlist
+        title += (
+            f"\nAPPROXIMATE: top-{info['k']} shortlist by {info['source']}, re-ranked by "
+            f"exact scores; ground truth shortlisted for "
+            f"{100 * info['i2t_ground_truth_in_shortlist']:.1f}% of i2t and "
+            f"{100 * info['t2i_ground_truth_in_shortlist']:.1f}% of t2i queries"
+        )
+    return title
+
+
+def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[str, Any]:
+    """The ``--json`` record: :func:`metrics_json` with the checkpoint(s), title, sizes,
+    ``approximate`` and (approximate protocol) ``shortlist``."""
+    names = {"checkpoint": result.members[0]} if len(result.members) == 1 else {}
+    if len(result.members) > 1:
+        names = {"checkpoints": list(result.members), "ensemble": "mean of score matrices"}
+    extra: dict[str, Any] = {"approximate": result.approximate}
+    if result.shortlist is not None:
+        extra["shortlist"] = dict(result.shortlist)
+    return metrics_json(
+        result.metrics,
+        protocol=protocol,
+        split=split,
+        **names,
+        title=evaluation_title(result, protocol, split),
+        n_images=result.n_images,
+        n_texts=result.n_texts,
+        **extra,
+    )
 
 
 def check_json_path(path: str | Path) -> Path:
