@@ -34,7 +34,7 @@ Config schema (``vlret.models.build_model``; every key optional, defaults shown)
      "lambda_softmax": 20.0, "image": {...}, "text": {...}}
     {"kind": "sgraf", "embed_dim": 1024, "module": "sgr",      # sgr | saf
      "sim_dim": 256, "sgr_steps": 3, "lambda_softmax": 9.0, "dropout": 0.4,
-     "image": {...}, "text": {...}}
+     "num_regions": 36, "image": {...}, "text": {...}}   # regions per image (its BatchNorm)
     image: {"in_dim": 2048}
     text:  {"vocab_size": <from build_model(vocab_size=...)>, "word_dim": 300,
             "num_layers": 1, "bidirectional": True, "dropout": 0.0 (sgraf: 0.4)}
@@ -54,6 +54,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from . import cross_attention
 from .cross_attention import NORM_EPS
 from .image import lengths_to_mask
+from .sgraf import SGRAFScorer
 from .text import check_captions
 
 #: The ``[model] kind`` values this module builds.
@@ -91,6 +92,7 @@ CROSS_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "sgr_steps": 3,
         "lambda_softmax": 9.0,
         "dropout": 0.4,
+        "num_regions": 36,
         "image": {},
         "text": {},
     },
@@ -374,7 +376,9 @@ class SGRAF(CrossAttentionModel):
     """Similarity graph reasoning or attention filtration (Diao et al., AAAI 2021): the
     learned similarity encoder ``scorer`` (:class:`~vlret.models.sgraf.SGRAFScorer`, module
     ``"sgr"`` or ``"saf"``), scores in (0, 1). The paper's SGRAF is the average of a trained
-    SGR and a trained SAF model (``vlret eval`` ensembles)."""
+    SGR and a trained SAF model (``vlret eval`` ensembles). ``num_regions`` is the fixed
+    region count of the image BatchNorm (36 BUTD regions in the reference); in training mode
+    the scorer's BatchNorms normalise over the images (and pairs) of the call."""
 
     def __init__(
         self,
@@ -386,11 +390,10 @@ class SGRAF(CrossAttentionModel):
         sgr_steps: int = 3,
         lambda_softmax: float = 9.0,
         dropout: float = 0.4,
+        num_regions: int = 36,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(image_encoder, text_encoder, config=config)
-        from .sgraf import SGRAFScorer
-
         self.scorer = SGRAFScorer(
             image_encoder.embed_dim,
             _positive_int(sim_dim, "sim_dim"),
@@ -398,6 +401,7 @@ class SGRAF(CrossAttentionModel):
             _positive_int(sgr_steps, "sgr_steps"),
             lambda_softmax=_positive_float(lambda_softmax, "lambda_softmax"),
             dropout=_rate(dropout, "dropout"),
+            num_regions=_positive_int(num_regions, "num_regions"),
         )
 
     def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:
