@@ -39,10 +39,6 @@ WORDS += ["small", "moped", "dirt", "road", ".", "dog", "'s", "n't", ",", "two"]
 EPS = 1e-8
 TOL = 1e-9
 
-# --------------------------------------------------------------------------------------------
-# Reference-layout checkpoints
-# --------------------------------------------------------------------------------------------
-
 
 def _rand(gen: torch.Generator, *shape: int, scale: float = 0.5) -> torch.Tensor:
     return (torch.rand(*shape, generator=gen) * 2 - 1) * scale
@@ -97,77 +93,34 @@ def sim_enc_state(gen, module: str, steps: int) -> OrderedDict:
     return s
 
 
-COMMON_OPT = dict(
-    data_path="/data/",
-    vocab_path="./vocab/",
-    margin=0.2,
-    batch_size=128,
-    word_dim=WORD_DIM,
-    embed_size=E,
-    grad_clip=2.0,
-    learning_rate=0.0002,
-    workers=10,
-    log_step=10,
-    val_step=500,
-    logger_name="./runs/runX/log",
-    model_name="./runs/runX/checkpoint",
-    max_violation=True,
-    img_dim=IMG_DIM,
-    no_imgnorm=False,
-    no_txtnorm=False,
-    vocab_size=len(WORDS),
-)
+#: the options every reference train.py has, with the reference names
+COMMON_OPT = dict(data_path="/data/", vocab_path="./vocab/", margin=0.2, batch_size=128)
+COMMON_OPT.update(word_dim=WORD_DIM, embed_size=E, grad_clip=2.0, learning_rate=0.0002)
+COMMON_OPT.update(workers=10, log_step=10, val_step=500, logger_name="./runs/runX/log")
+COMMON_OPT.update(model_name="./runs/runX/checkpoint", max_violation=True, img_dim=IMG_DIM)
+COMMON_OPT.update(no_imgnorm=False, no_txtnorm=False, vocab_size=len(WORDS))
+COMMON_OPT.update(data_name="f30k_precomp", num_layers=1)
 
 
 def scan_opt(**kw) -> argparse.Namespace:
     """kuanghuei/SCAN train.py options."""
-    base = dict(
-        COMMON_OPT,
-        data_name="f30k_precomp",
-        num_epochs=30,
-        num_layers=1,
-        lr_update=15,
-        resume="",
-        raw_feature_norm="clipped_l2norm",
-        agg_func="LogSumExp",
-        cross_attn="t2i",
-        precomp_enc_type="basic",
-        bi_gru=True,
-        lambda_lse=6.0,
-        lambda_softmax=9.0,
-    )
+    base = dict(COMMON_OPT, num_epochs=30, lr_update=15, resume="", precomp_enc_type="basic")
+    base.update(raw_feature_norm="clipped_l2norm", agg_func="LogSumExp", cross_attn="t2i")
+    base.update(bi_gru=True, lambda_lse=6.0, lambda_softmax=9.0)
     return argparse.Namespace(**{**base, **kw})
 
 
 def bfan_opt(**kw) -> argparse.Namespace:
     """CrossmodalGroup/BFAN train.py options (no bi_gru: its GRU is always bidirectional)."""
-    base = dict(
-        COMMON_OPT,
-        data_name="f30k_precomp",
-        num_epochs=30,
-        num_layers=1,
-        lr_update=15,
-        resume="",
-        precomp_enc_type="basic",
-        lambda_softmax=20.0,
-        focal_type="equal",
-    )
+    base = dict(COMMON_OPT, num_epochs=30, lr_update=15, resume="", precomp_enc_type="basic")
+    base.update(lambda_softmax=20.0, focal_type="equal")
     return argparse.Namespace(**{**base, **kw})
 
 
 def sgraf_opt(**kw) -> argparse.Namespace:
     """Paranioar/SGRAF opts.py options."""
-    base = dict(
-        COMMON_OPT,
-        data_name="f30k_precomp",
-        num_epochs=40,
-        lr_update=30,
-        sim_dim=SIM_DIM,
-        num_layers=1,
-        bi_gru=True,
-        module_name="SGR",
-        sgr_step=3,
-    )
+    base = dict(COMMON_OPT, num_epochs=40, lr_update=30, sim_dim=SIM_DIM, bi_gru=True)
+    base.update(module_name="SGR", sgr_step=3)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -204,9 +157,14 @@ def write_vocab(tmp_path, words=WORDS, *, idx=None, name="f30k_precomp_vocab.jso
     return path
 
 
-# --------------------------------------------------------------------------------------------
-# The naive float64 oracle on the raw reference tensors
-# --------------------------------------------------------------------------------------------
+def run_import(tmp_path, src, arch, *, vocab=None, out="o.pt", **kwargs):
+    vocab = write_vocab(tmp_path) if vocab is None else vocab
+    return import_reference_checkpoint(src, arch=arch, vocab=vocab, out=tmp_path / out, **kwargs)
+
+
+def save(tmp_path, obj, name="x.pth.tar"):
+    torch.save(obj, tmp_path / name)
+    return tmp_path / name
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -225,33 +183,24 @@ def ref_images(img_state, feats):
     return l2norm(lin(img_state, "fc", feats.double()))
 
 
-def gru_direction(txt, prefix, layer, sfx, xs):
-    w_ih, w_hh = txt[f"{prefix}.weight_ih_l{layer}{sfx}"], txt[f"{prefix}.weight_hh_l{layer}{sfx}"]
-    b_ih, b_hh = txt[f"{prefix}.bias_ih_l{layer}{sfx}"], txt[f"{prefix}.bias_hh_l{layer}{sfx}"]
-    w_ih, w_hh, b_ih, b_hh = (t.double() for t in (w_ih, w_hh, b_ih, b_hh))
-    h = torch.zeros(E, dtype=torch.float64)
-    outs = []
-    order = range(len(xs)) if not sfx else reversed(range(len(xs)))
-    for t in order:
+def gru_direction(txt, name, xs, reverse):
+    """nn.GRU's cell (gates r, z, n in that order) over one caption, in one direction."""
+    keys = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    w_ih, w_hh, b_ih, b_hh = (txt[name.format(k)].double() for k in keys)
+    h, outs = torch.zeros(E, dtype=torch.float64), {}
+    for t in reversed(range(len(xs))) if reverse else range(len(xs)):
         gi, gh = w_ih @ xs[t] + b_ih, w_hh @ h + b_hh
-        r = torch.sigmoid(gi[:E] + gh[:E])
-        z = torch.sigmoid(gi[E : 2 * E] + gh[E : 2 * E])
-        n = torch.tanh(gi[2 * E :] + r * gh[2 * E :])
-        h = (1 - z) * n + z * h
-        outs.append((t, h))
-    return torch.stack([h for _, h in sorted(outs, key=lambda p: p[0])])
+        r, z = torch.sigmoid(gi[:E] + gh[:E]), torch.sigmoid(gi[E : 2 * E] + gh[E : 2 * E])
+        h = outs[t] = (1 - z) * torch.tanh(gi[2 * E :] + r * gh[2 * E :]) + z * h
+    return torch.stack([outs[t] for t in range(len(xs))])
 
 
 def ref_words(txt, prefix, ids, layers, bidirectional):
     """One caption's word features (n, E): embedding, GRU layers, directions averaged, l2norm."""
     xs = txt["embed.weight"].double()[ids]
     for layer in range(layers):
-        fwd = gru_direction(txt, prefix, layer, "", xs)
-        if not bidirectional:
-            xs = fwd
-            continue
-        bwd = gru_direction(txt, prefix, layer, "_reverse", xs)
-        xs = torch.cat([fwd, bwd], dim=1)
+        dirs = ["", "_reverse"] if bidirectional else [""]
+        xs = torch.cat([gru_direction(txt, f"{prefix}.{{}}_l{layer}{d}", xs, d) for d in dirs], 1)
     if bidirectional:
         xs = (xs[:, :E] + xs[:, E:]) / 2
     return l2norm(xs)
@@ -304,25 +253,21 @@ def bn(state, name, x, channel_dim):
     return (x - p("running_mean")) / torch.sqrt(p("running_var") + 1e-5) * p("weight") + p("bias")
 
 
+def ref_global(sim, name, x, with_bn):
+    """VisualSA (with its BatchNorms) / TextSA of one image / caption, eval mode."""
+    l_emb = lin(sim, f"{name}.embedding_local.0", x)
+    g_emb = lin(sim, f"{name}.embedding_global.0", x.mean(0))
+    if with_bn:  # BatchNorm1d(36) on (1, 36, E): one channel per region slot
+        l_emb = bn(sim, f"{name}.embedding_local.1", l_emb, 0)
+        g_emb = bn(sim, f"{name}.embedding_global.1", g_emb, 0)
+    common = lin(sim, f"{name}.embedding_common.0", torch.tanh(l_emb) * torch.tanh(g_emb))
+    return l2norm((torch.softmax(common.squeeze(1), 0).unsqueeze(1) * x).sum(0))
+
+
 def ref_sgraf_pair(v, w, sim, opt):
     """Paranioar/SGRAF EncoderSimilarity for one (image, caption), eval mode."""
-    l_emb = torch.tanh(
-        bn(sim, "v_global_w.embedding_local.1", lin(sim, "v_global_w.embedding_local.0", v), 0)
-    )
-    g_emb = torch.tanh(
-        bn(
-            sim,
-            "v_global_w.embedding_global.1",
-            lin(sim, "v_global_w.embedding_global.0", v.mean(0)),
-            0,
-        )
-    )
-    weights = torch.softmax(lin(sim, "v_global_w.embedding_common.0", l_emb * g_emb).squeeze(1), 0)
-    img_glo = l2norm((weights.unsqueeze(1) * v).sum(0))
-    l_emb = torch.tanh(lin(sim, "t_global_w.embedding_local.0", w))
-    g_emb = torch.tanh(lin(sim, "t_global_w.embedding_global.0", w.mean(0)))
-    weights = torch.softmax(lin(sim, "t_global_w.embedding_common.0", l_emb * g_emb).squeeze(1), 0)
-    cap_glo = l2norm((weights.unsqueeze(1) * w).sum(0))
+    img_glo = ref_global(sim, "v_global_w", v, True)
+    cap_glo = ref_global(sim, "t_global_w", w, False)
     context = l2norm(ref_attention(w, v, 9.0))
     sim_loc = l2norm(lin(sim, "sim_tranloc_w", (context - w) ** 2))
     sim_glo = l2norm(lin(sim, "sim_tranglo_w", (img_glo - cap_glo) ** 2))
@@ -381,10 +326,6 @@ def imported_scores(out, feats, caps, lengths):
         return model.score(regions, words, lengths), config, encoder
 
 
-# --------------------------------------------------------------------------------------------
-# Scores equal the reference
-# --------------------------------------------------------------------------------------------
-
 CASES = [
     ("scan", lambda: scan_opt(cross_attn="t2i", agg_func="LogSumExp", lambda_softmax=9.0), True),
     ("scan", lambda: scan_opt(cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0), True),
@@ -401,10 +342,8 @@ CASES = [
 def test_imported_scores_equal_the_reference_computation(tmp_path, arch, make_opt, legacy):
     opt = make_opt()
     path = write_reference(tmp_path, arch, opt, legacy=legacy)
-    out = import_reference_checkpoint(
-        path, arch=arch, vocab=write_vocab(tmp_path), out=tmp_path / "model.pt"
-    )
-    feats, caps, lengths = inputs()
+    out = run_import(tmp_path, path, arch, out="model.pt")
+    feats, caps, lengths = inputs(regions=N_REGIONS if arch == "sgraf" else 5)
     got, config, _ = imported_scores(out, feats, caps, lengths)
     expected = reference_scores(arch, reference_checkpoint(arch, opt), feats, caps, lengths)
     assert got.dtype == torch.float64
@@ -419,9 +358,7 @@ def test_model_config_and_record_follow_opt(tmp_path):
     opt = scan_opt(cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0, lambda_lse=5.0)
     opt.max_violation, opt.num_epochs, opt.lr_update = False, 20, 8
     path = write_reference(tmp_path, "scan", opt)
-    out = import_reference_checkpoint(
-        path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "m.pt"
-    )
+    out = run_import(tmp_path, path, "scan", out="m.pt")
     state = load_checkpoint(out)
     model = state["config"]["model"]
     assert model["direction"] == "i2t" and model["aggregation"] == "mean"
@@ -440,28 +377,13 @@ def test_model_config_and_record_follow_opt(tmp_path):
 
 def test_sgraf_settings_come_from_opt(tmp_path):
     opt = sgraf_opt(module_name="SAF", sgr_step=2)
-    out = import_reference_checkpoint(
-        write_reference(tmp_path, "sgraf", opt),
-        arch="sgraf",
-        vocab=write_vocab(tmp_path),
-        out=tmp_path / "m.pt",
-    )
+    out = run_import(tmp_path, write_reference(tmp_path, "sgraf", opt), "sgraf", out="m.pt")
     model = load_checkpoint(out)["config"]["model"]
     assert (model["module"], model["sim_dim"], model["lambda_softmax"]) == ("saf", SIM_DIM, 9.0)
 
 
-# --------------------------------------------------------------------------------------------
-# The caption encoder reproduces the reference ids
-# --------------------------------------------------------------------------------------------
-
-
 def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
-    out = import_reference_checkpoint(
-        write_reference(tmp_path, "bfan", bfan_opt()),
-        arch="bfan",
-        vocab=write_vocab(tmp_path),
-        out=tmp_path / "m.pt",
-    )
+    out = run_import(tmp_path, write_reference(tmp_path, "bfan", bfan_opt()), "bfan")
     encoder = encoder_from_state(load_checkpoint(out)["encoder"])
     word2idx = {w: i for i, w in enumerate(WORDS)}
     # (caption as in {split}_caps.txt, NLTK word_tokenize of its lower-cased text)
@@ -479,11 +401,6 @@ def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
         expected += [word2idx.get(t, word2idx["<unk>"]) for t in nltk_tokens.split()]
         expected.append(word2idx["<end>"])
         assert encoder.encode(caption) == expected, caption
-
-
-# --------------------------------------------------------------------------------------------
-# Refusals
-# --------------------------------------------------------------------------------------------
 
 
 class Payload:
@@ -508,9 +425,7 @@ def test_a_pickle_with_another_object_is_refused(tmp_path, obj, shown):
     path = tmp_path / "evil.pth.tar"
     torch.save(ckpt, path)
     with pytest.raises(CheckpointImportError, match=f"evil.pth.tar: refused.*{shown}"):
-        import_reference_checkpoint(
-            path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, path, "scan")
     assert not (tmp_path / "o.pt").exists()
 
 
@@ -538,9 +453,7 @@ def test_python2_byte_strings_are_read_as_latin1(tmp_path):
     torch.save(
         ckpt, path, pickle_module=module, pickle_protocol=2, _use_new_zipfile_serialization=False
     )
-    out = import_reference_checkpoint(
-        path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "o.pt"
-    )
+    out = run_import(tmp_path, path, "scan")
     assert load_checkpoint(out)["config"]["data"]["root"] == "/donn\xe9es/f30k_precomp"
 
 
@@ -559,60 +472,52 @@ def test_a_vocabulary_that_disagrees_is_refused(tmp_path, mutate, message):
     path.write_text(json.dumps(data))
     ckpt = write_reference(tmp_path, "scan", scan_opt())
     with pytest.raises(ValueError, match=message):
-        import_reference_checkpoint(ckpt, arch="scan", vocab=path, out=tmp_path / "o.pt")
+        run_import(tmp_path, ckpt, "scan", vocab=path)
 
 
 def test_a_vocabulary_of_another_size_than_the_embedding_is_refused(tmp_path):
     ckpt = write_reference(tmp_path, "scan", scan_opt())
     vocab = write_vocab(tmp_path, WORDS[:-1])
     with pytest.raises(ValueError, match="19 words but .* txt_enc.embed.weight has 20;"):
-        import_reference_checkpoint(ckpt, arch="scan", vocab=vocab, out=tmp_path / "o.pt")
+        run_import(tmp_path, ckpt, "scan", vocab=vocab)
 
 
 def test_wrong_arch_is_refused_naming_the_key(tmp_path):
     vocab = write_vocab(tmp_path)
     sgraf = write_reference(tmp_path, "sgraf", sgraf_opt())
     with pytest.raises(ValueError, match="holds 3 state dicts; --arch scan expects 2"):
-        import_reference_checkpoint(sgraf, arch="scan", vocab=vocab, out=tmp_path / "o.pt")
+        run_import(tmp_path, sgraf, "scan", vocab=vocab)
     scan = write_reference(tmp_path, "scan", scan_opt())
     with pytest.raises(ValueError, match="holds 2 state dicts; --arch sgraf expects 3"):
-        import_reference_checkpoint(scan, arch="sgraf", vocab=vocab, out=tmp_path / "o.pt")
+        run_import(tmp_path, scan, "sgraf", vocab=vocab)
     with pytest.raises(ValueError, match="opt.focal_type: missing"):
-        import_reference_checkpoint(scan, arch="bfan", vocab=vocab, out=tmp_path / "o.pt")
+        run_import(tmp_path, scan, "bfan", vocab=vocab)
     # an SGRAF text encoder (cap_rnn) under SCAN's two state dicts and opt
     ckpt = reference_checkpoint("sgraf", sgraf_opt())
     ckpt["model"], ckpt["opt"] = ckpt["model"][:2], scan_opt()
-    torch.save(ckpt, tmp_path / "mixed.pth.tar")
+    path = save(tmp_path, ckpt)
     with pytest.raises(ValueError, match=r"missing txt_enc\.rnn\.weight_ih_l0 .*cap_rnn"):
-        import_reference_checkpoint(
-            tmp_path / "mixed.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, path, "scan", vocab=vocab)
 
 
 def test_unexpected_and_misshapen_keys_are_named(tmp_path):
     vocab = write_vocab(tmp_path)
     ckpt = reference_checkpoint("bfan", bfan_opt())
     ckpt["model"][0]["fc.weight_g"] = torch.ones(1)
-    torch.save(ckpt, tmp_path / "a.pth.tar")
+    path = save(tmp_path, ckpt)
     with pytest.raises(ValueError, match=r"unexpected img_enc\.fc\.weight_g"):
-        import_reference_checkpoint(
-            tmp_path / "a.pth.tar", arch="bfan", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, path, "bfan", vocab=vocab)
     ckpt = reference_checkpoint("bfan", bfan_opt(embed_size=E + 1))
-    torch.save(ckpt, tmp_path / "b.pth.tar")
+    path = save(tmp_path, ckpt)
     with pytest.raises(
         ValueError, match=r"img_enc\.fc\.weight has shape \(12, 10\); .* expects \(13, 10\)"
     ):
-        import_reference_checkpoint(
-            tmp_path / "b.pth.tar", arch="bfan", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, path, "bfan", vocab=vocab)
     ckpt = reference_checkpoint("scan", scan_opt(bi_gru=False))
     ckpt["opt"].bi_gru = True
-    torch.save(ckpt, tmp_path / "c.pth.tar")
+    path = save(tmp_path, ckpt)
     with pytest.raises(ValueError, match=r"missing txt_enc\.rnn\.weight_ih_l0_reverse"):
-        import_reference_checkpoint(
-            tmp_path / "c.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, path, "scan", vocab=vocab)
 
 
 @pytest.mark.parametrize(
@@ -630,9 +535,7 @@ def test_unexpected_and_misshapen_keys_are_named(tmp_path):
 def test_settings_vlret_does_not_implement_are_refused_naming_the_option(tmp_path, change, option):
     path = write_reference(tmp_path, "scan", scan_opt(**change))
     with pytest.raises(ValueError, match=option.replace("(", r"\(")) as info:
-        import_reference_checkpoint(
-            path, arch="scan", vocab=write_vocab(tmp_path), out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, path, "scan")
     assert "\n" not in str(info.value)
 
 
@@ -644,24 +547,16 @@ def test_layout_errors(tmp_path):
         ({"model": [{}, {"embed.weight": 3}], "opt": scan_opt()}, r"txt_enc\.embed\.weight is int"),
         ([1, 2], "top level is list"),
     ]:
-        torch.save(bad, tmp_path / "x.pth.tar")
+        save(tmp_path, bad)
         with pytest.raises(ValueError, match=message):
-            import_reference_checkpoint(
-                tmp_path / "x.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
-            )
+            run_import(tmp_path, tmp_path / "x.pth.tar", "scan", vocab=vocab)
     (tmp_path / "junk.pth.tar").write_bytes(b"not a checkpoint at all")
     with pytest.raises(ValueError, match="junk.pth.tar: not a PyTorch checkpoint"):
-        import_reference_checkpoint(
-            tmp_path / "junk.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, tmp_path / "junk.pth.tar", "scan", vocab=vocab)
     with pytest.raises(FileNotFoundError, match="nope.pth.tar"):
-        import_reference_checkpoint(
-            tmp_path / "nope.pth.tar", arch="scan", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, tmp_path / "nope.pth.tar", "scan", vocab=vocab)
     with pytest.raises(ValueError, match="arch must be one of"):
-        import_reference_checkpoint(
-            tmp_path / "x.pth.tar", arch="vse", vocab=vocab, out=tmp_path / "o.pt"
-        )
+        run_import(tmp_path, tmp_path / "x.pth.tar", "vse", vocab=vocab)
 
 
 def test_an_existing_output_is_kept_unless_overwrite(tmp_path):
@@ -682,16 +577,7 @@ def test_command_line(tmp_path, capsys):
     path = write_reference(tmp_path, "bfan", bfan_opt(focal_type="prob"))
     vocab = write_vocab(tmp_path)
     out = tmp_path / "m.pt"
-    argv = [
-        "import-checkpoint",
-        str(path),
-        "--arch",
-        "bfan",
-        "--vocab",
-        str(vocab),
-        "--out",
-        str(out),
-    ]
+    argv = f"import-checkpoint {path} --arch bfan --vocab {vocab} --out {out}".split()
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     assert str(out) in capsys.readouterr().out
