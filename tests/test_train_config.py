@@ -11,7 +11,7 @@ from train_helpers import tiny_config, tiny_data, tiny_raw
 from vlret.data.writers import make_tiny_msrvtt
 from vlret.models import build_model
 from vlret.train import Trainer
-from vlret.train.builders import build_run_loss
+from vlret.train.builders import build_run_loss, check_model_config
 from vlret.train.checkpoint import load_checkpoint
 from vlret.train.config import (
     ConfigError,
@@ -183,6 +183,7 @@ def test_resolved_config_round_trips(tmp_path):
 def test_shipped_configs_are_valid(path):
     cfg = load_config(path)
     assert cfg.loss.name in {"triplet", "infonce", "unified", "goal", "vsl", "adacl"}
+    check_model_config(cfg)  # e.g. a pair-scoring model with a loss that needs embeddings
     if cfg.model.get("kind") != "clip":  # CLIP needs a local pretrained directory
         model = build_model(cfg.model, vocab_size=20)
         assert model.embed_dim == cfg.model["embed_dim"]
@@ -206,8 +207,13 @@ def test_paper_settings_in_configs():
         a.loss.params["queue_size"],
         a.train.momentum_encoder,
     ) == (64, 2e-4, 256, 4096, 0.99)
-    v = by_name["vsl_sgraf_coco"]
+    v = by_name["vsl_sgr_coco"]
     assert (v.optim.lr, v.train.batch_size, v.loss.params["beta"]) == (3e-4, 128, 10.0)
+    assert (v.model["kind"], v.model["module"], v.model["embed_dim"]) == ("sgraf", "sgr", 2048)
+    # VSL IV-A on F30K: SGR 25 + 20 epochs, SAF 10 + 15
+    for module, decay, epochs in (("sgr", [25], 45), ("saf", [10], 25)):
+        f = by_name[f"vsl_{module}_f30k"]
+        assert (f.optim.decay_epochs, f.train.epochs, f.model["module"]) == (decay, epochs, module)
     c = by_name["clip_unified_f30k"]
     assert (c.loss.params["gamma"], c.train.epochs, c.train.batch_size) == (50.0, 10, 128)
     for data in ("coco", "f30k"):  # VSE-infinity's warm-up, kept when GOAL replaces the loss
@@ -215,7 +221,7 @@ def test_paper_settings_in_configs():
             assert by_name[f"goal_vseinf_{data}_{loss}"].train.all_negatives_epochs == 1
     for data in ("coco", "f30k"):
         # VSL's alpha = 1, beta = 10 balance a triplet base summed over the batch (B = 128)
-        vsl = by_name[f"vsl_sgraf_{data}"].loss.params
+        vsl = by_name[f"vsl_saf_{data}"].loss.params
         assert vsl["base_params"] == {"margin": 0.2, "hardest": True}
         # the VSE++ group's gamma = 60, summed over the batch like the VLC (Unified Eq. 3, 7)
         nce = by_name[f"vsepp_butd_{data}_infonce"].loss.params
