@@ -491,6 +491,19 @@ def _synthetic_split(root: Path, split: str) -> str | None:
     return None
 
 
+def _pair_scores_as_embeddings(
+    model: torch.nn.Module, dataset: Any, batch_size: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cross-attention model's ``(N_img, N_txt)`` score matrix ``S`` as the embedding pair
+    ``(S, I)``: every metric of :func:`~vlret.data.synthetic.evaluate_synthetic` scores with
+    ``img @ txt.T``, which is then exactly ``S`` (none of them normalises)."""
+    from ..train.evaluate_pairs import encode_tokens, score_matrix
+
+    regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
+    sim = score_matrix(model, regions, texts, device=device)
+    return sim, torch.eye(sim.shape[1], dtype=sim.dtype)
+
+
 def synthetic_extras(
     checkpoint: Path, *, root: Path, spec: RunSpec, settings: EvalSettings
 ) -> dict[str, Any] | None:
@@ -530,13 +543,16 @@ def synthetic_extras(
             stacklevel=2,
         )
         return None
-    img, txt = encode_dataset(
-        model,
-        dataset,
-        batch_size=settings.batch_size,
-        device=device,
-        normalize=config.loss.params.get("normalize", True),
-    )
+    if getattr(model, "scores_pairs", False):
+        img, txt = _pair_scores_as_embeddings(model, dataset, settings.batch_size, device)
+    else:
+        img, txt = encode_dataset(
+            model,
+            dataset,
+            batch_size=settings.batch_size,
+            device=device,
+            normalize=config.loss.params.get("normalize", True),
+        )
     out = evaluate_synthetic(img, txt, annotations)
     ext, clone = out["extended"], out["clone"]
     metrics = {
