@@ -23,7 +23,7 @@ MODULES = ("sgr", "saf")
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     """The reference ``l2norm`` over the last dimension: ``x / (||x|| + 1e-8)``."""
-    return x / (x.square().sum(dim=-1, keepdim=True).sqrt() + NORM_EPS)
+    return x / (torch.linalg.vector_norm(x, dim=-1, keepdim=True) + NORM_EPS)
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
@@ -414,14 +414,20 @@ class SGRAFScorer(nn.Module):
         ib, r, d = regions.shape
         cb, width, _ = words.shape
         # Raw scores of every word with every region of the block: one GEMM.
-        raw = (regions.reshape(ib * r, d) @ words.reshape(cb * width, d).T).view(ib, r, cb, width)
-        raw = raw.permute(0, 2, 3, 1)  # (ib, cb, L, R): words query, regions are the context
+        raw = words.reshape(cb * width, d) @ regions.reshape(ib * r, d).T
+        raw = raw.view(cb, width, ib, r).permute(2, 0, 1, 3)  # (ib, cb, L, R): words query
         attn = attention_weights(
             raw, query_mask=mask, context_mask=None, lambda_softmax=self.lambda_softmax
         )
-        attended = torch.bmm(attn.reshape(ib, cb * width, r), regions).view(ib, cb, width, d)
-        local = _l2norm(_linear((_l2norm(attended) - words).square(), self.local_proj))
-        local = local.masked_fill(~mask.unsqueeze(-1), 0.0)
+        attended = torch.bmm(attn.reshape(ib, cb * width, r), regions)  # (ib, cb * L, D)
+        inv_norm = 1.0 / (torch.linalg.vector_norm(attended, dim=-1, keepdim=True) + NORM_EPS)
+        # e_k - l2norm(a_k) in one pass; its square equals (l2norm(a_k) - e_k)^2.
+        diff = torch.addcmul(words.reshape(cb * width, d), attended, inv_norm, value=-1.0)
+        del attended
+        grad = torch.is_grad_enabled() and diff.requires_grad
+        local = _linear(diff * diff if grad else diff.square_(), self.local_proj)
+        del diff
+        local = _l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
         glob = _linear((img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square(), self.global_proj)
         nodes = torch.cat([_l2norm(glob).unsqueeze(2), local], dim=2)
         node_mask = torch.cat([mask.new_ones(cb, 1), mask], dim=1)
@@ -439,9 +445,16 @@ class SGRAFScorer(nn.Module):
             key_mask = ~node_mask.unsqueeze(-2)  # (cb, 1, L + 1)
             last = len(self.sgr) - 1
             for k, step in enumerate(self.sgr):
+                # (W_q s_p + b_q) . (W_k s_q + b_k) = (A s_p + c) . s_q + (q_b . s_p + beta) with
+                # A = W_k^T W_q, c = W_k^T b_q, q_b = W_q^T b_k, beta = b_q . b_k: one S x S
+                # product per node instead of two (the second term is constant over the keys).
+                dt = nodes.dtype
+                w_q, b_q = step.query.weight.to(dt), step.query.bias.to(dt)
+                w_k, b_k = step.key.weight.to(dt), step.key.bias.to(dt)
                 # Only the global node is read after the last step: update it alone there.
                 queries = nodes[:, :, :1] if k == last else nodes
-                logits = _linear(queries, step.query) @ _linear(nodes, step.key).transpose(-1, -2)
+                logits = F.linear(queries, w_k.T @ w_q, w_k.T @ b_q) @ nodes.transpose(-1, -2)
+                logits = logits + F.linear(queries, (w_q.T @ b_k).unsqueeze(0), b_q @ b_k)
                 logits = logits.masked_fill(key_mask, torch.finfo(logits.dtype).min)
                 nodes = F.relu(_linear(torch.softmax(logits, dim=-1) @ nodes, step.update))
             vec = nodes[:, :, 0]
