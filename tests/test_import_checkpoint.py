@@ -1,14 +1,10 @@
 """Importing the released SCAN / BFAN / SGRAF checkpoints (vlret.train.import_checkpoint).
 
-Each test writes a checkpoint in exactly the layout of the reference ``train.py``
-(``{"epoch", "model": [img_enc, txt_enc(, sim_enc)], "best_rsum", "opt": Namespace, "Eiters"}``
-with the reference modules' parameter names and the reference ``argparse`` option names),
-imports it, loads the result through ``vlret.train.evaluate.load_trained_model`` and compares
-its scores with a naive float64 oracle that reads the RAW reference tensors by their reference
-names: FC + l2norm, embedding + GRU cell by cell (directions averaged) + l2norm, and a loop over
-captions and images mirroring the reference scoring (SCAN ``xattn_score_t2i/i2t``, BFAN
-``xattn_score``, SGRAF ``EncoderSimilarity``). The imported model runs in float64 too, so the
-only differences are summation orders (tolerance 1e-9 on scores of order 1).
+Checkpoints are written in exactly the reference ``train.py`` layout (reference parameter and
+``argparse`` option names), imported, loaded through ``load_trained_model`` (in float64) and
+compared at 1e-9 with a naive float64 oracle that loops over captions and images on the RAW
+reference tensors: FC + l2norm, GRU cell by cell (directions averaged) + l2norm, then SCAN
+``xattn_score_t2i/i2t``, BFAN ``xattn_score`` or SGRAF ``EncoderSimilarity``.
 """
 
 from __future__ import annotations
@@ -24,9 +20,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vlret.data.writers import write_precomp
 from vlret.train.builders import encoder_from_state
 from vlret.train.checkpoint import load_checkpoint
-from vlret.train.evaluate import load_trained_model
+from vlret.train.evaluate import load_trained_model, run_evaluation
+from vlret.train.evaluate_pairs import metrics_from_scores
 from vlret.train.import_checkpoint import (
     CheckpointImportError,
     add_import_parser,
@@ -37,7 +35,6 @@ E, WORD_DIM, IMG_DIM, SIM_DIM, N_REGIONS = 12, 7, 10, 6, 36
 WORDS = ["<pad>", "<start>", "<end>", "<unk>", "a", "man", "with", "red", "helmet", "on"]
 WORDS += ["small", "moped", "dirt", "road", ".", "dog", "'s", "n't", ",", "two"]
 EPS = 1e-8
-TOL = 1e-9
 
 
 def _rand(gen: torch.Generator, *shape: int, scale: float = 0.5) -> torch.Tensor:
@@ -146,14 +143,10 @@ def write_reference(tmp_path, arch: str, opt: argparse.Namespace, *, legacy=Fals
     return path
 
 
-def write_vocab(tmp_path, words=WORDS, *, idx=None, name="f30k_precomp_vocab.json"):
+def write_vocab(tmp_path, words=WORDS, name="f30k_precomp_vocab.json"):
     path = tmp_path / name
-    data = {
-        "word2idx": {w: i for i, w in enumerate(words)},
-        "idx2word": {str(i): w for i, w in enumerate(words)},
-        "idx": len(words) if idx is None else idx,
-    }
-    path.write_text(json.dumps(data))
+    w2i, i2w = {w: i for i, w in enumerate(words)}, {str(i): w for i, w in enumerate(words)}
+    path.write_text(json.dumps({"word2idx": w2i, "idx2word": i2w, "idx": len(words)}))
     return path
 
 
@@ -305,27 +298,18 @@ def reference_scores(arch, ckpt, feats, caps, lengths):
     return out
 
 
-def inputs(seed=1, n_img=3, n_cap=4, regions=N_REGIONS):
-    gen = torch.Generator().manual_seed(seed)
-    feats = torch.randn(n_img, regions, IMG_DIM, generator=gen, dtype=torch.float64)
-    lengths = torch.tensor([6, 2, 9, 4][:n_cap])
-    caps = torch.randint(4, len(WORDS), (n_cap, int(lengths.max())), generator=gen)
-    caps[:, 0] = 1  # <start>
+def inputs(regions):
+    gen = torch.Generator().manual_seed(1)
+    feats = torch.randn(3, regions, IMG_DIM, generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([6, 2, 9, 4])
+    caps = torch.randint(4, len(WORDS), (4, 9), generator=gen)
+    caps[:, 0] = 1  # <start>; <end> at each caption's length, <pad> after it
     for j, n in enumerate(lengths.tolist()):
-        caps[j, n - 1] = 2  # <end>
-        caps[j, n:] = 0  # <pad>
+        caps[j, n - 1], caps[j, n:] = 2, 0
     return feats, caps, lengths
 
 
-def imported_scores(out, feats, caps, lengths):
-    model, config, encoder = load_trained_model(out)
-    model = model.double()
-    with torch.no_grad():
-        regions = model.encode_images(feats)
-        words = model.encode_texts(caps, lengths)
-        return model.score(regions, words, lengths), config, encoder
-
-
+SGRAF_KEYS = ("module", "sim_dim", "sgr_steps", "lambda_softmax", "dropout")
 CASES = [
     ("scan", lambda: scan_opt(cross_attn="t2i", agg_func="LogSumExp", lambda_softmax=9.0), True),
     ("scan", lambda: scan_opt(cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0), True),
@@ -334,7 +318,7 @@ CASES = [
     ("bfan", lambda: bfan_opt(focal_type="equal"), True),
     ("bfan", lambda: bfan_opt(focal_type="prob"), True),
     ("sgraf", lambda: sgraf_opt(module_name="SGR", sgr_step=3), False),
-    ("sgraf", lambda: sgraf_opt(module_name="SAF"), False),
+    ("sgraf", lambda: sgraf_opt(module_name="SAF", sgr_step=2), False),
 ]
 
 
@@ -344,14 +328,45 @@ def test_imported_scores_equal_the_reference_computation(tmp_path, arch, make_op
     path = write_reference(tmp_path, arch, opt, legacy=legacy)
     out = run_import(tmp_path, path, arch, out="model.pt")
     feats, caps, lengths = inputs(regions=N_REGIONS if arch == "sgraf" else 5)
-    got, config, _ = imported_scores(out, feats, caps, lengths)
+    model, config, _ = load_trained_model(out)
+    with torch.no_grad():
+        model = model.double()
+        got = model.score(model.encode_images(feats), model.encode_texts(caps, lengths), lengths)
     expected = reference_scores(arch, reference_checkpoint(arch, opt), feats, caps, lengths)
     assert got.dtype == torch.float64
-    torch.testing.assert_close(got, expected, rtol=0, atol=TOL)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-9)
     assert config.model["kind"] == arch
     assert config.data.format == "precomp"
     assert config.data.root == "/data/f30k_precomp"
     assert (config.loss.name, config.loss.params) == ("triplet", {"margin": 0.2, "hardest": True})
+    if arch == "sgraf":  # SGRAF's code fixes lambda 9 and dropout 0.4
+        sgraf = (opt.module_name.lower(), SIM_DIM, opt.sgr_step, 9.0, 0.4)
+        assert tuple(config.model[k] for k in SGRAF_KEYS) == sgraf
+
+
+def test_an_imported_scan_ensemble_evaluates_as_the_reference(tmp_path):
+    """vlret eval of the paper's SCAN ensemble (t2i + i2t) from imported checkpoints gives the
+    metrics of the averaged reference score matrices (distinct captions of known words, so
+    the float32 evaluation and the float64 oracle rank alike)."""
+    gen = torch.Generator().manual_seed(5)
+    known = [w for w in WORDS[4:] if w != "n't"]  # n't: see the xfail test below
+    words = [known[int(i)] for i in torch.randint(len(known), (20 * 8,), generator=gen)]
+    captions = [" ".join(words[8 * k : 8 * k + 3 + k % 6]) for k in range(20)]
+    feats = torch.randn(4, 5, IMG_DIM, generator=gen, dtype=torch.float64)
+    write_precomp(tmp_path / "f30k", "test", feats.float().numpy(), captions, ids=range(4))
+    opts = [scan_opt(), scan_opt(cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0)]
+    ckpts = [reference_checkpoint("scan", opt, seed=k) for k, opt in enumerate(opts)]
+    paths = [save(tmp_path, c, f"{k}.tar") for k, c in enumerate(ckpts)]
+    outs = [run_import(tmp_path, p, "scan", out=f"{p.stem}.pt") for p in paths]
+    result = run_evaluation(outs, data=tmp_path / "f30k", split="test", protocol="f30k")
+    word2idx = {w: i for i, w in enumerate(WORDS)}
+    ids = [torch.tensor([1, *(word2idx[t] for t in c.split()), 2]) for c in captions]
+    caps = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
+    lengths = torch.tensor([len(i) for i in ids])
+    sim = sum(reference_scores("scan", c, feats.float(), caps, lengths) for c in ckpts) / 2
+    expected = metrics_from_scores(sim, torch.arange(20) // 5)
+    assert result.members == tuple(map(str, outs))
+    assert result.metrics.as_dict() == pytest.approx(expected.as_dict())
 
 
 def test_model_config_and_record_follow_opt(tmp_path):
@@ -366,20 +381,13 @@ def test_model_config_and_record_follow_opt(tmp_path):
     assert model["text"] == {"word_dim": WORD_DIM, "num_layers": 1, "bidirectional": True}
     assert model["image"] == {"in_dim": IMG_DIM}
     assert state["config"]["loss"] == {"name": "triplet", "margin": 0.2, "hardest": False}
-    assert state["config"]["optim"]["decay_epochs"] == [8, 16]
-    assert state["config"]["train"]["epochs"] == 20
+    config = state["config"]
+    assert (config["optim"]["decay_epochs"], config["train"]["epochs"]) == ([8, 16], 20)
     assert state["vocab_size"] == len(WORDS)
     record = state["imported_from"]
     assert (record["arch"], record["code"], record["epoch"]) == ("scan", "kuanghuei/SCAN", 12)
     assert record["best_rsum"] == 480.25 and record["opt"]["agg_func"] == "Mean"
     assert len(record["sha256"]) == 64
-
-
-def test_sgraf_settings_come_from_opt(tmp_path):
-    opt = sgraf_opt(module_name="SAF", sgr_step=2)
-    out = run_import(tmp_path, write_reference(tmp_path, "sgraf", opt), "sgraf", out="m.pt")
-    model = load_checkpoint(out)["config"]["model"]
-    assert (model["module"], model["sim_dim"], model["lambda_softmax"]) == ("saf", SIM_DIM, 9.0)
 
 
 def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
@@ -388,13 +396,10 @@ def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
     word2idx = {w: i for i, w in enumerate(WORDS)}
     # (caption as in {split}_caps.txt, NLTK word_tokenize of its lower-cased text)
     cases = [
-        (
-            "A man with a red helmet on a small moped on a dirt road .",
-            "a man with a red helmet on a small moped on a dirt road .",
-        ),
-        ("Two dog 's , on a zebra road", "two dog 's , on a zebra road"),
-        ("A MAN on a moped.", "a man on a moped ."),
+        ("A man with a red helmet on a small moped .", "a man with a red helmet on a small moped .")
     ]
+    cases += [("Two dog 's , on a zebra road", "two dog 's , on a zebra road")]
+    cases += [("A MAN on a moped.", "a man on a moped .")]
     for caption, nltk_tokens in cases:
         # the reference __getitem__: <start>, vocab(token) (<unk> if unknown), <end>
         expected = [word2idx["<start>"]]
@@ -403,30 +408,38 @@ def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
         assert encoder.encode(caption) == expected, caption
 
 
+@pytest.mark.xfail(strict=True, reason="vlret's regex tokeniser is not NLTK's word_tokenize")
+@pytest.mark.parametrize("caption", ["a man do n't run", "a man don't run"])
+def test_captions_where_nltk_tokenises_differently(tmp_path, caption):
+    """Known gap: the reference vocabularies hold NLTK tokens (n't, ``, '', mrs., 3.5) that
+    vlret's Vocabulary tokeniser never produces; NLTK gives "a man do n't run" for both."""
+    out = run_import(tmp_path, write_reference(tmp_path, "bfan", bfan_opt()), "bfan")
+    encoder = encoder_from_state(load_checkpoint(out)["encoder"])
+    assert encoder.encode(caption)[1:-1] == [
+        WORDS.index(t) if t in WORDS else 3 for t in "a man do n't run".split()
+    ]
+
+
 class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
     def __reduce__(self):
-        return (os.system, ("echo should-never-run",))
+        return (os.system, (f"touch {self.marker}",))
 
 
 class TrainingScriptClass:
     pass
 
 
-@pytest.mark.parametrize(
-    "obj, shown",
-    [
-        (Payload(), "posix.system" if os.name == "posix" else "system"),
-        (TrainingScriptClass(), "TrainingScriptClass"),
-    ],
-)
-def test_a_pickle_with_another_object_is_refused(tmp_path, obj, shown):
+@pytest.mark.parametrize("kind", ["reduce", "class"])
+def test_a_pickle_with_another_object_is_refused(tmp_path, kind):
     ckpt = reference_checkpoint("scan", scan_opt())
-    ckpt["opt"] = obj
-    path = tmp_path / "evil.pth.tar"
-    torch.save(ckpt, path)
-    with pytest.raises(CheckpointImportError, match=f"evil.pth.tar: refused.*{shown}"):
-        run_import(tmp_path, path, "scan")
-    assert not (tmp_path / "o.pt").exists()
+    ckpt["opt"] = Payload(tmp_path / "ran") if kind == "reduce" else TrainingScriptClass()
+    shown = "system" if kind == "reduce" else "TrainingScriptClass"
+    with pytest.raises(CheckpointImportError, match=f"evil.tar: refused: .*{shown}"):
+        run_import(tmp_path, save(tmp_path, ckpt, "evil.tar"), "scan")
+    assert not (tmp_path / "o.pt").exists() and not (tmp_path / "ran").exists()
 
 
 def test_python2_byte_strings_are_read_as_latin1(tmp_path):
@@ -457,12 +470,18 @@ def test_python2_byte_strings_are_read_as_latin1(tmp_path):
     assert load_checkpoint(out)["config"]["data"]["root"] == "/donn\xe9es/f30k_precomp"
 
 
+def shorter(d):
+    d.update(idx=19, word2idx=dict(list(d["word2idx"].items())[:19]))
+    d["idx2word"].pop("19")
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: d.update(idx=d["idx"] + 1), "idx is 21 but idx2word has 20"),
         (lambda d: d["word2idx"].pop("dog"), "word2idx 19 entries"),
         (lambda d: d["idx2word"].update({"5": "dog"}), r"word2idx\['dog'\] is 15, idx2word says 5"),
+        (shorter, "19 words but .* txt_enc.embed.weight has 20;"),  # consistent, but too short
     ],
 )
 def test_a_vocabulary_that_disagrees_is_refused(tmp_path, mutate, message):
@@ -473,13 +492,6 @@ def test_a_vocabulary_that_disagrees_is_refused(tmp_path, mutate, message):
     ckpt = write_reference(tmp_path, "scan", scan_opt())
     with pytest.raises(ValueError, match=message):
         run_import(tmp_path, ckpt, "scan", vocab=path)
-
-
-def test_a_vocabulary_of_another_size_than_the_embedding_is_refused(tmp_path):
-    ckpt = write_reference(tmp_path, "scan", scan_opt())
-    vocab = write_vocab(tmp_path, WORDS[:-1])
-    with pytest.raises(ValueError, match="19 words but .* txt_enc.embed.weight has 20;"):
-        run_import(tmp_path, ckpt, "scan", vocab=vocab)
 
 
 def test_wrong_arch_is_refused_naming_the_key(tmp_path):
@@ -495,29 +507,23 @@ def test_wrong_arch_is_refused_naming_the_key(tmp_path):
     # an SGRAF text encoder (cap_rnn) under SCAN's two state dicts and opt
     ckpt = reference_checkpoint("sgraf", sgraf_opt())
     ckpt["model"], ckpt["opt"] = ckpt["model"][:2], scan_opt()
-    path = save(tmp_path, ckpt)
     with pytest.raises(ValueError, match=r"missing txt_enc\.rnn\.weight_ih_l0 .*cap_rnn"):
-        run_import(tmp_path, path, "scan", vocab=vocab)
+        run_import(tmp_path, save(tmp_path, ckpt), "scan", vocab=vocab)
 
 
 def test_unexpected_and_misshapen_keys_are_named(tmp_path):
-    vocab = write_vocab(tmp_path)
-    ckpt = reference_checkpoint("bfan", bfan_opt())
-    ckpt["model"][0]["fc.weight_g"] = torch.ones(1)
-    path = save(tmp_path, ckpt)
-    with pytest.raises(ValueError, match=r"unexpected img_enc\.fc\.weight_g"):
-        run_import(tmp_path, path, "bfan", vocab=vocab)
-    ckpt = reference_checkpoint("bfan", bfan_opt(embed_size=E + 1))
-    path = save(tmp_path, ckpt)
-    with pytest.raises(
-        ValueError, match=r"img_enc\.fc\.weight has shape \(12, 10\); .* expects \(13, 10\)"
-    ):
-        run_import(tmp_path, path, "bfan", vocab=vocab)
-    ckpt = reference_checkpoint("scan", scan_opt(bi_gru=False))
-    ckpt["opt"].bi_gru = True
-    path = save(tmp_path, ckpt)
-    with pytest.raises(ValueError, match=r"missing txt_enc\.rnn\.weight_ih_l0_reverse"):
-        run_import(tmp_path, path, "scan", vocab=vocab)
+    extra = reference_checkpoint("bfan", bfan_opt())
+    extra["model"][0]["fc.weight_g"] = torch.ones(1)
+    one_way = reference_checkpoint("scan", scan_opt(bi_gru=False))
+    one_way["opt"].bi_gru = True
+    wide = reference_checkpoint("bfan", bfan_opt(embed_size=E + 1))
+    for ckpt, arch, message in [
+        (extra, "bfan", r"unexpected img_enc\.fc\.weight_g"),
+        (wide, "bfan", r"img_enc\.fc\.weight has shape \(12, 10\); .* expects \(13, 10\)"),
+        (one_way, "scan", r"missing txt_enc\.rnn\.weight_ih_l0_reverse"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            run_import(tmp_path, save(tmp_path, ckpt), arch)
 
 
 @pytest.mark.parametrize(
@@ -578,16 +584,16 @@ def test_command_line(tmp_path, capsys):
     vocab = write_vocab(tmp_path)
     out = tmp_path / "m.pt"
     argv = f"import-checkpoint {path} --arch bfan --vocab {vocab} --out {out}".split()
-    args = parser.parse_args(argv)
-    assert args.func(args) == 0
-    assert str(out) in capsys.readouterr().out
-    args = parser.parse_args(argv)
-    assert args.func(args) == 2
+
+    def run(argv):
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+    assert run(argv) == 0 and str(out) in capsys.readouterr().out
+    assert run(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("vlret import-checkpoint: ") and "--overwrite" in err
     assert err.count("\n") == 1
-    args = parser.parse_args([*argv, "--overwrite"])
-    assert args.func(args) == 0
-    args = parser.parse_args([*argv[:3], "scan", *argv[4:], "--overwrite"])
-    assert args.func(args) == 2
+    assert run([*argv, "--overwrite"]) == 0
+    assert run([*argv[:3], "scan", *argv[4:], "--overwrite"]) == 2
     assert "opt.agg_func: missing" in capsys.readouterr().err

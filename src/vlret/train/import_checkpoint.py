@@ -478,6 +478,9 @@ def import_reference_checkpoint(
     except CheckpointImportError as err:
         raise CheckpointImportError(f"{path}: {err} (--arch {arch})") from None
     _check_vocab_size(states[1], opt, len(words), path, vocab_path)
+    if arch == "sgraf":  # VisualSA's BatchNorm1d over the region slots (36 in the reference)
+        slots = states[2].get("v_global_w.embedding_local.1.weight")
+        model_cfg["num_regions"] = int(slots.shape[0]) if slots is not None and slots.dim() else 36
 
     output_dir = str(out.parent / out.stem)
     raw_config = run_config_from_opt(
