@@ -3,13 +3,18 @@ against a naive double loop over pairs, ensembles, COCO fold blocks, shortlists,
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from train_helpers import tiny_raw
+from vlret.cli import main
 from vlret.data import PrecompDataset
 from vlret.data.vocab import build_precomp_vocab
 from vlret.data.writers import make_tiny_precomp
@@ -19,6 +24,11 @@ from vlret.metrics import (
     metrics_from_ranks,
     retrieval_metrics_from_similarity,
 )
+from vlret.models import build_model
+from vlret.train.builders import encoder_state
+from vlret.train.checkpoint import save_checkpoint
+from vlret.train.config import config_from_dict
+from vlret.train.evaluate import _check_same_split
 from vlret.train.evaluate_pairs import (
     TextTokens,
     dev_metrics_from_scores,
@@ -123,7 +133,9 @@ def test_text_tokens_rejects_bad_input(words, lengths, match):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("pairs")
-    make_tiny_precomp(root, sizes={"train": 6, "dev": 2, "testall": 10}, feature_shape=(4, 16))
+    make_tiny_precomp(
+        root, sizes={"train": 6, "dev": 2, "test": 2, "testall": 10}, feature_shape=(4, 16)
+    )
     vocab = build_precomp_vocab(root, min_count=1)
     return root, vocab
 
@@ -399,3 +411,215 @@ def test_shortlist_rejects_bad_arguments():
         shortlist_metrics(
             model, regions, texts, t2i, torch.full((3, 6), math.nan), k=2, device="cpu"
         )
+
+
+# -- vlret eval on pair-scoring checkpoints -----------------------------------------------------
+
+CROSS_MODELS = {
+    "scan_t2i": {"kind": "scan", "embed_dim": 16, "image": {"in_dim": 16}, "text": {"word_dim": 8}},
+    "scan_i2t": {
+        "kind": "scan",
+        "direction": "i2t",
+        "aggregation": "mean",
+        "embed_dim": 16,
+        "image": {"in_dim": 16},
+        "text": {"word_dim": 8},
+    },
+}
+
+
+def write_checkpoint(path: Path, data: Path, model_cfg: dict, vocab, *, seed: int, **data_keys):
+    """A checkpoint as the trainer writes it (config, encoder, vocab_size, model weights) for an
+    untrained model with seeded weights."""
+    raw = tiny_raw(data, path.parent / "unused")
+    raw["model"] = model_cfg
+    raw["data"].update(data_keys)
+    config = config_from_dict(raw)
+    torch.manual_seed(seed)
+    model = build_model(config.model, vocab_size=len(vocab))
+    state = {
+        "config": config.to_dict(),
+        "encoder": encoder_state(vocab, config),
+        "vocab_size": len(vocab),
+        "model": model.state_dict(),
+    }
+    save_checkpoint(state, path)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tiny, tmp_path_factory):
+    root, vocab = tiny
+    out = tmp_path_factory.mktemp("ckpts")
+    models = {}
+    for seed, (name, cfg) in enumerate(CROSS_MODELS.items()):
+        models[name] = write_checkpoint(out / f"{name}.pt", root, cfg, vocab, seed=seed)
+    two_tower = tiny_raw(root, out)["model"]
+    for seed, name in enumerate(("tower_a", "tower_b")):
+        models[name] = write_checkpoint(out / f"{name}.pt", root, two_tower, vocab, seed=10 + seed)
+    return root, vocab, out, models
+
+
+_NAIVE: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def naive_matrix(model, dataset) -> torch.Tensor:
+    """Each caption encoded alone (unpadded) and scored against the images, each image encoded
+    alone; two-tower models: cosines of embeddings computed one item at a time. Cached."""
+    key = (id(model), dataset.split)
+    if key in _NAIVE:
+        return _NAIVE[key]
+    with torch.no_grad():
+        caps = [dataset.caption(j) for j in range(dataset.num_captions)]
+        img = torch.cat(
+            [model.encode_images(dataset.image(i)[None]) for i in range(dataset.num_images)]
+        )
+        txt = [model.encode_texts(c[None], torch.tensor([len(c)])) for c in caps]
+        if getattr(model, "scores_pairs", False):
+            cols = [model.score(img, w, torch.tensor([w.shape[1]]))[:, 0] for w in txt]
+            out = torch.stack(cols, dim=1)
+        else:
+            out = F.normalize(img, dim=1) @ F.normalize(torch.cat(txt), dim=1).t()
+    _NAIVE[key] = out
+    return out
+
+
+def expected_metrics(sim, t2i, protocol):
+    return metrics_from_scores(
+        sim, t2i, blocks=fold_blocks(t2i, 5) if protocol == "coco1k" else None
+    )
+
+
+def eval_cli(ckpt_paths, root, split, protocol, out, *extra) -> int:
+    args = ["eval", *ckpt_paths, "--data", root, "--split", split, "--protocol", protocol]
+    return main([str(a) for a in [*args, "--json", out, *extra]])
+
+
+@pytest.mark.parametrize(
+    ("split", "protocol"), [("test", "f30k"), ("testall", "coco5k"), ("testall", "coco1k")]
+)
+def test_cli_evaluates_a_cross_attention_checkpoint(ckpts, tmp_path, capsys, split, protocol):
+    root, vocab, out, models = ckpts
+    js = tmp_path / "m.json"
+    assert eval_cli([out / "scan_t2i.pt"], root, split, protocol, js) == 0
+    captured = capsys.readouterr()
+    assert "pair/s" in captured.err and "pair" not in captured.out  # the bar stays on stderr
+    assert captured.out.splitlines()[-1] == str(js)
+    record = json.loads(js.read_text())
+    ds = PrecompDataset(root, split, encoder=vocab)
+    expected = expected_metrics(naive_matrix(models["scan_t2i"], ds), ds.txt_to_img, protocol)
+    assert record["metrics"] == pytest.approx(expected.as_dict())
+    assert record["approximate"] is False and record["checkpoint"] == str(out / "scan_t2i.pt")
+    if protocol == "coco1k":
+        assert "5 folds of 2 images" in record["title"]
+        assert [f for f in record["folds"]] == [pytest.approx(f.as_dict()) for f in expected.folds]
+
+
+@pytest.mark.parametrize(
+    ("names", "protocol"),
+    [(("scan_t2i", "scan_i2t"), "coco1k"), (("tower_a", "tower_b"), "coco5k")],
+)
+def test_cli_ensemble_averages_score_matrices(ckpts, tmp_path, capsys, names, protocol):
+    root, vocab, out, models = ckpts
+    js = tmp_path / "m.json"
+    paths = [out / f"{n}.pt" for n in names]
+    assert eval_cli(paths, root, "testall", protocol, js, "--no-progress") == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "ensemble of 2 (mean of score matrices)" in captured.out
+    ds = PrecompDataset(root, "testall", encoder=vocab)
+    sim = sum(naive_matrix(models[n], ds) for n in names) / 2
+    record = json.loads(js.read_text())
+    assert record["metrics"] == pytest.approx(
+        expected_metrics(sim, ds.txt_to_img, protocol).as_dict()
+    )
+    assert record["checkpoints"] == [str(p) for p in paths] and "checkpoint" not in record
+    assert record["ensemble"] == "mean of score matrices" and record["approximate"] is False
+
+
+def test_cli_shortlist_is_approximate_and_reports_coverage(ckpts, tmp_path, capsys):
+    """coco1k: per-fold shortlists (the whole-matrix case is tested on shortlist_metrics)."""
+    protocol = "coco1k"
+    root, vocab, out, models = ckpts
+    ds = PrecompDataset(root, "testall", encoder=vocab)
+    t2i = ds.txt_to_img
+    blocks = fold_blocks(t2i, 5) if protocol == "coco1k" else None
+    exact = naive_matrix(models["scan_t2i"], ds)
+    js = tmp_path / "all.json"
+    assert eval_cli([out / "scan_t2i.pt"], root, "testall", protocol, js, "--shortlist", "50") == 0
+    assert "APPROXIMATE: top-50 shortlist" in capsys.readouterr().out
+    record = json.loads(js.read_text())
+    assert record["approximate"] is True
+    assert record["metrics"] == pytest.approx(expected_metrics(exact, t2i, protocol).as_dict())
+    sl = record["shortlist"]
+    assert sl["i2t_ground_truth_in_shortlist"] == sl["t2i_ground_truth_in_shortlist"] == 1.0
+    # K = 2 from the two-tower checkpoint's cosines: the brute-force definition
+    js = tmp_path / "two.json"
+    extra = ["--shortlist", "2", "--shortlist-from", out / "tower_a.pt"]
+    assert eval_cli([out / "scan_t2i.pt"], root, "testall", protocol, js, *extra) == 0
+    record = json.loads(js.read_text())
+    tt = naive_matrix(models["tower_a"], ds)
+    spans = blocks or [(0, 10, 0, 50)]
+    folds = [
+        metrics_from_ranks(
+            *brute_force_ranks(exact[i0:i1, t0:t1], tt[i0:i1, t0:t1], t2i[t0:t1] - i0, 2)
+        )
+        for i0, i1, t0, t1 in spans
+    ]
+    expected = folds[0] if blocks is None else average_metrics(folds)
+    assert record["metrics"] == pytest.approx(expected.as_dict())
+    assert record["shortlist"]["k"] == 2 and "tower_a.pt" in record["shortlist"]["source"]
+    for direction in ("i2t", "t2i"):
+        assert 0 < record["shortlist"][f"{direction}_ground_truth_in_shortlist"] <= 1
+    assert (record["shortlist"]["k_i2t"], record["shortlist"]["k_t2i"]) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("names", "extra", "words"),
+    [
+        (("scan_t2i", "tower_a"), ["--shortlist", "3"], "tower_a.pt is a two-tower model"),
+        (("scan_t2i",), ["--shortlist", "0"], "shortlist: expected a positive number"),
+        (("scan_t2i",), ["--shortlist-from", "x.pt"], "shortlist_from: only used with shortlist"),
+        (
+            ("scan_t2i",),
+            ["--shortlist", "3", "--shortlist-from", "{out}/scan_i2t.pt"],
+            "must be a two-tower checkpoint",
+        ),
+        (("scan_t2i", "karpathy"), [], "trained on different data"),
+    ],
+)
+def test_cli_eval_errors(ckpts, tmp_path, capsys, names, extra, words):
+    root, vocab, out, _ = ckpts
+    if "karpathy" in names:
+        write_checkpoint(
+            out / "karpathy.pt",
+            root,
+            CROSS_MODELS["scan_t2i"],
+            vocab,
+            seed=0,
+            format="karpathy",
+            karpathy_json=str(root / "dataset_flickr30k.json"),
+            image_root=str(root),
+        )
+    args = [out / f"{n}.pt" for n in names]
+    extra = [e.format(out=out) for e in extra]
+    assert eval_cli(args, root, "test", "f30k", tmp_path / "m.json", *extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlret eval: ") and words in err and "Traceback" not in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_members_must_see_the_same_split():
+    a = SimpleNamespace(
+        num_images=2, num_captions=4, image_ids=[1, 2], txt_to_img=torch.tensor([0, 0, 1, 1])
+    )
+    b = SimpleNamespace(
+        num_images=2, num_captions=2, image_ids=[1, 2], txt_to_img=torch.tensor([0, 1])
+    )
+    with pytest.raises(
+        ValueError, match="A.pt and B.pt see different test splits: 2 x 4 and 2 x 2"
+    ):
+        _check_same_split("A.pt", a, "B.pt", b, "test")
+    c = SimpleNamespace(num_images=2, num_captions=4, image_ids=[2, 1], txt_to_img=a.txt_to_img)
+    with pytest.raises(ValueError, match="in another order"):
+        _check_same_split("A.pt", a, "C.pt", c, "test")
+    _check_same_split("A.pt", a, "A2.pt", SimpleNamespace(**vars(a)), "test")
