@@ -63,7 +63,8 @@ def batchnorm(state: OrderedDict, name: str, gen, dim: int) -> None:
     state[f"{name}.bias"] = _rand(gen, dim, scale=0.2)
     state[f"{name}.running_mean"] = _rand(gen, dim, scale=0.2)
     state[f"{name}.running_var"] = 0.5 + torch.rand(dim, generator=gen)
-    state[f"{name}.num_batches_tracked"] = torch.tensor(1234)
+    if dim > 1:  # SAF's BatchNorm1d(1) without its counter, as PyTorch < 0.4.1 saved it
+        state[f"{name}.num_batches_tracked"] = torch.tensor(1234)
 
 
 def sim_enc_state(gen, module: str, steps: int) -> OrderedDict:
