@@ -476,9 +476,13 @@ def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
         title += f"\nensemble of {len(result.members)} (mean of score matrices): {members}"
     if result.shortlist is not None:
         info = result.shortlist
+        capped = ""
+        if min(info["k_i2t"], info["k_t2i"]) < info["k"]:  # fewer candidates than K
+            capped = f" (at most the candidates: i2t {info['k_i2t']}, t2i {info['k_t2i']})"
         title += (
-            f"\nAPPROXIMATE: top-{info['k']} shortlist by {info['source']}, re-ranked by "
-            f"exact scores; ground truth shortlisted for "
+            f"\napproximate protocol (not the exact evaluation): top-{info['k']}{capped} "
+            "shortlists by "
+            f"the {info['source']}, re-ranked by exact scores; ground truth shortlisted for "
             f"{100 * info['i2t_ground_truth_in_shortlist']:.1f}% of i2t and "
             f"{100 * info['t2i_ground_truth_in_shortlist']:.1f}% of t2i queries"
         )
