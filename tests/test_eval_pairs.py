@@ -548,9 +548,9 @@ def test_cli_shortlist_is_approximate_and_reports_coverage(ckpts, tmp_path, caps
     assert eval_cli([out / "scan_t2i.pt"], root, "testall", protocol, js, "--shortlist", "50") == 0
     printed = capsys.readouterr().out
     assert (
-        "approximate protocol (not the exact evaluation): top-50 shortlists by the cosine"
-        in printed
-    )
+        "approximate protocol (not the exact evaluation): top-50 (at most the candidates: i2t "
+        "10, t2i 2) shortlists by the cosine of the mean-pooled region and word features"
+    ) in printed
     assert "ground truth shortlisted for 100.0% of i2t and 100.0% of t2i queries" in printed
     record = json.loads(js.read_text())
     assert record["approximate"] is True
