@@ -355,3 +355,39 @@ def test_empty_sets():
     regions, words, lengths = _tokens(dtype=torch.float32)
     assert scorer(regions[:0], words, lengths).shape == (0, words.shape[0])
     assert scorer(regions, words[:0], lengths[:0]).shape == (regions.shape[0], 0)
+
+
+@pytest.mark.parametrize("module", ["sgr", "saf"])
+def test_caption_order_changes_nothing_but_the_order(module):
+    """Captions are scored longest first internally; the columns come back in call order."""
+    scorer = _scorer(module).eval()
+    regions, words, lengths = _tokens(n_cap=7, dtype=torch.float32)
+    base = scorer(regions, words, lengths, max_elements=2 * 6 * D)
+    order = torch.argsort(lengths, descending=True)  # sorted: no internal permutation
+    got = scorer(regions, words[order], lengths[order], max_elements=2 * 6 * D)
+    assert torch.allclose(got, base[:, order], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_helpers_match_torch(momentum):
+    from vlret.models.sgraf import _batch_norm, _update_running
+
+    g = torch.Generator().manual_seed(3)
+    ours = nn.BatchNorm1d(5, momentum=momentum).double()
+    with torch.no_grad():
+        ours.running_mean.normal_(generator=g)
+        ours.weight.normal_(generator=g)
+    ref = nn.BatchNorm1d(5, momentum=momentum).double()
+    ref.load_state_dict(ours.state_dict())
+    for shape in [(4, 5, 7), (6, 5)]:
+        x = torch.randn(*shape, generator=g, dtype=torch.float64)
+        assert torch.allclose(_batch_norm(x, ours), ref(x), atol=1e-14)
+    xs = [torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(4)]
+    for x in xs:
+        ref(x)
+    _update_running(ours, torch.stack([x.mean(0) for x in xs]), torch.stack([x.var(0) for x in xs]))
+    for name, buf in ref.state_dict().items():
+        assert torch.allclose(ours.state_dict()[name].double(), buf.double(), atol=1e-14), name
+    ours.eval(), ref.eval()
+    x = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    assert torch.allclose(_batch_norm(x, ours), ref(x), atol=1e-14)

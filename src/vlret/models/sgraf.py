@@ -165,7 +165,10 @@ class SGRAFScorer(nn.Module):
     3. ``module="sgr"`` (Sec. 3.3): ``sgr_steps`` steps over the ``L + 1`` nodes, each
        ``s <- ReLU(W_r (softmax_q((W_q s_p + b) . (W_k s_q + b)) s) + b)`` (the softmax runs
        over the nodes ``q`` aggregated; the aggregated values are the nodes themselves, not
-       a projection); the pair's vector is the global node after the last step.
+       a projection); the pair's vector is the global node after the last step. The edge
+       logits are computed as ``(W_k^T W_q s_p + W_k^T b_q) . s_q + (W_q^T b_k . s_p + b_q .
+       b_k)``, the same numbers up to rounding with one ``S x S`` product per node instead
+       of two, and the last step updates the global node only (the others are not read).
        ``module="saf"`` (Sec. 3.4): gates ``sigmoid(BN(w^T s_p + b))`` with a
        ``BatchNorm1d(1)`` over the scalars, L1-normalised over the nodes (sum + 1e-8), the
        pair's vector ``l2norm(sum_p gate_p s_p)``;
@@ -340,6 +343,8 @@ class SGRAFScorer(nn.Module):
         blocks of images x captions whose largest intermediate (the attended vector of
         every word of every pair, ``L x D`` numbers a pair) holds at most ``max_elements``
         numbers (default :data:`DEFAULT_MAX_ELEMENTS`, at least one pair a block).
+        Captions are processed longest first, each block trimmed to its longest caption;
+        the columns come back in call order.
         """
         lengths = _check_inputs(regions, words, word_lengths)
         if regions.shape[1] != self.num_regions:
@@ -373,17 +378,29 @@ class SGRAFScorer(nn.Module):
         img_glob = self.image_global(regions, None)  # once per image, (n_img, D)
         cap_glob = self.text_global(words, mask)  # once per caption, (n_cap, D)
 
-        r, d = regions.shape[1], regions.shape[2]
-        per_pair = max(width * max(d, r), (width + 1) * max(self.sim_dim, width + 1), d)
-        pairs = max(1, max_elements // per_pair)
-        img_block = min(n_img, pairs)
-        cap_block = min(n_cap, max(1, pairs // img_block))
+        # Captions longest first (the reference loader's order already), so that each block
+        # is trimmed to its own longest caption and shorter captions fill larger blocks.
+        order = None
+        if bool((lengths[1:] > lengths[:-1]).any()):
+            order = torch.argsort(lengths, descending=True, stable=True)
+            words, mask, cap_glob, lengths = (
+                words[order],
+                mask[order],
+                cap_glob[order],
+                lengths[order],
+            )
+        tops = lengths.tolist()
 
+        r, d = regions.shape[1], regions.shape[2]
         deferred = self.module == "saf" and self.saf.bn.training
         rows, kept = [], []
-        for c0 in range(0, n_cap, cap_block):
-            c1 = min(n_cap, c0 + cap_block)
-            top = int(lengths[c0:c1].max())  # trim the block's padding columns
+        c0 = 0
+        while c0 < n_cap:
+            top = tops[c0]
+            per_pair = max(top * max(d, r), (top + 1) * max(self.sim_dim, top + 1), d)
+            pairs = max(1, max_elements // per_pair)
+            img_block = min(n_img, pairs)
+            c1 = min(n_cap, c0 + max(1, pairs // img_block))
             w_b, m_b = words[c0:c1, :top], mask[c0:c1, :top]
             row = []
             for i0 in range(0, n_img, img_block):
@@ -392,14 +409,18 @@ class SGRAFScorer(nn.Module):
                     regions[i0:i1], img_glob[i0:i1], w_b, cap_glob[c0:c1], m_b
                 )
                 if deferred:
-                    kept.append((c0, c1, i0, i1, nodes, node_mask))
+                    kept.append((c0, c1, nodes, node_mask))
                 else:
                     row.append(self._finish(nodes, node_mask, None))
             if row:
                 rows.append(torch.cat(row, dim=0))
+            c0 = c1
+        inverse = None if order is None else torch.argsort(order)
         if deferred:
-            return self._finish_saf_training(kept, n_img, n_cap, lengths, dtype)
-        return torch.cat(rows, dim=1)
+            scores = self._finish_saf_training(kept, n_img, lengths, inverse)
+        else:
+            scores = torch.cat(rows, dim=1)
+        return scores if inverse is None else scores.index_select(1, inverse)
 
     def _nodes(
         self,
@@ -474,28 +495,33 @@ class SGRAFScorer(nn.Module):
 
     def _finish_saf_training(
         self,
-        kept: list[tuple[int, int, int, int, torch.Tensor, torch.Tensor]],
+        kept: list[tuple[int, int, torch.Tensor, torch.Tensor]],
         n_img: int,
-        n_cap: int,
         lengths: torch.Tensor,
-        dtype: torch.dtype,
+        inverse: torch.Tensor | None,
     ) -> torch.Tensor:
-        """SAF in training mode: per-caption BatchNorm statistics over all images first."""
-        device = kept[0][4].device
-        gates = [_linear(nodes, self.saf.gate).squeeze(-1) * nm for *_, nodes, nm in kept]
+        """SAF in training mode: each caption's BatchNorm statistics over all its pairs first
+        (``inverse`` puts the sorted captions back in call order for the running update)."""
+        nodes0 = kept[0][2]
+        dtype, device = nodes0.dtype, nodes0.device
+        gates = [_linear(nodes, self.saf.gate).squeeze(-1) * nm for _, _, nodes, nm in kept]
         count = (lengths.to(dtype) + 1) * n_img  # scalars per caption
-        total = torch.zeros(n_cap, dtype=dtype, device=device)
+        total = torch.zeros(lengths.shape[0], dtype=dtype, device=device)
         for (c0, c1, *_), g in zip(kept, gates, strict=True):
             total = total.index_add(0, torch.arange(c0, c1, device=device), g.sum(dim=(0, 2)))
         mean = total / count
-        sq = torch.zeros(n_cap, dtype=dtype, device=device)
-        for (c0, c1, _, _, _, nm), g in zip(kept, gates, strict=True):
+        sq = torch.zeros_like(total)
+        for (c0, c1, _, nm), g in zip(kept, gates, strict=True):
             dev = (g - mean[c0:c1].unsqueeze(-1)) * nm
             sq = sq.index_add(0, torch.arange(c0, c1, device=device), dev.square().sum(dim=(0, 2)))
         var = sq / count
-        _update_running(self.saf.bn, mean.unsqueeze(1), (var * count / (count - 1)).unsqueeze(1))
+        unbiased = var * count / (count - 1)
+        if inverse is None:
+            _update_running(self.saf.bn, mean.unsqueeze(1), unbiased.unsqueeze(1))
+        else:
+            _update_running(self.saf.bn, mean[inverse].unsqueeze(1), unbiased[inverse].unsqueeze(1))
         rows: dict[int, list[torch.Tensor]] = {}  # caption block -> image blocks in order
-        for c0, c1, _, _, nodes, nm in kept:
+        for c0, c1, nodes, nm in kept:
             rows.setdefault(c0, []).append(self._finish(nodes, nm, (mean[c0:c1], var[c0:c1])))
         return torch.cat([torch.cat(row, dim=0) for row in rows.values()], dim=1)
 
