@@ -4,15 +4,43 @@ Each scores every (image, caption) pair of two sets from region features and wor
 together. The inputs are already projected and L2-normalised: ``regions (n_img, R, D)``,
 ``words (n_cap, L, D)`` and ``word_lengths (n_cap,)``; words at or past a caption's length
 never take part.
+
+The reference implementations (kuanghuei/SCAN ``xattn_score_t2i``/``xattn_score_i2t``,
+CrossmodalGroup/BFAN ``xattn_score``) loop over captions, repeat each caption over all images
+and form every attended vector ``a_k = sum_j w_kj c_j`` (D numbers per query item and pair).
+:func:`scan_scores` and :func:`bfan_scores` compute the same scores without them: the cosine
+between a query item ``q_k`` and its attended context only needs
+
+* ``<q_k, a_k> = sum_j w_kj <c_j, q_k>``, the attention-weighted raw scores, and
+* ``|a_k|^2 = w_k^T G w_k`` with the context's Gram matrix ``G`` (R x R per image for
+  text-to-image, L x L per caption for image-to-text),
+
+while ``|q_k|`` comes from the data. The raw scores of a block of images x captions are one
+GEMM, ``(n_i R, D) @ (D, n_c L)``, and every other intermediate has ``n_i R n_c L`` numbers at
+most. Captions are scored in blocks of similar length (sorted by length, each block trimmed to
+its longest caption), so padding costs nothing.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 #: The reference code's ``l2norm`` adds this to the norm before dividing.
 NORM_EPS = 1e-8
+#: The reference ``cosine_similarity`` divides by ``(|x1| |x2|).clamp(min=COSINE_EPS)``.
+COSINE_EPS = 1e-8
+#: Default bound on the numbers held by the largest intermediate of one block.
+DEFAULT_MAX_ELEMENTS = 2**24
+#: On CPU, blocks of about this many region-word pairs keep the element-wise passes in cache.
+CPU_BLOCK_ELEMENTS = 2**20
+
+SCAN_DIRECTIONS = ("t2i", "i2t")
+SCAN_AGGREGATIONS = ("lse", "mean", "max", "sum")
+BFAN_FOCALS = ("equal", "prob")
 
 
 def attention_weights(
@@ -45,4 +73,441 @@ def attention_weights(
     return torch.softmax(logits, dim=-1)
 
 
-__all__ = ["NORM_EPS", "attention_weights"]
+# ----------------------------------------------------------------------------- validation
+
+
+def _finite(x: torch.Tensor) -> bool:
+    # two reductions instead of an isfinite() copy of a tensor that may hold 10^8 numbers;
+    # max/min propagate NaN
+    if x.numel() == 0:
+        return True
+    return bool(torch.isfinite(x.amax()) and torch.isfinite(x.amin()))
+
+
+def check_tokens(
+    regions: torch.Tensor, words: torch.Tensor, word_lengths: torch.Tensor | Sequence[int]
+) -> torch.Tensor:
+    """Validate the token inputs of a pair scorer; return ``word_lengths`` as int64 on
+    ``words``' device.
+
+    ``regions (n_img, R, D)`` and ``words (n_cap, L, D)`` must be floating tensors on one
+    device with the same ``D`` (``R``, ``D`` >= 1), ``word_lengths (n_cap,)`` integers in
+    ``1..L``. The regions and each caption's real words must be finite; padding words (at or
+    past a caption's length) are never read and may hold anything. Raises ``ValueError``
+    naming the offending argument.
+    """
+    if not isinstance(regions, torch.Tensor) or regions.ndim != 3:
+        raise ValueError(f"regions must be a tensor (n_img, R, D), got {_describe(regions)}")
+    if not isinstance(words, torch.Tensor) or words.ndim != 3:
+        raise ValueError(f"words must be a tensor (n_cap, L, D), got {_describe(words)}")
+    if not regions.is_floating_point():
+        raise ValueError(f"regions must be floating point, got {regions.dtype}")
+    if not words.is_floating_point():
+        raise ValueError(f"words must be floating point, got {words.dtype}")
+    if regions.shape[1] < 1 or regions.shape[2] < 1:
+        raise ValueError(f"regions needs R >= 1 regions of D >= 1, got {tuple(regions.shape)}")
+    if words.shape[2] != regions.shape[2]:
+        raise ValueError(
+            f"words has dimension D={words.shape[2]} but regions has D={regions.shape[2]}"
+        )
+    if words.device != regions.device:
+        raise ValueError(f"words is on {words.device} but regions is on {regions.device}")
+    n_cap, max_len = words.shape[0], words.shape[1]
+    if not isinstance(word_lengths, torch.Tensor):
+        try:
+            word_lengths = torch.as_tensor(word_lengths)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(f"word_lengths must be a 1-D sequence of integers: {err}") from err
+    if word_lengths.ndim != 1 or word_lengths.shape[0] != n_cap:
+        raise ValueError(
+            f"word_lengths must have shape ({n_cap},) (one per caption of words), "
+            f"got {tuple(word_lengths.shape)}"
+        )
+    if (
+        word_lengths.is_floating_point()
+        or word_lengths.is_complex()
+        or word_lengths.dtype == (torch.bool)
+    ):
+        raise ValueError(f"word_lengths must hold integers, got {word_lengths.dtype}")
+    lengths = word_lengths.to(device=words.device, dtype=torch.long)
+    if n_cap and (int(lengths.min()) < 1 or int(lengths.max()) > max_len):
+        raise ValueError(
+            f"word_lengths must lie in 1..{max_len} (L of words), "
+            f"got min {int(lengths.min())}, max {int(lengths.max())}"
+        )
+    if not _finite(regions):
+        raise ValueError("regions holds NaN or infinite values")
+    if n_cap and not _finite_real_words(words, lengths):
+        raise ValueError("words holds NaN or infinite values within the captions' lengths")
+    return lengths
+
+
+def _finite_real_words(words: torch.Tensor, lengths: torch.Tensor) -> bool:
+    # per-word max and min (no element-wise copy), then only the real words count
+    real = _length_mask(lengths, words.shape[1])
+    hi, lo = words.amax(dim=-1), words.amin(dim=-1)
+    return bool((torch.isfinite(hi) & torch.isfinite(lo) | ~real).all())
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def _length_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    return torch.arange(max_len, device=lengths.device) < lengths.unsqueeze(-1)
+
+
+def _check_positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return float(value)
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _check_max_elements(max_elements: int | None) -> int:
+    if max_elements is None:
+        return DEFAULT_MAX_ELEMENTS
+    if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 1:
+        raise ValueError(f"max_elements must be a positive integer or None, got {max_elements!r}")
+    return max_elements
+
+
+# ----------------------------------------------------------------------------- scorers
+
+
+def scan_scores(
+    regions: torch.Tensor,
+    words: torch.Tensor,
+    word_lengths: torch.Tensor | Sequence[int],
+    *,
+    direction: str = "t2i",
+    lambda_softmax: float = 9.0,
+    aggregation: str = "lse",
+    lambda_lse: float = 6.0,
+    max_elements: int | None = None,
+) -> torch.Tensor:
+    """SCAN's score of every (image, caption) pair (Lee et al., ECCV 2018, Eq. 1-5 and 8-10).
+
+    ``direction="t2i"``: every real word ``e_k`` attends over the image's regions (the
+    :func:`attention_weights` step with ``lambda_softmax``; the L2 norm of each region's
+    scores runs over the caption's real words), its relevance is the cosine
+    ``r_k = cos(e_k, a_k)`` with its attended image vector ``a_k``, and the pair score pools
+    the relevances of the caption's real words. ``direction="i2t"``: every region attends
+    over the caption's real words (the norm of each word's scores runs over all regions) and
+    the relevances of the regions are pooled. Pooling (``aggregation``): ``"lse"``
+    ``(1/lambda_lse) log sum_k exp(lambda_lse r_k)`` (Eq. 10), ``"mean"``, ``"max"`` or
+    ``"sum"``, as the reference code's ``LogSumExp``, ``Mean``, ``Max`` and ``Sum``.
+
+    Numerics follow kuanghuei/SCAN so that its released checkpoints reproduce its scores: the
+    attention's L2 norm adds :data:`NORM_EPS` to the norm, and the cosine divides by
+    ``(|q_k| |a_k|).clamp(min=COSINE_EPS)``. The attended vectors are never formed (see the
+    module docstring); the result is the reference's up to rounding.
+
+    Returns ``(n_img, n_cap)`` in the promoted dtype of the inputs, float32 at least (half
+    inputs give float32, float64 stays float64); differentiable. ``max_elements`` bounds the
+    numbers held by the largest intermediate (default :data:`DEFAULT_MAX_ELEMENTS`); a block
+    holds one image and one caption at least.
+    """
+    _check_choice("direction", direction, SCAN_DIRECTIONS)
+    _check_choice("aggregation", aggregation, SCAN_AGGREGATIONS)
+    lambda_softmax = _check_positive("lambda_softmax", lambda_softmax)
+    lambda_lse = _check_positive("lambda_lse", lambda_lse)
+    budget = _check_max_elements(max_elements)
+    lengths = check_tokens(regions, words, word_lengths)
+
+    def score_block(block: _Block) -> torch.Tensor:
+        if direction == "t2i":
+            raw = block.raw_t2i()
+            cos = _attended_cosines(raw, block.region_gram, block.word_norm, lambda_softmax)
+            return _pool(cos, aggregation, lambda_lse, block.word_mask, block.lengths)
+        raw = block.raw_i2t()
+        cos = _attended_cosines(
+            raw, block.word_gram, block.region_norm, lambda_softmax, context_bias=block.word_bias
+        )
+        return _pool(cos, aggregation, lambda_lse, None, None).T
+
+    return _blockwise(regions, words, lengths, budget, score_block, word_gram=direction == "i2t")
+
+
+def bfan_scores(
+    regions: torch.Tensor,
+    words: torch.Tensor,
+    word_lengths: torch.Tensor | Sequence[int],
+    *,
+    focal: str = "equal",
+    lambda_softmax: float = 20.0,
+    max_elements: int | None = None,
+) -> torch.Tensor:
+    """BFAN's score of every (image, caption) pair (Liu et al., ACM MM 2019, Eq. 3-9).
+
+    In each direction the query items attend over the context with the
+    :func:`attention_weights` step, then the focal step re-assigns the attention: within
+    each query item's weights ``x_1..x_c`` over the real context items, item ``i`` is kept
+    when ``sum_j (x_i - x_j) > 0`` (``focal="equal"``, ``x_i`` above the row mean) or
+    ``sum_j (x_i - x_j) sqrt(x_j) > 0`` (``focal="prob"``), and the kept weights are divided
+    by their sum (no epsilon, as in CrossmodalGroup/BFAN). The pair score is the mean over
+    the caption's real words of ``cos(e_k, a_k)`` (text-to-image) plus the mean over the
+    regions of ``cos(v_j, a_j)`` (image-to-text).
+
+    As in the reference ``xattn_score``, both directions use the same ``lambda_softmax`` and
+    the same focal rule; the L2 norm of the attention adds :data:`NORM_EPS`, the cosine
+    divides by ``(|q| |a|).clamp(min=COSINE_EPS)``. The one deviation: where no item passes
+    the focal test (all weights of a row equal, e.g. the image-to-text row of a one-word
+    caption, where the reference divides 0 by 0 and returns NaN), the items of largest
+    weight are kept, which is all of them when the weights are equal.
+
+    Returns ``(n_img, n_cap)`` in the promoted dtype, float32 at least; differentiable (the
+    keep/drop decision is piecewise constant, as in the reference); ``max_elements`` as in
+    :func:`scan_scores`.
+    """
+    _check_choice("focal", focal, BFAN_FOCALS)
+    lambda_softmax = _check_positive("lambda_softmax", lambda_softmax)
+    budget = _check_max_elements(max_elements)
+    lengths = check_tokens(regions, words, word_lengths)
+
+    def score_block(block: _Block) -> torch.Tensor:
+        raw = block.raw_t2i()
+        cos = _attended_cosines(
+            raw,
+            block.region_gram,
+            block.word_norm,
+            lambda_softmax,
+            focal=focal,
+            context_count=block.n_regions,
+        )
+        t2i = _pool(cos, "mean", 1.0, block.word_mask, block.lengths)
+        raw = block.raw_i2t(raw)
+        cos = _attended_cosines(
+            raw,
+            block.word_gram,
+            block.region_norm,
+            lambda_softmax,
+            context_bias=block.word_bias,
+            focal=focal,
+            context_count=block.count_per_caption,
+        )
+        return t2i + cos.mean(dim=-1).T
+
+    return _blockwise(regions, words, lengths, budget, score_block, word_gram=True)
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def _attended_cosines(
+    raw: torch.Tensor,
+    gram: torch.Tensor,
+    query_norm: torch.Tensor,
+    lambda_softmax: float,
+    *,
+    context_bias: torch.Tensor | None = None,
+    focal: str | None = None,
+    context_count: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """``cos(q, a)`` of every query item with its attended context, from the raw scores.
+
+    ``raw (n_x, c, n_q, q)``: context item ``j`` of context set ``x`` against query item
+    ``k`` of query set ``m`` (padded query items have raw scores 0, so they add nothing to
+    the attention's norm over the queries); ``gram (n_x, c, c)`` the context sets' Gram
+    matrices; ``query_norm (n_q, q)``; ``context_bias (n_x, c, 1, 1)`` 0 for real context
+    items and the dtype's minimum for padding. Returns ``(n_x, n_q, q)``. This is
+    :func:`attention_weights` laid out with the context on dimension 1 (so the Gram products
+    are one batched GEMM) and the padding handled by the bias.
+    """
+    n_x, c, n_q, q = raw.shape
+    scores = F.leaky_relu(raw, negative_slope=0.1)
+    norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
+    scale = lambda_softmax / (norm + NORM_EPS)
+    if context_bias is None:
+        logits = scores * scale
+    else:
+        logits = torch.addcmul(context_bias, scores, scale)
+    weights = torch.softmax(logits, dim=1)
+    total = None
+    if focal is not None:
+        weights = _focal_reassign(weights, focal, context_count)
+        total = weights.sum(dim=1)
+    dot = (weights * raw).sum(dim=1)
+    spread = torch.bmm(gram, weights.reshape(n_x, c, n_q * q)).view(n_x, c, n_q, q)
+    attended_norm = (spread * weights).sum(dim=1).clamp_min(0.0).sqrt()
+    if total is not None:
+        # the reference divides the kept weights by their sum before attending
+        dot = dot / total
+        attended_norm = attended_norm / total
+    return dot / (query_norm * attended_norm).clamp_min(COSINE_EPS)
+
+
+def _focal_reassign(
+    weights: torch.Tensor, focal: str, context_count: torch.Tensor | float
+) -> torch.Tensor:
+    """BFAN's focal step: the weights of the kept context items (dimension 1), others 0.
+
+    ``sum_j (x_i - x_j) > 0`` is ``x_i > sum_j x_j / c`` and ``sum_j (x_i - x_j) sqrt(x_j) >
+    0`` is ``x_i > sum_j x_j^1.5 / sum_j sqrt(x_j)``; padded items have weight 0 and add
+    nothing to either sum. The decision carries no gradient (the reference's indicator is a
+    ``torch.where`` of constants).
+    """
+    with torch.no_grad():
+        if focal == "equal":
+            threshold = weights.sum(dim=1, keepdim=True) / context_count
+        else:
+            root = weights.sqrt()
+            threshold = (weights * root).sum(dim=1, keepdim=True) / root.sum(dim=1, keepdim=True)
+        top = weights.amax(dim=1, keepdim=True)
+        # nothing above the threshold (equal weights): keep the largest instead of 0 / 0
+        threshold = torch.where(threshold < top, threshold, torch.nextafter(top, top.new_zeros(())))
+    return torch.where(weights > threshold, weights, 0.0)
+
+
+def _pool(
+    cos: torch.Tensor,
+    aggregation: str,
+    lambda_lse: float,
+    mask: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+) -> torch.Tensor:
+    """Pool ``cos (n_x, n_q, q)`` over its last dimension; ``mask (n_q, q)`` marks real items."""
+    if aggregation in ("lse", "max"):
+        if mask is not None:
+            cos = cos.masked_fill(~mask, torch.finfo(cos.dtype).min / max(lambda_lse, 1.0))
+        if aggregation == "max":
+            return cos.amax(dim=-1)
+        return torch.logsumexp(cos * lambda_lse, dim=-1) / lambda_lse
+    if mask is not None:
+        cos = cos.masked_fill(~mask, 0.0)
+    total = cos.sum(dim=-1)
+    if aggregation == "sum":
+        return total
+    return total / (lengths if lengths is not None else cos.shape[-1])
+
+
+class _Block:
+    """One block of images x captions: its raw scores and the statistics they need."""
+
+    def __init__(
+        self,
+        regions: torch.Tensor,
+        region_gram: torch.Tensor,
+        region_norm: torch.Tensor,
+        captions: _CaptionBlock,
+    ) -> None:
+        self.regions = regions
+        self.region_gram = region_gram
+        self.region_norm = region_norm
+        self.n_regions = float(regions.shape[1])
+        self.words = captions.words
+        self.word_gram = captions.gram
+        self.word_norm = captions.norm
+        self.word_mask = captions.mask
+        self.word_bias = captions.bias
+        self.lengths = captions.lengths
+        self.count_per_caption = captions.count
+
+    def raw_t2i(self) -> torch.Tensor:
+        """``<v_j, e_k>`` as ``(n_i, R, n_c, L)``: one GEMM."""
+        n_i, n_r, dim = self.regions.shape
+        n_c, n_w, _ = self.words.shape
+        raw = self.regions.reshape(n_i * n_r, dim) @ self.words.reshape(n_c * n_w, dim).T
+        return raw.view(n_i, n_r, n_c, n_w)
+
+    def raw_i2t(self, raw_t2i: torch.Tensor | None = None) -> torch.Tensor:
+        """``<e_k, v_j>`` as ``(n_c, L, n_i, R)``: one GEMM, or a transpose of ``raw_t2i``."""
+        if raw_t2i is not None:
+            return raw_t2i.permute(2, 3, 0, 1).contiguous()
+        n_i, n_r, dim = self.regions.shape
+        n_c, n_w, _ = self.words.shape
+        raw = self.words.reshape(n_c * n_w, dim) @ self.regions.reshape(n_i * n_r, dim).T
+        return raw.view(n_c, n_w, n_i, n_r)
+
+
+class _CaptionBlock:
+    """Captions of similar length, trimmed to the longest, padding words zeroed."""
+
+    def __init__(
+        self, words: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype, *, gram: bool
+    ) -> None:
+        self.lengths = lengths.to(dtype)
+        self.mask = _length_mask(lengths, words.shape[1])
+        # zeroed padding gives raw scores of exactly 0: no norm or mask needed on the query side
+        self.words = torch.where(self.mask.unsqueeze(-1), words.to(dtype), 0.0)
+        self.norm = torch.linalg.vector_norm(self.words, dim=-1)
+        self.gram = torch.bmm(self.words, self.words.transpose(1, 2)) if gram else None
+        bias = torch.zeros(self.mask.shape, dtype=dtype, device=words.device)
+        self.bias = bias.masked_fill_(~self.mask, torch.finfo(dtype).min)[..., None, None]
+        self.count = self.lengths.view(-1, 1, 1, 1)
+
+
+def _blockwise(
+    regions: torch.Tensor,
+    words: torch.Tensor,
+    lengths: torch.Tensor,
+    budget: int,
+    score_block,
+    *,
+    word_gram: bool,
+) -> torch.Tensor:
+    """Run ``score_block`` over blocks of images x length-sorted captions; ``(n_img, n_cap)``."""
+    dtype = torch.promote_types(torch.promote_types(regions.dtype, words.dtype), torch.float32)
+    n_img, n_regions, dim = regions.shape
+    n_cap = words.shape[0]
+    if n_img == 0 or n_cap == 0:
+        return regions.new_zeros((n_img, n_cap), dtype=dtype)
+    target = budget if regions.device.type != "cpu" else min(budget, CPU_BLOCK_ELEMENTS)
+    side = max(1, math.isqrt(target) // n_regions)
+    img_step = max(1, min(n_img, side, budget // (n_regions * dim)))
+    order = torch.argsort(lengths, stable=True)
+    sorted_lengths = lengths[order].tolist()
+
+    image_blocks = []
+    for start in range(0, n_img, img_step):
+        block = regions[start : start + img_step].to(dtype)
+        gram = torch.bmm(block, block.transpose(1, 2))
+        image_blocks.append((block, gram, torch.linalg.vector_norm(block, dim=-1)))
+
+    columns = []
+    start = 0
+    while start < n_cap:
+        stop = start + 1
+        # grow the block while the longest caption's padded size stays within the bounds
+        while stop < n_cap:
+            longest = sorted_lengths[stop]
+            count = stop + 1 - start
+            pairs = count * longest * img_step * n_regions
+            if pairs > target or count * longest * max(dim, longest) > budget:
+                break
+            stop += 1
+        longest = sorted_lengths[stop - 1]
+        index = order[start:stop]
+        captions = _CaptionBlock(
+            words[:, :longest].index_select(0, index), lengths[index], dtype, gram=word_gram
+        )
+        rows = [
+            score_block(_Block(block, gram, norm, captions)) for block, gram, norm in image_blocks
+        ]
+        columns.append(torch.cat(rows, dim=0))
+        start = stop
+    scores = torch.cat(columns, dim=1)
+    return scores.index_select(1, torch.argsort(order))
+
+
+__all__ = [
+    "BFAN_FOCALS",
+    "COSINE_EPS",
+    "DEFAULT_MAX_ELEMENTS",
+    "NORM_EPS",
+    "SCAN_AGGREGATIONS",
+    "SCAN_DIRECTIONS",
+    "attention_weights",
+    "bfan_scores",
+    "check_tokens",
+    "scan_scores",
+]
