@@ -1,0 +1,301 @@
+"""Training the cross-attention models (SCAN, BFAN, SGRAF) on their score matrices: every loss
+through ``from_similarity``, the settings that need embeddings refused, exact resume, and two
+gloo ranks equal to one process on the concatenated batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader
+
+from test_train_distributed import free_port
+from train_helpers import assert_same_params, model_params, tiny_data, tiny_raw
+from vlret.train import Trainer, TrainingInterrupted
+from vlret.train.checkpoint import load_checkpoint
+from vlret.train.config import ConfigError, apply_overrides, config_from_dict
+
+#: Tiny models on the tiny precomp data (4 regions of 16 features per image).
+MODELS = {
+    "scan": {"kind": "scan"},
+    "scan_i2t": {"kind": "scan", "direction": "i2t", "lambda_softmax": 4.0, "aggregation": "mean"},
+    "bfan": {"kind": "bfan", "focal": "prob"},
+    "sgr": {"kind": "sgraf", "sim_dim": 8, "sgr_steps": 2, "num_regions": 4},
+    "saf": {"kind": "sgraf", "module": "saf", "sim_dim": 8, "num_regions": 4},
+}
+LOSSES = {
+    "triplet": [],
+    "unified": ["loss.name=unified", "loss.gamma=50"],  # Unified B.1 for BFAN and SGRAF
+    "vsl": ["loss.name=vsl"],
+    "goal": ["loss.name=goal", "train.all_negatives_epochs=1"],
+    "adacl": ["loss.name=adacl"],
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The 2-core machine is shared: more threads than free cores stall every step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tiny_data(tmp_path_factory.mktemp("data"))
+
+
+def cross_config(data: Path, out: Path, model: str, overrides: list[str] = ()):
+    raw = tiny_raw(data, out)
+    raw["model"] = {
+        **MODELS[model],
+        "embed_dim": 16,
+        "image": {"in_dim": 16},
+        "text": {"word_dim": 8},
+    }
+    return config_from_dict(apply_overrides(raw, list(overrides)))
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("model", ["scan", "bfan", "sgr"])
+def test_every_loss_trains_every_model(tmp_path, data, model, loss):
+    """Two short epochs (GOAL's first one its all-negatives warm-up): finite losses, the
+    weights move, per-step score statistics and dev metrics from every dev pair."""
+    overrides = ["train.epochs=2", "train.max_steps_per_epoch=2", "train.log_every=1"]
+    trainer = Trainer(cross_config(data, tmp_path, model, overrides + LOSSES[loss]))
+    assert trainer.scores_pairs and not trainer.local_anchors
+    before = model_params(trainer.model)
+    result = trainer.fit()
+    assert result.steps == 4
+    after = model_params(trainer.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    logs = records(tmp_path)
+    steps = [r for r in logs if r["kind"] == "step"]
+    assert len(steps) == 4 and all(r["loss"] is not None for r in steps)
+    assert all(r["pos_sim"] is not None and r["hardest_neg_sim"] is not None for r in steps)
+    epochs = [r for r in logs if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    # 2 dev images x 10 captions, every pair scored: the rsum of 6 recalls lies in 0..600.
+    assert all(0 <= r["dev_rsum"] <= 600 and r["dev_pos_sim"] is not None for r in epochs)
+    assert (tmp_path / "best.pt").is_file()
+
+
+def test_saf_and_scan_i2t_train_and_sgraf_batchnorm_statistics_move(tmp_path, data):
+    trainer = Trainer(cross_config(data, tmp_path / "saf", "saf", ["train.epochs=1"]))
+    bn = trainer.model.scorer.saf.bn
+    trainer.fit()
+    assert int(bn.num_batches_tracked) > 0  # training-mode statistics, one update per caption
+    result = Trainer(cross_config(data, tmp_path / "i2t", "scan_i2t", ["train.epochs=1"])).fit()
+    assert result.steps == 5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["loss.chunk_size=4"], "loss.chunk_size"),
+        (["loss.name=unified", "loss.chunk_size=4"], "loss.chunk_size"),
+        (["loss.name=adacl", "loss.queue_size=16"], "loss.queue_size"),
+        (["loss.name=adacl", "train.momentum_encoder=0.9"], "train.momentum_encoder"),
+        (["loss.name=vsl", "loss.base_params={chunk_size=4}"], "loss.base_params.chunk_size"),
+    ],
+)
+def test_settings_that_need_embeddings_are_refused_before_the_data_is_read(
+    tmp_path, overrides, key
+):
+    missing = tmp_path / "no_data_here"  # the check runs before any data file is opened
+    with pytest.raises(ConfigError) as err:
+        Trainer(cross_config(missing, tmp_path / "out", "scan", overrides))
+    assert err.value.key == key
+    assert "scores pairs itself" in str(err.value)
+
+
+def test_vsl_chunk_size_bounds_the_score_matrix_ranks_and_is_accepted(tmp_path, data):
+    overrides = ["loss.name=vsl", "loss.chunk_size=3", "train.epochs=1", "train.validate=false"]
+    trainer = Trainer(cross_config(data, tmp_path, "scan", overrides))
+    assert trainer.loss_fn.similarity_inputs == ("img_ids", "txt_ids")
+    assert trainer.fit().steps == 5
+
+
+@pytest.mark.parametrize(
+    ("model", "overrides"),
+    [
+        # dropout (global RNG), BatchNorm running statistics, VSL's CaptionTfidf, and the
+        # all-negatives warm-up of its triplet base, interrupted mid-warm-up
+        ("saf", ["loss.name=vsl", "train.all_negatives_epochs=2"]),
+        ("scan", ["loss.name=adacl"]),  # AdaCL's margin buffers and extra state
+    ],
+)
+def test_ctrl_c_mid_epoch_then_resume_matches_uninterrupted(
+    tmp_path, data, model, overrides, monkeypatch
+):
+    overrides = [*overrides, "train.validate=false"]
+    full = Trainer(cross_config(data, tmp_path / "full", model, overrides))
+    full.fit()
+    cfg = cross_config(data, tmp_path / "cut", model, overrides)
+    original = Trainer.train_step
+
+    def step_then_ctrl_c(self, batch):
+        out = original(self, batch)
+        if self.step == 7:  # in the middle of epoch 2 (5 batches per epoch)
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+    with pytest.raises(TrainingInterrupted) as err:
+        Trainer(cfg).fit()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    state = load_checkpoint(err.value.checkpoint)
+    assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (1, 2, 7)
+    resumed = Trainer(cfg, resume=err.value.checkpoint)
+    resumed.fit()
+    assert_same_params(model_params(resumed.model), model_params(full.model))
+    assert_same_params(resumed.loss_fn.state_dict(), full.loss_fn.state_dict())
+
+
+# -- two gloo ranks against one process ------------------------------------------------------
+
+#: model, optimiser steps, overrides. SGD, no clipping, no warm-up: see test_train_distributed.
+#: SGRAF without dropout (each rank draws its own masks) and with its BatchNorms in eval mode:
+#: in training mode they normalise over the images of the call, which under torchrun are the
+#: rank's own (as for any DistributedDataParallel model with BatchNorm), so only the gradient
+#: plumbing can be compared exactly.
+DDP_SETTINGS = {
+    "scan_triplet": ("scan", []),
+    "scan_i2t_adacl": ("scan_i2t", ["loss.name=adacl"]),
+    "bfan_unified": ("bfan", ["loss.name=unified", "loss.gamma=50"]),
+    "sgr_vsl": ("sgr", ["loss.name=vsl", "model.dropout=0.0", "model.text.dropout=0.0"]),
+    "saf_goal": ("saf", ["loss.name=goal", "model.dropout=0.0", "model.text.dropout=0.0"]),
+}
+DDP_STEPS = 2
+DDP_COMMON = [
+    "optim.name=sgd",
+    "optim.lr=0.1",
+    "optim.warmup_steps=0",
+    "optim.grad_clip=0",
+    "train.validate=false",
+]
+#: How many times the loss magnifies a score's rounding (as in test_train_distributed), and the
+#: model: the attention softmax multiplies a raw score's rounding by lambda_softmax (<= 20).
+LOSS_SCALE = {"triplet": 1, "unified": 50, "goal": 10, "adacl": 100, "vsl": 1000}
+
+
+def ddp_tolerance(name: str) -> float:
+    """Per step ``(64 + c) eps64`` with 16x headroom, as test_train_distributed's
+    ``step_tolerance``, where ``c`` is the loss's logit scale times the attention's 20: both
+    runs are float64 and differ in summation orders only (the score blocks of 4 local images
+    against 8 captions, the gathered gradients, against 8 x 8 in one process)."""
+    overrides = DDP_SETTINGS[name][1]
+    loss = next((o.split("=")[1] for o in overrides if o.startswith("loss.name=")), "triplet")
+    return DDP_STEPS * 16 * (64 + 20 * LOSS_SCALE[loss]) * torch.finfo(torch.float64).eps
+
+
+def ddp_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
+    model, overrides = DDP_SETTINGS[name]
+    trainer = Trainer(cross_config(data, out / name, model, DDP_COMMON + overrides))
+    for module in trainer.model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eval()
+    state = {f"init.model.{k}": v for k, v in model_params(trainer.model).items()}
+    trainer.sampler.set_epoch(0)
+    loader = DataLoader(
+        trainer.train_set, batch_sampler=trainer.sampler, collate_fn=trainer.train_set.collate
+    )
+    batches = iter(loader)
+    for _ in range(DDP_STEPS):
+        batch = next(batches)
+        loss, _ = trainer.train_step(batch)
+    trainer.close()
+    state.update({f"model.{k}": v for k, v in model_params(trainer.model).items()})
+    for k, v in trainer.loss_fn.state_dict().items():
+        if isinstance(v, torch.Tensor):
+            state[f"loss.{k}"] = v.detach().clone()
+    for k, p in trainer.model.named_parameters():
+        state[f"grad.model.{k}"] = p.grad.detach().clone()
+    state["loss_value"] = torch.tensor(loss)
+    state["local_batch"] = torch.tensor(len(batch.img_index))
+    return state
+
+
+def ddp_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    try:
+        for name in DDP_SETTINGS:
+            state = ddp_steps(Path(data), Path(out), name)
+            torch.save(state, Path(out) / f"{name}.rank{rank}.pt")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("ddp_cross")
+    args = (2, free_port(), str(data), str(out))
+    # Forked, the ranks inherit the modules already imported (torch, scikit-learn: seconds of
+    # CPU each when spawned); safe as DataLoader workers are: one thread before any operation.
+    mp.start_processes(ddp_worker, args=args, nprocs=2, start_method="fork")
+    return out
+
+
+@pytest.mark.parametrize("name", list(DDP_SETTINGS))
+def test_two_ranks_equal_one_process_on_the_concatenated_batch(ddp_run, data, tmp_path, name):
+    """Each rank scores its 4 images against the 8 gathered captions; the row blocks make the
+    8 x 8 matrix of one process, and the captions' gradient from both ranks' rows comes back
+    to their rank: weights, loss buffers and gradients after 2 steps equal one process's."""
+    ranks = [torch.load(ddp_run / f"{name}.rank{r}.pt", weights_only=True) for r in range(2)]
+    assert [int(s["local_batch"]) for s in ranks] == [4, 4]
+    torch.set_default_dtype(torch.float64)
+    try:
+        single = ddp_steps(data, tmp_path, name)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert int(single["local_batch"]) == 8
+    assert single["grad.model.text_encoder.embed.weight"].dtype == torch.float64
+    tol = ddp_tolerance(name)
+    # What the steps changed: the initial values cancel exactly (same on both).
+    moved = {k: v - single[f"init.{k}"] for k, v in single.items() if k.startswith("model.")}
+    for state in ranks:
+        assert state.keys() == single.keys()
+        init = {k: v for k, v in single.items() if k.startswith("init.")}
+        assert_same_params({k: state[k] for k in init}, init)
+        for k, want in single.items():
+            if k.startswith("init.") or k == "local_batch":
+                continue
+            if k.startswith("model."):
+                got, want = state[k] - single[f"init.{k}"], moved[k]
+            else:
+                got = state[k]
+            if not want.is_floating_point():
+                assert torch.equal(got, want), k
+                continue
+            ref = moved if k.startswith("model.") else single
+            scale = want.abs().max().item()
+            if k.endswith(".bias") and f"{k[:-5]}.weight" in ref:
+                # A bias's gradient sums the output gradients that its weight's sums against
+                # the inputs (unit vectors, tanh: entries <= 1). Where they cancel exactly
+                # (biases in front of a softmax over regions, words or SGR's keys have zero
+                # gradient by shift invariance) only rounding is left: at the weight's scale.
+                scale = max(scale, ref[f"{k[:-5]}.weight"].abs().max().item())
+            torch.testing.assert_close(
+                got, want, rtol=0, atol=tol * scale, msg=lambda m, k=k: f"{k}: {m}"
+            )
