@@ -42,10 +42,8 @@ from vlret.train.evaluate_pairs import (
 
 
 class MaxMeanScorer(nn.Module):
-    """A small pair-scoring model: regions = l2norm(Linear(features)), words = l2norm(Embedding
-    of the ids) (zero padding), score(i, j) = mean over caption j's words of the best region
-    cosine of image i, plus a bias term that depends on the caption's length (so padding and
-    length handling show up in the scores)."""
+    """regions = l2norm(fc(features)), words = l2norm(embed(ids)) (zero padding); score(i, j) =
+    mean over caption j's words of their best region cosine + 0.01 x the caption's length."""
 
     scores_pairs = True
 
@@ -74,12 +72,11 @@ class MaxMeanScorer(nn.Module):
 
 def naive_scores(model: MaxMeanScorer, regions, words_list) -> torch.Tensor:
     """float64 double loop over pairs, each caption unpadded."""
-    out = torch.empty(regions.shape[0], len(words_list), dtype=torch.float64)
-    for i in range(regions.shape[0]):
-        for j, w in enumerate(words_list):
-            cos = regions[i].double() @ w.double().t()  # (R, l)
-            out[i, j] = cos.amax(dim=0).mean() + 0.01 * w.shape[0]
-    return out
+    rows = [
+        [(r.double() @ w.double().t()).amax(0).mean() + 0.01 * len(w) for w in words_list]
+        for r in regions
+    ]
+    return torch.tensor(rows, dtype=torch.float64)
 
 
 def random_tokens(n_img=6, n_txt=17, r=3, d=8, max_len=7, seed=0):
@@ -156,13 +153,8 @@ def test_encode_tokens_packs_each_caption_once(tiny):
             words, _ = texts.gather(torch.tensor([j]))
             torch.testing.assert_close(words[0], expected, rtol=0, atol=1e-6)
         torch.testing.assert_close(regions[3], model.encode_images(ds.image(3)), rtol=0, atol=1e-6)
-
-
-def test_encode_tokens_checks_batch_size(tiny):
-    root, vocab = tiny
-    ds = PrecompDataset(root, "testall", encoder=vocab)
     with pytest.raises(ValueError, match="batch_size"):
-        encode_tokens(MaxMeanScorer(vocab=len(vocab)), ds, batch_size=0, device="cpu")
+        encode_tokens(model, ds, batch_size=0, device="cpu")
 
 
 # -- score_matrix -------------------------------------------------------------------------------
@@ -252,9 +244,6 @@ def test_score_matrix_rejects_members_of_other_sizes():
         score_matrix([MaxMeanScorer(), MaxMeanScorer()], [regions, r2], [texts, t2], device="cpu")
 
 
-# -- dev metrics --------------------------------------------------------------------------------
-
-
 def test_dev_metrics_from_scores():
     g = torch.Generator().manual_seed(0)
     sim = torch.randn(4, 8, generator=g)
@@ -263,11 +252,8 @@ def test_dev_metrics_from_scores():
     assert out.items() >= retrieval_metrics_from_similarity(sim, t2i).as_dict().items()
     pos = sim[t2i, torch.arange(8)]
     assert out["pos_sim"] == pytest.approx(float(pos.mean()))
-    hardest = []
-    for i in range(4):
-        hardest.append(max(float(sim[i, j]) for j in range(8) if t2i[j] != i))
-    for j in range(8):
-        hardest.append(max(float(sim[i, j]) for i in range(4) if i != t2i[j]))
+    hardest = [max(float(sim[i, j]) for j in range(8) if t2i[j] != i) for i in range(4)]
+    hardest += [max(float(sim[i, j]) for i in range(4) if i != t2i[j]) for j in range(8)]
     assert out["hardest_neg_sim"] == pytest.approx(sum(hardest) / len(hardest))
 
 
@@ -316,13 +302,8 @@ def brute_force_ranks(exact, tt, t2i, k):
 
 
 def test_shortlist_of_a_constructed_case():
-    tt = torch.tensor(
-        [
-            [0.9, 0.1, 0.8, 0.7, 0.2, 0.3],
-            [0.85, 0.8, 0.1, 0.2, 0.7, 0.25],
-            [0.1, 0.2, 0.3, 0.4, 0.6, 0.5],
-        ]
-    )
+    rows = [[0.9, 0.1, 0.8, 0.7, 0.2, 0.3], [0.85, 0.8, 0.1, 0.2, 0.7, 0.25]]
+    tt = torch.tensor([*rows, [0.1, 0.2, 0.3, 0.4, 0.6, 0.5]])
     exact = torch.full((3, 6), -5.0)  # pairs never shortlisted never matter
     exact[0, 0], exact[0, 2], exact[1, 0] = 0.5, 0.6, 0.4
     exact[1, 4], exact[2, 4], exact[2, 5], exact[0, 5] = 0.9, 0.3, 0.8, 0.1
@@ -415,16 +396,10 @@ def test_shortlist_rejects_bad_arguments():
 
 # -- vlret eval on pair-scoring checkpoints -----------------------------------------------------
 
+_SMALL = {"embed_dim": 16, "image": {"in_dim": 16}, "text": {"word_dim": 8}}
 CROSS_MODELS = {
-    "scan_t2i": {"kind": "scan", "embed_dim": 16, "image": {"in_dim": 16}, "text": {"word_dim": 8}},
-    "scan_i2t": {
-        "kind": "scan",
-        "direction": "i2t",
-        "aggregation": "mean",
-        "embed_dim": 16,
-        "image": {"in_dim": 16},
-        "text": {"word_dim": 8},
-    },
+    "scan_t2i": {"kind": "scan", **_SMALL},
+    "scan_i2t": {"kind": "scan", "direction": "i2t", "aggregation": "mean", **_SMALL},
 }
 
 
@@ -437,13 +412,8 @@ def write_checkpoint(path: Path, data: Path, model_cfg: dict, vocab, *, seed: in
     config = config_from_dict(raw)
     torch.manual_seed(seed)
     model = build_model(config.model, vocab_size=len(vocab))
-    state = {
-        "config": config.to_dict(),
-        "encoder": encoder_state(vocab, config),
-        "vocab_size": len(vocab),
-        "model": model.state_dict(),
-    }
-    save_checkpoint(state, path)
+    state = {"config": config.to_dict(), "encoder": encoder_state(vocab, config)}
+    save_checkpoint({**state, "vocab_size": len(vocab), "model": model.state_dict()}, path)
     return model.eval()
 
 
@@ -485,9 +455,8 @@ def naive_matrix(model, dataset) -> torch.Tensor:
 
 
 def expected_metrics(sim, t2i, protocol):
-    return metrics_from_scores(
-        sim, t2i, blocks=fold_blocks(t2i, 5) if protocol == "coco1k" else None
-    )
+    blocks = fold_blocks(t2i, 5) if protocol == "coco1k" else None
+    return metrics_from_scores(sim, t2i, blocks=blocks)
 
 
 def eval_cli(ckpt_paths, root, split, protocol, out, *extra) -> int:
