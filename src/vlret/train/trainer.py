@@ -1,7 +1,8 @@
 """The training loop: the one place that knows both the models and the losses.
 
 ``Trainer(config).fit()`` trains ``vlret.models.build_model(config.model)`` with the registered
-loss ``config.loss.name``; the output folder receives ``config.yaml`` (resolved config),
+loss ``config.loss.name`` (a model that scores pairs itself, SCAN, BFAN or SGRAF, through the
+loss's ``from_similarity``: :mod:`.pair_scoring`); the output folder receives ``config.yaml`` (resolved config),
 ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every ``checkpoint_every`` steps,
 every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and ``best.pt`` (best dev rsum on the
 first 1000 images / 5000 captions, written before ``last.pt``). The folder rules (no training
@@ -379,7 +380,8 @@ class Trainer:
         """Dev metrics (logged with a ``dev_`` prefix in the epoch record): the retrieval
         metrics, plus ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
         ``hardest_neg_sim``, the mean over every image and every caption query of its hardest
-        non-matching cosine (Unified Fig. 4). ``None`` without a dev set."""
+        non-matching cosine (Unified Fig. 4); for a pair scorer the same on its own scores
+        (:func:`.pair_scoring.pair_dev_metrics`). ``None`` without a dev set."""
         if self.dev_set is None:
             return None
         size = self.config.train.eval_batch_size
