@@ -1,4 +1,5 @@
-"""Command line: ``vlret train | eval | compare | sweep | synth | demo | losses | plot``."""
+"""Command line: ``vlret train | eval | import-checkpoint | compare | sweep | synth | demo |
+losses | plot``."""
 
 from __future__ import annotations
 
@@ -331,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     ev.set_defaults(func=_cmd_eval)
+
+    from .train.import_checkpoint import add_import_parser
+
+    add_import_parser(sub)
 
     cmp = sub.add_parser(
         "compare",
