@@ -121,6 +121,16 @@ def test_settings_that_need_embeddings_are_refused_before_the_data_is_read(
     assert "scores pairs itself" in str(err.value)
 
 
+def test_a_loss_without_from_similarity_is_refused(tmp_path, monkeypatch):
+    from vlret.losses import PairLoss
+    from vlret.train import pair_scoring
+
+    monkeypatch.setattr(pair_scoring, "loss_class", lambda name: type("NoSim", (PairLoss,), {}))
+    with pytest.raises(ConfigError) as err:
+        Trainer(cross_config(tmp_path / "no_data_here", tmp_path / "out", "bfan"))
+    assert err.value.key == "loss.name" and "has no from_similarity" in str(err.value)
+
+
 def test_vsl_chunk_size_bounds_the_score_matrix_ranks_and_is_accepted(tmp_path, data):
     overrides = ["loss.name=vsl", "loss.chunk_size=3", "train.epochs=1", "train.validate=false"]
     trainer = Trainer(cross_config(data, tmp_path, "scan", overrides))

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..losses._base import PairLoss
 from ..losses.registry import loss_class
 from ..similarity import positive_mask
 from .config import ConfigError, RunConfig
@@ -38,9 +39,14 @@ def check_pair_scoring(config: RunConfig) -> None:
     why = why.format(kind=config.model.get("kind"))
     params = config.loss.params
     try:
-        chunks = getattr(loss_class(config.loss.name), "chunks_similarity", False)
+        cls = loss_class(config.loss.name)
     except ValueError:
         return  # an unknown loss name: the loss section's own check reports it
+    if getattr(cls, "from_similarity", PairLoss.from_similarity) is PairLoss.from_similarity:
+        raise ConfigError(
+            config.source, "loss.name", f"{config.loss.name} has no from_similarity, but {why}"
+        )
+    chunks = getattr(cls, "chunks_similarity", False)
     base_params = params.get("base_params")
     base_chunk = base_params.get("chunk_size") if isinstance(base_params, dict) else None
     for key, value in (
