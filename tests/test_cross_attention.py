@@ -143,7 +143,7 @@ def test_scan_matches_oracle(direction, aggregation):
 
 
 @pytest.mark.parametrize("focal", ["equal", "prob"])
-@pytest.mark.parametrize("lam", [20.0, 5.0])
+@pytest.mark.parametrize("lam", [20.0, 5.0, 50.0])
 def test_bfan_matches_oracle(focal, lam):
     regions, words, lengths = make_tokens(seed=2)
     got = bfan_scores(regions, words, lengths, focal=focal, lambda_softmax=lam)

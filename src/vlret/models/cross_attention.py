@@ -35,6 +35,9 @@ NORM_EPS = 1e-8
 COSINE_EPS = 1e-8
 #: Default bound on the numbers held by the largest intermediate of one block.
 DEFAULT_MAX_ELEMENTS = 2**24
+#: Up to this inverse temperature the unnormalised softmax ``exp(logits)`` (logits in
+#: ``[-lambda, lambda]``) and its Gram quadratic form stay far inside float32's range.
+_UNSHIFTED_LAMBDA = 20.0
 #: On CPU, blocks of about this many region-word pairs keep the element-wise passes in cache.
 CPU_BLOCK_ELEMENTS = 2**20
 
@@ -319,9 +322,15 @@ def _attended_cosines(
     ``k`` of query set ``m`` (padded query items have raw scores 0, so they add nothing to
     the attention's norm over the queries); ``gram (n_x, c, c)`` the context sets' Gram
     matrices; ``query_norm (n_q, q)``; ``context_bias (n_x, c, 1, 1)`` 0 for real context
-    items and the dtype's minimum for padding. Returns ``(n_x, n_q, q)``. This is
-    :func:`attention_weights` laid out with the context on dimension 1 (so the Gram products
-    are one batched GEMM) and the padding handled by the bias.
+    items and the dtype's minimum for padding. Returns ``(n_x, n_q, q)``.
+
+    This is :func:`attention_weights` laid out with the context on dimension 1 (so the Gram
+    products are one batched GEMM), with two shortcuts that change rounding only: the
+    softmax is left unnormalised (``exp`` of the logits; its sum divides the two small
+    results instead, the cosine being scale-invariant apart from its clamp, which is applied
+    to the normalised values), and its usual max shift is skipped where ``lambda_softmax <=``
+    :data:`_UNSHIFTED_LAMBDA`, the logits lying in ``[-lambda, lambda]`` because each score
+    is at most its norm over the queries.
     """
     n_x, c, n_q, q = raw.shape
     scores = F.leaky_relu(raw, negative_slope=0.1)
@@ -331,19 +340,16 @@ def _attended_cosines(
         logits = scores * scale
     else:
         logits = torch.addcmul(context_bias, scores, scale)
-    weights = torch.softmax(logits, dim=1)
-    total = None
+    if lambda_softmax > _UNSHIFTED_LAMBDA:
+        logits = logits - logits.amax(dim=1, keepdim=True).detach()
+    weights = torch.exp(logits)
     if focal is not None:
         weights = _focal_reassign(weights, focal, context_count)
-        total = weights.sum(dim=1)
+    total = weights.sum(dim=1)
     dot = (weights * raw).sum(dim=1)
     spread = torch.bmm(gram, weights.reshape(n_x, c, n_q * q)).view(n_x, c, n_q, q)
     attended_norm = (spread * weights).sum(dim=1).clamp_min(0.0).sqrt()
-    if total is not None:
-        # the reference divides the kept weights by their sum before attending
-        dot = dot / total
-        attended_norm = attended_norm / total
-    return dot / (query_norm * attended_norm).clamp_min(COSINE_EPS)
+    return (dot / total) / (query_norm * (attended_norm / total)).clamp_min(COSINE_EPS)
 
 
 def _focal_reassign(
@@ -352,9 +358,10 @@ def _focal_reassign(
     """BFAN's focal step: the weights of the kept context items (dimension 1), others 0.
 
     ``sum_j (x_i - x_j) > 0`` is ``x_i > sum_j x_j / c`` and ``sum_j (x_i - x_j) sqrt(x_j) >
-    0`` is ``x_i > sum_j x_j^1.5 / sum_j sqrt(x_j)``; padded items have weight 0 and add
-    nothing to either sum. The decision carries no gradient (the reference's indicator is a
-    ``torch.where`` of constants).
+    0`` is ``x_i > sum_j x_j^1.5 / sum_j sqrt(x_j)``; both thresholds scale with the weights,
+    so unnormalised softmax weights give the same decision. Padded items have weight 0 and
+    add nothing to either sum. The decision carries no gradient (the reference's indicator
+    is a ``torch.where`` of constants).
     """
     with torch.no_grad():
         if focal == "equal":
