@@ -188,6 +188,9 @@ DDP_SETTINGS = {
     "sgr_vsl": ("sgr", ["loss.name=vsl", "model.dropout=0.0", "model.text.dropout=0.0"]),
     "saf_goal": ("saf", ["loss.name=goal", "model.dropout=0.0", "model.text.dropout=0.0"]),
 }
+#: SGRAF as it trains (BatchNorms in training mode, dropout): each rank normalises over its own
+#: images, so only the replicas' agreement is compared (DDP averages the gradients).
+DDP_TRAIN_MODE = {"saf_train_mode": ("saf", ["loss.name=unified", "loss.gamma=50"])}
 DDP_STEPS = 2
 DDP_COMMON = [
     "optim.name=sgd",
@@ -212,10 +215,10 @@ def ddp_tolerance(name: str) -> float:
 
 
 def ddp_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
-    model, overrides = DDP_SETTINGS[name]
+    model, overrides = {**DDP_SETTINGS, **DDP_TRAIN_MODE}[name]
     trainer = Trainer(cross_config(data, out / name, model, DDP_COMMON + overrides))
     for module in trainer.model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and name in DDP_SETTINGS:
             module.eval()
     state = {f"init.model.{k}": v for k, v in model_params(trainer.model).items()}
     trainer.sampler.set_epoch(0)
@@ -249,7 +252,7 @@ def ddp_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
     try:
-        for name in DDP_SETTINGS:
+        for name in [*DDP_SETTINGS, *DDP_TRAIN_MODE]:
             state = ddp_steps(Path(data), Path(out), name)
             torch.save(state, Path(out) / f"{name}.rank{rank}.pt")
     finally:
@@ -309,3 +312,16 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(ddp_run, data, tm
             torch.testing.assert_close(
                 got, want, rtol=0, atol=tol * scale, msg=lambda m, k=k: f"{k}: {m}"
             )
+
+
+def test_sgraf_trains_under_torchrun_with_training_mode_batchnorm(ddp_run):
+    """Per-rank BatchNorm statistics and dropout masks, but one gradient: after 2 steps both
+    replicas hold the same weights, which moved."""
+    ranks = [torch.load(ddp_run / f"saf_train_mode.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    params = [k for k in ranks[0] if k.startswith("model.") and "running" not in k]
+    params = [k for k in params if "num_batches" not in k]
+    assert "model.scorer.saf.bn.weight" in params
+    for k in params:
+        assert torch.equal(ranks[0][k], ranks[1][k]), k
+    key = "model.scorer.saf.bn.weight"
+    assert not torch.equal(ranks[0][key], ranks[0][f"init.{key}"])
