@@ -253,6 +253,14 @@ class VisualSemanticLoss(PairLoss):
       batch size and Eq. (5) does not, so retune ``beta`` for other batch sizes or a
       mean-reduced base. ``reduction="none"`` needs a base with reduction ``"none"`` too and
       returns ``alpha * base_i + beta * vsl_i`` per index.
+    * ``tau`` is an absolute gap in score units. Eq. (4) approximates a rank only while a row's
+      scores spread over much more than ``n * tau`` (SGRAF's sigmoid scores, or the cosines of a
+      model trained with a softmax-type loss); with the paper's ``tau = 0.001`` almost every
+      sigmoid is then saturated and the VSL gradient is small and sparse. When a row's scores
+      lie within a few ``n * tau`` (cosines after the hardest-negative triplet has pulled them to
+      a common value), the smooth ranks are far from the true ones and the VSL gradient grows
+      like ``1 / tau`` until it is as large as the base's and unrelated to it (docs/vsl.md,
+      "tau and the spread of the scores"). Choose ``tau`` relative to the model's score spread.
     * ``text_side=True`` adds Eq. (7) (``L = alpha L_base + beta (L_vs + L_ts)``); the texts'
       semantic matrix comes from the batch's caption strings (``captions=``) or is passed as
       ``text_semantic_sim``.
