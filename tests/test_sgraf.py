@@ -157,8 +157,17 @@ def test_eval_matches_naive_reference(module, steps):
     # float32 with O(10) roundings per op chain on values in (0, 1).
     assert torch.allclose(got.double(), want, rtol=0, atol=2e-6)
     assert (got > 0).all() and (got < 1).all()
-    got64 = scorer.double()(regions, words, lengths)
+    # float64: the same numbers, and the same gradients as autograd through the naive loop.
+    r64, w64 = regions.clone().requires_grad_(), words.clone().requires_grad_()
+    got64 = scorer.double()(r64, w64, lengths)
     assert torch.allclose(got64, want, rtol=0, atol=1e-12)
+    weights = torch.rand(want.shape, dtype=torch.float64)
+    (got64 * weights).sum().backward()
+    r_ref, w_ref = regions.clone().requires_grad_(), words.clone().requires_grad_()
+    p = _reference_state(scorer, module, steps)
+    (naive_scores(p, r_ref, w_ref, lengths, module, steps)[0] * weights).sum().backward()
+    assert torch.allclose(r64.grad, r_ref.grad, rtol=0, atol=1e-12)
+    assert torch.allclose(w64.grad, w_ref.grad, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("module", ["sgr", "saf"])
@@ -277,6 +286,18 @@ def test_initialisation_follows_reference():
             assert torch.count_nonzero(m.bias) == 0, name
         elif isinstance(m, nn.BatchNorm1d):
             assert torch.all(m.weight == 1) and torch.all(m.bias == 0), name
+
+
+def test_local_projection_gradcheck():
+    """The hand-written backward of W (e - l2norm(u))^2 + b against finite differences."""
+    from vlret.models.sgraf import _LocalProjection
+
+    g = torch.Generator().manual_seed(4)
+    args = [
+        torch.randn(*shape, generator=g, dtype=torch.float64)
+        for shape in [(3, 4, 5), (4, 5), (2, 5), (2,)]
+    ]
+    assert torch.autograd.gradcheck(_LocalProjection.apply, [a.requires_grad_() for a in args])
 
 
 @pytest.mark.parametrize("module", ["sgr", "saf"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .cross_attention import NORM_EPS, attention_weights
 
@@ -76,6 +77,46 @@ def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
         mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
     scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
     return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
+
+
+class _LocalProjection(torch.autograd.Function):
+    """``W (e - l2norm(u))^2 + b`` (element-wise square) for attended vectors ``u (ib, M, D)``
+    and words ``e (M, D)``: the pre-norm local similarity vectors ``(ib, M, S)``.
+
+    The same numbers as the composition of the reference's steps, with a hand-written
+    backward that keeps only ``u`` (autograd would keep ``u``, the difference and its square,
+    three ``D``-sized tensors a word and pair) and recomputes the difference from it.
+    """
+
+    @staticmethod
+    def forward(ctx, u, e, weight, bias):  # type: ignore[override]
+        inv = 1.0 / (torch.linalg.vector_norm(u, dim=-1, keepdim=True) + NORM_EPS)
+        diff = torch.addcmul(e, u, inv, value=-1.0)  # e - u / (|u| + eps); squared below
+        ctx.save_for_backward(u, e, weight, inv)
+        return F.linear(diff.square_(), weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        u, e, weight, inv = ctx.saved_tensors
+        need_u, need_e, need_w, need_b = ctx.needs_input_grad
+        diff = torch.addcmul(e, u, inv, value=-1.0)
+        flat = grad.reshape(-1, grad.shape[-1])
+        g_w = flat.T @ diff.square().reshape(-1, diff.shape[-1]) if need_w else None
+        g_b = flat.sum(dim=0) if need_b else None
+        g_u = g_e = None
+        if need_u or need_e:
+            g_diff = (grad @ weight).mul_(diff).mul_(2.0)  # d loss / d (e - a)
+            del diff
+            if need_e:
+                g_e = g_diff.sum(dim=0)
+            if need_u:
+                # a = u / n, n = |u| + eps: d loss/du = -g/n + u (u . g) / (n^2 |u|).
+                norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
+                dot = torch.linalg.vecdot(u, g_diff).unsqueeze(-1)
+                coef = dot * inv.square() / norm.clamp_min(torch.finfo(norm.dtype).tiny)
+                g_u = g_diff.mul_(-inv).addcmul_(u, coef)
+        return g_u, g_e, g_w, g_b
 
 
 class _GlobalAttention(nn.Module):
@@ -441,13 +482,10 @@ class SGRAFScorer(nn.Module):
             raw, query_mask=mask, context_mask=None, lambda_softmax=self.lambda_softmax
         )
         attended = torch.bmm(attn.reshape(ib, cb * width, r), regions)  # (ib, cb * L, D)
-        inv_norm = 1.0 / (torch.linalg.vector_norm(attended, dim=-1, keepdim=True) + NORM_EPS)
-        # e_k - l2norm(a_k) in one pass; its square equals (l2norm(a_k) - e_k)^2.
-        diff = torch.addcmul(words.reshape(cb * width, d), attended, inv_norm, value=-1.0)
+        proj = self.local_proj
+        w, b = proj.weight.to(attended.dtype), proj.bias.to(attended.dtype)
+        local = _LocalProjection.apply(attended, words.reshape(cb * width, d), w, b)
         del attended
-        grad = torch.is_grad_enabled() and diff.requires_grad
-        local = _linear(diff * diff if grad else diff.square_(), self.local_proj)
-        del diff
         local = _l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
         glob = _linear((img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square(), self.global_proj)
         nodes = torch.cat([_l2norm(glob).unsqueeze(2), local], dim=2)
