@@ -16,6 +16,17 @@ from torch import nn
 from vlret.models.sgraf import SGRAFScorer
 
 D, S, R = 12, 8, 5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: thread hand-offs would cost more than the work on a loaded CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 EPS = 1e-8  # the reference l2norm / l1norm eps
 BN_EPS = 1e-5
 
