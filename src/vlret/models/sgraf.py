@@ -14,10 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .cross_attention import NORM_EPS, attention_weights
-
-#: Default bound on the numbers held by the largest intermediate of one block.
-DEFAULT_MAX_ELEMENTS = 2**24
+from .cross_attention import DEFAULT_MAX_ELEMENTS, NORM_EPS, attention_weights, check_tokens
 
 MODULES = ("sgr", "saf")
 
@@ -383,11 +380,11 @@ class SGRAFScorer(nn.Module):
         Computed in the inputs' dtype promoted to float32 at least. Pairs are scored in
         blocks of images x captions whose largest intermediate (the attended vector of
         every word of every pair, ``L x D`` numbers a pair) holds at most ``max_elements``
-        numbers (default :data:`DEFAULT_MAX_ELEMENTS`, at least one pair a block).
-        Captions are processed longest first, each block trimmed to its longest caption;
-        the columns come back in call order.
+        numbers (default :data:`~vlret.models.cross_attention.DEFAULT_MAX_ELEMENTS`, at
+        least one pair a block). Captions are processed longest first, each block trimmed to
+        its longest caption; the columns come back in call order.
         """
-        lengths = _check_inputs(regions, words, word_lengths)
+        lengths = check_tokens(regions, words, word_lengths)
         if regions.shape[1] != self.num_regions:
             raise ValueError(
                 f"regions must have num_regions={self.num_regions} regions (the image "
@@ -564,46 +561,4 @@ class SGRAFScorer(nn.Module):
         return torch.cat([torch.cat(row, dim=0) for row in rows.values()], dim=1)
 
 
-def _check_inputs(
-    regions: torch.Tensor, words: torch.Tensor, word_lengths: torch.Tensor
-) -> torch.Tensor:
-    """Shapes, lengths and finiteness of the token inputs; ``word_lengths`` as long."""
-    if not isinstance(regions, torch.Tensor) or regions.dim() != 3:
-        raise ValueError(f"regions must be a 3-D tensor (n_img, R, D), got {_shape(regions)}")
-    if not isinstance(words, torch.Tensor) or words.dim() != 3:
-        raise ValueError(f"words must be a 3-D tensor (n_cap, L, D), got {_shape(words)}")
-    if regions.shape[2] != words.shape[2]:
-        raise ValueError(
-            f"regions and words must have the same feature size, got {regions.shape[2]} and "
-            f"{words.shape[2]}"
-        )
-    if not regions.is_floating_point():
-        raise ValueError(f"regions must be floating point, got {regions.dtype}")
-    if not words.is_floating_point():
-        raise ValueError(f"words must be floating point, got {words.dtype}")
-    lengths = torch.as_tensor(word_lengths, device=words.device)
-    if lengths.dim() != 1 or lengths.shape[0] != words.shape[0]:
-        raise ValueError(
-            f"word_lengths must have shape ({words.shape[0]},), got {tuple(lengths.shape)}"
-        )
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise ValueError(f"word_lengths must hold integers, got {lengths.dtype}")
-    lengths = lengths.long()
-    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > words.shape[1]):
-        raise ValueError(
-            f"word_lengths must lie in 1..{words.shape[1]} (the padded width), got min "
-            f"{int(lengths.min())} max {int(lengths.max())}"
-        )
-    if not bool(torch.isfinite(regions).all()):
-        raise ValueError("regions must be finite (found NaN or inf)")
-    mask = torch.arange(words.shape[1], device=words.device).unsqueeze(0) < lengths.unsqueeze(1)
-    if not bool(torch.isfinite(words).all(dim=-1)[mask].all()):
-        raise ValueError("words must be finite within word_lengths (found NaN or inf)")
-    return lengths
-
-
-def _shape(x: object) -> str:
-    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-
-
-__all__ = ["DEFAULT_MAX_ELEMENTS", "MODULES", "SGRAFScorer"]
+__all__ = ["MODULES", "SGRAFScorer"]
