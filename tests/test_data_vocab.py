@@ -1,9 +1,11 @@
-"""Regex tokeniser, vocabulary rules (train + dev only, min count 4), JSON, local HF tokenizers."""
+"""Regex and NLTK tokenisers, vocabulary rules (train + dev only, min count 4), JSON, encoder
+states, local HF tokenizers."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 import sys
 import types
 
@@ -21,7 +23,9 @@ from vlret.data import (
     load_hf_tokenizer,
     tokenize,
 )
+from vlret.data.vocab import nltk_tokenize
 from vlret.data.writers import write_precomp
+from vlret.train.builders import encoder_from_state, encoder_state
 
 
 def test_tokenize():
@@ -125,6 +129,163 @@ def test_precomp_vocab_counts_train_and_dev_never_test(tmp_path):
     batch = ds.collate([ds[0], ds[3]])
     assert batch.captions[0].tolist() == [1, vocab("a"), vocab("red"), vocab("cat"), 2]
     assert batch.lengths.tolist() == [5, 5]
+
+
+# ----------------------------------------------------------------------------- NLTK tokeniser
+
+# One sentence each (Punkt splits none of them), so word_tokenize(..., preserve_line=True) is
+# the reference word_tokenize(caption.lower()) with or without the Punkt data.
+ONE_SENTENCE = [
+    "A man don't run",
+    "I can't believe they're here, we'll see; she'd go and I'm sure you've won't",
+    "He cannot swim .",
+    'A sign that says "STOP" on a pole.',
+    "A man holding 3.5 kg of fish, 1,000 people at 10:30 and $5 tickets",
+    "The dog's toy and the dogs' bowls, James's hat",
+    "A man ... walking (slowly) -- or not?!",
+    "Two T-shirts on a 2-year-old child's bed.",
+    "  A  caption with   odd spacing . ",
+]
+# Several sentences: the reference splits them with Punkt, then tokenises each.
+SEVERAL_SENTENCES = [
+    ("A kitchen with a stove. There is a sink.", ["a kitchen with a stove.", "there is a sink."]),
+    ("I don't know. We can't.", ["i don't know.", "we can't."]),
+    ('He said "hi." Then he left!', ['he said "hi."', "then he left!"]),
+    ("Is it a cat? No, a dog. A big one", ["is it a cat?", "no, a dog.", "a big one"]),
+]
+
+
+def _punkt_installed(nltk) -> bool:
+    try:
+        nltk.tokenize.sent_tokenize("a.")
+    except LookupError:
+        return False
+    return True
+
+
+def test_nltk_tokenizer_is_the_reference_word_tokenize():
+    nltk = pytest.importorskip("nltk")
+    word_tokenize = nltk.tokenize.word_tokenize
+    for caption in ONE_SENTENCE:
+        assert nltk_tokenize(caption) == word_tokenize(caption.lower(), preserve_line=True)
+    assert nltk_tokenize("A man don't run") == ["a", "man", "do", "n't", "run"]
+    assert nltk_tokenize('Says "STOP".') == ["says", "``", "stop", "''", "."]
+    assert nltk_tokenize("He cannot, 3.5 kg")[1:4] == ["can", "not", ","]
+    for caption, sentences in SEVERAL_SENTENCES:
+        expected = [w for s in sentences for w in word_tokenize(s, preserve_line=True)]
+        assert nltk_tokenize(caption) == expected, caption
+    # Splitting sentences matters: without it a mid-caption period stays on its word.
+    assert "stove." in word_tokenize(SEVERAL_SENTENCES[0][0].lower(), preserve_line=True)
+    if _punkt_installed(nltk):
+        for caption in [*ONE_SENTENCE, *(c for c, _ in SEVERAL_SENTENCES), "Mr. Smith. A dog"]:
+            assert nltk_tokenize(caption) == word_tokenize(caption.lower()), caption
+
+
+def test_nltk_tokenizer_without_the_punkt_data_misses_its_abbreviations():
+    nltk = pytest.importorskip("nltk")
+    if _punkt_installed(nltk):
+        pytest.skip("the Punkt data is installed: nltk_tokenize is word_tokenize exactly")
+    # The English Punkt model knows "mr." (the reference keeps "mr." whole); untrained Punkt
+    # ends a sentence there (module docstring of vlret.data.vocab).
+    assert nltk_tokenize("Mr. Smith. A dog") == ["mr", ".", "smith", ".", "a", "dog"]
+
+
+def test_nltk_tokenizer_uses_the_punkt_data_when_installed(tmp_path, monkeypatch):
+    """A stand-in English Punkt model that knows one abbreviation, "mr": nltk_tokenize is then
+    word_tokenize itself, keeping "mr." whole."""
+    nltk = pytest.importorskip("nltk")
+    punkt_cache = getattr(nltk.tokenize, "_get_punkt_tokenizer", None)
+    if not hasattr(punkt_cache, "cache_clear"):
+        pytest.skip("this NLTK caches its Punkt model elsewhere")
+    model = tmp_path / "tokenizers" / "punkt_tab" / "english"
+    model.mkdir(parents=True)
+    for name in ("collocations.tab", "sent_starters.txt", "ortho_context.tab"):
+        (model / name).write_text("")
+    (model / "abbrev_types.txt").write_text("mr\n")
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path), *nltk.data.path])
+    vocab_module = sys.modules[Vocabulary.__module__]
+    try:
+        vocab_module._nltk_pipeline.cache_clear()
+        punkt_cache.cache_clear()
+        tokens = nltk_tokenize("Mr. Smith. A dog")
+        assert tokens == nltk.tokenize.word_tokenize("mr. smith. a dog")
+        assert tokens == ["mr.", "smith", ".", "a", "dog"]
+    finally:  # forget the stand-in model
+        vocab_module._nltk_pipeline.cache_clear()
+        punkt_cache.cache_clear()
+
+
+def test_nltk_vocabulary_encodes_saves_and_compares(tmp_path):
+    pytest.importorskip("nltk")
+    captions = ["A man don't run.", "A man doesn't swim"] * 4
+    vocab = build_vocab(captions, tokenizer="nltk")
+    assert vocab.tokenizer == "nltk" and "n't" in vocab and "don't" not in vocab
+    assert vocab.encode("A MAN don't run.") == [
+        1, *(vocab(w) for w in ["a", "man", "do", "n't", "run", "."]), 2,
+    ]  # fmt: skip
+    assert repr(vocab) == f"Vocabulary({len(vocab)} words, tokenizer='nltk')"
+    path = vocab.save(tmp_path / "vocab.json")
+    assert json.loads(path.read_text())["tokenizer"] == "nltk"
+    loaded = Vocabulary.load(path)
+    assert loaded == vocab and loaded.tokenizer == "nltk"
+    assert loaded.encode("a man don't run") == vocab.encode("a man don't run")
+    assert pickle.loads(pickle.dumps(vocab)) == vocab  # DataLoader workers receive it pickled
+    # Same words, other tokeniser: a different encoder.
+    regex = Vocabulary(vocab.idx2word)
+    assert regex != vocab and regex.tokenizer == "vlret" and "tokenizer" not in regex.to_json()
+    assert regex.encode("a man don't run") != vocab.encode("a man don't run")
+
+
+def test_unknown_tokenizer_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"tokenizer must be one of \('vlret', 'nltk'\), got 'x'"):
+        Vocabulary(list(SPECIAL_TOKENS), tokenizer="x")
+    with pytest.raises(ValueError, match=r"got 'spacy'"):
+        build_vocab(["a"] * 4, tokenizer="spacy")
+    path = _write(tmp_path, dict(build_vocab(["x y"] * 4).to_json(), tokenizer="bpe"))
+    with pytest.raises(DataFormatError, match=r"vocab\.json: tokenizer must be one of .* 'bpe'"):
+        Vocabulary.load(path)
+
+
+def test_nltk_tokenizer_without_nltk_says_how_to_install(tmp_path, monkeypatch):
+    path = _write(tmp_path, dict(build_vocab(["x y"] * 4).to_json(), tokenizer="nltk"))
+    monkeypatch.setitem(sys.modules, "nltk", None)  # import nltk -> ImportError
+    install = (
+        r"needs the optional package 'nltk' \(pip install nltk, or pip install 'vlret\[nltk\]'"
+    )
+    with pytest.raises(ImportError, match=install):
+        Vocabulary(list(SPECIAL_TOKENS), tokenizer="nltk")
+    with pytest.raises(ImportError, match=install):
+        Vocabulary.load(path)
+    with pytest.raises(ImportError, match=install):
+        nltk_tokenize("a man")
+    assert Vocabulary(list(SPECIAL_TOKENS)).encode("a man") == [1, 3, 3, 2]
+
+
+def test_encoder_state_keeps_the_tokenizer():
+    words = [*SPECIAL_TOKENS, "a", "man", "do", "n't"]
+    # The config only matters for HF tokenizers (their directory).
+    state = encoder_state(Vocabulary(words), None)
+    assert state == {"kind": "vocab", "idx2word": words, "tokenizer": "vlret"}
+    assert encoder_from_state(state) == Vocabulary(words)
+    # A checkpoint written before the key existed: the regex tokeniser.
+    old = encoder_from_state({"kind": "vocab", "idx2word": words})
+    assert old == Vocabulary(words) and old.tokenizer == "vlret"
+    for name in ("sentencepiece", None):
+        with pytest.raises(ValueError, match=f"encoder state tokenizer {name!r} is unknown"):
+            encoder_from_state({"kind": "vocab", "idx2word": words, "tokenizer": name})
+
+
+def test_encoder_state_of_an_nltk_vocabulary_and_an_imported_checkpoint():
+    pytest.importorskip("nltk")
+    words = [*SPECIAL_TOKENS, "a", "man", "do", "n't"]
+    vocab = Vocabulary(words, tokenizer="nltk")
+    state = encoder_state(vocab, None)
+    assert state["tokenizer"] == "nltk" and encoder_from_state(state) == vocab
+    # What vlret import-checkpoint writes for the reference code's tokenisation.
+    imported = encoder_from_state(
+        {"kind": "vocab", "idx2word": words, "tokenizer": "nltk_word_tokenize"}
+    )
+    assert imported == vocab and imported.encode("A man don't") == [1, 4, 5, 6, 7, 2]
 
 
 # ----------------------------------------------------------------------------- HF tokenizer

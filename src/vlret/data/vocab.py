@@ -1,19 +1,29 @@
-"""Offline tokenisation: a regex word tokeniser with a JSON vocabulary, or a local HF tokenizer.
+"""Offline tokenisation: a word tokeniser with a JSON vocabulary, or a local HF tokenizer.
 
-Nothing here downloads anything. NLTK's word tokenizer needs a downloaded model (punkt) and
-fails offline, so the word tokeniser is a regular expression: lower-cased words (hyphenated
-words kept whole, e.g. ``t-shirt``), English clitics split off (``man's`` -> ``man``, ``'s``)
-and every punctuation mark a token of its own, which is close to what the VSE lineage's NLTK
-tokenisation produced.
+Nothing here downloads anything. A :class:`Vocabulary` tokenises with one of two word
+tokenisers, named by its ``tokenizer`` (kept in its JSON and in checkpoints):
+
+- ``"vlret"`` (default, no dependency): a regular expression. Lower-cased words (hyphenated
+  words kept whole, e.g. ``t-shirt``), English clitics split off (``man's`` -> ``man``,
+  ``'s``) and every punctuation mark a token of its own. On pre-tokenised precomp captions it
+  gives NLTK's tokens, except where the Treebank rules differ: ``don't`` -> ``don ' t`` here,
+  ``do n't`` in NLTK; ``"`` -> ``` `` ``` / ``''``; ``cannot`` -> ``can not``; ``3.5``,
+  ``1,000``, ``10:30`` and ``mrs.`` kept whole; only a caption's final period split off.
+- ``"nltk"`` (optional package ``nltk``, ``pip install 'vlret[nltk]'``): the tokenisation of
+  the VSE lineage's reference code (SCAN, Lee et al. ECCV 2018, ``data.py``; BFAN, SGRAF),
+  ``nltk.tokenize.word_tokenize(caption.lower())``, for their released vocabularies
+  (:func:`nltk_tokenize`).
 
 The vocabulary JSON is the VSE-infinity layout ``{"word2idx": {...}, "idx2word": {"0":
-"<pad>", ...}, "idx": N}`` with ``<pad>``=0, ``<start>``=1, ``<end>``=2, ``<unk>``=3. It is
+"<pad>", ...}, "idx": N}`` with ``<pad>``=0, ``<start>``=1, ``<end>``=2, ``<unk>``=3, plus
+``"tokenizer": "nltk"`` for an NLTK vocabulary (a file without the key is ``"vlret"``). It is
 built from train + dev captions only, keeping words seen at least 4 times (one public
 vocabulary also counted the test captions, a leak; the builders here refuse test splits).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -37,6 +47,60 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+def nltk_tokenize(text: str) -> list[str]:
+    """The reference code's tokens, ``nltk.tokenize.word_tokenize(text.lower())``.
+
+    ``word_tokenize`` splits sentences with NLTK's Punkt model, then applies the Treebank
+    rules (``NLTKWordTokenizer``) to each sentence. The Punkt model is a data file
+    (``punkt_tab``) that is not part of the ``nltk`` package. With it installed this is
+    ``word_tokenize`` exactly; without it the sentences come from Punkt with no trained
+    parameters (``PunktSentenceTokenizer()``, which needs no data). On lower-cased text the
+    two split alike except after the English model's known abbreviations and collocations:
+    ``"mr. smith. a dog"`` is ``mr. smith . a dog`` with the model, ``mr . smith . a dog``
+    without. (``word_tokenize(text, preserve_line=True)``, no sentence splitting, would instead
+    keep every mid-caption sentence end on its word: ``"a stove. a sink."`` -> ``stove.``.)
+
+    Raises ``ImportError`` naming ``pip install nltk`` without the package.
+    """
+    return _nltk_tokenizer()(text)
+
+
+def _nltk_tokenizer() -> Callable[[str], list[str]]:
+    try:
+        nltk = importlib.import_module("nltk")
+    except ImportError:
+        raise ImportError(
+            "tokenizer='nltk' needs the optional package 'nltk' (pip install nltk, or pip "
+            "install 'vlret[nltk]'); tokenizer='vlret' needs nothing"
+        ) from None
+    return _nltk_pipeline(nltk)
+
+
+@functools.cache
+def _nltk_pipeline(nltk: Any) -> Callable[[str], list[str]]:
+    """``word_tokenize`` if the Punkt data is installed, else the data-free equivalent."""
+    try:
+        nltk.tokenize.sent_tokenize("a.")
+    except LookupError:
+        sentences = nltk.tokenize.punkt.PunktSentenceTokenizer().tokenize
+        words = nltk.tokenize.NLTKWordTokenizer().tokenize
+        return lambda text: [w for s in sentences(text.lower()) for w in words(s)]
+    return lambda text: nltk.tokenize.word_tokenize(text.lower())
+
+
+TOKENIZERS = ("vlret", "nltk")
+
+
+def word_tokenizer(name: str) -> Callable[[str], list[str]]:
+    """The tokeniser named ``"vlret"`` (:func:`tokenize`) or ``"nltk"`` (:func:`nltk_tokenize`)."""
+    if name == "vlret":
+        return tokenize
+    if name == "nltk":
+        _nltk_tokenizer()  # ImportError now, not at the first caption
+        return nltk_tokenize  # a module function: a Vocabulary stays picklable (DataLoader)
+    raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {name!r}")
+
+
 def check_vocab_splits(splits: Sequence[str]) -> None:
     """Refuse test splits: a vocabulary counted over test captions leaks them into training."""
     bad = [s for s in splits if s not in VOCAB_SPLITS]
@@ -49,13 +113,13 @@ def check_vocab_splits(splits: Sequence[str]) -> None:
 class Vocabulary:
     """Word <-> index map whose first four entries are ``<pad> <start> <end> <unk>``.
 
-    ``encode`` tokenises, maps unknown words to ``<unk>`` and wraps the ids in ``<start>`` ...
-    ``<end>``; it satisfies :class:`vlret.data.precomp.CaptionEncoder`.
+    ``encode`` tokenises with ``tokenizer`` (``"vlret"`` or ``"nltk"``, see the module
+    docstring), maps unknown words to ``<unk>`` and wraps the ids in ``<start>`` ... ``<end>``;
+    it satisfies :class:`vlret.data.precomp.CaptionEncoder`. ``tokenizer="nltk"`` without the
+    ``nltk`` package raises ``ImportError`` here.
     """
 
-    def __init__(
-        self, idx2word: Sequence[str], *, tokenizer: Callable[[str], list[str]] = tokenize
-    ):
+    def __init__(self, idx2word: Sequence[str], *, tokenizer: str = "vlret"):
         words = list(idx2word)
         if tuple(words[:4]) != SPECIAL_TOKENS:
             raise ValueError(f"idx2word must start with {SPECIAL_TOKENS}, got {words[:4]}")
@@ -64,6 +128,7 @@ class Vocabulary:
             if w in word2idx:
                 raise ValueError(f"idx2word repeats {w!r} at indices {word2idx[w]} and {i}")
             word2idx[w] = i
+        self._tokenize = word_tokenizer(tokenizer)
         self.idx2word = words
         self.word2idx = word2idx
         self.tokenizer = tokenizer
@@ -83,15 +148,20 @@ class Vocabulary:
         return self.word2idx.get(word, self.unk_id)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Vocabulary) and self.idx2word == other.idx2word
+        return (
+            isinstance(other, Vocabulary)
+            and self.idx2word == other.idx2word
+            and self.tokenizer == other.tokenizer
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Vocabulary({len(self)} words)"
+        shown = "" if self.tokenizer == "vlret" else f", tokenizer={self.tokenizer!r}"
+        return f"Vocabulary({len(self)} words{shown})"
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
-        ids = [self.word2idx.get(w, self.unk_id) for w in self.tokenizer(text)]
+        ids = [self.word2idx.get(w, self.unk_id) for w in self._tokenize(text)]
         return [self.start_id, *ids, self.end_id] if add_special else ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
@@ -101,12 +171,16 @@ class Vocabulary:
         return " ".join(words)
 
     def to_json(self) -> dict[str, Any]:
-        """The VSE-infinity JSON layout: ``word2idx``, ``idx2word`` (string keys), ``idx``."""
-        return {
+        """The VSE-infinity JSON layout: ``word2idx``, ``idx2word`` (string keys), ``idx``; and
+        ``tokenizer`` unless it is the default ``"vlret"``."""
+        data: dict[str, Any] = {
             "word2idx": dict(self.word2idx),
             "idx2word": {str(i): w for i, w in enumerate(self.idx2word)},
             "idx": len(self.idx2word),
         }
+        if self.tokenizer != "vlret":
+            data["tokenizer"] = self.tokenizer
+        return data
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically (:func:`vlret._files.atomic_write_text`)."""
@@ -114,7 +188,10 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
-        """Read and validate a vocabulary JSON (any error names the file and the problem)."""
+        """Read and validate a vocabulary JSON (any error names the file and the problem).
+
+        A file without ``"tokenizer"`` (any VSE-infinity vocabulary) tokenises with ``"vlret"``.
+        """
         path = Path(path)
         data = read_json(path, 'a vocabulary {"word2idx": ..., "idx2word": ..., "idx": N}')
         expected = 'expected {"word2idx": {word: index}, "idx2word": {"index": word}, "idx": N}'
@@ -141,7 +218,7 @@ class Vocabulary:
                 )
             words.append(word)
         try:
-            return cls(words)
+            return cls(words, tokenizer=data.get("tokenizer", "vlret"))
         except ValueError as err:
             raise DataFormatError(path, str(err)) from None
 
@@ -150,17 +227,19 @@ def build_vocab(
     captions: Iterable[str],
     *,
     min_count: int = DEFAULT_MIN_COUNT,
-    tokenizer: Callable[[str], list[str]] = tokenize,
+    tokenizer: str = "vlret",
 ) -> Vocabulary:
-    """Words seen at least ``min_count`` times, most frequent first (ties alphabetical).
+    """Words seen at least ``min_count`` times, most frequent first (ties alphabetical),
+    tokenised with ``tokenizer`` (``"vlret"`` or ``"nltk"``).
 
     Pass train + dev captions only, never test captions.
     """
     if not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count must be a positive int, got {min_count!r}")
+    split = word_tokenizer(tokenizer)
     counts: Counter[str] = Counter()
     for text in captions:
-        counts.update(tokenizer(text))
+        counts.update(split(text))
     kept = sorted(
         (w for w, c in counts.items() if c >= min_count and w not in SPECIAL_TOKENS),
         key=lambda w: (-counts[w], w),
@@ -231,10 +310,13 @@ def load_hf_tokenizer(path: str | Path, *, max_length: int | None = None) -> HFT
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "TOKENIZERS",
     "HFTokenizer",
     "Vocabulary",
     "build_precomp_vocab",
     "build_vocab",
     "load_hf_tokenizer",
+    "nltk_tokenize",
     "tokenize",
+    "word_tokenizer",
 ]

@@ -71,13 +71,26 @@ def build_encoder(
 def encoder_state(encoder: Any, config: RunConfig) -> dict[str, Any]:
     """What a checkpoint stores to rebuild the encoder without the training data."""
     if isinstance(encoder, Vocabulary):
-        return {"kind": "vocab", "idx2word": list(encoder.idx2word)}
+        return {"kind": "vocab", "idx2word": list(encoder.idx2word), "tokenizer": encoder.tokenizer}
     return {"kind": "hf", "path": config.data.tokenizer or model_tokenizer_path(config.model)}
 
 
+# An encoder state's "tokenizer" -> Vocabulary(tokenizer=...). "nltk_word_tokenize" is what
+# vlret import-checkpoint writes for the reference code's NLTK tokenisation; a state without
+# the key (checkpoints before it existed) is "vlret".
+_STATE_TOKENIZERS = {"vlret": "vlret", "nltk": "nltk", "nltk_word_tokenize": "nltk"}
+
+
 def encoder_from_state(state: dict[str, Any]) -> Any:
+    """The caption encoder an :func:`encoder_state` (or an imported checkpoint) describes."""
     if state["kind"] == "vocab":
-        return Vocabulary(state["idx2word"])
+        name = state.get("tokenizer", "vlret")
+        if not isinstance(name, str) or name not in _STATE_TOKENIZERS:
+            raise ValueError(
+                f"encoder state tokenizer {name!r} is unknown; expected one of "
+                f"{sorted(_STATE_TOKENIZERS)}"
+            )
+        return Vocabulary(state["idx2word"], tokenizer=_STATE_TOKENIZERS[name])
     return load_hf_tokenizer(state["path"])
 
 
