@@ -350,7 +350,7 @@ def test_an_imported_scan_ensemble_evaluates_as_the_reference(tmp_path):
     metrics of the averaged reference score matrices (distinct captions of known words, so
     the float32 evaluation and the float64 oracle rank alike)."""
     gen = torch.Generator().manual_seed(5)
-    known = [w for w in WORDS[4:] if w != "n't"]  # n't: see the xfail test below
+    known = WORDS[4:]
     words = [known[int(i)] for i in torch.randint(len(known), (20 * 8,), generator=gen)]
     captions = [" ".join(words[8 * k : 8 * k + 3 + k % 6]) for k in range(20)]
     feats = torch.randn(4, 5, IMG_DIM, generator=gen, dtype=torch.float64)
@@ -411,8 +411,9 @@ def test_caption_encoder_reproduces_the_reference_ids(tmp_path):
 
 @pytest.mark.parametrize("caption", ["a man do n't run", "a man don't run"])
 def test_captions_where_nltk_tokenises_differently(tmp_path, caption):
-    """Known gap: the reference vocabularies hold NLTK tokens (n't, ``, '', mrs., 3.5) that
-    vlret's Vocabulary tokeniser never produces; NLTK gives "a man do n't run" for both."""
+    """The reference vocabularies hold NLTK tokens (n't, ``, '', mrs., 3.5) that vlret's own
+    regex tokeniser never produces: an imported checkpoint's vocabulary tokenises with NLTK's
+    Treebank rules, which give "a man do n't run" for both."""
     out = run_import(tmp_path, write_reference(tmp_path, "bfan", bfan_opt()), "bfan")
     encoder = encoder_from_state(load_checkpoint(out)["encoder"])
     assert encoder.encode(caption)[1:-1] == [

@@ -37,11 +37,11 @@ with ``margin`` and ``max_violation`` as ``hardest``, Adam ``learning_rate`` x0.
 dense ``0..idx-1`` with ``<pad> <start> <end> <unk>`` = 0..3
 (:meth:`~vlret.data.vocab.Vocabulary.load`) and match the embedding rows and
 ``opt.vocab_size``. The reference encodes a caption as ``<start>``, the ids of NLTK
-``word_tokenize`` of the lower-cased text (``<unk>`` if unknown), ``<end>``;
-:class:`~vlret.data.vocab.Vocabulary` adds the same ids, and its offline regex tokeniser gives
-NLTK's tokens on pre-tokenised precomp captions except where the Treebank rules differ (``"``
-as ``` `` ``` / ``''``, ``n't`` and ``cannot`` split, ``mrs.`` or ``3.5`` kept whole): the
-encoder state names the reference tokeniser under ``"tokenizer"``.
+``word_tokenize`` of the lower-cased text (``<unk>`` if unknown), ``<end>``; the written
+encoder state names that tokeniser (``"tokenizer": "nltk_word_tokenize"``), so the imported
+:class:`~vlret.data.vocab.Vocabulary` tokenises with NLTK's Treebank rules (``pip install
+vlret[nltk]``; :func:`~vlret.data.vocab.nltk_tokenize` states the one difference when punkt's
+sentence data is not installed) and gives the reference ids.
 """
 
 from __future__ import annotations
