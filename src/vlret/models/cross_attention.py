@@ -453,6 +453,52 @@ class _CaptionBlock:
         self.count = self.lengths.view(-1, 1, 1, 1)
 
 
+def block_plan(
+    n_img: int,
+    n_regions: int,
+    dim: int,
+    lengths: torch.Tensor,
+    *,
+    max_elements: int | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[int, torch.Tensor, list[tuple[int, int, int]]]:
+    """How :func:`scan_scores` and :func:`bfan_scores` split the pairs into blocks.
+
+    Returns ``(image_step, order, caption_blocks)``: images go in consecutive runs of
+    ``image_step``; captions are taken in ``order`` (by length, stable) and each
+    ``(start, stop, longest)`` block covers ``order[start:stop]``, trimmed to its
+    ``longest`` caption. A block's raw scores, ``image_step x R x (stop - start) x longest``
+    numbers, never exceed ``max_elements`` (and on CPU not :data:`CPU_BLOCK_ELEMENTS`, so
+    that the element-wise passes over them stay in cache), nor do its regions or words
+    (``x D``); a block holds one image and one caption at least. Exposed for benchmarks
+    and for callers that size their own batches.
+    """
+    budget = _check_max_elements(max_elements)
+    device = torch.device(device)
+    target = budget if device.type != "cpu" else min(budget, CPU_BLOCK_ELEMENTS)
+    side = max(1, math.isqrt(target) // n_regions)
+    image_step = max(1, min(n_img, side, budget // (n_regions * dim)))
+    order = torch.argsort(lengths, stable=True)
+    sorted_lengths = lengths[order].tolist()
+    n_cap = len(sorted_lengths)
+    blocks = []
+    start = 0
+    while start < n_cap:
+        stop = start + 1
+        # grow the block while its longest caption's padded size stays within the bounds
+        while stop < n_cap:
+            longest, count = sorted_lengths[stop], stop + 1 - start
+            if (
+                count * longest * image_step * n_regions > target
+                or count * longest * max(dim, longest) > budget
+            ):
+                break
+            stop += 1
+        blocks.append((start, stop, sorted_lengths[stop - 1]))
+        start = stop
+    return image_step, order, blocks
+
+
 def _blockwise(
     regions: torch.Tensor,
     words: torch.Tensor,
@@ -462,37 +508,22 @@ def _blockwise(
     *,
     word_gram: bool,
 ) -> torch.Tensor:
-    """Run ``score_block`` over blocks of images x length-sorted captions; ``(n_img, n_cap)``."""
+    """Run ``score_block`` over the blocks of :func:`block_plan`; ``(n_img, n_cap)``."""
     dtype = torch.promote_types(torch.promote_types(regions.dtype, words.dtype), torch.float32)
     n_img, n_regions, dim = regions.shape
     n_cap = words.shape[0]
     if n_img == 0 or n_cap == 0:
         return regions.new_zeros((n_img, n_cap), dtype=dtype)
-    target = budget if regions.device.type != "cpu" else min(budget, CPU_BLOCK_ELEMENTS)
-    side = max(1, math.isqrt(target) // n_regions)
-    img_step = max(1, min(n_img, side, budget // (n_regions * dim)))
-    order = torch.argsort(lengths, stable=True)
-    sorted_lengths = lengths[order].tolist()
-
+    image_step, order, caption_blocks = block_plan(
+        n_img, n_regions, dim, lengths, max_elements=budget, device=regions.device
+    )
     image_blocks = []
-    for start in range(0, n_img, img_step):
-        block = regions[start : start + img_step].to(dtype)
+    for start in range(0, n_img, image_step):
+        block = regions[start : start + image_step].to(dtype)
         gram = torch.bmm(block, block.transpose(1, 2))
         image_blocks.append((block, gram, torch.linalg.vector_norm(block, dim=-1)))
-
     columns = []
-    start = 0
-    while start < n_cap:
-        stop = start + 1
-        # grow the block while the longest caption's padded size stays within the bounds
-        while stop < n_cap:
-            longest = sorted_lengths[stop]
-            count = stop + 1 - start
-            pairs = count * longest * img_step * n_regions
-            if pairs > target or count * longest * max(dim, longest) > budget:
-                break
-            stop += 1
-        longest = sorted_lengths[stop - 1]
+    for start, stop, longest in caption_blocks:
         index = order[start:stop]
         captions = _CaptionBlock(
             words[:, :longest].index_select(0, index), lengths[index], dtype, gram=word_gram
@@ -501,7 +532,6 @@ def _blockwise(
             score_block(_Block(block, gram, norm, captions)) for block, gram, norm in image_blocks
         ]
         columns.append(torch.cat(rows, dim=0))
-        start = stop
     scores = torch.cat(columns, dim=1)
     return scores.index_select(1, torch.argsort(order))
 
@@ -515,6 +545,7 @@ __all__ = [
     "SCAN_DIRECTIONS",
     "attention_weights",
     "bfan_scores",
+    "block_plan",
     "check_tokens",
     "scan_scores",
 ]
