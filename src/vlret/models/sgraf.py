@@ -14,7 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .cross_attention import DEFAULT_MAX_ELEMENTS, NORM_EPS, attention_weights, check_tokens
+from .cross_attention import (
+    CPU_BLOCK_ELEMENTS,
+    DEFAULT_MAX_ELEMENTS,
+    NORM_EPS,
+    attention_weights,
+    check_tokens,
+)
 
 MODULES = ("sgr", "saf")
 
@@ -381,8 +387,11 @@ class SGRAFScorer(nn.Module):
         blocks of images x captions whose largest intermediate (the attended vector of
         every word of every pair, ``L x D`` numbers a pair) holds at most ``max_elements``
         numbers (default :data:`~vlret.models.cross_attention.DEFAULT_MAX_ELEMENTS`, at
-        least one pair a block). Captions are processed longest first, each block trimmed to
-        its longest caption; the columns come back in call order.
+        least one pair a block); on CPU blocks are at most
+        :data:`~vlret.models.cross_attention.CPU_BLOCK_ELEMENTS` (cache-sized: the element-wise
+        passes over the attended vectors cost as much as the GEMMs there). Captions are
+        processed longest first, each block trimmed to its longest caption; the columns come
+        back in call order.
         """
         lengths = check_tokens(regions, words, word_lengths)
         if regions.shape[1] != self.num_regions:
@@ -397,7 +406,9 @@ class SGRAFScorer(nn.Module):
             )
         if max_elements is None:
             max_elements = DEFAULT_MAX_ELEMENTS
-        _positive_int(max_elements, "max_elements")
+        budget = _positive_int(max_elements, "max_elements")
+        if regions.device.type == "cpu":  # cache-sized blocks: the element-wise passes dominate
+            budget = min(budget, CPU_BLOCK_ELEMENTS)
         n_img, n_cap = regions.shape[0], words.shape[0]
         dtype = torch.promote_types(torch.promote_types(regions.dtype, words.dtype), torch.float32)
         if n_img == 0 or n_cap == 0:
@@ -436,7 +447,7 @@ class SGRAFScorer(nn.Module):
         while c0 < n_cap:
             top = tops[c0]
             per_pair = max(top * max(d, r), (top + 1) * max(self.sim_dim, top + 1), d)
-            pairs = max(1, max_elements // per_pair)
+            pairs = max(1, budget // per_pair)
             img_block = min(n_img, pairs)
             c1 = min(n_cap, c0 + max(1, pairs // img_block))
             w_b, m_b = words[c0:c1, :top], mask[c0:c1, :top]
