@@ -328,13 +328,22 @@ def test_gradcheck(module):
     assert torch.all(words.grad[1, 1:] == 0) and torch.all(words.grad[2, 2:] == 0)
 
 
-def test_half_inputs_score_in_float32():
+def test_half_inputs_and_autocast_score_in_float32():
     scorer = _scorer("saf").eval()
     regions, words, lengths = _tokens(dtype=torch.float32)
     got = scorer(regions.half(), words.half(), lengths)
     want = scorer(regions.half().float(), words.half().float(), lengths)
     assert got.dtype == torch.float32
     assert torch.allclose(got, want, rtol=0, atol=1e-6)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        under_autocast = scorer(regions, words, lengths)
+    assert torch.equal(under_autocast, scorer(regions, words, lengths))
+    r, w = regions.clone().requires_grad_(), words.clone().requires_grad_()
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        scores = scorer.train()(r, w, lengths)
+    assert scores.dtype == torch.float32
+    scores.sum().backward()  # the hand-written backward sees float32 gradients
+    assert r.grad.dtype == torch.float32 and torch.isfinite(w.grad).all()
 
 
 @pytest.mark.parametrize(

@@ -383,7 +383,8 @@ class SGRAFScorer(nn.Module):
         """Scores ``(n_img, n_cap)`` in (0, 1) of ``regions (n_img, R, D)`` against ``words
         (n_cap, L, D)`` with ``word_lengths (n_cap,)`` in ``1..L``.
 
-        Computed in the inputs' dtype promoted to float32 at least. Pairs are scored in
+        Computed in the inputs' dtype promoted to float32 at least, with autocast disabled
+        inside (a trainer's mixed precision does not reach the scorer). Pairs are scored in
         blocks of images x captions whose largest intermediate (the attended vector of
         every word of every pair, ``L x D`` numbers a pair) holds at most ``max_elements``
         numbers (default :data:`~vlret.models.cross_attention.DEFAULT_MAX_ELEMENTS`, at
@@ -393,6 +394,18 @@ class SGRAFScorer(nn.Module):
         processed longest first, each block trimmed to its longest caption; the columns come
         back in call order.
         """
+        # Autocast would run the GEMMs in half precision and return half scores; the scorer
+        # keeps float32 at least, as for half inputs.
+        with torch.autocast(device_type=regions.device.type, enabled=False):
+            return self._forward(regions, words, word_lengths, max_elements)
+
+    def _forward(
+        self,
+        regions: torch.Tensor,
+        words: torch.Tensor,
+        word_lengths: torch.Tensor,
+        max_elements: int | None,
+    ) -> torch.Tensor:
         lengths = check_tokens(regions, words, word_lengths)
         if regions.shape[1] != self.num_regions:
             raise ValueError(
