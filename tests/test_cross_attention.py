@@ -425,3 +425,13 @@ def test_bfan_bad_options(kwargs, name):
     regions, words, lengths = make_tokens()
     with pytest.raises(ValueError, match=name):
         bfan_scores(regions, words, lengths, **kwargs)
+
+
+@pytest.mark.parametrize("scorer", list(_all_scorers()))
+def test_inference_buffers_give_the_autograd_numbers(scorer):
+    """Without autograd the blocks reuse buffers and work in place: the same operations."""
+    regions, words, lengths = make_tokens(seed=13, n_img=4, n_cap=7, dtype=torch.float32)
+    with torch.no_grad():
+        buffered = scorer(regions, words, lengths, max_elements=R * L * 4)
+    fresh = scorer(regions.requires_grad_(True), words, lengths, max_elements=R * L * 4)
+    torch.testing.assert_close(fresh.detach(), buffered, rtol=0, atol=0)

@@ -230,11 +230,18 @@ def scan_scores(
     def score_block(block: _Block) -> torch.Tensor:
         if direction == "t2i":
             raw = block.raw_t2i()
-            cos = _attended_cosines(raw, block.region_gram, block.word_norm, lambda_softmax)
+            cos = _attended_cosines(
+                raw, block.region_gram, block.word_norm, lambda_softmax, work=block.work
+            )
             return _pool(cos, aggregation, lambda_lse, block.word_mask, block.lengths)
         raw = block.raw_i2t()
         cos = _attended_cosines(
-            raw, block.word_gram, block.region_norm, lambda_softmax, context_bias=block.word_bias
+            raw,
+            block.word_gram,
+            block.region_norm,
+            lambda_softmax,
+            context_bias=block.word_bias,
+            work=block.work,
         )
         return _pool(cos, aggregation, lambda_lse, None, None).T
 
@@ -286,6 +293,7 @@ def bfan_scores(
             lambda_softmax,
             focal=focal,
             context_count=block.n_regions,
+            work=block.work,
         )
         t2i = _pool(cos, "mean", 1.0, block.word_mask, block.lengths)
         raw = block.raw_i2t(raw)
@@ -297,6 +305,7 @@ def bfan_scores(
             context_bias=block.word_bias,
             focal=focal,
             context_count=block.count_per_caption,
+            work=block.work,
         )
         return t2i + cos.mean(dim=-1).T
 
@@ -315,6 +324,7 @@ def _attended_cosines(
     context_bias: torch.Tensor | None = None,
     focal: str | None = None,
     context_count: torch.Tensor | float = 1.0,
+    work: _Workspace | None = None,
 ) -> torch.Tensor:
     """``cos(q, a)`` of every query item with its attended context, from the raw scores.
 
@@ -330,49 +340,90 @@ def _attended_cosines(
     results instead, the cosine being scale-invariant apart from its clamp, which is applied
     to the normalised values), and its usual max shift is skipped where ``lambda_softmax <=``
     :data:`_UNSHIFTED_LAMBDA`, the logits lying in ``[-lambda, lambda]`` because each score
-    is at most its norm over the queries.
+    is at most its norm over the queries. With ``work`` (no gradient needed) the large
+    intermediates live in reused buffers: the same numbers, without a fresh allocation (and
+    its page faults) per block.
     """
     n_x, c, n_q, q = raw.shape
-    scores = F.leaky_relu(raw, negative_slope=0.1)
-    norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
-    scale = lambda_softmax / (norm + NORM_EPS)
-    if context_bias is None:
-        logits = scores * scale
+    if work is None:
+        scores = F.leaky_relu(raw, negative_slope=0.1)
+        norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
+        logits = scores * (lambda_softmax / (norm + NORM_EPS))
+        if context_bias is not None:
+            logits = logits + context_bias
+        if lambda_softmax > _UNSHIFTED_LAMBDA:
+            logits = logits - logits.amax(dim=1, keepdim=True).detach()
+        weights = torch.exp(logits)
+        if focal is not None:
+            weights = torch.where(
+                weights > _focal_threshold(weights, focal, context_count), weights, 0.0
+            )
+        dot = (weights * raw).sum(dim=1)
+        spread = torch.bmm(gram, weights.reshape(n_x, c, n_q * q)).view(n_x, c, n_q, q)
+        quad = (spread * weights).sum(dim=1)
     else:
-        logits = torch.addcmul(context_bias, scores, scale)
-    if lambda_softmax > _UNSHIFTED_LAMBDA:
-        logits = logits - logits.amax(dim=1, keepdim=True).detach()
-    weights = torch.exp(logits)
-    if focal is not None:
-        weights = _focal_reassign(weights, focal, context_count)
+        # the same operations, in place: max(x, 0.1 x) is LeakyReLU(0.1) exactly
+        weights = torch.mul(raw, 0.1, out=work.get("weights", raw.shape, raw.dtype))
+        torch.maximum(raw, weights, out=weights)
+        norm = torch.linalg.vector_norm(weights, dim=-1, keepdim=True)
+        weights.mul_(lambda_softmax / (norm + NORM_EPS))
+        if context_bias is not None:
+            weights.add_(context_bias)
+        if lambda_softmax > _UNSHIFTED_LAMBDA:
+            weights.sub_(weights.amax(dim=1, keepdim=True))
+        weights.exp_()
+        other = work.get("other", raw.shape, raw.dtype)
+        if focal is not None:
+            threshold = _focal_threshold(weights, focal, context_count, other)
+            drop = torch.le(weights, threshold, out=work.get("drop", raw.shape, torch.bool))
+            weights.masked_fill_(drop, 0.0)
+        dot = torch.mul(weights, raw, out=other).sum(dim=1)
+        torch.bmm(gram, weights.view(n_x, c, n_q * q), out=other.view(n_x, c, n_q * q))
+        quad = other.mul_(weights).sum(dim=1)
     total = weights.sum(dim=1)
-    dot = (weights * raw).sum(dim=1)
-    spread = torch.bmm(gram, weights.reshape(n_x, c, n_q * q)).view(n_x, c, n_q, q)
-    attended_norm = (spread * weights).sum(dim=1).clamp_min(0.0).sqrt()
+    attended_norm = quad.clamp_min(0.0).sqrt()
     return (dot / total) / (query_norm * (attended_norm / total)).clamp_min(COSINE_EPS)
 
 
-def _focal_reassign(
-    weights: torch.Tensor, focal: str, context_count: torch.Tensor | float
+def _focal_threshold(
+    weights: torch.Tensor,
+    focal: str,
+    context_count: torch.Tensor | float,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """BFAN's focal step: the weights of the kept context items (dimension 1), others 0.
+    """BFAN's focal step as a threshold: context items (dimension 1) above it are kept.
 
     ``sum_j (x_i - x_j) > 0`` is ``x_i > sum_j x_j / c`` and ``sum_j (x_i - x_j) sqrt(x_j) >
     0`` is ``x_i > sum_j x_j^1.5 / sum_j sqrt(x_j)``; both thresholds scale with the weights,
     so unnormalised softmax weights give the same decision. Padded items have weight 0 and
-    add nothing to either sum. The decision carries no gradient (the reference's indicator
-    is a ``torch.where`` of constants).
+    add nothing to either sum. Where no item would pass (all weights equal) the threshold
+    drops just below the largest weight, which keeps the largest. The decision carries no
+    gradient (the reference's indicator is a ``torch.where`` of constants).
     """
     with torch.no_grad():
         if focal == "equal":
             threshold = weights.sum(dim=1, keepdim=True) / context_count
         else:
-            root = weights.sqrt()
-            threshold = (weights * root).sum(dim=1, keepdim=True) / root.sum(dim=1, keepdim=True)
+            root = torch.sqrt(weights, out=scratch)
+            root_sum = root.sum(dim=1, keepdim=True)
+            threshold = root.mul_(weights).sum(dim=1, keepdim=True) / root_sum
         top = weights.amax(dim=1, keepdim=True)
-        # nothing above the threshold (equal weights): keep the largest instead of 0 / 0
-        threshold = torch.where(threshold < top, threshold, torch.nextafter(top, top.new_zeros(())))
-    return torch.where(weights > threshold, weights, 0.0)
+        return torch.where(threshold < top, threshold, torch.nextafter(top, top.new_zeros(())))
+
+
+class _Workspace:
+    """Flat buffers reused by every block of one call (inference only)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.device = device
+
+    def get(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        size = math.prod(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < size or buf.dtype != dtype:
+            buf = self.buffers[name] = torch.empty(size, dtype=dtype, device=self.device)
+        return buf[:size].view(shape)
 
 
 def _pool(
@@ -406,7 +457,9 @@ class _Block:
         region_gram: torch.Tensor,
         region_norm: torch.Tensor,
         captions: _CaptionBlock,
+        work: _Workspace | None,
     ) -> None:
+        self.work = work
         self.regions = regions
         self.region_gram = region_gram
         self.region_norm = region_norm
@@ -423,17 +476,31 @@ class _Block:
         """``<v_j, e_k>`` as ``(n_i, R, n_c, L)``: one GEMM."""
         n_i, n_r, dim = self.regions.shape
         n_c, n_w, _ = self.words.shape
-        raw = self.regions.reshape(n_i * n_r, dim) @ self.words.reshape(n_c * n_w, dim).T
+        out = self._buffer("raw_t2i", (n_i * n_r, n_c * n_w))
+        raw = torch.matmul(
+            self.regions.reshape(n_i * n_r, dim), self.words.reshape(n_c * n_w, dim).T, out=out
+        )
         return raw.view(n_i, n_r, n_c, n_w)
 
     def raw_i2t(self, raw_t2i: torch.Tensor | None = None) -> torch.Tensor:
         """``<e_k, v_j>`` as ``(n_c, L, n_i, R)``: one GEMM, or a transpose of ``raw_t2i``."""
-        if raw_t2i is not None:
-            return raw_t2i.permute(2, 3, 0, 1).contiguous()
         n_i, n_r, dim = self.regions.shape
         n_c, n_w, _ = self.words.shape
-        raw = self.words.reshape(n_c * n_w, dim) @ self.regions.reshape(n_i * n_r, dim).T
+        out = self._buffer("raw_i2t", (n_c, n_w, n_i, n_r))
+        if raw_t2i is not None:
+            transposed = raw_t2i.permute(2, 3, 0, 1)
+            return transposed.contiguous() if out is None else out.copy_(transposed)
+        if out is not None:
+            out = out.view(n_c * n_w, n_i * n_r)
+        raw = torch.matmul(
+            self.words.reshape(n_c * n_w, dim), self.regions.reshape(n_i * n_r, dim).T, out=out
+        )
         return raw.view(n_c, n_w, n_i, n_r)
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        if self.work is None:
+            return None
+        return self.work.get(name, torch.Size(shape), self.regions.dtype)
 
 
 class _CaptionBlock:
@@ -517,6 +584,9 @@ def _blockwise(
     image_step, order, caption_blocks = block_plan(
         n_img, n_regions, dim, lengths, max_elements=budget, device=regions.device
     )
+    # without autograd, the large intermediates of every block live in the same buffers
+    needs_grad = torch.is_grad_enabled() and (regions.requires_grad or words.requires_grad)
+    work = None if needs_grad else _Workspace(regions.device)
     image_blocks = []
     for start in range(0, n_img, image_step):
         block = regions[start : start + image_step].to(dtype)
@@ -529,7 +599,8 @@ def _blockwise(
             words[:, :longest].index_select(0, index), lengths[index], dtype, gram=word_gram
         )
         rows = [
-            score_block(_Block(block, gram, norm, captions)) for block, gram, norm in image_blocks
+            score_block(_Block(block, gram, norm, captions, work))
+            for block, gram, norm in image_blocks
         ]
         columns.append(torch.cat(rows, dim=0))
     scores = torch.cat(columns, dim=1)
