@@ -515,3 +515,54 @@ def test_cli_synth_passes_options(tmp_path, monkeypatch, capsys):
     seen.clear()
     assert main(["synth", "video", "--out", str(tmp_path)]) == 0
     assert seen == {"preset": "video", "out": tmp_path}  # the module's defaults apply
+
+
+def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, monkeypatch):
+    """A SCAN variant in a comparison on a synthetic world: its metrics and synthetic extras
+    both come from the one exact score matrix (S, I as the embedding pair), equal to
+    evaluate_synthetic on every pair scored on its own, and the pairs are scored once."""
+    from vlret.analysis import compare as compare_module
+    from vlret.data.synthetic import evaluate_synthetic, load_synthetic, write_synthetic
+    from vlret.train import evaluate as evaluate_module
+    from vlret.train import evaluate_pairs
+
+    world = write_synthetic("tiny", tmp_path / "world")
+    hint = json.loads((world / "synthetic.json").read_text(encoding="utf-8"))["train_config_hint"]
+    raw = tiny_raw(world, tmp_path / "base")
+    raw["data"].update(hint["data"])
+    raw["model"] = {
+        "kind": "scan",
+        "embed_dim": 16,
+        "image": {"in_dim": hint["image_in_dim"]},
+        "text": {"word_dim": 8},
+    }
+    raw["train"].update(epochs=1, batch_size=16, max_steps_per_epoch=3)
+    cfg = tmp_path / "scan.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    calls = []
+    real = evaluate_pairs.score_matrix
+
+    def counted(models, regions, texts, **kwargs):
+        calls.append(len(texts))
+        return real(models, regions, texts, **kwargs)
+
+    # vlret eval's scoring (the trainer's dev scoring goes through pair_scoring), and the
+    # fallback that scores the pairs again for the synthetic extras
+    monkeypatch.setattr(evaluate_module, "score_matrix", counted)
+    monkeypatch.setattr(evaluate_pairs, "score_matrix", counted)
+    report = compare(cfg, losses=["unified"], seeds=1, out=tmp_path / "out", progress=False)
+    assert report.count("trained") == 1
+    assert len(calls) == 1  # the test split is scored once for both tables
+    (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]["runs"]
+    model, config, encoder = load_trained_model(Path(run["run_dir"]) / "best.pt")
+    dataset = build_dataset(config.data, "test", encoder)
+    regions, texts = evaluate_pairs.encode_tokens(model, dataset, device="cpu")
+    with torch.no_grad():  # one call over all pairs (no blocks, captions in file order)
+        sim = model.eval().score(regions, *texts.gather())
+    direct = evaluate_synthetic(sim, torch.eye(sim.shape[1]), load_synthetic(world, "test"))
+    assert run["metrics"]["rsum"] == pytest.approx(direct["standard"].rsum)
+    assert run["metrics"]["clone_t2i"] == pytest.approx(direct["clone"].t2i)
+    assert run["metrics"]["t2i_map_at_r"] == pytest.approx(
+        direct["extended"].t2i_map_at_r, abs=1e-6
+    )
+    assert compare_module.synthetic_root(world) is not None

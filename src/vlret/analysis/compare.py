@@ -505,13 +505,20 @@ def _pair_scores_as_embeddings(
 
 
 def synthetic_extras(
-    checkpoint: Path, *, root: Path, spec: RunSpec, settings: EvalSettings
+    checkpoint: Path,
+    *,
+    root: Path,
+    spec: RunSpec,
+    settings: EvalSettings,
+    scores: torch.Tensor | None = None,
 ) -> dict[str, Any] | None:
     """The synthetic world's extras of a trained run on the test split, through
     :func:`~vlret.data.synthetic.evaluate_synthetic`: ``{"split", "metrics", "trials"}`` with
     the :data:`~vlret.analysis.tables.SYNTHETIC_KEYS` metrics (NaN as ``None``) and the
     forced-choice trial counts; ``None`` (with a warning) when the evaluated captions are not
-    the world's split one to one (e.g. MSR-VTT 1k-A, one caption per test video)."""
+    the world's split one to one (e.g. MSR-VTT 1k-A, one caption per test video). ``scores``:
+    a cross-attention model's full test score matrix when the caller has it already (else
+    the pairs are scored here)."""
     from ..data.synthetic import evaluate_synthetic, load_synthetic
     from ..train.builders import build_dataset, eval_data_config
     from ..train.evaluate import encode_dataset, load_trained_model
@@ -544,7 +551,10 @@ def synthetic_extras(
         )
         return None
     if getattr(model, "scores_pairs", False):
-        img, txt = _pair_scores_as_embeddings(model, dataset, settings.batch_size, device)
+        if scores is not None and scores.shape == (dataset.num_images, dataset.num_captions):
+            img, txt = scores, torch.eye(scores.shape[1], dtype=scores.dtype)
+        else:
+            img, txt = _pair_scores_as_embeddings(model, dataset, settings.batch_size, device)
     else:
         img, txt = encode_dataset(
             model,
@@ -594,7 +604,7 @@ def execute_run(
 ) -> RunOutcome:
     """Train (or resume, or read) one run and test it; see the module docstring.
     ``print_fn`` receives the trainer's per-epoch summary lines."""
-    from ..train.evaluate import evaluate_checkpoint, metrics_json
+    from ..train.evaluate import metrics_json, run_evaluation
 
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -636,7 +646,7 @@ def execute_run(
     trainer.fit()
     best = run_dir / "best.pt"
     checkpoint = best if settings.checkpoint == "best" and best.is_file() else last
-    metrics = evaluate_checkpoint(
+    evaluation = run_evaluation(
         checkpoint,
         data=settings.data or spec.config.data.root,
         split=settings.split,
@@ -644,6 +654,7 @@ def execute_run(
         batch_size=settings.batch_size,
         device=spec.config.train.device,
     )
+    metrics = evaluation.metrics
     record = metrics_json(
         metrics,
         protocol=settings.protocol,
@@ -656,7 +667,14 @@ def execute_run(
         epochs=trainer.epoch,
     )
     if world is not None:
-        record["synthetic"] = synthetic_extras(checkpoint, root=world, spec=spec, settings=settings)
+        full = evaluation.scores is not None and not bool(evaluation.scores.isnan().any())
+        record["synthetic"] = synthetic_extras(
+            checkpoint,
+            root=world,
+            spec=spec,
+            settings=settings,
+            scores=evaluation.scores if full else None,
+        )
     _write_json(result_path, record)  # last: its presence marks the run finished
     status = "resumed" if resume is not None else "trained"
     return RunOutcome(spec, status, _result_from_record(spec, record))

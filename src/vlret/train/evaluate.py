@@ -113,6 +113,9 @@ class Evaluation:
     members: tuple[str, ...] = ()
     #: the approximate shortlist protocol's settings and coverage; ``None`` = exact protocol
     shortlist: dict[str, Any] | None = None
+    #: the exact ``(N_img, N_txt)`` score matrix of pair-scoring models (NaN outside the COCO
+    #: 1K fold blocks), kept so a caller can compute more from it without scoring again
+    scores: torch.Tensor | None = None
 
     @property
     def approximate(self) -> bool:
@@ -383,7 +386,7 @@ def run_evaluation(
             sim = scores if sim is None else sim.add_(scores)
         sim /= len(members)
         metrics = metrics_from_scores(sim, t2i, blocks=blocks)
-        return Evaluation(metrics, n_images=n_img, n_texts=n_txt, members=names)
+        return Evaluation(metrics, n_images=n_img, n_texts=n_txt, members=names, scores=sim)
     tokens = [encode_tokens(m[0], ds, **options) for m, ds in zip(members, datasets, strict=True)]
     if shortlist_from is None:
         source = "cosine of the mean-pooled region and word features"
