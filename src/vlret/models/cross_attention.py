@@ -528,6 +528,7 @@ def block_plan(
     *,
     max_elements: int | None = None,
     device: torch.device | str = "cpu",
+    autograd: bool = False,
 ) -> tuple[int, torch.Tensor, list[tuple[int, int, int]]]:
     """How :func:`scan_scores` and :func:`bfan_scores` split the pairs into blocks.
 
@@ -535,14 +536,17 @@ def block_plan(
     ``image_step``; captions are taken in ``order`` (by length, stable) and each
     ``(start, stop, longest)`` block covers ``order[start:stop]``, trimmed to its
     ``longest`` caption. A block's raw scores, ``image_step x R x (stop - start) x longest``
-    numbers, never exceed ``max_elements`` (and on CPU not :data:`CPU_BLOCK_ELEMENTS`, so
-    that the element-wise passes over them stay in cache), nor do its regions or words
-    (``x D``); a block holds one image and one caption at least. Exposed for benchmarks
-    and for callers that size their own batches.
+    numbers, never exceed ``max_elements``, nor do its regions or words (``x D``); a block
+    holds one image and one caption at least. On CPU without ``autograd`` blocks are also
+    kept under :data:`CPU_BLOCK_ELEMENTS`, so that the element-wise passes over them stay in
+    cache; with autograd every block's intermediates are kept for the backward pass anyway,
+    and fewer, larger blocks cost less. Exposed for benchmarks and for callers that size
+    their own batches.
     """
     budget = _check_max_elements(max_elements)
     device = torch.device(device)
-    target = budget if device.type != "cpu" else min(budget, CPU_BLOCK_ELEMENTS)
+    in_cache = device.type == "cpu" and not autograd
+    target = min(budget, CPU_BLOCK_ELEMENTS) if in_cache else budget
     side = max(1, math.isqrt(target) // n_regions)
     image_step = max(1, min(n_img, side, budget // (n_regions * dim)))
     order = torch.argsort(lengths, stable=True)
@@ -581,23 +585,33 @@ def _blockwise(
     n_cap = words.shape[0]
     if n_img == 0 or n_cap == 0:
         return regions.new_zeros((n_img, n_cap), dtype=dtype)
+    needs_grad = torch.is_grad_enabled() and (regions.requires_grad or words.requires_grad)
     image_step, order, caption_blocks = block_plan(
-        n_img, n_regions, dim, lengths, max_elements=budget, device=regions.device
+        n_img,
+        n_regions,
+        dim,
+        lengths,
+        max_elements=budget,
+        device=regions.device,
+        autograd=needs_grad,
     )
     # without autograd, the large intermediates of every block live in the same buffers
-    needs_grad = torch.is_grad_enabled() and (regions.requires_grad or words.requires_grad)
     work = None if needs_grad else _Workspace(regions.device)
+    # split (backward: one concatenation) rather than slice or gather per block (backward: a
+    # zero-filled gradient of the whole input per block)
     image_blocks = []
-    for start in range(0, n_img, image_step):
-        block = regions[start : start + image_step].to(dtype)
+    for block in regions.split(image_step):
+        block = block.to(dtype)
         gram = torch.bmm(block, block.transpose(1, 2))
         image_blocks.append((block, gram, torch.linalg.vector_norm(block, dim=-1)))
+    sizes = [stop - start for start, stop, _ in caption_blocks]
+    sorted_words = words.index_select(0, order).split(sizes)
+    sorted_lengths = lengths[order].split(sizes)
     columns = []
-    for start, stop, longest in caption_blocks:
-        index = order[start:stop]
-        captions = _CaptionBlock(
-            words[:, :longest].index_select(0, index), lengths[index], dtype, gram=word_gram
-        )
+    for block_words, block_lengths, (_, _, longest) in zip(
+        sorted_words, sorted_lengths, caption_blocks, strict=True
+    ):
+        captions = _CaptionBlock(block_words[:, :longest], block_lengths, dtype, gram=word_gram)
         rows = [
             score_block(_Block(block, gram, norm, captions, work))
             for block, gram, norm in image_blocks
