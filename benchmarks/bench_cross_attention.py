@@ -24,7 +24,8 @@ Everything runs in one process with the same torch threads, warmed up, repeats i
 so that load from other processes hits both sides alike.
 
     python benchmarks/bench_cross_attention.py [--images 128] [--captions 256] [--repeats 3]
-        [--threads N] [--device cpu|cuda] [--parts scan,bfan,sgraf,train] [--coco5k-scan]
+        [--sgraf-captions 16] [--batch 128] [--threads N] [--device cpu|cuda]
+        [--parts scan,bfan,sgraf,train] [--coco5k-scan]
 
 ``--coco5k-scan`` (for a GPU) times one full COCO-5K SCAN t2i scoring, 5000 x 25000 pairs,
 with vlret only.
@@ -334,7 +335,7 @@ def bench_sgraf(args, timer: Timer, device: torch.device) -> None:
     except ImportError:
         print("\n(c) SGRAF: vlret.models.sgraf not available, skipped")
         return
-    n_img, n_cap = min(args.images, 128), min(args.captions, 64)
+    n_img, n_cap = args.images, args.sgraf_captions
     regions, words, lengths = make_data(n_img, n_cap, device, seed=1)
     torch.manual_seed(0)
     scorer = SGRAFScorer(D, 256, "sgr", 3).to(device).eval()
@@ -437,6 +438,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--captions", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sgraf-captions", type=int, default=16)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")

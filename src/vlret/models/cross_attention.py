@@ -228,21 +228,17 @@ def scan_scores(
     lengths = check_tokens(regions, words, word_lengths)
 
     def score_block(block: _Block) -> torch.Tensor:
+        raw, cap = block.raw(direction), block.cap
         if direction == "t2i":
-            raw = block.raw_t2i()
             cos = _attended_cosines(
-                raw, block.region_gram, block.word_norm, lambda_softmax, work=block.work
-            )
-            return _pool(cos, aggregation, lambda_lse, block.word_mask, block.lengths)
-        raw = block.raw_i2t()
+                raw, block.region_gram, cap.norm, lambda_softmax,
+                work=block.work, pair=block.pairs.get("t2i"),
+            )  # fmt: skip
+            return _pool(cos, aggregation, lambda_lse, cap.mask, cap.lengths)
         cos = _attended_cosines(
-            raw,
-            block.word_gram,
-            block.region_norm,
-            lambda_softmax,
-            context_bias=block.word_bias,
-            work=block.work,
-        )
+            raw, cap.gram, block.region_norm, lambda_softmax, context_bias=cap.bias,
+            work=block.work, pair=block.pairs.get("i2t"),
+        )  # fmt: skip
         return _pool(cos, aggregation, lambda_lse, None, None).T
 
     return _blockwise(regions, words, lengths, budget, score_block, word_gram=direction == "i2t")
@@ -285,28 +281,18 @@ def bfan_scores(
     lengths = check_tokens(regions, words, word_lengths)
 
     def score_block(block: _Block) -> torch.Tensor:
-        raw = block.raw_t2i()
+        cap, raw = block.cap, block.raw("t2i")
+        # the transposed copy first: the text-to-image pass may overwrite its raw scores
+        raw_i2t = block.raw("i2t", raw)
         cos = _attended_cosines(
-            raw,
-            block.region_gram,
-            block.word_norm,
-            lambda_softmax,
-            focal=focal,
-            context_count=block.n_regions,
-            work=block.work,
-        )
-        t2i = _pool(cos, "mean", 1.0, block.word_mask, block.lengths)
-        raw = block.raw_i2t(raw)
+            raw, block.region_gram, cap.norm, lambda_softmax, focal=focal,
+            context_count=block.n_regions, work=block.work, pair=block.pairs.get("t2i"),
+        )  # fmt: skip
+        t2i = _pool(cos, "mean", 1.0, cap.mask, cap.lengths)
         cos = _attended_cosines(
-            raw,
-            block.word_gram,
-            block.region_norm,
-            lambda_softmax,
-            context_bias=block.word_bias,
-            focal=focal,
-            context_count=block.count_per_caption,
-            work=block.work,
-        )
+            raw_i2t, cap.gram, block.region_norm, lambda_softmax, context_bias=cap.bias,
+            focal=focal, context_count=cap.count, work=block.work, pair=block.pairs.get("i2t"),
+        )  # fmt: skip
         return t2i + cos.mean(dim=-1).T
 
     return _blockwise(regions, words, lengths, budget, score_block, word_gram=True)
@@ -325,6 +311,7 @@ def _attended_cosines(
     focal: str | None = None,
     context_count: torch.Tensor | float = 1.0,
     work: _Workspace | None = None,
+    pair: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``cos(q, a)`` of every query item with its attended context, from the raw scores.
 
@@ -342,44 +329,35 @@ def _attended_cosines(
     :data:`_UNSHIFTED_LAMBDA`, the logits lying in ``[-lambda, lambda]`` because each score
     is at most its norm over the queries. With ``work`` (no gradient needed) the large
     intermediates live in reused buffers: the same numbers, without a fresh allocation (and
-    its page faults) per block.
+    its page faults) per block; ``raw`` must then be ``pair[0]`` of a ``(2, n_x, c, n_q,
+    q)`` buffer whose second half is scratch (it is overwritten, and so is ``raw``).
     """
     n_x, c, n_q, q = raw.shape
-    if work is None:
-        scores = F.leaky_relu(raw, negative_slope=0.1)
-        norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
-        logits = scores * (lambda_softmax / (norm + NORM_EPS))
-        if context_bias is not None:
-            logits = logits + context_bias
-        if lambda_softmax > _UNSHIFTED_LAMBDA:
-            logits = logits - logits.amax(dim=1, keepdim=True).detach()
-        weights = torch.exp(logits)
-        if focal is not None:
-            weights = torch.where(
-                weights > _focal_threshold(weights, focal, context_count), weights, 0.0
-            )
-        dot = (weights * raw).sum(dim=1)
-        spread = torch.bmm(gram, weights.reshape(n_x, c, n_q * q)).view(n_x, c, n_q, q)
-        quad = (spread * weights).sum(dim=1)
+    inplace = work is not None  # then the same operations in place, in reused buffers
+    if inplace:
+        weights = work.get("weights", raw.shape, raw.dtype)
+        weights = torch.ops.aten.leaky_relu.out(raw, 0.1, out=weights)
     else:
-        # the same operations, in place: max(x, 0.1 x) is LeakyReLU(0.1) exactly
-        weights = torch.mul(raw, 0.1, out=work.get("weights", raw.shape, raw.dtype))
-        torch.maximum(raw, weights, out=weights)
-        norm = torch.linalg.vector_norm(weights, dim=-1, keepdim=True)
-        weights.mul_(lambda_softmax / (norm + NORM_EPS))
-        if context_bias is not None:
-            weights.add_(context_bias)
-        if lambda_softmax > _UNSHIFTED_LAMBDA:
-            weights.sub_(weights.amax(dim=1, keepdim=True))
-        weights.exp_()
-        other = work.get("other", raw.shape, raw.dtype)
-        if focal is not None:
-            threshold = _focal_threshold(weights, focal, context_count, other)
-            drop = torch.le(weights, threshold, out=work.get("drop", raw.shape, torch.bool))
-            weights.masked_fill_(drop, 0.0)
-        dot = torch.mul(weights, raw, out=other).sum(dim=1)
-        torch.bmm(gram, weights.view(n_x, c, n_q * q), out=other.view(n_x, c, n_q * q))
-        quad = other.mul_(weights).sum(dim=1)
+        weights = F.leaky_relu(raw, negative_slope=0.1)
+    scale = lambda_softmax / (torch.linalg.vector_norm(weights, dim=-1, keepdim=True) + NORM_EPS)
+    weights = weights.mul_(scale) if inplace else weights * scale
+    if context_bias is not None:
+        weights = weights.add_(context_bias) if inplace else weights + context_bias
+    if lambda_softmax > _UNSHIFTED_LAMBDA:
+        top = weights.amax(dim=1, keepdim=True).detach()
+        weights = weights.sub_(top) if inplace else weights - top
+    weights = weights.exp_() if inplace else weights.exp()
+    if focal is not None:
+        scratch = pair[1] if inplace else None
+        drop = weights <= _focal_threshold(weights, focal, context_count, scratch)
+        weights = weights.masked_fill_(drop, 0.0) if inplace else weights.masked_fill(drop, 0.0)
+    if inplace:
+        # the raw scores and the Gram products side by side: multiplied and summed at once
+        torch.bmm(gram, weights.view(n_x, c, n_q * q), out=pair[1].view(n_x, c, n_q * q))
+        dot, quad = pair.mul_(weights).sum(dim=2)
+    else:
+        spread = torch.bmm(gram, weights.reshape(n_x, c, n_q * q)).view(n_x, c, n_q, q)
+        dot, quad = (weights * raw).sum(dim=1), (spread * weights).sum(dim=1)
     total = weights.sum(dim=1)
     attended_norm = quad.clamp_min(0.0).sqrt()
     return (dot / total) / (query_norm * (attended_norm / total)).clamp_min(COSINE_EPS)
@@ -454,53 +432,35 @@ class _Block:
     def __init__(
         self,
         regions: torch.Tensor,
-        region_gram: torch.Tensor,
-        region_norm: torch.Tensor,
+        gram: torch.Tensor,
+        norm: torch.Tensor,
         captions: _CaptionBlock,
         work: _Workspace | None,
     ) -> None:
-        self.work = work
-        self.regions = regions
-        self.region_gram = region_gram
-        self.region_norm = region_norm
+        self.regions, self.region_gram, self.region_norm = regions, gram, norm
+        self.cap, self.work = captions, work
         self.n_regions = float(regions.shape[1])
-        self.words = captions.words
-        self.word_gram = captions.gram
-        self.word_norm = captions.norm
-        self.word_mask = captions.mask
-        self.word_bias = captions.bias
-        self.lengths = captions.lengths
-        self.count_per_caption = captions.count
+        #: without autograd: the ``(2, ...)`` buffers whose first halves hold the raw scores
+        self.pairs: dict[str, torch.Tensor] = {}
 
-    def raw_t2i(self) -> torch.Tensor:
-        """``<v_j, e_k>`` as ``(n_i, R, n_c, L)``: one GEMM."""
-        n_i, n_r, dim = self.regions.shape
-        n_c, n_w, _ = self.words.shape
-        out = self._buffer("raw_t2i", (n_i * n_r, n_c * n_w))
-        raw = torch.matmul(
-            self.regions.reshape(n_i * n_r, dim), self.words.reshape(n_c * n_w, dim).T, out=out
-        )
-        return raw.view(n_i, n_r, n_c, n_w)
-
-    def raw_i2t(self, raw_t2i: torch.Tensor | None = None) -> torch.Tensor:
-        """``<e_k, v_j>`` as ``(n_c, L, n_i, R)``: one GEMM, or a transpose of ``raw_t2i``."""
-        n_i, n_r, dim = self.regions.shape
-        n_c, n_w, _ = self.words.shape
-        out = self._buffer("raw_i2t", (n_c, n_w, n_i, n_r))
-        if raw_t2i is not None:
-            transposed = raw_t2i.permute(2, 3, 0, 1)
-            return transposed.contiguous() if out is None else out.copy_(transposed)
-        if out is not None:
-            out = out.view(n_c * n_w, n_i * n_r)
-        raw = torch.matmul(
-            self.words.reshape(n_c * n_w, dim), self.regions.reshape(n_i * n_r, dim).T, out=out
-        )
-        return raw.view(n_c, n_w, n_i, n_r)
-
-    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-        if self.work is None:
-            return None
-        return self.work.get(name, torch.Size(shape), self.regions.dtype)
+    def raw(self, direction: str, t2i: torch.Tensor | None = None) -> torch.Tensor:
+        """``<v_j, e_k>`` as ``(n_i, R, n_c, L)`` (``"t2i"``, one GEMM) or ``(n_c, L, n_i,
+        R)`` (``"i2t"``: one GEMM, or the transposed copy of the ``t2i`` scores)."""
+        (n_i, n_r, dim), (n_c, n_w, _) = self.regions.shape, self.cap.words.shape
+        left = self.regions.reshape(n_i * n_r, dim)
+        right = self.cap.words.reshape(n_c * n_w, dim)
+        shape = (n_i, n_r, n_c, n_w) if direction == "t2i" else (n_c, n_w, n_i, n_r)
+        out = None
+        if self.work is not None:
+            pair = self.work.get(direction, torch.Size((2, *shape)), self.regions.dtype)
+            self.pairs[direction], out = pair, pair[0]
+        if direction == "i2t":
+            if t2i is not None:
+                moved = t2i.permute(2, 3, 0, 1)
+                return moved.contiguous() if out is None else out.copy_(moved)
+            left, right = right, left
+        flat = None if out is None else out.view(left.shape[0], right.shape[0])
+        return torch.matmul(left, right.T, out=flat).view(shape)
 
 
 class _CaptionBlock:
