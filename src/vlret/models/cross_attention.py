@@ -38,8 +38,9 @@ DEFAULT_MAX_ELEMENTS = 2**24
 #: Up to this inverse temperature the unnormalised softmax ``exp(logits)`` (logits in
 #: ``[-lambda, lambda]``) and its Gram quadratic form stay far inside float32's range.
 _UNSHIFTED_LAMBDA = 20.0
-#: On CPU, blocks of about this many region-word pairs keep the element-wise passes in cache.
-CPU_BLOCK_ELEMENTS = 2**20
+#: CPU inference blocks hold at most this many raw scores: enough to amortise the per-operation
+#: cost (a parallel region per pass), while the reused buffers stay at tens of MB.
+CPU_BLOCK_ELEMENTS = 2**22
 
 SCAN_DIRECTIONS = ("t2i", "i2t")
 SCAN_AGGREGATIONS = ("lse", "mean", "max", "sum")
@@ -498,17 +499,18 @@ def block_plan(
     ``longest`` caption. A block's raw scores, ``image_step x R x (stop - start) x longest``
     numbers, never exceed ``max_elements``, nor do its regions or words (``x D``); a block
     holds one image and one caption at least. On CPU without ``autograd`` blocks are also
-    kept under :data:`CPU_BLOCK_ELEMENTS`, so that the element-wise passes over them stay in
-    cache; with autograd every block's intermediates are kept for the backward pass anyway,
+    kept under :data:`CPU_BLOCK_ELEMENTS`, so that the reused buffers stay small; with
+    autograd every block's intermediates are kept for the backward pass anyway,
     and fewer, larger blocks cost less. Exposed for benchmarks and for callers that size
     their own batches.
     """
     budget = _check_max_elements(max_elements)
     device = torch.device(device)
-    in_cache = device.type == "cpu" and not autograd
-    target = min(budget, CPU_BLOCK_ELEMENTS) if in_cache else budget
+    capped = device.type == "cpu" and not autograd
+    target = min(budget, CPU_BLOCK_ELEMENTS) if capped else budget
     side = max(1, math.isqrt(target) // n_regions)
     image_step = max(1, min(n_img, side, budget // (n_regions * dim)))
+    image_step = -(-n_img // -(-n_img // image_step)) if n_img else 1  # equal image blocks
     order = torch.argsort(lengths, stable=True)
     sorted_lengths = lengths[order].tolist()
     n_cap = len(sorted_lengths)
