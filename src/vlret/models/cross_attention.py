@@ -38,9 +38,9 @@ DEFAULT_MAX_ELEMENTS = 2**24
 #: Up to this inverse temperature the unnormalised softmax ``exp(logits)`` (logits in
 #: ``[-lambda, lambda]``) and its Gram quadratic form stay far inside float32's range.
 _UNSHIFTED_LAMBDA = 20.0
-#: CPU inference blocks hold at most this many raw scores: enough to amortise the per-operation
-#: cost (a parallel region per pass), while the reused buffers stay at tens of MB.
-CPU_BLOCK_ELEMENTS = 2**22
+#: CPU inference blocks hold at most this many raw scores, so that a block's buffers (a few MB)
+#: stay in the caches across the element-wise passes.
+CPU_BLOCK_ELEMENTS = 2**19
 
 SCAN_DIRECTIONS = ("t2i", "i2t")
 SCAN_AGGREGATIONS = ("lse", "mean", "max", "sum")
@@ -499,7 +499,7 @@ def block_plan(
     ``longest`` caption. A block's raw scores, ``image_step x R x (stop - start) x longest``
     numbers, never exceed ``max_elements``, nor do its regions or words (``x D``); a block
     holds one image and one caption at least. On CPU without ``autograd`` blocks are also
-    kept under :data:`CPU_BLOCK_ELEMENTS`, so that the reused buffers stay small; with
+    kept under :data:`CPU_BLOCK_ELEMENTS`, so that the passes over them stay in cache; with
     autograd every block's intermediates are kept for the backward pass anyway,
     and fewer, larger blocks cost less. Exposed for benchmarks and for callers that size
     their own batches.
