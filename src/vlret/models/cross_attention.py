@@ -350,8 +350,10 @@ def _attended_cosines(
     weights = weights.exp_() if inplace else weights.exp()
     if focal is not None:
         scratch = pair[1] if inplace else None
-        drop = weights <= _focal_threshold(weights, focal, context_count, scratch)
-        weights = weights.masked_fill_(drop, 0.0) if inplace else weights.masked_fill(drop, 0.0)
+        threshold = _focal_threshold(weights, focal, context_count, scratch)
+        # 0/1 in the weights' dtype (into a float buffer: no bool-to-float conversion pass)
+        keep = torch.gt(weights, threshold, out=scratch)
+        weights = weights.mul_(keep) if inplace else weights * keep
     if inplace:
         # the raw scores and the Gram products side by side: multiplied and summed at once
         torch.bmm(gram, weights.view(n_x, c, n_q * q), out=pair[1].view(n_x, c, n_q * q))
