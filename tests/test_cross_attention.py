@@ -18,6 +18,7 @@ from vlret.models.cross_attention import (
     NORM_EPS,
     attention_weights,
     bfan_scores,
+    block_plan,
     check_tokens,
     scan_scores,
 )
@@ -264,6 +265,24 @@ def test_blocking_gives_the_same_scores(scorer, max_elements):
     whole = scorer(regions, words, lengths)
     blocked = scorer(regions, words, lengths, max_elements=max_elements)
     torch.testing.assert_close(blocked, whole, rtol=0, atol=tolerance(EPS64, 20.0))
+
+
+@pytest.mark.parametrize("autograd", [False, True])
+@pytest.mark.parametrize("max_elements", [1, 500, 5000, 10**6, None])
+def test_block_plan_bounds_every_block(max_elements, autograd):
+    lengths = torch.randint(1, 20, (50,), generator=torch.Generator().manual_seed(0))
+    step, order, blocks = block_plan(
+        30, 7, 16, lengths, max_elements=max_elements, autograd=autograd
+    )
+    budget = max_elements or 2**24
+    assert sorted(order.tolist()) == list(range(50))
+    assert lengths[order].tolist() == sorted(lengths.tolist())
+    assert [b[0] for b in blocks] == [0] + [b[1] for b in blocks[:-1]] and blocks[-1][1] == 50
+    assert step == 1 or step * 7 * max(16, int(lengths.max())) <= budget
+    for start, stop, longest in blocks:
+        assert longest == int(lengths[order[start:stop]].max())
+        single_pair = step == 1 and stop - start == 1
+        assert single_pair or (stop - start) * longest * max(step * 7, 16) <= budget
 
 
 def test_caption_order_does_not_matter():

@@ -1,9 +1,11 @@
-"""Pair scorers of the cross-attention systems: SCAN, BFAN and SGRAF.
+"""SCAN and BFAN pair scores, and the attention step they share with SGRAF.
 
-Each scores every (image, caption) pair of two sets from region features and word features
-together. The inputs are already projected and L2-normalised: ``regions (n_img, R, D)``,
-``words (n_cap, L, D)`` and ``word_lengths (n_cap,)``; words at or past a caption's length
-never take part.
+:func:`scan_scores` and :func:`bfan_scores` score every (image, caption) pair of two sets
+from ``regions (n_img, R, D)`` and ``words (n_cap, L, D)``, already projected and
+L2-normalised, with ``word_lengths (n_cap,)``; words at or past a caption's length never
+take part. :func:`attention_weights` and :func:`check_tokens` also serve
+:class:`vlret.models.sgraf.SGRAFScorer`, which is therefore not re-exported here (an import
+cycle).
 
 The reference implementations (kuanghuei/SCAN ``xattn_score_t2i``/``xattn_score_i2t``,
 CrossmodalGroup/BFAN ``xattn_score``) loop over captions, repeat each caption over all images
@@ -127,11 +129,7 @@ def check_tokens(
             f"word_lengths must have shape ({n_cap},) (one per caption of words), "
             f"got {tuple(word_lengths.shape)}"
         )
-    if (
-        word_lengths.is_floating_point()
-        or word_lengths.is_complex()
-        or word_lengths.dtype == (torch.bool)
-    ):
+    if word_lengths.dtype not in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
         raise ValueError(f"word_lengths must hold integers, got {word_lengths.dtype}")
     lengths = word_lengths.to(device=words.device, dtype=torch.long)
     if n_cap and (int(lengths.min()) < 1 or int(lengths.max()) > max_len):
@@ -199,7 +197,7 @@ def scan_scores(
     lambda_lse: float = 6.0,
     max_elements: int | None = None,
 ) -> torch.Tensor:
-    """SCAN's score of every (image, caption) pair (Lee et al., ECCV 2018, Eq. 1-5 and 8-10).
+    """SCAN's score of every (image, caption) pair (Lee et al., ECCV 2018, Sec. 3.1-3.2).
 
     ``direction="t2i"``: every real word ``e_k`` attends over the image's regions (the
     :func:`attention_weights` step with ``lambda_softmax``; the L2 norm of each region's
@@ -208,7 +206,7 @@ def scan_scores(
     the relevances of the caption's real words. ``direction="i2t"``: every region attends
     over the caption's real words (the norm of each word's scores runs over all regions) and
     the relevances of the regions are pooled. Pooling (``aggregation``): ``"lse"``
-    ``(1/lambda_lse) log sum_k exp(lambda_lse r_k)`` (Eq. 10), ``"mean"``, ``"max"`` or
+    ``(1/lambda_lse) log sum_k exp(lambda_lse r_k)``, ``"mean"``, ``"max"`` or
     ``"sum"``, as the reference code's ``LogSumExp``, ``Mean``, ``Max`` and ``Sum``.
 
     Numerics follow kuanghuei/SCAN so that its released checkpoints reproduce its scores: the
@@ -254,7 +252,7 @@ def bfan_scores(
     lambda_softmax: float = 20.0,
     max_elements: int | None = None,
 ) -> torch.Tensor:
-    """BFAN's score of every (image, caption) pair (Liu et al., ACM MM 2019, Eq. 3-9).
+    """BFAN's score of every (image, caption) pair (Liu et al., ACM MM 2019, Sec. 3).
 
     In each direction the query items attend over the context with the
     :func:`attention_weights` step, then the focal step re-assigns the attention: within
@@ -510,11 +508,12 @@ def block_plan(
     device = torch.device(device)
     capped = device.type == "cpu" and not autograd
     target = min(budget, CPU_BLOCK_ELEMENTS) if capped else budget
-    side = max(1, math.isqrt(target) // n_regions)
-    image_step = max(1, min(n_img, side, budget // (n_regions * dim)))
-    image_step = -(-n_img // -(-n_img // image_step)) if n_img else 1  # equal image blocks
     order = torch.argsort(lengths, stable=True)
     sorted_lengths = lengths[order].tolist()
+    longest = max(sorted_lengths, default=1)
+    side = min(math.isqrt(target) // n_regions, target // (n_regions * longest))
+    image_step = max(1, min(n_img, side, budget // (n_regions * dim)))
+    image_step = -(-n_img // -(-n_img // image_step)) if n_img else 1  # equal image blocks
     n_cap = len(sorted_lengths)
     blocks = []
     start = 0
