@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .cross_attention import (
+from .attention import (
     CPU_BLOCK_ELEMENTS,
     DEFAULT_MAX_ELEMENTS,
     NORM_EPS,
