@@ -23,7 +23,7 @@ about 12, padded to the longest), on a subset of the 1000 x 5000 test pairs (--i
 Everything runs in one process with the same torch threads, warmed up, repeats interleaved
 so that load from other processes hits both sides alike.
 
-    python benchmarks/bench_cross_attention.py [--images 128] [--captions 256] [--repeats 3]
+    python benchmarks/bench_cross_attention.py [--images 128] [--captions 192] [--repeats 3]
         [--sgraf-captions 16] [--batch 128] [--threads N] [--clock wall|cpu] [--device cpu|cuda]
         [--parts scan,bfan,sgraf,train] [--coco5k-scan]
 
@@ -440,7 +440,7 @@ def bench_coco5k(args, timer: Timer, device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=128)
-    parser.add_argument("--captions", type=int, default=256)
+    parser.add_argument("--captions", type=int, default=192)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sgraf-captions", type=int, default=16)
     parser.add_argument("--batch", type=int, default=128)
