@@ -3,10 +3,11 @@
 ``Trainer(config).fit()`` trains ``vlret.models.build_model(config.model)`` with the registered
 loss ``config.loss.name`` (a model that scores pairs itself, SCAN, BFAN or SGRAF, through the
 loss's ``from_similarity``: :mod:`.pair_scoring`); the output folder receives ``config.yaml``
-(resolved config), ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every ``checkpoint_every`` steps,
-every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and ``best.pt`` (best dev rsum on the
-first 1000 images / 5000 captions, written before ``last.pt``). The folder rules (no training
-into another run's folder, what a resumed config may change) are in :mod:`.run_folder`.
+(resolved config), ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every
+``checkpoint_every`` steps, every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and
+``best.pt`` (best dev rsum on the first 1000 images / 5000 captions, written before
+``last.pt``). The folder rules (no training into another run's folder, what a resumed config
+may change) are in :mod:`.run_folder`.
 
 Exact resume: the batch order of epoch ``e`` is a function of ``seed + e`` only, and a
 checkpoint holds every other piece of state that a step reads (weights, optimiser, schedule,
