@@ -67,6 +67,7 @@ from .distributed import resolve_device
 from .evaluate_pairs import (
     embedding_scores,
     encode_tokens,
+    encoded_images,
     fold_blocks,
     mean_pooled_scores,
     metrics_from_scores,
@@ -179,18 +180,7 @@ def encode_dataset(
     gen = torch.Generator().manual_seed(0)
     model.eval()
     try:
-        images = dataset.images()
-        img_parts = []
-        for feats, _ in DataLoader(
-            images,
-            batch_size=batch_size,
-            collate_fn=images.collate,
-            num_workers=num_workers,
-            generator=gen,
-        ):
-            if isinstance(feats, torch.Tensor):
-                feats = feats.to(device)
-            img_parts.append(model.encode_images(feats).float().cpu())
+        img_parts = encoded_images(model, dataset, batch_size, device, num_workers, gen)
         texts = dataset.texts()
         txt_parts = []
         for caps, lengths, _ in DataLoader(

@@ -157,18 +157,7 @@ def encode_tokens(
     gen = torch.Generator().manual_seed(0)  # loaders leave the global RNG untouched
     model.eval()
     try:
-        images = dataset.images()
-        regions = []
-        for feats, _ in DataLoader(
-            images,
-            batch_size=batch_size,
-            collate_fn=images.collate,
-            num_workers=num_workers,
-            generator=gen,
-        ):
-            if isinstance(feats, torch.Tensor):
-                feats = feats.to(device)
-            regions.append(model.encode_images(feats).float().cpu())
+        regions = encoded_images(model, dataset, batch_size, device, num_workers, gen)
         texts = dataset.texts()
         packed, lengths = [], []
         for caps, lens, _ in DataLoader(
@@ -191,6 +180,24 @@ def encode_tokens(
     words = torch.cat(packed) if packed else torch.zeros(0, dim)
     lens = torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.long)
     return torch.cat(regions), TextTokens(words, lens)
+
+
+def encoded_images(model, dataset, batch_size, device, num_workers, generator) -> list:
+    """``model.encode_images`` of each image once, per batch, float32 on the CPU (the caller
+    sets eval mode; the loader draws from ``generator``, never from the global RNG)."""
+    images = dataset.images()
+    out = []
+    for feats, _ in DataLoader(
+        images,
+        batch_size=batch_size,
+        collate_fn=images.collate,
+        num_workers=num_workers,
+        generator=generator,
+    ):
+        if isinstance(feats, torch.Tensor):
+            feats = feats.to(device)
+        out.append(model.encode_images(feats).float().cpu())
+    return out
 
 
 def _check_blocks(blocks, n_img: int, n_txt: int) -> list[tuple[int, int, int, int]]:
