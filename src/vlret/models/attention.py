@@ -7,6 +7,7 @@ build on this module, which imports neither, so ``cross_attention`` can re-expor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -131,6 +132,29 @@ def _describe(x: object) -> str:
 
 def _length_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
     return torch.arange(max_len, device=lengths.device) < lengths.unsqueeze(-1)
+
+
+def positive_int(value: object, name: str) -> int:
+    """``value`` if it is an int >= 1, else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: must be a positive int, got {value!r}")
+    return value
+
+
+def positive_float(value: object, name: str) -> float:
+    """``value`` as a float if it is a finite number > 0, else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}: must be a number > 0, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    return float(value)
+
+
+def choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else ``ValueError`` naming ``name``."""
+    if value not in choices:
+        raise ValueError(f"{name}: must be one of {list(choices)}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 __all__ = [

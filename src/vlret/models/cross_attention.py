@@ -37,6 +37,8 @@ from .attention import (
     _length_mask,
     attention_weights,
     check_tokens,
+    choice,
+    positive_float,
 )
 from .sgraf import SGRAFScorer
 
@@ -48,20 +50,6 @@ _UNSHIFTED_LAMBDA = 20.0
 SCAN_DIRECTIONS = ("t2i", "i2t")
 SCAN_AGGREGATIONS = ("lse", "mean", "max", "sum")
 BFAN_FOCALS = ("equal", "prob")
-
-
-def _check_positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return float(value)
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return value  # type: ignore[return-value]
 
 
 def _check_max_elements(max_elements: int | None) -> int:
@@ -108,10 +96,10 @@ def scan_scores(
     numbers held by the largest intermediate (default :data:`DEFAULT_MAX_ELEMENTS`); a block
     holds one image and one caption at least.
     """
-    _check_choice("direction", direction, SCAN_DIRECTIONS)
-    _check_choice("aggregation", aggregation, SCAN_AGGREGATIONS)
-    lambda_softmax = _check_positive("lambda_softmax", lambda_softmax)
-    lambda_lse = _check_positive("lambda_lse", lambda_lse)
+    choice(direction, "direction", SCAN_DIRECTIONS)
+    choice(aggregation, "aggregation", SCAN_AGGREGATIONS)
+    lambda_softmax = positive_float(lambda_softmax, "lambda_softmax")
+    lambda_lse = positive_float(lambda_lse, "lambda_lse")
     budget = _check_max_elements(max_elements)
     lengths = check_tokens(regions, words, word_lengths)
 
@@ -163,8 +151,8 @@ def bfan_scores(
     keep/drop decision is piecewise constant, as in the reference); ``max_elements`` as in
     :func:`scan_scores`.
     """
-    _check_choice("focal", focal, BFAN_FOCALS)
-    lambda_softmax = _check_positive("lambda_softmax", lambda_softmax)
+    choice(focal, "focal", BFAN_FOCALS)
+    lambda_softmax = positive_float(lambda_softmax, "lambda_softmax")
     budget = _check_max_elements(max_elements)
     lengths = check_tokens(regions, words, word_lengths)
 

@@ -52,7 +52,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from . import cross_attention
-from .cross_attention import NORM_EPS
+from .attention import NORM_EPS, choice, positive_float, positive_int
 from .image import lengths_to_mask
 from .sgraf import SGRAFScorer
 from .text import check_captions
@@ -115,30 +115,10 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / (x.square().sum(dim=-1, keepdim=True).sqrt() + NORM_EPS)
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be a positive int, got {value!r}")
-    return value
-
-
-def _positive_float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name}: must be a number > 0, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name}: must be finite, got {value!r}")
-    return float(value)
-
-
 def _rate(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"{name}: must be a dropout rate in [0, 1), got {value!r}")
     return float(value)
-
-
-def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}: must be one of {list(choices)}, got {value!r}")
-    return value
 
 
 class RegionEncoder(nn.Module):
@@ -147,8 +127,8 @@ class RegionEncoder(nn.Module):
 
     def __init__(self, in_dim: int = 2048, embed_dim: int = 1024) -> None:
         super().__init__()
-        self.in_dim = _positive_int(in_dim, "in_dim")
-        self.embed_dim = _positive_int(embed_dim, "embed_dim")
+        self.in_dim = positive_int(in_dim, "in_dim")
+        self.embed_dim = positive_int(embed_dim, "embed_dim")
         self.fc = nn.Linear(in_dim, embed_dim)
         r = math.sqrt(6.0) / math.sqrt(in_dim + embed_dim)  # Xavier-uniform, as the references
         nn.init.uniform_(self.fc.weight, -r, r)
@@ -194,10 +174,10 @@ class WordEncoder(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.vocab_size = _positive_int(vocab_size, "vocab_size")
-        self.embed_dim = _positive_int(embed_dim, "embed_dim")
-        _positive_int(word_dim, "word_dim")
-        _positive_int(num_layers, "num_layers")
+        self.vocab_size = positive_int(vocab_size, "vocab_size")
+        self.embed_dim = positive_int(embed_dim, "embed_dim")
+        positive_int(word_dim, "word_dim")
+        positive_int(num_layers, "num_layers")
         if not isinstance(bidirectional, bool):
             raise ValueError(f"bidirectional: must be true or false, got {bidirectional!r}")
         self.bidirectional = bidirectional
@@ -326,10 +306,10 @@ class SCAN(CrossAttentionModel):
         config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(image_encoder, text_encoder, config=config)
-        self.direction = _choice(direction, "direction", SCAN_DIRECTIONS)
-        self.aggregation = _choice(aggregation, "aggregation", SCAN_AGGREGATIONS)
-        self.lambda_softmax = _positive_float(lambda_softmax, "lambda_softmax")
-        self.lambda_lse = _positive_float(lambda_lse, "lambda_lse")
+        self.direction = choice(direction, "direction", SCAN_DIRECTIONS)
+        self.aggregation = choice(aggregation, "aggregation", SCAN_AGGREGATIONS)
+        self.lambda_softmax = positive_float(lambda_softmax, "lambda_softmax")
+        self.lambda_lse = positive_float(lambda_lse, "lambda_lse")
 
     def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:
         return cross_attention.scan_scores(
@@ -358,8 +338,8 @@ class BFAN(CrossAttentionModel):
         config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(image_encoder, text_encoder, config=config)
-        self.focal = _choice(focal, "focal", BFAN_FOCALS)
-        self.lambda_softmax = _positive_float(lambda_softmax, "lambda_softmax")
+        self.focal = choice(focal, "focal", BFAN_FOCALS)
+        self.lambda_softmax = positive_float(lambda_softmax, "lambda_softmax")
 
     def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:
         return cross_attention.bfan_scores(
@@ -396,12 +376,12 @@ class SGRAF(CrossAttentionModel):
         super().__init__(image_encoder, text_encoder, config=config)
         self.scorer = SGRAFScorer(
             image_encoder.embed_dim,
-            _positive_int(sim_dim, "sim_dim"),
-            _choice(module, "module", SGRAF_MODULES),
-            _positive_int(sgr_steps, "sgr_steps"),
-            lambda_softmax=_positive_float(lambda_softmax, "lambda_softmax"),
+            positive_int(sim_dim, "sim_dim"),
+            choice(module, "module", SGRAF_MODULES),
+            positive_int(sgr_steps, "sgr_steps"),
+            lambda_softmax=positive_float(lambda_softmax, "lambda_softmax"),
             dropout=_rate(dropout, "dropout"),
-            num_regions=_positive_int(num_regions, "num_regions"),
+            num_regions=positive_int(num_regions, "num_regions"),
         )
 
     def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:
@@ -445,11 +425,11 @@ def build_cross_model(
             "text.vocab_size: the word encoder needs the vocabulary size; pass "
             "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
         )
-    text_cfg["vocab_size"] = _positive_int(size, "text.vocab_size")
-    embed_dim = _positive_int(top["embed_dim"], "embed_dim")
-    image = RegionEncoder(_positive_int(image_cfg["in_dim"], "image.in_dim"), embed_dim)
+    text_cfg["vocab_size"] = positive_int(size, "text.vocab_size")
+    embed_dim = positive_int(top["embed_dim"], "embed_dim")
+    image = RegionEncoder(positive_int(image_cfg["in_dim"], "image.in_dim"), embed_dim)
     for key in ("word_dim", "num_layers"):
-        _positive_int(text_cfg[key], f"text.{key}")
+        positive_int(text_cfg[key], f"text.{key}")
     if not isinstance(text_cfg["bidirectional"], bool):
         raise ValueError(
             f"text.bidirectional: must be true or false, got {text_cfg['bidirectional']!r}"

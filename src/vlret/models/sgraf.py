@@ -20,6 +20,7 @@ from .attention import (
     NORM_EPS,
     attention_weights,
     check_tokens,
+    positive_int,
 )
 
 MODULES = ("sgr", "saf")
@@ -187,12 +188,6 @@ class _Filtration(nn.Module):
         self.bn = nn.BatchNorm1d(1)
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class SGRAFScorer(nn.Module):
     """SGRAF's similarity encoder: the ``(n_img, n_cap)`` scores in (0, 1) of every pair.
 
@@ -280,10 +275,10 @@ class SGRAFScorer(nn.Module):
         super().__init__()
         if module not in MODULES:
             raise ValueError(f"module must be one of {MODULES}, got {module!r}")
-        _positive_int(embed_dim, "embed_dim")
-        _positive_int(sim_dim, "sim_dim")
-        _positive_int(sgr_steps, "sgr_steps")
-        _positive_int(num_regions, "num_regions")
+        positive_int(embed_dim, "embed_dim")
+        positive_int(sim_dim, "sim_dim")
+        positive_int(sgr_steps, "sgr_steps")
+        positive_int(num_regions, "num_regions")
         lam = float(lambda_softmax)
         if not (lam > 0 and lam < float("inf")):
             raise ValueError(f"lambda_softmax must be positive and finite, got {lambda_softmax}")
@@ -325,7 +320,7 @@ class SGRAFScorer(nn.Module):
         """
         if module not in MODULES:
             raise ValueError(f"module must be one of {MODULES}, got {module!r}")
-        _positive_int(sgr_steps, "sgr_steps")
+        positive_int(sgr_steps, "sgr_steps")
         lin, bn = (
             ("weight", "bias"),
             (
@@ -419,7 +414,7 @@ class SGRAFScorer(nn.Module):
             )
         if max_elements is None:
             max_elements = DEFAULT_MAX_ELEMENTS
-        budget = _positive_int(max_elements, "max_elements")
+        budget = positive_int(max_elements, "max_elements")
         if regions.device.type == "cpu":  # cache-sized blocks: the element-wise passes dominate
             budget = min(budget, CPU_BLOCK_ELEMENTS)
         n_img, n_cap = regions.shape[0], words.shape[0]
