@@ -620,7 +620,7 @@ def _split_sum(name, img, txt, ids, parts, **kw):
     """The loss as the sum of its local-anchor pieces, e.g. one per rank."""
     bounds = [0, *parts, img.shape[0]]
     spans = zip(bounds[:-1], bounds[1:], strict=True)
-    pieces = [_tiled(name, img, txt, ids, anchors=span, **kw) for span in spans]
+    pieces = [_tiled(name, img, txt, ids, shard=span, **kw) for span in spans]
     return torch.cat(pieces) if kw.get("reduction") == "none" else sum(pieces)
 
 
@@ -652,7 +652,7 @@ def test_local_anchors_learnable_temperature_and_margins_get_their_gradients():
         temp,
     )
     loss = sum(
-        tiled_infonce_loss(img, txt, temperature=temp, img_ids=ids, chunk_size=3, anchors=span)
+        tiled_infonce_loss(img, txt, temperature=temp, img_ids=ids, chunk_size=3, shard=span)
         for span in [(0, 7), (7, 23)]
     )
     _assert_close(torch.autograd.grad(loss, temp)[0], want[0], rtol=0, atol=1e-10)
@@ -660,7 +660,7 @@ def test_local_anchors_learnable_temperature_and_margins_get_their_gradients():
     margins.requires_grad_(True)
     dense = unified_loss(cosine_similarity(img, txt), margins=margins, gamma=30.0)
     tiled = sum(
-        tiled_unified_loss(img, txt, margins=margins, gamma=30.0, chunk_size=5, anchors=span)
+        tiled_unified_loss(img, txt, margins=margins, gamma=30.0, chunk_size=5, shard=span)
         for span in [(0, 12), (12, 23)]
     )
     _assert_close(tiled, dense, rtol=0, atol=1e-10)
@@ -685,7 +685,7 @@ def test_local_anchors_float32_large_scale_and_rows_without_negatives():
         _assert_float32_near_truth(g, w, 100.0)
     lonely = torch.zeros(4, dtype=torch.long)  # every pair shares one id: no negatives at all
     x, y = _embeddings(4)
-    out = tiled_infonce_loss(x, y, img_ids=lonely, chunk_size=2, anchors=(1, 3), reduction="none")
+    out = tiled_infonce_loss(x, y, img_ids=lonely, chunk_size=2, shard=(1, 3), reduction="none")
     assert torch.equal(out.detach(), torch.zeros(2, dtype=torch.float64))
     assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), (x, y)))
 
@@ -726,16 +726,16 @@ def test_modules_without_local_anchors_say_so():
 
     img, txt = _embeddings(8)
     with pytest.raises(ValueError, match="not supported by AdaCLLoss"):
-        AdaCLLoss(chunk_size=4)(img, txt, anchors=(0, 4))
+        AdaCLLoss(chunk_size=4)(img, txt, shard=(0, 4))
     with pytest.raises(ValueError, match="needs the tiled form"):
-        InfoNCELoss()(img, txt, anchors=(0, 4))
+        InfoNCELoss()(img, txt, shard=(0, 4))
 
 
-@pytest.mark.parametrize("anchors", [(3, 3), (-1, 2), (0, 38), (2,), [0.0, 1.0], "0:2"])
-def test_bad_anchors_raise(anchors):
+@pytest.mark.parametrize("shard", [(3, 3), (-1, 2), (0, 38), (2,), [0.0, 1.0], "0:2"])
+def test_bad_shard_raises(shard):
     img, txt = _embeddings(37)
-    with pytest.raises(ValueError, match="anchors"):
-        tiled_infonce_loss(img, txt, chunk_size=4, anchors=anchors)
+    with pytest.raises(ValueError, match="shard"):
+        tiled_infonce_loss(img, txt, chunk_size=4, shard=shard)
 
 
 # ----------------------------------------------------------------------------- AdaCL margin update

@@ -6,7 +6,7 @@ matrix (``loss.from_similarity(sim, pos_mask=None)``). Build any registered loss
 :func:`build_loss`.
 """
 
-from ._base import PairLoss
+from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins
 from .dml import (
     BinomialDevianceLoss,
@@ -33,6 +33,8 @@ from .registry import (
     available_losses,
     build_loss,
     check_loss_params,
+    compared_losses,
+    loss_capabilities,
     loss_class,
     loss_parameters,
     register_loss,
@@ -73,13 +75,16 @@ __all__ = [
     "smooth_rank",
     "visual_semantic_loss",
     "InfoNCELoss",
+    "LossCapabilities",
     "PairLoss",
     "TripletLoss",
     "UnifiedLoss",
     "available_losses",
     "build_loss",
     "check_loss_params",
+    "compared_losses",
     "infonce_loss",
+    "loss_capabilities",
     "loss_class",
     "loss_parameters",
     "register_loss",

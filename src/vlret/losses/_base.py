@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -68,6 +69,43 @@ def init_args(frame: Mapping[str, Any]) -> dict[str, Any]:
     """A constructor's arguments, from ``locals()`` taken on its first line:
     ``TripletLoss.check_params(init_args(locals()))``."""
     return {k: v for k, v in frame.items() if k not in ("self", "__class__")}
+
+
+@dataclass(frozen=True)
+class LossCapabilities:
+    """What a loss needs from the harness and what it offers, declared on its class.
+
+    The harness (builders, config checks, the warm-up schedule, ``vlret compare``, the trainer)
+    reads these through :func:`vlret.losses.loss_capabilities` instead of testing loss names.
+
+    Attributes:
+        local_shards: The tiled form (``chunk_size`` set) accepts ``shard=(start, stop)``: only
+            the terms of pairs ``start:stop`` of a gathered batch (data-parallel training).
+        all_negatives_warmup: :meth:`PairLoss.set_all_negatives` switches the loss between all
+            negatives and the hardest (VSE-infinity's warm-up, ``train.all_negatives_epochs``).
+        needs_semantics: The constructor needs ``semantic=``, a caption semantic model fitted
+            on the training captions and keyed by image index (VSL).
+        needs_embed_dim: The constructor needs ``embed_dim``, the model's embedding width (a
+            memory queue's key width).
+        owns_queue: The module holds a memory queue filled from every batch.
+        momentum_keys: ``forward`` accepts ``img_keys=`` / ``txt_keys=`` from a momentum encoder.
+        similarity_inputs: What :meth:`PairLoss.from_similarity` needs besides ``sim`` and
+            ``pos_mask``, by keyword name, when a model that scores pairs supplies ``sim``.
+        chunks_similarity: ``chunk_size`` also bounds :meth:`PairLoss.from_similarity`'s
+            memory; otherwise it only selects the tiled embedding entry point.
+        paper_comparison: Position in the default loss list of ``vlret compare`` (the papers'
+            losses), ``None`` when the loss is not in it.
+    """
+
+    local_shards: bool = False
+    all_negatives_warmup: bool = False
+    needs_semantics: bool = False
+    needs_embed_dim: bool = False
+    owns_queue: bool = False
+    momentum_keys: bool = False
+    similarity_inputs: tuple[str, ...] = ()
+    chunks_similarity: bool = False
+    paper_comparison: int | None = None
 
 
 class PairLoss(nn.Module):
@@ -161,35 +199,77 @@ class PairLoss(nn.Module):
         img_ids: Ids | None = None,
         txt_ids: Ids | None = None,
         *,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """``anchors=(start, stop)`` (with ``chunk_size``): only the terms of pairs start:stop
-        of a gathered batch, for data-parallel training (``vlret.losses.tiled``)."""
-        self.check_anchors(anchors)
+        """The loss of a batch of embeddings.
+
+        Args:
+            img_emb: ``(B, D)`` image embeddings.
+            txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s positive pair.
+            img_ids: Optional ids of the images; equal ids mark further positives.
+            txt_ids: Optional ids of the texts' images (default ``img_ids``).
+            shard: ``(start, stop)`` with ``chunk_size`` set: only the terms of pairs
+                ``start:stop`` of a gathered batch (``LossCapabilities.local_shards``).
+
+        Returns:
+            The reduced loss, or the ``(B,)`` (shard: ``(stop - start,)``) terms for
+            ``reduction="none"``.
+
+        Raises:
+            ValueError: Bad shapes, ids or ``shard``.
+        """
+        self.check_shard(shard)
         if self.chunk_size is not None:
-            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, anchors=anchors)
+            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask)
 
-    #: Whether the tiled form can compute local anchors only (``anchors=``).
-    supports_anchors: bool = False
-    #: What :meth:`from_similarity` needs besides ``sim`` and ``pos_mask``, by keyword name
-    #: (``"img_ids"``, ``"txt_ids"``), when a model that scores pairs itself supplies ``sim``.
-    similarity_inputs: ClassVar[tuple[str, ...]] = ()
-    #: Whether ``chunk_size`` also bounds :meth:`from_similarity`'s memory; otherwise it only
-    #: selects the tiled embedding entry point, which a pair-scoring model never reaches.
-    chunks_similarity: ClassVar[bool] = False
+    #: The capabilities of the class with its default parameters; a class whose capabilities
+    #: depend on its parameters also overrides :meth:`capabilities`.
+    declared: ClassVar[LossCapabilities] = LossCapabilities()
 
-    def check_anchors(self, anchors: tuple[int, int] | None) -> None:
-        if anchors is None:
+    @classmethod
+    def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
+        """The capabilities of this loss built with constructor ``params`` (defaults omitted).
+
+        Args:
+            params: Constructor parameters as configured; missing ones take their defaults.
+
+        Returns:
+            The declared :class:`LossCapabilities` (the class default ignores ``params``).
+        """
+        return cls.declared
+
+    def current_capabilities(self) -> LossCapabilities:
+        """The capabilities of this module as built (see :meth:`capabilities`)."""
+        return type(self).declared
+
+    @property
+    def last_stats(self) -> dict[str, Any]:
+        """Plain values to log after each training step (none by default)."""
+        return {}
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        """Switch between all negatives (``True``) and the hardest negative (``False``).
+
+        VSE-infinity's warm-up (``train.all_negatives_epochs``); declared by
+        ``LossCapabilities.all_negatives_warmup``. A loss configured with all negatives stays so.
+
+        Raises:
+            ValueError: The loss has no hardest-negative phase to warm up.
+        """
+        raise ValueError(
+            f"{type(self).__name__} has no hardest-negative phase for an all-negatives warm-up"
+        )
+
+    def check_shard(self, shard: tuple[int, int] | None) -> None:
+        """Raise ``ValueError`` when ``shard`` is given to a loss or a form that has none."""
+        if shard is None:
             return
-        if not self.supports_anchors:
-            raise ValueError(
-                f"anchors= is not supported by {type(self).__name__}; local anchors exist for "
-                "the tiled InfoNCE, Unified, Triplet and GOAL losses"
-            )
+        if not self.current_capabilities().local_shards:
+            raise ValueError(f"shard= is not supported by {type(self).__name__}")
         if self.chunk_size is None:
-            raise ValueError("anchors= needs the tiled form: set chunk_size")
+            raise ValueError("shard= needs the tiled form: set chunk_size")
 
     def tiled_forward(
         self,
@@ -197,9 +277,9 @@ class PairLoss(nn.Module):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """The embedding entry point with ``chunk_size`` set (``vlret.losses.tiled``)."""
+        """The embedding entry point with ``chunk_size`` set (the family's tiled form)."""
         raise ValueError(f"{type(self).__name__} has no tiled form; use chunk_size=None")
 
     def from_similarity(

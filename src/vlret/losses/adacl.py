@@ -22,6 +22,7 @@ function that makes it. The pieces:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from .._checks import (
 )
 from ..memory import MemoryQueue, as_id_tensor
 from ..similarity import Ids
-from ._base import PairLoss, init_args, reduce_terms
+from ._base import LossCapabilities, PairLoss, init_args, reduce_terms
 from .registry import register_loss
 
 #: Anchor selection rules on Delta S (paper Table 5).
@@ -921,6 +922,17 @@ class AdaCLLoss(PairLoss):
         "sync_margins": FLAG,
     }
 
+    declared = LossCapabilities(momentum_keys=True, paper_comparison=5)
+
+    @classmethod
+    def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
+        """A memory queue (``queue_size > 0``) is owned and needs ``embed_dim``."""
+        queue = bool((params or {}).get("queue_size", 0))
+        return dataclasses.replace(cls.declared, owns_queue=queue, needs_embed_dim=queue)
+
+    def current_capabilities(self) -> LossCapabilities:
+        return type(self).capabilities({"queue_size": self.queue_size})
+
     @classmethod
     def check_param_relations(cls, params: Mapping[str, Any]) -> None:
         """``p_u + eps < 1`` (else Eq. 20 gives no positive ``m1``), ``scale_negatives`` only
@@ -1204,7 +1216,7 @@ class AdaCLLoss(PairLoss):
         img_keys: torch.Tensor | None = None,
         txt_keys: torch.Tensor | None = None,
         gathered: bool = False,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Loss of a batch; ``img_keys`` / ``txt_keys`` fill the queue (see the class notes).
 
@@ -1213,7 +1225,7 @@ class AdaCLLoss(PairLoss):
         of all-gathering them again. Without a queue, and in a single process, it changes
         nothing.
         """
-        self.check_anchors(anchors)  # AdaCL's anchor selection needs the whole batch
+        self.check_shard(shard)  # AdaCL's anchor selection needs the whole batch
         if not isinstance(gathered, bool):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
         # One strip would hold the whole (B, B) matrix anyway: the dense path is then the same

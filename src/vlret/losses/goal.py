@@ -71,7 +71,7 @@ from .._checks import (
     check_declared,
 )
 from ..similarity import Ids
-from ._base import PairLoss, init_args, prepare
+from ._base import LossCapabilities, PairLoss, init_args, prepare
 from .registry import register_loss
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
@@ -456,7 +456,7 @@ class GoalObjective(PairLoss):
     :func:`vlret.losses.tiled.tiled_goal_objective`, which never holds the ``B x B`` matrix.
     """
 
-    supports_anchors = True
+    declared = LossCapabilities(local_shards=True, all_negatives_warmup=True, paper_comparison=3)
     paper = "GOAL (Xuan & Chen 2022)"
     equation = "GOAL Eq. (3)-(13), Table 1"
     params = GOAL_PARAMS
@@ -491,6 +491,29 @@ class GoalObjective(PairLoss):
             circle_offset=float(circle_offset),
             reduction=reduction,
         )
+        #: VSE-infinity's warm-up loss (:meth:`set_all_negatives`): the triplet sum of hinges
+        #: over all negatives with this objective's margin and reduction; it holds no state.
+        from .triplet import TripletLoss  # until tiled.py stops importing goal
+
+        self.warmup = TripletLoss(
+            margin=float(margin),
+            hardest=False,
+            reduction=reduction,
+            normalize=normalize,
+            chunk_size=chunk_size,
+        )
+        self.all_negatives = False
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        """GOAL's objectives are defined on the hardest-negative triplet only (Eq. 3-13); in the
+        warm-up the module trains on the triplet sum of hinges (``self.warmup``) instead, as
+        VSE-infinity's code does in the epochs GOAL's gradient objective replaces."""
+        self.all_negatives = bool(all_negatives)
+
+    def forward(self, img_emb, txt_emb, img_ids=None, txt_ids=None, *, shard=None):
+        if self.all_negatives:
+            return self.warmup(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
+        return super().forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
 
     def tiled_forward(
         self,
@@ -498,7 +521,7 @@ class GoalObjective(PairLoss):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         from .tiled import tiled_goal_objective  # tiled builds on this module's weights
 
@@ -520,12 +543,14 @@ class GoalObjective(PairLoss):
             chunk_size=self.chunk_size,
             reduction=c.reduction,
             normalize=self.normalize,
-            anchors=anchors,
+            shard=shard,
         )
 
     def from_similarity(
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.all_negatives:
+            return self.warmup.from_similarity(sim, pos_mask=pos_mask)
         s, negatives = prepare(sim, pos_mask)
         return GoalFunction.apply(s, negatives, self.config)
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from .._checks import FLAG, POSITIVE, Number, check_positive, check_reduction
 from ..similarity import Ids
-from ._base import PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
+from ._base import LossCapabilities, PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
 from .tiled import tiled_infonce_loss
 
@@ -56,7 +56,7 @@ class InfoNCELoss(PairLoss):
     (O(N x B) memory, same values and gradients).
     """
 
-    supports_anchors = True
+    declared = LossCapabilities(local_shards=True, paper_comparison=1)
     paper = "CLIP / VLC (Radford et al. 2021)"
     equation = "Unified Eq. (3)-(4)"
     params = {
@@ -105,7 +105,7 @@ class InfoNCELoss(PairLoss):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         return tiled_infonce_loss(
             img_emb,
@@ -116,7 +116,7 @@ class InfoNCELoss(PairLoss):
             chunk_size=self.chunk_size,
             reduction=self.reduction,
             normalize=self.normalize,
-            anchors=anchors,
+            shard=shard,
         )
 
     def from_similarity(

@@ -1,5 +1,5 @@
-"""Loss registry: ``build_loss(name, **params)``, ``available_losses()`` and
-``check_loss_params(name, params)``.
+"""Loss registry: ``build_loss(name, **params)``, ``available_losses()``,
+``check_loss_params(name, params)`` and ``loss_capabilities(name, params)``.
 
 Later loss families register themselves with :func:`register_loss`.
 """
@@ -91,3 +91,31 @@ def build_loss(name: str, **params: Any) -> nn.Module:
     cls = loss_class(name)
     _check_names(name, params)
     return cls(**params)
+
+
+def loss_capabilities(loss: str | nn.Module, params: Mapping[str, Any] | None = None):
+    """What the loss ``loss`` needs and offers (:class:`~vlret.losses.LossCapabilities`).
+
+    Args:
+        loss: A registered loss name, or a built loss module (its capabilities as built).
+        params: With a name, the constructor parameters as configured (defaults may be
+            omitted); some capabilities depend on them (AdaCL's queue, VSL's base).
+
+    Returns:
+        The loss's ``LossCapabilities``; a module that is no ``PairLoss`` has the defaults.
+
+    Raises:
+        ValueError: ``loss`` is not a registered name.
+    """
+    from ._base import LossCapabilities
+
+    if isinstance(loss, str):
+        return loss_class(loss).capabilities(dict(params or {}))
+    current = getattr(type(loss), "current_capabilities", None)
+    return LossCapabilities() if current is None else current(loss)
+
+
+def compared_losses() -> list[str]:
+    """The papers' losses ``vlret compare`` runs by default, in their declared order."""
+    ranked = [(loss_capabilities(name).paper_comparison, name) for name in available_losses()]
+    return [name for rank, name in sorted(r for r in ranked if r[0] is not None)]

@@ -379,7 +379,7 @@ def tiled_infonce_loss(
     chunk_size: int,
     reduction: str = "mean",
     normalize: bool = True,
-    anchors: tuple[int, int] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.infonce_loss` on embeddings, ``O(chunk_size * B)`` memory.
 
@@ -400,8 +400,8 @@ def tiled_infonce_loss(
         normalize=normalize,
     )
     scale = 1.0 / _scale_tensor(temperature, x, "temperature")
-    if anchors is not None:
-        span = _check_anchors(anchors, x.shape[0])
+    if shard is not None:
+        span = _check_anchors(shard, x.shape[0])
         before = (scale, None)
         return _anchor_loss(_TiledAnchorLogSumExp, x, y, codes, span, before, (chunk,), reduction)
     return _TiledPairLogSumExp.apply(x, y, scale, None, *_split_codes(codes), chunk, reduction)
@@ -419,7 +419,7 @@ def tiled_unified_loss(
     chunk_size: int,
     reduction: str = "sum",
     normalize: bool = True,
-    anchors: tuple[int, int] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.unified_loss` (Eq. 5; adaptive margins Eq. 26).
 
@@ -450,8 +450,8 @@ def tiled_unified_loss(
         check_finite(margins, "margins")
         m = margins.to(device=x.device, dtype=x.dtype)
     scale = torch.tensor(float(gamma), dtype=x.dtype, device=x.device)
-    if anchors is not None:
-        start, stop = _check_anchors(anchors, batch)
+    if shard is not None:
+        start, stop = _check_anchors(shard, batch)
         before = (scale, m[start:stop])
         span = (start, stop)
         out = _anchor_loss(_TiledAnchorLogSumExp, x, y, codes, span, before, (chunk,), reduction)
@@ -580,7 +580,7 @@ def tiled_triplet_loss(
     chunk_size: int,
     reduction: str = "sum",
     normalize: bool = True,
-    anchors: tuple[int, int] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.triplet_loss` (Triplet-HN Eq. 1-2, or VSE0 with
     ``hardest=False``). Tie rule for ``hardest``: see the module docstring (lowest index wins).
@@ -597,8 +597,8 @@ def tiled_triplet_loss(
         reduction=reduction,
         normalize=normalize,
     )
-    if anchors is not None:
-        span = _check_anchors(anchors, x.shape[0])
+    if shard is not None:
+        span = _check_anchors(shard, x.shape[0])
         after = (chunk, bool(hardest))
         before = (float(margin),)
         return _anchor_loss(_TiledAnchorTriplet, x, y, codes, span, before, after, reduction)
@@ -745,7 +745,7 @@ def _check_anchors(anchors, batch: int) -> tuple[int, int]:
     )
     if not ok:
         raise ValueError(
-            f"anchors must be (start, stop) with 0 <= start < stop <= {batch}, got {anchors!r}"
+            f"shard must be (start, stop) with 0 <= start < stop <= {batch}, got {anchors!r}"
         )
     return int(anchors[0]), int(anchors[1])
 
@@ -1374,7 +1374,7 @@ def tiled_goal_objective(
     chunk_size: int,
     reduction: str = "sum",
     normalize: bool = True,
-    anchors: tuple[int, int] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Tiled :func:`~vlret.losses.goal_objective` on embeddings, all 15 combinations.
 
@@ -1405,8 +1405,8 @@ def tiled_goal_objective(
         reduction=reduction,
         normalize=normalize,
     )
-    if anchors is not None:
-        span = _check_anchors(anchors, x.shape[0])
+    if shard is not None:
+        span = _check_anchors(shard, x.shape[0])
         batch_pos = (x * y).sum(1).detach()
         after = (chunk, cfg)
         before = (batch_pos,)

@@ -6,7 +6,7 @@ import torch
 
 from .._checks import FLAG, MARGIN, check_reduction
 from ..similarity import Ids
-from ._base import PairLoss, init_args, prepare, reduce_terms
+from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_terms
 from .registry import register_loss
 from .tiled import tiled_triplet_loss
 
@@ -54,7 +54,7 @@ class TripletLoss(PairLoss):
     gradient goes to the first index instead of being split).
     """
 
-    supports_anchors = True
+    declared = LossCapabilities(local_shards=True, all_negatives_warmup=True, paper_comparison=0)
     paper = "VSE++ (Faghri et al. 2018)"
     equation = "Unified Eq. (1)-(2)"
     params = {"margin": MARGIN, "hardest": FLAG}
@@ -72,6 +72,11 @@ class TripletLoss(PairLoss):
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         self.margin = float(margin)
         self.hardest = bool(hardest)
+        #: The configured mining; the warm-up (:meth:`set_all_negatives`) returns to it.
+        self.configured_hardest = self.hardest
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        self.hardest = self.configured_hardest and not all_negatives
 
     def tiled_forward(
         self,
@@ -79,7 +84,7 @@ class TripletLoss(PairLoss):
         txt_emb: torch.Tensor,
         img_ids: Ids | None,
         txt_ids: Ids | None,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         return tiled_triplet_loss(
             img_emb,
@@ -91,7 +96,7 @@ class TripletLoss(PairLoss):
             chunk_size=self.chunk_size,
             reduction=self.reduction,
             normalize=self.normalize,
-            anchors=anchors,
+            shard=shard,
         )
 
     def from_similarity(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import MARGIN, POSITIVE, check_finite, check_positive, check_reduction
-from ._base import PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
+from ._base import LossCapabilities, PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
 from .tiled import tiled_unified_loss
 
@@ -72,7 +72,7 @@ class UnifiedLoss(PairLoss):
     memory, same values and gradients); the dense ``weights`` form is then unavailable.
     """
 
-    supports_anchors = True
+    declared = LossCapabilities(local_shards=True, paper_comparison=2)
     paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
     params = {"margin": MARGIN, "gamma": POSITIVE}
@@ -100,9 +100,9 @@ class UnifiedLoss(PairLoss):
         *,
         weights: torch.Tensor | None = None,
         margins: torch.Tensor | None = None,
-        anchors: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        self.check_anchors(anchors)
+        self.check_shard(shard)
         if self.chunk_size is not None:
             if weights is not None:
                 raise ValueError("weights (Eq. 24) needs the dense form; use chunk_size=None")
@@ -117,7 +117,7 @@ class UnifiedLoss(PairLoss):
                 chunk_size=self.chunk_size,
                 reduction=self.reduction,
                 normalize=self.normalize,
-                anchors=anchors,
+                shard=shard,
             )
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask, weights=weights, margins=margins)

@@ -18,6 +18,7 @@ exactly as printed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +37,15 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids
-from ._base import PairLoss, init_args, prepare, reduce_terms
-from .registry import build_loss, check_loss_params, loss_parameters, register_loss
+from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_terms
+from .registry import (
+    available_losses,
+    build_loss,
+    check_loss_params,
+    loss_capabilities,
+    loss_parameters,
+    register_loss,
+)
 
 #: The sigmoid's exponent ``x / tau`` is clamped to ``[-50, 50]`` (as Smooth-AP does): beyond
 #: it the sigmoid is saturated to within 2e-22. The gradient there is tiny but not exactly
@@ -269,8 +277,12 @@ class VisualSemanticLoss(PairLoss):
     paper = "VSL (Zhang et al. 2023)"
     equation = "VSL Eq. (3)-(7)"
     # C is looked up from the ids; chunk_size bounds the smooth ranks of sim itself.
-    similarity_inputs = ("img_ids", "txt_ids")
-    chunks_similarity = True
+    declared = LossCapabilities(
+        needs_semantics=True,
+        similarity_inputs=("img_ids", "txt_ids"),
+        chunks_similarity=True,
+        paper_comparison=4,
+    )
     # semantic, base and base_params are objects: checked in check_param_relations.
     params = {
         "alpha": NON_NEGATIVE,
@@ -312,6 +324,30 @@ class VisualSemanticLoss(PairLoss):
         self.descending = bool(descending)
         self.text_side = bool(text_side)
         self.chunk_size = chunk_size
+
+    @classmethod
+    def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
+        """The warm-up comes from the base loss (named in ``params`` or built)."""
+        params = params or {}
+        base = params.get("base", "triplet")
+        warm = False
+        if not isinstance(base, str):
+            warm = loss_capabilities(base).all_negatives_warmup
+        elif base != "vsl" and base in available_losses():
+            base_params = params.get("base_params")
+            base_params = base_params if isinstance(base_params, dict) else {}
+            warm = loss_capabilities(base, base_params).all_negatives_warmup
+        return dataclasses.replace(cls.declared, all_negatives_warmup=warm)
+
+    def current_capabilities(self) -> LossCapabilities:
+        warm = loss_capabilities(self.base).all_negatives_warmup
+        return dataclasses.replace(type(self).declared, all_negatives_warmup=warm)
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        """The base switches; ``L_vs`` (a ranking over all the batch's texts) is unchanged."""
+        if not loss_capabilities(self.base).all_negatives_warmup:
+            super().set_all_negatives(all_negatives)
+        self.base.set_all_negatives(all_negatives)
 
     @classmethod
     def check_param_relations(cls, params: Mapping[str, Any]) -> None:
