@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench clean
+.PHONY: test lint docs demo bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q
+
+# The API reference site (mkdocs.yml) into build/site/; --strict makes every warning an error
+# (a broken link, a docstring parameter missing from the signature).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # The six-loss comparison on the synthetic "small" world (docs/results.md); `vlret demo` alone
 # is the few-second tour of the losses on one batch.
