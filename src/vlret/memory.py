@@ -64,7 +64,19 @@ def _gather_rows(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def as_id_tensor(ids: torch.Tensor | Sequence[int], name: str, rows: int) -> torch.Tensor:
-    """Integer ids as a 1-D ``long`` tensor of length ``rows``; ids must be ``>= 0``."""
+    """Integer ids as a 1-D ``long`` tensor, checked for a memory queue.
+
+    Args:
+        ids: A 1-D integer tensor or a sequence of ints.
+        name: The argument's name, for error messages.
+        rows: The expected length.
+
+    Returns:
+        The ids as a ``(rows,)`` ``long`` tensor.
+
+    Raises:
+        ValueError: ``ids`` is not integer, not of shape ``(rows,)``, or holds a negative id.
+    """
     if isinstance(ids, torch.Tensor):
         t = ids
     elif isinstance(ids, Sequence) and not isinstance(ids, str):
@@ -93,6 +105,15 @@ class MemoryQueue(nn.Module):
     unknown), ``valid`` ``(size,)`` (False until a slot is first written) and ``ptr`` (the next
     slot to write). The oldest entries are overwritten first; a batch longer than the queue keeps
     only its last ``size`` rows.
+
+    Args:
+        size: Number of slots (AdaCL's ``M``).
+        dim: Dimension of the keys.
+        dtype: Floating-point dtype of the stored keys.
+
+    Raises:
+        ValueError: ``size`` or ``dim`` is not a positive integer, or ``dtype`` is not floating
+            point.
     """
 
     def __init__(self, size: int, dim: int, *, dtype: torch.dtype = torch.float32) -> None:
@@ -111,8 +132,16 @@ class MemoryQueue(nn.Module):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
 
     def check_dim(self, t: torch.Tensor, name: str, *, setting: str = "dim") -> None:
-        """Raise ``ValueError`` unless ``t`` ``(n, D)`` has ``D == dim``, so that it can be
-        scored against (or stored in) the queue; ``setting`` names where ``dim`` was set."""
+        """Check that ``t`` can be scored against (or stored in) the queue.
+
+        Args:
+            t: Embeddings ``(n, D)``.
+            name: The argument's name, for the error message.
+            setting: The setting ``dim`` came from, named in the error message.
+
+        Raises:
+            ValueError: ``t`` is not 2-D or ``D != dim``.
+        """
         if t.dim() != 2 or t.shape[1] != self.dim:
             raise ValueError(
                 f"{name} has dimension {t.shape[-1]} (shape {tuple(t.shape)}) but the memory "
@@ -126,6 +155,7 @@ class MemoryQueue(nn.Module):
 
     @property
     def is_full(self) -> bool:
+        """Whether every slot has been written at least once."""
         return bool(self.valid.all())
 
     @torch.no_grad()
@@ -137,14 +167,23 @@ class MemoryQueue(nn.Module):
         mask: torch.Tensor | None = None,
         gather: bool = True,
     ) -> None:
-        """Write ``keys`` ``(n, dim)`` (detached) and their ``ids`` at the pointer, wrapping around.
+        """Write ``keys`` (detached) and their ``ids`` at the pointer, wrapping around.
 
-        ``mask`` ``(n,)`` bool selects the rows to enqueue (e.g. drop padding or duplicated
-        captions); the others are skipped and take no slot. Under ``torch.distributed`` the
-        selected rows of all ranks are gathered in rank order first, so every rank must call
-        this method at the same step. ``gather=False`` skips that all-gather and writes the
-        rows as given: for keys that are already the global batch, identical on every rank
-        (otherwise the ranks' queues diverge).
+        Under ``torch.distributed`` the selected rows of all ranks are gathered in rank order
+        first, so every rank must call this method at the same step.
+
+        Args:
+            keys: Keys ``(n, dim)``, finite.
+            ids: The image id of each key (``>= 0``); None stores ``NO_ID``, which matches no
+                query.
+            mask: ``(n,)`` bool selecting the rows to enqueue (e.g. dropping padding or
+                duplicated captions); the others take no slot.
+            gather: False skips the all-gather and writes the rows as given: for keys that are
+                already the global batch, identical on every rank (otherwise the ranks' queues
+                diverge).
+
+        Raises:
+            ValueError: A shape, dtype or id is invalid, or ``keys`` holds NaN or inf.
         """
         if not isinstance(gather, bool):
             raise ValueError(f"gather must be a bool, got {gather!r}")
@@ -186,12 +225,22 @@ class MemoryQueue(nn.Module):
         self.ptr.copy_((self.ptr + n) % self.size)
 
     def negative_mask(self, query_ids: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
-        """``(n_query, size)`` bool mask of the entries usable as negatives of each query.
+        """Mask of the entries usable as negatives of each query.
 
         An entry is a negative when it is filled and its id differs from the query's id, so an
         entry is never a negative of its own pair nor of another caption of the same image
-        (store image ids for both images and captions). Without ``query_ids`` every filled
-        entry is a negative, returned as a ``(1, size)`` mask that broadcasts over queries.
+        (store image ids for both images and captions).
+
+        Args:
+            query_ids: The image id of each query, ``(n_query,)``; None makes every filled entry
+                a negative.
+
+        Returns:
+            A bool mask ``(n_query, size)``, or ``(1, size)`` (broadcasting over queries) without
+            ``query_ids``.
+
+        Raises:
+            ValueError: ``query_ids`` is not a 1-D sequence of non-negative integer ids.
         """
         if query_ids is None:
             return self.valid[None, :]
@@ -212,13 +261,20 @@ class MemoryQueue(nn.Module):
 
 
 class MomentumEncoder(nn.Module):
-    r"""Exponential-moving-average copy of a model (MoCo's key encoder; AdaCL Sec. 4.1).
+    """Exponential-moving-average copy of a model (MoCo's key encoder; AdaCL Sec. 4.1).
 
-    ``update(model)`` applies :math:`\theta_k \leftarrow z\,\theta_k + (1 - z)\,\theta_q` to
-    every parameter and copies every buffer (batch-norm statistics) from the online ``model``;
-    call it once per optimiser step. ``forward`` runs the copy without gradient. The copy is a
-    submodule, so it is saved and restored with ``state_dict``. A
-    ``DistributedDataParallel`` wrapper passed to ``update`` is unwrapped.
+    ``update(model)`` applies ``theta_k <- z * theta_k + (1 - z) * theta_q`` to every parameter
+    and copies every buffer (batch-norm statistics) from the online ``model``; call it once per
+    optimiser step. ``forward`` runs the copy without gradient. The copy is a submodule, so it
+    is saved and restored with ``state_dict``. A ``DistributedDataParallel`` wrapper is
+    unwrapped.
+
+    Args:
+        model: The online model to copy.
+        momentum: ``z`` in ``[0, 1]`` (AdaCL A.9: 0.99).
+
+    Raises:
+        ValueError: ``model`` is not an ``nn.Module`` or ``momentum`` is not in ``[0, 1]``.
     """
 
     def __init__(self, model: nn.Module, *, momentum: float = 0.99) -> None:
@@ -238,6 +294,14 @@ class MomentumEncoder(nn.Module):
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        """One EMA step towards ``model``'s parameters; its buffers are copied.
+
+        Args:
+            model: The online model (or its ``DistributedDataParallel`` wrapper).
+
+        Raises:
+            ValueError: ``model``'s parameters differ in name or shape from the copy's.
+        """
         online = _unwrap(model)
         ema_params = dict(self.module.named_parameters())
         online_params = dict(online.named_parameters())
@@ -257,6 +321,7 @@ class MomentumEncoder(nn.Module):
                 ema_buffers[name].copy_(b_q)
 
     def forward(self, *args, **kwargs):
+        """Run the copy on the arguments without gradient and return its output."""
         with torch.no_grad():
             return self.module(*args, **kwargs)
 
@@ -268,3 +333,6 @@ def _unwrap(model: nn.Module) -> nn.Module:
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return model.module
     return model
+
+
+__all__ = ["NO_ID", "MemoryQueue", "MomentumEncoder", "as_id_tensor"]

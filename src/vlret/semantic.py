@@ -1,16 +1,15 @@
-r"""Caption TF-IDF similarity between images, the semantic side of VSL (VSL paper Eq. 3).
+"""Caption TF-IDF similarity between images, the semantic side of VSL (VSL paper Eq. 3).
 
 The VSL paper calls it a "CIDEr" similarity; the authors' released code computes it with
 scikit-learn's TF-IDF at default settings, and so does :class:`CaptionTfidf`: one caption is one
 document, lower-casing, the default token pattern (which drops one-letter words such as "a"),
 smooth idf, L2-normalised rows, fitted on the captions of the training split.
 
-Everything stays sparse. Because each caption vector has unit norm, Eq. (3),
+Everything stays sparse. Because each caption vector ``g(.)`` has unit norm, Eq. (3)
 
-.. math:: K(v_a, v_b) = \frac{1}{Q_a Q_b}\sum_{p,q} \hat g(pt_a^p)\cdot\hat g(pt_b^q)
-          = \bar g_a \cdot \bar g_b,
+    K(v_a, v_b) = 1 / (Q_a Q_b) * sum_{p, q} g(pt_a^p) . g(pt_b^q) = mean_g_a . mean_g_b
 
-is the dot product of the two images' mean normalised caption vectors :math:`\bar g`, which are
+is the dot product of the two images' mean normalised caption vectors ``mean_g``, which are
 precomputed once at fit time; a batch lookup is one small sparse product.
 """
 
@@ -60,11 +59,6 @@ class CaptionTfidf:
     ``similarity(img_ids_a, img_ids_b)`` is the ``(len(a), len(b))`` tensor of the mean of the
     ``Q_a x Q_b`` caption cosines.
 
-    ``ngram_range``: ``(1, 1)`` (default) reproduces the authors' released code (unigrams);
-    ``(1, 4)`` is closer to CIDEr, which the paper's text names (CIDEr uses 1- to 4-grams; this
-    is still one TF-IDF space over all n-gram orders, not CIDEr's per-order average, and
-    without its length penalty).
-
     Every caption must keep at least one token after tokenisation: a blank caption, or one made
     only of one-letter words, raises ``ValueError`` at fit time rather than silently counting
     as a zero vector.
@@ -72,6 +66,15 @@ class CaptionTfidf:
     A fitted instance is not part of any model's ``state_dict``: :meth:`save` writes it to a
     directory (sparse ``.npz`` plus JSON, no pickle) and :meth:`load` restores it, so a resumed
     run need not refit on the training captions.
+
+    Args:
+        ngram_range: ``(1, 1)`` (default) reproduces the authors' released code (unigrams);
+            ``(1, 4)`` is closer to CIDEr, which the paper's text names (CIDEr uses 1- to
+            4-grams; this is still one TF-IDF space over all n-gram orders, not CIDEr's
+            per-order average, and without its length penalty).
+
+    Raises:
+        ValueError: ``ngram_range`` is not a pair of ints ``1 <= lo <= hi``.
     """
 
     #: Files written by :meth:`save` inside its directory.
@@ -92,8 +95,15 @@ class CaptionTfidf:
     def fit(self, captions: Mapping[Hashable, Sequence[str]]) -> CaptionTfidf:
         """Fit the TF-IDF vocabulary and idf on all captions and precompute per-image means.
 
-        Returns ``self``. Raises ``ValueError`` for an empty mapping, an image without
-        captions, or an empty caption.
+        Args:
+            captions: Each image id's list of caption strings (the training split's).
+
+        Returns:
+            ``self``, fitted.
+
+        Raises:
+            ValueError: The mapping is empty, an image has no captions, or a caption is empty
+                or keeps no token.
         """
         if not isinstance(captions, Mapping):
             raise ValueError(
@@ -148,6 +158,7 @@ class CaptionTfidf:
 
     @property
     def is_fitted(self) -> bool:
+        """Whether :meth:`fit` (or :meth:`load`) has run."""
         return self._mean_vectors is not None
 
     def _require_fitted(self) -> None:
@@ -156,11 +167,13 @@ class CaptionTfidf:
 
     @property
     def n_images(self) -> int:
+        """Number of fitted images."""
         self._require_fitted()
         return len(self._row_of)
 
     @property
     def vocabulary_size(self) -> int:
+        """Number of TF-IDF terms (columns of the caption vectors)."""
         self._require_fitted()
         return len(self._vectorizer.vocabulary_)
 
@@ -180,12 +193,22 @@ class CaptionTfidf:
     # -- persistence -------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the fitted state to the directory ``path`` (created if missing); returns it.
+        """Write the fitted state to a directory.
 
         Two files: :data:`VECTORS_FILE`, the per-image mean vectors
         (``scipy.sparse.save_npz``), and :data:`META_FILE`, JSON with the ``ngram_range``, the
         image ids in row order, their caption counts, the vocabulary in column order and the
         idf weights. No pickle is involved, so image ids must be ``int`` or ``str``.
+
+        Args:
+            path: The directory (created if missing).
+
+        Returns:
+            ``path`` as a ``Path``.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: The instance is not fitted.
+            ValueError: An image id is neither an ``int`` nor a ``str``.
         """
         self._require_fitted()
         ids: list[int | str] = []
@@ -219,7 +242,18 @@ class CaptionTfidf:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CaptionTfidf:
-        """Restore an instance written by :meth:`save`; lookups give identical results."""
+        """Restore an instance written by :meth:`save`; lookups give identical results.
+
+        Args:
+            path: The directory :meth:`save` wrote.
+
+        Returns:
+            The fitted instance.
+
+        Raises:
+            ValueError: The files are not a saved ``CaptionTfidf`` of this format version, or
+                their parts disagree in size.
+        """
         src = Path(path)
         meta = json.loads((src / cls.META_FILE).read_text(encoding="utf-8"))
         if not isinstance(meta, dict) or meta.get("format") != cls._FORMAT:
@@ -284,12 +318,25 @@ class CaptionTfidf:
         device: torch.device | str | None = None,
         names: tuple[str, str] = ("img_ids_a", "img_ids_b"),
     ) -> torch.Tensor:
-        """``(len(a), len(b))`` tensor of Eq. (3): mean of the ``Q_a x Q_b`` caption cosines.
+        """Semantic similarity of two lists of images, Eq. (3).
 
-        ``img_ids_b`` defaults to ``img_ids_a`` (the ``(B, B)`` matrix ``C`` of a batch). Ids
-        are a 1-D integer tensor or a sequence of the keys given to :meth:`fit`. ``names`` are
-        the argument names error messages use for the two id lists (a caller that forwards
-        its own arguments, such as ``VisualSemanticLoss``, passes ``("img_ids", "txt_ids")``).
+        Args:
+            img_ids_a: Image ids: a 1-D integer tensor or a sequence of the keys given to
+                :meth:`fit`.
+            img_ids_b: Image ids of the columns; None uses ``img_ids_a`` (the ``(B, B)``
+                matrix ``C`` of a batch).
+            dtype: Dtype of the result.
+            device: Device of the result.
+            names: The argument names error messages use for the two id lists (a caller that
+                forwards its own arguments, such as ``VisualSemanticLoss``, passes
+                ``("img_ids", "txt_ids")``).
+
+        Returns:
+            The ``(len(a), len(b))`` tensor of the means of the ``Q_a x Q_b`` caption cosines.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: The instance is not fitted.
+            ValueError: The ids are not 1-D, or an id was not fitted.
         """
         self._require_fitted()
         name_a, name_b = names
@@ -308,11 +355,24 @@ class CaptionTfidf:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
-        """``(len(a), len(b))`` TF-IDF cosines between single captions (``Q = 1`` in Eq. 3).
+        """TF-IDF cosines between single captions (``Q = 1`` in Eq. 3).
 
         This is the text-side semantic matrix ``TC`` of Eq. (7). Captions are vectorised with
         the fitted vocabulary and idf; a caption with no known token is a zero vector and so has
         similarity 0 to everything (itself included).
+
+        Args:
+            captions_a: Caption strings of the rows.
+            captions_b: Caption strings of the columns; None uses ``captions_a``.
+            dtype: Dtype of the result.
+            device: Device of the result.
+
+        Returns:
+            The ``(len(a), len(b))`` tensor of caption cosines.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: The instance is not fitted.
+            ValueError: A list is empty or not a sequence of non-empty strings.
         """
         self._require_fitted()
         vec_a = self._caption_vectors(captions_a, "captions_a")

@@ -24,10 +24,21 @@ def _as_2d_float(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def cosine_similarity(img: torch.Tensor, txt: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
-    """Cosine similarity of every image with every text, ``(N_img, N_txt)``.
+    """Cosine similarity of every image with every text.
 
-    Rows are L2-normalised (norms clamped at ``eps``) before the product, so the gradient
-    flows through the normalisation as in VSE++ and CLIP.
+    ``S = normalize(img) @ normalize(txt).T``: rows are L2-normalised (norms clamped at ``eps``)
+    before the product, so the gradient flows through the normalisation as in VSE++ and CLIP.
+
+    Args:
+        img: Image (or video) embeddings, ``(N_img, D)``, floating point.
+        txt: Text embeddings, ``(N_txt, D)``, same ``D``.
+        eps: Lower bound of each row's norm.
+
+    Returns:
+        The ``(N_img, N_txt)`` similarity matrix, rows images and columns texts.
+
+    Raises:
+        ValueError: An input is not a 2-D floating-point tensor, or the embedding sizes differ.
     """
     _as_2d_float(img, "img")
     _as_2d_float(txt, "txt")
@@ -52,10 +63,19 @@ def _ids_to_tensor(ids: Ids, name: str, lookup: dict, device: torch.device | Non
 
 
 def positive_mask(img_ids: Ids, txt_ids: Ids) -> torch.Tensor:
-    """``(N_img, N_txt)`` bool mask, True where ``img_ids[i] == txt_ids[j]``.
+    """Mask of the matching (image, text) pairs: True where ``img_ids[i] == txt_ids[j]``.
 
-    Ids are 1-D integer tensors or any sequences of hashable ids (strings such as
-    ``"video7010"`` work). Both arguments must be of the same kind.
+    Args:
+        img_ids: The image id of each row: a 1-D integer tensor or any sequence of hashable ids
+            (strings such as ``"video7010"`` work).
+        txt_ids: The image id each text describes, of the same kind as ``img_ids``.
+
+    Returns:
+        A ``(N_img, N_txt)`` bool tensor (on ``img_ids``' device for tensors).
+
+    Raises:
+        ValueError: One argument is a tensor and the other a sequence, a tensor is not 1-D or
+            not integer, or a sequence is a string.
     """
     if isinstance(img_ids, torch.Tensor) != isinstance(txt_ids, torch.Tensor):
         raise ValueError("img_ids and txt_ids must both be tensors or both be sequences")
@@ -64,3 +84,6 @@ def positive_mask(img_ids: Ids, txt_ids: Ids) -> torch.Tensor:
     a = _ids_to_tensor(img_ids, "img_ids", lookup, device)
     b = _ids_to_tensor(txt_ids, "txt_ids", lookup, device)
     return a[:, None] == b[None, :]
+
+
+__all__ = ["cosine_similarity", "positive_mask"]
