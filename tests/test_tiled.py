@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from vlret.losses import adacl_loss, goal_objective, infonce_loss, triplet_loss, unified_loss
 from vlret.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
-from vlret.losses.tiled import (
+from vlret.losses import (
     tiled_adacl_loss,
     tiled_goal_objective,
     tiled_infonce_loss,
@@ -207,11 +207,11 @@ def test_one_exponential_and_careful_strips_mix_in_one_call(monkeypatch):
     float64 floor: row/column sums of ``exp(c s - K)`` must stay above ~e^-668, so with
     ``c = 1000`` only a strip whose similarities lie within ~0.6 of each other is fast.
     """
-    import vlret.losses.tiled as tiled
+    import vlret.losses._tiling as tiling
 
     calls = []
-    careful = tiled._careful_strip
-    monkeypatch.setattr(tiled, "_careful_strip", lambda *a: calls.append(a[5]) or careful(*a))
+    careful = tiling._careful_tile
+    monkeypatch.setattr(tiling, "_careful_tile", lambda *a: calls.append(a[3]) or careful(*a))
     gen = torch.Generator().manual_seed(7)
     u, v = torch.randn(2, 8, generator=gen, dtype=torch.float64)
     txt = u + 0.01 * torch.randn(16, 8, generator=gen, dtype=torch.float64)

@@ -27,8 +27,9 @@ from .goal import (
     goal_objective,
     goal_pair_weights,
     goal_triplet_weight,
+    tiled_goal_objective,
 )
-from .infonce import InfoNCELoss, infonce_loss
+from .infonce import InfoNCELoss, infonce_loss, tiled_infonce_loss
 from .registry import (
     available_losses,
     build_loss,
@@ -39,15 +40,9 @@ from .registry import (
     loss_parameters,
     register_loss,
 )
-from .tiled import (
-    tiled_adacl_loss,
-    tiled_goal_objective,
-    tiled_infonce_loss,
-    tiled_triplet_loss,
-    tiled_unified_loss,
-)
-from .triplet import TripletLoss, triplet_loss
-from .unified import UnifiedLoss, unified_loss
+from .tiled import tiled_adacl_loss
+from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
+from .unified import UnifiedLoss, tiled_unified_loss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [

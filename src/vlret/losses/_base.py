@@ -55,14 +55,31 @@ def log1p_sum_exp(z: torch.Tensor, negatives: torch.Tensor, dim: int) -> torch.T
     return torch.logaddexp(torch.zeros((), dtype=z.dtype, device=z.device), filled.logsumexp(dim))
 
 
-def reduce_terms(img_terms: torch.Tensor, txt_terms: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Combine the image-anchor and text-anchor terms of each index and reduce."""
-    per_index = img_terms + txt_terms
+def reduce_per_index(
+    per_index: torch.Tensor, reduction: str, batch: int | None = None
+) -> torch.Tensor:
+    """The one reduction of every loss.
+
+    Args:
+        per_index: The terms of each index (both directions summed).
+        reduction: ``"none"`` (the terms), ``"sum"`` or ``"mean"``.
+        batch: What ``"mean"`` divides by: the whole gathered batch for a shard's terms, so
+            the shards' means add up to the batch mean (default: the number of terms).
+
+    Returns:
+        The reduced loss.
+    """
     if reduction == "none":
         return per_index
+    total = per_index.sum()
     if reduction == "sum":
-        return per_index.sum()
-    return per_index.mean()
+        return total
+    return total / (per_index.numel() if batch is None else batch)
+
+
+def reduce_terms(img_terms: torch.Tensor, txt_terms: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Combine the image-anchor and text-anchor terms of each index and reduce."""
+    return reduce_per_index(img_terms + txt_terms, reduction)
 
 
 def init_args(frame: Mapping[str, Any]) -> dict[str, Any]:

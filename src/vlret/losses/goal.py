@@ -71,8 +71,16 @@ from .._checks import (
     check_declared,
 )
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare
+from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index
+from ._tiling import (
+    Embedded,
+    SquareExclusions,
+    hardest_negatives,
+    prepare_embeddings,
+    shard_directions,
+)
 from .registry import register_loss
+from .triplet import TripletLoss
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
 TRIPLET_WEIGHTS: tuple[str, ...] = ("con", "nca", "cir")
@@ -337,6 +345,150 @@ def triplet_weights_from_hardest(
     return t * p_pos, t * p_neg, hinge
 
 
+def _set_n(cfg: GoalConfig, bound: torch.Tensor, rows: int, cols: int, like: torch.Tensor):
+    """Streaming statistics of the MS set N (negatives above ``bound``, Eq. 12-13).
+
+    Returns a tile visitor for :func:`~vlret.losses._tiling.hardest_negatives` and the
+    ``(count, stat)`` it fills: per row (and per column when ``cols``) the size of N and
+    either the log-sum-exp of ``beta s`` over N (sig-ms) or the plain sum of ``s`` (lin-ms).
+    """
+    sig, lowest = cfg.pair_weight == "sig-ms", torch.finfo(like.dtype).min
+    count = torch.zeros(2, max(rows, cols), dtype=torch.long, device=like.device)
+    stat = like.new_full((2, max(rows, cols)), lowest if sig else 0.0)
+
+    def visit(start: int, stop: int, t: torch.Tensor) -> None:
+        keep = t > bound
+        count[0, start:stop] = keep.sum(1)
+        z = torch.where(keep, t * cfg.beta, lowest) if sig else t * keep
+        stat[0, start:stop] = z.logsumexp(1) if sig else z.sum(1)
+        if cols:
+            count[1, :cols] += keep.sum(0)
+            col = z.logsumexp(0) if sig else z.sum(0)
+            stat[1, :cols] = torch.logaddexp(stat[1, :cols], col) if sig else stat[1, :cols] + col
+
+    return visit, count, stat
+
+
+def _ms_negative(
+    cfg: GoalConfig, stat: torch.Tensor, count: torch.Tensor, neg: torch.Tensor
+) -> torch.Tensor:
+    """The MS relative negative term from set N's statistics (:func:`_set_n`); 0 for empty N."""
+    size = count.clamp(min=1).to(neg.dtype)
+    if cfg.pair_weight == "sig-ms":
+        # log mean_N e^{beta (s - s_n)}; the sum is >= 1 as s_n is in N (log >= 0).
+        value = (stat - cfg.beta * neg).clamp(min=0) - size.log()
+    else:
+        value = neg - stat / size
+    return torch.where(count > 0, value, 0.0)
+
+
+def _weights(cfg, pos, top, count, stat, batch_pos=None):
+    """``(T P+, T P-, hinge)`` from streamed hardest negatives ``top`` and set-N statistics."""
+    has_neg = top > torch.finfo(top.dtype).min
+    neg = torch.where(has_neg, top, pos)  # a harmless stand-in; zero weights below
+    ms = cfg.pair_weight in ("lin-ms", "sig-ms")
+    ms_neg = _ms_negative(cfg, stat, count, neg) if ms else 0.0
+    return triplet_weights_from_hardest(cfg, pos, neg, has_neg, ms_neg, batch_pos)
+
+
+def _goal_terms(batch: Embedded, cfg: GoalConfig, shard) -> torch.Tensor:
+    """GOAL per index on a tiled batch: the hinge as value, the prescribed gradient through the
+    surrogate ``sum w_neg s_neg - w_pos s_pos`` with detached weights."""
+    x, y, tile = batch.x, batch.y, batch.tile
+    batch_pos = (x * y).sum(1).detach()
+    bound = batch_pos.min() - cfg.epsilon
+    if shard is None:
+        visit, count, stat = _set_n(cfg, bound, batch.batch, batch.batch, x)
+        exclusions = SquareExclusions(batch.codes, batch.batch)
+        row_top, row_arg, col_top, col_arg = hardest_negatives(
+            x, y, exclusions, tile, columns=True, visit=visit
+        )
+        with torch.no_grad():
+            w_pos, w_neg, hinge = _weights(
+                cfg, batch_pos, torch.stack((row_top, col_top)), count, stat
+            )
+        surrogate = (
+            w_neg[0] * (x * y[row_arg]).sum(1)
+            + w_neg[1] * (x[col_arg] * y).sum(1)
+            - (w_pos[0] + w_pos[1]) * (x * y).sum(1)
+        )
+        return hinge[0] + hinge[1] + (surrogate - surrogate.detach())
+    terms = []
+    for d in shard_directions(batch, shard):
+        n = d.rows.shape[0]
+        visit, count, stat = _set_n(cfg, bound, n, 0, x)
+        top, arg = hardest_negatives(
+            d.rows, d.cands, d.exclusions, tile, columns=False, visit=visit
+        )
+        pos = d.positives
+        with torch.no_grad():
+            w_pos, w_neg, hinge = _weights(cfg, pos.detach(), top, count[0], stat[0], batch_pos)
+        surrogate = w_neg * (d.rows * d.cands[arg]).sum(1) - w_pos * pos
+        terms.append(hinge + (surrogate - surrogate.detach()))
+    return terms[0] + terms[1]
+
+
+def tiled_goal_objective(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    triplet_weight: str = "cir",
+    pair_weight: str = "sig-ms",
+    margin: float = 0.2,
+    tau: float = 10.0,
+    alpha: float = 2.0,
+    beta: float = 10.0,
+    lam: float = 0.5,
+    epsilon: float = 0.1,
+    circle_offset: float = 0.5,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "sum",
+    normalize: bool = True,
+    shard: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """:func:`goal_objective` on embeddings, tiled, all 15 combinations.
+
+    The value is the hardest-negative hinge (a monitoring value) and the gradient the
+    prescribed one, through ``value.detach() + (surrogate - surrogate.detach())``.
+
+    Args:
+        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        triplet_weight, pair_weight, margin, tau, alpha, beta, lam, epsilon, circle_offset:
+            The objective, as :class:`GoalConfig`.
+        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        chunk_size: Tile height.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
+        normalize: Cosine scores (``True``) or raw dot products.
+        shard: ``(start, stop)``: only the terms of pairs ``start:stop``; the MS sets still
+            use every positive of the gathered batch.
+
+    Returns:
+        The dense form's value; its gradient equals the dense prescribed gradient. Ties of the
+        hardest negative go to the lowest index, as ``torch.max`` does in the dense form.
+
+    Raises:
+        ValueError: A bad argument, named.
+    """
+    cfg = GoalConfig(
+        triplet_weight=triplet_weight,
+        pair_weight=pair_weight,
+        margin=margin,
+        tau=tau,
+        alpha=alpha,
+        beta=beta,
+        lam=lam,
+        epsilon=epsilon,
+        circle_offset=circle_offset,
+        reduction=reduction,
+    )
+    batch = prepare_embeddings(
+        img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
+    )
+    return reduce_per_index(_goal_terms(batch, cfg, shard), reduction, batch.batch)
+
+
 class GoalFunction(torch.autograd.Function):
     """The GOAL objective as an autograd function of the similarity matrix.
 
@@ -493,8 +645,6 @@ class GoalObjective(PairLoss):
         )
         #: VSE-infinity's warm-up loss (:meth:`set_all_negatives`): the triplet sum of hinges
         #: over all negatives with this objective's margin and reduction; it holds no state.
-        from .triplet import TripletLoss  # until tiled.py stops importing goal
-
         self.warmup = TripletLoss(
             margin=float(margin),
             hardest=False,
@@ -523,8 +673,6 @@ class GoalObjective(PairLoss):
         txt_ids: Ids | None,
         shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        from .tiled import tiled_goal_objective  # tiled builds on this module's weights
-
         c = self.config
         return tiled_goal_objective(
             img_emb,

@@ -7,11 +7,19 @@ import math
 import torch
 from torch import nn
 
-from .._checks import FLAG, POSITIVE, Number, check_positive, check_reduction
+from .._checks import FLAG, POSITIVE, Number, check_finite, check_positive, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
+from ._base import (
+    LossCapabilities,
+    PairLoss,
+    init_args,
+    log1p_sum_exp,
+    prepare,
+    reduce_per_index,
+    reduce_terms,
+)
+from ._tiling import prepare_embeddings, softmax_terms
 from .registry import register_loss
-from .tiled import tiled_infonce_loss
 
 
 def infonce_loss(
@@ -42,6 +50,56 @@ def infonce_loss(
     img_terms = log1p_sum_exp((s - pos[:, None]) / temperature, negatives, dim=1)
     txt_terms = log1p_sum_exp((s - pos[None, :]) / temperature, negatives, dim=0)
     return reduce_terms(img_terms, txt_terms, reduction)
+
+
+def scalar_tensor(value: float | torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
+    """``value`` as a 0-dim tensor of ``like``'s dtype and device (a tensor keeps its graph)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
+        check_finite(value, name)
+        return value.to(device=like.device, dtype=like.dtype).reshape(())
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
+def tiled_infonce_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 0.05,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "mean",
+    normalize: bool = True,
+    shard: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """:func:`infonce_loss` on embeddings in ``O(chunk_size * B)`` memory (the tiled form).
+
+    Args:
+        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        temperature: ``tau``, a float or a (learnable) scalar tensor, which gets its gradient.
+        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        chunk_size: Tile height.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        normalize: Cosine scores (``True``) or raw dot products.
+        shard: ``(start, stop)``: only the terms of pairs ``start:stop`` (``"mean"`` divides
+            by the whole batch, so the shards add up to the batch loss).
+
+    Returns:
+        The value of ``infonce_loss(cosine_similarity(img, txt), pos_mask=positive_mask(ids))``.
+
+    Raises:
+        ValueError: A bad argument, named.
+    """
+    check_positive(temperature, "temperature")
+    check_reduction(reduction)
+    batch = prepare_embeddings(
+        img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
+    )
+    scale = 1.0 / scalar_tensor(temperature, batch.x, "temperature")
+    terms = softmax_terms(batch, scale, None, shard)
+    return reduce_per_index(terms, reduction, batch.batch)
 
 
 @register_loss("infonce")

@@ -6,9 +6,16 @@ import torch
 
 from .._checks import FLAG, MARGIN, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_terms
+from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
+from ._tiling import (
+    Embedded,
+    SquareExclusions,
+    hardest_negatives,
+    hinge_sums,
+    prepare_embeddings,
+    shard_directions,
+)
 from .registry import register_loss
-from .tiled import tiled_triplet_loss
 
 
 def triplet_loss(
@@ -43,6 +50,101 @@ def triplet_loss(
     else:
         img_terms, txt_terms = hinge_i2t.sum(dim=1), hinge_t2i.sum(dim=0)
     return reduce_terms(img_terms, txt_terms, reduction)
+
+
+def hardest_hinge(
+    neg: torch.Tensor, pos: torch.Tensor, top: torch.Tensor, margin: float
+) -> torch.Tensor:
+    """``[margin + s_neg - s_pos]_+`` per anchor with its hardest negative's score ``neg``;
+    0 where the anchor has no negative (``top`` is the dtype's most negative value) and a zero
+    gradient where the hinge is exactly 0."""
+    hinge = margin + neg - pos
+    return torch.where((top > torch.finfo(top.dtype).min) & (hinge > 0), hinge, 0.0)
+
+
+def _hardest_terms(batch: Embedded, margin: float, shard) -> torch.Tensor:
+    """Triplet-HN per index: the hardest negatives are found without gradient, then their
+    scores are recomputed with it (autograd's gather backward scatters the gradient)."""
+    if shard is None:
+        x, y = batch.x, batch.y
+        exclusions = SquareExclusions(batch.codes, batch.batch)
+        row_top, row_arg, col_top, col_arg = hardest_negatives(
+            x, y, exclusions, batch.tile, columns=True
+        )
+        diag = (x * y).sum(1)
+        rows = hardest_hinge((x * y[row_arg]).sum(1), diag, row_top, margin)
+        return rows + hardest_hinge((x[col_arg] * y).sum(1), diag, col_top, margin)
+    terms = []
+    for d in shard_directions(batch, shard):
+        top, arg = hardest_negatives(d.rows, d.cands, d.exclusions, batch.tile, columns=False)
+        neg = (d.rows * d.cands[arg]).sum(1)
+        terms.append(hardest_hinge(neg, d.positives, top, margin))
+    return terms[0] + terms[1]
+
+
+def _sum_terms(batch: Embedded, margin: float, shard) -> torch.Tensor:
+    """VSE0 per index: the sums of the hinges over all negatives."""
+    if shard is None:
+        diag = (batch.x * batch.y).sum(1)
+        exclusions = SquareExclusions(batch.codes, batch.batch)
+        rows, cols = hinge_sums(
+            batch.x, batch.y, diag, diag, margin=margin, exclusions=exclusions, tile=batch.tile
+        )
+        return rows + cols
+    terms = []
+    for d in shard_directions(batch, shard):
+        rows, _ = hinge_sums(
+            d.rows,
+            d.cands,
+            d.positives,
+            None,
+            margin=margin,
+            exclusions=d.exclusions,
+            tile=batch.tile,
+        )
+        terms.append(rows)
+    return terms[0] + terms[1]
+
+
+def tiled_triplet_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    margin: float = 0.2,
+    hardest: bool = True,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "sum",
+    normalize: bool = True,
+    shard: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """:func:`triplet_loss` (Triplet-HN Eq. 1-2, or VSE0 with ``hardest=False``), tiled.
+
+    Args:
+        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        margin: The hinge margin.
+        hardest: The hardest negative of each anchor (VSE++) or the sum over all (VSE0).
+        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        chunk_size: Tile height.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
+        normalize: Cosine scores (``True``) or raw dot products.
+        shard: ``(start, stop)``: only the terms of pairs ``start:stop``.
+
+    Returns:
+        The dense form's value. At exact ties of the hardest negative the whole gradient goes
+        to the lowest index (the dense ``amax`` splits it; the value is the same).
+
+    Raises:
+        ValueError: A bad argument, named.
+    """
+    MARGIN.check(margin, "margin")
+    check_reduction(reduction)
+    batch = prepare_embeddings(
+        img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
+    )
+    terms = (_hardest_terms if hardest else _sum_terms)(batch, float(margin), shard)
+    return reduce_per_index(terms, reduction, batch.batch)
 
 
 @register_loss("triplet")

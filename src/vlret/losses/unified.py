@@ -5,9 +5,18 @@ from __future__ import annotations
 import torch
 
 from .._checks import MARGIN, POSITIVE, check_finite, check_positive, check_reduction
-from ._base import LossCapabilities, PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
+from ..similarity import Ids
+from ._base import (
+    LossCapabilities,
+    PairLoss,
+    init_args,
+    log1p_sum_exp,
+    prepare,
+    reduce_per_index,
+    reduce_terms,
+)
+from ._tiling import prepare_embeddings, softmax_terms
 from .registry import register_loss
-from .tiled import tiled_unified_loss
 
 
 def unified_loss(
@@ -62,6 +71,63 @@ def unified_loss(
     img_terms = log1p_sum_exp(gamma * (s - pos[:, None] + m_row), negatives, dim=1)
     txt_terms = log1p_sum_exp(gamma * (s - pos[None, :] + m_col), negatives, dim=0)
     return reduce_terms(img_terms / gamma, txt_terms / gamma, reduction)
+
+
+def tiled_unified_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    margin: float = 0.2,
+    gamma: float = 60.0,
+    margins: torch.Tensor | None = None,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "sum",
+    normalize: bool = True,
+    shard: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """:func:`unified_loss` (Eq. 5; adaptive margins Eq. 26) on embeddings, tiled.
+
+    Args:
+        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        margin: The margin ``m`` of every anchor.
+        gamma: The scale ``gamma``.
+        margins: ``(B,)`` per-anchor margins replacing ``margin`` (both directions); they get
+            their gradient when they require one.
+        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        chunk_size: Tile height.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
+        normalize: Cosine scores (``True``) or raw dot products.
+        shard: ``(start, stop)``: only the terms of pairs ``start:stop``.
+
+    Returns:
+        The value of the dense form on the cosine matrix. The weighted form (Eq. 24, a dense
+        ``(B, B)`` ``weights``) has no tiled counterpart.
+
+    Raises:
+        ValueError: A bad argument, named.
+    """
+    MARGIN.check(margin, "margin")
+    check_positive(gamma, "gamma")
+    check_reduction(reduction)
+    batch = prepare_embeddings(
+        img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
+    )
+    x = batch.x
+    if margins is None:
+        m = x.new_full((batch.batch,), float(margin))
+    else:
+        if not isinstance(margins, torch.Tensor) or tuple(margins.shape) != (batch.batch,):
+            shape = tuple(margins.shape) if isinstance(margins, torch.Tensor) else type(margins)
+            raise ValueError(
+                f"margins must be a ({batch.batch},) tensor, one per anchor, got {shape}"
+            )
+        check_finite(margins, "margins")
+        m = margins.to(device=x.device, dtype=x.dtype)
+    scale = torch.tensor(float(gamma), dtype=x.dtype, device=x.device)
+    terms = softmax_terms(batch, scale, m, shard)
+    return reduce_per_index(terms, reduction, batch.batch) / gamma
 
 
 @register_loss("unified")
