@@ -18,7 +18,7 @@ NORM_EPS = 1e-8
 #: Default bound on the numbers held by the largest intermediate of one block.
 DEFAULT_MAX_ELEMENTS = 2**24
 #: CPU inference blocks hold at most this many raw scores, so that a block's buffers (a few MB)
-#: stay in the caches across the element-wise passes.
+#: stay in the CPU caches across the element-wise passes.
 CPU_BLOCK_ELEMENTS = 2**19
 
 
@@ -31,16 +31,23 @@ def attention_weights(
 ) -> torch.Tensor:
     """The "clipped l2norm" attention step shared by SCAN, BFAN and SGRAF (SCAN Eq. 1-2).
 
-    ``raw (..., q, c)`` holds the raw scores ``<c_j, q_k>`` of every query item ``k`` with every
-    context item ``j``. They go through LeakyReLU (slope 0.1), each context item's scores are
+    The raw scores go through LeakyReLU (slope 0.1), each context item's scores are
     L2-normalised over the queries (the norm plus :data:`NORM_EPS`, as in the reference
     ``l2norm``), and a softmax over the context with inverse temperature ``lambda_softmax``
-    gives the weights ``(..., q, c)``, each row summing to 1.
+    gives the weights.
 
-    ``query_mask (..., q)`` and ``context_mask (..., c)`` (boolean, broadcastable to ``raw``
-    without their last dimension, ``True`` = real item) exclude padding: a padded query
-    contributes nothing to the norm and a padded context item gets weight 0. A padded query's
-    own row is meaningless and must be ignored by the caller.
+    Args:
+        raw: ``(..., q, c)`` raw scores ``<c_j, q_k>`` of every query item ``k`` with every
+            context item ``j``.
+        query_mask: ``(..., q)`` bool, True at real query items (broadcastable to ``raw``
+            without its last dimension); a padded query contributes nothing to the norm.
+        context_mask: ``(..., c)`` bool, True at real context items; a padded one gets
+            weight 0.
+        lambda_softmax: Inverse temperature of the softmax.
+
+    Returns:
+        The ``(..., q, c)`` weights, each row summing to 1. A padded query's own row is
+        meaningless and must be ignored by the caller.
     """
     scores = F.leaky_relu(raw, negative_slope=0.1)
     if query_mask is not None:
@@ -66,14 +73,21 @@ def _finite(x: torch.Tensor) -> bool:
 def check_tokens(
     regions: torch.Tensor, words: torch.Tensor, word_lengths: torch.Tensor | Sequence[int]
 ) -> torch.Tensor:
-    """Validate the token inputs of a pair scorer; return ``word_lengths`` as int64 on
-    ``words``' device.
+    """Validate the token inputs of a pair scorer.
 
-    ``regions (n_img, R, D)`` and ``words (n_cap, L, D)`` must be floating tensors on one
-    device with the same ``D`` (``R``, ``D`` >= 1), ``word_lengths (n_cap,)`` integers in
-    ``1..L``. The regions and each caption's real words must be finite; padding words (at or
-    past a caption's length) are never read and may hold anything. Raises ``ValueError``
-    naming the offending argument.
+    Padding words (at or past a caption's length) are never read and may hold anything.
+
+    Args:
+        regions: ``(n_img, R, D)`` floating region features (``R``, ``D`` >= 1), finite.
+        words: ``(n_cap, L, D)`` floating word features on the same device, same ``D``; each
+            caption's real words finite.
+        word_lengths: ``(n_cap,)`` integers in ``1..L``.
+
+    Returns:
+        ``word_lengths`` as int64 on ``words``' device.
+
+    Raises:
+        ValueError: An input breaks one of these conditions (the message names it).
     """
     if not isinstance(regions, torch.Tensor) or regions.ndim != 3:
         raise ValueError(f"regions must be a tensor (n_img, R, D), got {_describe(regions)}")
@@ -135,14 +149,36 @@ def _length_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
 
 
 def positive_int(value: object, name: str) -> int:
-    """``value`` if it is an int >= 1, else ``ValueError`` naming ``name``."""
+    """Check a positive int setting.
+
+    Args:
+        value: The value to check.
+        name: The setting's name, for the message (``"name: must be ..."``).
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``value`` is not an int >= 1 (a bool is not an int here).
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}: must be a positive int, got {value!r}")
     return value
 
 
 def positive_float(value: object, name: str) -> float:
-    """``value`` as a float if it is a finite number > 0, else ``ValueError`` naming ``name``."""
+    """Check a positive finite number setting.
+
+    Args:
+        value: The value to check.
+        name: The setting's name, for the message (``"name: must be ..."``).
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: ``value`` is not a finite number > 0.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}: must be a number > 0, got {value!r}")
     if not math.isfinite(value):
@@ -151,7 +187,19 @@ def positive_float(value: object, name: str) -> float:
 
 
 def choice(value: object, name: str, choices: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``choices``, else ``ValueError`` naming ``name``."""
+    """Check a setting with a fixed set of values.
+
+    Args:
+        value: The value to check.
+        name: The setting's name, for the message (``"name: must be ..."``).
+        choices: The valid values.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``value`` is not one of ``choices``.
+    """
     if value not in choices:
         raise ValueError(f"{name}: must be one of {list(choices)}, got {value!r}")
     return value  # type: ignore[return-value]

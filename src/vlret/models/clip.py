@@ -1,5 +1,7 @@
-"""CLIP fine-tuning: a local ``transformers`` ``CLIPModel`` with added embedding layers, and
-CLIP image preprocessing with PIL and numpy only (no torchvision).
+"""CLIP fine-tuning: a local ``CLIPModel`` with added embedding layers, and CLIP preprocessing.
+
+The model is a ``transformers`` ``CLIPModel`` read from a local directory; the image
+preprocessing uses PIL and numpy only (no torchvision).
 
 Unified paper B.1.2 fine-tunes CLIP ViT-L/14@336px with "an embedding layer of dimension 768
 after each of the image and text encoders": here a linear layer after CLIP's own projection on
@@ -73,6 +75,16 @@ class CLIPImageTransform:
     3. ``(pixel / 255 - mean[c]) / std[c]`` per channel, channels first.
 
     Pass an instance as ``image_transform`` to :class:`vlret.data.KarpathyDataset`.
+
+    Args:
+        image_size: The crop, an int or ``(height, width)``.
+        resize: Length of the shorter side after resizing; None uses the crop's longer side.
+        mean: Per-channel RGB mean.
+        std: Per-channel RGB standard deviation (positive).
+
+    Raises:
+        ValueError: A size is not positive, ``resize`` is smaller than the crop, or ``mean`` /
+            ``std`` do not hold three values.
     """
 
     def __init__(
@@ -98,9 +110,22 @@ class CLIPImageTransform:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> CLIPImageTransform:
-        """Settings of a local CLIP directory: ``preprocessor_config.json`` when present
-        (``size``, ``crop_size``, ``image_mean``, ``image_std``), else the vision config's
-        ``image_size`` in ``config.json`` with the CLIP mean and std. Needs no transformers."""
+        """The transform of a local CLIP directory (needs no ``transformers``).
+
+        Reads ``preprocessor_config.json`` when present (``size``, ``crop_size``,
+        ``image_mean``, ``image_std``), else the vision config's ``image_size`` in
+        ``config.json`` with the CLIP mean and std.
+
+        Args:
+            path: The local CLIP directory.
+
+        Returns:
+            The configured transform.
+
+        Raises:
+            FileNotFoundError: ``path`` is not a directory, or holds neither file.
+            ValueError: A JSON file is unreadable or holds no usable image size.
+        """
         path = check_local_dir(path, "a CLIP model")
         pre = path / "preprocessor_config.json"
         if pre.is_file():
@@ -121,6 +146,18 @@ class CLIPImageTransform:
         return cls(int(vision.get("image_size", 224)))
 
     def __call__(self, image: Any) -> torch.Tensor:
+        """Preprocess one image.
+
+        Args:
+            image: A PIL image, or the path of an image file.
+
+        Returns:
+            The normalised float32 ``(3, crop_h, crop_w)`` tensor.
+
+        Raises:
+            ValueError: ``image`` is neither a PIL image nor a path.
+            ImportError: pillow is not installed.
+        """
         pil = _import_pil()
         if isinstance(image, (str, Path)):
             with pil.open(image) as opened:
@@ -161,7 +198,16 @@ def _added_layer(in_dim: int, proj_dim: int | None) -> nn.Module:
 
 
 class CLIPImageEncoder(nn.Module):
-    """``pixel_values (N, 3, S, S)`` -> CLIP image embedding -> added layer ``(N, proj_dim)``."""
+    """``pixel_values (N, 3, S, S)`` -> CLIP image embedding -> added layer ``(N, proj_dim)``.
+
+    Args:
+        vision_model: CLIP's vision tower.
+        visual_projection: CLIP's ``visual_projection`` (a linear layer).
+        proj_dim: Width of the added layer; None keeps CLIP's projection output.
+
+    Raises:
+        ValueError: ``proj_dim`` is neither None nor a positive int.
+    """
 
     def __init__(
         self, vision_model: nn.Module, visual_projection: nn.Module, *, proj_dim: int | None
@@ -173,6 +219,17 @@ class CLIPImageEncoder(nn.Module):
         self.embed_dim = proj_dim if proj_dim is not None else visual_projection.out_features
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Embed preprocessed images.
+
+        Args:
+            pixel_values: ``(N, 3, H, W)`` output of :class:`CLIPImageTransform`.
+
+        Returns:
+            The ``(N, embed_dim)`` image embeddings.
+
+        Raises:
+            ValueError: ``pixel_values`` is not a 4-D tensor.
+        """
         if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 4:
             got = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else None
             raise ValueError(
@@ -188,6 +245,14 @@ class CLIPTextEncoder(nn.Module):
 
     The attention mask comes from ``lengths``; CLIP pools at the end-of-text token, which the
     tokenizer places before any padding.
+
+    Args:
+        text_model: CLIP's text tower.
+        text_projection: CLIP's ``text_projection`` (a linear layer).
+        proj_dim: Width of the added layer; None keeps CLIP's projection output.
+
+    Raises:
+        ValueError: ``proj_dim`` is neither None nor a positive int.
     """
 
     def __init__(
@@ -200,6 +265,18 @@ class CLIPTextEncoder(nn.Module):
         self.embed_dim = proj_dim if proj_dim is not None else text_projection.out_features
 
     def forward(self, captions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Embed a padded batch of CLIP token ids.
+
+        Args:
+            captions: ``(B, L)`` token ids of CLIP's tokenizer.
+            lengths: ``(B,)`` valid tokens per caption; None means all ``L``.
+
+        Returns:
+            The ``(B, embed_dim)`` caption embeddings.
+
+        Raises:
+            ValueError: The batch is malformed (:func:`~vlret.models.text.check_captions`).
+        """
         captions, lengths = check_captions(captions, lengths)
         positions = torch.arange(captions.size(1), device=captions.device)
         mask = (positions.unsqueeze(0) < lengths.to(captions.device).unsqueeze(1)).long()
@@ -212,10 +289,22 @@ class CLIPTextEncoder(nn.Module):
 def load_clip(
     path: str | Path, *, proj_dim: int | None = 768
 ) -> tuple[CLIPImageEncoder, CLIPTextEncoder, CLIPImageTransform]:
-    """Image encoder, text encoder and image transform from a LOCAL CLIP directory.
+    """Image encoder, text encoder and image transform from a local CLIP directory.
 
     ``CLIPModel.from_pretrained(path, local_files_only=True)``, cast to float32 (fine-tuning
     half-precision weights with Adam gives NaNs; use AMP for speed instead).
+
+    Args:
+        path: The local CLIP directory (``save_pretrained`` output).
+        proj_dim: Width of the added embedding layers (Unified B.1.2: 768); None keeps CLIP's
+            projection output.
+
+    Returns:
+        ``(image_encoder, text_encoder, image_transform)``.
+
+    Raises:
+        ImportError: ``transformers`` is not installed.
+        FileNotFoundError: ``path`` is not a directory.
     """
     transformers = import_transformers("CLIP fine-tuning")
     path = check_local_dir(path, "a CLIP model")

@@ -91,10 +91,24 @@ def scan_scores(
     ``(|q_k| |a_k|).clamp(min=COSINE_EPS)``. The attended vectors are never formed (see the
     module docstring); the result is the reference's up to rounding.
 
-    Returns ``(n_img, n_cap)`` in the promoted dtype of the inputs, float32 at least (half
-    inputs give float32, float64 stays float64); differentiable. ``max_elements`` bounds the
-    numbers held by the largest intermediate (default :data:`DEFAULT_MAX_ELEMENTS`); a block
-    holds one image and one caption at least.
+    Args:
+        regions: ``(n_img, R, D)`` region features, projected and L2-normalised.
+        words: ``(n_cap, L, D)`` word features, projected and L2-normalised.
+        word_lengths: ``(n_cap,)`` real words per caption, in ``1..L``.
+        direction: ``"t2i"`` or ``"i2t"``.
+        lambda_softmax: Inverse temperature of the attention softmax.
+        aggregation: ``"lse"``, ``"mean"``, ``"max"`` or ``"sum"``.
+        lambda_lse: The ``"lse"`` pooling's sharpness.
+        max_elements: Bound on the numbers held by the largest intermediate (default
+            :data:`DEFAULT_MAX_ELEMENTS`); a block holds one image and one caption at least.
+
+    Returns:
+        The ``(n_img, n_cap)`` scores in the promoted dtype of the inputs, float32 at least
+        (half inputs give float32, float64 stays float64); differentiable.
+
+    Raises:
+        ValueError: An unknown option, a non-positive ``lambda_*`` or ``max_elements``, or
+            malformed tokens (:func:`~vlret.models.attention.check_tokens`).
     """
     choice(direction, "direction", SCAN_DIRECTIONS)
     choice(aggregation, "aggregation", SCAN_AGGREGATIONS)
@@ -147,9 +161,21 @@ def bfan_scores(
     caption, where the reference divides 0 by 0 and returns NaN), the items of largest
     weight are kept, which is all of them when the weights are equal.
 
-    Returns ``(n_img, n_cap)`` in the promoted dtype, float32 at least; differentiable (the
-    keep/drop decision is piecewise constant, as in the reference); ``max_elements`` as in
-    :func:`scan_scores`.
+    Args:
+        regions: ``(n_img, R, D)`` region features, projected and L2-normalised.
+        words: ``(n_cap, L, D)`` word features, projected and L2-normalised.
+        word_lengths: ``(n_cap,)`` real words per caption, in ``1..L``.
+        focal: ``"equal"`` or ``"prob"``.
+        lambda_softmax: Inverse temperature of the attention softmax.
+        max_elements: As in :func:`scan_scores`.
+
+    Returns:
+        The ``(n_img, n_cap)`` scores in the promoted dtype, float32 at least; differentiable
+        (the keep/drop decision is piecewise constant, as in the reference).
+
+    Raises:
+        ValueError: An unknown ``focal``, a non-positive ``lambda_softmax`` or
+            ``max_elements``, or malformed tokens.
     """
     choice(focal, "focal", BFAN_FOCALS)
     lambda_softmax = positive_float(lambda_softmax, "lambda_softmax")
@@ -204,8 +230,8 @@ def _attended_cosines(
     to the normalised values), and its usual max shift is skipped where ``lambda_softmax <=``
     :data:`_UNSHIFTED_LAMBDA`, the logits lying in ``[-lambda, lambda]`` because each score
     is at most its norm over the queries. With ``work`` (no gradient needed) the large
-    intermediates live in reused buffers: the same numbers, without a fresh allocation (and
-    its page faults) per block; ``raw`` must then be ``pair[0]`` of a ``(2, n_x, c, n_q,
+    intermediates live in reused buffers: the same numbers, without a fresh allocation per
+    block; ``raw`` must then be ``pair[0]`` of a ``(2, n_x, c, n_q,
     q)`` buffer whose second half is scratch (it is overwritten, and so is ``raw``).
     """
     n_x, c, n_q, q = raw.shape
@@ -370,16 +396,32 @@ def block_plan(
 ) -> tuple[int, torch.Tensor, list[tuple[int, int, int]]]:
     """How :func:`scan_scores` and :func:`bfan_scores` split the pairs into blocks.
 
-    Returns ``(image_step, order, caption_blocks)``: images go in consecutive runs of
-    ``image_step``; captions are taken in ``order`` (by length, stable) and each
-    ``(start, stop, longest)`` block covers ``order[start:stop]``, trimmed to its
-    ``longest`` caption. A block's raw scores, ``image_step x R x (stop - start) x longest``
-    numbers, never exceed ``max_elements``, nor do its regions or words (``x D``); a block
-    holds one image and one caption at least. On CPU without ``autograd`` blocks are also
-    kept under :data:`CPU_BLOCK_ELEMENTS`, so that the passes over them stay in cache; with
-    autograd every block's intermediates are kept for the backward pass anyway,
-    and fewer, larger blocks cost less. Exposed for benchmarks and for callers that size
-    their own batches.
+    A block's raw scores, ``image_step x R x (stop - start) x longest`` numbers, never exceed
+    ``max_elements``, nor do its regions or words (``x D``); a block holds one image and one
+    caption at least. On CPU without ``autograd`` blocks are also kept under
+    :data:`CPU_BLOCK_ELEMENTS`, so that the passes over them stay in the CPU caches; with
+    autograd every block's intermediates are kept for the backward pass anyway, and fewer,
+    larger blocks cost less. Exposed for benchmarks and for callers that size their own
+    batches.
+
+    Args:
+        n_img: Number of images.
+        n_regions: Regions per image ``R``.
+        dim: Feature size ``D``.
+        lengths: ``(n_cap,)`` real words per caption.
+        max_elements: Bound on a block's largest intermediate (default
+            :data:`DEFAULT_MAX_ELEMENTS`).
+        device: Device the scores are computed on.
+        autograd: Whether the scores need a gradient.
+
+    Returns:
+        ``(image_step, order, caption_blocks)``: images go in consecutive runs of
+        ``image_step``; captions are taken in ``order`` (by length, stable) and each
+        ``(start, stop, longest)`` block covers ``order[start:stop]``, trimmed to its
+        ``longest`` caption.
+
+    Raises:
+        ValueError: ``max_elements`` is not a positive integer or None.
     """
     budget = _check_max_elements(max_elements)
     device = torch.device(device)

@@ -7,17 +7,9 @@ vector each: it keeps the regions and the words, projected and L2-normalised, an
 which the trainer hands to a loss's ``from_similarity``; ``scores_pairs = True`` tells the
 harness so (a two-tower :class:`~vlret.models.RetrievalModel` has no such attribute).
 
-Encoders, as in the three reference implementations (kuanghuei/SCAN, CrossmodalGroup/BFAN,
-Paranioar/SGRAF ``model.py``):
-
-* :class:`RegionEncoder`: one fully connected layer ``fc`` on the precomputed BUTD regions
-  (Xavier-uniform weights, zero bias, as the references' ``init_weights``), then each region
-  L2-normalised (norm plus ``1e-8``, the references' ``l2norm``).
-* :class:`WordEncoder`: word embeddings ``embed`` (uniform in ``[-0.1, 0.1]``, no padding row,
-  as the references) and a GRU ``rnn`` (batch first) over the packed caption; a bi-GRU's two
-  directions are averaged; each word's output is L2-normalised; padding positions are zero.
-  SGRAF's text encoder also applies dropout 0.4 to the word embeddings in training
-  (``text.dropout``; 0 for SCAN and BFAN, whose references have none).
+The encoders, :class:`RegionEncoder` and :class:`WordEncoder`, are those of the three
+reference implementations (kuanghuei/SCAN, CrossmodalGroup/BFAN, Paranioar/SGRAF
+``model.py``).
 
 Parameter names follow the references where they can (``image_encoder.fc`` for ``img_enc.fc``,
 ``text_encoder.embed`` / ``text_encoder.rnn`` for ``txt_enc.embed`` / ``txt_enc.rnn``,
@@ -25,7 +17,7 @@ SGRAF's ``txt_enc.cap_rnn``); SGRAF's similarity encoder (``sim_enc``) is ``scor
 :class:`~vlret.models.sgraf.SGRAFScorer` whose own names map through its
 ``reference_names()``.
 
-Config schema (``vlret.models.build_model``; every key optional, defaults shown)::
+Config schema (``vlret.models.build_model``; every key optional, defaults shown):
 
     {"kind": "scan", "embed_dim": 1024, "direction": "t2i",   # t2i | i2t
      "lambda_softmax": 9.0, "aggregation": "lse",              # lse | mean | max | sum
@@ -110,8 +102,14 @@ _KIND_WORD_DEFAULTS = {"sgraf": {"dropout": 0.4}}
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """``x / (||x|| + 1e-8)`` over the last dimension: the references' ``l2norm`` (a zero vector
-    stays zero)."""
+    """The references' ``l2norm``: ``x / (||x|| + 1e-8)`` over the last dimension.
+
+    Args:
+        x: Any tensor.
+
+    Returns:
+        ``x`` normalised along its last dimension (a zero vector stays zero).
+    """
     return x / (x.square().sum(dim=-1, keepdim=True).sqrt() + NORM_EPS)
 
 
@@ -122,8 +120,19 @@ def _rate(value: Any, name: str) -> float:
 
 
 class RegionEncoder(nn.Module):
-    """Precomputed regions ``(N, R, in_dim)`` -> ``(N, R, embed_dim)``, each region projected by
-    ``fc`` and L2-normalised (SCAN Sec. 3.3; every reference's ``EncoderImagePrecomp``)."""
+    """Precomputed regions ``(N, R, in_dim)`` -> ``(N, R, embed_dim)``, L2-normalised per region.
+
+    Each region is projected by one fully connected layer ``fc`` (Xavier-uniform weights, zero
+    bias, as the references' ``init_weights``) and L2-normalised with :func:`l2norm` (SCAN
+    Sec. 3.3; every reference's ``EncoderImagePrecomp``).
+
+    Args:
+        in_dim: Feature size of a region.
+        embed_dim: Size ``D`` of the projected regions.
+
+    Raises:
+        ValueError: A size is not a positive int.
+    """
 
     def __init__(self, in_dim: int = 2048, embed_dim: int = 1024) -> None:
         super().__init__()
@@ -135,6 +144,18 @@ class RegionEncoder(nn.Module):
         nn.init.zeros_(self.fc.bias)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Project and normalise every region.
+
+        Args:
+            features: ``(N, R, in_dim)`` region features.
+            lengths: Regions per image; accepted only when all equal ``R``.
+
+        Returns:
+            The ``(N, R, embed_dim)`` region features.
+
+        Raises:
+            ValueError: ``features`` is not ``(N, R, in_dim)``, or ``lengths`` varies.
+        """
         if not isinstance(features, torch.Tensor) or features.dim() != 3:
             got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features)
             raise ValueError(
@@ -157,10 +178,24 @@ class RegionEncoder(nn.Module):
 class WordEncoder(nn.Module):
     """Caption ids ``(N, L)`` with ``lengths`` -> word features ``(N, max(lengths), embed_dim)``.
 
-    Word embeddings (``embed``, optional ``dropout`` on them in training, SGRAF), a GRU
-    (``rnn``) over the packed sequence, a bi-GRU's two directions averaged (SCAN Sec. 3.4),
-    then each word L2-normalised. Positions at or past a caption's length are zero vectors and
-    never depend on the padding ids.
+    Word embeddings (``embed``, uniform in ``[-0.1, 0.1]``, no padding row, as the references),
+    a GRU (``rnn``, batch first) over the packed sequence, a bi-GRU's two directions averaged
+    (SCAN Sec. 3.4), then each word L2-normalised. Positions at or past a caption's length are
+    zero vectors and never depend on the padding ids. SGRAF's text encoder also applies
+    dropout 0.4 to the word embeddings in training (``text.dropout``; 0 for SCAN and BFAN,
+    whose references have none).
+
+    Args:
+        vocab_size: Number of word ids.
+        word_dim: Size of the word embeddings.
+        embed_dim: Size ``D`` of the word features (the GRU's hidden size).
+        num_layers: GRU layers.
+        bidirectional: A bi-GRU, its directions averaged.
+        dropout: Dropout on the word embeddings in training, in ``[0, 1)``.
+
+    Raises:
+        ValueError: A size is not a positive int, ``bidirectional`` is not a bool or
+            ``dropout`` lies outside ``[0, 1)``.
     """
 
     def __init__(
@@ -189,6 +224,18 @@ class WordEncoder(nn.Module):
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)  # the references' init_weights
 
     def forward(self, captions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode a padded caption batch word by word.
+
+        Args:
+            captions: ``(N, L)`` word ids.
+            lengths: ``(N,)`` words per caption; None means all ``L``.
+
+        Returns:
+            The ``(N, max(lengths), embed_dim)`` word features, zero at padding.
+
+        Raises:
+            ValueError: The batch is malformed or an id lies outside the vocabulary.
+        """
         captions, lengths = check_captions(captions, lengths)
         if int(captions.max()) >= self.vocab_size or int(captions.min()) < 0:
             raise ValueError(
@@ -207,13 +254,20 @@ class WordEncoder(nn.Module):
 
 
 class CrossAttentionModel(nn.Module):
-    """Region and word encoders plus a pair scorer; base of :class:`SCAN`, :class:`BFAN` and
-    :class:`SGRAF`.
+    """Region and word encoders plus a pair scorer; base of :class:`SCAN`, :class:`BFAN`, SGRAF.
 
     ``forward(batch)`` returns the ``(B, B)`` scores of every image of a
     :class:`vlret.data.RetrievalBatch` with every caption (row ``i``, column ``i``: item ``i``'s
     pair). ``gather_texts`` (the trainer's, under torchrun) turns the local words and lengths
     into those of the whole distributed batch, so the result is ``(B_local, B_global)``.
+
+    Args:
+        image_encoder: The region encoder.
+        text_encoder: The word encoder.
+        config: The resolved config the model was built from (kept as ``model.config``).
+
+    Raises:
+        ValueError: The encoders disagree on ``embed_dim``.
     """
 
     #: Read by the harness: this model returns a score matrix, not two embeddings.
@@ -238,17 +292,17 @@ class CrossAttentionModel(nn.Module):
 
     @property
     def embed_dim(self) -> int:
+        """Size ``D`` of the region and word features."""
         return self.image_encoder.embed_dim
 
     def encode_images(
         self, features: torch.Tensor, lengths: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``(N, R, in_dim)`` regions -> ``(N, R, D)``, L2-normalised per region."""
+        """Encode regions: ``(N, R, in_dim)`` -> ``(N, R, D)``, L2-normalised per region."""
         return self.image_encoder(features, lengths)
 
     def encode_texts(self, captions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``(N, L)`` ids and ``(N,)`` lengths -> ``(N, max(lengths), D)``, L2-normalised per
-        word, zero at padding."""
+        """Encode captions: ``(N, L)`` ids -> ``(N, max(lengths), D)``, zero at padding."""
         return self.text_encoder(captions, lengths)
 
     def score(
@@ -259,7 +313,17 @@ class CrossAttentionModel(nn.Module):
         *,
         max_elements: int | None = None,
     ) -> torch.Tensor:
-        """``(n_img, n_cap)`` scores of encoded regions and words."""
+        """Score encoded regions against encoded words.
+
+        Args:
+            regions: ``(n_img, R, D)`` encoded regions.
+            words: ``(n_cap, L, D)`` encoded words.
+            word_lengths: ``(n_cap,)`` real words per caption.
+            max_elements: Bound on the scorer's largest intermediate.
+
+        Returns:
+            The ``(n_img, n_cap)`` scores.
+        """
         raise NotImplementedError
 
     def forward(
@@ -269,7 +333,19 @@ class CrossAttentionModel(nn.Module):
         gather_texts: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
         | None = None,
     ) -> torch.Tensor:
-        """A :class:`vlret.data.RetrievalBatch` -> its ``(B_images, B_texts)`` score matrix."""
+        """Score every image of a batch against every caption.
+
+        Args:
+            batch: A :class:`vlret.data.RetrievalBatch`.
+            gather_texts: Maps the local ``(words, lengths)`` to those of the whole distributed
+                batch (the trainer's, under torchrun).
+
+        Returns:
+            The ``(B_images, B_texts)`` score matrix; item ``i``'s pair at ``(i, i)``.
+
+        Raises:
+            ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
+        """
         for name in ("features", "captions", "lengths"):
             if not hasattr(batch, name):
                 raise ValueError(
@@ -290,9 +366,23 @@ class CrossAttentionModel(nn.Module):
 
 
 class SCAN(CrossAttentionModel):
-    """Stacked cross attention (Lee et al., ECCV 2018, Sec. 3.1-3.2): t2i (words attend over
-    regions, pooled over words) or i2t (regions attend over words, pooled over regions);
-    :func:`~vlret.models.cross_attention.scan_scores`."""
+    """Stacked cross attention (Lee et al., ECCV 2018, Sec. 3.1-3.2).
+
+    t2i (words attend over regions, pooled over words) or i2t (regions attend over words,
+    pooled over regions); the scores are :func:`~vlret.models.cross_attention.scan_scores`'.
+
+    Args:
+        image_encoder: The region encoder.
+        text_encoder: The word encoder.
+        direction: ``"t2i"`` or ``"i2t"``.
+        lambda_softmax: Inverse temperature of the attention softmax.
+        aggregation: ``"lse"``, ``"mean"``, ``"max"`` or ``"sum"``.
+        lambda_lse: The ``"lse"`` pooling's sharpness.
+        config: The resolved config the model was built from.
+
+    Raises:
+        ValueError: An unknown option or a non-positive ``lambda_*``.
+    """
 
     def __init__(
         self,
@@ -325,8 +415,21 @@ class SCAN(CrossAttentionModel):
 
 
 class BFAN(CrossAttentionModel):
-    """Bidirectional focal attention (Liu et al., ACM MM 2019, Sec. 3): the sum of the t2i and
-    i2t focal-attention scores; :func:`~vlret.models.cross_attention.bfan_scores`."""
+    """Bidirectional focal attention (Liu et al., ACM MM 2019, Sec. 3).
+
+    The sum of the t2i and i2t focal-attention scores,
+    :func:`~vlret.models.cross_attention.bfan_scores`.
+
+    Args:
+        image_encoder: The region encoder.
+        text_encoder: The word encoder.
+        focal: ``"equal"`` or ``"prob"``.
+        lambda_softmax: Inverse temperature of the attention softmax.
+        config: The resolved config the model was built from.
+
+    Raises:
+        ValueError: An unknown ``focal`` or a non-positive ``lambda_softmax``.
+    """
 
     def __init__(
         self,
@@ -353,12 +456,28 @@ class BFAN(CrossAttentionModel):
 
 
 class SGRAF(CrossAttentionModel):
-    """Similarity graph reasoning or attention filtration (Diao et al., AAAI 2021): the
-    learned similarity encoder ``scorer`` (:class:`~vlret.models.sgraf.SGRAFScorer`, module
-    ``"sgr"`` or ``"saf"``), scores in (0, 1). The paper's SGRAF is the average of a trained
-    SGR and a trained SAF model (``vlret eval`` ensembles). ``num_regions`` is the fixed
-    region count of the image BatchNorm (36 BUTD regions in the reference); in training mode
-    the scorer's BatchNorms normalise over the images (and pairs) of the call."""
+    """Similarity graph reasoning or attention filtration (Diao et al., AAAI 2021).
+
+    The learned similarity encoder ``scorer`` (:class:`~vlret.models.sgraf.SGRAFScorer`)
+    gives scores in (0, 1). The paper's SGRAF is the average of a trained SGR and a trained
+    SAF model (``vlret eval`` ensembles). In training mode the scorer's BatchNorms normalise
+    over the images (and pairs) of the call.
+
+    Args:
+        image_encoder: The region encoder.
+        text_encoder: The word encoder.
+        module: ``"sgr"`` or ``"saf"``.
+        sim_dim: Size of the similarity nodes.
+        sgr_steps: SGR reasoning steps.
+        lambda_softmax: Inverse temperature of the word-to-region attention.
+        dropout: Dropout of the global attentions in training, in ``[0, 1)``.
+        num_regions: The fixed region count of the image BatchNorm (36 BUTD regions in the
+            reference).
+        config: The resolved config the model was built from.
+
+    Raises:
+        ValueError: An invalid setting (the message names it).
+    """
 
     def __init__(
         self,
@@ -406,10 +525,23 @@ def _section(name: str, given: Any, defaults: dict[str, Any]) -> dict[str, Any]:
 def build_cross_model(
     top: Mapping[str, Any], *, vocab_size: int | None = None
 ) -> CrossAttentionModel:
-    """The model of a ``scan`` / ``bfan`` / ``sgraf`` config whose top level is already merged
-    over :data:`CROSS_MODEL_DEFAULTS` (``build_model`` does that); resolves the ``image`` and
-    ``text`` sections, checks every value (``ValueError`` naming the key) and stores the
-    resolved config on the model, which ``build_model`` accepts back."""
+    """Build the model of a ``scan`` / ``bfan`` / ``sgraf`` config.
+
+    Resolves the ``image`` and ``text`` sections, checks every value and stores the resolved
+    config on the model, which ``build_model`` accepts back.
+
+    Args:
+        top: The config, its top level already merged over :data:`CROSS_MODEL_DEFAULTS`
+            (``build_model`` does that).
+        vocab_size: ``len(vocabulary)``; may instead be given as ``text.vocab_size``.
+
+    Returns:
+        The :class:`SCAN`, :class:`BFAN` or :class:`SGRAF` model.
+
+    Raises:
+        ValueError: An unknown key, an invalid value (the message names the key), or no
+            vocabulary size.
+    """
     top = copy.deepcopy(dict(top))
     kind = top["kind"]
     image_cfg = _section("image", top["image"], REGION_DEFAULTS)

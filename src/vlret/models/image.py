@@ -25,7 +25,18 @@ POOLINGS = ("max", "mean", "gpo")
 
 
 def lengths_to_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """``(N, width)`` bool mask, ``True`` at positions ``< lengths[i]`` (checks ``1..width``)."""
+    """Mask of the valid positions of padded rows.
+
+    Args:
+        lengths: ``(N,)`` valid count of each row, in ``1..width``.
+        width: The padded width.
+
+    Returns:
+        A ``(N, width)`` bool mask, True at positions ``< lengths[i]``.
+
+    Raises:
+        ValueError: ``lengths`` is not 1-D or a length lies outside ``1..width``.
+    """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D (N,), got shape {tuple(lengths.shape)}")
@@ -39,8 +50,19 @@ def lengths_to_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def sinusoidal_positions(count: int, dim: int, *, device=None, dtype=None) -> torch.Tensor:
-    """``(count, dim)`` Transformer positional encodings of the indices ``0..count-1``:
-    ``sin(k / 10000^(2i/dim))`` at even columns ``2i``, ``cos`` of the same at ``2i+1``."""
+    """Transformer positional encodings of the indices ``0..count-1``.
+
+    ``sin(k / 10000^(2i/dim))`` at even columns ``2i``, ``cos`` of the same at ``2i+1``.
+
+    Args:
+        count: Number of positions.
+        dim: Encoding width (even).
+        device: Device of the result.
+        dtype: Dtype of the result (computed in float32).
+
+    Returns:
+        The ``(count, dim)`` encodings.
+    """
     k = torch.arange(count, device=device, dtype=torch.float32).unsqueeze(1)
     freq = torch.exp(
         torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim)
@@ -62,6 +84,14 @@ class GPO(nn.Module):
     over the ``K`` positions (temperature 0.1). With ``K=1`` it returns the single feature; it
     can learn max pooling (all weight on ``k=0``), mean pooling (uniform weights) or anything
     between, for every feature count.
+
+    Args:
+        pe_dim: Width of the positional encodings (even).
+        hidden: Hidden size of the bi-GRU.
+        temperature: Softmax temperature of the position scores.
+
+    Raises:
+        ValueError: ``pe_dim`` is odd or below 2, ``hidden < 1`` or ``temperature <= 0``.
     """
 
     def __init__(self, *, pe_dim: int = 32, hidden: int = 32, temperature: float = 0.1) -> None:
@@ -78,7 +108,15 @@ class GPO(nn.Module):
         self.score = nn.Linear(hidden, 1)
 
     def weights(self, lengths: torch.Tensor, width: int) -> torch.Tensor:
-        """``(N, width)`` pooling weights; each row sums to 1 over its first ``lengths[i]``."""
+        """Pooling weights ``theta`` for rows of ``lengths`` valid features.
+
+        Args:
+            lengths: ``(N,)`` valid feature count of each row.
+            width: The padded width.
+
+        Returns:
+            ``(N, width)`` weights; row ``i`` sums to 1 over its first ``lengths[i]`` entries.
+        """
         # The weights depend on the length only: run the GRU once per distinct length.
         distinct, inverse = torch.unique(lengths, return_inverse=True)
         pe = sinusoidal_positions(width, self.pe_dim, device=lengths.device)
@@ -93,7 +131,18 @@ class GPO(nn.Module):
         return torch.softmax(scores / self.temperature, dim=1)[inverse]
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Pool ``(N, K, E)`` features whose valid entries are ``mask`` (N, K) -> ``(N, E)``."""
+        """Pool each dimension's sorted values with the weights ``theta``.
+
+        Args:
+            features: ``(N, K, E)`` features.
+            mask: ``(N, K)`` bool, True at valid features.
+
+        Returns:
+            The pooled ``(N, E)`` features.
+
+        Raises:
+            ValueError: A row has no valid feature.
+        """
         lengths = mask.sum(dim=1)
         if bool((lengths == 0).any()):
             raise ValueError("mask has a row without any valid feature; GPO needs at least one")
@@ -107,8 +156,17 @@ class GPO(nn.Module):
 
 
 class MaskedPooling(nn.Module):
-    """``"max"``, ``"mean"`` or ``"gpo"`` over dimension 1 of ``(N, K, E)``, masked entries
-    excluded. ``gpo_*`` arguments configure :class:`GPO` (ignored otherwise)."""
+    """Pooling over dimension 1 of ``(N, K, E)`` features, masked entries excluded.
+
+    Args:
+        kind: ``"max"``, ``"mean"`` or ``"gpo"``.
+        gpo_pe_dim: :class:`GPO`'s ``pe_dim`` (used with ``"gpo"`` only).
+        gpo_hidden: :class:`GPO`'s ``hidden``.
+        gpo_temperature: :class:`GPO`'s ``temperature``.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`POOLINGS`.
+    """
 
     def __init__(
         self,
@@ -129,6 +187,19 @@ class MaskedPooling(nn.Module):
         )
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Pool the valid entries of each row.
+
+        Args:
+            features: ``(N, K, E)`` features.
+            mask: ``(N, K)`` bool, True at valid entries; None means all valid.
+
+        Returns:
+            The pooled ``(N, E)`` features.
+
+        Raises:
+            ValueError: ``features`` is not 3-D, ``mask`` has another shape, or a row has no
+                valid entry.
+        """
         if features.dim() != 3:
             raise ValueError(f"features must be (N, K, E), got shape {tuple(features.shape)}")
         if mask is None:
@@ -154,8 +225,17 @@ class MaskedPooling(nn.Module):
 
 
 def region_dropout_mask(mask: torch.Tensor, rate: float) -> torch.Tensor:
-    """Drop each valid region with probability ``rate`` (VSE-infinity drops 20% at train time),
-    keeping one random valid region in a row that would otherwise lose them all."""
+    """VSE-infinity's region dropout: drop each valid region with probability ``rate``.
+
+    A row that would lose every region keeps one random valid region.
+
+    Args:
+        mask: ``(N, R)`` bool, True at valid regions.
+        rate: Drop probability (VSE-infinity uses 0.2 at train time).
+
+    Returns:
+        The ``(N, R)`` mask of the kept regions.
+    """
     noise = torch.rand(mask.shape, device=mask.device)
     keep = mask & (noise >= rate)
     empty = ~keep.any(dim=1)
@@ -173,6 +253,19 @@ class ImageEncoder(nn.Module):
     projected. ``region_dropout`` drops that fraction of regions in training mode (VSE-infinity
     uses 0.2); evaluation mode uses every region. ``lengths`` (valid regions per row, the first
     ``lengths[i]``) or a boolean ``mask`` mark padding for variable region counts.
+
+    Args:
+        in_dim: Feature size of the inputs (2048 for bottom-up-attention regions).
+        embed_dim: Size of the joint space.
+        pooling: One of :data:`POOLINGS`.
+        region_dropout: Fraction of regions dropped in training mode, in ``[0, 1)``.
+        gpo_pe_dim: :class:`GPO`'s ``pe_dim``.
+        gpo_hidden: :class:`GPO`'s ``hidden``.
+        gpo_temperature: :class:`GPO`'s ``temperature``.
+
+    Raises:
+        ValueError: A size is not a positive int, ``region_dropout`` lies outside ``[0, 1)``,
+            or ``pooling`` is unknown.
     """
 
     def __init__(
@@ -209,6 +302,7 @@ class ImageEncoder(nn.Module):
 
     @property
     def pooling(self) -> str:
+        """The pooling kind, one of :data:`POOLINGS`."""
         return self.pool.kind
 
     def forward(
@@ -218,6 +312,20 @@ class ImageEncoder(nn.Module):
         *,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Project and pool precomputed features into the joint space.
+
+        Args:
+            features: ``(N, R, in_dim)`` regions or ``(N, in_dim)`` vectors.
+            lengths: ``(N,)`` valid regions per row (the first ``lengths[i]``).
+            mask: ``(N, R)`` bool, True at valid regions (instead of ``lengths``).
+
+        Returns:
+            The ``(N, embed_dim)`` embeddings (not normalised).
+
+        Raises:
+            ValueError: ``features`` has the wrong rank or last dimension, both ``lengths`` and
+                ``mask`` are given, or either is given with vectors.
+        """
         if not isinstance(features, torch.Tensor) or features.dim() not in (2, 3):
             shape = tuple(features.shape) if isinstance(features, torch.Tensor) else features
             raise ValueError(

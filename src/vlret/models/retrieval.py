@@ -4,7 +4,7 @@
 :class:`vlret.data.RetrievalBatch` to ``(img_emb, txt_emb)``, both ``(B, embed_dim)`` and not
 normalised unless ``normalize=True`` (the losses normalise). It never imports a loss.
 
-:func:`build_model` config schema (every key optional unless marked; defaults shown)::
+:func:`build_model` config schema (every key optional unless marked; defaults shown):
 
     # VSE-style ("kind": "vse", the default): precomputed features + GRU or BERT text
     {"kind": "vse", "embed_dim": 1024, "normalize": False,
@@ -99,6 +99,17 @@ class RetrievalModel(nn.Module):
     ``(N, embed_dim)``. ``image_transform`` (CLIP) turns image files or PIL images into the
     encoder's input; ``tokenizer_path`` names the local Hugging Face tokenizer the text encoder
     expects (``None``: a :class:`vlret.data.Vocabulary`).
+
+    Args:
+        image_encoder: Image (or video) encoder returning ``(N, embed_dim)``.
+        text_encoder: Text encoder returning ``(B, embed_dim)``.
+        normalize: L2-normalise both embeddings (the losses normalise anyway).
+        image_transform: Turns an image file or PIL image into the image encoder's input.
+        tokenizer_path: Local Hugging Face tokenizer the text encoder expects.
+        config: The resolved config the model was built from (kept as ``model.config``).
+
+    Raises:
+        ValueError: The encoders disagree on ``embed_dim``.
     """
 
     def __init__(
@@ -126,6 +137,7 @@ class RetrievalModel(nn.Module):
 
     @property
     def embed_dim(self) -> int | None:
+        """Width of the joint space, or None when the image encoder does not say."""
         return getattr(self.image_encoder, "embed_dim", None)
 
     def _out(self, emb: torch.Tensor) -> torch.Tensor:
@@ -134,9 +146,20 @@ class RetrievalModel(nn.Module):
     def encode_images(
         self, features: torch.Tensor | list[Any], lengths: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``(N, R, D)`` regions, ``(N, T, D)`` frames, ``(N, D)`` vectors or ``(N, 3, H, W)``
-        pixels -> ``(N, E)``. A list of image paths or PIL images is transformed first when
-        the model has an ``image_transform``. ``lengths`` marks padded regions or frames."""
+        """Embed images (or videos).
+
+        Args:
+            features: ``(N, R, D)`` regions, ``(N, T, D)`` frames, ``(N, D)`` vectors or
+                ``(N, 3, H, W)`` pixels; or a list of image paths or PIL images, transformed
+                first by the model's ``image_transform``.
+            lengths: ``(N,)`` valid regions or frames per row.
+
+        Returns:
+            The ``(N, E)`` embeddings.
+
+        Raises:
+            ValueError: ``features`` is a list and the model has no ``image_transform``.
+        """
         if isinstance(features, (list, tuple)):
             if self.image_transform is None:
                 raise ValueError(
@@ -152,12 +175,30 @@ class RetrievalModel(nn.Module):
     def encode_texts(
         self, captions: torch.Tensor, lengths: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``(B, L)`` padded token ids with ``lengths`` ``(B,)`` -> ``(B, E)``."""
+        """Embed captions.
+
+        Args:
+            captions: ``(B, L)`` padded token ids.
+            lengths: ``(B,)`` valid tokens per caption.
+
+        Returns:
+            The ``(B, E)`` embeddings.
+        """
         return self._out(self.text_encoder(captions, lengths))
 
     def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """A :class:`vlret.data.RetrievalBatch` -> ``(img_emb, txt_emb)``, row ``i`` of both
-        from item ``i`` (an image repeated in the batch is encoded once per caption)."""
+        """Embed a batch's images and captions.
+
+        Args:
+            batch: A :class:`vlret.data.RetrievalBatch`.
+
+        Returns:
+            ``(img_emb, txt_emb)``, row ``i`` of both from item ``i`` (an image repeated in the
+            batch is encoded once per caption).
+
+        Raises:
+            ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
+        """
         for name in ("features", "captions", "lengths"):
             if not hasattr(batch, name):
                 raise ValueError(
@@ -218,13 +259,24 @@ def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
 def build_model(
     config: Mapping[str, Any], *, vocab_size: int | None = None
 ) -> RetrievalModel | CrossAttentionModel:
-    """A :class:`RetrievalModel` from a plain dict (schema in the module docstring), or for the
-    kinds ``scan``, ``bfan`` and ``sgraf`` a
-    :class:`~vlret.models.cross_model.CrossAttentionModel`.
+    """Build a model from a plain config dict (schema in the module docstring).
 
-    ``vocab_size`` (``len(vocabulary)``) sizes the GRU's word embeddings; it may also be given
-    as ``text.vocab_size`` (they must agree). Pretrained weights load from local directories
-    only; ``transformers`` is imported only for the ``bert`` and ``clip`` kinds.
+    Pretrained weights load from local directories only; ``transformers`` is imported only for
+    the ``bert`` and ``clip`` kinds.
+
+    Args:
+        config: The ``model`` section of a run config.
+        vocab_size: ``len(vocabulary)``, the size of the GRU's word embeddings; it may also be
+            given as ``text.vocab_size`` (they must agree).
+
+    Returns:
+        A :class:`RetrievalModel`, or for the kinds ``scan``, ``bfan`` and ``sgraf`` a
+        :class:`~vlret.models.cross_model.CrossAttentionModel`. ``model.config`` holds the
+        resolved config, which ``build_model`` accepts back.
+
+    Raises:
+        ValueError: An unknown kind or key, a missing required key, a wrongly typed value, or
+            a GRU text encoder without a vocabulary size.
     """
     if not isinstance(config, Mapping):
         raise ValueError(f"config must be a dict, got {type(config).__name__}")

@@ -236,29 +236,27 @@ class SGRAFScorer(nn.Module):
     Dropout (``dropout``, 0.4 in the reference) acts on both branches of both global
     attentions in training mode.
 
-    **Parameters** (reference ``sim_enc.`` name -> this module's name;
-    :meth:`reference_names` returns the full map, BatchNorm buffers included):
+    **Parameters**: :meth:`reference_names` maps every reference ``sim_enc.`` name (BatchNorm
+    buffers included) to this module's (``image_global``, ``text_global``, ``local_proj``,
+    ``global_proj``, ``head``, ``sgr.{i}.query`` / ``.key`` / ``.update``, ``saf.gate`` /
+    ``saf.bn``). The global attentions (``VisualSA``/``TextSA``) belong to the reference's
+    similarity encoder (``sim_enc``), not to its image or text encoder. ``num_regions`` is the
+    region count the image BatchNorm is built for (36 in the reference, hard-coded there);
+    inputs must have exactly that many regions. Initialisation: :meth:`reset_parameters`.
 
-    - ``v_global_w.embedding_local.0`` / ``.1`` -> ``image_global.local_fc`` / ``.local_bn``;
-      ``v_global_w.embedding_global.0`` / ``.1`` -> ``image_global.global_fc`` /
-      ``.global_bn``; ``v_global_w.embedding_common.0`` -> ``image_global.common``;
-    - ``t_global_w.embedding_local.0`` -> ``text_global.local_fc``,
-      ``t_global_w.embedding_global.0`` -> ``text_global.global_fc``,
-      ``t_global_w.embedding_common.0`` -> ``text_global.common``;
-    - ``sim_tranloc_w`` -> ``local_proj``, ``sim_tranglo_w`` -> ``global_proj``,
-      ``sim_eval_w`` -> ``head``;
-    - ``SGR_module.{i}.graph_query_w`` / ``graph_key_w`` / ``sim_graph_w`` ->
-      ``sgr.{i}.query`` / ``.key`` / ``.update``;
-    - ``SAF_module.attn_sim_w`` -> ``saf.gate``, ``SAF_module.bn`` -> ``saf.bn``.
+    Args:
+        embed_dim: Size ``D`` of the region and word features.
+        sim_dim: Size of the similarity nodes (256 in the reference).
+        module: ``"sgr"`` or ``"saf"``.
+        sgr_steps: SGR reasoning steps (3 in the reference; ignored for SAF).
+        lambda_softmax: Inverse temperature of the word-to-region attention.
+        dropout: Dropout of the global attentions in training mode, in ``[0, 1)``.
+        num_regions: The region count the image BatchNorm is built for.
 
-    The global attentions (``VisualSA``/``TextSA``) belong to the reference's similarity
-    encoder (``sim_enc``), not to its image or text encoder. ``num_regions`` is the region
-    count the image BatchNorm is built for (36 in the reference, hard-coded there); inputs
-    must have exactly that many regions.
-
-    Initialisation follows the reference's ``init_weights``: every linear layer Xavier-uniform
-    (``U(-r, r)``, ``r = sqrt(6 / (fan_in + fan_out))``) with zero bias, BatchNorm weight 1
-    and bias 0.
+    Raises:
+        ValueError: An unknown ``module``, a size that is not a positive int, a
+            ``lambda_softmax`` that is not positive and finite, or ``dropout`` outside
+            ``[0, 1)``.
     """
 
     def __init__(
@@ -300,8 +298,11 @@ class SGRAFScorer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The reference ``init_weights``: Xavier-uniform linear weights, zero biases,
-        BatchNorm weight 1 and bias 0 (running statistics reset)."""
+        """Re-initialise as the reference ``init_weights`` does.
+
+        Every linear layer Xavier-uniform (``U(-r, r)``, ``r = sqrt(6 / (fan_in + fan_out))``)
+        with zero bias, BatchNorm weight 1 and bias 0 (running statistics reset).
+        """
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
@@ -311,26 +312,27 @@ class SGRAFScorer(nn.Module):
 
     @staticmethod
     def reference_names(module: str = "sgr", sgr_steps: int = 3) -> dict[str, str]:
-        """Reference ``sim_enc`` state-dict names -> this module's state-dict names.
+        """Map the reference ``sim_enc`` state-dict names to this module's.
 
         Covers every parameter and buffer of both sides exactly once, BatchNorm
         ``running_mean``, ``running_var`` and ``num_batches_tracked`` included (checkpoints
-        from PyTorch before 0.4.1 lack ``num_batches_tracked``). ``module`` is "sgr" or "saf"
-        (the reference's ``opt.module_name`` lower-cased); ``sgr_steps`` its ``opt.sgr_step``.
+        from PyTorch before 0.4.1 lack ``num_batches_tracked``).
+
+        Args:
+            module: ``"sgr"`` or ``"saf"`` (the reference's ``opt.module_name`` lower-cased).
+            sgr_steps: The reference's ``opt.sgr_step``.
+
+        Returns:
+            ``{reference name: this module's name}``.
+
+        Raises:
+            ValueError: An unknown ``module`` or a ``sgr_steps`` that is not a positive int.
         """
         if module not in MODULES:
             raise ValueError(f"module must be one of {MODULES}, got {module!r}")
         positive_int(sgr_steps, "sgr_steps")
-        lin, bn = (
-            ("weight", "bias"),
-            (
-                "weight",
-                "bias",
-                "running_mean",
-                "running_var",
-                "num_batches_tracked",
-            ),
-        )
+        lin = ("weight", "bias")
+        bn = (*lin, "running_mean", "running_var", "num_batches_tracked")
         layers: list[tuple[str, str, tuple[str, ...]]] = [
             ("v_global_w.embedding_local.0", "image_global.local_fc", lin),
             ("v_global_w.embedding_local.1", "image_global.local_bn", bn),
@@ -375,19 +377,32 @@ class SGRAFScorer(nn.Module):
         *,
         max_elements: int | None = None,
     ) -> torch.Tensor:
-        """Scores ``(n_img, n_cap)`` in (0, 1) of ``regions (n_img, R, D)`` against ``words
-        (n_cap, L, D)`` with ``word_lengths (n_cap,)`` in ``1..L``.
+        """Score every (image, caption) pair.
 
         Computed in the inputs' dtype promoted to float32 at least, with autocast disabled
         inside (a trainer's mixed precision does not reach the scorer). Pairs are scored in
-        blocks of images x captions whose largest intermediate (the attended vector of
-        every word of every pair, ``L x D`` numbers a pair) holds at most ``max_elements``
-        numbers (default :data:`~vlret.models.cross_attention.DEFAULT_MAX_ELEMENTS`, at
-        least one pair a block); on CPU blocks are at most
-        :data:`~vlret.models.cross_attention.CPU_BLOCK_ELEMENTS` (cache-sized: the element-wise
-        passes over the attended vectors cost as much as the GEMMs there). Captions are
-        processed longest first, each block trimmed to its longest caption; the columns come
-        back in call order.
+        blocks of images x captions whose largest intermediate (the attended vector of every
+        word of every pair, ``L x D`` numbers a pair) is bounded; on CPU blocks are at most
+        :data:`~vlret.models.attention.CPU_BLOCK_ELEMENTS`, so that the element-wise passes
+        over the attended vectors stay in the CPU caches. Captions are processed longest
+        first, each block trimmed to its longest caption; the columns come back in call
+        order.
+
+        Args:
+            regions: ``(n_img, R, D)`` region features, ``R == num_regions``.
+            words: ``(n_cap, L, D)`` word features.
+            word_lengths: ``(n_cap,)`` real words per caption, in ``1..L``.
+            max_elements: Bound on a block's largest intermediate (default
+                :data:`~vlret.models.attention.DEFAULT_MAX_ELEMENTS`, at least one pair a
+                block).
+
+        Returns:
+            The ``(n_img, n_cap)`` scores in (0, 1).
+
+        Raises:
+            ValueError: Malformed tokens (:func:`~vlret.models.attention.check_tokens`), a
+                region count other than ``num_regions``, a feature size other than
+                ``embed_dim``, a bad ``max_elements``, or fewer than 2 images in training.
         """
         # Autocast would run the GEMMs in half precision and return half scores; the scorer
         # keeps float32 at least, as for half inputs.

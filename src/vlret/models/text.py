@@ -23,7 +23,17 @@ BERT_POOLINGS = ("cls", "mean", "max", "gpo")
 
 
 def import_transformers(feature: str) -> Any:
-    """``transformers``, or an ``ImportError`` naming ``feature`` and the extra to install."""
+    """Import the optional ``transformers`` package.
+
+    Args:
+        feature: What needs it, named in the error message.
+
+    Returns:
+        The ``transformers`` module.
+
+    Raises:
+        ImportError: ``transformers`` is not installed (the message names ``vlret[hf]``).
+    """
     try:
         return importlib.import_module("transformers")
     except ImportError:
@@ -33,7 +43,18 @@ def import_transformers(feature: str) -> Any:
 
 
 def check_local_dir(path: str | Path, what: str) -> Path:
-    """``path`` as a ``Path`` if it is a directory; pretrained weights are never downloaded."""
+    """Check that pretrained weights are in a local directory (they are never downloaded).
+
+    Args:
+        path: The directory.
+        what: What it should hold, named in the error message.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+    """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(
@@ -46,7 +67,19 @@ def check_local_dir(path: str | Path, what: str) -> Path:
 def check_captions(
     captions: torch.Tensor, lengths: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate ``(B, L)`` ids and ``(B,)`` lengths in ``1..L`` (all ``L`` when ``None``)."""
+    """Validate a padded caption batch.
+
+    Args:
+        captions: ``(B, L)`` integer token ids.
+        lengths: ``(B,)`` valid tokens per caption, in ``1..L``; None means all ``L``.
+
+    Returns:
+        ``(captions, lengths)`` as ``long`` tensors.
+
+    Raises:
+        ValueError: ``captions`` is not a 2-D integer tensor, or ``lengths`` has the wrong
+            shape or a value outside ``1..L``.
+    """
     if not isinstance(captions, torch.Tensor) or captions.dim() != 2:
         got = tuple(captions.shape) if isinstance(captions, torch.Tensor) else type(captions)
         raise ValueError(
@@ -76,6 +109,21 @@ class GRUTextEncoder(nn.Module):
       averaged with the backward state after the first word for a bi-GRU;
     * ``"mean"`` / ``"max"`` / ``"gpo"``: pooled per-word outputs over the valid words
       (``"gpo"`` is VSE-infinity's text pooling).
+
+    Args:
+        vocab_size: Number of word ids.
+        word_dim: Size of the word embeddings.
+        embed_dim: Size of the joint space (the GRU's hidden size).
+        bidirectional: A bi-GRU, its directions averaged.
+        num_layers: GRU layers.
+        pooling: One of :data:`GRU_POOLINGS`.
+        padding_idx: Id of the padding word (its embedding is zero), or None.
+        gpo_pe_dim: :class:`~vlret.models.image.GPO`'s ``pe_dim``.
+        gpo_hidden: :class:`~vlret.models.image.GPO`'s ``hidden``.
+        gpo_temperature: :class:`~vlret.models.image.GPO`'s ``temperature``.
+
+    Raises:
+        ValueError: A size is not a positive int or ``pooling`` is unknown.
     """
 
     def __init__(
@@ -131,6 +179,19 @@ class GRUTextEncoder(nn.Module):
                 self.embed.weight[padding_idx].zero_()
 
     def forward(self, captions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode a padded caption batch.
+
+        Args:
+            captions: ``(B, L)`` word ids.
+            lengths: ``(B,)`` valid words per caption; None means all ``L``.
+
+        Returns:
+            The ``(B, embed_dim)`` caption embeddings (not normalised).
+
+        Raises:
+            ValueError: The batch is malformed (:func:`check_captions`) or an id lies outside
+                the vocabulary.
+        """
         captions, lengths = check_captions(captions, lengths)
         if int(captions.max()) >= self.vocab_size or int(captions.min()) < 0:
             raise ValueError(
@@ -161,6 +222,19 @@ class BertTextEncoder(nn.Module):
     ``"gpo"`` over the projected token states of the valid tokens (VSE-infinity's BERT
     variant projects every token and pools with GPO). The pretrained pooler layer is not
     loaded, so every parameter receives a gradient (DistributedDataParallel needs that).
+
+    Args:
+        path: Local directory of a ``save_pretrained`` BERT model.
+        embed_dim: Size of the joint space.
+        pooling: One of :data:`BERT_POOLINGS`.
+        gpo_pe_dim: :class:`~vlret.models.image.GPO`'s ``pe_dim``.
+        gpo_hidden: :class:`~vlret.models.image.GPO`'s ``hidden``.
+        gpo_temperature: :class:`~vlret.models.image.GPO`'s ``temperature``.
+
+    Raises:
+        ValueError: ``pooling`` is unknown or ``embed_dim`` is not a positive int.
+        ImportError: ``transformers`` is not installed.
+        FileNotFoundError: ``path`` is not a directory.
     """
 
     def __init__(
@@ -201,6 +275,18 @@ class BertTextEncoder(nn.Module):
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, captions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode a padded batch of token ids.
+
+        Args:
+            captions: ``(B, L)`` token ids of the model's tokenizer.
+            lengths: ``(B,)`` valid tokens per caption; None means all ``L``.
+
+        Returns:
+            The ``(B, embed_dim)`` caption embeddings (not normalised).
+
+        Raises:
+            ValueError: The batch is malformed (:func:`check_captions`).
+        """
         captions, lengths = check_captions(captions, lengths)
         mask = lengths_to_mask(lengths.to(captions.device), captions.size(1))
         hidden = self.bert(

@@ -14,8 +14,18 @@ from .image import ImageEncoder
 class VideoEncoder(ImageEncoder):
     """``(N, T, in_dim)`` frames or ``(N, in_dim)`` vectors -> ``(N, embed_dim)``.
 
-    ``frame_dropout`` drops that fraction of frames in training mode (the video analogue of
-    VSE-infinity's region dropout; 0 by default).
+    Args:
+        in_dim: Feature size of a frame.
+        embed_dim: Size of the joint space.
+        pooling: Pooling over frames, one of :data:`~vlret.models.image.POOLINGS`.
+        frame_dropout: Fraction of frames dropped in training mode (the video analogue of
+            VSE-infinity's region dropout), in ``[0, 1)``.
+        gpo_pe_dim: :class:`~vlret.models.image.GPO`'s ``pe_dim``.
+        gpo_hidden: :class:`~vlret.models.image.GPO`'s ``hidden``.
+        gpo_temperature: :class:`~vlret.models.image.GPO`'s ``temperature``.
+
+    Raises:
+        ValueError: As :class:`~vlret.models.image.ImageEncoder`.
     """
 
     def __init__(
@@ -41,6 +51,7 @@ class VideoEncoder(ImageEncoder):
 
     @property
     def frame_dropout(self) -> float:
+        """Fraction of frames dropped in training mode."""
         return self.region_dropout
 
 
