@@ -23,14 +23,8 @@ from typing import Any
 
 import torch
 
-from .precomp import (
-    SCAN_CHUNK_BYTES,
-    CaptionEncoder,
-    DataFormatError,
-    RetrievalDataset,
-    check_in_dim,
-    read_json,
-)
+from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim, read_json
+from .precomp import CaptionEncoder, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
@@ -104,9 +98,18 @@ def _json_offset(text: str, at: JsonPath) -> int:
 
 
 def locate_json_line(path: str | Path, at: JsonPath) -> int | None:
-    """1-based line where the value at ``at`` (e.g. ``("images", 3, "imgid")``) starts in the
-    JSON file ``path``, or ``None`` when it cannot be found (the caller then names the entry
-    only). Reads the file again: meant for error messages, after ``json.loads`` succeeded."""
+    """Line where a value of a JSON file starts, for an error message.
+
+    Reads the file again: meant for error messages, after ``json.loads`` succeeded.
+
+    Args:
+        path: The JSON file.
+        at: The value's JSON path, e.g. ``("images", 3, "imgid")``.
+
+    Returns:
+        The 1-based line, or None when it cannot be found (the caller then names the entry
+        only).
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
         return text.count("\n", 0, _json_offset(text, at)) + 1
@@ -115,8 +118,15 @@ def locate_json_line(path: str | Path, at: JsonPath) -> int | None:
 
 
 class EntryError(Exception):
-    """A malformed entry of a parsed JSON document: ``message`` and the entry's JSON path
-    ``at``; the reader turns it into a :class:`DataFormatError` with the file and the line."""
+    """A malformed entry of a parsed JSON document.
+
+    The reader turns it into a :class:`DataFormatError` with the file and the line
+    (:meth:`located`).
+
+    Args:
+        at: The entry's JSON path.
+        message: What is wrong with it.
+    """
 
     def __init__(self, at: JsonPath, message: str) -> None:
         super().__init__(message)
@@ -124,11 +134,14 @@ class EntryError(Exception):
         self.message = message
 
     def located(self, path: Path) -> DataFormatError:
+        """The error as a :class:`DataFormatError` naming ``path`` and the entry's line."""
         return DataFormatError(path, self.message, line=locate_json_line(path, self.at))
 
 
 @dataclass(frozen=True)
 class KarpathySentence:
+    """One caption: its ``sentid``, ``raw`` text and lower-cased ``tokens``."""
+
     sentid: int
     raw: str
     tokens: tuple[str, ...]
@@ -136,6 +149,8 @@ class KarpathySentence:
 
 @dataclass(frozen=True)
 class KarpathyImage:
+    """One image entry of a Karpathy JSON (``filepath`` and ``cocoid`` for COCO only)."""
+
     imgid: int
     filename: str
     split: str
@@ -145,7 +160,7 @@ class KarpathyImage:
     cocoid: int | None = None
 
     def path(self, image_root: str | Path) -> Path:
-        """``image_root/filepath/filename`` (COCO) or ``image_root/filename`` (Flickr)."""
+        """The image file: ``image_root/filepath/filename`` (COCO) or ``image_root/filename``."""
         root = Path(image_root)
         return root / self.filepath / self.filename if self.filepath else root / self.filename
 
@@ -159,13 +174,25 @@ class KarpathyData:
     images: tuple[KarpathyImage, ...]
 
     def split(self, name: str, *, include_restval: bool = True) -> list[KarpathyImage]:
-        """The images of our split ``name`` (see the module docstring), in file order."""
+        """The images of one of our splits, in file order.
+
+        Args:
+            name: ``"train"``, ``"dev"``, ``"test"`` or ``"testall"`` (see the module
+                docstring).
+            include_restval: Whether ``"train"`` includes Karpathy's restval images.
+
+        Returns:
+            The split's images.
+
+        Raises:
+            ValueError: An unknown split name.
+        """
         members = self.split_members(name, include_restval=include_restval)
         return [im for im in self.images if im.split in members]
 
     @staticmethod
     def split_members(name: str, *, include_restval: bool = True) -> tuple[str, ...]:
-        """The Karpathy splits that our split ``name`` holds."""
+        """The Karpathy splits that our split ``name`` holds (arguments as :meth:`split`)."""
         if name not in SPLIT_MEMBERS:
             raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {name!r}")
         return tuple(s for s in SPLIT_MEMBERS[name] if include_restval or s != "restval")
@@ -243,7 +270,17 @@ def read_karpathy_json(path: str | Path) -> KarpathyData:
 
     Errors name the file, the entry (``images[3] (imgid 3) has no 'split'``) and, where the
     entry can be found in the text, its line (the line of the offending value, or of the
-    entry's opening brace for a missing key)."""
+    entry's opening brace for a missing key).
+
+    Args:
+        path: The JSON file.
+
+    Returns:
+        The parsed file.
+
+    Raises:
+        DataFormatError: The file is unreadable or an entry is malformed.
+    """
     path = Path(path)
     data = read_json(path, "a Karpathy split JSON " + _LAYOUT)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
@@ -279,6 +316,20 @@ class KarpathyDataset(RetrievalDataset):
     live with the encoders) or, without a transform, the image's ``Path``. ``text_field`` picks
     ``raw`` captions or ``tokens`` joined by spaces. ``image_ids`` are ``cocoid`` for COCO and
     ``imgid`` otherwise (the ids that ``{split}_ids.txt`` of the precomputed format uses).
+
+    Args:
+        source: The JSON file or its parsed :class:`KarpathyData`.
+        split: One of our splits (:meth:`KarpathyData.split`).
+        image_root: The image folder; without it only captions are served.
+        image_transform: Maps an image path to the model's input.
+        encoder: Turns caption strings into token ids (a vocabulary or tokenizer).
+        captions_per_image: Captions kept per image (the first ones); None keeps all.
+        text_field: ``"raw"`` or ``"tokens"``.
+        include_restval: Whether ``"train"`` includes restval.
+
+    Raises:
+        ValueError: A bad ``text_field`` or ``captions_per_image``, or an unknown split.
+        DataFormatError: The JSON is malformed.
     """
 
     def __init__(
@@ -336,11 +387,24 @@ class KarpathyDataset(RetrievalDataset):
         self.image_ids = [im.cocoid if im.cocoid is not None else im.imgid for im in self.entries]
 
     def image_path(self, index: int) -> Path:
+        """The file of image ``index``; raises ``ValueError`` without ``image_root``."""
         if self.image_root is None:
             raise ValueError("this KarpathyDataset was built without image_root")
         return self.entries[index].path(self.image_root)
 
     def image(self, index: int) -> Any:
+        """Image ``index`` as ``image_transform(path)``, or its path without a transform.
+
+        Args:
+            index: The image's index in the split.
+
+        Returns:
+            The transformed image, or its ``Path``.
+
+        Raises:
+            ValueError: The dataset has no ``image_root``.
+            FileNotFoundError: The image file is missing.
+        """
         path = self.image_path(index)
         if not path.is_file():
             im = self.entries[index]
@@ -353,8 +417,17 @@ class KarpathyDataset(RetrievalDataset):
     def check_features(
         self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
     ) -> None:
-        """Raw images have no features to scan (``in_dim`` is not checked); with an
-        ``image_root``, every image file of the split must exist (one ``stat`` per image)."""
+        """Check that every image file of the split exists (one ``stat`` per image).
+
+        Raw images have no features to scan, so ``in_dim`` is not checked.
+
+        Args:
+            in_dim: The model's feature size (validated as an argument only).
+            chunk_bytes: Unused here; the precomputed datasets' read size.
+
+        Raises:
+            DataFormatError: An image file is missing under ``image_root``.
+        """
         check_in_dim(in_dim)
         if self.image_root is None:
             return
@@ -377,8 +450,17 @@ def karpathy_vocab_captions(
     include_restval: bool = True,
     captions_per_image: int | None = 5,
 ) -> list[str]:
-    """The raw captions (the first ``captions_per_image`` of each image, as the datasets use)
-    of the train (+ restval) and val images; never test."""
+    """The captions a vocabulary is built from: train (+ restval) and val, never test.
+
+    Args:
+        source: The JSON file or its parsed :class:`KarpathyData`.
+        include_restval: Whether to include restval.
+        captions_per_image: The first captions of each image, as the datasets use; None
+            keeps all.
+
+    Returns:
+        The raw captions.
+    """
     data = _as_data(source)
     out: list[str] = []
     for name in ("train", "dev"):
@@ -394,7 +476,17 @@ def build_karpathy_vocab(
     include_restval: bool = True,
     captions_per_image: int | None = 5,
 ) -> Vocabulary:
-    """Vocabulary from the train (+ restval) and val captions of a Karpathy JSON."""
+    """Vocabulary from the train (+ restval) and val captions of a Karpathy JSON.
+
+    Args:
+        source: The JSON file or its parsed :class:`KarpathyData`.
+        min_count: Words seen fewer times map to ``<unk>``.
+        include_restval: Whether to include restval.
+        captions_per_image: As in :func:`karpathy_vocab_captions`.
+
+    Returns:
+        The vocabulary.
+    """
     captions = karpathy_vocab_captions(
         source, include_restval=include_restval, captions_per_image=captions_per_image
     )

@@ -37,13 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .karpathy import EntryError, JsonPath, locate_json_line
-from .precomp import (
+from .checks import (
     SCAN_CHUNK_BYTES,
-    CaptionEncoder,
     DataFormatError,
-    LazyFeatures,
-    RetrievalDataset,
     check_feature_size,
     find_non_finite,
     load_feature_array,
@@ -51,6 +47,8 @@ from .precomp import (
     read_lines,
     require_file,
 )
+from .karpathy import EntryError, JsonPath, locate_json_line
+from .precomp import CaptionEncoder, LazyFeatures, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 DATA_JSON = "MSRVTT_data.json"

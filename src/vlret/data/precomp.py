@@ -19,8 +19,6 @@ index of each caption) for :func:`vlret.metrics.retrieval_metrics`.
 
 from __future__ import annotations
 
-import codecs
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,188 +28,22 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+# Shared with the other formats; DataFormatError, NonFinite and find_non_finite stay importable
+# from here.
+from .checks import (
+    SCAN_CHUNK_BYTES,
+    DataFormatError,
+    NonFinite,
+    check_feature_size,
+    check_in_dim,
+    find_non_finite,
+    load_feature_array,
+    read_lines,
+)
+
 SPLITS = ("train", "dev", "test", "testall")
 #: Splits whose captions may build a vocabulary (never a test split).
 VOCAB_SPLITS = ("train", "dev")
-
-
-class DataFormatError(ValueError):
-    """A data file that exists but does not hold what its format requires.
-
-    ``path`` is the file, ``line`` the 1-based line of a text file and ``row`` the 0-based row
-    of a feature array (each ``None`` where it does not apply, e.g. an array shape); they also
-    appear in the message: ``"{path}, line {line}: {message}"``, ``"{path}, row {row}: ..."``.
-    """
-
-    def __init__(
-        self, path: str | Path, message: str, *, line: int | None = None, row: int | None = None
-    ) -> None:
-        self.path = Path(path)
-        self.line = line
-        self.row = row
-        where = str(self.path)
-        if line is not None:
-            where += f", line {line}"
-        if row is not None:
-            where += f", row {row}"
-        super().__init__(f"{where}: {message}")
-
-
-def require_file(path: Path, what: str) -> Path:
-    """``path`` if it is a file, else ``FileNotFoundError`` naming it and what it should hold."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; expected {what}")
-    return path
-
-
-def read_lines(path: Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file without line endings or a leading byte order mark.
-
-    Blank lines at the end of the file (an editor's final newline, or a few more) add no line;
-    a blank line before the last entry is kept, for the caller to refuse with its number.
-    """
-    data = require_file(path, what).read_bytes().removeprefix(codecs.BOM_UTF8)
-    lines = data.split(b"\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    out = []
-    for number, raw in enumerate(lines, start=1):
-        try:
-            out.append(raw.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as err:
-            raise DataFormatError(
-                path, f"not UTF-8 text ({err.reason}); expected {what}", line=number
-            ) from None
-    return out
-
-
-def load_feature_array(path: Path, *, mmap: bool = True) -> np.ndarray:
-    """A float ``(N, D)`` or ``(N, R, D)`` feature array, memory-mapped unless ``mmap=False``."""
-    require_file(path, "a float32 .npy array of shape (N, D) or (N, regions, D)")
-    try:
-        arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise DataFormatError(
-            path, f"not a readable .npy array ({err}); expected float32 features"
-        ) from None
-    if not isinstance(arr, np.ndarray):
-        raise DataFormatError(path, "holds an .npz archive; expected a single .npy array")
-    if arr.ndim not in (2, 3) or 0 in arr.shape:
-        expected = "(N, D) vectors or (N, regions, D) features, each size >= 1"
-        raise DataFormatError(path, f"has shape {arr.shape}; expected {expected}")
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise DataFormatError(path, f"has dtype {arr.dtype}; expected float32 features")
-    return arr
-
-
-#: Feature bytes read at once by :func:`find_non_finite` (plus a boolean mask a quarter as big).
-SCAN_CHUNK_BYTES = 4 << 20
-#: The model config key that must match the last feature dimension.
-IN_DIM_KEY = "model.image.in_dim"
-
-
-def check_in_dim(in_dim: int | None) -> None:
-    """``ValueError`` unless ``in_dim`` is ``None`` or a positive int."""
-    if in_dim is not None and (
-        not isinstance(in_dim, int) or isinstance(in_dim, bool) or in_dim < 1
-    ):
-        raise ValueError(f"in_dim must be a positive int or None, got {in_dim!r}")
-
-
-def check_feature_size(path: Path, shape: tuple[int, ...], in_dim: int | None) -> None:
-    """``DataFormatError`` unless the last dimension of ``shape`` is ``in_dim`` (``None``: any)."""
-    check_in_dim(in_dim)
-    if in_dim is not None and shape[-1] != in_dim:
-        raise DataFormatError(
-            path,
-            f"has shape {tuple(shape)}: features of size {shape[-1]}, but the model expects "
-            f"{IN_DIM_KEY} = {in_dim}; set {IN_DIM_KEY} = {shape[-1]} or use features of "
-            f"size {in_dim}",
-        )
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """The first non-finite value found: its ``row``, its ``index`` inside the row (``(region,
-    dimension)`` or ``(dimension,)``), the ``value`` and how many of the row's values are bad."""
-
-    row: int
-    index: tuple[int, ...]
-    value: float
-    count: int
-    row_size: int
-
-    def describe(self, what: str, axis: str) -> str:
-        """``"{what}, {axis} 2, dimension 5: NaN (3 of its 64 values are not finite)"``."""
-        names = (axis, "dimension")[-len(self.index) :]
-        where = ", ".join(f"{name} {i}" for name, i in zip(names, self.index, strict=True))
-        found = "NaN" if np.isnan(self.value) else ("inf" if self.value > 0 else "-inf")
-        return (
-            f"{what}, {where}: {found} ({self.count} of its {self.row_size} values are not "
-            "finite); expected finite features (a corrupt or partly written file?)"
-        )
-
-
-def find_non_finite(
-    array: np.ndarray,
-    *,
-    rows: np.ndarray | None = None,
-    stop: int | None = None,
-    chunk_bytes: int = SCAN_CHUNK_BYTES,
-) -> NonFinite | None:
-    """The first row holding NaN or inf among ``rows`` (ascending row indices; default: rows
-    ``0 .. stop``), or ``None``. Reads about ``chunk_bytes`` of rows at a time: a memory-mapped
-    array is streamed with file reads, so neither the heap nor the mapped pages grow with it."""
-    if rows is None:
-        rows = np.arange(len(array) if stop is None else min(stop, len(array)))
-    step = max(1, chunk_bytes // max(1, array[0].nbytes))
-    for start in range(0, len(rows), step):
-        numbers = rows[start : start + step]
-        chunk = _read_rows(array, numbers)
-        if np.isfinite(chunk).all():
-            continue
-        bad = ~np.isfinite(chunk.reshape(len(chunk), -1))
-        r = int(bad.any(axis=1).argmax())
-        index = tuple(int(i) for i in np.unravel_index(int(bad[r].argmax()), chunk.shape[1:]))
-        return NonFinite(
-            row=int(numbers[r]),
-            index=index,
-            value=float(chunk[r][index]),
-            count=int(bad[r].sum()),
-            row_size=bad.shape[1],
-        )
-    return None
-
-
-def _read_rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``array[rows]`` (ascending), one read per run of consecutive rows; a C-ordered
-    ``np.memmap`` is read from its file instead of through the mapping."""
-    runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
-    parts = []
-    for run in runs:
-        start, n = int(run[0]), len(run)
-        if isinstance(array, np.memmap) and array.filename and array.flags.c_contiguous:
-            offset = array.offset + start * array[0].nbytes
-            flat = np.fromfile(array.filename, array.dtype, n * array[0].size, offset=offset)
-            parts.append(flat.reshape(n, *array.shape[1:]))
-        else:
-            parts.append(array[start : start + n])
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def read_json(path: Path, what: str) -> Any:
-    """Parse a JSON file; a syntax error names the file, the line and what was expected."""
-    require_file(path, what)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataFormatError(path, f"not UTF-8 ({err.reason}); expected {what}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataFormatError(
-            path, f"invalid JSON ({err.msg}, column {err.colno}); expected {what}", line=err.lineno
-        ) from None
 
 
 class CaptionEncoder(Protocol):
@@ -227,8 +59,15 @@ class CaptionEncoder(Protocol):
 
 
 class RetrievalItem(NamedTuple):
-    """One caption with its image: features (a tensor, or what a Karpathy dataset's image
-    transform returns), the caption (ids, or the text without an encoder) and both indices."""
+    """One caption with its image.
+
+    Attributes:
+        features: The image's features (a tensor, or what a Karpathy dataset's image
+            transform returns).
+        caption: The caption's token ids, or its text without an encoder.
+        img_index: The image's index in the dataset.
+        cap_index: The caption's index in the dataset.
+    """
 
     features: Any
     caption: torch.Tensor | str
@@ -251,6 +90,8 @@ class RetrievalBatch:
     cap_index: torch.Tensor
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> RetrievalBatch:
+        """A copy with every tensor moved to ``device`` (lists stay as they are)."""
+
         def move(t):
             return t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t
 
@@ -260,7 +101,15 @@ class RetrievalBatch:
 def pad_captions(
     captions: Sequence[torch.Tensor], *, pad_id: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad 1-D id tensors into ``(B, max_len)`` (long) and return their ``lengths``."""
+    """Right-pad 1-D id tensors into one batch.
+
+    Args:
+        captions: 1-D id tensors.
+        pad_id: The id written into padding.
+
+    Returns:
+        ``(ids, lengths)``: ``(B, max_len)`` long ids and ``(B,)`` lengths.
+    """
     lengths = torch.tensor([len(c) for c in captions], dtype=torch.long)
     width = int(lengths.max()) if len(captions) else 0
     out = torch.full((len(captions), width), pad_id, dtype=torch.long)
@@ -275,7 +124,19 @@ def stack_features(feats: Sequence[Any]) -> torch.Tensor | list[Any]:
 
 
 def collate_retrieval(items: Sequence[RetrievalItem], *, pad_id: int = 0) -> RetrievalBatch:
-    """Stack features, pad captions with ``pad_id`` (keeping the batch order), keep indices."""
+    """Collate retrieval items into a batch, in the items' order.
+
+    Args:
+        items: The items.
+        pad_id: The id written into caption padding.
+
+    Returns:
+        The batch: stacked features (a list for image paths or PIL images), padded captions
+        (the texts without an encoder) and both indices.
+
+    Raises:
+        ValueError: ``items`` is empty.
+    """
     if not items:
         raise ValueError("collate_retrieval needs at least one item")
     feats = stack_features([it[0] for it in items])
@@ -305,16 +166,20 @@ class RetrievalDataset(Dataset):
 
     @property
     def num_images(self) -> int:
+        """Number of images."""
         return len(self.image_ids)
 
     @property
     def num_captions(self) -> int:
+        """Number of captions (= items)."""
         return len(self.captions)
 
     def image(self, index: int) -> Any:
+        """The input of image ``index`` to the image encoder."""
         raise NotImplementedError
 
     def caption(self, index: int) -> torch.Tensor | str:
+        """Caption ``index`` as token ids, or its text without an encoder."""
         text = self.captions[index]
         if self.encoder is None:
             return text
@@ -332,6 +197,7 @@ class RetrievalDataset(Dataset):
 
     @property
     def pad_id(self) -> int:
+        """The encoder's padding id (0 without an encoder)."""
         return 0 if self.encoder is None else int(self.encoder.pad_id)
 
     def collate(self, items: Sequence[RetrievalItem]) -> RetrievalBatch:
@@ -349,18 +215,36 @@ class RetrievalDataset(Dataset):
     def check_features(
         self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
     ) -> None:
-        """Raise :class:`DataFormatError` if the features this dataset serves hold NaN or inf
-        (scanned ``chunk_bytes`` at a time) or, with ``in_dim`` (the model's
-        ``model.image.in_dim``), have another last dimension. Nothing to check here."""
+        """Check the features this dataset serves (nothing to check in this base class).
+
+        Args:
+            in_dim: The model's ``model.image.in_dim``; None skips the size check.
+            chunk_bytes: Bytes of features scanned at a time.
+
+        Raises:
+            ValueError: ``in_dim`` is neither None nor a positive int.
+            DataFormatError: The features hold NaN or inf, or have another last dimension.
+        """
         check_in_dim(in_dim)
 
 
 def check_features(
     dataset: RetrievalDataset, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
 ) -> None:
-    """:meth:`RetrievalDataset.check_features`, before training: the error names the file, the
-    first bad row (image or video, region or frame, dimension) and the value found, or the
-    shape and ``model.image.in_dim``."""
+    """Check a dataset's features before training (:meth:`RetrievalDataset.check_features`).
+
+    The error names the file, the first bad row (image or video, region or frame, dimension)
+    and the value found, or the shape and ``model.image.in_dim``.
+
+    Args:
+        dataset: The dataset.
+        in_dim: The model's ``model.image.in_dim``; None skips the size check.
+        chunk_bytes: Bytes of features scanned at a time.
+
+    Raises:
+        ValueError: ``in_dim`` is neither None nor a positive int.
+        DataFormatError: The features hold NaN or inf, or have another last dimension.
+    """
     dataset.check_features(in_dim=in_dim, chunk_bytes=chunk_bytes)
 
 
@@ -378,6 +262,7 @@ class ImageView(Dataset):
 
     @staticmethod
     def collate(items: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features, img_index)`` of a batch of images."""
         feats = stack_features([it[0] for it in items])
         return feats, torch.tensor([it[1] for it in items], dtype=torch.long)
 
@@ -395,6 +280,7 @@ class CaptionView(Dataset):
         return self.base.caption(index), index
 
     def collate(self, items: Sequence[tuple[torch.Tensor | str, int]]):
+        """``(ids, lengths, cap_index)`` of a batch of captions (texts and None without ids)."""
         index = torch.tensor([it[1] for it in items], dtype=torch.long)
         caps = [it[0] for it in items]
         if caps and isinstance(caps[0], str):
@@ -417,11 +303,13 @@ class LazyFeatures:
 
     @property
     def array(self) -> np.ndarray:
+        """The array, opened on first use."""
         if self._array is None:
             self._array = load_feature_array(self.path, mmap=self.mmap)
         return self._array
 
     def row(self, index: int) -> torch.Tensor:
+        """Row ``index`` as a float32 tensor."""
         return torch.from_numpy(np.array(self.array[index], dtype=np.float32))
 
     def __getstate__(self) -> dict:
@@ -437,8 +325,20 @@ def parse_precomp_ids(
     """One id per image from ``{split}_ids.txt`` in either layout.
 
     Per-caption when the id count equals the caption count (the ``captions_per_image`` ids of
-    an image must then agree), per-image when it equals the image count; anything else is an
-    error.
+    an image must then agree), per-image when it equals the image count.
+
+    Args:
+        path: The ids file.
+        n_captions: Captions of the split.
+        n_images: Images of the split.
+        captions_per_image: Consecutive captions per image.
+
+    Returns:
+        The id of each image.
+
+    Raises:
+        DataFormatError: A line is not an integer, the captions of an image disagree, or the
+            id count matches neither layout.
     """
     lines = read_lines(path, "one integer image id per line")
     ids = []
@@ -476,8 +376,19 @@ def parse_precomp_ids(
 class PrecompDataset(RetrievalDataset):
     """A split of a SCAN / VSE-infinity precomputed folder (see the module docstring).
 
-    ``max_images`` keeps the first images and their captions (model selection on the first
-    5000 dev captions uses ``max_images=1000``). ``mmap=False`` loads the features into memory.
+    Args:
+        root: The data folder.
+        split: One of :data:`SPLITS`.
+        encoder: Turns caption strings into token ids; without one items carry the text.
+        captions_per_image: Consecutive captions per image in ``{split}_caps.txt``.
+        max_images: Keep only the first images and their captions (model selection on the
+            first 5000 dev captions uses 1000).
+        mmap: Memory-map the features; False loads them into memory.
+
+    Raises:
+        ValueError: An unknown split or a bad count argument.
+        FileNotFoundError: A required file is missing.
+        DataFormatError: A file is malformed or the files disagree in size.
     """
 
     def __init__(
@@ -555,7 +466,16 @@ class PrecompDataset(RetrievalDataset):
     def check_features(
         self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
     ) -> None:
-        """The size check, then a scan of rows ``0 .. num_images`` of ``{split}_ims.npy``."""
+        """The size check, then a scan of rows ``0 .. num_images`` of ``{split}_ims.npy``.
+
+        Args:
+            in_dim: The model's ``model.image.in_dim``; None skips the size check.
+            chunk_bytes: Bytes of features scanned at a time.
+
+        Raises:
+            DataFormatError: A NaN or inf (file, row, region, dimension named), or another
+                feature size.
+        """
         path = self._features.path
         check_feature_size(path, self.array.shape, in_dim)
         bad = find_non_finite(self.array, stop=self.num_images, chunk_bytes=chunk_bytes)
@@ -572,7 +492,16 @@ class PrecompDataset(RetrievalDataset):
 def load_precomp_captions(
     root: str | Path, splits: Sequence[str] = VOCAB_SPLITS, *, captions_per_image: int = 5
 ) -> list[str]:
-    """The captions of ``splits`` (validated against their features), for building a vocab."""
+    """The captions a vocabulary is built from, validated against their features.
+
+    Args:
+        root: The data folder.
+        splits: The splits to read (never a test split by default).
+        captions_per_image: Consecutive captions per image.
+
+    Returns:
+        The captions, split after split.
+    """
     out: list[str] = []
     for split in splits:
         out.extend(PrecompDataset(root, split, captions_per_image=captions_per_image).captions)

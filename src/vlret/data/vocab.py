@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
-from .precomp import VOCAB_SPLITS, DataFormatError, load_precomp_captions, read_json
+from .checks import DataFormatError, read_json
+from .precomp import VOCAB_SPLITS, load_precomp_captions
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIAL_TOKENS = (PAD, START, END, UNK)
