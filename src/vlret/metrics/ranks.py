@@ -1,4 +1,4 @@
-"""Retrieval metrics of the VSE lineage (VSE++, SCAN, VSE-infinity; the four papers' protocol).
+"""Ranks and recall@K of the VSE lineage (VSE++, SCAN, VSE-infinity; the four papers' protocol).
 
 Definitions (0-based ranks, scores as computed, **ties count against the query**):
 
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 import torch
 
-from ._checks import check_finite
+from .._checks import check_finite
 
 RECALL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
 
@@ -386,3 +386,16 @@ def coco_5fold_metrics(
             )
         )
     return average_metrics(folds)
+
+
+__all__ = [
+    "RECALL_KEYS",
+    "RetrievalMetrics",
+    "average_metrics",
+    "coco_5fold_metrics",
+    "metrics_from_ranks",
+    "retrieval_metrics",
+    "retrieval_metrics_from_similarity",
+    "retrieval_ranks",
+    "retrieval_ranks_from_similarity",
+]

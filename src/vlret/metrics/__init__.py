@@ -1,0 +1,43 @@
+"""Retrieval metrics: ranks, recall@K and rsum of the papers' protocols, and the metrics that
+need a full relevance matrix.
+
+* :mod:`~vlret.metrics.ranks`: 0-based ranks (ties count against the query), recall@K, rsum,
+  median / mean rank, the COCO 5-fold 1K protocol.
+* :mod:`~vlret.metrics.relevance`: R-Precision and mAP@R in both directions and the ambiguity
+  rate, from an ``(N_txt, N_img)`` relevance matrix.
+* :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
+
+This package is core: it imports no data format, model, trainer or analysis code.
+"""
+
+from .ranks import (
+    RECALL_KEYS,
+    RetrievalMetrics,
+    average_metrics,
+    coco_5fold_metrics,
+    metrics_from_ranks,
+    retrieval_metrics,
+    retrieval_metrics_from_similarity,
+    retrieval_ranks,
+    retrieval_ranks_from_similarity,
+)
+from .relevance import ExtendedMetrics, ambiguity, extended_metrics, rprecision_map_at_r
+from .subsets import SubsetRecall, subset_recalls
+
+__all__ = [
+    "RECALL_KEYS",
+    "ExtendedMetrics",
+    "RetrievalMetrics",
+    "SubsetRecall",
+    "ambiguity",
+    "average_metrics",
+    "coco_5fold_metrics",
+    "extended_metrics",
+    "metrics_from_ranks",
+    "retrieval_metrics",
+    "retrieval_metrics_from_similarity",
+    "retrieval_ranks",
+    "retrieval_ranks_from_similarity",
+    "rprecision_map_at_r",
+    "subset_recalls",
+]
