@@ -501,6 +501,7 @@ def test_cli_synth_passes_options(tmp_path, monkeypatch, capsys):
 
     fake = types.ModuleType("vlret.data.synthetic")
     fake.synth_main = synth_main
+    fake.train_hint_lines = lambda path: []  # the fake world has no synthetic.json
     monkeypatch.setitem(sys.modules, "vlret.data.synthetic", fake)
     argv = ["synth", "tiny", "--out", str(tmp_path), "--seed", "3", "--format", "karpathy"]
     assert main([*argv, "--noise", "permute_captions:0.2"]) == 0

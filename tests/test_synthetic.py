@@ -33,7 +33,7 @@ from vlret.data.synthetic import (
     synth_main,
     write_synthetic,
 )
-from vlret.data.synthetic_language import (
+from vlret.data.synthetic.language import (
     FIELD,
     N_FACTS,
     CaptionPlan,
@@ -42,8 +42,8 @@ from vlret.data.synthetic_language import (
     render_caption,
     scene_facts,
 )
-from vlret.data.synthetic_metrics import clone_trials, rprecision_map_at_r
-from vlret.metrics import retrieval_metrics
+from vlret.data.synthetic.relevance import clone_trials
+from vlret.metrics import retrieval_metrics, rprecision_map_at_r
 
 SMALL = {"train": 60, "dev": 12, "test": 16}
 

@@ -54,7 +54,7 @@ def config_hint(
 
 def _value(value: Any) -> str:
     """``value`` as ``--set`` reads it back (:func:`vlret.train.config.parse_value`)."""
-    from ..train.config import parse_value
+    from ...train.config import parse_value
 
     if value is None:
         return "null"

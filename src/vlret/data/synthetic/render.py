@@ -120,7 +120,7 @@ def _texture(material: int, colour: int, size: int, rng: np.random.Generator) ->
 
 def render_scene(scene, *, size: int = 64, seed: int = 0):
     """A ``size x size`` RGB ``PIL.Image`` of ``scene`` (objects as in
-    :mod:`vlret.data.synthetic_language`)."""
+    :mod:`vlret.data.synthetic.language`)."""
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)

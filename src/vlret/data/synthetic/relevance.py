@@ -1,19 +1,12 @@
-"""Exhaustive relevance of the synthetic world and the metrics that use it.
+"""Exhaustive relevance of the synthetic world and the clone forced choice.
 
 A caption is relevant to an image when every fact it states is a fact of the image. That gives
 the full ``(N_txt, N_img)`` relevance matrix, beside the one-ground-truth labels of the standard
-protocol, and with it:
-
-* **R-Precision** and **mAP@R** (Musgrave et al., "A metric learning reality check", 2020) in
-  both directions: for a query with ``R`` relevant items, R-Precision is the fraction of the top
-  ``R`` that are relevant, and mAP@R is ``(1/R) * sum_{k<=R} P@k * rel(k)``. Ties count against
-  the query (irrelevant items tied with a relevant one rank first), as in
-  :mod:`vlret.metrics`, so a collapsed model scores at the bottom, never at the top.
-* the **clone forced choice**: a caption chooses between its image and a clone sibling that it
-  does not describe (t2i), and an image between its caption and the sibling's caption made from
-  the same plan (i2t); a tie scores one half, so chance is 50.
-* the **ambiguity rate**: the fraction of standard negatives (a caption with another image) that
-  are in fact relevant.
+protocol, for the relevance-aware metrics of :mod:`vlret.metrics.relevance` (R-Precision,
+mAP@R, the ambiguity rate). The **clone forced choice** is the synthetic world's own: a caption
+chooses between its image and a clone sibling that it does not describe (t2i), and an image
+between its caption and the sibling's caption made from the same plan (i2t); a tie scores one
+half, so chance is 50.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .synthetic_language import N_FACTS
+from .language import N_FACTS
 
 
 @dataclass(frozen=True)
@@ -163,138 +156,6 @@ def fact_oracle_embeddings(
     return torch.from_numpy(img.astype(np.float32)), torch.from_numpy(txt.astype(np.float32))
 
 
-# ------------------------------------------------------------------------------ metrics
-
-
-@dataclass(frozen=True)
-class ExtendedMetrics:
-    """Relevance-aware metrics in percent (see the module docstring)."""
-
-    t2i_rprecision: float
-    t2i_map_at_r: float
-    i2t_rprecision: float
-    i2t_map_at_r: float
-    #: Fraction (percent) of standard negatives that are relevant.
-    ambiguity_rate: float
-    #: Fraction (percent) of captions relevant to at least one image besides their own.
-    ambiguous_captions: float
-    #: Mean number of relevant images per caption (R of the t2i queries).
-    mean_relevant_images: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def rprecision_map_at_r(
-    scores: torch.Tensor, relevant: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per query (row): ``(R-Precision, mAP@R, R)`` as fractions; rows with ``R = 0`` give 0.
-
-    Ties are broken against the query (irrelevant items first). With the relevant items in
-    descending score order, the i-th one (1-based) ranks at ``i + c_i``, ``c_i`` the number of
-    irrelevant items scoring at least as high; only ranks up to ``R`` matter, so ``c_i`` is
-    counted among the top ``max R`` irrelevant scores (``topk``, no full sort).
-    """
-    if scores.shape != relevant.shape or scores.dim() != 2:
-        raise ValueError(
-            f"scores and relevant must be 2-D of one shape, got {tuple(scores.shape)} and "
-            f"{tuple(relevant.shape)}"
-        )
-    if not bool(torch.isfinite(scores).all()):
-        raise ValueError("scores must be finite (got NaN or infinity)")
-    relevant = relevant.to(torch.bool)
-    r = relevant.sum(1)
-    width = max(int(r.max()) if r.numel() else 0, 1)
-    width = min(width, scores.shape[1])
-    rel_top = scores.masked_fill(~relevant, float("-inf")).topk(width, dim=1).values
-    irr_top = scores.masked_fill(relevant, float("-inf")).topk(width, dim=1).values
-    # irrelevant scores >= each relevant score (-inf padding is never >= a finite score)
-    ascending = irr_top.flip(1).contiguous()
-    at_least = width - torch.searchsorted(ascending, rel_top.contiguous(), right=False)
-    i = torch.arange(1, width + 1, device=scores.device, dtype=torch.float64)
-    rank = i + at_least.to(torch.float64)
-    limit = r[:, None].to(torch.float64)
-    hits = ((i <= limit) & (rank <= limit)).to(torch.float64)
-    denom = r.clamp(min=1).to(torch.float64)
-    rp = hits.sum(1) / denom
-    ap = (hits * i / rank).sum(1) / denom
-    return rp, ap, r
-
-
-def _as_tensor(x, name: str) -> torch.Tensor:
-    t = torch.as_tensor(x)
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    return t
-
-
-def _direction(
-    queries: torch.Tensor, items: torch.Tensor, relevance: torch.Tensor, chunk_size: int
-) -> tuple[float, float, float]:
-    """Mean R-Precision, mAP@R (percent) and R over the queries (rows of ``relevance``) with at
-    least one relevant item. Queries are processed in order of R, so that a chunk's ``topk``
-    width is close to the R of each of its queries."""
-    dtype = torch.promote_types(torch.promote_types(queries.dtype, items.dtype), torch.float32)
-    q, it = queries.to(dtype), items.to(dtype)
-    r_all = relevance.sum(1)
-    order = torch.argsort(r_all, stable=True)
-    order = order[r_all[order] > 0]
-    if len(order) == 0:
-        raise ValueError("relevance has no relevant pair")
-    rp_sum = ap_sum = 0.0
-    for start in range(0, len(order), chunk_size):
-        idx = order[start : start + chunk_size]
-        rp, ap, _ = rprecision_map_at_r(q[idx] @ it.t(), relevance[idx])
-        rp_sum += float(rp.sum())
-        ap_sum += float(ap.sum())
-    n = len(order)
-    return 100.0 * rp_sum / n, 100.0 * ap_sum / n, float(r_all[order].to(torch.float64).mean())
-
-
-def ambiguity(relevance, txt_to_img) -> tuple[float, float]:
-    """``(ambiguity rate, ambiguous captions)`` in percent: relevant standard negatives among
-    all ``N_txt x (N_img - 1)`` of them, and captions with a relevant image besides their own."""
-    rel = torch.as_tensor(relevance).to(torch.bool)
-    t2i = torch.as_tensor(txt_to_img, dtype=torch.long)
-    n_txt, n_img = rel.shape
-    if t2i.shape != (n_txt,):
-        raise ValueError(f"txt_to_img must have shape ({n_txt},), got {tuple(t2i.shape)}")
-    own = rel[torch.arange(n_txt), t2i]
-    others = rel.sum(1) - own.to(torch.long)
-    negatives = n_txt * (n_img - 1)
-    rate = 100.0 * float(others.sum()) / negatives if negatives else 0.0
-    return rate, 100.0 * float((others > 0).to(torch.float64).mean())
-
-
-def extended_metrics(
-    img_emb,
-    txt_emb,
-    relevance,
-    *,
-    txt_to_img=None,
-    chunk_size: int = 512,
-) -> ExtendedMetrics:
-    """R-Precision and mAP@R both ways from embeddings (scores = dot products) and the
-    ``(N_txt, N_img)`` boolean ``relevance``; with ``txt_to_img``, also the ambiguity rates
-    (otherwise NaN). Memory is bounded by ``chunk_size x max(N_img, N_txt)`` scores."""
-    img, txt = _as_tensor(img_emb, "img_emb"), _as_tensor(txt_emb, "txt_emb")
-    rel = _as_tensor(relevance, "relevance").to(torch.bool)
-    if rel.shape != (len(txt), len(img)):
-        raise ValueError(
-            f"relevance must have shape (N_txt, N_img) = ({len(txt)}, {len(img)}), got "
-            f"{tuple(rel.shape)}"
-        )
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    t_rp, t_ap, t_r = _direction(txt, img, rel, chunk_size)
-    i_rp, i_ap, _ = _direction(img, txt, rel.t(), chunk_size)
-    if txt_to_img is not None:
-        rate, amb = ambiguity(rel, txt_to_img)
-    else:
-        rate = amb = float("nan")
-    return ExtendedMetrics(t_rp, t_ap, i_rp, i_ap, rate, amb, t_r)
-
-
 # ------------------------------------------------------------------------------ clones
 
 
@@ -357,6 +218,13 @@ def clone_trials(
     )
 
 
+def _as_matrix(x, name: str) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    return t
+
+
 def _choice(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
     if len(a) == 0:
         return float("nan"), 0
@@ -374,7 +242,7 @@ def clone_forced_choice(
     image_facts: FactSets | Sequence[Sequence[int]],
 ) -> CloneChoice:
     """Clone forced choice (see the module docstring) with scores = dot products."""
-    img, txt = _as_tensor(img_emb, "img_emb"), _as_tensor(txt_emb, "txt_emb")
+    img, txt = _as_matrix(img_emb, "img_emb"), _as_matrix(txt_emb, "txt_emb")
     dtype = torch.promote_types(torch.promote_types(img.dtype, txt.dtype), torch.float32)
     img, txt = img.to(dtype), txt.to(dtype)
     t2i, i2t = clone_trials(
@@ -390,70 +258,6 @@ def clone_forced_choice(
     return CloneChoice(t_acc, i_acc, t_n, i_n)
 
 
-# ------------------------------------------------------------------------------ query subsets
-
-
-@dataclass(frozen=True)
-class SubsetRecall:
-    """Standard recall@K (percent) of a subset of the queries: ``t2i`` over the chosen
-    captions, ``i2t`` over the chosen images (NaN where the subset is empty), with the query
-    counts. The ranks are those of the full protocol: every image (caption) is a candidate."""
-
-    t2i_r1: float
-    t2i_r5: float
-    t2i_r10: float
-    i2t_r1: float
-    i2t_r5: float
-    i2t_r10: float
-    t2i_queries: int
-    i2t_queries: int
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def _subset_mask(mask, n: int, name: str) -> torch.Tensor:
-    if mask is None:
-        return torch.zeros(n, dtype=torch.bool)
-    out = torch.as_tensor(np.asarray(mask))
-    if out.dtype != torch.bool or out.shape != (n,):
-        raise ValueError(f"{name} must be a boolean array of shape ({n},), got {tuple(out.shape)}")
-    return out
-
-
-def _recall(ranks: torch.Tensor, mask: torch.Tensor, k: int) -> float:
-    if not bool(mask.any()):
-        return float("nan")
-    return 100.0 * float((ranks[mask] < k).to(torch.float64).mean())
-
-
-def subset_recalls(
-    img_emb,
-    txt_emb,
-    *,
-    txt_to_img,
-    caption_mask=None,
-    image_mask=None,
-) -> SubsetRecall:
-    """R@1/5/10 of the caption queries in ``caption_mask`` (T->I) and of the image queries in
-    ``image_mask`` (I->T), each a boolean array over the split's captions / images (``None``:
-    no query of that direction). Ranks follow :func:`vlret.metrics.retrieval_ranks` (ties
-    count against the query; an image's rank is that of its best caption)."""
-    from ..metrics import retrieval_ranks
-
-    img, txt = _as_tensor(img_emb, "img_emb"), _as_tensor(txt_emb, "txt_emb")
-    t2i_of = torch.as_tensor(txt_to_img, dtype=torch.long)
-    cap = _subset_mask(caption_mask, txt.shape[0], "caption_mask")
-    im = _subset_mask(image_mask, img.shape[0], "image_mask")
-    i2t_ranks, t2i_ranks = retrieval_ranks(img, txt, t2i_of)
-    return SubsetRecall(
-        *(_recall(t2i_ranks, cap, k) for k in (1, 5, 10)),
-        *(_recall(i2t_ranks, im, k) for k in (1, 5, 10)),
-        int(cap.sum()),
-        int(im.sum()),
-    )
-
-
 def clone_group_images(groups) -> np.ndarray:
     """Boolean mask of the images that belong to a clone group of two or more."""
     grp = np.asarray(groups, dtype=np.int64)
@@ -463,19 +267,13 @@ def clone_group_images(groups) -> np.ndarray:
 
 __all__ = [
     "CloneChoice",
-    "SubsetRecall",
-    "clone_group_images",
-    "subset_recalls",
-    "ExtendedMetrics",
     "FactSets",
-    "ambiguity",
     "clone_forced_choice",
+    "clone_group_images",
     "clone_trials",
-    "extended_metrics",
     "fact_oracle_embeddings",
     "iter_relevance",
     "pairs_to_matrix",
     "relevance_matrix",
     "relevance_pairs",
-    "rprecision_map_at_r",
 ]

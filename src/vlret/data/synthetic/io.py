@@ -1,0 +1,319 @@
+"""Writing a world to disk in the real formats (SCAN precomp, Karpathy JSON with rendered
+images, MSR-VTT) through :mod:`vlret.data.writers`, plus the side files with the facts,
+relevance, clone groups and the clean mask (``docs/synthetic.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..karpathy import KarpathyImage, KarpathySentence
+from ..msrvtt import DATA_JSON, JSFUSION_CSV, TRAIN_9K_CSV
+from ..writers import (
+    karpathy_tokens,
+    write_jsfusion_csv,
+    write_karpathy_json,
+    write_msrvtt_json,
+    write_msrvtt_train_csv,
+    write_precomp,
+    write_video_features,
+)
+from .config import CAPTION_FORMS, EDIT_KINDS, FORMATS, NoiseSpec, SyntheticConfig
+from .hint import META_FILE, config_hint
+from .language import N_FACTS, fact_names
+from .relevance import relevance_pairs
+from .scenes import Scene
+from .splits import SyntheticSplit
+from .world import SyntheticWorld, generate_world
+
+
+def _image_ids(world: SyntheticWorld) -> dict[str, list[int]]:
+    out, next_id = {}, 1000
+    for name, split in world.splits.items():
+        out[name] = list(range(next_id, next_id + split.num_images))
+        next_id += split.num_images
+    return out
+
+
+def _write_precomp(world: SyntheticWorld, root: Path) -> dict[str, Any]:
+    ids = _image_ids(world)
+    files = {}
+    for name, split in world.splits.items():
+        k = world.config.captions_per_image
+        per = ids[name] if name == "train" else [i for i in ids[name] for _ in range(k)]
+        paths = write_precomp(root, name, split.features, split.captions("precomp"), ids=per)
+        files[name] = {key: p.name for key, p in paths.items()}
+    return files
+
+
+_KARPATHY_SPLIT = {"dev": "val", "test": "test", "testall": "test"}
+
+
+def _karpathy_image(
+    imgid: int, label: str, sents: tuple[KarpathySentence, ...], *, coco: bool
+) -> KarpathyImage:
+    """Image ``imgid`` of a Karpathy JSON, named as in the COCO or Flickr30K release."""
+    sentids = tuple(s.sentid for s in sents)
+    if not coco:
+        return KarpathyImage(imgid, f"{1000000000 + imgid}.jpg", label, sentids, sents)
+    cocoid = 100000 + imgid
+    folder = "train2014" if label == "train" else "val2014"
+    filename = f"COCO_{folder}_{cocoid:012d}.jpg"
+    return KarpathyImage(imgid, filename, label, sentids, sents, filepath=folder, cocoid=cocoid)
+
+
+def _write_karpathy(world: SyntheticWorld, root: Path, *, render_images: bool) -> dict[str, Any]:
+    coco = world.config.dataset == "coco"
+    dataset = "coco" if coco else "flickr30k"
+    images: list[KarpathyImage] = []
+    scenes: list[Scene] = []
+    sentid = 0
+    for name, split in world.splits.items():
+        raws = split.captions("raw")
+        k = world.config.captions_per_image
+        n_train = int(round(0.73 * split.num_images))  # COCO: Karpathy train, then restval
+        for i in range(split.num_images):
+            if name == "train":
+                label = "restval" if coco and i >= n_train else "train"
+            else:
+                label = _KARPATHY_SPLIT[name]
+            texts = raws[i * k : (i + 1) * k]
+            sents = tuple(
+                KarpathySentence(sentid + c, t, tuple(karpathy_tokens(t)))
+                for c, t in enumerate(texts)
+            )
+            sentid += k
+            images.append(_karpathy_image(len(images), label, sents, coco=coco))
+            scenes.append(split.scenes[i])
+    json_path = write_karpathy_json(root / f"dataset_{dataset}.json", images, dataset=dataset)
+    out: dict[str, Any] = {"json": json_path.name}
+    if render_images:
+        from .render import render_scene
+
+        image_root = root / "images"
+        for im, scene in zip(images, scenes, strict=True):
+            path = im.path(image_root)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            render_scene(scene, seed=world.seed * 1_000_003 + im.imgid).save(
+                path, format="JPEG", quality=90
+            )
+        out["image_root"] = "images"
+    return out
+
+
+_MSRVTT_SPLIT = {"train": "train", "dev": "validate", "test": "test", "testall": "test"}
+
+
+def _write_msrvtt(world: SyntheticWorld, root: Path) -> dict[str, Any]:
+    videos, captions, feats, vid_of = [], {}, [], {}
+    for name, split in world.splits.items():
+        texts = split.captions("msrvtt")
+        k = world.config.captions_per_image
+        vid_of[name] = []
+        for i in range(split.num_images):
+            vid = f"video{len(videos)}"
+            videos.append((vid, _MSRVTT_SPLIT[name]))
+            captions[vid] = texts[i * k : (i + 1) * k]
+            vid_of[name].append(vid)
+        feats.append(split.features)
+    write_msrvtt_json(root / DATA_JSON, videos, captions)
+    test_name = "test" if "test" in vid_of else ("testall" if "testall" in vid_of else None)
+    test_1ka: list[str] = []
+    if test_name is not None:
+        test = vid_of[test_name]
+        test_1ka = test[len(test) - min(world.config.n_1ka, len(test)) :]
+    held = set(test_1ka)
+    write_msrvtt_train_csv(root / TRAIN_9K_CSV, [v for v, _ in videos if v not in held])
+    write_jsfusion_csv(root / JSFUSION_CSV, [(v, captions[v][0]) for v in test_1ka])
+    write_video_features(root, [v for v, _ in videos], np.concatenate(feats))
+    first = len(vid_of[test_name]) - len(test_1ka) if test_name else 0
+    return {
+        "json": DATA_JSON,
+        "train_csv": TRAIN_9K_CSV,
+        "jsfusion_csv": JSFUSION_CSV,
+        "videos": {name: [vids[0], vids[-1]] for name, vids in vid_of.items()},
+        "1k-A test": {"split": test_name, "first_image": first, "caption": 0},
+    }
+
+
+def _write_side_files(
+    world: SyntheticWorld, root: Path, *, relevance_splits: Sequence[str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, split in world.splits.items():
+        files = {}
+        np.savez_compressed(
+            root / f"{name}_synth.npz",
+            image_fact_indptr=split.image_facts.indptr,
+            image_fact_indices=split.image_facts.indices,
+            caption_fact_indptr=split.caption_facts.indptr,
+            caption_fact_indices=split.caption_facts.indices,
+            txt_to_img=split.txt_to_img.astype(np.int32),
+            scenes=split.scene_array(),
+            caption_form=split.caption_form,
+            edit_kind=split.edit_kind,
+            edit_parent=split.edit_parent,
+        )
+        files["synth"] = f"{name}_synth.npz"
+        np.save(root / f"{name}_groups.npy", split.groups)
+        files["groups"] = f"{name}_groups.npy"
+        if name in relevance_splits:
+            txt, img = relevance_pairs(split.caption_facts, split.image_facts)
+            np.savez_compressed(
+                root / f"{name}_relevance.npz",
+                txt=txt,
+                img=img,
+                shape=np.array([split.num_captions, split.num_images], dtype=np.int64),
+            )
+            files["relevance"] = f"{name}_relevance.npz"
+        if world.noise is not None and name == "train":
+            np.save(root / "train_clean.npy", split.clean)
+            files["clean"] = "train_clean.npy"
+        out[name] = files
+    return out
+
+
+def _summary(split: SyntheticSplit) -> dict[str, Any]:
+    edits = np.bincount(split.edit_kind, minlength=len(EDIT_KINDS))
+    forms = np.bincount(split.caption_form, minlength=len(CAPTION_FORMS))
+    return {
+        "images": split.num_images,
+        "captions": split.num_captions,
+        "images_in_clone_groups": int((split.edit_kind > 0).sum()),
+        "edit_kinds": {k: int(v) for k, v in zip(EDIT_KINDS, edits, strict=True)},
+        "caption_forms": {k: int(v) for k, v in zip(CAPTION_FORMS, forms, strict=True)},
+        "clean_captions": int(split.clean.sum()),
+        "features": list(split.features.shape) if split.features is not None else None,
+    }
+
+
+def write_synthetic(
+    preset: str | SyntheticConfig,
+    out_dir: str | Path,
+    *,
+    format: str = "precomp",
+    seed: int = 0,
+    noise: str | NoiseSpec | Mapping[str, Any] | None = None,
+    relevance_splits: Sequence[str] | None = None,
+    render_images: bool = True,
+    overwrite: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Generate a world and write it to ``out_dir`` in ``format``; returns ``out_dir``.
+
+    * ``precomp``: ``{split}_ims.npy`` / ``_caps.txt`` / ``_ids.txt`` (train ids per image,
+      the others per caption, as in the real folders);
+    * ``karpathy``: ``dataset_flickr30k.json`` (``dataset_coco.json`` for coco-like, train
+      split into train + restval) and, with ``render_images`` (needs Pillow), a small JPEG per
+      scene under ``images/``;
+    * ``msrvtt``: ``MSRVTT_data.json`` (dev is ``validate``), the 9k train CSV (every video
+      but the 1k-A test ones), ``MSRVTT_JSFUSION_test.csv`` (the last ``n_1ka`` test videos,
+      first caption each), ``video_feats.npy`` + ``video_ids.txt``.
+
+    Side files (any format): ``synthetic.json`` (config, counts, fact names, a config hint
+    for ``vlret train``), ``{split}_synth.npz`` (facts, scenes, edits), ``{split}_groups.npy``,
+    ``{split}_relevance.npz`` for ``relevance_splits`` (default: every split but train) and
+    ``train_clean.npy`` with ``noise``. ``overrides`` are :class:`SyntheticConfig` fields
+    (``feature_dim``, ``regions``, ``frames``, ``captions_per_image``, ``splits``, ...).
+    An existing non-empty ``out_dir`` (an earlier world included: data trained on must not
+    change under a model) is refused unless ``overwrite`` is set.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    root = Path(out_dir)
+    check_out_dir(root, overwrite=overwrite)
+    if render_images and format == "karpathy":
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            raise ImportError(
+                "format 'karpathy' renders images with Pillow (pip install pillow); pass "
+                "render_images=False to write the JSON only"
+            ) from None
+    world = generate_world(preset, seed=seed, noise=noise, **overrides)
+    if format == "karpathy" and (root / META_FILE).is_file() and (root / "images").is_dir():
+        shutil.rmtree(root / "images")  # stale renders of an earlier synthetic world
+    root.mkdir(parents=True, exist_ok=True)
+    if format == "precomp":
+        format_files = _write_precomp(world, root)
+    elif format == "karpathy":
+        format_files = _write_karpathy(world, root, render_images=render_images)
+    else:
+        format_files = _write_msrvtt(world, root)
+    if relevance_splits is None:
+        relevance_splits = [s for s in world.splits if s != "train"]
+    side = _write_side_files(world, root, relevance_splits=relevance_splits)
+    config = world.config
+    meta = {
+        "vlret_synthetic": 1,
+        "preset": config.name,
+        "format": format,
+        "seed": world.seed,
+        "noise": asdict(world.noise) if world.noise is not None else None,
+        "config": asdict(config),
+        "splits": {name: _summary(split) for name, split in world.splits.items()},
+        "format_files": format_files,
+        "side_files": side,
+        "train_config_hint": config_hint(
+            root=root,
+            format=format,
+            files=format_files,
+            captions_per_image=config.captions_per_image,
+            feature_dim=config.feature_dim,
+            has_dev="dev" in world.splits,
+        ),
+        "n_facts": N_FACTS,
+        "facts": fact_names(),
+        "edit_kinds": list(EDIT_KINDS),
+        "caption_forms": list(CAPTION_FORMS),
+    }
+    (root / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    return root
+
+
+def check_out_dir(root: Path, *, overwrite: bool, flag: str = "overwrite=True") -> None:
+    """Refuse (``FileExistsError`` naming ``root`` and ``flag``) a non-empty ``root``, an
+    earlier synthetic world included, unless ``overwrite``; ``ValueError`` for a file."""
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"out_dir {root} exists and is not a directory")
+    if overwrite or not root.is_dir() or not any(root.iterdir()):
+        return
+    meta_path = root / META_FILE
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            what = f" ({meta.get('preset')}, seed {meta.get('seed')}, {meta.get('format')})"
+        except (json.JSONDecodeError, AttributeError):
+            what = ""
+        raise FileExistsError(
+            f"{root} already holds a synthetic world{what}; pass {flag} to replace it"
+        )
+    raise FileExistsError(
+        f"{root} is not empty and holds no {META_FILE}; pass {flag} to write into it anyway"
+    )
+
+
+def synth_main(preset: str, out: str | Path, **options: Any) -> Path:
+    """Entry point of ``vlret synth PRESET --out DIR``: :func:`write_synthetic` with
+    ``options`` (``format``, ``seed``, ``noise`` as ``"MODE:RATE"``, ``relevance_splits``,
+    ``render_images``, ``overwrite`` and :class:`SyntheticConfig` fields such as
+    ``feature_dim``, ``regions``, ``frames``, ``captions_per_image``); ``None`` values mean
+    the preset's default. Returns the output folder. A non-empty ``out`` (an earlier world
+    included) is refused unless ``overwrite`` (``--overwrite``)."""
+    options = {k: v for k, v in options.items() if v is not None}
+    check_out_dir(Path(out), overwrite=bool(options.get("overwrite")), flag="--overwrite")
+    return write_synthetic(preset, out, **options)
+
+
+__all__ = [
+    "check_out_dir",
+    "synth_main",
+    "write_synthetic",
+]
