@@ -1,0 +1,292 @@
+"""Running a comparison: train (or resume, or read) each run, test it, and keep its result
+next to it (see :mod:`vlret.analysis.compare` for the resume rules).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..._files import atomic_write_text
+from ...train.config import RunConfig
+from ...train.trainer import Trainer
+from ..tables import SYNTHETIC_KEYS, RunResult
+from .scoring import synthetic_extras, synthetic_root
+from .spec import CompareError, EvalSettings, RunSpec
+
+RESULT_FILE = "result.json"
+SPEC_FILE = "spec.json"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """``status``: ``cached`` (result file found), ``resumed`` (from last.pt) or ``trained``."""
+
+    spec: RunSpec
+    status: str
+    result: RunResult
+
+
+class ComparisonTrainer(Trainer):
+    """The trainer with a callback after each epoch (the progress display); the dev
+    similarities of the plots (``dev_pos_sim`` / ``dev_hardest_neg_sim``) are logged by
+    :meth:`Trainer.validate` itself."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        resume: str | Path | None = None,
+        on_epoch: Callable[[int], None] | None = None,
+        overwrite: bool = False,
+        print_fn: Callable[[str], None] | None = None,
+    ) -> None:
+        self._on_epoch = on_epoch
+        super().__init__(config, resume=resume, overwrite=overwrite, print_fn=print_fn)
+
+    def validate(self) -> dict[str, float] | None:
+        out = super().validate()
+        if self._on_epoch is not None:
+            self._on_epoch(self.epoch + 1)
+        return out
+
+
+def _json_roundtrip(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def run_fingerprint(spec: RunSpec, settings: EvalSettings) -> dict[str, Any]:
+    """What must match for a run folder's contents to be reused (``spec.json``)."""
+    config = spec.config.to_dict()
+    config.pop("output_dir")
+    config["train"].pop("progress", None)
+    return _json_roundtrip(
+        {
+            "label": spec.variant.label,
+            "loss": spec.variant.loss,
+            "seed": spec.seed,
+            "config": config,
+            "eval": settings.__dict__,
+        }
+    )
+
+
+def _result_from_record(spec: RunSpec, record: dict[str, Any]) -> RunResult:
+    """The run's test metrics, with the synthetic extras (``record["synthetic"]``) merged in."""
+    metrics = dict(record["metrics"])
+    metrics.update((record.get("synthetic") or {}).get("metrics", {}))
+    return RunResult(
+        label=spec.variant.label,
+        loss=spec.variant.loss,
+        seed=spec.seed,
+        metrics={k: float(v) for k, v in metrics.items() if v is not None},
+        params=spec.variant.params,
+        run_dir=str(spec.run_dir),
+    )
+
+
+def is_finished(spec: RunSpec) -> bool:
+    return (spec.run_dir / RESULT_FILE).is_file()
+
+
+def _write_json(path: Path, value: Any) -> None:
+    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def check_eval_plan(specs: Sequence[RunSpec], settings: EvalSettings) -> None:
+    """Before any training: the test protocol evaluates the test split of every run's data
+    format (:func:`~vlret.train.evaluate.check_eval_split`) and the test data folder exists,
+    so a wrong ``[compare]`` protocol / split / data fails in seconds, not after the runs."""
+    from ...train.evaluate import check_eval_split
+
+    for spec in specs:
+        try:
+            check_eval_split(settings.protocol, settings.split, spec.config.data.format)
+        except ValueError as err:
+            raise CompareError(
+                f"compare.protocol = {settings.protocol!r}, compare.split = {settings.split!r}: "
+                f"{err}"
+            ) from None
+        data = Path(settings.data or spec.config.data.root)
+        if not data.exists():
+            key = "compare.data" if settings.data else "data.root"
+            raise CompareError(
+                f"{key}: {data}: missing; expected the data folder of the test split"
+            )
+
+
+def execute_run(
+    spec: RunSpec,
+    settings: EvalSettings,
+    *,
+    on_start: Callable[[int], None] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
+    print_fn: Callable[[str], None] | None = None,
+) -> RunOutcome:
+    """Train (or resume, or read) one run and test it; see the module docstring.
+    ``print_fn`` receives the trainer's per-epoch summary lines."""
+    from ...train.evaluate import metrics_json, run_evaluation
+
+    run_dir = spec.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = run_fingerprint(spec, settings)
+    spec_path = run_dir / SPEC_FILE
+    if spec_path.is_file():
+        stored = json.loads(spec_path.read_text(encoding="utf-8"))
+        if stored != fingerprint:
+            raise CompareError(
+                f"{run_dir} holds a run with other settings than this comparison's "
+                f"({spec_path}); use another --out or delete that folder"
+            )
+    else:
+        _write_json(spec_path, fingerprint)
+    result_path = run_dir / RESULT_FILE
+    world = synthetic_root(settings.data or spec.config.data.root)
+    if result_path.is_file():
+        record = json.loads(result_path.read_text(encoding="utf-8"))
+        tested = run_dir / str(record.get("checkpoint", ""))
+        stored = (record.get("synthetic") or {}).get("metrics", {})
+        outdated = "synthetic" not in record or (
+            record["synthetic"] is not None and not set(SYNTHETIC_KEYS) <= set(stored)
+        )
+        if world is not None and outdated and tested.is_file():
+            # finished before (some of) the synthetic extras existed: add them, the run stays
+            record["synthetic"] = synthetic_extras(tested, root=world, spec=spec, settings=settings)
+            _write_json(result_path, record)
+        return RunOutcome(spec, "cached", _result_from_record(spec, record))
+
+    last = run_dir / "last.pt"
+    resume = last if last.is_file() else None
+    # Without last.pt the folder holds at most a run killed before its first checkpoint (its
+    # spec.json matched above): start it afresh.
+    trainer = ComparisonTrainer(
+        spec.config, resume=resume, on_epoch=on_epoch, overwrite=resume is None, print_fn=print_fn
+    )
+    if on_start is not None:
+        on_start(trainer.epoch)
+    trainer.fit()
+    best = run_dir / "best.pt"
+    checkpoint = best if settings.checkpoint == "best" and best.is_file() else last
+    evaluation = run_evaluation(
+        checkpoint,
+        data=settings.data or spec.config.data.root,
+        split=settings.split,
+        protocol=settings.protocol,
+        batch_size=settings.batch_size,
+        device=spec.config.train.device,
+    )
+    metrics = evaluation.metrics
+    record = metrics_json(
+        metrics,
+        protocol=settings.protocol,
+        split=settings.split,
+        checkpoint=checkpoint.name,
+        label=spec.variant.label,
+        loss=spec.variant.loss,
+        params=_json_roundtrip(spec.variant.params),
+        seed=spec.seed,
+        epochs=trainer.epoch,
+    )
+    if world is not None:
+        full = evaluation.scores is not None and not bool(evaluation.scores.isnan().any())
+        record["synthetic"] = synthetic_extras(
+            checkpoint,
+            root=world,
+            spec=spec,
+            settings=settings,
+            scores=evaluation.scores if full else None,
+        )
+    _write_json(result_path, record)  # last: its presence marks the run finished
+    status = "resumed" if resume is not None else "trained"
+    return RunOutcome(spec, status, _result_from_record(spec, record))
+
+
+class _NullBar:
+    n = 0
+    initial = 0
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description(self, text: str, refresh: bool = True) -> None:
+        pass
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def run_all(
+    specs: Sequence[RunSpec],
+    settings: EvalSettings,
+    *,
+    progress: bool = True,
+    on_epoch: Callable[[RunSpec, int], None] | None = None,
+) -> list[RunOutcome]:
+    """Every run in order, with one progress bar counting epochs over the whole plan (the
+    estimate of the time left is the average epoch time of this session so far). The test
+    protocol, split and data folder are checked first (:func:`check_eval_plan`)."""
+    check_eval_plan(specs, settings)
+    total = sum(s.config.train.epochs for s in specs)
+    done = sum(s.config.train.epochs for s in specs if is_finished(s))
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar: Any = tqdm(
+            total=total, initial=done, unit="epoch", smoothing=0, dynamic_ncols=True, position=0
+        )
+        write: Callable[[str], None] = tqdm.write  # above the bar
+    else:
+        bar, write = _NullBar(), print
+    outcomes = []
+    try:
+        for i, spec in enumerate(specs, start=1):
+            epochs = spec.config.train.epochs
+            name = f"{spec.variant.label} seed {spec.seed}"
+            bar.set_postfix_str(f"run {i}/{len(specs)}")
+
+            def started(epochs_done: int, name=name, epochs=epochs) -> None:
+                if epochs_done:  # resumed: already-trained epochs do not count towards the rate
+                    bar.initial += epochs_done
+                    bar.update(epochs_done)
+                bar.set_description(f"{name} epoch {min(epochs_done + 1, epochs)}/{epochs}")
+
+            def finished_epoch(epoch: int, spec=spec, name=name, epochs=epochs) -> None:
+                bar.update(1)
+                if epoch < epochs:
+                    bar.set_description(f"{name} epoch {epoch + 1}/{epochs}")
+                if on_epoch is not None:
+                    on_epoch(spec, epoch)
+
+            if is_finished(spec):
+                bar.set_description(f"{name} (done)")
+            outcomes.append(
+                execute_run(
+                    spec,
+                    settings,
+                    on_start=started,
+                    on_epoch=finished_epoch,
+                    print_fn=lambda line, name=name: write(f"{name}: {line}"),
+                )
+            )
+    finally:
+        bar.close()
+    return outcomes
+
+
+__all__ = [
+    "RESULT_FILE",
+    "SPEC_FILE",
+    "ComparisonTrainer",
+    "RunOutcome",
+    "check_eval_plan",
+    "execute_run",
+    "is_finished",
+    "run_all",
+    "run_fingerprint",
+]

@@ -1,0 +1,300 @@
+"""What a comparison runs: the ``[compare]`` section, its variants and the config of each run
+(see :mod:`vlret.analysis.compare`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...losses import compared_losses, loss_capabilities
+from ...train.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    parse_value,
+    read_config_file,
+)
+
+#: The losses of the four papers, compared by default: the registry's losses that declare
+#: ``paper_comparison``, in their declared order (:func:`vlret.losses.compared_losses`).
+PAPER_LOSSES: tuple[str, ...] = tuple(compared_losses())
+COMPARE_KEYS = (
+    "output_dir",
+    "seeds",
+    "protocol",
+    "split",
+    "data",
+    "checkpoint",
+    "eval_batch_size",
+    "losses",
+)
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+class CompareError(ValueError):
+    """A comparison request that cannot run as given (the message says what to change)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the comparison: a label, a registered loss, its parameters and per-variant
+    run-config overrides."""
+
+    label: str
+    loss: str
+    params: dict[str, Any] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How each trained run is tested."""
+
+    protocol: str = "f30k"
+    split: str = "test"
+    data: str | None = None
+    checkpoint: str = "best"
+    batch_size: int = 256
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    variant: Variant
+    seed: int
+    run_dir: Path
+    config: RunConfig
+
+
+def _set_dotted(node: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise CompareError(f"{source}: {dotted}: {k!r} is not a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def read_compare_config(
+    path: str | Path, overrides: Sequence[str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(run config mapping, [compare] section)`` of ``path`` with ``--set`` overrides
+    applied (``compare.*`` ones to the section, the others to the run config)."""
+    raw = read_config_file(path)
+    section = raw.pop("compare", {})
+    if not isinstance(section, dict):
+        raise CompareError(f"{path}: [compare] must be a table, got {section!r}")
+    run_overrides = []
+    for item in overrides or []:
+        dotted, sep, value = item.partition("=")
+        if dotted.strip().startswith("compare."):
+            if not sep:
+                raise CompareError(f"--set {item}: expected compare.key=value")
+            _set_dotted(section, dotted.strip()[len("compare.") :], parse_value(value), "--set")
+        else:
+            run_overrides.append(item)
+    raw = apply_overrides(raw, run_overrides)
+    unknown = sorted(set(section) - set(COMPARE_KEYS))
+    if unknown:
+        raise CompareError(
+            f"{path}: compare.{unknown[0]}: unknown key; valid keys of [compare]: "
+            f"{', '.join(COMPARE_KEYS)}"
+        )
+    if not isinstance(section.get("losses", {}), dict):
+        raise CompareError(
+            f"{path}: compare.losses must hold one table per variant "
+            "([compare.losses.LABEL]); choose the variants to run with --losses"
+        )
+    return raw, section
+
+
+def eval_settings(raw: dict[str, Any], section: dict[str, Any]) -> EvalSettings:
+    from ...train.evaluate import PROTOCOLS
+
+    fmt = raw.get("data", {}).get("format", "precomp") if isinstance(raw.get("data"), dict) else ""
+    default_protocol = "msrvtt-full" if fmt == "msrvtt" else "f30k"
+    settings = EvalSettings(
+        protocol=str(section.get("protocol", default_protocol)),
+        split=str(section.get("split", "test")),
+        data=None if section.get("data") is None else str(section["data"]),
+        checkpoint=str(section.get("checkpoint", "best")),
+        batch_size=section.get("eval_batch_size", 256),
+    )
+    if settings.protocol not in PROTOCOLS:
+        raise CompareError(
+            f"compare.protocol: expected one of {', '.join(PROTOCOLS)}, got {settings.protocol!r}"
+        )
+    if settings.checkpoint not in ("best", "last"):
+        raise CompareError(
+            f"compare.checkpoint: expected best or last, got {settings.checkpoint!r}"
+        )
+    if isinstance(settings.batch_size, bool) or not isinstance(settings.batch_size, int):
+        raise CompareError(
+            f"compare.eval_batch_size: expected an integer, got {settings.batch_size!r}"
+        )
+    return settings
+
+
+def check_params(label: str, loss: str, params: dict[str, Any], where: str) -> None:
+    from ...losses import loss_parameters
+
+    valid = [p for p in loss_parameters(loss) if p != "semantic"]
+    for k in params:
+        if k not in valid:
+            raise CompareError(
+                f"{where}: {k!r} is not a parameter of loss {loss!r} (variant {label!r}); "
+                f"valid: {', '.join(valid)}"
+            )
+
+
+def make_variant(label: str, table: dict[str, Any], raw: dict[str, Any]) -> Variant:
+    """Resolve one variant (see the module docstring for the layering of parameters)."""
+    from ...losses import available_losses
+
+    if not _LABEL.match(label):
+        raise CompareError(
+            f"variant label {label!r}: use letters, digits and . _ + - (it names a folder)"
+        )
+    if not isinstance(table, dict):
+        raise CompareError(f"[compare.losses.{label}] must be a table, got {table!r}")
+    table = dict(table)
+    loss = table.pop("name", label)
+    overrides = table.pop("set", [])
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise CompareError(f"[compare.losses.{label}] set: expected a list of 'key=value' strings")
+    if loss not in available_losses():
+        raise CompareError(
+            f"unknown loss or variant {label!r}: neither a registered loss "
+            f"({', '.join(available_losses())}) nor a [compare.losses.{label}] table with `name`"
+        )
+    base = raw.get("loss", {})
+    params: dict[str, Any] = {}
+    if isinstance(base, dict) and base.get("name") == loss:
+        params.update({k: v for k, v in base.items() if k != "name"})
+    params.update(table)
+    check_params(label, loss, params, f"[compare.losses.{label}]")
+    return Variant(label=label, loss=loss, params=params, overrides=tuple(overrides))
+
+
+def goal_grid_variants(raw: dict[str, Any], section: dict[str, Any]) -> list[Variant]:
+    """The 15 GOAL combinations, with the other parameters of the ``goal`` variant."""
+    from ...losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
+
+    base = make_variant("goal", section.get("losses", {}).get("goal", {}), raw)
+    out = []
+    for t, p in itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS):
+        params = {**base.params, "triplet_weight": t, "pair_weight": p}
+        out.append(Variant(f"goal-{t}-{p}", "goal", params, base.overrides))
+    return out
+
+
+def resolve_variants(
+    raw: dict[str, Any],
+    section: dict[str, Any],
+    losses: Sequence[str] | None,
+    *,
+    goal_grid: bool = False,
+) -> list[Variant]:
+    """The variants to run: ``losses`` (labels of ``[compare.losses]`` tables or registered
+    loss names; default: the tables in file order, else :data:`PAPER_LOSSES`), then the GOAL
+    grid when ``goal_grid``."""
+    tables = section.get("losses", {})
+    if losses is None:
+        losses = list(tables) if tables else ([] if goal_grid else list(PAPER_LOSSES))
+    variants = [make_variant(label, tables.get(label, {}), raw) for label in losses]
+    if goal_grid:
+        taken = {v.label for v in variants}
+        variants += [v for v in goal_grid_variants(raw, section) if v.label not in taken]
+    labels = [v.label for v in variants]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise CompareError(f"--losses: {dupes[0]!r} is listed twice")
+    if not variants:
+        raise CompareError("--losses: nothing to run (empty list)")
+    return variants
+
+
+def parse_losses(text: str) -> list[str]:
+    """``"triplet, infonce"`` -> ``["triplet", "infonce"]`` (an empty item is an error)."""
+    items = [s.strip() for s in text.split(",")]
+    if not all(items):
+        raise CompareError(f"--losses {text!r}: expected comma-separated names without blanks")
+    return items
+
+
+def run_config(raw: dict[str, Any], variant: Variant, seed: int, run_dir: Path) -> RunConfig:
+    """The resolved config of one run (``source`` names the variant and seed)."""
+    r = copy.deepcopy(raw)
+    r["loss"] = {"name": variant.loss, **copy.deepcopy(variant.params)}
+    r["output_dir"] = str(run_dir)
+    train = r.setdefault("train", {})
+    if not isinstance(train, dict):
+        raise CompareError("[train] must be a table")
+    train["seed"] = seed
+    caps = loss_capabilities(variant.loss, variant.params)
+    if not caps.all_negatives_warmup:
+        train.pop("all_negatives_epochs", None)
+    if not (caps.owns_queue and caps.momentum_keys):
+        train.pop("momentum_encoder", None)
+    r = apply_overrides(r, list(variant.overrides))
+    return config_from_dict(r, source=f"{variant.label} seed {seed}")
+
+
+def plan_runs(
+    raw: dict[str, Any], variants: Sequence[Variant], seeds: int, out_dir: Path
+) -> list[RunSpec]:
+    """Every (variant, seed) run, variant-major; seeds are ``train.seed + k``."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise CompareError(f"--seeds: expected a positive integer, got {seeds!r}")
+    base_seed = raw.get("train", {}).get("seed", 0) if isinstance(raw.get("train"), dict) else 0
+    if isinstance(base_seed, bool) or not isinstance(base_seed, int):
+        raise CompareError(f"train.seed: expected an integer, got {base_seed!r}")
+    specs = []
+    for v in variants:
+        for k in range(seeds):
+            seed = base_seed + k
+            run_dir = out_dir / "runs" / v.label / f"seed{seed}"
+            try:
+                config = run_config(raw, v, seed, run_dir)
+            except ConfigError as err:
+                raise CompareError(str(err)) from None
+            specs.append(RunSpec(v, seed, run_dir, config))
+    return specs
+
+
+def default_out(raw: dict[str, Any], section: dict[str, Any], kind: str) -> Path:
+    """``[compare] output_dir``, else ``<output_dir>/{kind}`` of the run config."""
+    if section.get("output_dir"):
+        return Path(str(section["output_dir"]))
+    if raw.get("output_dir"):
+        return Path(str(raw["output_dir"])) / kind
+    raise CompareError("no output folder: pass --out or set [compare] output_dir")
+
+
+__all__ = [
+    "COMPARE_KEYS",
+    "PAPER_LOSSES",
+    "CompareError",
+    "EvalSettings",
+    "RunSpec",
+    "Variant",
+    "check_params",
+    "default_out",
+    "eval_settings",
+    "goal_grid_variants",
+    "make_variant",
+    "parse_losses",
+    "plan_runs",
+    "read_compare_config",
+    "resolve_variants",
+    "run_config",
+]
