@@ -253,6 +253,42 @@ def test_goal_grid_and_loss_only_train_keys(tmp_path):
         assert config.train.all_negatives_epochs == epochs, variant.label
 
 
+def test_loss_only_train_keys_follow_the_capabilities_of_the_configured_loss(tmp_path):
+    """The default losses are the registry's declared ones in the papers' order, and a train
+    key stays exactly where the loss with its parameters takes it: the warm-up for VSL with a
+    triplet base but not an InfoNCE one, the momentum encoder for AdaCL with a queue only."""
+    from vlret.analysis.compare import PAPER_LOSSES
+    from vlret.losses import loss_capabilities
+
+    assert PAPER_LOSSES == ("triplet", "infonce", "unified", "goal", "vsl", "adacl")
+    cfg = _config(
+        tmp_path,
+        compare_section={
+            "losses": {
+                "vsl-nce": {"name": "vsl", "base": "infonce"},
+                "adacl-q": {"name": "adacl", "queue_size": 32},
+            }
+        },
+    )
+    raw, section = read_compare_config(
+        cfg, ["train.all_negatives_epochs=1", "train.momentum_encoder=0.9"]
+    )
+    labels = ["vsl", "vsl-nce", "adacl", "adacl-q", "triplet"]
+    expected = {  # (all_negatives_epochs, momentum_encoder)
+        "vsl": (1, None),
+        "vsl-nce": (0, None),
+        "adacl": (0, None),
+        "adacl-q": (0, 0.9),
+        "triplet": (1, None),
+    }
+    for variant in resolve_variants(raw, section, labels):
+        caps = loss_capabilities(variant.loss, variant.params)
+        config = run_config(raw, variant, 0, tmp_path / variant.label)
+        got = (config.train.all_negatives_epochs, config.train.momentum_encoder)
+        assert got == expected[variant.label], variant.label
+        assert (got[0] == 1) == caps.all_negatives_warmup, variant.label
+
+
 @pytest.mark.parametrize(
     ("losses", "overrides", "match"),
     [
