@@ -9,7 +9,7 @@ embeddings + backward to them) of:
 
 * ``dense``  the module without ``chunk_size`` (``InfoNCELoss()`` ...): ``S = X Y^T`` materialised
   and kept by autograd.
-* ``tiled``  the same module with ``chunk_size=C`` (``vlret.losses.tiled``): row strips of C rows.
+* ``tiled``  the same module with ``chunk_size=C`` (the streaming engine): tiles of C rows.
 * ``bare``   the lower bound: only the three matrix products ``S = X Y^T``, ``dX = G Y``,
   ``dY = G^T X`` (with G := S), without autograd, computed strip by strip with the same C as
   ``tiled`` (so it fits wherever ``tiled`` does; for B <= C that is one strip, i.e. dense).
@@ -58,19 +58,24 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vlret.losses import AdaCLLoss, GoalObjective, InfoNCELoss, TripletLoss, UnifiedLoss
-from vlret.losses.adacl import adacl_loss
-from vlret.losses.goal import goal_objective
-from vlret.losses.infonce import infonce_loss
-from vlret.losses.tiled import (
+# Public names only: bench_engine.py runs these workers against an older checkout too.
+from vlret.losses import (
+    AdaCLLoss,
+    GoalObjective,
+    InfoNCELoss,
+    TripletLoss,
+    UnifiedLoss,
+    adacl_loss,
+    goal_objective,
+    infonce_loss,
     tiled_adacl_loss,
     tiled_goal_objective,
     tiled_infonce_loss,
     tiled_triplet_loss,
     tiled_unified_loss,
+    triplet_loss,
+    unified_loss,
 )
-from vlret.losses.triplet import triplet_loss
-from vlret.losses.unified import unified_loss
 
 LOSSES = ("infonce", "unified", "triplet", "goal", "adacl", "adacl-fixed")
 CLASSES = {
@@ -238,10 +243,12 @@ def worker(spec: dict) -> dict:
     return {"seconds": min(times) if times else first, "steps": len(times) or 1, "peak": peak}
 
 
-def run_worker(spec: dict, timeout: float) -> dict:
+def run_worker(spec: dict, timeout: float, src: str | None = None) -> dict:
+    """Run ``spec`` in a fresh process; ``src``: import vlret from that source folder."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec)]
+    env = None if src is None else {**os.environ, "PYTHONPATH": src}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
