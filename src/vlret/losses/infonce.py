@@ -77,9 +77,11 @@ def tiled_infonce_loss(
     """:func:`infonce_loss` on embeddings in ``O(chunk_size * B)`` memory (the tiled form).
 
     Args:
-        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        img_emb: ``(B, D)`` image embeddings.
+        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         temperature: ``tau``, a float or a (learnable) scalar tensor, which gets its gradient.
-        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        img_ids: Optional ids; equal ids mark further positives.
+        txt_ids: Optional ids of the texts' images (default ``img_ids``).
         chunk_size: Tile height.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         normalize: Cosine scores (``True``) or raw dot products.

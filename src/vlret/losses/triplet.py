@@ -122,10 +122,12 @@ def tiled_triplet_loss(
     """:func:`triplet_loss` (Triplet-HN Eq. 1-2, or VSE0 with ``hardest=False``), tiled.
 
     Args:
-        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        img_emb: ``(B, D)`` image embeddings.
+        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         margin: The hinge margin.
         hardest: The hardest negative of each anchor (VSE++) or the sum over all (VSE0).
-        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        img_ids: Optional ids; equal ids mark further positives.
+        txt_ids: Optional ids of the texts' images (default ``img_ids``).
         chunk_size: Tile height.
         reduction: ``"sum"``, ``"mean"`` or ``"none"``.
         normalize: Cosine scores (``True``) or raw dot products.

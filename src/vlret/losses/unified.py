@@ -90,12 +90,14 @@ def tiled_unified_loss(
     """:func:`unified_loss` (Eq. 5; adaptive margins Eq. 26) on embeddings, tiled.
 
     Args:
-        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
+        img_emb: ``(B, D)`` image embeddings.
+        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         margin: The margin ``m`` of every anchor.
         gamma: The scale ``gamma``.
         margins: ``(B,)`` per-anchor margins replacing ``margin`` (both directions); they get
             their gradient when they require one.
-        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        img_ids: Optional ids; equal ids mark further positives.
+        txt_ids: Optional ids of the texts' images (default ``img_ids``).
         chunk_size: Tile height.
         reduction: ``"sum"``, ``"mean"`` or ``"none"``.
         normalize: Cosine scores (``True``) or raw dot products.

@@ -108,7 +108,8 @@ def hinge_sums(
     """Sums of hinges over the negatives of every row (and column), differentiable.
 
     Args:
-        x: ``(n, D)`` rows; y: ``(C, D)`` candidates.
+        x: ``(n, D)`` rows.
+        y: ``(C, D)`` candidates.
         d_row: ``(n,)`` each row's positive score.
         d_col: ``(C,)`` each column's positive score (square mode), or ``None`` (rows only).
         margin: The hinge margin.

@@ -132,10 +132,19 @@ def tiled_goal_objective(
     prescribed one, through ``value.detach() + (surrogate - surrogate.detach())``.
 
     Args:
-        img_emb: ``(B, D)`` image embeddings; txt_emb: ``(B, D)`` text embeddings.
-        triplet_weight, pair_weight, margin, tau, alpha, beta, lam, epsilon, circle_offset:
-            The objective, as :class:`GoalConfig`.
-        img_ids: Optional ids marking further positives; txt_ids: the texts' ids.
+        img_emb: ``(B, D)`` image embeddings.
+        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
+        triplet_weight: ``"con"``, ``"nca"`` or ``"cir"`` (Eq. 5, 7, 8).
+        pair_weight: ``"con"``, ``"lin"``, ``"sig"``, ``"lin-ms"`` or ``"sig-ms"`` (Eq. 9-13).
+        margin: The triplet margin.
+        tau: The sharpness of ``T^nca`` and ``T^cir``.
+        alpha: The slope of the positive sigmoid pair weights (Eq. 11-12).
+        beta: The slope of the negative sigmoid pair weights and of the MS sums (Eq. 11-13).
+        lam: The centre ``lambda`` of the sigmoid pair weights.
+        epsilon: The MS sets' margin (Eq. 12-13).
+        circle_offset: The offset of ``T^cir`` (see :class:`GoalConfig`).
+        img_ids: Optional ids; equal ids mark further positives.
+        txt_ids: Optional ids of the texts' images (default ``img_ids``).
         chunk_size: Tile height.
         reduction: ``"sum"``, ``"mean"`` or ``"none"``.
         normalize: Cosine scores (``True``) or raw dot products.
