@@ -19,7 +19,7 @@ from vlret.losses import (
     build_loss,
     infonce_loss,
 )
-from vlret.losses.adacl import GUARDS, _clone_region, clone_log_odds, clone_posterior, fit_gda
+from vlret.losses.adacl import GUARDS, clone_log_odds, clone_posterior, clone_region, fit_gda
 
 P_U = 0.03
 EPS = math.exp(-7)
@@ -410,7 +410,7 @@ EXACT_SHIFT = fit_gda(  # equal variances exactly (binary fractions): the region
 
 @pytest.mark.parametrize("fit", [_random_fit(seed) for seed in range(8)] + [EXACT_SHIFT])
 def test_clone_region_bounds_agree_with_log_odds(fit):
-    lo, hi, inside = _clone_region(fit)
+    lo, hi, inside = clone_region(fit)
     s = torch.linspace(-1.5, 2.5, 4001, dtype=torch.float64)
     by_bounds = (s > lo) & (s < hi) if inside else (s < lo) | (s > hi)
     assert torch.equal(by_bounds, clone_log_odds(s, fit) > 0)
@@ -512,10 +512,10 @@ def test_anchor_rejects_bad_selection():
 def test_module_registered_with_paper_defaults():
     assert "adacl" in available_losses()
     loss = build_loss("adacl", anchor_selection="min")
-    assert isinstance(loss, AdaCLLoss) and loss.anchor_selection == "min"
+    assert isinstance(loss, AdaCLLoss) and loss.config.anchor_selection == "min"
     fresh = AdaCLLoss()
     assert float(fresh.m1) == 20.0 and float(fresh.m2) == pytest.approx(0.1)
-    assert fresh.p_u == 0.03 and fresh.eps == pytest.approx(math.exp(-7))
+    assert fresh.config.p_u == 0.03 and fresh.config.eps == pytest.approx(math.exp(-7))
     assert fresh.last_stats["step"] == 0 and fresh.last_stats["guard"] is None
     assert not fresh.m1.requires_grad
 

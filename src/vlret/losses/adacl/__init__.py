@@ -1,0 +1,53 @@
+r"""Adaptive contrastive learning (AdaCL): "Discovering clone negatives via adaptive contrastive
+learning for image-text matching", Eq. (3)-(11), Algorithm 1, appendix A.3-A.4, A.9-A.10.
+
+AdaCL replaces the temperature of contrastive learning with two margins on the positive logit,
+a scale ``m1`` and a shift ``m2`` (Eq. 3). Each training batch recomputes them in closed form
+(Eq. 4-6, A.3) from an *anchor* chosen among the batch's likely clone negatives: a salient
+score per row (Eq. 7) picks a row of salient negatives and a row of clone negatives, a 1-D
+Gaussian discriminant analysis fitted on those two rows (Eq. 8-10) classifies every negative,
+and the anchor comes from the median distance of the clones to their positives (Eq. 11).
+No public code exists; each reading of the paper is written where it is made.
+
+* ``objective``: :func:`adacl_loss` (Eq. 3 for given margins, with memory-queue negatives),
+  :func:`tiled_adacl_loss`, and the dense and tiled batches.
+* ``margins``: :func:`adacl_margins`, ``(anchor, Sigma_anchor) -> (m1, m2)`` (Eq. 20, 22).
+* ``gda``: :func:`fit_gda`, :func:`clone_log_odds`, :func:`clone_posterior`,
+  :func:`clone_region` (Eq. 8-10).
+* ``anchor``: :func:`select_anchor` over score tiles and :func:`adacl_anchor` on a matrix
+  (Eq. 7-11).
+* ``config``: :class:`AdaCLConfig`, the validated hyper-parameters.
+* ``module``: :class:`AdaCLLoss` (registered as ``"adacl"``), Algorithm 1's state machine.
+"""
+
+from .._tiling import QueueBlock
+from .anchor import AdaCLAnchor, ScoreTiles, adacl_anchor, select_anchor
+from .config import ANCHOR_SELECTIONS, DEFAULT_EPS, DEFAULT_P_U, GUARDS, AdaCLConfig
+from .gda import GDAFit, clone_log_odds, clone_posterior, clone_region, fit_gda
+from .margins import adacl_margins
+from .module import AdaCLLoss
+from .objective import DenseAdaCLBatch, TiledAdaCLBatch, adacl_loss, tiled_adacl_loss
+
+__all__ = [
+    "ANCHOR_SELECTIONS",
+    "DEFAULT_EPS",
+    "DEFAULT_P_U",
+    "GUARDS",
+    "AdaCLAnchor",
+    "AdaCLConfig",
+    "AdaCLLoss",
+    "DenseAdaCLBatch",
+    "GDAFit",
+    "QueueBlock",
+    "ScoreTiles",
+    "TiledAdaCLBatch",
+    "adacl_anchor",
+    "adacl_loss",
+    "adacl_margins",
+    "clone_log_odds",
+    "clone_posterior",
+    "clone_region",
+    "fit_gda",
+    "select_anchor",
+    "tiled_adacl_loss",
+]

@@ -1,0 +1,368 @@
+r"""AdaCL's anchor selection, Eq. (7)-(11) and Algorithm 1 steps 2-3, over tiles of scores.
+
+One algorithm, written against a :class:`ScoreTiles` source: the image rows' candidate blocks
+(the in-batch texts, then the memory-queue texts), read tile by tile. A similarity matrix in
+memory (:class:`~vlret.losses.adacl.objective.DenseAdaCLBatch`) is the case of one tile per
+block; embeddings streamed by the engine
+(:class:`~vlret.losses.adacl.objective.TiledAdaCLBatch`) give tiles of ``chunk_size`` rows.
+
+Passes over the tiles: (1) the salient score of every row (Eq. 7), then the GDA on the two
+chosen rows (Eq. 8-9); (2) the clone set S* (Eq. 10), its size and, per rule, the smallest or
+largest ``Delta S`` (Eq. 11), or for the median the candidates: every clone when the blocks are
+single tiles, otherwise a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin is
+refined by further histograms (each one more pass) while it holds more than 64 clones per row;
+(3, streamed median) the clones of the median's bin. The pick among equal deltas is the first
+clone in flat order (each block row-major, the batch block before the queue block).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .config import check_selection, check_temperature
+from .gda import GDAFit, clone_region, fit_values
+from .objective import DenseAdaCLBatch
+
+#: Bins of a ``Delta S`` histogram (the streamed median, Eq. 11).
+_DELTA_BINS = 65536
+#: A median bin holding more than this many clones per row is refined by another histogram.
+_BIN_CAP_PER_ROW = 64
+
+
+class ScoreTiles(Protocol):
+    """A source of score tiles: image rows against one or more candidate blocks.
+
+    Attributes:
+        positives: ``(B,)`` the rows' positive scores ``s_ii`` (no gradient).
+        tile: Tile height; a tile at least ``B`` high holds a whole block.
+        widths: Width of each candidate block, in flat order.
+    """
+
+    positives: torch.Tensor
+    tile: int
+    widths: tuple[int, ...]
+
+    def scores(self, block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Scores of rows ``start:stop`` against block ``block`` (read only) and the bool mask
+        of its entries that are not negatives (``None``: all are)."""
+
+    def score_bound(self) -> float:
+        """An upper bound of ``|s|`` over every block."""
+
+
+@dataclass(frozen=True)
+class AdaCLAnchor:
+    """Outcome of the anchor selection on one batch.
+
+    Attributes:
+        anchor: The anchor similarity ``s_uu``, or ``None`` when a guard fired.
+        log_sigma_anchor: ``log Sigma_anchor`` (float64), or ``None``.
+        row: The anchor row ``u``, or ``None``.
+        clone_count: ``|S*|``.
+        salient_row: The row of S_sln (highest salient score), if any.
+        clone_row: The row of S_cln (lowest salient score), if any.
+        fit: The GDA of Eq. (9), if fitted.
+        guard: ``"degenerate_variance"`` or ``"empty_clone_set"`` when no anchor was found.
+    """
+
+    anchor: float | None
+    log_sigma_anchor: float | None
+    row: int | None
+    clone_count: int
+    salient_row: int | None
+    clone_row: int | None
+    fit: GDAFit | None
+    guard: str | None
+
+
+def log_sum_exp(values: np.ndarray) -> float:
+    """``log sum exp`` of a host array, shifted by its maximum."""
+    top = values.max()
+    return float(top + math.log(np.exp(values - top).sum()))
+
+
+def row_negatives(source: ScoreTiles, row: int) -> np.ndarray:
+    """The negatives of image row ``row`` (every block in order) as a float64 host array."""
+    parts = []
+    for block in range(len(source.widths)):
+        s, excluded = source.scores(block, row, row + 1)
+        parts.append(s[0] if excluded is None else s[0][~excluded[0]])
+    return torch.cat(parts).double().cpu().numpy()
+
+
+def _tiles(source: ScoreTiles) -> Iterator[tuple[int, int, int, int]]:
+    """``(block, start, stop, flat offset)`` of every tile, in flat order."""
+    size, base = source.positives.shape[0], 0
+    for block, width in enumerate(source.widths):
+        for start in range(0, size, source.tile):
+            yield block, start, min(start + source.tile, size), base + start * width
+        base += size * width
+
+
+def _row_of(flat: int, size: int, widths: tuple[int, ...]) -> int:
+    """The row of a flat index over the blocks."""
+    for width in widths:
+        if flat < size * width:
+            return flat // width
+        flat -= size * width
+    raise AssertionError("flat index beyond the blocks")  # pragma: no cover
+
+
+def _kth_smallest_index(values: torch.Tensor, k: int) -> int:
+    """Index of the first entry equal to the ``k``-th smallest (1-based) of a 1-D tensor.
+
+    On CPU numpy's introselect (``np.partition``) finds the value: ``torch.kthvalue`` is far
+    slower there.
+    """
+    if values.device.type == "cpu":
+        v = values.numpy()
+        return int(np.argmax(v == np.partition(v, k - 1)[k - 1]))
+    return int((values == values.kthvalue(k).values).byte().argmax())
+
+
+def _delta_bins(delta: torch.Tensor, low: float, width: float) -> torch.Tensor:
+    return ((delta - low) / width).long().clamp_(0, _DELTA_BINS - 1)
+
+
+@torch.no_grad()
+def select_anchor(
+    source: ScoreTiles,
+    *,
+    selection: str = "median",
+    top_k: int | None = None,
+    min_variance: float = 1e-12,
+    generator: torch.Generator | None = None,
+    scale: float = 1.0,
+    log_sigma_rows: torch.Tensor | None = None,
+) -> AdaCLAnchor:
+    """The anchor of Eq. (7)-(11) over a source of score tiles (readings: :func:`adacl_anchor`).
+
+    Args:
+        source: The batch's score tiles.
+        selection: ``"median"``, ``"min"``, ``"max"`` or ``"random"`` (Table 5).
+        top_k: Fit each GDA class on its ``top_k`` largest scores (A.10), or ``None``.
+        min_variance: A class variance at or below this is degenerate.
+        generator: The random rule's generator (``None``: the global RNG).
+        scale: ``1 / negative_temperature``, the scale of ``Sigma_anchor``'s logits.
+        log_sigma_rows: ``log Sigma`` of every row when the caller has it (with the same
+            ``scale``); else the anchor row's is summed here in float64.
+
+    Returns:
+        The :class:`AdaCLAnchor`.
+    """
+    pos = source.positives
+    size = pos.shape[0]
+    tiles = list(_tiles(source))
+    # Pass 1, Eq. (7): sum and number of each row's negatives.
+    total, n_neg = torch.zeros_like(pos), torch.zeros_like(pos)
+    for block, start, stop, _ in tiles:
+        s, excluded = source.scores(block, start, stop)
+        if excluded is not None:
+            s = s.masked_fill(excluded, 0)
+            n_neg[start:stop] -= excluded.sum(1)
+        total[start:stop] += s.sum(1)
+        n_neg[start:stop] += s.shape[1]
+    salient, n_neg = torch.stack([pos - total / n_neg.clamp(min=1), n_neg]).cpu().numpy()
+    eligible = n_neg >= 2  # a variance needs two negatives
+    if not eligible.any():
+        return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
+    i_plus = int(np.where(eligible, salient, -np.inf).argmax())
+    i_minus = int(np.where(eligible, salient, np.inf).argmin())
+    # Eq. (8)-(9): the GDA of the two rows' negatives, float64 on the host.
+    fit = fit_values(row_negatives(source, i_plus), row_negatives(source, i_minus), top_k)
+    if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
+        return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
+    region = clone_region(fit)
+
+    def clones(block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Delta S`` of a tile and the mask of its clones (Eq. 10-11)."""
+        s, excluded = source.scores(block, start, stop)
+        clone = region.contains(s)
+        if excluded is not None:
+            clone &= ~excluded
+        return (pos[start:stop, None] - s).abs_(), clone
+
+    # Pass 2, Eq. (10)-(11): |S*| and, per rule, the extremes or the median's candidates.
+    in_memory = source.tile >= size
+    streamed_median = selection == "median" and not in_memory
+    if streamed_median:
+        width = max(2.0 * source.score_bound() / _DELTA_BINS, 1e-30)
+        hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=pos.device)
+    counts: list[int] = []
+    members: list[tuple[torch.Tensor, torch.Tensor]] = []
+    best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
+    for block, start, stop, offset in tiles:
+        delta, clone = clones(block, start, stop)
+        counts.append(int(clone.count_nonzero()))
+        if streamed_median:
+            hist += _delta_bins(delta[clone], 0.0, width).bincount(minlength=_DELTA_BINS)
+        elif selection == "median":
+            keep = clone.flatten().nonzero()[:, 0]
+            members.append((delta.flatten()[keep], keep + offset))
+        elif selection in ("min", "max") and counts[-1]:
+            low = selection == "min"
+            flat = delta.masked_fill_(~clone, math.inf if low else -1.0).flatten()
+            index = int(flat.argmin() if low else flat.argmax())
+            value = float(flat[index])
+            if best is None or (value < best[0] if low else value > best[0]):
+                best = (value, offset + index)  # strict: an earlier tile keeps ties
+    count = sum(counts)
+    if count == 0:
+        return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
+    if selection == "median":
+        k = (count + 1) // 2  # the lower median: an observed clone
+        if streamed_median:
+            members, k = _median_members(clones, tiles, hist, k, width, size)
+        values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
+        pick = int(flats[_kth_smallest_index(values, k)])
+    elif selection in ("min", "max"):
+        pick = best[1]
+    else:
+        if generator is None:
+            r = int(torch.randint(count, ()))
+        else:
+            r = int(torch.randint(count, (), generator=generator, device=generator.device))
+        for (block, start, stop, offset), n in zip(tiles, counts, strict=True):
+            if r < n:
+                _, clone = clones(block, start, stop)
+                pick = offset + int(clone.flatten().nonzero()[r, 0])
+                break
+            r -= n
+    u = _row_of(pick, size, source.widths)
+    if log_sigma_rows is None:
+        log_sigma = log_sum_exp(scale * row_negatives(source, u))
+    else:
+        log_sigma = float(log_sigma_rows[u])
+    return AdaCLAnchor(float(pos[u]), log_sigma, u, count, i_plus, i_minus, fit, None)
+
+
+def _median_members(
+    clones: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]],
+    tiles: list[tuple[int, int, int, int]],
+    hist: torch.Tensor,
+    k: int,
+    width: float,
+    size: int,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """The clones of the histogram bin holding the ``k``-th smallest ``Delta S``.
+
+    The bin is refined by finer histograms of itself (one pass each, at most two) while it
+    holds more than ``_BIN_CAP_PER_ROW`` clones per row. Bin membership is always decided by
+    the same :func:`_delta_bins` formula (bin edges only preselect candidates from a band one
+    bin wider on each side), so histogram counts and collected clones agree.
+
+    Returns:
+        ``(members, k)``: per tile, the members' deltas and flat indices; ``k`` the rank of the
+        median among them.
+    """
+    levels: list[tuple[float, float, int]] = []  # (low, width, bin) of each level
+
+    def member(delta: torch.Tensor, clone: torch.Tensor) -> torch.Tensor:
+        """Flat indices of the tile's clones in the chosen bin of every level."""
+        low, w, b = levels[0]
+        lo = -math.inf if b == 0 else low + (b - 1) * w
+        hi = math.inf if b == _DELTA_BINS - 1 else low + (b + 2) * w
+        keep = (clone & (delta >= lo) & (delta <= hi)).flatten().nonzero()[:, 0]
+        flat = delta.flatten()
+        for low, w, b in levels:
+            keep = keep[_delta_bins(flat[keep], low, w) == b]
+        return keep
+
+    low = 0.0
+    while True:
+        cum = hist.cumsum(0)
+        b = int(torch.searchsorted(cum, torch.tensor(k, device=cum.device)))
+        k -= int(cum[b - 1]) if b else 0
+        levels.append((low, width, b))
+        if int(hist[b]) <= _BIN_CAP_PER_ROW * size or len(levels) == 3:
+            break
+        low, width = low + b * width, width / _DELTA_BINS
+        hist = torch.zeros_like(hist)
+        for block, start, stop, _ in tiles:
+            delta, clone = clones(block, start, stop)
+            inside = delta.flatten()[member(delta, clone)]
+            hist += _delta_bins(inside, low, width).bincount(minlength=_DELTA_BINS)
+    members = []
+    for block, start, stop, offset in tiles:
+        delta, clone = clones(block, start, stop)
+        keep = member(delta, clone)
+        members.append((delta.flatten()[keep], keep + offset))
+    return members, k
+
+
+def adacl_anchor(
+    sim: torch.Tensor,
+    *,
+    pos_mask: torch.Tensor | None = None,
+    extra_neg_txt: torch.Tensor | None = None,
+    extra_neg_txt_mask: torch.Tensor | None = None,
+    selection: str = "median",
+    top_k: int | None = None,
+    min_variance: float = 1e-12,
+    generator: torch.Generator | None = None,
+    negative_temperature: float = 1.0,
+) -> AdaCLAnchor:
+    r"""Select the AdaCL anchor of a similarity matrix, Eq. (7)-(11), Algorithm 1 steps 2-3.
+
+    :func:`select_anchor` on the matrix as one tile. Readings of the paper made here:
+
+    * **Rows.** Each image row ``i`` with its positive ``s_ii`` and its negatives: the
+      in-batch texts outside ``pos_mask`` plus the queue texts of ``extra_neg_txt`` allowed by
+      ``extra_neg_txt_mask``. Rows, not columns, because Eq. (4) writes
+      :math:`\Sigma_\mathrm{anchor}` over :math:`s(I_u, T_k)`, an image anchor. Queue images
+      are negatives of text anchors and play no part.
+    * **Eq. (7)** salient score :math:`s_{ii} - \frac{1}{M_i}\sum_j s_{ij}` over the row's
+      ``M_i`` negatives; only rows with at least 2 negatives are eligible. S_sln = negatives of
+      the row with the highest score (class C-bar), S_cln = those of the lowest (class C).
+    * **Eq. (8)-(10)** the GDA of :func:`~vlret.losses.adacl.fit_gda` on the two rows; S* =
+      every negative of every row with clone log-odds > 0, found through the roots of the
+      log-odds quadratic (:func:`~vlret.losses.adacl.clone_region`).
+    * **Eq. (11)** :math:`\Delta S = \{|s_{ii} - s| : s \in S^*\}` with ``s_ii`` the
+      positive of the row of ``s``. ``"median"`` takes the lower median (rank
+      ``ceil(|S*|/2)``, an observed clone), ``"min"`` / ``"max"`` the extremes, ``"random"``
+      a uniform draw; among equal deltas the first clone in flat order (batch block row-major,
+      then queue block).
+    * **The anchor is the positive score** :math:`s_{uu}` of the row ``u`` of that clone, and
+      :math:`\Sigma_\mathrm{anchor} = \sum_k e^{s_{uk}/t}` sums that row's negatives: Eq. (11)
+      reads ":math:`anchor := s^{pos}`", Sec. 3.2 calls the anchor score :math:`s(I_u, T_u)`,
+      and Eq. (4) puts the anchor in the positive slot of row ``u``. A.3's shorthand "the
+      median of S*" is not consistent with those and is not followed.
+
+    Args:
+        sim: ``(B, B)`` similarities (no gradient is taken).
+        pos_mask: Optional ``(B, B)`` bool further positives.
+        extra_neg_txt: Optional ``(B, K)`` similarities to queue texts.
+        extra_neg_txt_mask: Optional bool mask of the queue entries that are negatives.
+        selection: ``"median"``, ``"min"``, ``"max"`` or ``"random"`` (Table 5).
+        top_k: Fit each class on the ``top_k`` largest scores of its set (A.10), or ``None``.
+        min_variance: A class variance ``<=`` this (or non-finite) is degenerate.
+        generator: The random rule's generator (``None``: the global RNG).
+        negative_temperature: ``t`` of ``Sigma_anchor`` (matching :func:`adacl_loss`); the
+            salient scores, GDA, S* and the anchor use the raw similarities.
+
+    Returns:
+        The :class:`AdaCLAnchor`; ``guard="degenerate_variance"`` when no row has two
+        negatives or a class variance is degenerate, ``"empty_clone_set"`` for an empty S*.
+
+    Raises:
+        ValueError: Bad inputs, naming the argument.
+    """
+    check_selection(selection, top_k, min_variance)
+    scale = 1.0 / check_temperature(negative_temperature)
+    extra = extra_neg_txt.detach() if isinstance(extra_neg_txt, torch.Tensor) else extra_neg_txt
+    with torch.no_grad():
+        batch = DenseAdaCLBatch(sim.detach(), pos_mask, extra, extra_neg_txt_mask)
+    return select_anchor(
+        batch,
+        selection=selection,
+        top_k=top_k,
+        min_variance=min_variance,
+        generator=generator,
+        scale=scale,
+    )

@@ -1,0 +1,488 @@
+"""The AdaCL module: Algorithm 1's state machine around the objective, margins and anchor."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..._checks import check_embeddings
+from ...memory import MemoryQueue, as_id_tensor
+from ...similarity import Ids
+from .._base import LossCapabilities, PairLoss, init_args
+from .._tiling import QueueBlock, QueueExclusions
+from ..registry import register_loss
+from .anchor import log_sum_exp, row_negatives, select_anchor
+from .config import ADACL_PARAMS, DEFAULT_EPS, DEFAULT_P_U, GUARDS, AdaCLConfig, check_relations
+from .margins import m1_from_anchor, m2_from_log_sigma
+from .objective import DenseAdaCLBatch, TiledAdaCLBatch
+
+Batch = DenseAdaCLBatch | TiledAdaCLBatch
+
+
+def _ids_for_queue(ids: Ids | None, name: str, rows: int) -> torch.Tensor | None:
+    if ids is None:
+        return None
+    if isinstance(ids, torch.Tensor):
+        return as_id_tensor(ids, name, rows)
+    if isinstance(ids, Sequence) and not isinstance(ids, str):
+        return as_id_tensor(list(ids), name, rows)
+    raise ValueError(f"{name} must be a 1-D integer tensor or a sequence of ints")
+
+
+@register_loss("adacl")
+class AdaCLLoss(PairLoss):
+    r"""AdaCL, Algorithm 1: :func:`~vlret.losses.adacl_loss` with margins re-estimated every
+    training batch.
+
+    In training mode each call first runs Algorithm 1 steps 2-5 on the detached batch (the
+    anchor of Eq. 7-11, :func:`~vlret.losses.adacl.select_anchor`, then the margins of Eq. 20
+    and 22), then computes the loss with the new margins (step 6). In eval mode the margins are
+    used as they are. No gradient flows through ``m1`` and ``m2``. Calling the loss twice per
+    optimiser step updates the margins twice.
+
+    * **Guards.** A degenerate variance, an empty S*, an anchor ``>= max_anchor`` (Eq. 6 has no
+      positive ``m1`` at 1) or margins that are not finite in the buffer dtype keep the
+      previous margins and increment the matching counter of :data:`GUARDS`; at most one fires
+      per batch.
+    * **Cap on m1** (not in the paper). ``m1 = 10.47 / (1 - anchor)`` is unbounded below
+      ``max_anchor``; ``max_m1`` clamps it and recomputes ``m2`` by Eq. (22) for the clamped
+      value, so Eq. (4) still holds and only Eq. (6) is relaxed (counted in ``m1_capped``).
+    * **Negative logits** (not in the paper). ``negative_temperature=t`` divides every negative
+      logit and ``Sigma_anchor`` by ``t``; ``scale_negatives=True`` gives the negatives the
+      scale ``m1`` (``Sigma_anchor`` is then summed at the new ``m1`` before Eq. 22), so Eq. (4)
+      and (6) hold for the loss actually trained. See docs/adacl.md, "Training dynamics".
+    * **Memory queue** (Sec. 4.1, A.9). With ``queue_size > 0`` the module owns two
+      :class:`~vlret.memory.MemoryQueue` (``img_queue``, ``txt_queue``); ``forward`` scores the
+      batch against a snapshot of each (a :class:`~vlret.losses.adacl.QueueBlock`; an
+      image's own captions are never its queue negatives) and, in training mode, enqueues
+      ``img_keys`` / ``txt_keys`` (a momentum encoder's outputs) or the detached embeddings.
+    * **Distributed.** ``gathered=True``: the inputs are the all-gathered batch of every rank
+      (what :class:`vlret.train.Trainer` passes); every rank then computes the single-process
+      loss and margins, and the queues enqueue the global keys once. ``gathered=False``: each
+      rank scores its own pairs and the queues all-gather the keys before enqueueing. With
+      ``sync_margins`` rank 0's margins are broadcast after each update: a collective on the
+      buffers, so the module must sit on a device the backend supports and every rank must
+      run the same number of training-mode forwards.
+    * **Large batches.** With ``chunk_size`` smaller than the batch, ``forward`` never builds
+      the ``(B, B)`` matrix nor the ``(B, K)`` queue blocks (:class:`TiledAdaCLBatch`, the
+      same anchor selection over tiles); a batch within one tile takes the dense path.
+
+    Args:
+        m1_init: Initial scale ``m1`` (the paper's 20).
+        m2_init: Initial shift ``m2`` (the paper's 0.1).
+        p_u: The anchor's probability (Eq. 4).
+        eps: One minus the probability of a positive of similarity 1 (Eq. 6).
+        anchor_selection: ``"median"``, ``"min"``, ``"max"`` or ``"random"`` (Table 5).
+        top_k: Fit the GDA classes on their ``top_k`` largest scores (A.10), or ``None``.
+        margin_momentum: ``mu``: an accepted update is ``m <- mu m_prev + (1 - mu) m_new``.
+        negative_temperature: Divides the negative logits (1: Eq. 3 as printed).
+        scale_negatives: Negatives ``exp(m1 s_ij)``; excludes ``negative_temperature``.
+        warmup_steps: Training batches trained with the initial margins before re-estimation.
+        min_variance: A GDA variance at or below this is degenerate.
+        max_anchor: Anchors at or above this are refused.
+        max_m1: Cap on ``m1``, or ``None``.
+        seed: Seed of the module's own generator for ``anchor_selection="random"``.
+        queue_size: Entries of each memory queue (0: none; the paper uses 4096).
+        embed_dim: Key width of the queues (required with a queue).
+        sync_margins: Broadcast rank 0's margins after each update.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        normalize: L2-normalise the embeddings.
+        chunk_size: Tile height of the tiled form, or ``None``.
+
+    Attributes:
+        config: The validated :class:`~vlret.losses.adacl.AdaCLConfig`.
+        m1, m2: The margins (buffers, saved by ``state_dict``).
+        img_queue, txt_queue: The memory queues, or ``None``.
+        generator: The random rule's generator (state saved in the extra state).
+        steps, anchor, log_sigma_anchor, clone_count, guard_counts, last_guard, m1_capped:
+            Bookkeeping on the host, saved as extra state (``last_guard``: -1 before the first
+            batch, 0 after an accepted update, else 1 + the index of the guard).
+
+    Raises:
+        ParamError: A parameter outside its constraint (:class:`AdaCLConfig`).
+    """
+
+    paper = "AdaCL (adaptive contrastive, clone negs)"
+    equation = "AdaCL Eq. (3)-(11), Alg. 1"
+    params = ADACL_PARAMS
+
+    declared = LossCapabilities(momentum_keys=True, paper_comparison=5)
+
+    @classmethod
+    def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
+        """A memory queue (``queue_size > 0``) is owned and needs ``embed_dim``."""
+        queue = bool((params or {}).get("queue_size", 0))
+        return dataclasses.replace(cls.declared, owns_queue=queue, needs_embed_dim=queue)
+
+    def current_capabilities(self) -> LossCapabilities:
+        return type(self).capabilities({"queue_size": self.config.queue_size})
+
+    @classmethod
+    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
+        """See :func:`vlret.losses.adacl.config.check_relations`."""
+        check_relations(params)
+
+    def __init__(
+        self,
+        *,
+        m1_init: float = 20.0,
+        m2_init: float = 0.1,
+        p_u: float = DEFAULT_P_U,
+        eps: float = DEFAULT_EPS,
+        anchor_selection: str = "median",
+        top_k: int | None = None,
+        margin_momentum: float = 0.0,
+        negative_temperature: float = 1.0,
+        scale_negatives: bool = False,
+        warmup_steps: int = 0,
+        min_variance: float = 1e-12,
+        max_anchor: float = 1.0,
+        max_m1: float | None = None,
+        seed: int = 0,
+        queue_size: int = 0,
+        embed_dim: int | None = None,
+        sync_margins: bool = True,
+        reduction: str = "mean",
+        normalize: bool = True,
+        chunk_size: int | None = None,
+    ) -> None:
+        AdaCLLoss.check_params(init_args(locals()))
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
+        self.config = AdaCLConfig(
+            m1_init=float(m1_init),
+            m2_init=float(m2_init),
+            p_u=float(p_u),
+            eps=float(eps),
+            anchor_selection=anchor_selection,
+            top_k=top_k,
+            margin_momentum=float(margin_momentum),
+            negative_temperature=float(negative_temperature),
+            scale_negatives=scale_negatives,
+            warmup_steps=warmup_steps,
+            min_variance=float(min_variance),
+            max_anchor=float(max_anchor),
+            max_m1=None if max_m1 is None else float(max_m1),
+            seed=seed,
+            queue_size=queue_size,
+            embed_dim=embed_dim,
+            sync_margins=sync_margins,
+        )
+        self.generator = torch.Generator().manual_seed(seed)
+        self.register_buffer("m1", torch.tensor(float(m1_init)))
+        self.register_buffer("m2", torch.tensor(float(m2_init)))
+        # Bookkeeping lives on the host (saved through get_extra_state): no tensor operations.
+        self.steps = 0
+        self.anchor = math.nan
+        self.log_sigma_anchor = math.nan
+        self.clone_count = 0
+        self.guard_counts = [0] * len(GUARDS)
+        self.m1_capped = 0
+        self.last_guard = -1
+        self.img_queue = MemoryQueue(queue_size, embed_dim) if queue_size else None
+        self.txt_queue = MemoryQueue(queue_size, embed_dim) if queue_size else None
+
+    # -- state update (Algorithm 1 steps 2-5) ---------------------------------------------
+
+    @torch.no_grad()
+    def update_margins(
+        self,
+        sim: torch.Tensor,
+        pos_mask: torch.Tensor | None = None,
+        *,
+        extra_neg_txt: torch.Tensor | None = None,
+        extra_neg_txt_mask: torch.Tensor | None = None,
+    ) -> str | None:
+        """Re-estimate ``m1, m2`` from one batch's similarities (Algorithm 1 steps 2-5).
+
+        Args:
+            sim: ``(B, B)`` similarities.
+            pos_mask: Optional ``(B, B)`` bool further positives.
+            extra_neg_txt: Optional ``(B, K)`` similarities to queue texts.
+            extra_neg_txt_mask: Optional bool mask of the queue entries that are negatives.
+
+        Returns:
+            The name of the guard that fired, or ``None``.
+        """
+        extra = extra_neg_txt.detach() if isinstance(extra_neg_txt, torch.Tensor) else extra_neg_txt
+        return self._update(DenseAdaCLBatch(sim.detach(), pos_mask, extra, extra_neg_txt_mask))
+
+    @torch.no_grad()
+    def _update(self, batch: Batch, log_sigma_rows: torch.Tensor | None = None) -> str | None:
+        """Algorithm 1 steps 2-5 on a batch; ``log_sigma_rows``: every row's ``log Sigma``
+        when known (the loss's denominators)."""
+        c = self.config
+        self.steps += 1
+        if self.steps <= c.warmup_steps:
+            # Warm-up: the initial margins are used as they are; nothing is estimated.
+            self.anchor = self.log_sigma_anchor = math.nan
+            self.clone_count = 0
+            self.last_guard = -1
+            return None
+        found = select_anchor(
+            batch,
+            selection=c.anchor_selection,
+            top_k=c.top_k,
+            min_variance=c.min_variance,
+            generator=self.generator,
+            scale=1.0 / c.negative_temperature,
+            log_sigma_rows=log_sigma_rows,
+        )
+        self.clone_count = found.clone_count
+        self.anchor = self.log_sigma_anchor = math.nan
+        guard = found.guard
+        if found.anchor is not None:
+            guard = self._accept(batch, found.anchor, found.log_sigma_anchor, found.row)
+        if guard is None:
+            self.last_guard = 0
+        else:
+            code = GUARDS.index(guard)
+            self.guard_counts[code] += 1
+            self.last_guard = code + 1
+        if c.sync_margins and dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() > 1:
+                packed = torch.stack([self.m1, self.m2])
+                dist.broadcast(packed, src=0)
+                self.m1.copy_(packed[0])
+                self.m2.copy_(packed[1])
+        return guard
+
+    def _accept(self, batch: Batch, anchor: float, log_sigma: float, row: int) -> str | None:
+        """Margins from an anchor (Eq. 20, 22; host floats) into the buffers, or the guard."""
+        c = self.config
+        self.anchor, self.log_sigma_anchor = anchor, log_sigma
+        if anchor >= c.max_anchor:
+            return "anchor_ge_one"
+        m1 = m1_from_anchor(anchor, c.p_u, c.eps)
+        if c.max_m1 is not None and m1 > c.max_m1:
+            m1 = c.max_m1  # m2 below keeps Eq. (4) for the capped scale
+            self.m1_capped += 1
+        if c.scale_negatives:
+            # Sigma_anchor = sum_k exp(m1 s_uk) with the m1 just found.
+            log_sigma = log_sum_exp(m1 * row_negatives(batch, row))
+            self.log_sigma_anchor = log_sigma
+        m2 = m2_from_log_sigma(anchor, log_sigma, m1, c.p_u)
+        mu = c.margin_momentum
+        if mu:
+            prev_m1, prev_m2 = torch.stack([self.m1, self.m2]).double().tolist()
+            m1 = mu * prev_m1 + (1.0 - mu) * m1
+            m2 = mu * prev_m2 + (1.0 - mu) * m2
+        info = torch.finfo(self.m1.dtype)
+        if not (math.isfinite(m2) and abs(m2) <= info.max and info.tiny <= m1 <= info.max):
+            return "nonfinite_margins"
+        self.m1.fill_(m1)
+        self.m2.fill_(m2)
+        return None
+
+    @property
+    def last_stats(self) -> dict[str, float | int | str | None]:
+        """Margins, anchor, ``|S*|`` and guard counters after the last batch, as plain values.
+
+        Keys: ``step``, ``m1``, ``m2``, ``anchor`` (``None`` when no anchor was found),
+        ``log_sigma_anchor``, ``clone_count``, ``updated`` (the margins were re-estimated),
+        ``guard`` (the guard that fired, or ``None``), ``guard_<name>`` counters, ``m1_capped``
+        (updates clamped by ``max_m1``) and ``warmup`` (the last batch was within
+        ``warmup_steps``).
+        """
+        code = self.last_guard
+        stats: dict[str, float | int | str | None] = {
+            "step": self.steps,
+            "m1": float(self.m1),
+            "m2": float(self.m2),
+            "anchor": self.anchor if math.isfinite(self.anchor) else None,
+            "log_sigma_anchor": (
+                self.log_sigma_anchor if math.isfinite(self.log_sigma_anchor) else None
+            ),
+            "clone_count": self.clone_count,
+            "updated": code == 0,
+            "guard": GUARDS[code - 1] if code > 0 else None,
+        }
+        for name, n in zip(GUARDS, self.guard_counts, strict=True):
+            stats[f"guard_{name}"] = n
+        stats["m1_capped"] = self.m1_capped
+        stats["warmup"] = 0 < self.steps <= self.config.warmup_steps
+        return stats
+
+    def get_extra_state(self) -> dict[str, object]:
+        return {
+            "steps": self.steps,
+            "anchor": self.anchor,
+            "log_sigma_anchor": self.log_sigma_anchor,
+            "clone_count": self.clone_count,
+            "guard_counts": dict(zip(GUARDS, self.guard_counts, strict=True)),
+            "last_guard": self.last_guard,
+            "m1_capped": self.m1_capped,
+            "rng_state": self.generator.get_state(),
+        }
+
+    #: Extra-state keys added after the first release; older checkpoints load without them.
+    _OPTIONAL_STATE = frozenset({"m1_capped", "rng_state"})
+
+    def set_extra_state(self, state: dict[str, object]) -> None:
+        keys = set(self.get_extra_state())
+        if not isinstance(state, dict) or not keys - self._OPTIONAL_STATE <= set(state) <= keys:
+            raise ValueError("AdaCLLoss extra state must be a dict saved by AdaCLLoss")
+        self.steps = int(state["steps"])
+        self.anchor = float(state["anchor"])
+        self.log_sigma_anchor = float(state["log_sigma_anchor"])
+        self.clone_count = int(state["clone_count"])
+        counts = state["guard_counts"]
+        self.guard_counts = [int(counts.get(name, 0)) for name in GUARDS]
+        self.last_guard = int(state["last_guard"])
+        self.m1_capped = int(state.get("m1_capped", 0))
+        if "rng_state" in state:
+            rng = state["rng_state"]
+            if not isinstance(rng, torch.Tensor):
+                raise ValueError("AdaCLLoss extra state: rng_state must be a uint8 tensor")
+            # A checkpoint read with map_location may have moved it; generators take CPU bytes.
+            self.generator.set_state(rng.detach().to("cpu", torch.uint8))
+
+    # -- loss -------------------------------------------------------------------------------
+
+    def from_similarity(
+        self,
+        sim: torch.Tensor,
+        pos_mask: torch.Tensor | None = None,
+        *,
+        extra_neg_txt: torch.Tensor | None = None,
+        extra_neg_img: torch.Tensor | None = None,
+        extra_neg_txt_mask: torch.Tensor | None = None,
+        extra_neg_img_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The loss of a similarity matrix (arguments as :func:`~vlret.losses.adacl_loss`)."""
+        return self._score(
+            DenseAdaCLBatch(
+                sim, pos_mask, extra_neg_txt, extra_neg_txt_mask, extra_neg_img, extra_neg_img_mask
+            )
+        )
+
+    def _score(self, batch: Batch) -> torch.Tensor:
+        """Algorithm 1: the margin update (steps 2-5, training mode only), then the loss with
+        the new margins (step 6)."""
+        c = self.config
+        if c.scale_negatives:
+            # The negatives' logits m1 s_ij depend on the margins: update first, then score.
+            if self.training:
+                self._update(batch)
+            m1 = self.m1.clone()
+            return batch.loss(m1, self.m2.clone(), self.reduction, None, m1)
+        # The negatives' log-sum-exp does not depend on the margins: computed once, it gives
+        # the loss its denominators and the anchor update its Sigma_anchor.
+        lse = batch.negatives_lse(1.0 / c.negative_temperature)
+        if self.training:
+            self._update(batch, lse[0].detach())
+        # Clones: a later in-place update must not touch tensors saved for this backward.
+        return batch.loss(self.m1.clone(), self.m2.clone(), self.reduction, lse, 1.0)
+
+    def forward(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        img_ids: Ids | None = None,
+        txt_ids: Ids | None = None,
+        *,
+        img_keys: torch.Tensor | None = None,
+        txt_keys: torch.Tensor | None = None,
+        gathered: bool = False,
+        shard: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """The loss of a batch of embeddings; with a queue, then enqueue (training mode).
+
+        Args:
+            img_emb: ``(B, D)`` image embeddings.
+            txt_emb: ``(B, D)`` text embeddings.
+            img_ids: Optional image ids (further positives; queue entries of the same id are
+                no negatives).
+            txt_ids: Optional ids of the texts' images (default ``img_ids``).
+            img_keys: Optional ``(B, D)`` keys to enqueue instead of ``img_emb``.
+            txt_keys: Optional ``(B, D)`` keys to enqueue instead of ``txt_emb``.
+            gathered: The inputs are already the global batch of every rank: the queues
+                enqueue them without all-gathering again.
+            shard: Refused: the anchor selection needs the whole batch.
+
+        Returns:
+            The reduced loss, or the ``(B,)`` terms for ``reduction="none"``.
+
+        Raises:
+            ValueError: Bad inputs, keys without a queue, or ``shard``.
+        """
+        self.check_shard(shard)
+        if not isinstance(gathered, bool):
+            raise ValueError(f"gathered must be a bool, got {gathered!r}")
+        check_embeddings(img_emb, txt_emb)
+        size = img_emb.shape[0]
+        # A batch within one tile takes the dense path: the same numbers in the same memory.
+        tiled = self.chunk_size is not None and self.chunk_size < size
+        queue_txt = queue_img = None
+        if self.img_queue is None or self.txt_queue is None:
+            if img_keys is not None or txt_keys is not None:
+                raise ValueError("img_keys/txt_keys need a memory queue (queue_size > 0)")
+        else:
+            self.txt_queue.check_dim(img_emb, "img_emb", setting="embed_dim")
+            img_id_t = _ids_for_queue(img_ids, "img_ids", size)
+            txt_id_t = _ids_for_queue(txt_ids, "txt_ids", size) if txt_ids is not None else img_id_t
+            img_n = F.normalize(img_emb, dim=1) if self.normalize else img_emb
+            txt_n = F.normalize(txt_emb, dim=1) if self.normalize else txt_emb
+            queue_txt = _snapshot(self.txt_queue, img_n.dtype, img_id_t)
+            queue_img = _snapshot(self.img_queue, txt_n.dtype, txt_id_t)
+        if tiled:
+            batch: Batch = TiledAdaCLBatch(
+                img_emb,
+                txt_emb,
+                img_ids,
+                txt_ids,
+                chunk_size=self.chunk_size,
+                normalize=self.normalize,
+                queue_txt=queue_txt,
+                queue_img=queue_img,
+            )
+        else:
+            sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
+            extra = {}
+            if queue_txt is not None:
+                extra = {
+                    "extra_neg_txt": img_n @ queue_txt.keys.t(),
+                    "extra_neg_txt_mask": ~QueueExclusions(queue_txt).mask(0, size),
+                    "extra_neg_img": queue_img.keys @ txt_n.t(),
+                    "extra_neg_img_mask": ~QueueExclusions(queue_img).mask(0, size).t(),
+                }
+            batch = DenseAdaCLBatch(sim, pos_mask, **extra)
+        loss = self._score(batch)
+        if queue_txt is not None and self.training:
+            gather = not gathered
+            self.img_queue.enqueue(self._keys(img_keys, img_n, "img_keys"), img_id_t, gather=gather)
+            self.txt_queue.enqueue(self._keys(txt_keys, txt_n, "txt_keys"), txt_id_t, gather=gather)
+        return loss
+
+    def _keys(self, keys: torch.Tensor | None, fallback: torch.Tensor, name: str) -> torch.Tensor:
+        if keys is None:
+            return fallback.detach()
+        if not isinstance(keys, torch.Tensor) or keys.shape != fallback.shape:
+            got = tuple(keys.shape) if isinstance(keys, torch.Tensor) else type(keys).__name__
+            raise ValueError(f"{name} must have shape {tuple(fallback.shape)}, got {got}")
+        keys = keys.detach()
+        return F.normalize(keys, dim=1) if self.normalize else keys
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"m1={float(self.m1):.4g}, m2={float(self.m2):.4g}, p_u={c.p_u}, "
+            f"eps={c.eps:.3g}, anchor_selection={c.anchor_selection!r}, "
+            f"negative_temperature={c.negative_temperature:g}, "
+            f"scale_negatives={c.scale_negatives}, warmup_steps={c.warmup_steps}, "
+            f"queue_size={c.queue_size}, max_m1={c.max_m1}, reduction={self.reduction!r}"
+        )
+
+
+def _snapshot(
+    queue: MemoryQueue, dtype: torch.dtype, anchor_ids: torch.Tensor | None
+) -> QueueBlock:
+    """The queue's negatives for this batch; copies, as the enqueue after the loss writes the
+    buffers in place before backward runs. Without ids every filled entry is a negative."""
+    ids = None if anchor_ids is None else queue.ids.clone()
+    return QueueBlock(queue.keys.to(dtype, copy=True), queue.valid.clone(), ids, anchor_ids)
