@@ -39,10 +39,17 @@ def _json_safe(value: Any) -> Any:
 
 
 def append_stats(stats_file: Path | str, stats: Mapping[str, Any]) -> None:
-    """Append one step's ``loss.last_stats`` as a line of the JSON-lines log ``stats_file``.
+    """Append one step's ``loss.last_stats`` as a line of a JSON-lines log.
 
-    Parent directories are created. Values must be JSON-serialisable (``last_stats`` holds only
-    numbers, strings, booleans and ``None``); non-finite floats become ``null``.
+    Parent directories are created; non-finite floats become ``null``.
+
+    Args:
+        stats_file: The log.
+        stats: JSON-serialisable values (``last_stats`` holds only numbers, strings, booleans
+            and None).
+
+    Raises:
+        ValueError: ``stats`` is not a mapping.
     """
     if not isinstance(stats, Mapping):
         raise ValueError(f"stats must be a mapping, got {type(stats).__name__}")
@@ -85,12 +92,18 @@ def _margins_record(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def load_stats(stats_file: Path | str) -> list[dict[str, Any]]:
-    """Read and validate a stats log (or a run's ``metrics.jsonl``); every record gets a numeric
-    ``step``.
+    """Read and validate a stats log (or a run's ``metrics.jsonl``).
 
-    Raises ``FileNotFoundError`` naming a missing file and ``ValueError`` naming ``file:line``
-    for a line that is not a JSON object or has only one of the margins or a non-numeric one,
-    and naming the file when no record has margins.
+    Args:
+        stats_file: The log.
+
+    Returns:
+        The records with margins, each with a numeric ``step``.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        ValueError: A line (named ``file:line``) is not a JSON object or has only one of the
+            margins or a non-numeric one, or no record has margins.
     """
     path = Path(stats_file)
     if not path.is_file():
@@ -125,11 +138,22 @@ def load_stats(stats_file: Path | str) -> list[dict[str, Any]]:
 
 
 def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
-    """Plot ``m1``, ``m2``, the anchor and ``|S*|`` against the step; return the files written.
+    """Plot ``m1``, ``m2``, the anchor similarity and ``|S*|`` against the step (AdaCL Fig. 3a).
 
-    Writes ``out_dir/adacl_margins.png`` (``out_dir`` is created). Steps where a guard kept the
-    previous margins are marked with red crosses on the ``m1`` panel. Needs matplotlib (the
-    ``plot`` extra); drawn with the Agg backend, without touching pyplot's global state.
+    Steps where a guard kept the previous margins are marked with red crosses on the ``m1``
+    panel. Drawn with the Agg backend, without touching pyplot's global state.
+
+    Args:
+        stats_file: A stats log or a run's ``metrics.jsonl`` (:func:`load_stats`).
+        out_dir: The folder (created if needed).
+
+    Returns:
+        The files written (``out_dir/adacl_margins.png``).
+
+    Raises:
+        ImportError: matplotlib is not installed (the ``plot`` extra).
+        FileNotFoundError: ``stats_file`` is missing.
+        ValueError: The log is invalid (:func:`load_stats`).
     """
     records = load_stats(stats_file)
     try:

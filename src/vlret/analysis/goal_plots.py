@@ -34,7 +34,15 @@ PAIR_CURVES = (
 def triplet_weight_grid(
     kind: str, size: int = 201
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(pos, neg, T)`` on a ``size x size`` grid of ``[-1, 1]^2`` (pos along x, neg along y)."""
+    """A triplet weight of GOAL Table 1 on a grid of similarities (Fig. 2).
+
+    Args:
+        kind: ``"con"``, ``"nca"`` or ``"cir"``.
+        size: Points per axis of the ``[-1, 1]^2`` grid.
+
+    Returns:
+        ``(pos, neg, T)``, each ``(size, size)``: pos along x, neg along y.
+    """
     axis = torch.linspace(-1.0, 1.0, size, dtype=torch.float64)
     neg, pos = torch.meshgrid(axis, axis, indexing="ij")
     weight = goal_triplet_weight(
@@ -46,8 +54,17 @@ def triplet_weight_grid(
 def pair_weight_curves(
     kind: str, size: int = 201
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(similarity, P+, P-)`` over ``[-1, 1]``, P+ as a function of the positive similarity and
-    P- of the negative one, MS weights with relative terms ``m = 0.1`` (Fig. 3)."""
+    """A pair weight of GOAL Table 1 over ``[-1, 1]`` (Fig. 3).
+
+    Args:
+        kind: ``"con"``, ``"lin"``, ``"sig"``, ``"lin-ms"`` or ``"sig-ms"`` (MS weights with
+            relative terms ``m = 0.1``).
+        size: Points on the similarity axis.
+
+    Returns:
+        ``(similarity, P+, P-)``: P+ as a function of the positive similarity, P- of the
+        negative one.
+    """
     sim = torch.linspace(-1.0, 1.0, size, dtype=torch.float64)
     ms = MS_TERM if kind in ("lin-ms", "sig-ms") else None
     p_pos, p_neg = goal_pair_weights(
@@ -57,8 +74,17 @@ def pair_weight_curves(
 
 
 def plot_goal_weights(out_dir: Path) -> list[Path]:
-    """Write ``goal_triplet_weights.png`` (Fig. 2) and ``goal_pair_weights.png`` (Fig. 3) to
-    ``out_dir`` (created if needed) and return their paths."""
+    """Draw GOAL's Fig. 2 and Fig. 3.
+
+    Args:
+        out_dir: The folder (created if needed).
+
+    Returns:
+        The paths of ``goal_triplet_weights.png`` and ``goal_pair_weights.png``.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install vlret[plot]``).
+    """
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - exercised only without the extra

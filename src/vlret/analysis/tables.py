@@ -80,7 +80,16 @@ SYNTHETIC_KEYS: tuple[str, ...] = tuple(k for k, _ in SYNTHETIC_COLUMNS + SUBSET
 
 @dataclass(frozen=True)
 class RunResult:
-    """Test metrics of one trained run."""
+    """Test metrics of one trained run.
+
+    Attributes:
+        label: The variant's label (a loss with its parameters).
+        loss: The registered loss name.
+        seed: The run's seed.
+        metrics: Metric name -> value (:data:`METRIC_KEYS`, :data:`SYNTHETIC_KEYS`).
+        params: The loss parameters.
+        run_dir: The run's folder.
+    """
 
     label: str
     loss: str
@@ -103,11 +112,22 @@ class VariantSummary:
 
     @property
     def seeds(self) -> list[int]:
+        """The seeds of the runs, ascending."""
         return [r.seed for r in self.runs]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (``ddof = 1``; 0 for fewer than two values)."""
+    """Mean and sample standard deviation.
+
+    Args:
+        values: At least one value.
+
+    Returns:
+        ``(mean, std)`` with ``ddof = 1``; std is 0 for a single value.
+
+    Raises:
+        ValueError: ``values`` is empty.
+    """
     if not values:
         raise ValueError("mean_std needs at least one value")
     n = len(values)
@@ -119,7 +139,14 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summarize(results: Iterable[RunResult]) -> list[VariantSummary]:
-    """Group runs by label (first-seen order) and compute mean / std of every metric."""
+    """Group runs by label and compute mean / std of every metric all the runs have.
+
+    Args:
+        results: The runs.
+
+    Returns:
+        One summary per label, in first-seen order; runs sorted by seed.
+    """
     groups: dict[str, list[RunResult]] = {}
     for r in results:
         groups.setdefault(r.label, []).append(r)
@@ -148,7 +175,16 @@ def _cell(mean: float, std: float, n_seeds: int, digits: int) -> str:
 
 
 def best_labels(summaries: Sequence[VariantSummary], key: str, *, digits: int = 1) -> set[str]:
-    """Labels whose mean of ``key`` equals the best one at the displayed precision."""
+    """Labels whose mean of ``key`` equals the best one at the displayed precision.
+
+    Args:
+        summaries: The variants.
+        key: A metric; ranks (``medr``, ``meanr``) are better lower, the others higher.
+        digits: Decimals displayed.
+
+    Returns:
+        The best labels (ties included); empty when no variant has ``key``.
+    """
     shown = {s.label: round(s.mean[key], digits) for s in summaries if key in s.mean}
     if not shown:
         return set()
@@ -189,7 +225,19 @@ def _table_rows(
 
 
 def markdown_table(summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1) -> str:
-    """The paper-style markdown table (see the module docstring)."""
+    """The paper-style markdown table (see the module docstring).
+
+    Args:
+        summaries: The variants, one row each.
+        title: A ``###`` heading; none when empty.
+        digits: Decimals displayed.
+
+    Returns:
+        The table as markdown.
+
+    Raises:
+        ValueError: ``summaries`` is empty.
+    """
     if not summaries:
         raise ValueError("markdown_table needs at least one variant")
     lines = []
@@ -228,41 +276,42 @@ def _extras_table(
     return "\n".join(lines) + "\n"
 
 
+_SYNTHETIC_CAPTION = (
+    "Synthetic world, same test split: clone forced choice (a caption picks its image over "
+    "a one-edit sibling it does not describe, and an image its caption over the sibling's; "
+    "chance 50), R-Precision and mAP@R on the exhaustive relevance, and T→I R@1 of the "
+    "captions that mention only a secondary object"
+)
+_SUBSET_CAPTION = (
+    "Synthetic world, same test split, standard recall of query subsets: T→I of the "
+    "captions that mention only a secondary object / only the primary object, and both "
+    "directions for the images in a clone group (and their captions) / in none; every "
+    "image or caption stays a candidate"
+)
+
+
 def synthetic_markdown_table(
     summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1
 ) -> str:
-    """The synthetic world's extras (:data:`SYNTHETIC_COLUMNS`) as a table like
-    :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column in bold."""
-    caption = (
-        "Synthetic world, same test split: clone forced choice (a caption picks its image over "
-        "a one-edit sibling it does not describe, and an image its caption over the sibling's; "
-        "chance 50), R-Precision and mAP@R on the exhaustive relevance, and T→I R@1 of the "
-        "captions that mention only a secondary object"
-    )
-    return _extras_table(
-        summaries,
-        SYNTHETIC_COLUMNS,
-        caption,
-        name="synthetic_markdown_table",
-        title=title,
-        digits=digits,
-    )
+    """The synthetic world's extras (:data:`SYNTHETIC_COLUMNS`) as a table.
+
+    Laid out like :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column
+    in bold; arguments and errors as there.
+    """
+    name = "synthetic_markdown_table"
+    columns, caption = SYNTHETIC_COLUMNS, _SYNTHETIC_CAPTION
+    return _extras_table(summaries, columns, caption, name=name, title=title, digits=digits)
 
 
 def subset_markdown_table(
     summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1
 ) -> str:
-    """The query subsets' recalls (:data:`SUBSET_COLUMNS`) as a table like
-    :func:`markdown_table`: ``mean +- std`` over seeds, the best of each column in bold."""
-    caption = (
-        "Synthetic world, same test split, standard recall of query subsets: T→I of the "
-        "captions that mention only a secondary object / only the primary object, and both "
-        "directions for the images in a clone group (and their captions) / in none; every "
-        "image or caption stays a candidate"
-    )
-    return _extras_table(
-        summaries, SUBSET_COLUMNS, caption, name="subset_markdown_table", title=title, digits=digits
-    )
+    """The query subsets' recalls (:data:`SUBSET_COLUMNS`) as a table.
+
+    Laid out like :func:`markdown_table`; arguments and errors as there.
+    """
+    name, columns, caption = "subset_markdown_table", SUBSET_COLUMNS, _SUBSET_CAPTION
+    return _extras_table(summaries, columns, caption, name=name, title=title, digits=digits)
 
 
 def goal_grid_markdown(
@@ -272,11 +321,20 @@ def goal_grid_markdown(
     pair_weights: Sequence[str],
     digits: int = 1,
 ) -> str:
-    """GOAL Tables 3-5 layout: rows triplet weight, columns pair weight, each cell ``i2t R@1 /
-    t2i R@1 (rsum)`` (means over seeds); the best of each of the three numbers in bold.
+    """GOAL Tables 3-5 layout: rows triplet weight, columns pair weight.
 
-    Variants are matched by ``params["triplet_weight"]`` / ``params["pair_weight"]`` of GOAL
-    runs; a missing combination shows ``-``.
+    Each cell is ``i2t R@1 / t2i R@1 (rsum)`` (means over seeds); the best of each of the
+    three numbers in bold. Variants are matched by ``params["triplet_weight"]`` /
+    ``params["pair_weight"]`` of GOAL runs; a missing combination shows ``-``.
+
+    Args:
+        summaries: The variants (non-GOAL ones are ignored).
+        triplet_weights: The row order.
+        pair_weights: The column order.
+        digits: Decimals displayed.
+
+    Returns:
+        The table as markdown.
     """
     cells: dict[tuple[str, str], VariantSummary] = {}
     for s in summaries:
@@ -319,8 +377,16 @@ def _plain(value: Any) -> Any:
 
 
 def results_record(summaries: Sequence[VariantSummary], **extra: Any) -> dict[str, Any]:
-    """The ``results.json`` document: ``extra`` keys, then one entry per variant with its
-    parameters, per-seed metrics, mean and std."""
+    """The ``results.json`` document (non-finite numbers become ``null``).
+
+    Args:
+        summaries: The variants.
+        **extra: Top-level keys written first.
+
+    Returns:
+        ``extra``'s keys, then ``variants``: one entry per variant with its parameters,
+        per-seed metrics, mean and std.
+    """
     return _plain(
         {
             **extra,
@@ -344,13 +410,24 @@ def results_record(summaries: Sequence[VariantSummary], **extra: Any) -> dict[st
 
 
 def write_results_json(summaries: Sequence[VariantSummary], path: str | Path, **extra: Any) -> Path:
+    """Write :func:`results_record` as JSON to ``path`` (atomically) and return the path."""
     return atomic_write_text(path, json.dumps(results_record(summaries, **extra), indent=2) + "\n")
 
 
 def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> Path:
-    """One row per run (``seed`` = the seed) then a ``mean`` and a ``std`` row per variant;
+    """Write ``results.csv`` (atomically).
+
+    One row per run (``seed`` = the seed) then a ``mean`` and a ``std`` row per variant;
     columns: label, loss, seed, params (JSON), then :data:`METRIC_KEYS` (and
-    :data:`SYNTHETIC_KEYS` when any run has a synthetic-world metric)."""
+    :data:`SYNTHETIC_KEYS` when any run has a synthetic-world metric).
+
+    Args:
+        summaries: The variants.
+        path: The CSV file.
+
+    Returns:
+        ``path``.
+    """
     keys = METRIC_KEYS + (SYNTHETIC_KEYS if has_synthetic_metrics(summaries) else ())
     fh = io.StringIO(newline="")
     writer = csv.writer(fh)
@@ -368,8 +445,20 @@ def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> 
 def write_table(
     summaries: Sequence[VariantSummary], path: str | Path, *, title: str = "", digits: int = 1
 ) -> Path:
-    """``table.md``: the paper-style table, then the synthetic extras' table and the query
-    subsets' table when any run has them."""
+    """Write ``table.md`` (atomically).
+
+    The paper-style table, then the synthetic extras' table and the query subsets' table when
+    any run has them.
+
+    Args:
+        summaries: The variants.
+        path: The markdown file.
+        title: Heading of the tables.
+        digits: Decimals displayed.
+
+    Returns:
+        ``path``.
+    """
     text = markdown_table(summaries, title=title, digits=digits)
     if has_synthetic_metrics(summaries):
         extras_title = f"{title}: synthetic-world extras" if title else ""

@@ -244,15 +244,8 @@ class CLIPTextEncoder(nn.Module):
     """``(B, L)`` token ids + lengths -> CLIP text embedding -> added layer ``(B, proj_dim)``.
 
     The attention mask comes from ``lengths``; CLIP pools at the end-of-text token, which the
-    tokenizer places before any padding.
-
-    Args:
-        text_model: CLIP's text tower.
-        text_projection: CLIP's ``text_projection`` (a linear layer).
-        proj_dim: Width of the added layer; None keeps CLIP's projection output.
-
-    Raises:
-        ValueError: ``proj_dim`` is neither None nor a positive int.
+    tokenizer places before any padding. The arguments are those of :class:`CLIPImageEncoder`
+    for the text side: CLIP's text tower ``text_model`` and its ``text_projection``.
     """
 
     def __init__(
