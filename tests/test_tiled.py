@@ -6,15 +6,19 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vlret.losses import adacl_loss, goal_objective, infonce_loss, triplet_loss, unified_loss
-from vlret.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
 from vlret.losses import (
+    adacl_loss,
+    goal_objective,
+    infonce_loss,
     tiled_adacl_loss,
     tiled_goal_objective,
     tiled_infonce_loss,
     tiled_triplet_loss,
     tiled_unified_loss,
+    triplet_loss,
+    unified_loss,
 )
+from vlret.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
 from vlret.similarity import cosine_similarity, positive_mask
 
 REDUCTIONS = ("sum", "mean", "none")
@@ -230,49 +234,6 @@ def test_one_exponential_and_careful_strips_mix_in_one_call(monkeypatch):
     _assert_close(got[0], want[0], rtol=0, atol=1e-10)
     for g, w in zip(got[1], want[1], strict=True):
         _assert_close(g, w, rtol=0, atol=1e-10)
-
-
-def test_adacl_negatives_lse_mixes_one_exponential_and_careful_strips(monkeypatch):
-    """AdaCL's negatives: rows 0-7 clustered (fast strip even at scale 1000), rows 8-15 spread
-    (underflow: careful), rows 16-19 share one text id (columns 16-19 have no negative in
-    their strip: careful); values and gradients equal a naive masked log-sum-exp."""
-    import vlret.losses.tiled as tiled
-
-    starts = []
-    positives = tiled._positives
-    monkeypatch.setattr(
-        tiled, "_positives", lambda c, a, *r: starts.append(a) or positives(c, a, *r)
-    )
-    gen = torch.Generator().manual_seed(3)
-    u, v = torch.randn(2, 8, generator=gen, dtype=torch.float64)
-    noise = torch.randn(20, 8, generator=gen, dtype=torch.float64)
-    txt = (u + 0.01 * noise).requires_grad_()
-    img_rows = [v + 0.01 * noise[:8], torch.randn(12, 8, generator=gen, dtype=torch.float64)]
-    img = torch.cat(img_rows).requires_grad_()
-    ids = torch.cat([torch.arange(16), torch.full((4,), 16)])
-    codes = (ids, ids)
-    scale = 1000.0
-
-    def naive(x, y):
-        s = scale * x @ y.t()
-        neg = ids[:, None] != ids[None, :]
-        lowest = torch.finfo(s.dtype).min
-        rows = torch.stack([s[i][neg[i]].logsumexp(0) for i in range(20)])
-        cols = [
-            s[:, j][neg[:, j]].logsumexp(0) if neg[:, j].any() else s.new_tensor(lowest)
-            for j in range(20)
-        ]
-        return rows, torch.stack(cols)
-
-    gen_w = torch.Generator().manual_seed(5)
-    w_row, w_col = torch.randn(2, 20, generator=gen_w, dtype=torch.float64)
-    got = tiled._TiledNegativeLogSumExp.apply(img * scale, txt, *codes, 8)
-    assert starts == [8, 16]  # forward: the spread strip and the id strip only
-    want = naive(img, txt)
-    grads_got = torch.autograd.grad((got[0] * w_row).sum() + (got[1] * w_col).sum(), (img, txt))
-    grads_want = torch.autograd.grad((want[0] * w_row).sum() + (want[1] * w_col).sum(), (img, txt))
-    for a, b in zip((*got, *grads_got), (*want, *grads_want), strict=True):
-        _assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -706,27 +667,10 @@ def test_goal_local_anchor_pieces_equal_dense_for_every_combination(triplet_weig
         _assert_close(g, w, rtol=0, atol=1e-10)
 
 
-def test_adacl_batch_within_one_strip_takes_the_dense_path(monkeypatch):
-    import vlret.losses.tiled as tiled
-    from vlret.losses import AdaCLLoss
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the tiled batch was built")
-
-    monkeypatch.setattr(tiled, "TiledAdaCLBatch", refuse)
-    img, txt = _clone_world(16)
-    dense, one_strip = AdaCLLoss(), AdaCLLoss(chunk_size=16)
-    _assert_close(one_strip(img, txt), dense(img, txt), rtol=0, atol=0)
-    with pytest.raises(AssertionError, match="tiled batch"):
-        AdaCLLoss(chunk_size=15)(img, txt)
-
-
-def test_modules_without_local_anchors_say_so():
-    from vlret.losses import AdaCLLoss, InfoNCELoss
+def test_a_shard_needs_the_tiled_form():
+    from vlret.losses import InfoNCELoss
 
     img, txt = _embeddings(8)
-    with pytest.raises(ValueError, match="not supported by AdaCLLoss"):
-        AdaCLLoss(chunk_size=4)(img, txt, shard=(0, 4))
     with pytest.raises(ValueError, match="needs the tiled form"):
         InfoNCELoss()(img, txt, shard=(0, 4))
 
@@ -736,165 +680,3 @@ def test_bad_shard_raises(shard):
     img, txt = _embeddings(37)
     with pytest.raises(ValueError, match="shard"):
         tiled_infonce_loss(img, txt, chunk_size=4, shard=shard)
-
-
-# ----------------------------------------------------------------------------- AdaCL margin update
-
-
-def _anchor_fields(found):
-    return (found.row, found.clone_count, found.salient_row, found.clone_row, found.guard)
-
-
-def _clone_world(batch, dtype=torch.float64, seed=0):
-    """Texts near their images, so the batch has salient and clone-like negatives."""
-    gen = torch.Generator().manual_seed(seed)
-    img = torch.randn(batch, 16, generator=gen, dtype=torch.float64)
-    txt = img + 0.8 * torch.randn(batch, 16, generator=gen, dtype=torch.float64)
-    return img.to(dtype), txt.to(dtype)
-
-
-@pytest.mark.parametrize("selection", ["median", "min", "max", "random"])
-@pytest.mark.parametrize("with_ids", [False, True])
-@pytest.mark.parametrize("chunk_size", [1, 7, 64])
-def test_tiled_adacl_anchor_equals_dense(selection, with_ids, chunk_size):
-    from vlret.losses.adacl import adacl_anchor
-    from vlret.losses.tiled import TiledAdaCLBatch
-
-    img, txt = _clone_world(53)
-    ids = _group_ids(53) if with_ids else None
-    pos = None if ids is None else positive_mask(ids, ids)
-    dense = adacl_anchor(
-        cosine_similarity(img, txt),
-        pos_mask=pos,
-        selection=selection,
-        generator=torch.Generator().manual_seed(3),
-        negative_temperature=0.5,
-    )
-    tiled = TiledAdaCLBatch(img, txt, ids, chunk_size=chunk_size).anchor(
-        selection=selection, generator=torch.Generator().manual_seed(3), scale=2.0
-    )
-    assert dense.guard is None and dense.clone_count > 0
-    assert _anchor_fields(tiled) == _anchor_fields(dense)
-    assert tiled.anchor == pytest.approx(dense.anchor, abs=1e-12)
-    assert tiled.log_sigma_anchor == pytest.approx(dense.log_sigma_anchor, abs=1e-12)
-    assert tiled.fit.mu_clone == pytest.approx(dense.fit.mu_clone, abs=1e-12)
-    assert tiled.fit.var_salient == pytest.approx(dense.fit.var_salient, abs=1e-12)
-
-
-@pytest.mark.parametrize("selection", ["median", "min", "max", "random"])
-def test_tiled_adacl_anchor_exact_ties_and_refined_histograms(selection, monkeypatch):
-    """Integer dot products tie everywhere: the first clone in row-major order among equal
-    deltas wins, as in the dense selection; a zero bin cap forces all histogram refinements."""
-    import vlret.losses.tiled as tiled
-    from vlret.losses.adacl import adacl_anchor
-
-    monkeypatch.setattr(tiled, "_BIN_CAP_PER_ROW", 0)
-    gen = torch.Generator().manual_seed(4)
-    img = torch.randint(0, 2, (40, 12), generator=gen).double()
-    txt = (img + torch.randint(0, 2, (40, 12), generator=gen)).clamp(max=1)
-    dense = adacl_anchor(
-        img @ txt.t(), selection=selection, generator=torch.Generator().manual_seed(1)
-    )
-    got = tiled.TiledAdaCLBatch(img, txt, chunk_size=6, normalize=False).anchor(
-        selection=selection, generator=torch.Generator().manual_seed(1)
-    )
-    assert dense.guard is None
-    assert _anchor_fields(got) == _anchor_fields(dense)
-    assert (got.anchor, got.log_sigma_anchor) == pytest.approx(
-        (dense.anchor, dense.log_sigma_anchor), abs=1e-12
-    )
-
-
-@pytest.mark.parametrize("scale_negatives", [False, True])
-@pytest.mark.parametrize("selection", ["median", "random"])
-def test_adacl_module_with_chunk_size_trains_like_the_dense_module(scale_negatives, selection):
-    from vlret.losses import AdaCLLoss
-
-    kw = {
-        "anchor_selection": selection,
-        "scale_negatives": scale_negatives,
-        "negative_temperature": 1.0 if scale_negatives else 0.5,
-        "margin_momentum": 0.5,
-        "seed": 7,
-    }
-    dense, tiled = AdaCLLoss(**kw), AdaCLLoss(chunk_size=9, **kw)
-    for step in range(4):
-        img, txt = (t.requires_grad_(True) for t in _clone_world(41, seed=step))
-        ids = _group_ids(41)
-        want = _value_and_grads(dense(img, txt, ids), (img, txt), "mean")
-        got = _value_and_grads(tiled(img, txt, ids), (img, txt), "mean")
-        _assert_close(got[0], want[0], rtol=0, atol=1e-10)
-        for g, w in zip(got[1], want[1], strict=True):
-            _assert_close(g, w, rtol=0, atol=1e-10)
-        for name in ("m1", "m2"):
-            _assert_close(getattr(tiled, name), getattr(dense, name), rtol=0, atol=1e-10)
-        stats, expected = tiled.last_stats, dense.last_stats
-        assert stats["guard"] == expected["guard"]
-        assert stats["clone_count"] == expected["clone_count"] > 0
-    assert sum(dense.guard_counts) == 0 and float(dense.m1) != 20.0  # updates were accepted
-    tiled.eval()  # eval mode: the loss with fixed margins, no update
-    steps = tiled.steps
-    tiled(img, txt, ids)
-    assert tiled.steps == steps
-
-
-@pytest.mark.parametrize("selection", ["median", "random", "max"])
-@pytest.mark.parametrize("with_ids", [False, True])
-def test_adacl_module_with_a_queue_and_chunk_size_trains_like_the_dense_module(selection, with_ids):
-    """Queue of 24 keys filled by 4 batches of 11 (it wraps): the queue blocks are tiled too."""
-    from vlret.losses import AdaCLLoss
-
-    kw = {"anchor_selection": selection, "queue_size": 24, "embed_dim": 16, "seed": 3}
-    dense, tiled = AdaCLLoss(**kw), AdaCLLoss(chunk_size=4, **kw)
-    for step in range(4):
-        img, txt = (t.requires_grad_(True) for t in _clone_world(11, seed=10 + step))
-        ids = torch.arange(11) // 2 + 100 * step if with_ids else None
-        want = _value_and_grads(dense(img, txt, ids), (img, txt), "mean")
-        got = _value_and_grads(tiled(img, txt, ids), (img, txt), "mean")
-        _assert_close(got[0], want[0], rtol=0, atol=1e-10)
-        for g, w in zip(got[1], want[1], strict=True):
-            _assert_close(g, w, rtol=0, atol=1e-10)
-        for name in ("m1", "m2"):
-            _assert_close(getattr(tiled, name), getattr(dense, name), rtol=0, atol=1e-10)
-        assert tiled.last_stats == dense.last_stats or (
-            tiled.last_stats["guard"] == dense.last_stats["guard"]
-            and tiled.last_stats["clone_count"] == dense.last_stats["clone_count"]
-        )
-    assert bool(dense.txt_queue.valid.all())  # 44 keys through a queue of 24: it wrapped
-    assert sum(dense.guard_counts) == 0 and dense.last_stats["clone_count"] > 0
-    for a, b in zip(tiled.state_dict().values(), dense.state_dict().values(), strict=True):
-        _assert_close(a, b, rtol=0, atol=1e-10)
-
-
-def test_tiled_adacl_anchor_with_queue_blocks_equals_dense():
-    """Anchor fields with a queue text block whose clones can win the median (flat order:
-    batch block, then queue block)."""
-    from vlret.losses.adacl import adacl_anchor
-    from vlret.losses.tiled import QueueBlock, TiledAdaCLBatch
-
-    img, txt = _clone_world(30, seed=2)
-    gen = torch.Generator().manual_seed(8)
-    keys = torch.nn.functional.normalize(
-        img[:20] + 0.5 * torch.randn(20, 16, generator=gen, dtype=torch.float64), dim=1
-    )
-    valid = torch.arange(20) < 17
-    queue_ids = torch.arange(20) % 15
-    ids = torch.arange(30) // 2
-    x = torch.nn.functional.normalize(img, dim=1)
-    allowed = valid[None, :] & (queue_ids[None, :] != ids[:, None])
-    for selection in ("median", "min", "max", "random"):
-        dense = adacl_anchor(
-            cosine_similarity(img, txt),
-            pos_mask=positive_mask(ids, ids),
-            extra_neg_txt=x @ keys.t(),
-            extra_neg_txt_mask=allowed,
-            selection=selection,
-            generator=torch.Generator().manual_seed(6),
-        )
-        block = QueueBlock(keys, valid, queue_ids, ids)
-        got = TiledAdaCLBatch(img, txt, ids, chunk_size=7, queue_txt=block).anchor(
-            selection=selection, generator=torch.Generator().manual_seed(6)
-        )
-        assert dense.guard is None
-        assert _anchor_fields(got) == _anchor_fields(dense), selection
-        assert got.log_sigma_anchor == pytest.approx(dense.log_sigma_anchor, abs=1e-12)

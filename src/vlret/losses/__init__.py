@@ -7,7 +7,7 @@ matrix (``loss.from_similarity(sim, pos_mask=None)``). Build any registered loss
 """
 
 from ._base import LossCapabilities, PairLoss
-from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins
+from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
 from .dml import (
     BinomialDevianceLoss,
     CircleLoss,
@@ -40,7 +40,6 @@ from .registry import (
     loss_parameters,
     register_loss,
 )
-from .tiled import tiled_adacl_loss
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
 from .unified import UnifiedLoss, tiled_unified_loss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss

@@ -181,8 +181,8 @@ class PairLoss(nn.Module):
         )
         self.reduction = reduction
         self.normalize = bool(normalize)
-        #: With an int, the embedding entry point uses the tiled O(chunk_size x B)-memory form
-        #: (``vlret.losses.tiled``) where the loss has one; ``from_similarity`` stays dense.
+        #: With an int, the embedding entry point uses the family's tiled form (on the engine
+        #: ``vlret.losses._tiling``, O(chunk_size x B) memory); ``from_similarity`` stays dense.
         self.chunk_size = chunk_size
 
     def similarity_and_mask(

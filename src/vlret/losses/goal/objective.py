@@ -292,7 +292,7 @@ class GoalObjective(PairLoss):
     """Module form of :func:`goal_objective` (GOAL, Xuan & Chen, Eq. 3-13).
 
     ``chunk_size=N`` makes the embedding entry point use
-    :func:`vlret.losses.tiled.tiled_goal_objective`, which never holds the ``B x B`` matrix.
+    :func:`tiled_goal_objective`, which never holds the ``B x B`` matrix.
     """
 
     declared = LossCapabilities(local_shards=True, all_negatives_warmup=True, paper_comparison=3)
