@@ -4,7 +4,13 @@ Every loss comes as a pure function on a ``(B, B)`` similarity matrix and as an 
 taking embeddings (``loss(img_emb, txt_emb, img_ids=None, txt_ids=None)``) or a similarity
 matrix (``loss.from_similarity(sim, pos_mask=None)``). Build any registered loss by name with
 :func:`build_loss`.
+
+Every public module of this package is imported on import, so a loss family added as a new file
+registers itself (``build_loss``, configs, ``vlret losses``) without an edit here.
 """
+
+import importlib
+import pkgutil
 
 from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
@@ -90,3 +96,13 @@ __all__ = [
     "triplet_loss",
     "unified_loss",
 ]
+
+
+def _import_families() -> None:
+    """Import every public module of the package: each registers its losses."""
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_families()
