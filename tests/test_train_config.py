@@ -250,12 +250,19 @@ def test_loss_parameters_are_type_checked_against_the_defaults(tmp_path):
     raw["loss"]["queue_size"] = 8.5
     with pytest.raises(ConfigError, match="loss.queue_size: expected an integer"):
         config_from_dict(raw)
+    # a nested loss's parameters are checked as that loss's (VSL's own check), keyed in full
     raw["loss"] = {"name": "vsl", "base_params": {"margin": "x"}}
-    with pytest.raises(ConfigError, match="loss.base_params.margin: expected a number"):
+    with pytest.raises(ConfigError, match="base_params.margin must be a finite number") as err:
         config_from_dict(raw)
+    assert err.value.key == "loss.base_params.margin"
     raw["loss"] = {"name": "vsl", "base_params": {"gama": 1.0}}
-    with pytest.raises(ConfigError, match="loss.base_params.gama: not a parameter"):
+    with pytest.raises(ConfigError, match="unknown parameter.*gama for loss 'triplet'") as err:
         config_from_dict(raw)
+    assert err.value.key == "loss.base_params.gama"
+    raw["loss"] = {"name": "vsl", "base_params": [0.2]}
+    with pytest.raises(ConfigError, match="base_params must be a dict") as err:
+        config_from_dict(raw)
+    assert err.value.key == "loss.base_params"
 
 
 def test_grad_clip_zero_or_null_disables_clipping(tmp_path):
@@ -276,6 +283,25 @@ def test_msrvtt_1ka_has_no_dev_split(tmp_path):
     assert load_config(path, [*msrvtt, "data.dev_split=dev", "train.validate=false"])
     with pytest.raises(ConfigError, match="data.protocol: protocol must be one of"):
         load_config(path, ["data.format=msrvtt", "data.protocol=2k"])
+
+
+@pytest.mark.parametrize(
+    ("loss", "accepted"),
+    [
+        ({"name": "adacl", "queue_size": 8}, True),
+        ({"name": "adacl"}, False),  # no queue to fill: queue_size defaults to 0
+        ({"name": "unified"}, False),
+    ],
+)
+def test_momentum_encoder_needs_a_loss_whose_queue_takes_momentum_keys(tmp_path, loss, accepted):
+    raw = load_config(write(tmp_path, "run.toml", TOML)).to_dict()
+    raw["loss"], raw["train"]["momentum_encoder"] = loss, 0.99
+    if accepted:
+        assert config_from_dict(raw).train.momentum_encoder == 0.99
+        return
+    with pytest.raises(ConfigError, match="only used to fill a memory queue") as err:
+        config_from_dict(raw)
+    assert err.value.key == "train.momentum_encoder"
 
 
 # --- the config's effect on the trainer -----------------------------------------------------

@@ -48,16 +48,16 @@ SETTINGS = {
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
-    # Tiled losses split by anchors on 2 ranks (each rank its own pairs' terms) against the
+    # Tiled losses split into local shards on 2 ranks (each rank its own pairs' terms) against the
     # tiled loss over the whole batch in one process.
-    "infonce_tiled_local_anchors": [
+    "infonce_tiled_local_shards": [
         "loss.name=infonce",
         "loss.learnable_temperature=true",
         "loss.chunk_size=3",
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
-    "unified_tiled_local_anchors": [
+    "unified_tiled_local_shards": [
         "loss.name=unified",
         "loss.chunk_size=3",
         "optim.name=sgd",
@@ -72,13 +72,13 @@ SETTINGS = {
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
-    "goal_tiled_local_anchors": [
+    "goal_tiled_local_shards": [
         "loss.name=goal",
         "loss.chunk_size=3",
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
-    "triplet_tiled_local_anchors": ["loss.chunk_size=3", "optim.name=sgd", "optim.lr=0.1"],
+    "triplet_tiled_local_shards": ["loss.chunk_size=3", "optim.name=sgd", "optim.lr=0.1"],
 }
 #: Optimisation steps per setting (the queue's contents matter from the second step on).
 STEPS = {"adacl_queue_momentum_sgd": 3, "adacl_tiled_queue_momentum_sgd": 3}
@@ -144,7 +144,7 @@ def run_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
             state[f"grad.loss.{k}"] = p.grad.detach().clone()
     state["loss_value"] = torch.tensor(loss)
     state["local_batch"] = torch.tensor(len(batch.img_index))
-    state["local_anchors"] = torch.tensor(trainer.local_anchors)
+    state["local_shards"] = torch.tensor(trainer.local_shards)
     state["ddp_released"] = torch.tensor(released)
     return state
 
@@ -202,7 +202,7 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(distributed_run, 
         torch.set_default_dtype(torch.float32)
     assert single["grad.model.image_encoder.fc.weight"].dtype == torch.float64
     assert int(single["local_batch"]) == 8
-    assert [bool(s["local_anchors"]) for s in ranks] == ["local_anchors" in name] * 2
+    assert [bool(s["local_shards"]) for s in ranks] == ["local_shards" in name] * 2
     if "loss.img_queue.valid" in single:  # 3 steps of 8 keys: the queue of 16 has wrapped
         assert bool(single["loss.img_queue.valid"].all()) and int(single["loss.img_queue.ptr"]) == 8
     if "infonce_learnable" in name:

@@ -1,5 +1,6 @@
-"""VSE-infinity's all-negatives warm-up (train.all_negatives_epochs) for triplet-HN, GOAL and VSL:
-the loss used in a warm-up epoch, the switch epoch, config errors and resume."""
+"""VSE-infinity's all-negatives warm-up (train.all_negatives_epochs) for the losses that declare
+it (triplet-HN, GOAL, VSL with a triplet base): the loss used in a warm-up epoch, the switch
+epoch, config errors."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from train_helpers import tiny_config, tiny_data
-from vlret.losses import GoalObjective
+from vlret.losses import GoalObjective, loss_capabilities
 from vlret.train import Trainer
 from vlret.train.config import ConfigError
-from vlret.train.warmup import AllNegativesWarmup
+from vlret.train.warmup import warmup_refusal
 
 MARGIN = 0.2
 
@@ -74,7 +75,7 @@ def test_warmup_loss_is_the_triplet_sum_of_hinges(tmp_path, data, name):
 def test_goal_warmup_switches_to_the_gradient_objective(tmp_path, data):
     cfg = tiny_config(data, tmp_path / "run", ["loss.name=goal", "train.all_negatives_epochs=1"])
     trainer = Trainer(cfg)
-    assert isinstance(trainer.loss_fn, AllNegativesWarmup)
+    assert isinstance(trainer.loss_fn, GoalObjective)  # the objective carries its warm-up
     g = torch.Generator().manual_seed(0)
     img = torch.randn(8, 6, generator=g, requires_grad=True)
     txt = torch.randn(8, 6, generator=g, requires_grad=True)
@@ -93,16 +94,22 @@ def test_goal_warmup_switches_to_the_gradient_objective(tmp_path, data):
     assert trainer.loss_fn.state_dict() == {}  # checkpoints as with the bare objective
 
 
+def _mines_hardest(name: str, loss_fn: torch.nn.Module) -> bool:
+    """Whether the loss built for ``SETTINGS[name]`` is past its warm-up (each family's state)."""
+    if name == "goal":
+        return not loss_fn.all_negatives
+    return (loss_fn.base if name == "vsl" else loss_fn).hardest
+
+
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_switch_happens_at_the_configured_epoch(tmp_path, data, name, monkeypatch):
     overrides = [*SETTINGS[name], "train.all_negatives_epochs=2", "train.validate=false"]
     trainer = Trainer(tiny_config(data, tmp_path / "run", overrides))
-    target = trainer.loss_fn.base if name == "vsl" else trainer.loss_fn
     seen: list[tuple[int, bool]] = []
     original = Trainer.compute_loss
 
     def record(self, batch):
-        seen.append((self.epoch, target.hardest))
+        seen.append((self.epoch, _mines_hardest(name, self.loss_fn)))
         return original(self, batch)
 
     monkeypatch.setattr(Trainer, "compute_loss", record)
@@ -130,10 +137,10 @@ def test_configured_all_negatives_loss_stays_all_negatives(tmp_path, data, name)
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        (["loss.name=unified"], "not 'unified'"),
-        (["loss.name=infonce"], "not 'infonce'"),
-        (["loss.name=adacl"], "not 'adacl'"),
-        (["loss.name=vsl", "loss.base=unified"], "base 'unified' has no such switch"),
+        (["loss.name=unified"], "loss 'unified' has no hardest-negative phase"),
+        (["loss.name=infonce"], "loss 'infonce' has no hardest-negative phase"),
+        (["loss.name=adacl"], "loss 'adacl' has no hardest-negative phase"),
+        (["loss.name=vsl", "loss.base=unified"], "'vsl' with base='unified' has no hardest"),
     ],
 )
 def test_warmup_refused_for_losses_without_a_hardest_phase(tmp_path, data, overrides, words):
@@ -148,28 +155,32 @@ def test_negative_warmup_is_an_error(tmp_path, data):
     assert err.value.key == "train.all_negatives_epochs"
 
 
-def test_no_warmup_leaves_goal_unwrapped(tmp_path, data):
+def test_goal_is_the_bare_objective_without_warmup(tmp_path, data):
     trainer = Trainer(tiny_config(data, tmp_path / "run", ["loss.name=goal"]))
-    assert isinstance(trainer.loss_fn, GoalObjective)
+    assert isinstance(trainer.loss_fn, GoalObjective) and not trainer.loss_fn.all_negatives
 
 
-def test_wrapper_passes_the_tiled_form_and_local_anchors_through():
-    wrapped = AllNegativesWarmup(GoalObjective(chunk_size=3))
-    assert wrapped.chunk_size == 3 and wrapped.warmup.chunk_size == 3
-    assert wrapped.supports_anchors  # tiled GOAL and tiled triplet both split by anchors
+def test_goal_warmup_keeps_the_tiled_form_and_local_shards():
+    loss = GoalObjective(margin=MARGIN, chunk_size=3)
+    assert loss_capabilities(loss).local_shards  # tiled GOAL and its tiled warm-up both split
     g = torch.Generator().manual_seed(0)
-    # float64: the anchor pieces' sum then equals the whole to float64 rounding on any CPU.
+    # float64: the shards' sum then equals the whole to float64 rounding on any CPU.
     img, txt = (torch.randn(8, 6, generator=g, dtype=torch.float64) for _ in range(2))
     ids = torch.arange(8)
-    for hardest in (False, True):
-        wrapped.hardest = hardest
-        full = wrapped(img, txt, ids, ids)
-        parts = sum(wrapped(img, txt, ids, ids, anchors=(a, a + 4)) for a in (0, 4))
+    total, hardest = _hinges(img, txt, ids, MARGIN)
+    for all_negatives in (True, False):
+        loss.set_all_negatives(all_negatives)
+        full = loss(img, txt, ids, ids)
+        parts = sum(loss(img, txt, ids, ids, shard=(a, a + 4)) for a in (0, 4))
         torch.testing.assert_close(parts, full)
-        assert torch.equal(full, wrapped.active(img, txt, ids, ids))
-    assert not AllNegativesWarmup(GoalObjective()).chunk_size
+        if all_negatives:
+            assert float(full) == pytest.approx(total, rel=1e-9)
+    assert float(full) != pytest.approx(total)  # back to the gradient objective
 
 
-def test_wrapper_needs_a_goal_objective():
-    with pytest.raises(ValueError, match="loss must be a GoalObjective"):
-        AllNegativesWarmup(torch.nn.Identity())
+def test_refusal_names_the_losses_that_take_the_warmup():
+    assert warmup_refusal("triplet", {}) is None
+    assert warmup_refusal("vsl", {"base": "triplet", "base_params": {"hardest": False}}) is None
+    reason = warmup_refusal("infonce", {"temperature": 0.05})
+    assert reason.startswith("loss 'infonce' with temperature=0.05 has no hardest-negative")
+    assert reason.endswith("applies to goal, triplet, vsl (with their defaults)")

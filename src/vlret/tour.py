@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .losses import available_losses, build_loss, loss_class
+from .losses import available_losses, build_loss, loss_capabilities, loss_class
 from .metrics import coco_5fold_metrics, retrieval_metrics
 from .semantic import CaptionTfidf
 
@@ -49,8 +49,9 @@ def demo_captions(img_ids: torch.Tensor, seed: int) -> dict[int, list[str]]:
 
 
 def build_demo_loss(name: str, img_ids: torch.Tensor, seed: int) -> nn.Module:
-    """The registered loss with its defaults; VSL gets a TF-IDF fitted on the demo captions."""
-    if name == "vsl":
+    """The registered loss with its defaults; a loss that ``needs_semantics`` (VSL) gets a
+    TF-IDF fitted on the demo captions."""
+    if loss_capabilities(name).needs_semantics:
         return build_loss(name, semantic=CaptionTfidf().fit(demo_captions(img_ids, seed)))
     return build_loss(name)
 

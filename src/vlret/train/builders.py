@@ -179,7 +179,7 @@ def check_split_features(
 
 
 def train_captions_by_image(dataset: RetrievalDataset) -> dict[int, list[str]]:
-    """Captions of each training image keyed by image index (VSL's CaptionTfidf)."""
+    """Captions of each training image keyed by image index (a loss's CaptionTfidf)."""
     out: dict[int, list[str]] = {i: [] for i in range(dataset.num_images)}
     for text, img in zip(dataset.captions, dataset.txt_to_img.tolist(), strict=True):
         out[img].append(text)
@@ -187,20 +187,31 @@ def train_captions_by_image(dataset: RetrievalDataset) -> dict[int, list[str]]:
 
 
 def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.Module:
-    """The configured loss; VSL gets a CaptionTfidf fitted on the train captions (keyed by
-    image index, the ids the trainer passes); AdaCL's queue gets ``embed_dim`` from the model;
-    with ``train.all_negatives_epochs`` a GOAL objective comes wrapped in
-    :class:`~vlret.train.warmup.AllNegativesWarmup`."""
-    from ..losses import build_loss
+    """The configured loss, given what its capabilities say it needs
+    (:func:`vlret.losses.loss_capabilities`).
+
+    A loss that ``needs_semantics`` gets a CaptionTfidf fitted on the train captions (keyed by
+    image index, the ids the trainer passes); one that ``needs_embed_dim`` gets the model's
+    ``embed_dim`` unless the config sets it.
+
+    Raises:
+        ValueError: The loss needs the training captions and ``train_set`` is None.
+        ConfigError: The loss cannot be built from its section (keyed ``loss``), or it needs an
+            embedding width that neither ``loss.embed_dim`` nor ``model.embed_dim`` gives.
+    """
+    from ..losses import build_loss, loss_capabilities
 
     params = dict(config.loss.params)
-    if config.loss.name == "vsl":
+    needs = loss_capabilities(config.loss.name, params)
+    if needs.needs_semantics:
         if train_set is None:
-            raise ValueError("the VSL loss needs the training captions to fit its CaptionTfidf")
+            raise ValueError(
+                f"loss {config.loss.name!r} needs the training captions to fit its CaptionTfidf"
+            )
         from ..semantic import CaptionTfidf
 
         params["semantic"] = CaptionTfidf().fit(train_captions_by_image(train_set))
-    if config.loss.name == "adacl" and params.get("queue_size") and "embed_dim" not in params:
+    if needs.needs_embed_dim and "embed_dim" not in params:
         embed_dim = config.model.get("embed_dim")
         if not isinstance(embed_dim, int):
             raise ConfigError(
@@ -210,13 +221,10 @@ def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.
             )
         params["embed_dim"] = embed_dim
     try:
-        loss_fn = build_loss(config.loss.name, **params)
+        return build_loss(config.loss.name, **params)
     except (ValueError, TypeError) as err:
         given = ", ".join(f"{k}={v!r}" for k, v in config.loss.params.items())
         raise ConfigError(config.source, "loss", f"{config.loss.name}({given}): {err}") from None
-    from .warmup import wrap_for_warmup
-
-    return wrap_for_warmup(loss_fn, config.loss, config.train.all_negatives_epochs)
 
 
 def build_optimizer(optim: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:

@@ -35,7 +35,9 @@ key is an error naming the file and the dotted key; so is a value of the wrong
 type. Loss parameters are checked against :func:`vlret.losses.loss_parameters`: their names,
 and their types against the defaults (a number where the default is a number, an integer where
 it is an integer, true/false where it is a bool, a string where it is a string; parameters
-whose default is ``None`` take any value). YAML files are read with a safe loader that also
+whose default is ``None`` take any value), then against the constraints each loss declares
+(:func:`vlret.losses.check_loss_params`; a nested one keyed like ``loss.base_params.margin``).
+YAML files are read with a safe loader that also
 reads exponent floats without a dot (``lr: 1e-3``) as numbers, as TOML does.
 """
 
@@ -57,6 +59,7 @@ import yaml
 
 from .._files import atomic_write_text
 from .distributed import parse_device
+from .warmup import warmup_refusal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -158,21 +161,15 @@ class TrainConfig:
     """Loop settings.
 
     ``batch_size`` is the global batch (split evenly over ranks under torchrun).
-    ``all_negatives_epochs``: VSE-infinity's warm-up (its ``vse_mean_warmup_epochs``) for the
-    losses built on the hardest-negative triplet, for that many first epochs (0: none):
-
-    * ``triplet``: the hinge summed over all negatives (``hardest=False``), then the hardest;
-      with ``loss.hardest = false`` the loss stays all-negatives throughout;
-    * ``goal``: the triplet sum of hinges over all negatives with GOAL's margin and reduction
-      (VSE-infinity's warm-up loss, which GOAL's objectives replace only in the
-      hardest-negative phase), then the gradient objective;
-    * ``vsl`` (triplet base only): the base sums over all negatives, then mines the hardest;
-      the ``L_vs`` term is unchanged.
-
-    Any other loss is an error; see :mod:`vlret.train.warmup`. A resumed run continues the
-    schedule from its epoch.
-    ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the AdaCL memory
-    queue (AdaCL: 0.99); ``None`` enqueues the online embeddings.
+    ``all_negatives_epochs``: VSE-infinity's warm-up (its ``vse_mean_warmup_epochs``) for that
+    many first epochs (0: none), for the losses that declare
+    ``LossCapabilities.all_negatives_warmup`` (those built on the hardest-negative triplet:
+    triplet, GOAL, VSL with a triplet base); any other loss is an error. See
+    :mod:`vlret.train.warmup`. A resumed run continues the schedule from its epoch.
+    ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the loss's memory
+    queue (AdaCL: 0.99), for a loss that owns a queue and takes momentum keys
+    (``LossCapabilities.owns_queue``, ``momentum_keys``); ``None`` enqueues the online
+    embeddings.
     ``max_steps_per_epoch`` truncates epochs (smoke tests, benchmarks).
     ``last.pt`` is written at the end of every epoch, every ``checkpoint_every`` steps (0: off)
     and every ``checkpoint_minutes`` of training (0: off), so a killed run loses at most that
@@ -399,8 +396,6 @@ def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
             )
     for k, v in params.items():
         _check_loss_param(v, valid[k], source, f"loss.{k}")
-    if name == "vsl":
-        _check_vsl_base_params(params, source)
     checked = dict(params)
     if "embed_dim" in valid and "embed_dim" not in params and "embed_dim" in model:
         checked["embed_dim"] = model["embed_dim"]  # what the trainer passes (builders.py)
@@ -426,27 +421,6 @@ def _check_loss_param(value: Any, default: Any, source: str, key: str) -> None:
             raise ConfigError(source, key, f"expected a number, got {value!r}")
     elif isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(source, key, f"expected a string, got {value!r}")
-
-
-def _check_vsl_base_params(params: dict[str, Any], source: str) -> None:
-    from ..losses import available_losses, loss_parameters
-
-    base, base_params = params.get("base", "triplet"), params.get("base_params")
-    if base_params is None or not isinstance(base, str) or base not in available_losses():
-        return
-    if not isinstance(base_params, dict):
-        raise ConfigError(
-            source, "loss.base_params", f"expected a table/mapping, got {base_params!r}"
-        )
-    valid = loss_parameters(base)
-    for k, v in base_params.items():
-        if k not in valid:
-            raise ConfigError(
-                source,
-                f"loss.base_params.{k}",
-                f"not a parameter of loss {base!r}; valid: {', '.join(valid)}",
-            )
-        _check_loss_param(v, valid[k], source, f"loss.base_params.{k}")
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
@@ -517,12 +491,11 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     _check_device_name(train.device, source)
     if train.all_negatives_epochs < 0:
         raise ConfigError(source, "train.all_negatives_epochs", "expected an integer >= 0")
-    if train.all_negatives_epochs:
-        from .warmup import check_all_negatives_warmup
-
-        check_all_negatives_warmup(loss, source)
-    if train.momentum_encoder is not None and not 0.0 <= train.momentum_encoder <= 1.0:
-        raise ConfigError(source, "train.momentum_encoder", "expected a momentum in [0, 1]")
+    refusal = warmup_refusal(loss.name, loss.params) if train.all_negatives_epochs else None
+    if refusal:
+        raise ConfigError(source, "train.all_negatives_epochs", refusal)
+    if train.momentum_encoder is not None:
+        _check_momentum_encoder(train.momentum_encoder, loss, source)
     return RunConfig(
         data=data,
         model=copy.deepcopy(model),
@@ -532,6 +505,22 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         output_dir=output_dir,
         source=source,
     )
+
+
+def _check_momentum_encoder(momentum: float, loss: LossConfig, source: str) -> None:
+    """A momentum in [0, 1], for a loss whose memory queue takes momentum keys."""
+    from ..losses import loss_capabilities
+
+    if not 0.0 <= momentum <= 1.0:
+        raise ConfigError(source, "train.momentum_encoder", "expected a momentum in [0, 1]")
+    caps = loss_capabilities(loss.name, loss.params)
+    if not (caps.owns_queue and caps.momentum_keys):
+        raise ConfigError(
+            source,
+            "train.momentum_encoder",
+            f"only used to fill a memory queue; loss {loss.name!r} with these parameters owns "
+            "none that takes momentum keys (LossCapabilities.owns_queue, momentum_keys)",
+        )
 
 
 def _check_finite(node: Any, source: str, prefix: str) -> None:

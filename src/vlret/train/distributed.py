@@ -25,17 +25,18 @@ steps for AdaCL with a queue and a momentum encoder). Parameters of the loss its
 learnable temperature) are not averaged by DDP and see ``N * grad L`` on every rank; the
 trainer divides their gradient by ``N``. The logged loss is the unscaled ``L``.
 
-**Cost, and local anchors.** By default the loss is not split: its cost, ``O((N*B)^2)``
+**Cost, and local shards.** By default the loss is not split: its cost, ``O((N*B)^2)``
 similarities plus its batch statistics, is repeated in full on every rank, and only the
-encoders' work is divided by ``N``. With a tiled loss that supports it (``chunk_size`` set on
-InfoNCE, Unified, Triplet or GOAL: ``supports_anchors``), each rank instead computes only the terms
-of its own ``B`` pairs -- its images against all ``N*B`` texts and its texts against all
-``N*B`` images, two ``B x N*B`` rectangles, ``O(chunk_size * N*B)`` memory -- through
-:func:`gather_sum_grad`, whose backward sums the gradients that all ranks' terms send to each
-rank's embeddings. The ranks' terms add up to the global loss, so the same ``N`` scaling
-gives the single-process gradient (tested with 2 gloo processes); the logged loss is the
-all-reduced sum, and a learnable temperature's gradient (each rank sees only its own terms'
-share) is all-reduced before the ``1/N``. AdaCL and VSL keep the full computation.
+encoders' work is divided by ``N``. With a tiled loss (``chunk_size`` set) that declares
+``LossCapabilities.local_shards`` (InfoNCE, Unified, Triplet, GOAL), each rank instead computes
+only the terms of its own ``B`` pairs, its shard ``shard=(r*B, (r+1)*B)`` of the gathered
+batch -- its images against all ``N*B`` texts and its texts against all ``N*B`` images, two
+``B x N*B`` rectangles, ``O(chunk_size * N*B)`` memory -- through :func:`gather_sum_grad`,
+whose backward sums the gradients that all ranks' terms send to each rank's embeddings. The
+ranks' terms add up to the global loss, so the same ``N`` scaling gives the single-process
+gradient (tested with 2 gloo processes); the logged loss is the all-reduced sum, and a
+learnable temperature's gradient (each rank sees only its own terms' share) is all-reduced
+before the ``1/N``. The other losses (AdaCL, VSL) keep the full computation.
 
 **Pair scorers** (SCAN, BFAN, SGRAF: models with ``scores_pairs``). There are no embeddings
 to gather: the score of a pair needs the image's regions and the caption's words together.
@@ -227,9 +228,10 @@ def gather_sum_grad(local: torch.Tensor) -> torch.Tensor:
     """All-gather ``local`` ``(B, ...)`` into ``(N*B, ...)``; the backward *sums* the gradient
     that every rank's loss sends to each slot and hands each rank its own slice.
 
-    For losses split by anchors (each rank computes only its own pairs' terms, see
-    ``vlret.losses.tiled``): rank ``r``'s embeddings also appear as candidates in the other
-    ranks' terms, and those gradients come back to it here. Single process: returns ``local``.
+    For losses split into local shards (each rank computes only its own pairs' terms,
+    ``shard=`` of :meth:`vlret.losses.PairLoss.forward`): rank ``r``'s embeddings also appear
+    as candidates in the other ranks' terms, and those gradients come back to it here. Single
+    process: returns ``local``.
     """
     if world_size() == 1:
         return local

@@ -565,12 +565,12 @@ def _shortlist_ranks(
     txt_to_img: torch.Tensor,
     *,
     images_are_queries: bool,
-    chunk: int = 1024,
+    tile: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based ranks of each query under the shortlist protocol and whether its ground truth
     (i2t: any of the image's captions) was shortlisted. ``tt (n_img, n_txt)`` is the shortlist
     score, ``shortlist (n_q, k)`` the candidates of each query, ``exact (n_q, k)`` their
-    exact scores."""
+    exact scores; the queries outside their shortlist are ranked ``tile`` rows at a time."""
     n_img = tt.shape[0]
     queries = torch.arange(shortlist.shape[0])
     if images_are_queries:
@@ -583,8 +583,8 @@ def _shortlist_ranks(
     best = exact.masked_fill(~is_gt, -math.inf).amax(dim=1)
     ranks = ((exact >= best[:, None]) & ~is_gt).sum(dim=1)
     outside = torch.nonzero(~inside).squeeze(1)
-    for a in range(0, outside.numel(), chunk):
-        q = outside[a : a + chunk]
+    for a in range(0, outside.numel(), tile):
+        q = outside[a : a + tile]
         row = scores.index_select(0, q)  # (c, n_cand)
         if images_are_queries:
             gt = txt_to_img[None, :] == q[:, None]

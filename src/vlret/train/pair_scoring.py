@@ -2,26 +2,28 @@
 
 Such a model (``scores_pairs = True``, :mod:`vlret.models.cross_model`) maps a batch to its
 ``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask, ...)``
-with the positives of the batch's image indices, plus whatever else the loss class declares
-in ``similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its semantic matrix).
-What needs embeddings cannot work on a score matrix and is refused before any data is read
-(:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the class declares
-``chunks_similarity``), AdaCL's memory queue (``loss.queue_size``) and the momentum encoder
-that fills it (``train.momentum_encoder``). Validation scores the dev pairs with
-:mod:`vlret.train.evaluate_pairs`. The distributed contract is in
+with the positives of the batch's image indices, plus whatever else the loss declares in
+``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
+semantic matrix). What needs embeddings cannot work on a score matrix and is refused before
+any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the
+loss declares ``chunks_similarity``; a nested loss's ``chunk_size`` too) and a memory queue (a
+loss that ``owns_queue`` with its parameters, AdaCL's ``queue_size``; the momentum encoder that
+fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
+dev pairs with :mod:`vlret.train.evaluate_pairs`. The distributed contract is in
 :mod:`vlret.train.distributed` ("Pair scorers").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..losses._base import PairLoss
-from ..losses.registry import loss_class
+from ..losses._base import LossCapabilities, PairLoss
+from ..losses.registry import loss_capabilities, loss_class, loss_parameters
 from ..similarity import positive_mask
 from .config import ConfigError, RunConfig
 from .evaluate_pairs import dev_metrics_from_scores, encode_tokens, score_matrix
@@ -37,48 +39,56 @@ def check_pair_scoring(config: RunConfig) -> None:
     pair-scoring model does not produce."""
     why = "the model scores pairs itself (model.kind {kind!r}) and gives the loss a score matrix"
     why = why.format(kind=config.model.get("kind"))
-    params = config.loss.params
+    name, params = config.loss.name, config.loss.params
     try:
-        cls = loss_class(config.loss.name)
+        cls = loss_class(name)
     except ValueError:
         return  # an unknown loss name: the loss section's own check reports it
     if getattr(cls, "from_similarity", PairLoss.from_similarity) is PairLoss.from_similarity:
-        raise ConfigError(
-            config.source, "loss.name", f"{config.loss.name} has no from_similarity, but {why}"
-        )
-    chunks = getattr(cls, "chunks_similarity", False)
-    base_params = params.get("base_params")
-    base_chunk = base_params.get("chunk_size") if isinstance(base_params, dict) else None
-    for key, value in (
-        ("chunk_size", None if chunks else params.get("chunk_size")),
-        ("base_params.chunk_size", base_chunk),
-    ):
+        raise ConfigError(config.source, "loss.name", f"{name} has no from_similarity, but {why}")
+    caps = loss_capabilities(name, params)
+    tiled = [] if caps.chunks_similarity else [("chunk_size", params.get("chunk_size"))]
+    # a loss configured inside this one (``base_params``) is called on the score matrix too
+    tiled += [(f"{k}.chunk_size", v.get("chunk_size")) for k, v in params.items() if _nested(v)]
+    for key, value in tiled:
         if value is not None:
             raise ConfigError(
                 config.source,
                 f"loss.{key}",
                 f"a tiled loss works on embeddings, but {why}; remove chunk_size",
             )
-    if params.get("queue_size"):
+    if caps.owns_queue:
         raise ConfigError(
             config.source,
-            "loss.queue_size",
-            f"the memory queue holds embeddings, but {why}; use queue_size = 0",
+            f"loss.{_switched_on_by(name, params, lambda c: c.owns_queue)}",
+            f"the memory queue holds embeddings, but {why}; configure the loss without one",
         )
-    if config.train.momentum_encoder is not None:
-        raise ConfigError(
-            config.source,
-            "train.momentum_encoder",
-            f"the momentum encoder fills a memory queue of embeddings, but {why}",
-        )
+
+
+def _nested(value: Any) -> bool:
+    """A table of parameters of a loss configured inside the loss (``base_params``)."""
+    return isinstance(value, dict)
+
+
+def _switched_on_by(
+    name: str, params: dict[str, Any], declares: Callable[[LossCapabilities], bool]
+) -> str:
+    """The configured parameter of loss ``name`` without which (at its default) the loss would
+    not declare a capability (AdaCL's ``queue_size`` for ``owns_queue``); ``"name"`` when the
+    loss declares it with its defaults."""
+    defaults = loss_parameters(name)
+    for key in (k for k in params if k in defaults):
+        if not declares(loss_capabilities(name, {**params, key: defaults[key]})):
+            return key
+    return "name"
 
 
 def pair_loss(loss_fn: nn.Module, sim: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``loss_fn.from_similarity`` on a ``(B, B)`` score matrix whose row and column ``i`` come
     from the item of image index ``ids[i]`` (equal ids: further positives), with the inputs the
-    loss declares in ``similarity_inputs``."""
+    loss declares in ``LossCapabilities.similarity_inputs``."""
     available = {"img_ids": ids, "txt_ids": ids}
-    names = tuple(getattr(loss_fn, "similarity_inputs", ()))
+    names = loss_capabilities(loss_fn).similarity_inputs
     missing = [n for n in names if n not in available]
     if missing:
         raise ValueError(

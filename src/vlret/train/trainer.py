@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
     build_dataset,
@@ -71,7 +72,6 @@ from .run_folder import (
 )
 from .run_log import LOG_FILE, append_record, batch_similarity_stats, epoch_summary, truncate_log
 from .schedule import StepDecayWarmup, interrupt_flag, seed_everything
-from .warmup import set_all_negatives
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -155,25 +155,18 @@ class Trainer:
             sets = (self.train_set, self.dev_set) if self.is_main else ()
             check_split_features(sets, in_dim=in_dim, world=self.world, device=self.device)
         self.loss_fn = build_run_loss(config, self.train_set).to(self.device)
-        self.has_queue = getattr(self.loss_fn, "img_queue", None) is not None
-        # Every loss sees the global batch; an AdaCL queue is then told (gathered=True) that its
+        #: What the loss needs and offers as built (:class:`vlret.losses.LossCapabilities`).
+        self.loss_caps = loss_capabilities(self.loss_fn)
+        # Every loss sees the global batch; a loss's queue is then told (gathered=True) that its
         # keys are global already, so it enqueues them once without gathering them again.
         self.gather = self.world > 1
-        #: Multi-process with a tiled loss that splits by anchors: each rank computes only the
-        #: terms of its own pairs (``vlret.train.distributed``, "local anchors").
-        self.local_anchors = (
-            self.gather
-            and getattr(self.loss_fn, "supports_anchors", False)
-            and getattr(self.loss_fn, "chunk_size", None) is not None
+        #: Multi-process with a tiled loss that takes local shards: each rank computes only the
+        #: terms of its own pairs (``vlret.train.distributed``, "Local shards").
+        self.local_shards = bool(
+            self.gather and self.loss_caps.local_shards and self.loss_fn.chunk_size is not None
         )
         self.momentum_encoder = None
-        if tc.momentum_encoder is not None:
-            if not self.has_queue:
-                raise ConfigError(
-                    config.source,
-                    "train.momentum_encoder",
-                    "only used to fill a memory queue (loss adacl with queue_size > 0)",
-                )
+        if tc.momentum_encoder is not None:  # the config checked the loss takes its keys
             self.momentum_encoder = MomentumEncoder(self.model, momentum=tc.momentum_encoder)
         if self.world > 1:
             ddp_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -287,12 +280,10 @@ class Trainer:
 
     def _set_epoch_schedule(self) -> None:
         tc = self.config.train
-        # Triplet, GOAL, VSL's triplet base (vlret.train.warmup); a configured hardest=false
-        # loss stays all-negatives. From self.epoch, so a resumed run keeps the schedule.
+        # The losses declaring all_negatives_warmup (vlret.train.warmup); a configured
+        # hardest=false loss stays all-negatives. From self.epoch: a resume keeps the schedule.
         if tc.all_negatives_epochs:
-            set_all_negatives(
-                self.loss_fn, self.config.loss, all_negatives=self.epoch < tc.all_negatives_epochs
-            )
+            self.loss_fn.set_all_negatives(self.epoch < tc.all_negatives_epochs)
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """``(loss for backward, logged loss, context)`` of one local batch."""
@@ -308,21 +299,21 @@ class Trainer:
             with torch.autocast(device_type=self.device.type, enabled=self.amp):
                 img_k, txt_k = self.momentum_encoder(batch)
             kwargs = {"img_keys": img_k.to(wide), "txt_keys": txt_k.to(wide)}
-        if self.local_anchors:
+        if self.local_shards:
             # Each rank computes only its own pairs' terms against the gathered batch; the
             # gather's backward brings back the gradients the other ranks' terms send here.
             start = self.env.rank * img.shape[0]
-            kwargs["anchors"] = (start, start + img.shape[0])
+            kwargs["shard"] = (start, start + img.shape[0])
             img, txt = gather_sum_grad(img), gather_sum_grad(txt)
             ids = gather_no_grad(ids)
         elif self.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
             ids = gather_no_grad(ids)
             kwargs = {k: gather_no_grad(v) for k, v in kwargs.items()}
-            if self.has_queue:
+            if self.loss_caps.owns_queue:
                 kwargs["gathered"] = True
         loss = self.loss_fn(img, txt, ids, ids, **kwargs)
-        logged = all_reduce_sum(loss) if self.local_anchors else loss.detach()
+        logged = all_reduce_sum(loss) if self.local_shards else loss.detach()
         ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
         return self._scaled(loss, logged), logged, ctx
 
@@ -360,7 +351,7 @@ class Trainer:
             # rank and are not averaged by DDP: undo the world-size factor.
             for p in self.loss_params:
                 if p.grad is not None:
-                    if self.local_anchors:  # each rank holds its own terms' share
+                    if self.local_shards:  # each rank holds its own terms' share
                         torch.distributed.all_reduce(p.grad)
                     p.grad.div_(self.world)
         self.scaler.unscale_(self.optimizer)
@@ -576,9 +567,7 @@ class Trainer:
             record.update(score_stats(ctx["sim"], ctx["ids"]))
         else:
             record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
-        stats = getattr(self.loss_fn, "last_stats", None)
-        if isinstance(stats, dict):
-            record.update({f"loss_{k}": v for k, v in stats.items()})
+        record.update({f"loss_{k}": v for k, v in self.loss_fn.last_stats.items()})
         if self.scaler.is_enabled():
             record["amp_scale"] = float(self.scaler.get_scale())
         self._log(record)
