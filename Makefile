@@ -15,9 +15,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# lint-imports checks the layering contracts of pyproject.toml ([tool.importlinter]): the core
+# imports no harness, a package only the layers below it, no import cycles.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
 	$(PY) -m pytest -q
