@@ -218,7 +218,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         print(f"vlret synth: {err}", file=sys.stderr)
         return 2
     print(path)
-    from .data.synthetic_hint import train_hint_lines
+    from .data.synthetic import train_hint_lines
 
     for line in train_hint_lines(path):  # the --set overrides a shipped config needs
         print(line)
@@ -348,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--losses",
         metavar="A,B,...",
         help="comma-separated losses or [compare.losses] labels "
-        "(default: the config's [compare.losses], else triplet,infonce,unified,goal,vsl,adacl)",
+        "(default: the config's [compare.losses], else the papers' losses: "
+        "vlret.losses.compared_losses())",
     )
     cmp.add_argument(
         "--goal-grid",

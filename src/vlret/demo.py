@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from ._files import atomic_write_text
 from .tour import loss_rows, run_demo  # noqa: F401  (the quick demo; re-exported)
 
 #: Where the costs below were measured. Per-step costs are CPU seconds of one step with one
@@ -195,7 +196,8 @@ def write_demo_config(
     seed: int | None = None,
 ) -> Path:
     """The packaged config of ``preset`` pointed at ``data_root`` (and its feature size), with
-    the optional ``train.epochs`` / ``train.seed``, written as YAML to ``path``."""
+    the optional ``train.epochs`` / ``train.seed``, written as YAML to ``path`` (atomically,
+    :func:`vlret._files.atomic_write_text`)."""
     import sys
 
     import yaml
@@ -214,14 +216,11 @@ def write_demo_config(
         raw["train"]["epochs"] = epochs
     if seed is not None:
         raw["train"]["seed"] = seed
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"# vlret demo --preset {preset}: resolved from the packaged "
         f"{DEMO_PRESETS[preset].config_name}\n"
     )
-    path.write_text(header + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return path
+    return atomic_write_text(path, header + yaml.safe_dump(raw, sort_keys=False))
 
 
 @dataclass
