@@ -1,7 +1,8 @@
 """Loss registry: ``build_loss(name, **params)``, ``available_losses()``,
 ``check_loss_params(name, params)`` and ``loss_capabilities(name, params)``.
 
-Later loss families register themselves with :func:`register_loss`.
+Loss families register themselves with :func:`register_loss`; ``vlret.losses`` imports every
+public module of the package, so a new family file needs no other edit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ _REGISTRY: dict[str, type[nn.Module]] = {}
 
 
 def register_loss(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator registering a loss module under ``name``."""
+    """Class decorator registering a loss module under ``name``.
+
+    Args:
+        name: The name configs and :func:`build_loss` use.
+
+    Returns:
+        The decorator; it sets ``cls.registry_name``.
+
+    Raises:
+        ValueError: ``name`` is already registered to another class.
+    """
 
     def decorator(cls: type[nn.Module]) -> type[nn.Module]:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
@@ -36,6 +47,11 @@ def available_losses() -> list[str]:
 
 
 def loss_class(name: str) -> type[nn.Module]:
+    """The class registered as ``name``.
+
+    Raises:
+        ValueError: ``name`` is not registered; the message lists the registered names.
+    """
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown loss {name!r}; available losses: {', '.join(available_losses())}"
@@ -44,7 +60,11 @@ def loss_class(name: str) -> type[nn.Module]:
 
 
 def loss_parameters(name: str) -> dict[str, Any]:
-    """Constructor parameters of a registered loss and their defaults."""
+    """Constructor parameters of a registered loss and their defaults.
+
+    Raises:
+        ValueError: ``name`` is not registered.
+    """
     sig = inspect.signature(loss_class(name).__init__)
     return {
         p.name: p.default
@@ -69,11 +89,17 @@ def check_loss_params(name: str, params: Mapping[str, Any]) -> None:
 
     Each value is checked against the constraint its loss class declares (``params`` on the
     class, see :class:`~vlret.losses.PairLoss`), then the relations between parameters, with
-    the defaults filled in; nothing is built (no semantic model, no memory queue). Raises
-    ``ValueError`` for an unknown loss name and :class:`vlret._checks.ParamError` (a
-    ``ValueError``) otherwise: its ``param`` is the parameter's name (``base_params.margin``
-    for a nested one) and a constraint's message reads ``"<param> must be <expected>, got
-    <value>"``, e.g. ``"margin must be >= 0, got -0.2"``.
+    the defaults filled in; nothing is built (no semantic model, no memory queue).
+
+    Args:
+        name: A registered loss name.
+        params: Constructor parameters as configured.
+
+    Raises:
+        ValueError: ``name`` is not registered.
+        vlret._checks.ParamError: A parameter is unknown or outside its constraint; its
+            ``param`` names it (``base_params.margin`` for a nested one) and the message
+            reads ``"<param> must be <expected>, got <value>"``.
     """
     cls = loss_class(name)
     _check_names(name, params)
@@ -85,8 +111,16 @@ def check_loss_params(name: str, params: Mapping[str, Any]) -> None:
 def build_loss(name: str, **params: Any) -> nn.Module:
     """Instantiate the registered loss ``name`` with keyword ``params``.
 
-    Raises ``ValueError`` listing the valid names or parameters when either is unknown, and
-    the constructor's ``ValueError`` naming a parameter outside its declared constraint.
+    Args:
+        name: A registered loss name.
+        **params: Its constructor parameters.
+
+    Returns:
+        The loss module.
+
+    Raises:
+        ValueError: An unknown name or parameter (the message lists the valid ones), or a
+            parameter outside its declared constraint (named).
     """
     cls = loss_class(name)
     _check_names(name, params)
