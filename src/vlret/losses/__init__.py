@@ -14,6 +14,7 @@ import pkgutil
 
 from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
+from .dcl import DCLLoss, dcl_loss, tiled_dcl_loss
 from .dml import (
     BinomialDevianceLoss,
     CircleLoss,
@@ -57,6 +58,9 @@ __all__ = [
     "adacl_margins",
     "BinomialDevianceLoss",
     "CircleLoss",
+    "DCLLoss",
+    "dcl_loss",
+    "tiled_dcl_loss",
     "MultiSimilarityLoss",
     "NCAHardLoss",
     "binomial_deviance_loss",
