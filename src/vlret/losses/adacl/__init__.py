@@ -7,17 +7,9 @@ a scale ``m1`` and a shift ``m2`` (Eq. 3). Each training batch recomputes them i
 score per row (Eq. 7) picks a row of salient negatives and a row of clone negatives, a 1-D
 Gaussian discriminant analysis fitted on those two rows (Eq. 8-10) classifies every negative,
 and the anchor comes from the median distance of the clones to their positives (Eq. 11).
-No public code exists; each reading of the paper is written where it is made.
-
-* ``objective``: :func:`adacl_loss` (Eq. 3 for given margins, with memory-queue negatives),
-  :func:`tiled_adacl_loss`, and the dense and tiled batches.
-* ``margins``: :func:`adacl_margins`, ``(anchor, Sigma_anchor) -> (m1, m2)`` (Eq. 20, 22).
-* ``gda``: :func:`fit_gda`, :func:`clone_log_odds`, :func:`clone_posterior`,
-  :func:`clone_region` (Eq. 8-10).
-* ``anchor``: :func:`select_anchor` over score tiles and :func:`adacl_anchor` on a matrix
-  (Eq. 7-11).
-* ``config``: :class:`AdaCLConfig`, the validated hyper-parameters.
-* ``module``: :class:`AdaCLLoss` (registered as ``"adacl"``), Algorithm 1's state machine.
+No public code exists; each reading of the paper is written where it is made. Modules:
+``objective`` (Eq. 3, dense and tiled), ``margins`` (Eq. 20, 22), ``gda`` (Eq. 8-10),
+``anchor`` (Eq. 7-11 over score tiles), ``config`` and ``module`` (Algorithm 1).
 """
 
 from .._tiling import QueueBlock

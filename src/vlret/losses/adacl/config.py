@@ -63,9 +63,27 @@ ADACL_PARAMS = {
 
 @dataclass(frozen=True)
 class AdaCLConfig:
-    """Hyper-parameters of :class:`~vlret.losses.AdaCLLoss`; validated on construction.
+    """Hyper-parameters of :class:`~vlret.losses.AdaCLLoss`, the paper's defaults (Sec. 4.1).
 
-    Defaults are the paper's (Sec. 4.1, A.10). The module's docstring describes each one.
+    Attributes:
+        m1_init: Initial scale ``m1`` of the positive logit (Eq. 3).
+        m2_init: Initial shift ``m2``.
+        p_u: The anchor's probability under Eq. (3) (Eq. 4).
+        eps: One minus the probability of a positive of similarity 1 (Eq. 6).
+        anchor_selection: The rule on Delta S: ``"median"``, ``"min"``, ``"max"``, ``"random"``
+            (Eq. 11, Table 5).
+        top_k: Fit each GDA class on its ``top_k`` largest scores (A.10), or ``None``.
+        margin_momentum: ``mu``: an accepted update is ``m <- mu m_prev + (1 - mu) m_new``.
+        negative_temperature: Divides every negative logit (not in the paper; 1: Eq. 3).
+        scale_negatives: Negative logits ``m1 s_ij`` (not in the paper); needs temperature 1.
+        warmup_steps: Training batches trained with the initial margins.
+        min_variance: A GDA variance at or below this is degenerate (a guard).
+        max_anchor: Anchors at or above this are refused (a guard).
+        max_m1: Cap on ``m1`` (``m2`` then from Eq. 22), or ``None``.
+        seed: Seed of the module's own generator (``anchor_selection="random"``).
+        queue_size: Entries of each memory queue (Sec. 4.1: 4096; 0: none).
+        embed_dim: Key width of the queues, required with a queue.
+        sync_margins: Broadcast rank 0's margins after each update (distributed).
 
     Raises:
         ParamError: A value outside ``ADACL_PARAMS`` or a violated :func:`check_relations`.
@@ -119,11 +137,8 @@ def check_relations(params: Mapping[str, Any]) -> None:
 
 
 def check_margin(value: float | torch.Tensor, name: str, *, positive: bool) -> None:
-    """A margin of Eq. (3): a real number or a 0-dim tensor, finite (and > 0 if ``positive``).
-
-    Raises:
-        ValueError: Naming ``name``.
-    """
+    """Raise ``ValueError`` unless a margin of Eq. (3) is a real or a 0-dim tensor, finite
+    (and > 0 if ``positive``)."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
             raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
@@ -138,22 +153,15 @@ def check_margin(value: float | torch.Tensor, name: str, *, positive: bool) -> N
 
 
 def check_temperature(value: float) -> float:
-    """``negative_temperature`` as a positive finite float.
-
-    Raises:
-        ValueError: Any other value.
-    """
+    """``negative_temperature`` as a positive finite float; ``ValueError`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value < math.inf:
         raise ValueError(f"negative_temperature must be a positive finite number, got {value!r}")
     return float(value)
 
 
 def check_scale_negatives(scale_negatives: bool, temperature: float) -> None:
-    """``scale_negatives`` is a bool and excludes a ``negative_temperature`` other than 1.
-
-    Raises:
-        ValueError: Either rule is broken.
-    """
+    """Raise ``ValueError`` unless ``scale_negatives`` is a bool, and not ``True`` with a
+    ``negative_temperature`` other than 1."""
     if not isinstance(scale_negatives, bool):
         raise ValueError(f"scale_negatives must be a bool, got {scale_negatives!r}")
     if scale_negatives and temperature != 1.0:
@@ -164,11 +172,8 @@ def check_scale_negatives(scale_negatives: bool, temperature: float) -> None:
 
 
 def check_probabilities(p_u: float, eps: float) -> None:
-    """``p_u`` and ``eps`` in (0, 1) with ``p_u + eps < 1`` (Eq. 20 needs a positive ``m1``).
-
-    Raises:
-        ValueError: Naming the argument.
-    """
+    """Raise ``ValueError`` unless ``p_u`` and ``eps`` are in (0, 1) with ``p_u + eps < 1``
+    (Eq. 20 needs a positive ``m1``)."""
     if not (isinstance(p_u, int | float) and 0.0 < p_u < 1.0):
         raise ValueError(f"p_u must be a probability in (0, 1), got {p_u!r}")
     if not (isinstance(eps, int | float) and 0.0 < eps < 1.0):
@@ -178,12 +183,8 @@ def check_probabilities(p_u: float, eps: float) -> None:
 
 
 def check_selection(selection: str, top_k: int | None, min_variance: float) -> None:
-    """The anchor selection's arguments (Eq. 11, A.10).
-
-    Raises:
-        ValueError: An unknown ``selection``, a ``top_k`` that is not ``None`` or an int >= 2,
-            or a negative ``min_variance``.
-    """
+    """Raise ``ValueError`` for an unknown ``selection`` (Eq. 11), a ``top_k`` that is not
+    ``None`` or an int >= 2 (A.10), or a negative ``min_variance``."""
     if selection not in ANCHOR_SELECTIONS:
         raise ValueError(f"selection must be one of {ANCHOR_SELECTIONS}, got {selection!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 2):

@@ -126,11 +126,11 @@ class CloneRegion(NamedTuple):
     hi: float
     inside: bool
 
-    def contains(self, s: torch.Tensor) -> torch.Tensor:
-        """Bool mask of the scores in the clone region (two comparisons per score)."""
+    def outside(self, s: torch.Tensor) -> torch.Tensor:
+        """Bool mask of the scores outside the clone region (two comparisons per score)."""
         if self.inside:
-            return (s > self.lo) & (s < self.hi)
-        return (s < self.lo) | (s > self.hi)
+            return (s <= self.lo) | (s >= self.hi)
+        return (s >= self.lo) & (s <= self.hi)
 
 
 def clone_region(fit: GDAFit) -> CloneRegion:

@@ -73,36 +73,25 @@ class AdaCLLoss(PairLoss):
       the ``(B, B)`` matrix nor the ``(B, K)`` queue blocks (:class:`TiledAdaCLBatch`, the
       same anchor selection over tiles); a batch within one tile takes the dense path.
 
+    The hyper-parameters are the fields of :class:`~vlret.losses.adacl.AdaCLConfig`, with
+    the paper's defaults, validated and stored as ``config``.
+
     Args:
-        m1_init: Initial scale ``m1`` (the paper's 20).
-        m2_init: Initial shift ``m2`` (the paper's 0.1).
-        p_u: The anchor's probability (Eq. 4).
-        eps: One minus the probability of a positive of similarity 1 (Eq. 6).
-        anchor_selection: ``"median"``, ``"min"``, ``"max"`` or ``"random"`` (Table 5).
-        top_k: Fit the GDA classes on their ``top_k`` largest scores (A.10), or ``None``.
-        margin_momentum: ``mu``: an accepted update is ``m <- mu m_prev + (1 - mu) m_new``.
-        negative_temperature: Divides the negative logits (1: Eq. 3 as printed).
-        scale_negatives: Negatives ``exp(m1 s_ij)``; excludes ``negative_temperature``.
-        warmup_steps: Training batches trained with the initial margins before re-estimation.
-        min_variance: A GDA variance at or below this is degenerate.
-        max_anchor: Anchors at or above this are refused.
-        max_m1: Cap on ``m1``, or ``None``.
-        seed: Seed of the module's own generator for ``anchor_selection="random"``.
-        queue_size: Entries of each memory queue (0: none; the paper uses 4096).
-        embed_dim: Key width of the queues (required with a queue).
-        sync_margins: Broadcast rank 0's margins after each update.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         normalize: L2-normalise the embeddings.
         chunk_size: Tile height of the tiled form, or ``None``.
 
     Attributes:
         config: The validated :class:`~vlret.losses.adacl.AdaCLConfig`.
-        m1, m2: The margins (buffers, saved by ``state_dict``).
-        img_queue, txt_queue: The memory queues, or ``None``.
-        generator: The random rule's generator (state saved in the extra state).
-        steps, anchor, log_sigma_anchor, clone_count, guard_counts, last_guard, m1_capped:
-            Bookkeeping on the host, saved as extra state (``last_guard``: -1 before the first
-            batch, 0 after an accepted update, else 1 + the index of the guard).
+        m1: The scale margin (a buffer, saved by ``state_dict``).
+        m2: The shift margin (a buffer).
+        img_queue: The image memory queue, or ``None``.
+        txt_queue: The text memory queue, or ``None``.
+        generator: The random rule's generator, its state saved in the extra state.
+        steps: Training batches seen; with ``anchor``, ``log_sigma_anchor``, ``clone_count``,
+            ``guard_counts``, ``last_guard`` (-1 before the first batch, 0 after an accepted
+            update, else 1 + the guard's index) and ``m1_capped``, host bookkeeping saved as
+            extra state.
 
     Raises:
         ParamError: A parameter outside its constraint (:class:`AdaCLConfig`).

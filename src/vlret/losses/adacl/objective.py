@@ -130,22 +130,8 @@ def _extra_block(
 
 
 class DenseAdaCLBatch:
-    """A validated similarity matrix with optional memory-queue score blocks.
-
-    Args:
-        sim: ``(B, B)`` similarities, rows images, columns texts, positives on the diagonal.
-        pos_mask: Optional ``(B, B)`` bool further positives (neither pushed nor pulled).
-        extra_neg_txt: Optional ``(B, K)`` similarities of the batch images to ``K`` extra
-            texts (memory-queue keys): negatives of the image rows.
-        extra_neg_txt_mask: Optional bool, broadcast to ``(B, K)``: which entries are
-            negatives (default: all).
-        extra_neg_img: Optional ``(K', B)`` similarities of ``K'`` extra images to the batch
-            texts: negatives of the text columns.
-        extra_neg_img_mask: As ``extra_neg_txt_mask`` for ``extra_neg_img``.
-
-    Raises:
-        ValueError: Bad shapes, dtypes, masks or non-finite scores, naming the argument.
-    """
+    """A validated similarity matrix with optional memory-queue score blocks (the arguments
+    of :func:`adacl_loss` of the same names); ``ValueError`` names a bad one."""
 
     def __init__(
         self,
@@ -167,6 +153,7 @@ class DenseAdaCLBatch:
         self.blocks = [self.sim] if self.q_txt is None else [self.sim, self.q_txt]
         self.tile = b
         self.widths = tuple(block.scores.shape[1] for block in self.blocks)
+        self._detached = [block.scores.detach() for block in self.blocks]
 
     @property
     def positives(self) -> torch.Tensor:
@@ -175,8 +162,10 @@ class DenseAdaCLBatch:
 
     def scores(self, block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``start:stop`` of block ``block`` (views) and their excluded entries."""
-        b = self.blocks[block]
-        return b.scores.detach()[start:stop], None if b.excluded is None else b.excluded[start:stop]
+        scores, excluded = self._detached[block], self.blocks[block].excluded
+        if stop - start == self.tile:  # the whole block: no slicing ops
+            return scores, excluded
+        return scores[start:stop], None if excluded is None else excluded[start:stop]
 
     def score_bound(self) -> float:
         """The largest ``|s|`` over the blocks."""
