@@ -628,6 +628,63 @@ def test_synth_prints_the_overrides_a_shipped_config_needs(tmp_path, capsys, pre
     assert result.steps == 2
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "/data/w",
+        "rel/dir with space",
+        "2024",
+        "1e-4",
+        "[1, 2]",
+        "{a = 1}",
+        "true",
+        "False",
+        "null",
+        "None",
+        "~",
+        '"quoted"',
+        " padded ",
+        "inf",
+        "nan",
+        "2024-01-01",
+        "ünïcode\\back",
+        "",
+        None,
+        True,
+        False,
+        7,
+        0.25,
+    ],
+)
+def test_hint_values_round_trip_through_set(value):
+    # The hint writes each data key as `--set data.KEY=VALUE`; the value must come back as
+    # itself through the trainer's parser, and a plain path must stay unquoted (readable).
+    from vlret.data.synthetic.hint import train_overrides
+    from vlret.train.config import apply_overrides, parse_value
+
+    meta = {"train_config_hint": {"data": {"root": value, "format": "karpathy"}}}
+    item = train_overrides(meta)[0]
+    assert item.startswith("data.root=")
+    raw = apply_overrides({"data": {}}, [item])
+    assert raw["data"]["root"] == value and type(raw["data"]["root"]) is type(value)
+    if isinstance(value, str) and parse_value(value) == value:
+        assert item == f"data.root={value}"
+
+
+def test_hint_does_not_import_the_trainer():
+    # vlret.data sits below vlret.train (the import-linter layers in pyproject).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import vlret.data.synthetic.hint as h; "
+        "h.train_overrides({'train_config_hint': {'data': {'root': '1'}, 'image_in_dim': 4}}); "
+        "print('vlret.train' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_one_set_of_preset_names_for_synth_and_demo(capsys):
     # `vlret demo --preset small` trained on a world `vlret synth` had no name for: now each
     # demo preset is the synth preset of the same name (the same world).

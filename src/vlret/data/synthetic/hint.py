@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 #: The side file that describes a written world (``vlret.data.synthetic``).
 META_FILE = "synthetic.json"
@@ -52,15 +58,27 @@ def config_hint(
     return {"data": data, "image_in_dim": feature_dim}
 
 
+def _reads_back(text: str) -> bool:
+    """Whether ``--set key=TEXT`` gives the plain string ``TEXT``: the rule of
+    :func:`vlret.train.config.parse_value` (a null word, a TOML literal or a ``true``/``false``
+    in any case is typed; anything else is kept as stripped), restated here because
+    ``vlret.data`` must not import ``vlret.train``."""
+    if text != text.strip() or text.lower() in ("null", "none", "~", "true", "false"):
+        return False
+    try:
+        tomllib.loads(f"v = {text}")
+    except tomllib.TOMLDecodeError:
+        return True
+    return False
+
+
 def _value(value: Any) -> str:
     """``value`` as ``--set`` reads it back (:func:`vlret.train.config.parse_value`)."""
-    from ...train.config import parse_value
-
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str) and parse_value(value) != value:
+    if isinstance(value, str) and not _reads_back(value):
         return json.dumps(value)  # a folder named like a number or a list: a TOML string
     return str(value)
 
