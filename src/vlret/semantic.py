@@ -26,6 +26,7 @@ import torch
 from sklearn.exceptions import NotFittedError
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from ._files import atomic_write, atomic_write_text
 from .similarity import Ids
 
 __all__ = ["CaptionTfidf"]
@@ -236,8 +237,9 @@ class CaptionTfidf:
         }
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        sp.save_npz(out / self.VECTORS_FILE, self._mean_vectors.tocsr(), compressed=True)
-        (out / self.META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+        vectors = self._mean_vectors.tocsr()
+        atomic_write(out / self.VECTORS_FILE, lambda fh: sp.save_npz(fh, vectors, compressed=True))
+        atomic_write_text(out / self.META_FILE, json.dumps(meta))
         return out
 
     @classmethod

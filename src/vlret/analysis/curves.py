@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._files import atomic_write_text
+
 #: File names written by the functions of this module.
 TRAINING_FIGURE = "curves_loss_rsum.png"
 SIMILARITY_FIGURE = "curves_similarity.png"
@@ -173,8 +175,7 @@ def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | 
         if any(epoch_series(r, key) for r in logs)
     ]
     path = Path(out_dir) / CURVES_TABLE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(parts), encoding="utf-8")
+    atomic_write_text(path, "\n".join(parts))
     return path
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..._files import atomic_write_text
 from ..tables import (
     VariantSummary,
     goal_grid_markdown,
@@ -123,11 +124,11 @@ def write_report(
         from ...losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
 
         report.goal_table = out_dir / "goal_grid.md"
-        report.goal_table.write_text(
+        atomic_write_text(
+            report.goal_table,
             goal_grid_markdown(
                 summaries, triplet_weights=TRIPLET_WEIGHTS, pair_weights=PAIR_WEIGHTS
             ),
-            encoding="utf-8",
         )
         cells = {}
         for s in summaries:

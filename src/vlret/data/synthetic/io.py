@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._files import atomic_write_text
 from ..karpathy import KarpathyImage, KarpathySentence
 from ..msrvtt import DATA_JSON, JSFUSION_CSV, TRAIN_9K_CSV
 from ..writers import (
@@ -274,7 +275,8 @@ def write_synthetic(
         "edit_kinds": list(EDIT_KINDS),
         "caption_forms": list(CAPTION_FORMS),
     }
-    (root / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    # `vlret demo` reuses a world whose meta file it can read: write it whole or not at all
+    atomic_write_text(root / META_FILE, json.dumps(meta, indent=1))
     return root
 
 
