@@ -73,7 +73,14 @@ _EXPECTED_JSON = "expected " + _JSON_LAYOUT
 
 @dataclass(frozen=True)
 class MSRVTTAnnotations:
-    """``MSRVTT_data.json``: video ids in file order, their split, their captions by sen_id."""
+    """``MSRVTT_data.json`` as :func:`read_msrvtt_json` parses it.
+
+    Attributes:
+        path: The file read.
+        video_ids: The video ids in file order.
+        splits: The JSON split of each video: ``"train"``, ``"validate"`` or ``"test"``.
+        captions: Each video's captions, in ``sen_id`` order.
+    """
 
     path: Path
     video_ids: tuple[str, ...]
@@ -81,7 +88,7 @@ class MSRVTTAnnotations:
     captions: dict[str, list[str]]
 
     def split_videos(self, split: str) -> list[str]:
-        """Video ids of a JSON split (``train``, ``validate``, ``test``) in file order."""
+        """The ids of the videos of JSON split ``split`` (``train``/``validate``/``test``)."""
         return [v for v in self.video_ids if self.splits[v] == split]
 
 
@@ -100,8 +107,18 @@ def _entry_field(entry: Any, key: str, kind: type, where: str, at: JsonPath) -> 
 def read_msrvtt_json(path: str | Path) -> MSRVTTAnnotations:
     """Parse and validate ``MSRVTT_data.json``.
 
-    Errors name the file, the entry (``videos[1] (video1): split 'val'``) and, where the entry
-    can be found in the text, its line (see :func:`vlret.data.karpathy.locate_json_line`)."""
+    Args:
+        path: The annotation file.
+
+    Returns:
+        The videos in file order with their splits, and their captions in ``sen_id`` order.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        DataFormatError: Not JSON of the module's layout, or a malformed entry. The message
+            names the file, the entry (``videos[1] (video1): split 'val'``) and, where the
+            entry can be found, its line (:func:`vlret.data.karpathy.locate_json_line`).
+    """
     path = Path(path)
     data = read_json(path, "the MSR-VTT annotations " + _JSON_LAYOUT)
     if not isinstance(data, dict) or not all(
@@ -177,7 +194,18 @@ def _csv_rows(path: Path, what: str) -> tuple[list[str], list[tuple[int, list[st
 
 
 def read_train_csv(path: str | Path) -> list[str]:
-    """The ``video_id`` column of ``MSRVTT_train.9k.csv`` (or ``.7k``), in file order."""
+    """Read the 1k-A training videos.
+
+    Args:
+        path: ``MSRVTT_train.9k.csv`` (or the ``.7k`` list).
+
+    Returns:
+        The ``video_id`` column, in file order.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        DataFormatError: Malformed CSV, no ``video_id`` column, or an empty or repeated id.
+    """
     return [vid for _, vid in _train_csv_lines(Path(path))]
 
 
@@ -220,7 +248,19 @@ def _first_listed(
 
 
 def read_jsfusion_csv(path: str | Path) -> list[tuple[str, str]]:
-    """``(video_id, sentence)`` rows of ``MSRVTT_JSFUSION_test.csv``, in file order."""
+    """Read the 1k-A test pairs.
+
+    Args:
+        path: ``MSRVTT_JSFUSION_test.csv``.
+
+    Returns:
+        The ``(video_id, sentence)`` of each row, in file order.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        DataFormatError: Malformed CSV, another header than ``key,vid_key,video_id,sentence``,
+            or an empty ``video_id`` or sentence.
+    """
     path = Path(path)
     what = "the header key,vid_key,video_id,sentence and one test pair per row"
     header, rows = _csv_rows(path, what)
@@ -238,7 +278,17 @@ def read_jsfusion_csv(path: str | Path) -> list[tuple[str, str]]:
 
 
 class VideoFeatures:
-    """``video_feats.npy`` + ``video_ids.txt`` (see the module docstring), memory-mapped."""
+    """``video_feats.npy`` and ``video_ids.txt`` (the module docstring's layout).
+
+    Args:
+        features_dir: The folder holding the two files.
+        mmap: Memory-map the array (rows are read on access).
+
+    Raises:
+        FileNotFoundError: A file is missing.
+        DataFormatError: An unreadable or non-float array, an empty or repeated id, or not one
+            id per row.
+    """
 
     def __init__(self, features_dir: str | Path, *, mmap: bool = True) -> None:
         self.dir = Path(features_dir)
@@ -270,6 +320,11 @@ class VideoFeatures:
         self._features = LazyFeatures(npy, mmap=mmap, array=array)
 
     def rows_for(self, video_ids: Sequence[str]) -> list[int]:
+        """The array row of each of ``video_ids``, in their order.
+
+        Raises:
+            DataFormatError: Some videos have no row (the first few are named).
+        """
         missing = [v for v in video_ids if v not in self.row]
         if missing:
             raise DataFormatError(
@@ -280,15 +335,25 @@ class VideoFeatures:
         return [self.row[v] for v in video_ids]
 
     def __getitem__(self, row: int) -> torch.Tensor:
+        """The float32 features of array row ``row``: ``(T, D)`` frames or ``(D,)``."""
         return self._features.row(row)
 
     def find_non_finite(self, rows: Sequence[int], *, chunk_bytes: int = SCAN_CHUNK_BYTES):
-        """The first of ``rows`` (in file order) holding NaN or inf, streamed in chunks; see
-        :func:`vlret.data.precomp.find_non_finite`."""
+        """The first of ``rows`` (in file order) holding NaN or inf, or ``None``.
+
+        Args:
+            rows: The array rows to scan.
+            chunk_bytes: Feature bytes read at once (:func:`vlret.data.checks.find_non_finite`).
+        """
         return find_non_finite(self._features.array, rows=np.unique(rows), chunk_bytes=chunk_bytes)
 
 
 def normalise_protocol(protocol: str) -> str:
+    """``"full"`` or ``"1k-A"`` from any case and ``-``/``_`` spelling (``"msrvtt_1ka"``).
+
+    Raises:
+        ValueError: Another protocol.
+    """
     key = str(protocol).lower().replace("-", "").replace("_", "")
     names = {"full": "full", "1ka": "1k-A", "msrvttfull": "full", "msrvtt1ka": "1k-A"}
     if key not in names:
@@ -299,10 +364,24 @@ def normalise_protocol(protocol: str) -> str:
 class MSRVTTDataset(RetrievalDataset):
     """One split of MSR-VTT under the ``full`` or ``1k-A`` protocol, with frame features.
 
-    Splits: ``train``, ``dev`` (``validate``; full only) and ``test``. Each video keeps its
-    first ``captions_per_video`` captions by ``sen_id`` and must have that many (``None``: all);
-    1k-A test always has the CSV's one caption per video. ``expected_videos`` checks the split
-    size (e.g. ``FULL_SPLIT_SIZES["test"]``). ``image(i)`` returns video ``i``'s features.
+    Args:
+        root: The data root holding the annotation files.
+        split: ``"train"``, ``"dev"`` (the JSON's ``validate``; full only) or ``"test"``.
+        protocol: ``"full"`` or ``"1k-A"`` (any :func:`normalise_protocol` spelling).
+        encoder: Turns a caption into token ids; ``None`` keeps the strings.
+        features_dir: The folder of the feature files (default ``root``).
+        captions_per_video: Each video keeps its first captions by ``sen_id`` and must have
+            that many; ``None`` keeps all. The 1k-A test has the CSV's one caption per video.
+        train_csv: The 1k-A training list, in ``root``.
+        expected_videos: The number of videos the split must have (e.g.
+            ``FULL_SPLIT_SIZES["test"]``); ``None`` checks nothing.
+        mmap: Memory-map the features.
+
+    Raises:
+        ValueError: An unknown protocol or split, or a bad ``captions_per_video``.
+        FileNotFoundError: An annotation or feature file is missing.
+        DataFormatError: A malformed file, too few captions, an unknown training video, a
+            split of another size than ``expected_videos``, or a video without features.
     """
 
     def __init__(
@@ -373,17 +452,27 @@ class MSRVTTDataset(RetrievalDataset):
 
     @property
     def video_ids(self) -> list[str]:
+        """The split's video ids in dataset order (``image_ids``)."""
         return self.image_ids
 
     def image(self, index: int) -> torch.Tensor:
-        """Float32 features of video ``index``: ``(T, D)`` frames or ``(D,)``."""
+        """Float32 features of the split's video ``index``: ``(T, D)`` frames or ``(D,)``."""
         return self.features[self._rows[index]]
 
     def check_features(
         self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
     ) -> None:
-        """The size check, then a scan of the rows of ``video_feats.npy`` that this split's
-        videos use (in file order; rows of other splits are not read)."""
+        """Check the feature size, then scan the rows of this split's videos for NaN or inf
+        (in file order; rows of other splits are not read).
+
+        Args:
+            in_dim: The feature size the model reads; ``None`` skips the size check.
+            chunk_bytes: Feature bytes read at once.
+
+        Raises:
+            DataFormatError: Another last dimension than ``in_dim``, or a non-finite value (the
+                video, its position in the split and the frame are named).
+        """
         feats = self.features
         check_feature_size(feats.path, feats.shape, in_dim)
         rows = self._rows[: self.num_images]  # builders may keep only the first videos
@@ -438,10 +527,19 @@ def _group_pairs(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]
 
 
 def msrvtt_vocab_captions(root: str | Path, *, protocol: str = "full") -> list[str]:
-    """Training captions for a vocabulary: full: train + validate videos; 1k-A: the 9k videos.
+    """The captions a vocabulary is built from, never a test caption.
 
-    Test captions are never included (for 1k-A the 9k training videos exclude the 1000 test
-    videos by construction).
+    Args:
+        root: The data root.
+        protocol: ``"full"``: the train and validate videos; ``"1k-A"``: the 9k videos.
+
+    Returns:
+        Their captions, video by video.
+
+    Raises:
+        ValueError: An unknown protocol.
+        FileNotFoundError: An annotation file is missing.
+        DataFormatError: A malformed file, or a 1k-A training list with a JSFUSION test video.
     """
     root = Path(root)
     protocol = normalise_protocol(protocol)
@@ -469,7 +567,17 @@ def msrvtt_vocab_captions(root: str | Path, *, protocol: str = "full") -> list[s
 def build_msrvtt_vocab(
     root: str | Path, *, protocol: str = "full", min_count: int = DEFAULT_MIN_COUNT
 ) -> Vocabulary:
-    """Vocabulary from the protocol's training (and validation) captions."""
+    """A vocabulary from the protocol's training (and validation) captions.
+
+    Args:
+        root: The data root.
+        protocol: ``"full"`` or ``"1k-A"`` (:func:`msrvtt_vocab_captions`).
+        min_count: Keep the words seen at least this many times.
+
+    Raises:
+        ValueError: An unknown protocol or a bad ``min_count``.
+        DataFormatError: As :func:`msrvtt_vocab_captions`.
+    """
     return build_vocab(msrvtt_vocab_captions(root, protocol=protocol), min_count=min_count)
 
 
