@@ -288,6 +288,19 @@ class PairLoss(nn.Module):
         if self.chunk_size is None:
             raise ValueError("shard= needs the tiled form: set chunk_size")
 
+    def tiled_arguments(
+        self, img_ids: Ids | None, txt_ids: Ids | None, shard: tuple[int, int] | None
+    ) -> dict[str, Any]:
+        """The keyword arguments every family's tiled function takes from the module."""
+        return {
+            "img_ids": img_ids,
+            "txt_ids": txt_ids,
+            "chunk_size": self.chunk_size,
+            "reduction": self.reduction,
+            "normalize": self.normalize,
+            "shard": shard,
+        }
+
     def tiled_forward(
         self,
         img_emb: torch.Tensor,

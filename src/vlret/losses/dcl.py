@@ -69,16 +69,11 @@ def tiled_dcl_loss(
 ) -> torch.Tensor:
     """:func:`dcl_loss` on embeddings in ``O(chunk_size * B)`` memory.
 
+    The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``).
+
     Args:
-        img_emb: ``(B, D)`` image embeddings.
-        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         temperature: ``tau``, a float or a (learnable) scalar tensor.
-        img_ids: Optional ids; equal ids mark further positives.
-        txt_ids: Optional ids of the texts' images (default ``img_ids``).
-        chunk_size: Tile height.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        normalize: Cosine scores (``True``) or raw dot products.
-        shard: ``(start, stop)``: only the terms of pairs ``start:stop``.
 
     Returns:
         The value of ``dcl_loss`` on the cosine matrix.
@@ -131,17 +126,8 @@ class DCLLoss(PairLoss):
         self.temperature = float(temperature)
 
     def tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids, shard=None) -> torch.Tensor:
-        return tiled_dcl_loss(
-            img_emb,
-            txt_emb,
-            temperature=self.temperature,
-            img_ids=img_ids,
-            txt_ids=txt_ids,
-            chunk_size=self.chunk_size,
-            reduction=self.reduction,
-            normalize=self.normalize,
-            shard=shard,
-        )
+        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
+        return tiled_dcl_loss(img_emb, txt_emb, temperature=self.temperature, **arguments)
 
     def from_similarity(
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None

@@ -76,17 +76,11 @@ def tiled_infonce_loss(
 ) -> torch.Tensor:
     """:func:`infonce_loss` on embeddings in ``O(chunk_size * B)`` memory (the tiled form).
 
+    The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``).
+
     Args:
-        img_emb: ``(B, D)`` image embeddings.
-        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         temperature: ``tau``, a float or a (learnable) scalar tensor, which gets its gradient.
-        img_ids: Optional ids; equal ids mark further positives.
-        txt_ids: Optional ids of the texts' images (default ``img_ids``).
-        chunk_size: Tile height.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        normalize: Cosine scores (``True``) or raw dot products.
-        shard: ``(start, stop)``: only the terms of pairs ``start:stop`` (``"mean"`` divides
-            by the whole batch, so the shards add up to the batch loss).
 
     Returns:
         The value of ``infonce_loss(cosine_similarity(img, txt), pos_mask=positive_mask(ids))``.
@@ -167,17 +161,9 @@ class InfoNCELoss(PairLoss):
         txt_ids: Ids | None,
         shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        return tiled_infonce_loss(
-            img_emb,
-            txt_emb,
-            temperature=self._current_temperature(),
-            img_ids=img_ids,
-            txt_ids=txt_ids,
-            chunk_size=self.chunk_size,
-            reduction=self.reduction,
-            normalize=self.normalize,
-            shard=shard,
-        )
+        temperature = self._current_temperature()
+        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
+        return tiled_infonce_loss(img_emb, txt_emb, temperature=temperature, **arguments)
 
     def from_similarity(
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None

@@ -121,17 +121,12 @@ def tiled_triplet_loss(
 ) -> torch.Tensor:
     """:func:`triplet_loss` (Triplet-HN Eq. 1-2, or VSE0 with ``hardest=False``), tiled.
 
+    The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``).
+
     Args:
-        img_emb: ``(B, D)`` image embeddings.
-        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         margin: The hinge margin.
         hardest: The hardest negative of each anchor (VSE++) or the sum over all (VSE0).
-        img_ids: Optional ids; equal ids mark further positives.
-        txt_ids: Optional ids of the texts' images (default ``img_ids``).
-        chunk_size: Tile height.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
-        normalize: Cosine scores (``True``) or raw dot products.
-        shard: ``(start, stop)``: only the terms of pairs ``start:stop``.
 
     Returns:
         The dense form's value. At exact ties of the hardest negative the whole gradient goes
@@ -190,17 +185,9 @@ class TripletLoss(PairLoss):
         txt_ids: Ids | None,
         shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
+        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
         return tiled_triplet_loss(
-            img_emb,
-            txt_emb,
-            margin=self.margin,
-            hardest=self.hardest,
-            img_ids=img_ids,
-            txt_ids=txt_ids,
-            chunk_size=self.chunk_size,
-            reduction=self.reduction,
-            normalize=self.normalize,
-            shard=shard,
+            img_emb, txt_emb, margin=self.margin, hardest=self.hardest, **arguments
         )
 
     def from_similarity(

@@ -89,19 +89,14 @@ def tiled_unified_loss(
 ) -> torch.Tensor:
     """:func:`unified_loss` (Eq. 5; adaptive margins Eq. 26) on embeddings, tiled.
 
+    The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``).
+
     Args:
-        img_emb: ``(B, D)`` image embeddings.
-        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         margin: The margin ``m`` of every anchor.
         gamma: The scale ``gamma``.
         margins: ``(B,)`` per-anchor margins replacing ``margin`` (both directions); they get
             their gradient when they require one.
-        img_ids: Optional ids; equal ids mark further positives.
-        txt_ids: Optional ids of the texts' images (default ``img_ids``).
-        chunk_size: Tile height.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
-        normalize: Cosine scores (``True``) or raw dot products.
-        shard: ``(start, stop)``: only the terms of pairs ``start:stop``.
 
     Returns:
         The value of the dense form on the cosine matrix. The weighted form (Eq. 24, a dense
@@ -174,18 +169,9 @@ class UnifiedLoss(PairLoss):
         if self.chunk_size is not None:
             if weights is not None:
                 raise ValueError("weights (Eq. 24) needs the dense form; use chunk_size=None")
+            arguments = self.tiled_arguments(img_ids, txt_ids, shard)
             return tiled_unified_loss(
-                img_emb,
-                txt_emb,
-                margin=self.margin,
-                gamma=self.gamma,
-                margins=margins,
-                img_ids=img_ids,
-                txt_ids=txt_ids,
-                chunk_size=self.chunk_size,
-                reduction=self.reduction,
-                normalize=self.normalize,
-                shard=shard,
+                img_emb, txt_emb, margin=self.margin, gamma=self.gamma, margins=margins, **arguments
             )
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask, weights=weights, margins=margins)

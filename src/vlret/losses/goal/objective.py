@@ -6,6 +6,8 @@ are in :mod:`vlret.losses.goal.weights`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -21,6 +23,11 @@ from .._tiling import (
 from ..registry import register_loss
 from ..triplet import TripletLoss
 from .weights import GOAL_PARAMS, GoalConfig, _goal_triplets, triplet_weights_from_hardest
+
+
+def _config_of(arguments: dict) -> GoalConfig:
+    """The validated :class:`GoalConfig` of a function's keyword arguments (its ``locals()``)."""
+    return GoalConfig(**{f.name: arguments[f.name] for f in dataclasses.fields(GoalConfig)})
 
 
 def _set_n(cfg: GoalConfig, bound: torch.Tensor, rows: int, cols: int, like: torch.Tensor):
@@ -131,9 +138,10 @@ def tiled_goal_objective(
     The value is the hardest-negative hinge (a monitoring value) and the gradient the
     prescribed one, through ``value.detach() + (surrogate - surrogate.detach())``.
 
+    The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``).
+
     Args:
-        img_emb: ``(B, D)`` image embeddings.
-        txt_emb: ``(B, D)`` text embeddings; text ``i`` is image ``i``'s pair.
         triplet_weight: ``"con"``, ``"nca"`` or ``"cir"`` (Eq. 5, 7, 8).
         pair_weight: ``"con"``, ``"lin"``, ``"sig"``, ``"lin-ms"`` or ``"sig-ms"`` (Eq. 9-13).
         margin: The triplet margin.
@@ -143,13 +151,6 @@ def tiled_goal_objective(
         lam: The centre ``lambda`` of the sigmoid pair weights.
         epsilon: The MS sets' margin (Eq. 12-13).
         circle_offset: The offset of ``T^cir`` (see :class:`GoalConfig`).
-        img_ids: Optional ids; equal ids mark further positives.
-        txt_ids: Optional ids of the texts' images (default ``img_ids``).
-        chunk_size: Tile height.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
-        normalize: Cosine scores (``True``) or raw dot products.
-        shard: ``(start, stop)``: only the terms of pairs ``start:stop``; the MS sets still
-            use every positive of the gathered batch.
 
     Returns:
         The dense form's value; its gradient equals the dense prescribed gradient. Ties of the
@@ -158,22 +159,28 @@ def tiled_goal_objective(
     Raises:
         ValueError: A bad argument, named.
     """
-    cfg = GoalConfig(
-        triplet_weight=triplet_weight,
-        pair_weight=pair_weight,
-        margin=margin,
-        tau=tau,
-        alpha=alpha,
-        beta=beta,
-        lam=lam,
-        epsilon=epsilon,
-        circle_offset=circle_offset,
-        reduction=reduction,
-    )
+    cfg = _config_of(locals())
+    common = {"img_ids": img_ids, "txt_ids": txt_ids, "chunk_size": chunk_size}
+    return _tiled_goal(img_emb, txt_emb, cfg, **common, normalize=normalize, shard=shard)
+
+
+def _tiled_goal(
+    img_emb,
+    txt_emb,
+    cfg: GoalConfig,
+    *,
+    img_ids,
+    txt_ids,
+    chunk_size,
+    normalize,
+    shard,
+    reduction=None,
+) -> torch.Tensor:
+    """The tiled objective for a built config (``reduction``, if given, is the config's)."""
     batch = prepare_embeddings(
         img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
     )
-    return reduce_per_index(_goal_terms(batch, cfg, shard), reduction, batch.batch)
+    return reduce_per_index(_goal_terms(batch, cfg, shard), cfg.reduction, batch.batch)
 
 
 class GoalFunction(torch.autograd.Function):
@@ -271,18 +278,7 @@ def goal_objective(
     ``reduction="mean"`` divides the gradient by ``B``; ``"none"`` returns the ``(B,)``
     per-index values and accepts a ``(B,)`` incoming gradient.
     """
-    cfg = GoalConfig(
-        triplet_weight=triplet_weight,
-        pair_weight=pair_weight,
-        margin=margin,
-        tau=tau,
-        alpha=alpha,
-        beta=beta,
-        lam=lam,
-        epsilon=epsilon,
-        circle_offset=circle_offset,
-        reduction=reduction,
-    )
+    cfg = _config_of(locals())
     s, negatives = prepare(sim, pos_mask)
     return GoalFunction.apply(s, negatives, cfg)
 
@@ -360,26 +356,8 @@ class GoalObjective(PairLoss):
         txt_ids: Ids | None,
         shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        c = self.config
-        return tiled_goal_objective(
-            img_emb,
-            txt_emb,
-            triplet_weight=c.triplet_weight,
-            pair_weight=c.pair_weight,
-            margin=c.margin,
-            tau=c.tau,
-            alpha=c.alpha,
-            beta=c.beta,
-            lam=c.lam,
-            epsilon=c.epsilon,
-            circle_offset=c.circle_offset,
-            img_ids=img_ids,
-            txt_ids=txt_ids,
-            chunk_size=self.chunk_size,
-            reduction=c.reduction,
-            normalize=self.normalize,
-            shard=shard,
-        )
+        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
+        return _tiled_goal(img_emb, txt_emb, self.config, **arguments)
 
     def from_similarity(
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
