@@ -44,12 +44,20 @@ _TOKEN = re.compile(r"'(?:s|re|ve|ll|d|m|t)\b|\w+(?:-\w+)*|[^\w\s]")
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens: ``"A man's T-shirt, red."`` -> ``a man 's t-shirt , red .``."""
+    """The ``"vlret"`` word tokeniser (the module docstring gives its rules).
+
+    Args:
+        text: A caption.
+
+    Returns:
+        Its lower-cased tokens: ``"A man's T-shirt, red."`` -> ``a man 's t-shirt , red .``.
+    """
     return _TOKEN.findall(text.lower())
 
 
 def nltk_tokenize(text: str) -> list[str]:
-    """The reference code's tokens, ``nltk.tokenize.word_tokenize(text.lower())``.
+    """The ``"nltk"`` word tokeniser: ``nltk.tokenize.word_tokenize(text.lower())``, the
+    reference code's tokens.
 
     ``word_tokenize`` splits sentences with NLTK's Punkt model, then applies the Treebank
     rules (``NLTKWordTokenizer``) to each sentence. The Punkt model is a data file
@@ -61,7 +69,14 @@ def nltk_tokenize(text: str) -> list[str]:
     without. (``word_tokenize(text, preserve_line=True)``, no sentence splitting, would instead
     keep every mid-caption sentence end on its word: ``"a stove. a sink."`` -> ``stove.``.)
 
-    Raises ``ImportError`` naming ``pip install nltk`` without the package.
+    Args:
+        text: A caption.
+
+    Returns:
+        Its tokens.
+
+    Raises:
+        ImportError: The ``nltk`` package is not installed (the message names the install).
     """
     return _nltk_tokenizer()(text)
 
@@ -93,7 +108,19 @@ TOKENIZERS = ("vlret", "nltk")
 
 
 def word_tokenizer(name: str) -> Callable[[str], list[str]]:
-    """The tokeniser named ``"vlret"`` (:func:`tokenize`) or ``"nltk"`` (:func:`nltk_tokenize`)."""
+    """Look up a word tokeniser by name.
+
+    Args:
+        name: ``"vlret"`` (:func:`tokenize`) or ``"nltk"`` (:func:`nltk_tokenize`).
+
+    Returns:
+        The tokeniser, a module-level function (a vocabulary holding it stays picklable).
+
+    Raises:
+        ValueError: Another name.
+        ImportError: ``"nltk"`` without the ``nltk`` package (raised here, not at the first
+            caption).
+    """
     if name == "vlret":
         return tokenize
     if name == "nltk":
@@ -103,7 +130,14 @@ def word_tokenizer(name: str) -> Callable[[str], list[str]]:
 
 
 def check_vocab_splits(splits: Sequence[str]) -> None:
-    """Refuse test splits: a vocabulary counted over test captions leaks them into training."""
+    """Refuse test splits: a vocabulary counted over test captions leaks them into training.
+
+    Args:
+        splits: The split names a vocabulary would be counted over.
+
+    Raises:
+        ValueError: A split outside ``VOCAB_SPLITS`` (``train`` and ``dev``).
+    """
     bad = [s for s in splits if s not in VOCAB_SPLITS]
     if bad:
         raise ValueError(
@@ -114,10 +148,18 @@ def check_vocab_splits(splits: Sequence[str]) -> None:
 class Vocabulary:
     """Word <-> index map whose first four entries are ``<pad> <start> <end> <unk>``.
 
-    ``encode`` tokenises with ``tokenizer`` (``"vlret"`` or ``"nltk"``, see the module
-    docstring), maps unknown words to ``<unk>`` and wraps the ids in ``<start>`` ... ``<end>``;
-    it satisfies :class:`vlret.data.precomp.CaptionEncoder`. ``tokenizer="nltk"`` without the
-    ``nltk`` package raises ``ImportError`` here.
+    :meth:`encode` tokenises, maps unknown words to ``<unk>`` and wraps the ids in ``<start>``
+    ... ``<end>``: a :class:`vlret.data.precomp.CaptionEncoder`. Two vocabularies are equal
+    when their words and tokenisers are.
+
+    Args:
+        idx2word: The words in index order, starting with ``SPECIAL_TOKENS``.
+        tokenizer: ``"vlret"`` or ``"nltk"`` (the module docstring).
+
+    Raises:
+        ValueError: ``idx2word`` does not start with the special tokens or repeats a word, or
+            an unknown ``tokenizer``.
+        ImportError: ``tokenizer="nltk"`` without the ``nltk`` package.
     """
 
     def __init__(self, idx2word: Sequence[str], *, tokenizer: str = "vlret"):
@@ -162,18 +204,43 @@ class Vocabulary:
         return f"Vocabulary({len(self)} words{shown})"
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Token ids of a caption.
+
+        Args:
+            text: The caption.
+            add_special: Wrap the ids in ``<start>`` ... ``<end>``.
+
+        Returns:
+            One id per token, ``<unk>`` for a word not in the vocabulary.
+        """
         ids = [self.word2idx.get(w, self.unk_id) for w in self._tokenize(text)]
         return [self.start_id, *ids, self.end_id] if add_special else ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        """The words of some ids, joined by spaces.
+
+        Args:
+            ids: Token ids (anything ``int()`` accepts, such as a tensor's elements).
+            skip_special: Drop ``<pad>``, ``<start>`` and ``<end>`` (``<unk>`` is kept).
+
+        Returns:
+            The text.
+
+        Raises:
+            IndexError: An id past the vocabulary.
+        """
         words = [self.idx2word[int(i)] for i in ids]
         if skip_special:
             words = [w for w in words if w not in SPECIAL_TOKENS or w == UNK]
         return " ".join(words)
 
     def to_json(self) -> dict[str, Any]:
-        """The VSE-infinity JSON layout: ``word2idx``, ``idx2word`` (string keys), ``idx``; and
-        ``tokenizer`` unless it is the default ``"vlret"``."""
+        """The vocabulary as a JSON-ready dict.
+
+        Returns:
+            The VSE-infinity layout: ``word2idx``, ``idx2word`` (string keys), ``idx``; plus
+            ``tokenizer`` unless it is the default ``"vlret"``.
+        """
         data: dict[str, Any] = {
             "word2idx": dict(self.word2idx),
             "idx2word": {str(i): w for i, w in enumerate(self.idx2word)},
@@ -184,14 +251,34 @@ class Vocabulary:
         return data
 
     def save(self, path: str | Path) -> Path:
-        """Write the JSON atomically (:func:`vlret._files.atomic_write_text`)."""
+        """Write :meth:`to_json` atomically (:func:`vlret._files.atomic_write_text`).
+
+        Args:
+            path: The JSON file; missing parent folders are created.
+
+        Returns:
+            ``path``.
+        """
         return atomic_write_text(path, json.dumps(self.to_json(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
-        """Read and validate a vocabulary JSON (any error names the file and the problem).
+        """Read and validate a vocabulary JSON.
 
         A file without ``"tokenizer"`` (any VSE-infinity vocabulary) tokenises with ``"vlret"``.
+
+        Args:
+            path: The JSON file.
+
+        Returns:
+            The vocabulary.
+
+        Raises:
+            FileNotFoundError: The file is missing.
+            DataFormatError: Not JSON of the VSE-infinity layout, ``word2idx`` and ``idx2word``
+                disagree, or the words are not a valid :class:`Vocabulary` (the message names
+                the file and the problem).
+            ImportError: A ``"nltk"`` vocabulary without the ``nltk`` package.
         """
         path = Path(path)
         data = read_json(path, 'a vocabulary {"word2idx": ..., "idx2word": ..., "idx": N}')
@@ -230,10 +317,21 @@ def build_vocab(
     min_count: int = DEFAULT_MIN_COUNT,
     tokenizer: str = "vlret",
 ) -> Vocabulary:
-    """Words seen at least ``min_count`` times, most frequent first (ties alphabetical),
-    tokenised with ``tokenizer`` (``"vlret"`` or ``"nltk"``).
+    """Build a vocabulary of the words seen at least ``min_count`` times.
 
     Pass train + dev captions only, never test captions.
+
+    Args:
+        captions: The captions to count.
+        min_count: The least number of occurrences a kept word has.
+        tokenizer: ``"vlret"`` or ``"nltk"``.
+
+    Returns:
+        The special tokens, then the kept words most frequent first (ties alphabetical).
+
+    Raises:
+        ValueError: ``min_count`` is not a positive int, or an unknown ``tokenizer``.
+        ImportError: ``tokenizer="nltk"`` without the ``nltk`` package.
     """
     if not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count must be a positive int, got {min_count!r}")
@@ -251,7 +349,21 @@ def build_vocab(
 def build_precomp_vocab(
     root: str | Path, *, splits: Sequence[str] = VOCAB_SPLITS, min_count: int = DEFAULT_MIN_COUNT
 ) -> Vocabulary:
-    """Vocabulary from a precomputed folder's ``train`` and ``dev`` captions (test refused)."""
+    """Build a vocabulary from a precomputed folder's captions (:func:`build_vocab`).
+
+    Args:
+        root: The precomputed data folder (captions are checked against their features).
+        splits: The splits to count; test splits are refused.
+        min_count: The least number of occurrences a kept word has.
+
+    Returns:
+        The vocabulary, with the ``"vlret"`` tokeniser.
+
+    Raises:
+        ValueError: A test split, or ``min_count`` not a positive int.
+        FileNotFoundError: A split's files are missing.
+        DataFormatError: A split's files are malformed or disagree.
+    """
     check_vocab_splits(splits)
     return build_vocab(load_precomp_captions(root, splits), min_count=min_count)
 
@@ -259,9 +371,13 @@ def build_precomp_vocab(
 class HFTokenizer:
     """A Hugging Face tokenizer as a :class:`~vlret.data.precomp.CaptionEncoder`.
 
-    ``encode`` returns the tokenizer's ``input_ids`` (with its own special tokens), truncated to
-    ``max_length``. ``pad_id`` is the tokenizer's pad token, or 0 if it has none (padded
-    positions lie past ``lengths`` and are masked anyway).
+    ``pad_id`` is the tokenizer's pad token, or 0 if it has none (padded positions lie past
+    ``lengths`` and are masked anyway).
+
+    Args:
+        tokenizer: A loaded tokenizer (callable, returning ``input_ids``).
+        max_length: Truncate to this many ids; ``None`` takes the tokenizer's
+            ``model_max_length`` (no truncation when that is unset or a huge sentinel).
     """
 
     def __init__(self, tokenizer: Any, *, max_length: int | None = None) -> None:
@@ -275,6 +391,8 @@ class HFTokenizer:
         self.pad_id = int(pad) if pad is not None else 0
 
     def encode(self, text: str) -> list[int]:
+        """The tokenizer's ``input_ids`` of ``text`` (with its own special tokens), truncated
+        to ``max_length``."""
         kwargs: dict[str, Any] = {}
         if self.max_length is not None:
             kwargs = {"truncation": True, "max_length": self.max_length}
@@ -282,9 +400,21 @@ class HFTokenizer:
 
 
 def load_hf_tokenizer(path: str | Path, *, max_length: int | None = None) -> HFTokenizer:
-    """``transformers.AutoTokenizer`` from a LOCAL directory (never the Hub), wrapped.
+    """Load ``transformers.AutoTokenizer`` from a local directory (never the Hub).
 
-    ``transformers`` is imported only here; without it this raises ``ImportError`` saying so.
+    ``transformers`` is imported only here.
+
+    Args:
+        path: The folder ``tokenizer.save_pretrained`` wrote.
+        max_length: As :class:`HFTokenizer`.
+
+    Returns:
+        The wrapped tokenizer.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+        ImportError: The ``transformers`` package is not installed.
+        DataFormatError: The folder holds no loadable tokenizer.
     """
     path = Path(path)
     if not path.is_dir():
