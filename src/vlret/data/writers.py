@@ -37,9 +37,18 @@ def write_precomp(
     *,
     ids: Sequence[int] | None = None,
 ) -> dict[str, Path]:
-    """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and (with ``ids``) ``{split}_ids.txt``.
+    """Write one split of a precomputed-feature folder.
 
-    ``ids`` holds one id per caption or one per image: the layout is whatever is passed.
+    Args:
+        root: The folder (created if missing).
+        split: The split name, the files' prefix.
+        features: The image features, saved as given.
+        captions: One caption per line of ``{split}_caps.txt``.
+        ids: If given, written one per line to ``{split}_ids.txt``: one id per caption or one
+            per image, whichever is passed.
+
+    Returns:
+        The paths written, under ``"ims"``, ``"caps"`` and (with ``ids``) ``"ids"``.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -63,7 +72,16 @@ _VERBS = ("sitting", "standing", "running", "playing", "looking")
 
 
 def tiny_captions(n: int, rng: np.random.Generator) -> list[str]:
-    """``n`` captions in the precomputed style: original case, a space before punctuation."""
+    """Captions from a small grammar, in the precomputed style.
+
+    Args:
+        n: How many.
+        rng: The random generator they are drawn from.
+
+    Returns:
+        ``n`` captions in original case with a space before punctuation
+        (``"A red dog sitting on a beach ."``).
+    """
     out = []
     for _ in range(n):
         colour, thing = rng.choice(_COLOURS), rng.choice(_THINGS)
@@ -81,12 +99,22 @@ def make_tiny_precomp(
     captions_per_image: int = 5,
     seed: int = 0,
 ) -> dict[str, dict[str, Path]]:
-    """A small precomputed folder with the real layouts of ``{split}_ids.txt``.
+    """Write a small precomputed folder with the real layouts of ``{split}_ids.txt``.
 
-    ``sizes`` maps split -> number of images (default train 6, dev 2, test 2, testall 4).
-    ``feature_shape`` is ``(regions, D)`` (real: ``(36, 2048)``) or ``(D,)``. Train ids are one
-    per image (as in COCO/F30K train), the other splits one per caption (as in COCO testall and
-    F30K test/dev); ids are distinct across splits like Karpathy ``imgid``/``cocoid``.
+    Train ids are one per image (as in COCO/F30K train), the other splits' one per caption (as
+    in COCO testall and F30K test/dev); ids are distinct across splits like Karpathy
+    ``imgid``/``cocoid``.
+
+    Args:
+        root: The folder (created if missing).
+        sizes: Split -> number of images (default train 6, dev 2, test 2, testall 4).
+        feature_shape: One image's features: ``(regions, D)`` (real: ``(36, 2048)``) or
+            ``(D,)``.
+        captions_per_image: Captions per image.
+        seed: Seed of the features and captions.
+
+    Returns:
+        Each split's paths (:func:`write_precomp`).
     """
     sizes = dict(sizes or {"train": 6, "dev": 2, "test": 2, "testall": 4})
     rng = np.random.default_rng(seed)
@@ -110,12 +138,27 @@ def make_tiny_precomp(
 
 
 def karpathy_tokens(raw: str) -> list[str]:
-    """Karpathy-style ``tokens``: lower-cased words without punctuation."""
+    """Karpathy-style ``tokens`` of a raw caption: lower-cased words without punctuation.
+
+    Args:
+        raw: The caption.
+
+    Returns:
+        Its runs of ASCII letters and digits, lower-cased.
+    """
     return re.findall(r"[a-z0-9]+", raw.lower())
 
 
 def karpathy_entry(image: KarpathyImage) -> dict:
-    """The JSON object of one image, with the fields of the real files in their order."""
+    """The JSON object of one image of a Karpathy split file.
+
+    Args:
+        image: The image with its sentences.
+
+    Returns:
+        The entry, with the fields of the real files in their order (``filepath`` and
+        ``cocoid`` only when set).
+    """
     entry: dict = {}
     if image.filepath is not None:
         entry["filepath"] = image.filepath
@@ -133,7 +176,16 @@ def karpathy_entry(image: KarpathyImage) -> dict:
 
 
 def write_karpathy_json(path: str | Path, images: Sequence[KarpathyImage], *, dataset: str) -> Path:
-    """Write ``{"images": [...], "dataset": dataset}`` as the real ``dataset_*.json``."""
+    """Write a Karpathy split file like the real ``dataset_*.json``.
+
+    Args:
+        path: The JSON file (parent folders created).
+        images: The images, in file order.
+        dataset: The ``"dataset"`` field (``"coco"``, ``"flickr30k"``).
+
+    Returns:
+        ``path``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"images": [karpathy_entry(im) for im in images], "dataset": dataset}
@@ -151,12 +203,27 @@ def make_tiny_karpathy(
     image_root: str | Path | None = None,
     seed: int = 0,
 ) -> list[KarpathyImage]:
-    """A small Karpathy JSON; with ``image_root``, also tiny JPEG files (needs Pillow).
+    """Write a small Karpathy JSON and, with ``image_root``, tiny JPEG files.
 
-    ``splits`` maps Karpathy split -> image count (default train 3, restval 2, val 2, test 2),
-    written in that order. ``extra_captions`` gives some images (by imgid) more captions, like
-    the COCO images with 6 or 7. COCO entries get ``filepath`` (val2014 for restval/val/test,
-    train2014 for train) and ``cocoid``; Flickr entries neither.
+    COCO entries get ``filepath`` (val2014 for restval/val/test, train2014 for train) and
+    ``cocoid``; other datasets' entries neither.
+
+    Args:
+        path: The JSON file.
+        dataset: ``"coco"`` or a Flickr name.
+        splits: Karpathy split -> image count (default train 3, restval 2, val 2, test 2),
+            written in that order.
+        captions_per_image: Captions per image.
+        extra_captions: More captions for some images (imgid -> how many more), like the COCO
+            images with 6 or 7.
+        image_root: If given, a random JPEG is written at each image's path under it.
+        seed: Seed of the captions and pixels.
+
+    Returns:
+        The images written.
+
+    Raises:
+        ImportError: ``image_root`` without Pillow.
     """
     splits = dict(splits or {"train": 3, "restval": 2, "val": 2, "test": 2})
     extra = dict(extra_captions or {})
@@ -200,7 +267,17 @@ def make_tiny_karpathy(
 def write_tiny_images(
     image_root: str | Path, images: Sequence[KarpathyImage], *, size: int = 8, seed: int = 0
 ) -> None:
-    """A small random JPEG at each image's path (Pillow is imported only here)."""
+    """Write a small random JPEG at each image's path (Pillow is imported only here).
+
+    Args:
+        image_root: The folder the images' paths are relative to.
+        images: The images.
+        size: The side of each square image, in pixels.
+        seed: Seed of the pixels.
+
+    Raises:
+        ImportError: Pillow is not installed.
+    """
     try:
         from PIL import Image
     except ImportError:
@@ -221,10 +298,18 @@ def write_msrvtt_json(
     videos: Sequence[tuple[str, str]],
     captions: Mapping[str, Sequence[str]],
 ) -> Path:
-    """``MSRVTT_data.json`` from ``(video_id, split)`` pairs and each video's captions.
+    """Write ``MSRVTT_data.json``.
 
     Sentences are written video by video with consecutive ``sen_id``; the videos carry the real
     files' other fields (``category``, ``url``, ``"start time"``, ``"end time"``, ``id``).
+
+    Args:
+        path: The JSON file (parent folders created).
+        videos: The ``(video_id, split)`` of each video, in file order.
+        captions: Each video's captions (a video may have none).
+
+    Returns:
+        ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,14 +336,31 @@ def write_msrvtt_json(
 
 
 def write_msrvtt_train_csv(path: str | Path, video_ids: Sequence[str]) -> Path:
-    """``MSRVTT_train.9k.csv``: a ``video_id`` header and one id per row."""
+    """Write ``MSRVTT_train.9k.csv``: a ``video_id`` header and one id per row.
+
+    Args:
+        path: The CSV file.
+        video_ids: The training videos.
+
+    Returns:
+        ``path``.
+    """
     path = Path(path)
     _write_lines(path, ["video_id", *video_ids])
     return path
 
 
 def write_jsfusion_csv(path: str | Path, pairs: Sequence[tuple[str, str]]) -> Path:
-    """``MSRVTT_JSFUSION_test.csv`` rows ``ret{k},msr{n},video{n},sentence``."""
+    """Write ``MSRVTT_JSFUSION_test.csv``: rows ``ret{k},msr{n},video{n},sentence``.
+
+    Args:
+        path: The CSV file.
+        pairs: The ``(video_id, sentence)`` test pairs (``video_id`` of the form
+            ``video{n}``).
+
+    Returns:
+        ``path``.
+    """
     path = Path(path)
     with path.open("w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
@@ -271,7 +373,16 @@ def write_jsfusion_csv(path: str | Path, pairs: Sequence[tuple[str, str]]) -> Pa
 def write_video_features(
     features_dir: str | Path, video_ids: Sequence[str], features: np.ndarray
 ) -> dict[str, Path]:
-    """``video_feats.npy`` (row ``k`` = ``video_ids[k]``) and ``video_ids.txt``."""
+    """Write ``video_feats.npy`` and ``video_ids.txt`` (:mod:`vlret.data.msrvtt`'s layout).
+
+    Args:
+        features_dir: The folder (created if missing).
+        video_ids: The video of each row.
+        features: ``(N_videos, T, D)`` or ``(N_videos, D)``; row ``k`` is ``video_ids[k]``.
+
+    Returns:
+        The paths written, under ``"features"`` and ``"ids"``.
+    """
     root = Path(features_dir)
     root.mkdir(parents=True, exist_ok=True)
     paths = {"features": root / FEATURES_NPY, "ids": root / FEATURE_IDS}
@@ -289,13 +400,23 @@ def make_tiny_msrvtt(
     feature_shape: tuple[int, ...] = (3, 8),
     seed: int = 0,
 ) -> dict[str, list[str]]:
-    """A small MSR-VTT root: data JSON, 9k train CSV, JSFUSION CSV and video features.
+    """Write a small MSR-VTT root: data JSON, 9k train CSV, JSFUSION CSV and video features.
 
-    ``sizes`` maps JSON split -> videos (default train 4, validate 2, test 3; real 6513 / 497 /
-    2990). As in the real 1k-A split, the last ``n_test_1ka`` test videos form the JSFUSION
-    test (one of their captions each) and every other video is in the 9k train CSV. Features
-    cover all videos, written in reverse order so that rows differ from the JSON order.
-    Returns the video ids per split, plus ``"1k-A train"`` and ``"1k-A test"``.
+    As in the real 1k-A split, the last ``n_test_1ka`` test videos form the JSFUSION test (one
+    of their captions each) and every other video is in the 9k train CSV. Features cover all
+    videos, written in reverse order so that rows differ from the JSON order.
+
+    Args:
+        root: The data root.
+        sizes: JSON split -> videos (default train 4, validate 2, test 3; real 6513 / 497 /
+            2990).
+        captions_per_video: Captions per video.
+        n_test_1ka: How many test videos form the 1k-A test.
+        feature_shape: One video's features: ``(T, D)`` frames or ``(D,)``.
+        seed: Seed of the captions and features.
+
+    Returns:
+        The video ids of each JSON split, plus ``"1k-A train"`` and ``"1k-A test"``.
     """
     sizes = dict(sizes or {"train": 4, "validate": 2, "test": 3})
     rng = np.random.default_rng(seed)
