@@ -53,7 +53,17 @@ def _save(fig, path: Path) -> Path:
 
 
 def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON records of a trainer's ``metrics.jsonl`` (a line cut by a kill is skipped)."""
+    """Read a trainer's ``metrics.jsonl``.
+
+    Args:
+        path: The log, or the run folder holding it.
+
+    Returns:
+        Its JSON object records in order; a line that is not one (cut by a kill) is skipped.
+
+    Raises:
+        FileNotFoundError: No log at ``path``.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
@@ -71,7 +81,15 @@ def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 def epoch_series(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
-    """``{epoch (1-based): value}`` of ``key`` in the ``kind = "epoch"`` records."""
+    """One key of the epoch records.
+
+    Args:
+        records: A run's records (:func:`read_metrics_log`).
+        key: The metric, e.g. ``"dev_rsum"``.
+
+    Returns:
+        ``{epoch (1-based): value}`` over the ``kind = "epoch"`` records with a numeric value.
+    """
     out = {}
     for rec in records:
         value = rec.get(key)
@@ -81,7 +99,16 @@ def epoch_series(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, fl
 
 
 def step_epoch_means(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
-    """``{epoch (1-based): mean of key over that epoch's step records}``."""
+    """One key of the step records, averaged per epoch.
+
+    Args:
+        records: A run's records (:func:`read_metrics_log`).
+        key: The step metric, e.g. ``"pos_sim"``.
+
+    Returns:
+        ``{epoch (1-based): mean of key}`` over the ``kind = "step"`` records with a finite
+        value.
+    """
     sums: dict[int, list[float]] = {}
     for rec in records:
         value = rec.get(key)
@@ -137,9 +164,22 @@ CURVE_KEYS: tuple[tuple[str, str], ...] = (
 def epoch_curve_markdown(
     runs: Mapping[str, Sequence[str | Path]], key: str, *, title: str = "", digits: int = 1
 ) -> str:
-    """``key`` of the epoch records against epochs as a markdown table: one row per label, one
-    column per epoch (1-based), each cell the mean over the seeds that logged that epoch, with
-    ``± sample std`` when there are two or more; ``-`` where none did."""
+    """One key of the epoch records against epochs, as a markdown table.
+
+    Args:
+        runs: Label -> the run folders of its seeds.
+        key: The epoch metric (:func:`epoch_series`).
+        title: A ``###`` heading above the table; none when empty.
+        digits: Decimals of each cell.
+
+    Returns:
+        One row per label and one column per epoch (1-based): the mean over the seeds that
+        logged the epoch, with ``± sample std`` when there are two or more; ``-`` where none
+        did.
+
+    Raises:
+        FileNotFoundError: A run folder has no ``metrics.jsonl``.
+    """
     series = {
         label: [epoch_series(read_metrics_log(Path(d) / "metrics.jsonl"), key) for d in dirs]
         for label, dirs in runs.items()
@@ -166,8 +206,19 @@ def epoch_curve_markdown(
 
 
 def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """``curves.md`` in ``out_dir``: :func:`epoch_curve_markdown` of each :data:`CURVE_KEYS`
-    key that some run logged (rsum with one decimal, cosines with three)."""
+    """Write ``curves.md`` atomically: :func:`epoch_curve_markdown` of each :data:`CURVE_KEYS`
+    key that some run logged (rsum with one decimal, cosines with three).
+
+    Args:
+        runs: Label -> the run folders of its seeds.
+        out_dir: The folder of ``curves.md`` (created if missing).
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError: A run folder has no ``metrics.jsonl``.
+    """
     logs = [read_metrics_log(Path(d) / "metrics.jsonl") for dirs in runs.values() for d in dirs]
     parts = [
         epoch_curve_markdown(runs, key, title=title, digits=1 if key == "dev_rsum" else 3)
@@ -180,9 +231,17 @@ def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | 
 
 
 def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
-    """The 1-based epochs at which the run's training loss takes a new definition: ``(1,)``,
-    or ``(1, n + 1)`` for a run with ``train.all_negatives_epochs = n`` in its ``config.yaml``
-    (the hinge summed over all negatives, then the hardest; :mod:`vlret.train.warmup`)."""
+    """The epochs at which a run's training loss takes a new definition.
+
+    Args:
+        run_dir: The run folder (its ``config.yaml`` is read; a missing or unreadable one
+            counts as no warm-up).
+
+    Returns:
+        The 1-based start epochs: ``(1,)``, or ``(1, n + 1)`` for a run with
+        ``train.all_negatives_epochs = n`` (the hinge summed over all negatives, then the
+        hardest; :mod:`vlret.train.warmup`).
+    """
     import yaml
 
     path = Path(run_dir) / "config.yaml"
@@ -200,11 +259,19 @@ def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
 def relative_loss_segments(
     series: Mapping[int, float], starts: Sequence[int] = (1,)
 ) -> list[dict[int, float]]:
-    """``series`` (epoch -> loss) cut at each definition start of ``starts``, each segment
-    divided by the absolute value of its own first epoch, so that losses of different scales
-    share an axis and a warm-up loss does not make the loss after it look like zero. One dict
-    per start (empty where the run has no epoch of that definition, or its first value is 0 or
-    not finite)."""
+    """Cut a loss series at each definition start and scale each part by its first value, so
+    that losses of different scales share an axis and a warm-up loss does not make the loss
+    after it look like zero.
+
+    Args:
+        series: Epoch -> training loss.
+        starts: The 1-based epochs at which a definition starts
+            (:func:`loss_definition_starts`).
+
+    Returns:
+        One dict per start: the part's values divided by the absolute value of its first; empty
+        where the run has no epoch of that definition, or its first value is 0 or not finite.
+    """
     bounds = sorted(set(starts))
     out = []
     for i, start in enumerate(bounds):
@@ -217,10 +284,24 @@ def relative_loss_segments(
 
 
 def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """Training loss (each loss definition relative to its first epoch, so that losses of
-    different scales share an axis) and dev rsum against epochs; ``runs`` maps a label to its
-    seeds' run folders. A run whose loss changes definition (``train.all_negatives_epochs``)
-    gets one segment per definition, and a dotted line marks the switch on both panels."""
+    """Draw training loss and dev rsum against epochs (Unified loss paper Fig. 3).
+
+    Each loss definition is drawn relative to its first epoch
+    (:func:`relative_loss_segments`); the mean over seeds with a min-max band. A run whose loss
+    changes definition (``train.all_negatives_epochs``) gets one segment per definition, and a
+    dotted line marks the switch on both panels.
+
+    Args:
+        runs: Label -> the run folders of its seeds.
+        out_dir: The folder of the figure.
+
+    Returns:
+        The path of ``curves_loss_rsum.png``.
+
+    Raises:
+        FileNotFoundError: A run folder has no ``metrics.jsonl``.
+        ImportError: matplotlib is not installed.
+    """
     logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
     starts = {label: [loss_definition_starts(d) for d in dirs] for label, dirs in runs.items()}
     fig = _figure((12.0, 4.4))
@@ -260,8 +341,23 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
 
 
 def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """Mean positive (solid) and mean hardest-negative (dashed) cosine against epochs, one
-    panel per label (Unified Fig. 4 draws one panel per loss)."""
+    """Draw mean positive (solid) and mean hardest-negative (dashed) cosine against epochs, one
+    panel per label (Unified loss paper Fig. 4).
+
+    A label whose runs logged no dev similarities is drawn from the training batches'
+    ``pos_sim`` / ``hardest_neg_sim`` step records, and its panel title says so.
+
+    Args:
+        runs: Label -> the run folders of its seeds.
+        out_dir: The folder of the figure.
+
+    Returns:
+        The path of ``curves_similarity.png``.
+
+    Raises:
+        FileNotFoundError: A run folder has no ``metrics.jsonl``.
+        ImportError: matplotlib is not installed.
+    """
     logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
     n = max(len(logs), 1)
     cols = min(n, 3)
@@ -303,10 +399,21 @@ def plot_sweep_curves(
     loss: str = "",
     metric: str = "rsum",
 ) -> list[Path]:
-    """One figure ``sweep_{param}.png`` per swept parameter: ``metric`` (mean, with a std
-    error bar) against the parameter, one line per setting of the other swept parameters.
+    """Draw a metric against each swept parameter (Unified loss paper Fig. 5).
 
-    ``points``: ``(parameter values, mean, std)`` of each grid point.
+    Args:
+        points: ``(parameter values, mean, std)`` of each grid point.
+        params: The swept parameters, keys of every point's values.
+        out_dir: The folder of the figures.
+        loss: The loss name, put in the titles when not empty.
+        metric: The metric's name on the axis and in the titles.
+
+    Returns:
+        One figure ``sweep_{param}.png`` per parameter: the mean with a std error bar against
+        the parameter, one line per setting of the other swept parameters.
+
+    Raises:
+        ImportError: matplotlib is not installed.
     """
     paths = []
     for param in params:
@@ -349,8 +456,16 @@ def plot_sweep_curves(
 
 
 def adacl_stats_from_log(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """AdaCL stats records (``adacl_plots`` format) from the trainer's step records, whose
-    ``loss.last_stats`` keys carry a ``loss_`` prefix; the x coordinate is the trainer step."""
+    """AdaCL's margin records from a trainer log.
+
+    Args:
+        records: A run's records (:func:`read_metrics_log`); the step records carry the
+            loss's ``last_stats`` under keys with a ``loss_`` prefix.
+
+    Returns:
+        The stats records of :mod:`vlret.analysis.adacl_plots` (prefix removed), one per step
+        record that logged ``m1`` and ``m2``, with the trainer step as ``step``.
+    """
     out = []
     for rec in records:
         if rec.get("kind") != "step" or rec.get("loss_m1") is None or rec.get("loss_m2") is None:
@@ -366,8 +481,21 @@ def adacl_stats_from_log(records: Sequence[Mapping[str, Any]]) -> list[dict[str,
 def plot_adacl_trajectories(
     runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path
 ) -> list[Path]:
-    """``adacl_margins_{label}.png`` for each AdaCL label, from its first seed with logged
-    margins (AdaCL Fig. 3a). The stats log drawn is kept next to it as ``.jsonl``."""
+    """Draw AdaCL's margins m1, m2 against steps (AdaCL paper Fig. 3a) for each label.
+
+    Args:
+        runs: Label -> the run folders of its seeds; the first seed with logged margins is
+            drawn, a label without any is skipped.
+        out_dir: The folder of the figures.
+
+    Returns:
+        The figures ``adacl_margins_{label}.png``; the stats drawn are kept next to each as
+        ``adacl_margins_{label}.jsonl``.
+
+    Raises:
+        FileNotFoundError: A run folder has no ``metrics.jsonl``.
+        ImportError: matplotlib is not installed.
+    """
     from .adacl_plots import append_stats, plot_adacl_margins
 
     out_dir = Path(out_dir)
@@ -400,8 +528,22 @@ def plot_goal_heatmap(
     triplet_weights: Sequence[str],
     pair_weights: Sequence[str],
 ) -> Path:
-    """Heatmaps of the GOAL grid: ``cells[(triplet_weight, pair_weight)]`` holds the mean
-    metrics of that combination; missing combinations are left blank."""
+    """Draw the GOAL grid (GOAL paper Tables 3-5) as three heatmaps: I->T R@1, T->I R@1 and
+    rsum; rows are triplet weights, columns pair weights, the best cell in bold.
+
+    Args:
+        cells: ``(triplet_weight, pair_weight)`` -> the mean metrics of that combination
+            (``i2t_r1``, ``t2i_r1``, ``rsum``); a missing combination or metric is left blank.
+        out_dir: The folder of the figure.
+        triplet_weights: The row order.
+        pair_weights: The column order.
+
+    Returns:
+        The path of ``goal_grid_heatmap.png``.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
     import numpy as np
 
     keys = (("i2t_r1", "I→T R@1"), ("t2i_r1", "T→I R@1"), ("rsum", "rsum"))
