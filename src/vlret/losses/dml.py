@@ -51,23 +51,38 @@ def circle_loss(
     pos_mask: torch.Tensor | None = None,
     reduction: str = "sum",
 ) -> torch.Tensor:
-    r"""Circle loss (Sun et al., CVPR 2020) on a ``(B, B)`` similarity matrix; GOAL Table 1
-    ``(T^cir, P^lin)``, Eq. (8) and (10).
+    """Circle loss (Sun et al., CVPR 2020); GOAL Table 1 ``(T^cir, P^lin)``, GOAL Eq. (8), (10).
 
     For each anchor, with positive ``p`` and negatives ``s_j``:
 
-    .. math:: \log\Big(1 + \sum_j e^{\gamma \alpha_n^j (s_j - \Delta_n)}
-              e^{-\gamma \alpha_p (p - \Delta_p)}\Big)
+        log(1 + sum_j exp(gamma * a_n^j * (s_j - D_n)) * exp(-gamma * a_p * (p - D_p)))
 
-    with :math:`\alpha_p = [1 + m - p]_+`, :math:`\alpha_n^j = [s_j + m]_+`,
-    :math:`\Delta_p = 1 - m`, :math:`\Delta_n = m`. The :math:`\alpha` are constants for the
-    gradient, as in the Circle paper. Defaults ``m=0.4, gamma=80``: the paper's fine-grained
-    image retrieval setting (face recognition uses ``m=0.25, gamma=256``).
+    with ``a_p = [1 + m - p]_+``, ``a_n^j = [s_j + m]_+``, ``D_p = 1 - m`` and ``D_n = m``.
+    The ``a`` are constants for the gradient, as in the Circle paper.
 
     With ``hardest=True``, ``margin=0`` and every hardest negative ``>= 0``, its gradient is
     ``gamma`` times GOAL ``(cir, lin)`` with ``tau=gamma, circle_offset=1``; a margin ``m``
-    gives the triplet weight of offset ``1 - 2 m^2`` but pair weights
-    ``[1 + m - p]_+``, ``[s_n + m]_+``.
+    gives the triplet weight of offset ``1 - 2 m^2`` but pair weights ``[1 + m - p]_+``,
+    ``[s_n + m]_+``.
+
+    Args:
+        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
+        margin: The relaxation ``m`` (any finite value). The defaults ``m=0.4, gamma=80``
+            are the paper's fine-grained image retrieval setting (face recognition uses
+            ``m=0.25, gamma=256``).
+        gamma: The scale.
+        hardest: Keep only the hardest negative of each anchor (the triplet GOAL reasons
+            about) instead of every negative.
+        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
+            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
+
+    Returns:
+        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+
+    Raises:
+        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
+            parameter out of range or an unknown reduction, named.
     """
     check_real(margin, "margin")
     check_positive(gamma, "gamma")
@@ -96,22 +111,41 @@ def multi_similarity_loss(
     pos_mask: torch.Tensor | None = None,
     reduction: str = "sum",
 ) -> torch.Tensor:
-    r"""Multi-similarity loss (Wang et al., CVPR 2019) with its pair mining; GOAL Table 1
-    ``(T^con, P^sig-ms)``, Eq. (11)-(12).
+    """Multi-similarity loss (Wang et al., CVPR 2019) with its pair mining; GOAL Table 1
+    ``(T^con, P^sig-ms)``, GOAL Eq. (11)-(12).
 
     For each anchor, with positive ``p`` and negatives ``s_j``:
 
-    .. math:: \frac{1}{\alpha}\log\big(1 + [p < \max_j s_j + \epsilon]
-              \,e^{-\alpha(p - \lambda)}\big) + \frac{1}{\beta}\log\Big(1
-              + \sum_{j:\, s_j > p - \epsilon} e^{\beta(s_j - \lambda)}\Big)
+        1/alpha * log(1 + [p < max_j s_j + epsilon] * exp(-alpha * (p - lam)))
+          + 1/beta * log(1 + sum_{j: s_j > p - epsilon} exp(beta * (s_j - lam)))
 
     (the anchor's only pulled positive is its diagonal pair). The mining keeps the positive
     exactly when the hardest negative is kept, i.e. when ``epsilon + s_n - p > 0``: that
-    Heaviside is GOAL's ``T^con`` with ``margin=epsilon``. Defaults ``alpha=2, beta=10,
-    lam=0.5, epsilon=0.1``: the GOAL paper's pair-weight settings, so the baseline and the GOAL
-    cells share them; the MS paper uses ``alpha=2, beta=50, lam=1, epsilon=0.1``.
+    Heaviside is GOAL's ``T^con`` with ``margin=epsilon``. With ``hardest=True`` the gradient
+    is exactly GOAL ``(con, sig)`` with ``margin=epsilon``.
 
-    With ``hardest=True`` its gradient is exactly GOAL ``(con, sig)`` with ``margin=epsilon``.
+    The defaults ``alpha=2, beta=10, lam=0.5, epsilon=0.1`` are the GOAL paper's pair-weight
+    settings, so the baseline and the GOAL cells share them; the MS paper uses ``alpha=2,
+    beta=50, lam=1, epsilon=0.1``.
+
+    Args:
+        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
+        alpha: The positive slope.
+        beta: The negative slope.
+        lam: The similarity threshold ``lambda`` (any finite value).
+        epsilon: The mining band, ``>= 0``.
+        hardest: Keep only the hardest negative of each anchor (the triplet GOAL reasons
+            about) instead of every negative.
+        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
+            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
+
+    Returns:
+        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+
+    Raises:
+        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
+            parameter out of range or an unknown reduction, named.
     """
     check_positive(alpha, "alpha")
     check_positive(beta, "beta")
@@ -144,21 +178,39 @@ def binomial_deviance_loss(
     pos_mask: torch.Tensor | None = None,
     reduction: str = "sum",
 ) -> torch.Tensor:
-    r"""Binomial deviance loss (Yi et al., ICPR 2014); GOAL Table 1 ``(T^con, P^sig)``, Eq. (11).
+    """Binomial deviance loss (Yi et al., ICPR 2014); GOAL Table 1 ``(T^con, P^sig)``, GOAL
+    Eq. (11).
 
     For each anchor, with positive ``p`` and negatives ``s_j``:
 
-    .. math:: \frac{1}{\alpha}\log\big(1 + e^{-\alpha(p - \lambda)}\big)
-              + \sum_j \frac{1}{\beta}\log\big(1 + e^{\beta(s_j - \lambda)}\big)
+        1/alpha * log(1 + exp(-alpha * (p - lam))) + sum_j 1/beta * log(1 + exp(beta * (s_j - lam)))
 
     parameterised as in the MS paper, with the ``1/alpha``, ``1/beta`` scales so that each
-    pair's gradient is exactly the sigmoid pair weight :math:`P^{sig}`. Yi et al. write one
-    slope ``alpha=2`` and a negative cost ``C=25`` (negative slope ``alpha C = 50``), without
-    the scales and averaged over pairs. Defaults ``alpha=2, beta=10, lam=0.5``: GOAL Fig. 3.
+    pair's gradient is exactly the sigmoid pair weight ``P^sig``. Yi et al. write one slope
+    ``alpha=2`` and a negative cost ``C=25`` (negative slope ``alpha C = 50``), without the
+    scales and averaged over pairs. The defaults ``alpha=2, beta=10, lam=0.5`` are GOAL Fig. 3's.
 
     A pair loss has no triplet gate: the GOAL cell ``(con, sig)`` equals its ``hardest=True``
     gradient only where every hardest triplet violates ``margin`` (for cosine similarities,
     always once ``margin >= 2``).
+
+    Args:
+        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
+        alpha: The positive slope.
+        beta: The negative slope.
+        lam: The similarity threshold ``lambda`` (any finite value).
+        hardest: Keep only the hardest negative of each anchor (the triplet GOAL reasons
+            about) instead of every negative.
+        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
+            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
+
+    Returns:
+        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+
+    Raises:
+        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
+            parameter out of range or an unknown reduction, named.
     """
     check_positive(alpha, "alpha")
     check_positive(beta, "beta")
@@ -181,15 +233,27 @@ def nca_hard_loss(
     pos_mask: torch.Tensor | None = None,
     reduction: str = "sum",
 ) -> torch.Tensor:
-    r"""Hard-negative NCA / NT-Xent loss, GOAL Eq. (6):
+    """Hard-negative NCA / NT-Xent loss, GOAL Eq. (6), per anchor and direction:
 
-    .. math:: -\log\frac{e^{\tau p}}{e^{\tau p} + e^{\tau s_n}}
-              = \log\big(1 + e^{\tau (s_n - p)}\big)
+        -log(exp(tau * p) / (exp(tau * p) + exp(tau * s_n))) = log(1 + exp(tau * (s_n - p)))
 
-    per anchor and direction, ``s_n`` the hardest negative. Its gradient is exactly ``tau``
-    times GOAL ``(nca, con)`` (Eq. 7): ``d/ds_n = tau * T^nca``, ``d/dp = -tau * T^nca``.
-    Default ``tau=10``, the value of GOAL Fig. 2. An anchor without negatives contributes a
-    graph-attached 0.
+    with ``s_n`` the hardest negative. Its gradient is exactly ``tau`` times GOAL
+    ``(nca, con)`` (GOAL Eq. 7): ``d/ds_n = tau * T^nca``, ``d/dp = -tau * T^nca``. An anchor
+    without negatives contributes a graph-attached 0.
+
+    Args:
+        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
+        tau: The scale (default 10, the value of GOAL Fig. 2).
+        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
+            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
+
+    Returns:
+        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+
+    Raises:
+        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
+            parameter out of range or an unknown reduction, named.
     """
     check_positive(tau, "tau")
     check_reduction(reduction)
@@ -206,7 +270,18 @@ def nca_hard_loss(
 
 @register_loss("circle")
 class CircleLoss(PairLoss):
-    """Module form of :func:`circle_loss` (Circle loss; GOAL Table 1 ``(T^cir, P^lin)``)."""
+    """Module form of :func:`circle_loss` (Circle loss; GOAL Table 1 ``(T^cir, P^lin)``).
+
+    Args:
+        margin: The relaxation ``m``.
+        gamma: The scale.
+        hardest: Keep only each anchor's hardest negative.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
+        normalize: L2-normalise the embeddings (``False``: raw dot products).
+
+    Raises:
+        ValueError: A parameter out of range, named.
+    """
 
     paper = "Circle loss (Sun et al. 2020)"
     equation = "GOAL Eq. (8), (10), Table 1"
@@ -250,7 +325,20 @@ class CircleLoss(PairLoss):
 
 @register_loss("multi_similarity")
 class MultiSimilarityLoss(PairLoss):
-    """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``)."""
+    """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``).
+
+    Args:
+        alpha: The positive slope.
+        beta: The negative slope.
+        lam: The similarity threshold.
+        epsilon: The mining band, ``>= 0``.
+        hardest: Keep only each anchor's hardest negative.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
+        normalize: L2-normalise the embeddings (``False``: raw dot products).
+
+    Raises:
+        ValueError: A parameter out of range, named.
+    """
 
     paper = "Multi-similarity (Wang et al. 2019)"
     equation = "GOAL Eq. (11)-(12), Table 1"
@@ -305,7 +393,19 @@ class MultiSimilarityLoss(PairLoss):
 
 @register_loss("binomial_deviance")
 class BinomialDevianceLoss(PairLoss):
-    """Module form of :func:`binomial_deviance_loss` (GOAL ``(T^con, P^sig)``)."""
+    """Module form of :func:`binomial_deviance_loss` (GOAL ``(T^con, P^sig)``).
+
+    Args:
+        alpha: The positive slope.
+        beta: The negative slope.
+        lam: The similarity threshold.
+        hardest: Keep only each anchor's hardest negative.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
+        normalize: L2-normalise the embeddings (``False``: raw dot products).
+
+    Raises:
+        ValueError: A parameter out of range, named.
+    """
 
     paper = "Binomial deviance (Yi et al. 2014)"
     equation = "GOAL Eq. (11), Table 1"
@@ -350,7 +450,16 @@ class BinomialDevianceLoss(PairLoss):
 
 @register_loss("nca_hard")
 class NCAHardLoss(PairLoss):
-    """Module form of :func:`nca_hard_loss` (GOAL Eq. 6; ``(T^nca, P^con)`` up to ``tau``)."""
+    """Module form of :func:`nca_hard_loss` (GOAL Eq. 6; ``(T^nca, P^con)`` up to ``tau``).
+
+    Args:
+        tau: The scale.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
+        normalize: L2-normalise the embeddings (``False``: raw dot products).
+
+    Raises:
+        ValueError: A parameter out of range, named.
+    """
 
     paper = "NCA / NT-Xent, hardest negative"
     equation = "GOAL Eq. (6)-(7)"
