@@ -1,4 +1,4 @@
-r"""Visual Semantic Loss and the smooth rank it is built on (VSL paper Eq. 4-7).
+"""Visual Semantic Loss and the smooth rank it is built on (VSL paper Eq. 4-7).
 
 VSL ("Image-text Retrieval via Preserving Main Semantics of Vision", Zhang et al.) asks the
 ranking of each image's text similarities (a row of ``sim``) to agree with the ranking of that
@@ -6,7 +6,7 @@ image's semantic similarity to the other images of the batch, measured on their 
 (:class:`vlret.semantic.CaptionTfidf`, Eq. 3). Both matrices become smooth rank matrices
 (Eq. 4) and the loss is one minus the mean min/max ratio of the two ranks (Eq. 5).
 
-Rank orientation. Eq. (4) as printed, :math:`1 + \sum_k \Omega(m_{ij} - m_{ik})`, counts the
+Rank orientation. Eq. (4) as printed, ``1 + sum_k Omega(m_ij - m_ik)``, counts the
 entries *below* ``m_ij`` (the largest entry gets rank about ``n``); the authors' released code
 and Smooth-AP (the paper's ref. [20]) count the entries *above* (the largest gets rank about
 1). The two are not equivalent under Eq. (5): a min/max ratio changes far more between ranks 1
@@ -133,23 +133,34 @@ def smooth_rank(
     descending: bool = True,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    r"""Smooth rank of every entry within its row, VSL Eq. (4) with ``k != j``.
+    """Smooth rank of every entry within its row, VSL Eq. (4) with ``k != j``.
 
-    ``descending=True`` (default, the released code and Smooth-AP):
+    With ``descending=True`` (the released code and Smooth-AP):
 
-    .. math:: R(i, j, M) = 1 + \sum_{k \ne j} \Omega(m_{ik} - m_{ij}),
-              \quad \Omega(x) = \frac{1}{1 + e^{-x/\tau}}
+        R(i, j, M) = 1 + sum_{k != j} Omega(m_ik - m_ij),   Omega(x) = 1 / (1 + exp(-x / tau))
 
     so the largest entry of a row gets rank about 1. ``descending=False`` is Eq. (4) as printed,
-    :math:`\Omega(m_{ij} - m_{ik})`, where the largest gets rank about ``n``. The two always sum
-    to ``n + 1``. As ``tau -> 0`` the ranks become exact (ties count one half each way). The
+    ``Omega(m_ij - m_ik)``, where the largest gets rank about ``n``; the two always sum to
+    ``n + 1``. As ``tau -> 0`` the ranks become exact (ties count one half each way). The
     exponent ``x / tau`` is clamped to ``[-50, 50]`` (:data:`EXPONENT_CLAMP`).
 
-    ``m`` is ``(rows, n)``, any floating dtype (half precision is computed and returned in
-    float32). The ``rows x n x n`` pairwise terms are computed ``chunk_size`` rows at a time
-    (default: as many as fit in 4M elements), in the forward and again in the backward, so
-    memory stays ``O(n^2)`` beyond one block (VSL forward + backward at ``n = 1024``: 128 MiB
-    peak, ``benchmarks/bench_vsl.py``, instead of 4 GiB for each unchunked ``n^3`` tensor).
+    The ``rows x n x n`` pairwise terms are computed a block of rows at a time, in the forward
+    and again in the backward, so memory stays ``O(n^2)`` beyond one block (measured in
+    ``docs/vsl.md``).
+
+    Args:
+        m: ``(rows, n)``, any floating dtype (half precision is computed and returned in
+            float32).
+        tau: The sigmoid's temperature, in the units of ``m``.
+        descending: Rank the largest entry 1 (``False``: Eq. 4 as printed).
+        chunk_size: Rows per block; ``None``: as many as fit in 4M pairwise terms.
+
+    Returns:
+        ``(rows, n)`` ranks in ``[1, n]``, differentiable with respect to ``m``.
+
+    Raises:
+        ValueError: ``m`` is not a non-empty finite floating 2-D tensor, or a bad ``tau`` or
+            ``chunk_size``.
     """
     if not isinstance(m, torch.Tensor):
         raise ValueError(f"m must be a torch.Tensor, got {type(m).__name__}")
@@ -205,25 +216,35 @@ def visual_semantic_loss(
     reduction: str = "mean",
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    r"""Visual semantic loss, VSL Eq. (5), optionally plus the text-side loss Eq. (7).
+    """Visual semantic loss, VSL Eq. (5), optionally plus the text-side loss Eq. (7):
 
-    .. math:: \mathcal{L}_{vs} = 1 - \frac{1}{n^2}\sum_{i,j}
-              \frac{\min(sr_{ij}, cr_{ij})}{\max(sr_{ij}, cr_{ij})}
+        L_vs = 1 - 1/n^2 * sum_{i,j} min(sr_ij, cr_ij) / max(sr_ij, cr_ij)
 
-    with ``sr = smooth_rank(sim)`` and ``cr = smooth_rank(semantic_sim)`` row by row (Eq. 4;
-    ``semantic_sim`` is the ``(B, B)`` image-image matrix ``C`` of Eq. 3, a constant target:
-    ``C[i, j]`` is the semantic similarity between image ``i`` and the image of text ``j``).
-    See :func:`smooth_rank` for ``descending``: the default ranks the largest entry 1.
+    with ``sr = smooth_rank(sim)`` and ``cr = smooth_rank(semantic_sim)`` row by row (Eq. 4).
+    ``L_ts`` (Eq. 7) is the same comparison between the rows of ``sim.T`` (each text's image
+    similarities) and ``text_semantic_sim``; the paper's ablation (Table IV) found ``L_vs``
+    alone better. The loss lies in ``[0, 1)`` per side and is 0 when the rank matrices agree.
+    It takes no ``pos_mask``: a second caption of the same image has the same semantic row.
 
-    ``text_semantic_sim`` (the ``(B, B)`` caption-caption matrix ``TC``) adds Eq. (7),
-    :math:`\mathcal{L}_{ts}`, the same comparison between the rows of ``sim.T`` (each text's
-    image similarities) and ``TC``; the paper's ablation (Table IV) found ``L_vs`` alone better.
+    Args:
+        sim: ``(B, B)`` image-text similarities.
+        semantic_sim: The ``(B, B)`` image-image matrix ``C`` of Eq. (3), a constant target:
+            ``C[i, j]`` is the semantic similarity between image ``i`` and the image of text
+            ``j``.
+        tau: The smooth rank's temperature (:func:`smooth_rank`).
+        descending: Rank the largest entry 1 (:func:`smooth_rank`).
+        text_semantic_sim: The ``(B, B)`` caption-caption matrix ``TC``; adds ``L_ts``.
+        reduction: Per index ``i`` the term is ``1 - mean_j ratio`` of row ``i`` plus that of
+            text ``i`` (when ``text_semantic_sim`` is given): ``"mean"`` is then exactly
+            ``L_vs (+ L_ts)``, ``"sum"`` is ``B`` times it and ``"none"`` the ``(B,)`` terms.
+        chunk_size: Rows per smooth-rank block (:func:`smooth_rank`).
 
-    Per index ``i`` the terms are ``1 - mean_j ratio`` of row ``i`` (image side) plus that of
-    text ``i`` (text side, when given); ``reduction="mean"`` (default) is then exactly
-    ``L_vs (+ L_ts)``, ``"sum"`` is ``B`` times it and ``"none"`` the ``(B,)`` vector. The loss
-    lies in ``[0, 1)`` per side and is 0 when the rank matrices agree. It does not use a
-    ``pos_mask``: a second caption of the same image simply has the same semantic row.
+    Returns:
+        The loss: a scalar, or ``(B,)`` with ``reduction="none"``.
+
+    Raises:
+        ValueError: A bad ``sim``, a semantic matrix of another shape than ``sim``, not
+            floating point or not finite, or a bad ``tau``, ``reduction`` or ``chunk_size``.
     """
     check_similarity(sim)
     check_positive(tau, "tau")
@@ -242,36 +263,45 @@ def visual_semantic_loss(
 
 @register_loss("vsl")
 class VisualSemanticLoss(PairLoss):
-    r"""``alpha * base + beta * VSL``, VSL Eq. (6) (and Eq. 7 with ``text_side=True``).
+    """``alpha * base + beta * VSL``, VSL Eq. (6) (and Eq. 7 with ``text_side=True``).
 
-    * ``semantic``: a fitted :class:`vlret.semantic.CaptionTfidf`; the batch's ``C`` is looked up
-      from ``img_ids`` (the image id of each row) and ``txt_ids`` (the id of the image each
-      text, i.e. each column, belongs to; default ``img_ids``, text ``j`` of image ``j``), the
-      ids that also build the positive mask: ``C[i, j] = K(img_ids[i], txt_ids[j])``, the
-      semantic similarity between row ``i``'s image and the image described by text ``j``.
-      Instead, ``semantic_sim`` may be passed per call (and then ``semantic`` may be ``None``).
-      The fitted ``CaptionTfidf`` is not module state: it is not in ``state_dict``; refit it on
-      the training captions or restore it with :meth:`~vlret.semantic.CaptionTfidf.load`.
-    * ``base``: the name of any registered loss (built with ``base_params``) or a loss module
-      with ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
-      margin 0.2, summed over the batch, as in the paper and its code.
-    * ``alpha=1, beta=10`` (Table V). The base keeps its own reduction (the triplet's ``"sum"``)
-      while ``reduction`` applies to the VSL term, whose ``"mean"`` is Eq. (5); together they
-      reproduce the paper's balance at its batch size of 128. The summed base grows with the
-      batch size and Eq. (5) does not, so retune ``beta`` for other batch sizes or a
-      mean-reduced base. ``reduction="none"`` needs a base with reduction ``"none"`` too and
-      returns ``alpha * base_i + beta * vsl_i`` per index.
-    * ``tau`` is an absolute gap in score units. Eq. (4) approximates a rank only while a row's
-      scores spread over much more than ``n * tau`` (SGRAF's sigmoid scores, or the cosines of a
-      model trained with a softmax-type loss); with the paper's ``tau = 0.001`` almost every
-      sigmoid is then saturated and the VSL gradient is small and sparse. When a row's scores
-      lie within a few ``n * tau`` (cosines after the hardest-negative triplet has pulled them to
-      a common value), the smooth ranks are far from the true ones and the VSL gradient grows
-      like ``1 / tau`` until it is as large as the base's and unrelated to it (docs/vsl.md,
-      "tau and the spread of the scores"). Choose ``tau`` relative to the model's score spread.
-    * ``text_side=True`` adds Eq. (7) (``L = alpha L_base + beta (L_vs + L_ts)``); the texts'
-      semantic matrix comes from the batch's caption strings (``captions=``) or is passed as
-      ``text_semantic_sim``.
+    The batch's ``C`` is looked up from the ids that also build the positive mask:
+    ``C[i, j] = K(img_ids[i], txt_ids[j])``, the semantic similarity between row ``i``'s image
+    and the image described by text ``j`` (``txt_ids`` defaults to ``img_ids``: text ``j`` of
+    image ``j``). The fitted ``semantic`` is not module state (not in ``state_dict``): refit it
+    on the training captions or restore it with :meth:`~vlret.semantic.CaptionTfidf.load`.
+
+    The defaults ``alpha=1, beta=10`` (Table V) with the base's own ``"sum"`` and the VSL
+    term's ``"mean"`` (Eq. 5) reproduce the paper's balance at its batch size of 128; the
+    summed base grows with the batch size and Eq. (5) does not, so retune ``beta`` for other
+    batch sizes or a mean-reduced base.
+
+    Args:
+        semantic: A fitted :class:`vlret.semantic.CaptionTfidf`; may be ``None`` when every
+            call passes ``semantic_sim`` (and, with ``text_side``, ``text_semantic_sim``).
+        base: The name of a registered loss (built with ``base_params``) or a loss module with
+            ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
+            margin 0.2, summed over the batch, as in the paper and its code.
+        base_params: The parameters of a ``base`` given by name.
+        alpha: The base's weight (0 skips the base).
+        beta: The VSL term's weight.
+        tau: The smooth rank's temperature, an absolute gap in score units. Eq. (4)
+            approximates a rank only while a row's scores spread over much more than
+            ``n * tau``; within a few ``n * tau`` the VSL gradient grows like ``1 / tau``,
+            unrelated to the base's. Choose it relative to the model's score spread
+            (``docs/vsl.md``, "tau and the spread of the scores").
+        descending: Rank the largest entry 1 (:func:`smooth_rank`).
+        text_side: Add Eq. (7), ``L = alpha L_base + beta (L_vs + L_ts)``; the texts' semantic
+            matrix comes from the batch's ``captions`` or is passed as ``text_semantic_sim``.
+        reduction: The VSL term's reduction (the base keeps its own); ``"none"`` needs a base
+            with reduction ``"none"`` too and gives ``alpha * base_i + beta * vsl_i``.
+        chunk_size: Rows per smooth-rank block (:func:`smooth_rank`).
+        normalize: L2-normalise the embeddings (``False``: raw dot products).
+
+    Raises:
+        ValueError: ``semantic`` is not a fitted ``CaptionTfidf``, ``base`` is not a loss (or
+            is ``"vsl"``), bad ``base_params``, only one term with reduction ``"none"``, or
+            another parameter out of range (a ``ParamError`` naming it).
     """
 
     paper = "VSL (Zhang et al. 2023)"
@@ -327,7 +357,12 @@ class VisualSemanticLoss(PairLoss):
 
     @classmethod
     def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
-        """The warm-up comes from the base loss (named in ``params`` or built)."""
+        """The declared capabilities, with the all-negatives warm-up of the base loss.
+
+        Args:
+            params: The configured parameters (``base`` and ``base_params``; default the
+                triplet base).
+        """
         params = params or {}
         base = params.get("base", "triplet")
         warm = False
@@ -340,20 +375,32 @@ class VisualSemanticLoss(PairLoss):
         return dataclasses.replace(cls.declared, all_negatives_warmup=warm)
 
     def current_capabilities(self) -> LossCapabilities:
+        """The capabilities as built: the warm-up is the built base's."""
         warm = loss_capabilities(self.base).all_negatives_warmup
         return dataclasses.replace(type(self).declared, all_negatives_warmup=warm)
 
     def set_all_negatives(self, all_negatives: bool) -> None:
-        """The base switches; ``L_vs`` (a ranking over all the batch's texts) is unchanged."""
+        """Switch the base's negatives; ``L_vs`` (a ranking over all texts) is unchanged.
+
+        Args:
+            all_negatives: Sum over all negatives (``True``) or return to the configured mining.
+
+        Raises:
+            ValueError: The base has no all-negatives warm-up.
+        """
         if not loss_capabilities(self.base).all_negatives_warmup:
             super().set_all_negatives(all_negatives)
         self.base.set_all_negatives(all_negatives)
 
     @classmethod
     def check_param_relations(cls, params: Mapping[str, Any]) -> None:
-        """``base`` (a registered name other than ``"vsl"``, or a loss module) with its
-        ``base_params`` (checked as that loss's, named ``base_params.<name>``), and
-        ``reduction="none"`` on both terms or on neither."""
+        """Check ``base`` (a registered name other than ``"vsl"``, or a loss module) with its
+        ``base_params`` (checked as that loss's) and ``reduction="none"`` on both terms or
+        on neither.
+
+        Raises:
+            ParamError: Naming the parameter (``base_params.<name>`` for a base parameter).
+        """
         base, base_params = params["base"], params["base_params"]
         if isinstance(base, str):
             if base == "vsl":
@@ -399,6 +446,25 @@ class VisualSemanticLoss(PairLoss):
         semantic_sim: torch.Tensor | None = None,
         text_semantic_sim: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The loss of a batch of paired embeddings (:meth:`from_similarity` of their
+        similarity, the positive mask built from the ids).
+
+        Args:
+            img_emb: ``(B, D)`` image embeddings.
+            txt_emb: ``(B, D)`` text embeddings, text ``i`` paired with image ``i``.
+            img_ids: The image id of each row; needed to look up ``C``.
+            txt_ids: The id of the image each text belongs to (default ``img_ids``).
+            captions: The batch's ``B`` caption strings (``text_side`` without
+                ``text_semantic_sim``).
+            semantic_sim: ``(B, B)`` ``C`` for this batch, instead of the lookup.
+            text_semantic_sim: ``(B, B)`` ``TC`` for this batch (``text_side``).
+
+        Returns:
+            ``alpha * base + beta * VSL``: a scalar, or ``(B,)`` with ``reduction="none"``.
+
+        Raises:
+            ValueError: Bad embeddings or ids, or no way to obtain ``C`` (or ``TC``).
+        """
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(
             sim,
@@ -421,6 +487,26 @@ class VisualSemanticLoss(PairLoss):
         semantic_sim: torch.Tensor | None = None,
         text_semantic_sim: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The loss of a ``(B, B)`` similarity matrix, VSL Eq. (6) (Eq. 7 with ``text_side``).
+
+        Args:
+            sim: ``(B, B)`` image-text similarities, positives on the diagonal.
+            pos_mask: ``(B, B)`` bool, further positives, for the base loss only.
+            img_ids: The image id of each row; needed to look up ``C``.
+            txt_ids: The id of the image of each column's text (default ``img_ids``).
+            captions: The ``B`` caption strings of the columns (``text_side`` without
+                ``text_semantic_sim``).
+            semantic_sim: ``(B, B)`` ``C`` for this batch, instead of the lookup.
+            text_semantic_sim: ``(B, B)`` ``TC`` for this batch (``text_side``).
+
+        Returns:
+            ``alpha * base + beta * VSL``: a scalar, or ``(B,)`` with ``reduction="none"``.
+
+        Raises:
+            ValueError: A bad ``sim`` or ``pos_mask``; no ``semantic`` and no
+                ``semantic_sim``; ids or captions of another length than ``B``; ids unknown
+                to ``semantic``.
+        """
         prepare(sim, pos_mask)  # validate before the (costlier) lookups
         batch = sim.shape[0]
         if semantic_sim is None:
