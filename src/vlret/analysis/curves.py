@@ -292,7 +292,7 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
     dotted line marks the switch on both panels.
 
     Args:
-        runs: Label -> the run folders of its seeds.
+        runs: Label -> the run folders of its seeds; one colour per label on both panels.
         out_dir: The folder of the figure.
 
     Returns:
@@ -348,7 +348,8 @@ def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: st
     ``pos_sim`` / ``hardest_neg_sim`` step records, and its panel title says so.
 
     Args:
-        runs: Label -> the run folders of its seeds.
+        runs: Label -> the run folders of its seeds; one panel per label, up to three panels
+            a row.
         out_dir: The folder of the figure.
 
     Returns:

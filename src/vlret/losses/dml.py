@@ -6,8 +6,11 @@
 * ``nca_hard``: NCA / NT-Xent with the hardest negative, GOAL Eq. (6); ``(T^nca, P^con)``.
 
 They follow the contract of every vlret loss: ``sim`` is ``(B, B)`` with the positive pair of
-anchor ``i`` on the diagonal, ``pos_mask`` entries are neither negatives nor pulled, and each
-loss sums an image-anchor term (row ``i``) and a text-anchor term (column ``i``). Circle, MS
+anchor ``i`` on the diagonal, ``pos_mask`` (``(B, B)`` bool) marks further positives, which are
+neither negatives nor pulled, and each loss sums an image-anchor term (row ``i``) and a
+text-anchor term (column ``i``) per index, which ``reduction`` (``"sum"``, ``"mean"`` or
+``"none"``) reduces over the ``B`` indices. A bad ``sim``, ``pos_mask`` or parameter raises a
+``ValueError`` naming it. Circle, MS
 and binomial deviance use every negative of the anchor, as their papers do; ``hardest=True``
 keeps only the hardest negative, the triplet that GOAL reasons about. ``docs/goal.md`` states
 which of them have exactly the gradient of their GOAL cell (tested in ``tests/test_dml.py``).
@@ -65,24 +68,22 @@ def circle_loss(
     gives the triplet weight of offset ``1 - 2 m^2`` but pair weights ``[1 + m - p]_+``,
     ``[s_n + m]_+``.
 
+    ``sim``, ``pos_mask`` and ``reduction`` follow every pair loss's contract
+    (``docs/losses.md``).
+
     Args:
-        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
         margin: The relaxation ``m`` (any finite value). The defaults ``m=0.4, gamma=80``
             are the paper's fine-grained image retrieval setting (face recognition uses
             ``m=0.25, gamma=256``).
         gamma: The scale.
         hardest: Keep only the hardest negative of each anchor (the triplet GOAL reasons
             about) instead of every negative.
-        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
-            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
 
     Returns:
-        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+        The Circle loss: a scalar, or its ``(B,)`` terms with ``reduction="none"``.
 
     Raises:
-        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
-            parameter out of range or an unknown reduction, named.
+        ValueError: A bad input, a non-finite ``margin`` or a non-positive ``gamma``.
     """
     check_real(margin, "margin")
     check_positive(gamma, "gamma")
@@ -128,24 +129,22 @@ def multi_similarity_loss(
     settings, so the baseline and the GOAL cells share them; the MS paper uses ``alpha=2,
     beta=50, lam=1, epsilon=0.1``.
 
+    ``sim``, ``pos_mask`` and ``reduction`` follow every pair loss's contract
+    (``docs/losses.md``).
+
     Args:
-        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
         alpha: The positive slope.
         beta: The negative slope.
         lam: The similarity threshold ``lambda`` (any finite value).
         epsilon: The mining band, ``>= 0``.
-        hardest: Keep only the hardest negative of each anchor (the triplet GOAL reasons
-            about) instead of every negative.
-        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
-            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
+        hardest: Let only the hardest negative of each anchor be mined.
 
     Returns:
-        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+        The MS loss: a scalar, or its ``(B,)`` terms with ``reduction="none"``.
 
     Raises:
-        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
-            parameter out of range or an unknown reduction, named.
+        ValueError: A bad input, non-positive ``alpha`` or ``beta``, a non-finite ``lam`` or
+            a negative ``epsilon``.
     """
     check_positive(alpha, "alpha")
     check_positive(beta, "beta")
@@ -194,23 +193,20 @@ def binomial_deviance_loss(
     gradient only where every hardest triplet violates ``margin`` (for cosine similarities,
     always once ``margin >= 2``).
 
+    ``sim``, ``pos_mask`` and ``reduction`` follow every pair loss's contract
+    (``docs/losses.md``).
+
     Args:
-        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
         alpha: The positive slope.
         beta: The negative slope.
         lam: The similarity threshold ``lambda`` (any finite value).
-        hardest: Keep only the hardest negative of each anchor (the triplet GOAL reasons
-            about) instead of every negative.
-        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
-            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
+        hardest: Keep only the hardest negative of each anchor (GOAL's triplet).
 
     Returns:
-        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+        The binomial deviance: a scalar, or its ``(B,)`` terms with ``reduction="none"``.
 
     Raises:
-        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
-            parameter out of range or an unknown reduction, named.
+        ValueError: A bad input, non-positive ``alpha`` or ``beta``, or a non-finite ``lam``.
     """
     check_positive(alpha, "alpha")
     check_positive(beta, "beta")
@@ -241,19 +237,17 @@ def nca_hard_loss(
     ``(nca, con)`` (GOAL Eq. 7): ``d/ds_n = tau * T^nca``, ``d/dp = -tau * T^nca``. An anchor
     without negatives contributes a graph-attached 0.
 
+    ``sim``, ``pos_mask`` and ``reduction`` follow every pair loss's contract
+    (``docs/losses.md``).
+
     Args:
-        sim: ``(B, B)`` similarities, the positive pair of anchor ``i`` on the diagonal.
         tau: The scale (default 10, the value of GOAL Fig. 2).
-        pos_mask: ``(B, B)`` bool, further positive pairs: neither negatives nor pulled.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the ``B`` indices, each the
-            image-anchor term (row ``i``) plus the text-anchor term (column ``i``).
 
     Returns:
-        The loss: a scalar, or the ``(B,)`` terms with ``reduction="none"``.
+        The hard-negative NCA loss: a scalar, or its ``(B,)`` terms with ``reduction="none"``.
 
     Raises:
-        ValueError: A bad ``sim`` or ``pos_mask`` (shape, dtype, non-finite values), a
-            parameter out of range or an unknown reduction, named.
+        ValueError: A bad input or a non-positive ``tau``.
     """
     check_positive(tau, "tau")
     check_reduction(reduction)
@@ -272,15 +266,7 @@ def nca_hard_loss(
 class CircleLoss(PairLoss):
     """Module form of :func:`circle_loss` (Circle loss; GOAL Table 1 ``(T^cir, P^lin)``).
 
-    Args:
-        margin: The relaxation ``m``.
-        gamma: The scale.
-        hardest: Keep only each anchor's hardest negative.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
-        normalize: L2-normalise the embeddings (``False``: raw dot products).
-
-    Raises:
-        ValueError: A parameter out of range, named.
+    ``margin``, ``gamma`` and ``hardest`` as there, checked when the module is built.
     """
 
     paper = "Circle loss (Sun et al. 2020)"
@@ -327,17 +313,7 @@ class CircleLoss(PairLoss):
 class MultiSimilarityLoss(PairLoss):
     """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``).
 
-    Args:
-        alpha: The positive slope.
-        beta: The negative slope.
-        lam: The similarity threshold.
-        epsilon: The mining band, ``>= 0``.
-        hardest: Keep only each anchor's hardest negative.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
-        normalize: L2-normalise the embeddings (``False``: raw dot products).
-
-    Raises:
-        ValueError: A parameter out of range, named.
+    Its parameters are the function's (``alpha``, ``beta``, ``lam``, ``epsilon``, ``hardest``).
     """
 
     paper = "Multi-similarity (Wang et al. 2019)"
@@ -395,16 +371,7 @@ class MultiSimilarityLoss(PairLoss):
 class BinomialDevianceLoss(PairLoss):
     """Module form of :func:`binomial_deviance_loss` (GOAL ``(T^con, P^sig)``).
 
-    Args:
-        alpha: The positive slope.
-        beta: The negative slope.
-        lam: The similarity threshold.
-        hardest: Keep only each anchor's hardest negative.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
-        normalize: L2-normalise the embeddings (``False``: raw dot products).
-
-    Raises:
-        ValueError: A parameter out of range, named.
+    ``alpha``, ``beta``, ``lam`` and ``hardest`` mean what they mean for the function.
     """
 
     paper = "Binomial deviance (Yi et al. 2014)"
@@ -452,13 +419,7 @@ class BinomialDevianceLoss(PairLoss):
 class NCAHardLoss(PairLoss):
     """Module form of :func:`nca_hard_loss` (GOAL Eq. 6; ``(T^nca, P^con)`` up to ``tau``).
 
-    Args:
-        tau: The scale.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` over the batch indices.
-        normalize: L2-normalise the embeddings (``False``: raw dot products).
-
-    Raises:
-        ValueError: A parameter out of range, named.
+    ``tau`` is the function's scale.
     """
 
     paper = "NCA / NT-Xent, hardest negative"

@@ -446,24 +446,15 @@ class VisualSemanticLoss(PairLoss):
         semantic_sim: torch.Tensor | None = None,
         text_semantic_sim: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The loss of a batch of paired embeddings (:meth:`from_similarity` of their
-        similarity, the positive mask built from the ids).
+        """:meth:`from_similarity` of the embeddings' similarity, with the positive mask built
+        from ``img_ids`` and ``txt_ids``; the keyword arguments are passed on to it.
 
         Args:
             img_emb: ``(B, D)`` image embeddings.
             txt_emb: ``(B, D)`` text embeddings, text ``i`` paired with image ``i``.
-            img_ids: The image id of each row; needed to look up ``C``.
-            txt_ids: The id of the image each text belongs to (default ``img_ids``).
-            captions: The batch's ``B`` caption strings (``text_side`` without
-                ``text_semantic_sim``).
-            semantic_sim: ``(B, B)`` ``C`` for this batch, instead of the lookup.
-            text_semantic_sim: ``(B, B)`` ``TC`` for this batch (``text_side``).
-
-        Returns:
-            ``alpha * base + beta * VSL``: a scalar, or ``(B,)`` with ``reduction="none"``.
 
         Raises:
-            ValueError: Bad embeddings or ids, or no way to obtain ``C`` (or ``TC``).
+            ValueError: Bad embeddings or ids, or an error of :meth:`from_similarity`.
         """
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(
