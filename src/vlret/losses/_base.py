@@ -14,7 +14,7 @@ Conventions (see ARCHITECTURE.md, "Core contract of a loss"):
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -316,3 +316,42 @@ class PairLoss(nn.Module):
         self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         raise NotImplementedError
+
+
+class FunctionLoss(PairLoss):
+    """A module whose loss is one pure function of ``sim`` and its hyper-parameters.
+
+    A subclass sets ``function`` (the pure function, called as ``function(sim, **hyper,
+    pos_mask=..., reduction=...)``) and, in its explicit keyword-only constructor, calls
+    ``self.keep(init_args(locals()))``: the arguments are checked against the declared
+    constraints and each hyper-parameter becomes an attribute of the same name.
+    :meth:`from_similarity` and the ``repr`` follow from them.
+    """
+
+    function: ClassVar[Callable[..., torch.Tensor]]
+
+    def keep(self, arguments: Mapping[str, Any]) -> None:
+        """Check the constructor's ``arguments``, set up the base, keep the hyper-parameters.
+
+        Raises:
+            vlret._checks.ParamError: An argument outside its declared constraint, named.
+        """
+        type(self).check_params(arguments)
+        base = {k: arguments[k] for k in ("reduction", "normalize", "chunk_size") if k in arguments}
+        PairLoss.__init__(self, **base)
+        self.hyperparameters = tuple(k for k in arguments if k not in base)
+        for name in self.hyperparameters:
+            value = arguments[name]
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                value = float(value)
+            setattr(self, name, value)
+
+    def from_similarity(
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        hyper = {name: getattr(self, name) for name in self.hyperparameters}
+        return self.function(sim, **hyper, pos_mask=pos_mask, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        hyper = ", ".join(f"{name}={getattr(self, name)}" for name in self.hyperparameters)
+        return f"{hyper}, reduction={self.reduction!r}"

@@ -29,7 +29,7 @@ from .._checks import (
     check_real,
     check_reduction,
 )
-from ._base import PairLoss, init_args, log1p_sum_exp, prepare, reduce_terms
+from ._base import FunctionLoss, init_args, log1p_sum_exp, prepare, reduce_terms
 from .registry import register_loss
 
 
@@ -263,7 +263,7 @@ def nca_hard_loss(
 
 
 @register_loss("circle")
-class CircleLoss(PairLoss):
+class CircleLoss(FunctionLoss):
     """Module form of :func:`circle_loss` (Circle loss; GOAL Table 1 ``(T^cir, P^lin)``).
 
     ``margin``, ``gamma`` and ``hardest`` as there, checked when the module is built.
@@ -274,6 +274,7 @@ class CircleLoss(PairLoss):
     # The relaxation m sets O_p = 1 + m, O_n = -m and Delta_p = 1 - m, Delta_n = m; it is not
     # bounded here (any finite value defines the loss; the paper reports 0.25 and 0.4).
     params = {"margin": REAL, "gamma": POSITIVE, "hardest": FLAG}
+    function = staticmethod(circle_loss)
 
     def __init__(
         self,
@@ -284,33 +285,11 @@ class CircleLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
-        CircleLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize)
-        self.margin = float(margin)
-        self.gamma = float(gamma)
-        self.hardest = bool(hardest)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return circle_loss(
-            sim,
-            margin=self.margin,
-            gamma=self.gamma,
-            hardest=self.hardest,
-            pos_mask=pos_mask,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"margin={self.margin}, gamma={self.gamma}, hardest={self.hardest}, "
-            f"reduction={self.reduction!r}"
-        )
+        self.keep(init_args(locals()))
 
 
 @register_loss("multi_similarity")
-class MultiSimilarityLoss(PairLoss):
+class MultiSimilarityLoss(FunctionLoss):
     """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``).
 
     Its parameters are the function's (``alpha``, ``beta``, ``lam``, ``epsilon``, ``hardest``).
@@ -326,6 +305,7 @@ class MultiSimilarityLoss(PairLoss):
         "epsilon": NON_NEGATIVE,
         "hardest": FLAG,
     }
+    function = staticmethod(multi_similarity_loss)
 
     def __init__(
         self,
@@ -338,37 +318,11 @@ class MultiSimilarityLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
-        MultiSimilarityLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize)
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.lam = float(lam)
-        self.epsilon = float(epsilon)
-        self.hardest = bool(hardest)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return multi_similarity_loss(
-            sim,
-            alpha=self.alpha,
-            beta=self.beta,
-            lam=self.lam,
-            epsilon=self.epsilon,
-            hardest=self.hardest,
-            pos_mask=pos_mask,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"alpha={self.alpha}, beta={self.beta}, lam={self.lam}, epsilon={self.epsilon}, "
-            f"hardest={self.hardest}, reduction={self.reduction!r}"
-        )
+        self.keep(init_args(locals()))
 
 
 @register_loss("binomial_deviance")
-class BinomialDevianceLoss(PairLoss):
+class BinomialDevianceLoss(FunctionLoss):
     """Module form of :func:`binomial_deviance_loss` (GOAL ``(T^con, P^sig)``).
 
     ``alpha``, ``beta``, ``lam`` and ``hardest`` mean what they mean for the function.
@@ -377,6 +331,7 @@ class BinomialDevianceLoss(PairLoss):
     paper = "Binomial deviance (Yi et al. 2014)"
     equation = "GOAL Eq. (11), Table 1"
     params = {"alpha": POSITIVE, "beta": POSITIVE, "lam": REAL, "hardest": FLAG}
+    function = staticmethod(binomial_deviance_loss)
 
     def __init__(
         self,
@@ -388,35 +343,11 @@ class BinomialDevianceLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
-        BinomialDevianceLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize)
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.lam = float(lam)
-        self.hardest = bool(hardest)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return binomial_deviance_loss(
-            sim,
-            alpha=self.alpha,
-            beta=self.beta,
-            lam=self.lam,
-            hardest=self.hardest,
-            pos_mask=pos_mask,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"alpha={self.alpha}, beta={self.beta}, lam={self.lam}, hardest={self.hardest}, "
-            f"reduction={self.reduction!r}"
-        )
+        self.keep(init_args(locals()))
 
 
 @register_loss("nca_hard")
-class NCAHardLoss(PairLoss):
+class NCAHardLoss(FunctionLoss):
     """Module form of :func:`nca_hard_loss` (GOAL Eq. 6; ``(T^nca, P^con)`` up to ``tau``).
 
     ``tau`` is the function's scale.
@@ -425,6 +356,7 @@ class NCAHardLoss(PairLoss):
     paper = "NCA / NT-Xent, hardest negative"
     equation = "GOAL Eq. (6)-(7)"
     params = {"tau": POSITIVE}
+    function = staticmethod(nca_hard_loss)
 
     def __init__(
         self,
@@ -433,14 +365,4 @@ class NCAHardLoss(PairLoss):
         reduction: str = "sum",
         normalize: bool = True,
     ) -> None:
-        NCAHardLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize)
-        self.tau = float(tau)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return nca_hard_loss(sim, tau=self.tau, pos_mask=pos_mask, reduction=self.reduction)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, reduction={self.reduction!r}"
+        self.keep(init_args(locals()))
