@@ -14,6 +14,7 @@ ratio ``after / before`` of each ratio is printed with the verdict (target: with
 
     .venv/bin/python benchmarks/bench_engine.py [--before REV] [--rounds 2] [--threads 1]
         [--loss infonce unified triplet goal adacl-fixed] [--repeats 3] [--time-budget 20]
+        [--batches 8192 128]
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--time-budget", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--batches", type=int, nargs="+", default=[8192, 128], help="which of 8192 and 128 to run"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vlret-before-") as tmp:
         tree = Path(tmp) / "tree"
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 for loss in args.loss:
                     for batch, method in CASES:
+                        if batch not in args.batches:
+                            continue
                         if method == "bare" and loss != args.loss[0]:
                             continue  # the bare products do not depend on the loss
                         for version, src in sources.items():
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             ("tiled/bare B=8192", (loss, 8192, "tiled"), ("", 8192, "bare")),
             ("tiled/dense B=128", (loss, 128, "tiled"), (loss, 128, "dense")),
         ):
+            if num[1] not in args.batches:
+                continue
             ratios = [best[(v, *num)] / best[(v, *den)] for v in ("before", "after")]
             change = ratios[1] / ratios[0]
             met = change <= 1.05

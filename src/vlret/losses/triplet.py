@@ -13,6 +13,7 @@ from ._tiling import (
     hardest_negatives,
     hinge_sums,
     prepare_embeddings,
+    scores_at,
     shard_directions,
 )
 from .registry import register_loss
@@ -72,12 +73,12 @@ def _hardest_terms(batch: Embedded, margin: float, shard) -> torch.Tensor:
             x, y, exclusions, batch.tile, columns=True
         )
         diag = (x * y).sum(1)
-        rows = hardest_hinge((x * y[row_arg]).sum(1), diag, row_top, margin)
-        return rows + hardest_hinge((x[col_arg] * y).sum(1), diag, col_top, margin)
+        rows = hardest_hinge(scores_at(x, y, row_arg), diag, row_top, margin)
+        return rows + hardest_hinge(scores_at(y, x, col_arg), diag, col_top, margin)
     terms = []
     for d in shard_directions(batch, shard):
         top, arg = hardest_negatives(d.rows, d.cands, d.exclusions, batch.tile, columns=False)
-        neg = (d.rows * d.cands[arg]).sum(1)
+        neg = scores_at(d.rows, d.cands, arg)
         terms.append(hardest_hinge(neg, d.positives, top, margin))
     return terms[0] + terms[1]
 

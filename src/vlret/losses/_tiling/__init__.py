@@ -42,6 +42,7 @@ from .tiles import (
     check_shard,
     masked_tiles,
     prepare_embeddings,
+    scores_at,
     shard_directions,
     tiles,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "masked_tiles",
     "negatives_lse",
     "prepare_embeddings",
+    "scores_at",
     "shard_directions",
     "softmax_terms",
     "tiles",

@@ -199,6 +199,12 @@ class QueueExclusions(Exclusions):
         return ~(b.valid[None, :] & (b.ids[None, :] != b.anchor_ids[start:stop, None]))
 
 
+def scores_at(rows: torch.Tensor, cands: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``s_k = rows[k] . cands[index[k]]``, differentiable; the gather's backward is an
+    ``index_add_`` (the scatter of a hardest negative's gradient)."""
+    return (rows * cands.index_select(0, index)).sum(1)
+
+
 def masked_tiles(
     x: torch.Tensor, y: torch.Tensor, exclusions: Exclusions, tile: int, fill: float
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -222,7 +228,7 @@ class Direction:
     @property
     def positives(self) -> torch.Tensor:
         """``(n,)`` the anchors' positive scores (differentiable)."""
-        return (self.rows * self.cands[self.pair]).sum(1)
+        return scores_at(self.rows, self.cands, self.pair)
 
 
 def shard_directions(batch: Embedded, shard: object) -> tuple[Direction, Direction]:

@@ -18,6 +18,7 @@ from .._tiling import (
     SquareExclusions,
     hardest_negatives,
     prepare_embeddings,
+    scores_at,
     shard_directions,
 )
 from ..registry import register_loss
@@ -93,8 +94,8 @@ def _goal_terms(batch: Embedded, cfg: GoalConfig, shard) -> torch.Tensor:
                 cfg, batch_pos, torch.stack((row_top, col_top)), count, stat
             )
         surrogate = (
-            w_neg[0] * (x * y[row_arg]).sum(1)
-            + w_neg[1] * (x[col_arg] * y).sum(1)
+            w_neg[0] * scores_at(x, y, row_arg)
+            + w_neg[1] * scores_at(y, x, col_arg)
             - (w_pos[0] + w_pos[1]) * (x * y).sum(1)
         )
         return hinge[0] + hinge[1] + (surrogate - surrogate.detach())
@@ -108,7 +109,7 @@ def _goal_terms(batch: Embedded, cfg: GoalConfig, shard) -> torch.Tensor:
         pos = d.positives
         with torch.no_grad():
             w_pos, w_neg, hinge = _weights(cfg, pos.detach(), top, count[0], stat[0], batch_pos)
-        surrogate = w_neg * (d.rows * d.cands[arg]).sum(1) - w_pos * pos
+        surrogate = w_neg * scores_at(d.rows, d.cands, arg) - w_pos * pos
         terms.append(hinge + (surrogate - surrogate.detach()))
     return terms[0] + terms[1]
 
