@@ -232,3 +232,13 @@ def test_square_lse_mixes_one_exponential_and_careful_tiles(monkeypatch):
     grads_want = torch.autograd.grad((want[0] * w_row).sum() + (want[1] * w_col).sum(), (img, txt))
     for a, b in zip((*got, *grads_got), (*want, *grads_want), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_masks_are_built_on_the_batchs_device_even_without_ids():
+    """A bare diagonal has no tensor to take a device from: the batch's device is carried."""
+    mask = SquareExclusions(None, 4, device="meta").mask(0, 2)
+    assert mask.device.type == "meta" and mask.shape == (2, 4)
+    x, y = _data(n=3)
+    batch = prepare_embeddings(x, y, None, None, chunk_size=2, normalize=True)
+    assert batch.exclusions.device == x.device
+    assert torch.equal(batch.exclusions.mask(0, 3), torch.eye(3, dtype=torch.bool))

@@ -15,7 +15,7 @@ import torch
 from .._checks import POSITIVE, check_positive, check_reduction
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
-from ._tiling import SquareExclusions, negatives_lse, prepare_embeddings, shard_directions
+from ._tiling import negatives_lse, prepare_embeddings, shard_directions
 from .infonce import scalar_tensor
 from .registry import register_loss
 
@@ -89,7 +89,7 @@ def tiled_dcl_loss(
     c = 1.0 / scalar_tensor(temperature, batch.x, "temperature")
     if shard is None:
         x, y = batch.x, batch.y
-        exclusions = SquareExclusions(batch.codes, batch.batch)
+        exclusions = batch.exclusions
         rows, cols = negatives_lse(x * c, y, exclusions, batch.tile, columns=True)
         pos = c * (x * y).sum(1)
         terms = _decoupled(rows, pos) + _decoupled(cols, pos)

@@ -9,7 +9,6 @@ from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
 from ._tiling import (
     Embedded,
-    SquareExclusions,
     hardest_negatives,
     hinge_sums,
     prepare_embeddings,
@@ -68,7 +67,7 @@ def _hardest_terms(batch: Embedded, margin: float, shard) -> torch.Tensor:
     scores are recomputed with it (autograd's gather backward scatters the gradient)."""
     if shard is None:
         x, y = batch.x, batch.y
-        exclusions = SquareExclusions(batch.codes, batch.batch)
+        exclusions = batch.exclusions
         row_top, row_arg, col_top, col_arg = hardest_negatives(
             x, y, exclusions, batch.tile, columns=True
         )
@@ -87,7 +86,7 @@ def _sum_terms(batch: Embedded, margin: float, shard) -> torch.Tensor:
     """VSE0 per index: the sums of the hinges over all negatives."""
     if shard is None:
         diag = (batch.x * batch.y).sum(1)
-        exclusions = SquareExclusions(batch.codes, batch.batch)
+        exclusions = batch.exclusions
         rows, cols = hinge_sums(
             batch.x, batch.y, diag, diag, margin=margin, exclusions=exclusions, tile=batch.tile
         )

@@ -38,8 +38,9 @@ def hardest_negatives(
     lowest = torch.finfo(x.dtype).min
     n, width = x.shape[0], y.shape[0]
     row_max, row_arg = x.new_empty(n), torch.zeros(n, dtype=torch.long, device=x.device)
-    col_max = x.new_full((width,), lowest)
-    col_arg = torch.zeros(width, dtype=torch.long, device=x.device)
+    if columns:
+        col_max = x.new_full((width,), lowest)
+        col_arg = torch.zeros(width, dtype=torch.long, device=x.device)
     for start, stop, t in masked_tiles(x, y, exclusions, tile, lowest):
         # torch.max returns the first maximal index; strict ">" keeps the earlier tile's.
         row_max[start:stop], row_arg[start:stop] = t.max(dim=1)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from .tiles import Embedded, Exclusions, SquareExclusions, shard_directions, tiles
+from .tiles import Embedded, Exclusions, shard_directions, tiles
 
 _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
@@ -222,7 +222,7 @@ def softmax_terms(
         x, y = batch.x, batch.y
         diag = (x * y).sum(1)
         offset = scale * (diag if margins is None else diag - margins)
-        exclusions = SquareExclusions(batch.codes, batch.batch)
+        exclusions = batch.exclusions
         rows, cols = negatives_lse(x * scale, y, exclusions, batch.tile, columns=True)
         return log1p_exp(rows - offset) + log1p_exp(cols - offset)
     terms = []

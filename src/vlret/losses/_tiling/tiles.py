@@ -56,6 +56,11 @@ class Embedded:
     def batch(self) -> int:
         return self.x.shape[0]
 
+    @property
+    def exclusions(self) -> PairExclusions:
+        """The square batch's exclusions (id matches and the diagonal) on its device."""
+        return SquareExclusions(self.codes, self.batch, self.x.device)
+
 
 def _codes(img_ids: Ids | None, txt_ids: Ids | None, batch: int, device) -> Codes:
     """Ids as two integer tensors with a shared coding (same rules as ``PairLoss``)."""
@@ -139,8 +144,12 @@ class PairExclusions(Exclusions):
         col_codes: torch.Tensor | None,
         pair: torch.Tensor | None,
         width: int,
+        device: torch.device | str | None = None,
     ) -> None:
         self.row_codes, self.col_codes, self.pair, self.width = row_codes, col_codes, pair, width
+        # Where mask() builds its tensor: the batch's device (a bare diagonal has no tensor).
+        known = next((t.device for t in (row_codes, pair) if t is not None), None)
+        self.device = torch.device(device) if device is not None else known
 
     def fill_(self, t: torch.Tensor, start: int, value: float) -> torch.Tensor:
         n = t.shape[0]
@@ -155,17 +164,16 @@ class PairExclusions(Exclusions):
         return t
 
     def mask(self, start: int, stop: int) -> torch.Tensor:
-        device = self.pair.device if self.pair is not None else None
-        if self.row_codes is not None:
-            device = self.row_codes.device
-        t = torch.zeros(stop - start, self.width, dtype=torch.bool, device=device)
+        t = torch.zeros(stop - start, self.width, dtype=torch.bool, device=self.device)
         return self.fill_(t, start, True)
 
 
-def SquareExclusions(codes: Codes, batch: int) -> PairExclusions:  # noqa: N802 (a constructor)
-    """The exclusions of a ``(B, B)`` batch: id matches and the diagonal."""
+def SquareExclusions(  # noqa: N802 (a constructor)
+    codes: Codes, batch: int, device: torch.device | str | None = None
+) -> PairExclusions:
+    """The exclusions of a ``(B, B)`` batch on ``device``: id matches and the diagonal."""
     rows, cols = (None, None) if codes is None else codes
-    return PairExclusions(rows, cols, None, batch)
+    return PairExclusions(rows, cols, None, batch, device)
 
 
 @dataclass(frozen=True)

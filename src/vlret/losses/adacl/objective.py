@@ -30,7 +30,6 @@ from .._base import reduce_per_index
 from .._tiling import (
     QueueBlock,
     QueueExclusions,
-    SquareExclusions,
     log1p_exp,
     negatives_lse,
     prepare_embeddings,
@@ -299,7 +298,7 @@ class TiledAdaCLBatch:
             img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
         )
         self.x, self.y, self.tile = e.x, e.y, e.tile
-        self.square = SquareExclusions(e.codes, e.batch)
+        self.square = e.exclusions
         self.queue_txt, self.queue_img = (
             None if q is None else _on(q, self.x) for q in (queue_txt, queue_img)
         )

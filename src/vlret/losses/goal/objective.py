@@ -15,7 +15,6 @@ from ...similarity import Ids
 from .._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index
 from .._tiling import (
     Embedded,
-    SquareExclusions,
     hardest_negatives,
     prepare_embeddings,
     scores_at,
@@ -81,11 +80,12 @@ def _goal_terms(batch: Embedded, cfg: GoalConfig, shard) -> torch.Tensor:
     """GOAL per index on a tiled batch: the hinge as value, the prescribed gradient through the
     surrogate ``sum w_neg s_neg - w_pos s_pos`` with detached weights."""
     x, y, tile = batch.x, batch.y, batch.tile
-    batch_pos = (x * y).sum(1).detach()
+    diag = (x * y).sum(1)
+    batch_pos = diag.detach()
     bound = batch_pos.min() - cfg.epsilon
     if shard is None:
         visit, count, stat = _set_n(cfg, bound, batch.batch, batch.batch, x)
-        exclusions = SquareExclusions(batch.codes, batch.batch)
+        exclusions = batch.exclusions
         row_top, row_arg, col_top, col_arg = hardest_negatives(
             x, y, exclusions, tile, columns=True, visit=visit
         )
@@ -96,7 +96,7 @@ def _goal_terms(batch: Embedded, cfg: GoalConfig, shard) -> torch.Tensor:
         surrogate = (
             w_neg[0] * scores_at(x, y, row_arg)
             + w_neg[1] * scores_at(y, x, col_arg)
-            - (w_pos[0] + w_pos[1]) * (x * y).sum(1)
+            - (w_pos[0] + w_pos[1]) * diag
         )
         return hinge[0] + hinge[1] + (surrogate - surrogate.detach())
     terms = []
