@@ -33,6 +33,7 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids, cosine_similarity, positive_mask
+from ._tiling import log1p_exp
 
 
 def prepare(sim: torch.Tensor, pos_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +53,7 @@ def log1p_sum_exp(z: torch.Tensor, negatives: torch.Tensor, dim: int) -> torch.T
     arithmetic produces NaN gradients), so a row without negatives gives a graph-attached 0.
     """
     filled = z.masked_fill(~negatives, torch.finfo(z.dtype).min)
-    return torch.logaddexp(torch.zeros((), dtype=z.dtype, device=z.device), filled.logsumexp(dim))
+    return log1p_exp(filled.logsumexp(dim))
 
 
 def reduce_per_index(

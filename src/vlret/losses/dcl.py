@@ -15,8 +15,7 @@ import torch
 from .._checks import POSITIVE, check_positive, check_reduction
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
-from ._tiling import negatives_lse, prepare_embeddings, shard_directions
-from .infonce import scalar_tensor
+from ._tiling import negatives_lse, prepare_embeddings, scalar_tensor, shard_directions
 from .registry import register_loss
 
 

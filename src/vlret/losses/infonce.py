@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import FLAG, POSITIVE, Number, check_finite, check_positive, check_reduction
+from .._checks import FLAG, POSITIVE, Number, check_positive, check_reduction
 from ..similarity import Ids
 from ._base import (
     LossCapabilities,
@@ -18,7 +18,7 @@ from ._base import (
     reduce_per_index,
     reduce_terms,
 )
-from ._tiling import prepare_embeddings, softmax_terms
+from ._tiling import prepare_embeddings, scalar_tensor, softmax_terms
 from .registry import register_loss
 
 
@@ -50,16 +50,6 @@ def infonce_loss(
     img_terms = log1p_sum_exp((s - pos[:, None]) / temperature, negatives, dim=1)
     txt_terms = log1p_sum_exp((s - pos[None, :]) / temperature, negatives, dim=0)
     return reduce_terms(img_terms, txt_terms, reduction)
-
-
-def scalar_tensor(value: float | torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
-    """``value`` as a 0-dim tensor of ``like``'s dtype and device (a tensor keeps its graph)."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
-        check_finite(value, name)
-        return value.to(device=like.device, dtype=like.dtype).reshape(())
-    return torch.tensor(value, dtype=like.dtype, device=like.device)
 
 
 def tiled_infonce_loss(

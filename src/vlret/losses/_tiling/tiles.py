@@ -213,6 +213,16 @@ def scores_at(rows: torch.Tensor, cands: torch.Tensor, index: torch.Tensor) -> t
     return (rows * cands.index_select(0, index)).sum(1)
 
 
+def scalar_tensor(value: float | torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
+    """``value`` as a 0-dim tensor of ``like``'s dtype and device (a tensor keeps its graph)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
+        check_finite(value, name)
+        return value.to(device=like.device, dtype=like.dtype).reshape(())
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
 def masked_tiles(
     x: torch.Tensor, y: torch.Tensor, exclusions: Exclusions, tile: int, fill: float
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
