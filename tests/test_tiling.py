@@ -18,6 +18,7 @@ from vlret.losses._tiling import (
     prepare_embeddings,
     shard_directions,
     softmax_terms,
+    tile_rows,
     tiles,
 )
 
@@ -242,3 +243,34 @@ def test_masks_are_built_on_the_batchs_device_even_without_ids():
     batch = prepare_embeddings(x, y, None, None, chunk_size=2, normalize=True)
     assert batch.exclusions.device == x.device
     assert torch.equal(batch.exclusions.mask(0, 3), torch.eye(3, dtype=torch.bool))
+
+
+def test_tile_rows_equals_the_whole_matrix_in_value_and_every_gradient():
+    """A per-row function of whole rows (with a row argument and a closed-over scale), tiled
+    and recomputed in the backward pass, against the dense matrix; any tile height."""
+    gen = torch.Generator().manual_seed(7)
+    x, y = (torch.randn(11, 5, generator=gen, dtype=torch.float64).requires_grad_() for _ in "xy")
+    offset = torch.randn(11, generator=gen, dtype=torch.float64).requires_grad_()
+    scale = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+    seen = []
+
+    def fn(s, start, off):
+        seen.append(start)
+        return torch.nn.functional.softplus(scale * s - off[:, None]).sum(1) * (start + 1)
+
+    weights = torch.randn(11, generator=gen, dtype=torch.float64)
+    for tile in (1, 4, 11, 50):
+        seen.clear()
+        got = tile_rows(fn, x, y, tile, offset)
+        starts = list(range(0, 11, tile))
+        assert seen == starts  # one call per tile, each told its first row
+        factor = torch.tensor([s + 1 for s in starts for _ in range(min(tile, 11 - s))])
+        want = torch.nn.functional.softplus(scale * x @ y.t() - offset[:, None]).sum(1) * factor
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        inputs = (x, y, offset, scale)
+        grads_got = torch.autograd.grad((got * weights).sum(), inputs)
+        grads_want = torch.autograd.grad((want * weights).sum(), inputs)
+        for a, b in zip(grads_got, grads_want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+    with torch.no_grad():
+        assert not tile_rows(fn, x, y, 4, offset).requires_grad

@@ -20,6 +20,8 @@ Primitives:
   backward is the scatter).
 * :func:`hinge_sums`: ``sum_j [margin + s_ij - d_i]_+`` over the negatives, differentiable in
   the embeddings and in the offsets ``d``.
+* :func:`tile_rows`: any per-row reduction of a tile (SigLIP's pair sum, CMPM's KL), the tile
+  recomputed in the backward pass by autograd.
 
 Semantics shared with the dense losses: a line without negatives gives the dtype's most
 negative finite value (never ``-inf``), half-precision inputs are computed in float32, ties of
@@ -30,6 +32,7 @@ The module imports no loss family; each family file builds its tiled form on the
 
 from .hinges import hardest_negatives, hinge_sums
 from .lse import log1p_exp, negatives_lse, softmax_terms
+from .rows import tile_rows
 from .tiles import (
     Codes,
     Direction,
@@ -68,5 +71,6 @@ __all__ = [
     "scores_at",
     "shard_directions",
     "softmax_terms",
+    "tile_rows",
     "tiles",
 ]
