@@ -1,0 +1,203 @@
+"""Sigmoid loss (SigLIP; Zhai et al., ICCV 2023, Eq. 1 / Algorithm 1), dense and tiled.
+
+Every image-text pair of the batch is an independent binary classification:
+
+    L = -(1/B) sum_i sum_j log sigmoid(z_ij (e^t s_ij + b))
+
+with ``z_ij = +1`` for a matching pair and ``-1`` otherwise, a learnable log-scale ``t``
+(initialised to ``log 10``) and a learnable bias ``b`` (initialised to ``-10``, so that the
+many negatives start near their target and the first steps are not spent pushing them down).
+There is no softmax and no second direction: the ``B x B`` sum over the rows already covers
+every pair once, so the term of index ``i`` is row ``i``'s sum over all ``j`` (image ``i``
+against every text) and ``"mean"`` divides the total by ``B``.
+
+Further positives (``pos_mask``, equal ids) are **positives**, ``z_ij = +1``: another caption of
+the same image is a matching pair, and a sigmoid loss has no denominator they could be left out
+of. open_clip's ``SigLipLoss`` takes only the diagonal as positive (``labels = 2 * eye - 1``);
+with distinct ids the two agree.
+
+Mapping to open_clip: ``SigLipLoss.forward(image_features, text_features, logit_scale,
+logit_bias)`` computes ``logits = logit_scale * image_features @ text_features.T + logit_bias``,
+``labels = 2 * eye - 1`` and returns ``-logsigmoid(labels * logits).sum() / B``. The open_clip
+model stores the log-scale as its ``logit_scale`` parameter and passes ``logit_scale.exp()`` to
+the loss. So our ``t`` (``SigLIPLoss.log_scale``) is the model's ``logit_scale`` parameter, the
+loss argument ``logit_scale`` is our ``scale = exp(t)``, our ``b`` is ``logit_bias``, and our
+``"mean"`` equals its value on features the model has already normalised (``normalize=True``
+normalises here instead). open_clip's training loop also clamps the log-scale to
+``[0, log 100]`` after each step; the paper does not, and neither does this module.
+
+All terms are computed with ``logsigmoid`` (stable for any logit, no ``log(sigmoid)``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import FLAG, REAL, check_positive, check_real, check_reduction
+from ..similarity import Ids
+from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index
+from ._tiling import Exclusions, prepare_embeddings, scalar_tensor, shard_directions, tile_rows
+from .registry import register_loss
+
+
+def _pair_terms(
+    scores: torch.Tensor, positives: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """``-sum_j log sigmoid(z_ij (scale * s_ij + bias))`` per row, ``z = +1`` on ``positives``."""
+    logits = scale * scores + bias
+    return -F.logsigmoid(torch.where(positives, logits, -logits)).sum(1)
+
+
+def siglip_loss(
+    sim: torch.Tensor,
+    *,
+    scale: float | torch.Tensor = 10.0,
+    bias: float | torch.Tensor = -10.0,
+    pos_mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """SigLIP's sigmoid loss on a ``(B, B)`` similarity matrix (Eq. 1, Algorithm 1).
+
+    Args:
+        sim: ``(B, B)`` scores, rows images, columns texts, positives on the diagonal.
+        scale: ``e^t``, the logit scale (paper: ``t = log 10`` at the start), a positive float
+            or a (learnable) scalar tensor, which gets its gradient.
+        bias: ``b`` (paper: ``-10`` at the start), a float or a (learnable) scalar tensor.
+        pos_mask: Optional bool ``(B, B)`` further positives; they are positives
+            (``z_ij = +1``), like the diagonal.
+        reduction: ``"mean"`` (the paper's ``1/B`` times the sum over all pairs), ``"sum"``
+            or ``"none"`` (row ``i``'s sum over every text ``j``).
+
+    Returns:
+        The reduced loss, or the ``(B,)`` per-index terms.
+
+    Raises:
+        ValueError: A bad argument, named.
+    """
+    check_positive(scale, "scale")
+    check_real(bias, "bias")
+    check_reduction(reduction)
+    s, negatives = prepare(sim, pos_mask)
+    c, b = scalar_tensor(scale, s, "scale"), scalar_tensor(bias, s, "bias")
+    return reduce_per_index(_pair_terms(s, ~negatives, c, b), reduction)
+
+
+def tiled_siglip_loss(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    *,
+    scale: float | torch.Tensor = 10.0,
+    bias: float | torch.Tensor = -10.0,
+    img_ids: Ids | None = None,
+    txt_ids: Ids | None = None,
+    chunk_size: int,
+    reduction: str = "mean",
+    normalize: bool = True,
+    shard: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """:func:`siglip_loss` on embeddings in ``O(chunk_size * B)`` memory.
+
+    The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``). One direction
+    covers every pair, so only rows are streamed (``tile_rows``): row ``i``'s term is its sum
+    over all texts, the tile recomputed in the backward pass. A shard is its images
+    ``start:stop`` against every text; the positives of those rows are each row's own pair and
+    the texts with an equal id (the shard's exclusions).
+
+    Args:
+        scale: ``e^t``, a positive float or a (learnable) scalar tensor.
+        bias: ``b``, a float or a (learnable) scalar tensor.
+
+    Returns:
+        The value of ``siglip_loss`` on the cosine (or, ``normalize=False``, dot-product)
+        matrix; ``"none"`` under a shard gives the ``(stop - start,)`` terms of its rows.
+
+    Raises:
+        ValueError: A bad argument, named.
+    """
+    check_positive(scale, "scale")
+    check_real(bias, "bias")
+    check_reduction(reduction)
+    batch = prepare_embeddings(
+        img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
+    )
+    c, b = scalar_tensor(scale, batch.x, "scale"), scalar_tensor(bias, batch.x, "bias")
+    images, _ = shard_directions(batch, (0, batch.batch) if shard is None else shard)
+    positives: Exclusions = images.exclusions  # own pair and equal ids: the z = +1 entries
+
+    def rows(scores: torch.Tensor, start: int) -> torch.Tensor:
+        return _pair_terms(scores, positives.mask(start, start + scores.shape[0]), c, b)
+
+    terms = tile_rows(rows, images.rows, images.cands, batch.tile)
+    return reduce_per_index(terms, reduction, batch.batch)
+
+
+@register_loss("siglip")
+class SigLIPLoss(PairLoss):
+    """Module form of :func:`siglip_loss`; ``chunk_size=N`` selects :func:`tiled_siglip_loss`.
+
+    Holds the log-scale ``t`` (``log_scale``) and the bias ``b``, each an ``nn.Parameter``
+    when learnable (the paper's setting, both by default) and a fixed float otherwise; the loss
+    uses ``scale = exp(t)``. ``log_scale`` is open_clip's ``logit_scale`` parameter and
+    ``bias`` its ``logit_bias`` (see the module docstring).
+    """
+
+    declared = LossCapabilities(local_shards=True)
+    paper = "SigLIP (Zhai et al. 2023)"
+    equation = "SigLIP Eq. (1), Algorithm 1"
+    params = {
+        "log_scale": REAL,
+        "bias": REAL,
+        "learnable_scale": FLAG,
+        "learnable_bias": FLAG,
+    }
+
+    def __init__(
+        self,
+        *,
+        log_scale: float = math.log(10.0),
+        bias: float = -10.0,
+        learnable_scale: bool = True,
+        learnable_bias: bool = True,
+        reduction: str = "mean",
+        normalize: bool = True,
+        chunk_size: int | None = None,
+    ) -> None:
+        SigLIPLoss.check_params(init_args(locals()))
+        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
+        self.learnable_scale = bool(learnable_scale)
+        self.learnable_bias = bool(learnable_bias)
+        t, b = float(log_scale), float(bias)
+        self.log_scale: nn.Parameter | float = (
+            nn.Parameter(torch.tensor(t)) if learnable_scale else t
+        )
+        self.bias: nn.Parameter | float = nn.Parameter(torch.tensor(b)) if learnable_bias else b
+
+    def _scale_and_bias(self) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+        t = self.log_scale
+        return (t.exp() if isinstance(t, torch.Tensor) else math.exp(t)), self.bias
+
+    def tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids, shard=None) -> torch.Tensor:
+        scale, bias = self._scale_and_bias()
+        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
+        return tiled_siglip_loss(img_emb, txt_emb, scale=scale, bias=bias, **arguments)
+
+    def from_similarity(
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        scale, bias = self._scale_and_bias()
+        return siglip_loss(sim, scale=scale, bias=bias, pos_mask=pos_mask, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        scale, bias = (float(torch.as_tensor(v).detach()) for v in self._scale_and_bias())
+        return (
+            f"scale={scale:.4g}, bias={bias:.4g}, learnable_scale={self.learnable_scale}, "
+            f"learnable_bias={self.learnable_bias}, reduction={self.reduction!r}"
+        )
+
+
+__all__ = ["SigLIPLoss", "siglip_loss", "tiled_siglip_loss"]
