@@ -79,6 +79,13 @@ SETTINGS = {
         "optim.lr=0.1",
     ],
     "triplet_tiled_local_shards": ["loss.chunk_size=3", "optim.name=sgd", "optim.lr=0.1"],
+    # Learnable log-scale and bias (the defaults): their gradients are compared too.
+    "siglip_tiled_local_shards": [
+        "loss.name=siglip",
+        "loss.chunk_size=3",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
 }
 #: Optimisation steps per setting (the queue's contents matter from the second step on).
 STEPS = {"adacl_queue_momentum_sgd": 3, "adacl_tiled_queue_momentum_sgd": 3}
@@ -88,6 +95,7 @@ COMMON = ["optim.warmup_steps=0", "optim.grad_clip=0", "train.validate=false"]
 #: How many times each loss magnifies a cosine's rounding: 1 / temperature, gamma, GOAL's tau
 #: and beta, AdaCL's m1 (20 adapting to ~90 here), VSL's smooth-rank 1 / tau.
 LOGIT_SCALE = {"triplet": 1, "infonce": 20, "unified": 60, "goal": 10, "adacl": 100, "vsl": 1000}
+LOGIT_SCALE["siglip"] = 10  # e^t at its initial t = log 10
 
 
 def step_tolerance(name: str) -> float:
