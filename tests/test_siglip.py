@@ -8,10 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from train_helpers import tiny_config
 from vlret.losses import build_loss, loss_capabilities
 from vlret.losses.registry import check_loss_params
 from vlret.losses.siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
 from vlret.similarity import cosine_similarity, positive_mask
+from vlret.train.builders import build_run_loss
 
 IDS = [0, 1, 1, 2, 3, 4, 4, 4, 5, 6]
 
@@ -189,3 +191,10 @@ def test_large_logits_stay_finite_in_float32():
     assert torch.isfinite(out) and out.item() == 0.0 and torch.isfinite(sim.grad).all()
     wrong = siglip_loss(-sim.detach(), scale=1e4, bias=0.0)  # every pair on the wrong side
     assert abs(wrong.item() - 2e4) < 1.0
+
+
+def test_builds_from_a_config(tmp_path):
+    overrides = ["loss.name=siglip", "loss.learnable_bias=false", "loss.bias=-5.0"]
+    built = build_run_loss(tiny_config(tmp_path, tmp_path / "run", overrides), None)
+    assert isinstance(built, SigLIPLoss) and built.bias == -5.0
+    assert [n for n, _ in built.named_parameters()] == ["log_scale"]
