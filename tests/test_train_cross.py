@@ -109,6 +109,7 @@ def test_saf_and_scan_i2t_train_and_sgraf_batchnorm_statistics_move(tmp_path, da
         (["loss.name=unified", "loss.chunk_size=4"], "loss.chunk_size"),
         (["loss.name=adacl", "loss.queue_size=16"], "loss.queue_size"),
         (["loss.name=vsl", "loss.base_params={chunk_size=4}"], "loss.base_params.chunk_size"),
+        (["train.grad_cache_chunk=4"], "train.grad_cache_chunk"),  # no per-item embeddings
     ],
 )
 def test_settings_that_need_embeddings_are_refused_before_the_data_is_read(

@@ -97,6 +97,22 @@ class RetrievalBatch:
 
         return RetrievalBatch(*(move(getattr(self, f)) for f in self.__dataclass_fields__))
 
+    def chunks(self, size: int) -> list[RetrievalBatch]:
+        """Consecutive sub-batches of at most ``size`` items (gradient caching encodes them one
+        at a time). Captions keep the batch's padded width, so a chunk encodes each item exactly
+        as the whole batch does."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int, got {size!r}")
+
+        def part(value, i):
+            return None if value is None else value[i : i + size]
+
+        fields = [getattr(self, f) for f in self.__dataclass_fields__]
+        return [
+            RetrievalBatch(*(part(v, i) for v in fields))
+            for i in range(0, len(self.img_index), size)
+        ]
+
 
 def pad_captions(
     captions: Sequence[torch.Tensor], *, pad_id: int = 0

@@ -171,6 +171,8 @@ class TrainConfig:
     (``LossCapabilities.owns_queue``, ``momentum_keys``); ``None`` enqueues the online
     embeddings.
     ``max_steps_per_epoch`` truncates epochs (smoke tests, benchmarks).
+    ``grad_cache_chunk``: encode the batch in chunks of that many items with gradient caching
+    (:mod:`vlret.train.grad_cache`): the exact full-batch step at one chunk's activation memory.
     ``last.pt`` is written at the end of every epoch, every ``checkpoint_every`` steps (0: off)
     and every ``checkpoint_minutes`` of training (0: off), so a killed run loses at most that
     much work; ``best.pt`` is written before ``last.pt`` (see :mod:`vlret.train.run_folder`).
@@ -193,6 +195,7 @@ class TrainConfig:
     all_negatives_epochs: int = 0
     momentum_encoder: float | None = None
     max_steps_per_epoch: int | None = None
+    grad_cache_chunk: int | None = None
     progress: bool = True
 
 
@@ -487,7 +490,9 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             f"expected an integer >= 2 (a batch needs negatives), got {train.batch_size!r}",
         )
     _check_at_least(train, "train", source, log_every=0, checkpoint_every=0, checkpoint_minutes=0.0)
-    _check_at_least(train, "train", source, eval_batch_size=1, max_steps_per_epoch=1)
+    _check_at_least(
+        train, "train", source, eval_batch_size=1, max_steps_per_epoch=1, grad_cache_chunk=1
+    )
     _check_device_name(train.device, source)
     if train.all_negatives_epochs < 0:
         raise ConfigError(source, "train.all_negatives_epochs", "expected an integer >= 0")

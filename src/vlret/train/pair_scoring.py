@@ -6,7 +6,8 @@ with the positives of the batch's image indices, plus whatever else the loss dec
 ``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
 semantic matrix). What needs embeddings cannot work on a score matrix and is refused before
 any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the
-loss declares ``chunks_similarity``; a nested loss's ``chunk_size`` too) and a memory queue (a
+loss declares ``chunks_similarity``; a nested loss's ``chunk_size`` too), gradient caching
+(``train.grad_cache_chunk``) and a memory queue (a
 loss that ``owns_queue`` with its parameters, AdaCL's ``queue_size``; the momentum encoder that
 fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
 dev pairs with :mod:`vlret.train.evaluate_pairs`. The distributed contract is in
@@ -39,6 +40,13 @@ def check_pair_scoring(config: RunConfig) -> None:
     pair-scoring model does not produce."""
     why = "the model scores pairs itself (model.kind {kind!r}) and gives the loss a score matrix"
     why = why.format(kind=config.model.get("kind"))
+    if config.train.grad_cache_chunk is not None:
+        raise ConfigError(
+            config.source,
+            "train.grad_cache_chunk",
+            f"gradient caching back-propagates per-item embeddings, but {why} (cross-attention "
+            "couples each image with each caption); remove grad_cache_chunk",
+        )
     name, params = config.loss.name, config.loss.params
     try:
         cls = loss_class(name)

@@ -62,6 +62,7 @@ from .distributed import (
     shutdown_distributed,
 )
 from .evaluate import dev_metrics, encode_dataset
+from .grad_cache import GradCache
 from .pair_scoring import pair_dev_metrics, pair_loss, score_stats, scores_pairs
 from .run_folder import (
     RunFolderError,
@@ -175,6 +176,11 @@ class Trainer:
             )
         else:
             self.ddp_model = self.model
+        #: Gradient caching (:mod:`.grad_cache`): the batch encoded in chunks, exactly.
+        chunk = tc.grad_cache_chunk
+        self.grad_cache = chunk and GradCache(
+            self.ddp_model, chunk_size=chunk, autocast=self._autocast
+        )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
         model_params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(config.optim, model_params + self.loss_params)
@@ -204,8 +210,6 @@ class Trainer:
         self.epoch_batches = 0
         if resume_state is not None:
             self._load(resume, resume_state)
-
-    # -- construction ------------------------------------------------------------------------
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -289,16 +293,21 @@ class Trainer:
         """``(loss for backward, logged loss, context)`` of one local batch."""
         if self.scores_pairs:
             return self._pair_loss(batch)
-        with torch.autocast(device_type=self.device.type, enabled=self.amp):
-            img, txt = self.ddp_model(batch)
+        if self.grad_cache:  # leaves; train_step back-propagates into the model
+            img, txt = self.grad_cache.forward(batch)
+        else:
+            with self._autocast():
+                img, txt = self.ddp_model(batch)
         wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
         img, txt = img.to(wide), txt.to(wide)
         ids = batch.img_index
         kwargs: dict[str, Any] = {}
         if self.momentum_encoder is not None:
-            with torch.autocast(device_type=self.device.type, enabled=self.amp):
-                img_k, txt_k = self.momentum_encoder(batch)
-            kwargs = {"img_keys": img_k.to(wide), "txt_keys": txt_k.to(wide)}
+            chunks = self.grad_cache.chunks(batch) if self.grad_cache else [batch]
+            with self._autocast():
+                keys = [self.momentum_encoder(chunk) for chunk in chunks]
+            img_k, txt_k = (torch.cat(k).to(wide) for k in zip(*keys, strict=True))
+            kwargs = {"img_keys": img_k, "txt_keys": txt_k}
         if self.local_shards:
             # Each rank computes only its own pairs' terms against the gathered batch; the
             # gather's backward brings back the gradients the other ranks' terms send here.
@@ -316,6 +325,9 @@ class Trainer:
         logged = all_reduce_sum(loss) if self.local_shards else loss.detach()
         ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
         return self._scaled(loss, logged), logged, ctx
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(device_type=self.device.type, enabled=self.amp)
 
     def _pair_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """A pair scorer's loss: under torchrun each rank scores its images against every
@@ -346,6 +358,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         scaled, loss, ctx = self.compute_loss(batch)
         self.scaler.scale(scaled).backward()
+        if self.grad_cache:  # the cached embedding gradients into the encoders
+            self.grad_cache.backward()
         if self.gather:
             # Loss parameters (e.g. a learnable temperature) see the full global loss on every
             # rank and are not averaged by DDP: undo the world-size factor.

@@ -1,0 +1,247 @@
+"""Gradient caching: the exact gradient of a big contrastive batch at one chunk's memory.
+
+A contrastive loss couples every pair of the batch, so the encoders' activations of the whole
+batch must be alive when it back-propagates: that, not the ``B x B`` similarity matrix (which a
+tiled loss never builds), is what stops a batch of 65536 with real encoders. Gradient caching
+(GradCache, Gao et al. 2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited
+Setup") splits the step in three:
+
+1. **Encode without a graph**, chunk by chunk: only the ``(B, D)`` embeddings are kept.
+2. **Loss on the embeddings**, as leaves that require grad: ``loss.backward()`` leaves
+   ``dL/d(embeddings)`` on them (and gives the loss's own parameters their gradient). With a
+   tiled loss (``chunk_size``) this step needs ``O(chunk_size x B)`` memory too.
+3. **Re-encode each chunk with a graph** and back-propagate its slice of the cached gradient:
+   by the chain rule the parameters' gradients sum to exactly the full-batch gradient.
+
+Exactness needs the second encoding of a chunk to be the first one again:
+
+* **Randomness** (dropout, VSE-infinity's region dropout): the torch RNG state (CPU and the
+  model's CUDA devices) is saved before each chunk's first encoding and restored before its
+  second; afterwards the RNG continues from where it stood when :meth:`GradCache.backward` was
+  called, so the stream is the one a run without the replay would see. The full-batch step
+  this equals is the one whose dropout masks are drawn chunk by chunk (a mask for ``B`` rows
+  at once is another draw).
+* **Buffers** (BatchNorm running statistics): restored to their state before the first pass,
+  so the second pass updates them once. A BatchNorm normalises each chunk with the chunk's own
+  statistics, which is not the full batch's: with gradient caching a model with BatchNorm in
+  training mode takes a different (not wrong) step. Transformers and GRUs have no such layer.
+* **Mixed precision**: the embeddings keep the dtype the model gave them; back-propagating a
+  scaled loss (``GradScaler``) caches scaled gradients, which the second pass carries into the
+  parameters, so ``scaler.unscale_`` / ``scaler.step`` work unchanged.
+* **DistributedDataParallel**: every chunk but the last back-propagates under ``no_sync()``;
+  the last one all-reduces the accumulated gradients once.
+
+Stateful losses (AdaCL's margins, memory queues) see the whole batch once, in step 2.
+
+Use in your own loop::
+
+    cache = GradCache(model, chunk_size=128)
+    img, txt = cache.forward(batch)          # (B, D) leaves, no graph
+    loss = loss_fn(img, txt, ids, ids)       # e.g. InfoNCELoss(chunk_size=1024)
+    loss.backward()                          # caches dL/d(img), dL/d(txt)
+    cache.backward()                         # re-encodes each chunk, gradients into the model
+    optimizer.step()
+
+In a config: ``[train] grad_cache_chunk = 128``. A model that scores image-caption pairs jointly
+(cross-attention: SCAN, BFAN, SGRAF) has no per-item embeddings to cache and is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+#: ``split(batch, size)`` -> the batch's chunks of at most ``size`` items, in order.
+Splitter = Callable[[Any, int], Sequence[Any]]
+
+
+def split_batch(batch: Any, size: int) -> list[Any]:
+    """Chunks of at most ``size`` items of a batch, in order.
+
+    A tensor is split along dim 0; a tuple, list or dict is split entry by entry (every entry a
+    tensor or a list of the batch's length); any other object must have a ``chunks(size)``
+    method (``vlret``'s :class:`~vlret.data.precomp.RetrievalBatch` has one).
+
+    Raises:
+        TypeError: The batch is none of these.
+        ValueError: Its entries disagree on the batch size.
+    """
+    if isinstance(batch, torch.Tensor):
+        return list(batch.split(size))
+    if isinstance(batch, dict):
+        keys = list(batch)
+        columns = [split_batch(batch[k], size) for k in keys]
+        _check_lengths(columns, keys)
+        return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+    if (
+        isinstance(batch, (tuple, list))
+        and batch
+        and all(isinstance(v, (torch.Tensor, tuple, list, dict)) for v in batch)
+    ):
+        columns = [split_batch(v, size) for v in batch]
+        _check_lengths(columns, list(range(len(batch))))
+        return [type(batch)(row) for row in zip(*columns, strict=True)]
+    if isinstance(batch, (tuple, list)):
+        return [batch[i : i + size] for i in range(0, len(batch), size)]
+    chunks = getattr(batch, "chunks", None)
+    if chunks is None:
+        raise TypeError(
+            f"cannot split a batch of type {type(batch).__name__}: pass a tensor, a tuple, list "
+            "or dict of them, an object with a chunks(size) method, or GradCache(split=...)"
+        )
+    return list(chunks(size))
+
+
+def _check_lengths(columns: list[list[Any]], keys: list[Any]) -> None:
+    counts = {len(c) for c in columns}
+    if len(counts) > 1:
+        found = ", ".join(f"{k!r}: {len(c)} chunks" for k, c in zip(keys, columns, strict=True))
+        raise ValueError(f"the batch's entries have different lengths ({found})")
+
+
+def _outputs(out: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, (tuple, list)) and out and all(isinstance(t, torch.Tensor) for t in out):
+        return tuple(out)
+    raise TypeError(
+        "the model must return a tensor or a tuple of tensors (one row per item), "
+        f"got {type(out).__name__}"
+    )
+
+
+class _RNGState:
+    """The torch RNG state of the CPU and of some CUDA devices."""
+
+    def __init__(self, devices: list[torch.device]) -> None:
+        self.devices = devices
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(d) for d in devices]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for device, state in zip(self.devices, self.cuda, strict=True):
+            torch.cuda.set_rng_state(state, device)
+
+
+class GradCache:
+    """Encode a batch in chunks without a graph, then back-propagate a loss's cached embedding
+    gradients chunk by chunk (module docstring).
+
+    Args:
+        model: Maps a chunk of the batch to a tensor or a tuple of tensors with one row per
+            item (e.g. ``(img_emb, txt_emb)``); may be wrapped in ``DistributedDataParallel``.
+        chunk_size: Items per chunk, a positive int.
+        split: ``split(batch, size)`` -> chunks (default :func:`split_batch`).
+        autocast: A factory of the context each encoding runs in (e.g.
+            ``lambda: torch.autocast("cuda")``); default none.
+
+    Raises:
+        ValueError: ``chunk_size`` is not a positive int.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        chunk_size: int,
+        split: Splitter = split_batch,
+        autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self.model = model
+        self.chunk_size = chunk_size
+        self.split = split
+        self.autocast = autocast or contextlib.nullcontext
+        self._pending: list[tuple[Any, _RNGState]] | None = None
+        self._leaves: tuple[torch.Tensor, ...] = ()
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def _devices(self) -> list[torch.device]:
+        found = {p.device for p in self.model.parameters() if p.device.type == "cuda"}
+        return sorted(found, key=str)
+
+    def forward(self, batch: Any) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        """Step 1: the batch's outputs, encoded chunk by chunk without a graph.
+
+        Returns:
+            What the model returns, concatenated over the chunks, as leaves that require grad
+            (detached from the model; back-propagate a loss into them, then call
+            :meth:`backward`).
+        """
+        devices = self._devices()
+        self._buffers = {k: b.detach().clone() for k, b in self.model.named_buffers()}
+        pending, parts, single = [], [], False
+        with torch.no_grad():
+            for chunk in self.split(batch, self.chunk_size):
+                state = _RNGState(devices)
+                with self.autocast():
+                    out = self.model(chunk)
+                single = isinstance(out, torch.Tensor)
+                parts.append(_outputs(out))
+                pending.append((chunk, state))
+        if not pending:
+            raise ValueError("the batch is empty")
+        widths = {len(p) for p in parts}
+        if len(widths) > 1:
+            raise ValueError("the model returned a different number of outputs per chunk")
+        self._pending = pending
+        self._leaves = tuple(
+            torch.cat([p[k] for p in parts]).detach().requires_grad_() for k in range(len(parts[0]))
+        )
+        return self._leaves[0] if single else self._leaves
+
+    def backward(self) -> None:
+        """Step 3: re-encode each chunk with a graph and back-propagate the cached gradients.
+
+        Raises:
+            RuntimeError: No :meth:`forward` is pending, or no output has a gradient yet (call
+                ``loss.backward()`` first).
+        """
+        if self._pending is None:
+            raise RuntimeError("GradCache.backward() needs a GradCache.forward() first")
+        grads = [leaf.grad for leaf in self._leaves]
+        if all(g is None for g in grads):
+            raise RuntimeError(
+                "no output of GradCache.forward() has a gradient: call loss.backward() on a "
+                "loss of those outputs before GradCache.backward()"
+            )
+        pending, self._pending = self._pending, None
+        # Where the stream stands now (after the first pass and whatever drew since, e.g. a
+        # momentum encoder): it continues from here once the chunks are replayed.
+        after = _RNGState(self._devices())
+        with torch.no_grad():
+            for name, buf in self.model.named_buffers():
+                buf.copy_(self._buffers[name])
+        start = 0
+        for k, (chunk, state) in enumerate(pending):
+            last = k == len(pending) - 1
+            state.restore()
+            with self._sync(last):  # DDP: the forward too must run inside no_sync()
+                with self.autocast():
+                    outs = _outputs(self.model(chunk))
+                stop = start + outs[0].shape[0]
+                pairs = [
+                    (o, g[start:stop]) for o, g in zip(outs, grads, strict=True) if g is not None
+                ]
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            start = stop
+        after.restore()
+        self._leaves, self._buffers = (), {}
+
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager:
+        no_sync = getattr(self.model, "no_sync", None)
+        return contextlib.nullcontext() if last or no_sync is None else no_sync()
+
+    def chunks(self, batch: Any) -> Iterator[Any]:
+        """The chunks :meth:`forward` encodes (for a no-graph pass of another model, e.g. a
+        momentum encoder)."""
+        yield from self.split(batch, self.chunk_size)
+
+
+__all__ = ["GradCache", "split_batch"]
