@@ -86,9 +86,32 @@ SETTINGS = {
         "optim.name=sgd",
         "optim.lr=0.1",
     ],
+    # Gradient caching (chunks of 3 of each rank's 4 pairs: 3 + 1) under DDP: every chunk but
+    # the last back-propagates under no_sync(); tests/test_grad_cache.py shows one process with
+    # it equals one without.
+    "infonce_tiled_local_shards_grad_cache": [
+        "loss.name=infonce",
+        "loss.learnable_temperature=true",
+        "loss.chunk_size=3",
+        "train.grad_cache_chunk=3",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
+    "adacl_queue_momentum_grad_cache": [
+        "loss.name=adacl",
+        "loss.queue_size=16",
+        "train.momentum_encoder=0.9",
+        "train.grad_cache_chunk=3",
+        "optim.name=sgd",
+        "optim.lr=0.1",
+    ],
 }
 #: Optimisation steps per setting (the queue's contents matter from the second step on).
-STEPS = {"adacl_queue_momentum_sgd": 3, "adacl_tiled_queue_momentum_sgd": 3}
+STEPS = {
+    "adacl_queue_momentum_sgd": 3,
+    "adacl_tiled_queue_momentum_sgd": 3,
+    "adacl_queue_momentum_grad_cache": 3,
+}
 # SGD throughout: Adam's first step lr * g / (|g| + 1e-8) turns the rounding of a gradient entry
 # near 1e-8 into a change of order lr. No clipping: it hides a wrong world-size scale.
 COMMON = ["optim.warmup_steps=0", "optim.grad_clip=0", "train.validate=false"]

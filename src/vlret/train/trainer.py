@@ -176,10 +176,8 @@ class Trainer:
             )
         else:
             self.ddp_model = self.model
-        #: Gradient caching (:mod:`.grad_cache`): the batch encoded in chunks, exactly.
-        chunk = tc.grad_cache_chunk
-        self.grad_cache = chunk and GradCache(
-            self.ddp_model, chunk_size=chunk, autocast=self._autocast
+        self.grad_cache = tc.grad_cache_chunk and GradCache(  # the batch encoded in chunks
+            self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self._autocast
         )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
         model_params = [p for p in self.model.parameters() if p.requires_grad]
@@ -412,6 +410,8 @@ class Trainer:
         """
         if self.ddp_model is not self.model:
             self.ddp_model = self.model
+            if self.grad_cache:  # it holds the wrapper too
+                self.grad_cache.model = self.model
             gc.collect()  # the wrapper sits in reference cycles; free its reducer now
 
     def __enter__(self) -> Trainer:
