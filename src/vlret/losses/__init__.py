@@ -14,6 +14,7 @@ import pkgutil
 
 from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
+from .cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
 from .dcl import DCLLoss, dcl_loss, tiled_dcl_loss
 from .dml import (
     BinomialDevianceLoss,
@@ -47,6 +48,7 @@ from .registry import (
     loss_parameters,
     register_loss,
 )
+from .siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
 from .unified import UnifiedLoss, tiled_unified_loss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
@@ -58,9 +60,15 @@ __all__ = [
     "adacl_margins",
     "BinomialDevianceLoss",
     "CircleLoss",
+    "CMPMLoss",
+    "cmpm_loss",
+    "tiled_cmpm_loss",
     "DCLLoss",
     "dcl_loss",
     "tiled_dcl_loss",
+    "SigLIPLoss",
+    "siglip_loss",
+    "tiled_siglip_loss",
     "MultiSimilarityLoss",
     "NCAHardLoss",
     "binomial_deviance_loss",

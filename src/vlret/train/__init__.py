@@ -32,12 +32,14 @@ from .evaluate import (
     metrics_json,
     protocol_metrics,
 )
+from .grad_cache import GradCache, split_batch
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
 __all__ = [
     "PROTOCOLS",
     "ConfigError",
     "DataConfig",
+    "GradCache",
     "LossConfig",
     "OptimConfig",
     "RunConfig",
@@ -64,5 +66,6 @@ __all__ = [
     "save_checkpoint",
     "save_config",
     "shutdown_distributed",
+    "split_batch",
     "train",
 ]
