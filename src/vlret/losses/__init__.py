@@ -37,6 +37,7 @@ from .goal import (
     goal_triplet_weight,
     tiled_goal_objective,
 )
+from .hn_nce import HNNCELoss, hn_nce_loss, tiled_hn_nce_loss
 from .infonce import InfoNCELoss, infonce_loss, tiled_infonce_loss
 from .registry import (
     available_losses,
@@ -86,6 +87,9 @@ __all__ = [
     "VisualSemanticLoss",
     "smooth_rank",
     "visual_semantic_loss",
+    "HNNCELoss",
+    "hn_nce_loss",
+    "tiled_hn_nce_loss",
     "InfoNCELoss",
     "LossCapabilities",
     "PairLoss",
