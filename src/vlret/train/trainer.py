@@ -356,6 +356,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         scaled, loss, ctx = self.compute_loss(batch)
         self.scaler.scale(scaled).backward()
+        del scaled  # the loss's graph and what it holds: gone before the chunks are re-encoded
         if self.grad_cache:  # the cached embedding gradients into the encoders
             self.grad_cache.backward()
         if self.gather:
