@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from .._checks import (
     FLAG,
@@ -57,6 +56,7 @@ from .._checks import (
 )
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
+from ._temperature import CLIPTemperature
 from ._tiling import (
     Direction,
     negatives_lse,
@@ -233,7 +233,7 @@ def tiled_hn_nce_loss(
 
 
 @register_loss("hn_nce")
-class HNNCELoss(PairLoss):
+class HNNCELoss(CLIPTemperature, PairLoss):
     """Module form of :func:`hn_nce_loss`; ``chunk_size=N`` selects :func:`tiled_hn_nce_loss`.
 
     With ``learnable_temperature=True`` the module holds a learnable log-scale
@@ -269,31 +269,11 @@ class HNNCELoss(PairLoss):
         HNNCELoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
         self.alpha, self.beta1, self.beta2 = float(alpha), float(beta1), float(beta2)
-        self.learnable_temperature = bool(learnable_temperature)
-        self.max_scale = float(max_scale)
-        if self.learnable_temperature:
-            init = min(math.log(1.0 / temperature), math.log(max_scale))
-            self.log_scale = nn.Parameter(torch.tensor(max(init, 0.0)))
-        else:
-            self.fixed_temperature = float(temperature)
-
-    @property
-    def temperature(self) -> float:
-        """The temperature in use now (a float, for logging)."""
-        if self.learnable_temperature:
-            return float(1.0 / self.log_scale.detach().clamp(0, math.log(self.max_scale)).exp())
-        return self.fixed_temperature
-
-    def _current_temperature(self) -> float | torch.Tensor:
-        if self.learnable_temperature:
-            with torch.no_grad():
-                self.log_scale.clamp_(0.0, math.log(self.max_scale))
-            return torch.exp(-self.log_scale)
-        return self.fixed_temperature
+        self.init_temperature(temperature, learnable_temperature, max_scale)
 
     def _hyper(self) -> dict:
         return {
-            "temperature": self._current_temperature(),
+            "temperature": self.current_temperature(),
             "alpha": self.alpha,
             "beta1": self.beta1,
             "beta2": self.beta2,

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from .._checks import FLAG, POSITIVE, Number, check_positive, check_reduction
 from ..similarity import Ids
@@ -18,6 +15,7 @@ from ._base import (
     reduce_per_index,
     reduce_terms,
 )
+from ._temperature import CLIPTemperature
 from ._tiling import prepare_embeddings, scalar_tensor, softmax_terms
 from .registry import register_loss
 
@@ -89,7 +87,7 @@ def tiled_infonce_loss(
 
 
 @register_loss("infonce")
-class InfoNCELoss(PairLoss):
+class InfoNCELoss(CLIPTemperature, PairLoss):
     """Module form of :func:`infonce_loss`.
 
     With ``learnable_temperature=True`` the module holds a learnable log-scale
@@ -121,27 +119,7 @@ class InfoNCELoss(PairLoss):
     ) -> None:
         InfoNCELoss.check_params(init_args(locals()))
         super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.learnable_temperature = bool(learnable_temperature)
-        self.max_scale = float(max_scale)
-        if self.learnable_temperature:
-            init = min(math.log(1.0 / temperature), math.log(max_scale))
-            self.log_scale = nn.Parameter(torch.tensor(max(init, 0.0)))
-        else:
-            self.fixed_temperature = float(temperature)
-
-    @property
-    def temperature(self) -> float:
-        """The temperature in use now (a float, for logging)."""
-        if self.learnable_temperature:
-            return float(1.0 / self.log_scale.detach().clamp(0, math.log(self.max_scale)).exp())
-        return self.fixed_temperature
-
-    def _current_temperature(self) -> float | torch.Tensor:
-        if self.learnable_temperature:
-            with torch.no_grad():
-                self.log_scale.clamp_(0.0, math.log(self.max_scale))
-            return torch.exp(-self.log_scale)
-        return self.fixed_temperature
+        self.init_temperature(temperature, learnable_temperature, max_scale)
 
     def tiled_forward(
         self,
@@ -151,7 +129,7 @@ class InfoNCELoss(PairLoss):
         txt_ids: Ids | None,
         shard: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        temperature = self._current_temperature()
+        temperature = self.current_temperature()
         arguments = self.tiled_arguments(img_ids, txt_ids, shard)
         return tiled_infonce_loss(img_emb, txt_emb, temperature=temperature, **arguments)
 
@@ -160,7 +138,7 @@ class InfoNCELoss(PairLoss):
     ) -> torch.Tensor:
         return infonce_loss(
             sim,
-            temperature=self._current_temperature(),
+            temperature=self.current_temperature(),
             pos_mask=pos_mask,
             reduction=self.reduction,
         )
