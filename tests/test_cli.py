@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +17,34 @@ def test_help_and_version(capsys):
         main(["--help"])
     assert exc.value.code == 0
     assert "demo" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         main(["--version"])
-    assert "vlret" in capsys.readouterr().out
+    assert exc.value.code == 0
+    line = capsys.readouterr().out.strip()
+    import torch
+
+    import vlret
+
+    device = "cuda (" if torch.cuda.is_available() else "cpu ("
+    assert line.startswith(f"vlret {vlret.__version__} (torch {torch.__version__}, device {device}")
+
+
+def test_the_version_is_single_sourced_in_the_package():
+    """pyproject.toml declares no version of its own: the build reads vlret.__version__."""
+    import importlib.metadata
+
+    import vlret
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "vlret.__version__"}
+    assert importlib.metadata.version("vlret") == vlret.__version__  # the installed metadata
 
 
 def test_losses_lists_registry(capsys):

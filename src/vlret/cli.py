@@ -257,12 +257,39 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def version_line() -> str:
+    """``vlret X (torch Y, device Z)``: what a bug report needs first. The device is the one
+    ``train.device = "auto"`` picks (the first GPU when CUDA is available, else the CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        device = f"cuda ({name}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} visible)"
+    else:
+        build = "CPU-only build" if torch.version.cuda is None else "no GPU visible"
+        device = f"cpu ({build})"
+    return f"vlret {__version__} (torch {torch.__version__}, device {device})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the line is built when asked (it queries CUDA), not at parser build."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlret",
         description="Vision-language retrieval losses, evaluation protocols and tools.",
     )
-    parser.add_argument("--version", action="version", version=f"vlret {__version__}")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print vlret's, torch's version and the device"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="train a retrieval model from a TOML/YAML config")
