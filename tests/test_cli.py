@@ -69,3 +69,48 @@ def test_python_dash_m():
         [sys.executable, "-m", "vlret", "--help"], capture_output=True, text=True, check=True
     )
     assert "usage: vlret" in out.stdout
+
+
+def test_configs_lists_shows_and_copies_the_shipped_configs(capsys, tmp_path):
+    from vlret.configs import shipped_configs
+
+    shipped = shipped_configs()
+    assert {"adacl_coco", "vsepp_butd_f30k_triplet", "synth_f30k_compare", "demo_small"} <= set(
+        shipped
+    )
+    assert main(["configs"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    listed = {ln.split()[0]: ln for ln in lines[:-1]}
+    assert listed.keys() == shipped.keys()
+    assert (
+        "AdaCL paper 4.1" in listed["adacl_coco"]
+        and "[loss adacl; data precomp]" in listed["adacl_coco"]
+    )
+    assert main(["configs", "show", "clip_unified_f30k"]) == 0
+    assert capsys.readouterr().out == shipped["clip_unified_f30k"].read_text()
+    assert main(["configs", "copy", "clip_unified_f30k", str(tmp_path / "mine")]) == 0
+    copied = tmp_path / "mine" / "clip_unified_f30k.toml"
+    assert copied.read_text() == shipped["clip_unified_f30k"].read_text()
+    copied.write_text("# edited\n")
+    assert main(["configs", "copy", "clip_unified_f30k", str(tmp_path / "mine")]) == 2
+    assert copied.read_text() == "# edited\n"  # never replaced
+    assert main(["configs", "show", "no_such_config"]) == 2
+    assert "vlret configs" in capsys.readouterr().err
+
+
+def test_a_shipped_config_loads_by_name_and_a_local_file_wins(tmp_path, monkeypatch):
+    from vlret.train import load_config
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("adacl_coco", "adacl_coco.toml", "configs/adacl_coco.toml"):
+        assert load_config(name).loss.name == "adacl"
+    local = tmp_path / "configs" / "adacl_coco.toml"
+    local.parent.mkdir()
+    text = (Path(__file__).parents[1] / "src/vlret/configs/adacl_coco.toml").read_text()
+    local.write_text(text.replace('"runs/adacl_coco"', '"runs/local_copy"', 1))
+    assert str(load_config("configs/adacl_coco.toml").output_dir).endswith("local_copy")
+    assert str(load_config("adacl_coco").output_dir).endswith("adacl_coco")  # a name: shipped
+    with pytest.raises(FileNotFoundError, match="vlret configs"):
+        load_config("no_such_config")
+    with pytest.raises(FileNotFoundError):
+        load_config("elsewhere/adacl_coco.toml")  # another folder is a path, not a name

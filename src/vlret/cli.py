@@ -61,6 +61,39 @@ def _cmd_losses(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_configs(args: argparse.Namespace) -> int:
+    from .configs import copy_config, describe, shipped_config, shipped_configs
+
+    if args.action == "list":
+        configs = shipped_configs()
+        width = max(len(n) for n in configs)
+        for name, path in configs.items():
+            print(f"{name:<{width}}  {describe(path)}")
+        print(
+            f"\n{len(configs)} configs; `vlret train NAME` runs one, `vlret configs copy NAME DIR`"
+        )
+        return 0
+    if args.name is None:
+        print(f"vlret configs {args.action}: needs a config NAME", file=sys.stderr)
+        return 2
+    if args.action == "show":
+        path = shipped_config(args.name)
+        if path is None:
+            print(
+                f"{args.name!r} is not a shipped config; `vlret configs` lists them",
+                file=sys.stderr,
+            )
+            return 2
+        print(path.read_text(encoding="utf-8"), end="")
+        return 0
+    try:
+        print(copy_config(args.name, args.dir or Path(".")))
+    except (KeyError, FileExistsError) as err:
+        print(err.args[0] if isinstance(err, KeyError) else err, file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     if args.what == "goal-weights":
         from .analysis.goal_plots import plot_goal_weights
@@ -293,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="train a retrieval model from a TOML/YAML config")
-    train.add_argument("config", type=Path, help="run config (.toml or .yaml)")
+    train.add_argument(
+        "config", type=Path, help="run config (.toml or .yaml) or a shipped config's name"
+    )
     train.add_argument(
         "--set",
         action="append",
@@ -472,6 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     losses = sub.add_parser("losses", help="list the registered losses and their defaults")
     losses.set_defaults(func=_cmd_losses)
+
+    cfg = sub.add_parser("configs", help="the shipped configs: list, show NAME, copy NAME DIR")
+    cfg.add_argument("action", nargs="?", default="list", choices=["list", "show", "copy"])
+    cfg.add_argument("name", nargs="?", help="a shipped config's name (see `vlret configs`)")
+    cfg.add_argument("dir", nargs="?", type=Path, help="copy: the folder to write it to")
+    cfg.set_defaults(func=_cmd_configs)
 
     plot = sub.add_parser("plot", help="figures: GOAL weight diagrams, AdaCL margin curves")
     plot.add_argument("what", choices=["goal-weights", "adacl-margins"])

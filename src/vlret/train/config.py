@@ -58,6 +58,7 @@ from typing import Any
 import yaml
 
 from .._files import atomic_write_text
+from ..configs import shipped_config
 from .distributed import parse_device
 from .warmup import warmup_refusal
 
@@ -231,8 +232,13 @@ class RunConfig:
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The raw mapping of a ``.toml`` / ``.yaml`` / ``.yml`` / ``.json`` file."""
     path = Path(path)
+    if not path.is_file():  # a shipped config's name (or its path in a source checkout)
+        path = shipped_config(path) or path
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; expected a TOML or YAML run config")
+        raise FileNotFoundError(
+            f"{path}: missing; expected a TOML or YAML run config or the name of a shipped one "
+            "(`vlret configs` lists them)"
+        )
     suffix = path.suffix.lower()
     text = path.read_text(encoding="utf-8")
     try:
