@@ -28,8 +28,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-# Shared with the other formats; DataFormatError, NonFinite and find_non_finite stay importable
-# from here.
 from .checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
@@ -40,6 +38,10 @@ from .checks import (
     load_feature_array,
     read_lines,
 )
+
+# Shared with the other formats; DataFormatError, NonFinite and find_non_finite stay importable
+# from here.
+from .expert_batch import ExpertBatch, ExpertSample
 
 SPLITS = ("train", "dev", "test", "testall")
 #: Splits whose captions may build a vocabulary (never a test split).
@@ -83,7 +85,7 @@ class RetrievalBatch:
     ``img_index`` gives the in-batch positives (two captions of one image share it).
     """
 
-    features: torch.Tensor | list[Any]
+    features: torch.Tensor | ExpertBatch | list[Any]
     captions: torch.Tensor | list[str]
     lengths: torch.Tensor | None
     img_index: torch.Tensor
@@ -93,7 +95,9 @@ class RetrievalBatch:
         """A copy with every tensor moved to ``device`` (lists stay as they are)."""
 
         def move(t):
-            return t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t
+            if isinstance(t, torch.Tensor | ExpertBatch):
+                return t.to(device, non_blocking=non_blocking)
+            return t
 
         return RetrievalBatch(*(move(getattr(self, f)) for f in self.__dataclass_fields__))
 
@@ -134,8 +138,11 @@ def pad_captions(
     return out, lengths
 
 
-def stack_features(feats: Sequence[Any]) -> torch.Tensor | list[Any]:
-    """Stack tensors; anything else (image paths, PIL images) stays a list."""
+def stack_features(feats: Sequence[Any]) -> torch.Tensor | ExpertBatch | list[Any]:
+    """Stack tensors, collate videos' experts into an :class:`ExpertBatch`; anything else
+    (image paths, PIL images) stays a list."""
+    if isinstance(feats[0], ExpertSample):
+        return ExpertBatch.collate(feats)
     return torch.stack(list(feats)) if isinstance(feats[0], torch.Tensor) else list(feats)
 
 

@@ -19,15 +19,11 @@ top-level key ``output_dir``::
     margin = 0.2
     gamma = 60.0
 
-    [optim]
-    name = "adam"
+    [optim]                       # name, lr, decay_epochs, ...
     lr = 5e-4
-    decay_epochs = [10]
 
-    [train]
+    [train]                       # epochs, batch_size, seed, ...
     epochs = 20
-    batch_size = 128
-    seed = 0
 
 A ``[compare]`` section (the settings of ``vlret compare``) is accepted and ignored for
 training: it is neither validated here nor kept in the resolved config. Every other unknown
@@ -37,8 +33,8 @@ and their types against the defaults (a number where the default is a number, an
 it is an integer, true/false where it is a bool, a string where it is a string; parameters
 whose default is ``None`` take any value), then against the constraints each loss declares
 (:func:`vlret.losses.check_loss_params`; a nested one keyed like ``loss.base_params.margin``).
-YAML files are read with a safe loader that also
-reads exponent floats without a dot (``lr: 1e-3``) as numbers, as TOML does.
+YAML files are read with a safe loader that also reads exponent floats without a dot
+(``lr: 1e-3``) as numbers, as TOML does.
 """
 
 from __future__ import annotations
@@ -108,6 +104,8 @@ class DataConfig:
     another value than ``None`` or ``"test"`` is an error.
     ``check_features``: scan the train and dev features for NaN / inf and the feature size
     before training (:func:`vlret.data.check_features`; one pass over the files).
+    ``experts`` (MSR-VTT): read multi-expert features (``"all"`` or a list of names,
+    :mod:`vlret.data.experts`); a CE / MMT model defaults it to its own experts.
     """
 
     root: str
@@ -119,6 +117,7 @@ class DataConfig:
     captions_per_video: int = 20
     protocol: str = "full"
     features_dir: str | None = None
+    experts: str | list[str] | None = None
     karpathy_json: str | None = None
     image_root: str | None = None
     vocab: str | None = None
@@ -462,10 +461,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     data = _build(DataConfig, raw["data"], source, "data")
     _check_choice(data.format, DATA_FORMATS, source, "data.format")
     train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
-    _check_msrvtt_dev_split(data, raw["data"], train_raw.get("validate", True), source)
+    _check_msrvtt(data, raw["data"], train_raw.get("validate", True), source)
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
+    if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
+        data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
     loss = _build_loss(raw["loss"], source, model)
     optim = _build(OptimConfig, raw.get("optim", {}), source, "optim")
     _check_choice(optim.name, OPTIMIZERS, source, "optim.name")
@@ -478,14 +479,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             f"expected a max gradient norm >= 0 (0 or null: no clipping), got {optim.grad_clip!r}",
         )
     if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
-        raise ConfigError(
-            source, "optim.betas", f"expected two numbers in [0, 1), got {optim.betas!r}"
-        )
+        why = f"expected two numbers in [0, 1), got {optim.betas!r}"
+        raise ConfigError(source, "optim.betas", why)
     _check_at_least(optim, "optim", source, weight_decay=0.0, momentum=0.0, warmup_steps=0)
     if optim.decay_factor <= 0:
-        raise ConfigError(
-            source, "optim.decay_factor", f"expected a positive number, got {optim.decay_factor!r}"
-        )
+        why = f"expected a positive number, got {optim.decay_factor!r}"
+        raise ConfigError(source, "optim.decay_factor", why)
     train = _build(TrainConfig, raw["train"], source, "train")
     if train.epochs < 1:
         raise ConfigError(source, "train.epochs", "expected a positive integer")
@@ -499,7 +498,10 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     _check_at_least(
         train, "train", source, eval_batch_size=1, max_steps_per_epoch=1, grad_cache_chunk=1
     )
-    _check_device_name(train.device, source)
+    try:  # "auto" or a device name (whether it exists is checked when training starts)
+        parse_device(train.device)
+    except ValueError as err:
+        raise ConfigError(source, "train.device", str(err)) from None
     if train.all_negatives_epochs < 0:
         raise ConfigError(source, "train.all_negatives_epochs", "expected an integer >= 0")
     refusal = warmup_refusal(loss.name, loss.params) if train.all_negatives_epochs else None
@@ -553,18 +555,16 @@ def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> N
             raise ConfigError(source, f"{section}.{key}", f"expected >= {minimum}, got {value!r}")
 
 
-def _check_device_name(device: str, source: str) -> None:
-    """``auto`` or a device name (whether it exists is checked when training starts)."""
-    try:
-        parse_device(device)
-    except ValueError as err:
-        raise ConfigError(source, "train.device", str(err)) from None
-
-
-def _check_msrvtt_dev_split(
-    data: DataConfig, raw_data: dict[str, Any], validate: Any, source: str
-) -> None:
-    """MSR-VTT 1k-A has only train and test: no validation unless ``dev_split`` says test."""
+def _check_msrvtt(data: DataConfig, raw_data: dict[str, Any], validate: Any, source: str) -> None:
+    """MSR-VTT: ``experts`` is "all" or names (no other format has experts); 1k-A has only
+    train and test: no validation unless ``dev_split`` says test."""
+    experts = data.experts
+    if experts is not None and data.format != "msrvtt":
+        raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
+    names = ["all"] if experts == "all" else experts if isinstance(experts, list) else [None]
+    if experts is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+        why = f'expected "all" or a non-empty list of expert names, got {experts!r}'
+        raise ConfigError(source, "data.experts", why)
     if data.format != "msrvtt":
         return
     from ..data.msrvtt import normalise_protocol

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..data import RetrievalDataset
+from ..data.expert_batch import ExpertBatch
 from ..metrics import (
     RetrievalMetrics,
     average_metrics,
@@ -172,6 +173,8 @@ def encode_tokens(
                     "encode_tokens needs token ids (a dataset with a caption encoder), got raw text"
                 )
             words = model.encode_texts(caps.to(device), lens.to(device))
+            # a multi-expert model's "words" are its E per-expert vectors, not the tokens
+            lens = model.token_lengths(lens) if hasattr(model, "token_lengths") else lens
             packed.append(pack_words(words.float(), lens).cpu())
             lengths.append(lens.cpu())
     finally:
@@ -194,7 +197,7 @@ def encoded_images(model, dataset, batch_size, device, num_workers, generator) -
         num_workers=num_workers,
         generator=generator,
     ):
-        if isinstance(feats, torch.Tensor):
+        if isinstance(feats, torch.Tensor | ExpertBatch):
             feats = feats.to(device)
         out.append(model.encode_images(feats).float().cpu())
     return out
