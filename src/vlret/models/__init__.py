@@ -9,6 +9,8 @@
 * :mod:`~vlret.models.cross_attention`, :mod:`~vlret.models.sgraf`: the pair scorers of SCAN,
   BFAN and SGRAF; :mod:`~vlret.models.cross_model`: the models around them (reference region
   and word encoders), which return a score matrix (``scores_pairs = True``).
+* :mod:`~vlret.models.video_experts`: the multi-expert video models CE and MMT (pair
+  scorers over per-expert embeddings with renormalised mixture weights).
 * :mod:`~vlret.models.retrieval`: :class:`RetrievalModel` and :func:`build_model`.
 
 Models never import losses; embeddings are not normalised by default (the losses normalise).
@@ -37,6 +39,12 @@ from .image import GPO, POOLINGS, ImageEncoder, MaskedPooling, lengths_to_mask, 
 from .retrieval import IMAGE_DEFAULTS, MODEL_DEFAULTS, TEXT_DEFAULTS, RetrievalModel, build_model
 from .text import BertTextEncoder, GRUTextEncoder
 from .video import VideoEncoder
+from .video_experts import (
+    CollaborativeExperts,
+    MultiExpertModel,
+    MultiModalTransformer,
+    build_video_expert_model,
+)
 
 __all__ = [
     "BFAN",
@@ -46,6 +54,10 @@ __all__ = [
     "RegionEncoder",
     "WordEncoder",
     "build_cross_model",
+    "CollaborativeExperts",
+    "MultiExpertModel",
+    "MultiModalTransformer",
+    "build_video_expert_model",
     "CLIP_MEAN",
     "CLIP_STD",
     "GPO",

@@ -23,6 +23,8 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
     {"kind": "clip", "path": DIR (required), "proj_dim": 768, "normalize": False}
     # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
     # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
+    # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
+    # vlret.models.video_experts.build; also pair scorers.
 
 Unknown keys and kinds raise ``ValueError`` naming the key and listing the valid ones.
 ``model.config`` holds the resolved config (defaults filled in, ``vocab_size`` included), which
@@ -44,6 +46,12 @@ from .cross_model import CROSS_KINDS, CROSS_MODEL_DEFAULTS, CrossAttentionModel,
 from .image import POOLINGS, ImageEncoder
 from .text import BERT_POOLINGS, GRU_POOLINGS, BertTextEncoder, GRUTextEncoder
 from .video import VideoEncoder
+from .video_experts import (
+    VIDEO_EXPERT_KINDS,
+    VIDEO_EXPERT_MODEL_DEFAULTS,
+    MultiExpertModel,
+    build_video_expert_model,
+)
 
 _GPO_DEFAULTS = {"gpo_pe_dim": 32, "gpo_hidden": 32, "gpo_temperature": 0.1}
 
@@ -60,6 +68,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "clip": {"kind": "clip", "path": ..., "proj_dim": 768, "normalize": False},
     **CROSS_MODEL_DEFAULTS,
+    **VIDEO_EXPERT_MODEL_DEFAULTS,
 }
 IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "precomp": {
@@ -258,7 +267,7 @@ def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
 
 def build_model(
     config: Mapping[str, Any], *, vocab_size: int | None = None
-) -> RetrievalModel | CrossAttentionModel:
+) -> RetrievalModel | CrossAttentionModel | MultiExpertModel:
     """Build a model from a plain config dict (schema in the module docstring).
 
     Pretrained weights load from local directories only; ``transformers`` is imported only for
@@ -271,7 +280,8 @@ def build_model(
 
     Returns:
         A :class:`RetrievalModel`, or for the kinds ``scan``, ``bfan`` and ``sgraf`` a
-        :class:`~vlret.models.cross_model.CrossAttentionModel`. ``model.config`` holds the
+        :class:`~vlret.models.cross_model.CrossAttentionModel`, for ``ce`` and ``mmt`` a
+        :class:`~vlret.models.video_experts.MultiExpertModel`. ``model.config`` holds the
         resolved config, which ``build_model`` accepts back.
 
     Raises:
@@ -280,6 +290,8 @@ def build_model(
     """
     if not isinstance(config, Mapping):
         raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    if config.get("kind") in VIDEO_EXPERT_KINDS:  # its own key checks and messages
+        return build_video_expert_model(config, vocab_size=vocab_size)
     top = _resolve("model", config, MODEL_DEFAULTS, "vse")
     kind = top["kind"]
     if kind in CROSS_KINDS:
