@@ -23,263 +23,389 @@ arrays in memory, :func:`convert_experts` from the pickles the CE and MMT author
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-EXPERTS_JSON = "experts.json"
-EXPERT_IDS = "video_ids.txt"
-FORMAT = "vlret-experts"
-VERSION = 1
-KINDS = ("pooled", "temporal")
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
-_LAYOUT = (
-    '{"format": "vlret-experts", "version": 1, "experts": [{"name", "kind": "pooled" | '
-    '"temporal", "dim", "max_frames" (temporal only)}]}'
+from .checks import (
+    SCAN_CHUNK_BYTES,
+    DataFormatError,
+    NonFinite,
+    _read_rows,
+    load_feature_array,
+    read_lines,
+    require_file,
 )
+from .expert_batch import ExpertSample
+from .expert_layout import (
+    EXPERT_IDS,
+    EXPERTS_JSON,
+    KINDS,
+    NAME_PATTERN,
+    ExpertSpec,
+    expert_paths,
+    positive_int,
+    read_expert_specs,
+    write_expert_features,
+)
+from .expert_pickles import read_released_experts
+from .precomp import LazyFeatures
 
 
 @dataclass(frozen=True)
-class ExpertSpec:
-    """One expert of a feature folder (an entry of ``experts.json``).
+class ExpertNonFinite:
+    """The first NaN or inf among a present expert's real frames.
 
     Attributes:
-        name: The expert's name (``[A-Za-z0-9_-]+``).
-        kind: ``"pooled"`` (one ``(D,)`` vector per video) or ``"temporal"`` (``(T, D)``).
-        dim: The feature size ``D``.
-        max_frames: ``T``, the frames stored per video (temporal experts only).
-
-    Raises:
-        ValueError: A bad name, kind, dim or max_frames.
+        expert: The expert.
+        path: Its feature file.
+        found: The value (``index`` is ``(frame, dimension)`` or ``(dimension,)``).
     """
 
-    name: str
-    kind: str
-    dim: int
-    max_frames: int | None = None
+    expert: str
+    path: Path
+    found: NonFinite
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
-            raise ValueError(f"expert name must match [A-Za-z0-9_-]+, got {self.name!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"expert {self.name}: kind must be one of {KINDS}, got {self.kind!r}")
-        if not _positive_int(self.dim):
-            raise ValueError(f"expert {self.name}: dim must be a positive int, got {self.dim!r}")
-        if self.temporal != _positive_int(self.max_frames):
-            want = "a positive int" if self.temporal else "None"
-            raise ValueError(
-                f"expert {self.name}: max_frames must be {want} for a {self.kind} expert, got "
-                f"{self.max_frames!r}"
+
+class ExpertFeatures:
+    """A multi-expert feature folder (the module docstring's layout), memory-mapped.
+
+    Args:
+        folder: The folder.
+        experts: The experts to read, in this order; default every expert, in file order.
+        mmap: Memory-map the feature arrays (rows are read on access; DataLoader workers open
+            the maps again instead of receiving copies).
+
+    Raises:
+        ValueError: ``experts`` is not a list of distinct names.
+        FileNotFoundError: A file is missing.
+        DataFormatError: A malformed file (named, with its line or row), or an expert the
+            folder does not have (the known ones are listed).
+    """
+
+    def __init__(
+        self, folder: str | Path, *, experts: Sequence[str] | None = None, mmap: bool = True
+    ) -> None:
+        self.dir = Path(folder)
+        self.json_path = self.dir / EXPERTS_JSON
+        known = read_expert_specs(self.json_path)
+        by_name = {s.name: s for s in known}
+        if experts is None:
+            chosen = known
+        else:
+            if isinstance(experts, str) or not all(isinstance(e, str) for e in experts):
+                raise ValueError(f"experts must be a list of names, got {experts!r}")
+            if len(set(experts)) != len(experts) or not experts:
+                raise ValueError(f"experts must be distinct names, at least one: {experts!r}")
+            missing = [e for e in experts if e not in by_name]
+            if missing:
+                raise DataFormatError(
+                    self.json_path, f"has no expert {missing[0]!r}; it has {list(by_name)}"
+                )
+            chosen = [by_name[e] for e in experts]
+        self.ids_path = self.dir / EXPERT_IDS
+        self.video_ids, self.row = _read_ids(self.ids_path)
+        n = len(self.video_ids)
+        self.specs: tuple[ExpertSpec, ...] = tuple(chosen)
+        self.names: tuple[str, ...] = tuple(s.name for s in chosen)
+        self.paths = {s.name: expert_paths(self.dir, s.name)["features"] for s in chosen}
+        self._features: dict[str, LazyFeatures] = {}
+        present, frames = [], []
+        for spec in chosen:
+            array, p, f = _open_expert(self.dir, spec, n, mmap=mmap)
+            self._features[spec.name] = LazyFeatures(self.paths[spec.name], mmap=mmap, array=array)
+            present.append(p)
+            frames.append(f)
+        self.present = np.stack(present, axis=1)  # (N, E)
+        self.frames = np.stack(frames, axis=1)  # (N, E); 1 for a present pooled expert
+
+    def __len__(self) -> int:
+        return len(self.video_ids)
+
+    def rows_for(self, video_ids: Sequence[str]) -> list[int]:
+        """The row of each of ``video_ids``, in their order.
+
+        Raises:
+            DataFormatError: Some videos have no row (the first few are named).
+        """
+        missing = [v for v in video_ids if v not in self.row]
+        if missing:
+            raise DataFormatError(
+                self.ids_path,
+                f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
+                "row for every video of the split",
             )
+        return [self.row[v] for v in video_ids]
 
-    @property
-    def temporal(self) -> bool:
-        """Whether the expert has frames."""
-        return self.kind == "temporal"
+    def sample(self, row: int) -> ExpertSample:
+        """The experts of row ``row`` (features of absent experts as stored: zeros)."""
+        return ExpertSample(
+            names=self.names,
+            features={n: self._features[n].row(row) for n in self.names},
+            present=torch.from_numpy(self.present[row].copy()),
+            frames=torch.from_numpy(self.frames[row].copy()),
+        )
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """One video's feature shape: ``(dim,)`` or ``(max_frames, dim)``."""
-        return (self.max_frames, self.dim) if self.temporal else (self.dim,)
+    __getitem__ = sample
 
-    def to_json(self) -> dict:
-        """The ``experts.json`` entry."""
-        entry: dict = {"name": self.name, "kind": self.kind, "dim": self.dim}
-        if self.temporal:
-            entry["max_frames"] = self.max_frames
-        return entry
+    def check_dims(self, in_dims: Mapping[str, int]) -> None:
+        """Check that the model's experts are read and have its input sizes.
+
+        Args:
+            in_dims: Expert -> the size the model expects (``[model] experts``); experts read
+                but not named here are not checked.
+
+        Raises:
+            ValueError: ``in_dims`` is not a mapping of names to positive ints.
+            DataFormatError: An expert that is not read, or of another size (the expert and
+                its file are named).
+        """
+        if not isinstance(in_dims, Mapping) or not all(
+            isinstance(k, str) and positive_int(v) for k, v in in_dims.items()
+        ):
+            raise ValueError(f"in_dim must map expert names to positive ints, got {in_dims!r}")
+        for name, want in in_dims.items():
+            if name not in self.names:
+                raise DataFormatError(
+                    self.json_path,
+                    f"the model's expert {name!r} is not among the experts read "
+                    f"{list(self.names)}; add it to data.experts or remove it from model.experts",
+                )
+            spec = self.specs[self.names.index(name)]
+            if spec.dim != want:
+                raise DataFormatError(
+                    self.paths[name],
+                    f"expert {name} has features of size {spec.dim}, but the model expects "
+                    f"model.experts.{name} = {want}; set it to {spec.dim} or use features of "
+                    f"size {want}",
+                )
+
+    def find_non_finite(
+        self, rows: Sequence[int], *, chunk_bytes: int = SCAN_CHUNK_BYTES
+    ) -> ExpertNonFinite | None:
+        """The first NaN or inf among ``rows`` (expert by expert, rows in file order), reading
+        only present experts and their real frames.
+
+        Args:
+            rows: The rows to scan.
+            chunk_bytes: Feature bytes read at once.
+        """
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        for e, spec in enumerate(self.specs):
+            mine = rows[self.present[rows, e]]
+            if not len(mine):
+                continue
+            frames = self.frames[:, e] if spec.temporal else None
+            array = self._features[spec.name].array
+            found = _scan(array, mine, frames, chunk_bytes)
+            if found is not None:
+                return ExpertNonFinite(spec.name, self.paths[spec.name], found)
+        return None
+
+    def check(
+        self,
+        rows: Sequence[int],
+        *,
+        in_dim: Mapping[str, int] | None = None,
+        describe: Callable[[int], str] | None = None,
+        chunk_bytes: int = SCAN_CHUNK_BYTES,
+    ) -> None:
+        """:meth:`check_dims`, then :meth:`find_non_finite` as an error.
+
+        Args:
+            rows: The rows to scan.
+            in_dim: Expert -> model input size; None skips the size check.
+            describe: Names the video of a row in the message (default its id and row).
+            chunk_bytes: Feature bytes read at once.
+
+        Raises:
+            ValueError: A bad ``in_dim``.
+            DataFormatError: As :meth:`check_dims`, or a non-finite value (the video, the
+                expert, the frame and the dimension are named).
+        """
+        if in_dim is not None:
+            self.check_dims(in_dim)
+        bad = self.find_non_finite(rows, chunk_bytes=chunk_bytes)
+        if bad is not None:
+            row = bad.found.row
+            what = describe(row) if describe else f"{self.video_ids[row]} (row {row})"
+            message = bad.found.describe(f"{what}, expert {bad.expert}", "frame")
+            raise DataFormatError(bad.path, message, row=row)
 
 
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _read_ids(path: Path) -> tuple[list[str], dict[str, int]]:
+    ids = [v.strip() for v in read_lines(path, "one video id per line, one per feature row")]
+    row: dict[str, int] = {}
+    for number, vid in enumerate(ids, start=1):
+        if not vid:
+            raise DataFormatError(path, "empty video id", line=number)
+        if vid in row:
+            raise DataFormatError(
+                path, f"video id {vid!r} repeats line {row[vid] + 1}", line=number
+            )
+        row[vid] = number - 1
+    if not ids:
+        raise DataFormatError(path, "is empty; expected one video id per line")
+    return ids, row
 
 
-def expert_paths(folder: str | Path, name: str) -> dict[str, Path]:
-    """The files of expert ``name`` in ``folder``: ``"features"``, ``"present"``, ``"frames"``."""
-    folder = Path(folder)
-    return {
-        "features": folder / f"{name}.npy",
-        "present": folder / f"{name}.present.npy",
-        "frames": folder / f"{name}.frames.npy",
-    }
+def _open_expert(
+    folder: Path, spec: ExpertSpec, n: int, *, mmap: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An expert's checked ``(features, present, frames)``; frames of a pooled expert are
+    ``present`` as 0/1."""
+    paths = expert_paths(folder, spec.name)
+    array = load_feature_array(paths["features"], mmap=mmap)
+    want = f"experts.json declares {spec.kind} expert {spec.name} of dim {spec.dim}" + (
+        f" and max_frames {spec.max_frames}" if spec.temporal else ""
+    )
+    if array.shape[1:] != spec.shape:
+        raise DataFormatError(
+            paths["features"],
+            f"has shape {array.shape}, but {want}; expected (N, {', '.join(map(str, spec.shape))})",
+        )
+    if array.shape[0] != n:
+        raise DataFormatError(
+            paths["features"], f"has {array.shape[0]} rows for the {n} ids of {EXPERT_IDS}"
+        )
+    present = _small_array(paths["present"], "bool", n)
+    if not spec.temporal:
+        return array, present, present.astype(np.int64)
+    frames = _small_array(paths["frames"], "int", n).astype(np.int64)
+    bad = (frames < 0) | (frames > spec.max_frames) | (present != (frames > 0))
+    if bad.any():
+        r = int(bad.argmax())
+        raise DataFormatError(
+            paths["frames"],
+            f"{frames[r]} frames for video {r} (present: {bool(present[r])}); expected 1 .. "
+            f"max_frames = {spec.max_frames} of {EXPERTS_JSON} where present, 0 where absent",
+            row=r,
+        )
+    return array, present, frames
 
 
-# ------------------------------------------------------------------------------ writer
+def _small_array(path: Path, kind: str, n: int) -> np.ndarray:
+    """A ``(n,)`` bool or integer array, read whole."""
+    what = f"a {kind} .npy array of shape ({n},)"
+    require_file(path, what)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise DataFormatError(path, f"not a readable .npy array ({err}); expected {what}") from None
+    ok = arr.dtype == np.bool_ if kind == "bool" else np.issubdtype(arr.dtype, np.integer)
+    if not isinstance(arr, np.ndarray) or not ok or arr.shape != (n,):
+        raise DataFormatError(
+            path, f"has dtype {arr.dtype} and shape {arr.shape}; expected {what} (one per id)"
+        )
+    return arr
 
 
-def write_expert_features(
-    out_dir: str | Path,
-    video_ids: Sequence[str],
-    experts: Mapping[str, Sequence[np.ndarray | None]],
+def _scan(
+    array: np.ndarray, rows: np.ndarray, frames: np.ndarray | None, chunk_bytes: int
+) -> NonFinite | None:
+    """The first non-finite value of ``rows`` (ascending), ignoring padding frames."""
+    step = max(1, chunk_bytes // max(1, array[0].nbytes))
+    for start in range(0, len(rows), step):
+        numbers = rows[start : start + step]
+        chunk = _read_rows(array, numbers)
+        bad = ~np.isfinite(chunk)
+        real = np.ones_like(bad)
+        if frames is not None:
+            steps = np.arange(chunk.shape[1])[None, :, None]
+            real = np.broadcast_to(steps < frames[numbers][:, None, None], bad.shape)
+            bad &= real
+        flat = bad.reshape(len(chunk), -1)
+        if not flat.any():
+            continue
+        r = int(flat.any(axis=1).argmax())
+        index = tuple(int(i) for i in np.unravel_index(int(flat[r].argmax()), chunk.shape[1:]))
+        return NonFinite(
+            row=int(numbers[r]),
+            index=index,
+            value=float(chunk[r][index]),
+            count=int(flat[r].sum()),
+            row_size=int(real[r].sum()),
+        )
+    return None
+
+
+def convert_experts(
+    src: str | Path,
+    out: str | Path,
     *,
+    experts: Sequence[str] | Mapping[str, str] | None = None,
     max_frames: Mapping[str, int] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write a multi-expert feature folder (the module docstring's layout).
+    """Convert the expert features the CE and MMT authors released to this module's layout.
 
-    Each expert's kind comes from its present entries: ``(D,)`` arrays make a pooled expert,
-    ``(T, D)`` arrays a temporal one (``T`` may vary per video: padded with zeros to the
-    longest, or truncated to ``max_frames[name]``). The files are written to a temporary folder
-    inside ``out_dir`` and moved into place, ``experts.json`` last, so a crash never leaves an
-    ``experts.json`` describing half-written arrays.
+    The released files are pickled dicts of numpy arrays, read with a restricted unpickler
+    (:class:`vlret.data.expert_pickles.RestrictedUnpickler`: numpy arrays, numpy scalars and
+    builtin containers only; any other ``module.name`` is refused before it is imported). Two
+    forms:
+
+    (a) ``src`` is a folder of per-expert pickles ``{video_id: array}``, one file per expert,
+        the expert named by the file stem (or by ``experts={name: relative path}``). This is
+        how both releases store features: CE (albanie/collaborative-experts) one file per
+        expert and aggregation, e.g. ``aggregated_<feature>_<fps>fps_.../<model>-avg.pickle``
+        (``(D,)`` per video; ``-raw`` files hold ``(T, D)`` frames), and the older MSR-VTT
+        files such as ``Audio_MSRVTT_new.pickle`` or ``I3D_MSRVTT_new.pickle``; MMT
+        (gabeur/mmt, its challenge features) one file per expert and aggregation, ``fixed_seg``
+        with ``(T, D)`` segments and ``avg`` / ``max`` with ``(1, D)`` (converted to pooled
+        ``(D,)``). Text-feature and caption pickles in the same folders are not video experts:
+        select the experts with ``experts``.
+    (b) ``src`` is one pickle ``{video_id: {expert: array}}``, the per-video organisation
+        (MMT's ECCV 2020 features are stored per video, ``features.<expert>`` in one HDF5
+        file each; dumped to one pickle of dicts they convert in this form).
+
+    An entry is *missing* (the video lacks the expert: ``present`` False) when its key is
+    absent, or it is ``None``, a NaN number (CE's marker, ``float("nan")``), an empty array,
+    or an array of NaN only (MMT tests the first value for NaN). An array that is only partly
+    NaN / inf is an error. ``(D,)`` entries make a pooled expert, ``(T, D)`` a temporal one
+    (``(1, D)`` throughout: pooled). Rows follow the videos' first appearance, expert by
+    expert. Every expert is held in memory until written (the released MSR-VTT files take a
+    few GB).
 
     Args:
-        out_dir: The folder (created if missing).
-        video_ids: The video of each row, unique, without whitespace.
-        experts: Expert name -> one entry per video, in ``video_ids`` order: ``None`` where
-            the video lacks the expert, else a float array. Mapping order = expert order.
-        max_frames: Temporal expert name -> the most frames kept per video.
-        overwrite: Replace an existing folder's ``experts.json`` (and the files of its
-            experts).
+        src: The folder (a) or the pickle (b).
+        out: The output folder (:func:`write_expert_features`).
+        experts: None: every expert found; a list of names; or a mapping expert name -> file
+            path relative to ``src`` (a) / key of the per-video dicts (b).
+        max_frames: Temporal expert -> the most frames kept per video.
+        overwrite: Replace an existing ``out/experts.json``.
 
     Returns:
-        ``out_dir``.
+        ``out``.
 
     Raises:
-        ValueError: Bad ids, an unknown or pooled ``max_frames`` name, entries of another
-            length than ``video_ids``, an expert absent for every video, or entries of one
-            expert disagreeing on rank or size.
-        FileExistsError: ``out_dir`` already holds ``experts.json`` and not ``overwrite``.
+        FileExistsError: ``out`` holds ``experts.json`` and not ``overwrite``.
+        FileNotFoundError: ``src`` or a named file is missing.
+        DataFormatError: A refused or malformed pickle (the file, and where it applies the
+            video, expert and refused ``module.name``, are named).
+        ValueError: Bad ``experts`` or ``max_frames``.
     """
-    out = Path(out_dir)
-    ids = _check_ids(video_ids)
-    if not experts:
-        raise ValueError("experts is empty; expected at least one expert")
-    caps = dict(max_frames or {})
-    unknown = sorted(set(caps) - set(experts))
-    if unknown:
-        raise ValueError(f"max_frames names unknown experts {unknown}; experts: {list(experts)}")
-    specs = [_plan_expert(name, experts[name], len(ids), caps.get(name)) for name in experts]
+    out = Path(out)
     if (out / EXPERTS_JSON).exists() and not overwrite:
         raise FileExistsError(f"{out / EXPERTS_JSON}: exists; pass overwrite=True to replace it")
-    out.mkdir(parents=True, exist_ok=True)
-    stale = _old_files(out) if overwrite else set()
-    tmp = Path(tempfile.mkdtemp(prefix=".experts-", dir=out))
-    try:
-        for spec in specs:
-            _write_expert(tmp, spec, experts[spec.name])
-        (tmp / EXPERT_IDS).write_text("".join(f"{v}\n" for v in ids), encoding="utf-8")
-        meta = {"format": FORMAT, "version": VERSION, "experts": [s.to_json() for s in specs]}
-        (tmp / EXPERTS_JSON).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-        (out / EXPERTS_JSON).unlink(missing_ok=True)
-        written = {p.name for p in tmp.iterdir()}
-        for name in sorted(written - {EXPERTS_JSON}):
-            os.replace(tmp / name, out / name)
-        for name in sorted(stale - written):
-            (out / name).unlink(missing_ok=True)
-        os.replace(tmp / EXPERTS_JSON, out / EXPERTS_JSON)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _check_ids(video_ids: Sequence[str]) -> list[str]:
-    ids = list(video_ids)
-    if not ids:
-        raise ValueError("video_ids is empty; expected at least one video")
-    seen: set[str] = set()
-    for k, vid in enumerate(ids):
-        if not isinstance(vid, str) or not vid or vid != vid.strip() or "\n" in vid:
-            raise ValueError(f"video_ids[{k}] = {vid!r}; expected a non-empty id, no whitespace")
-        if vid in seen:
-            raise ValueError(f"video_ids[{k}] = {vid!r} repeats an earlier id")
-        seen.add(vid)
-    return ids
-
-
-def _plan_expert(
-    name: str, entries: Sequence[np.ndarray | None], n: int, cap: int | None
-) -> ExpertSpec:
-    """The spec of one expert's entries (checked)."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise ValueError(f"expert name must match [A-Za-z0-9_-]+, got {name!r}")
-    if len(entries) != n:
-        raise ValueError(f"expert {name}: {len(entries)} entries for {n} video_ids")
-    first: tuple[int, tuple[int, ...]] | None = None
-    longest = 0
-    for k, entry in enumerate(entries):
-        if entry is None:
-            continue
-        arr = np.asarray(entry)
-        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-            raise ValueError(f"expert {name}, video {k}: dtype {arr.dtype}; expected floats")
-        if arr.ndim not in (1, 2) or 0 in arr.shape:
-            raise ValueError(
-                f"expert {name}, video {k}: shape {arr.shape}; expected (D,) or (T, D) with "
-                "T, D >= 1 (None for a video without the expert)"
-            )
-        if first is None:
-            first = (k, arr.shape)
-        elif arr.ndim != len(first[1]) or arr.shape[-1] != first[1][-1]:
-            raise ValueError(
-                f"expert {name}: video {k} has shape {arr.shape} but video {first[0]} has "
-                f"{first[1]}; expected one rank and one feature size"
-            )
-        longest = max(longest, arr.shape[0] if arr.ndim == 2 else 1)
-    if first is None:
-        raise ValueError(f"expert {name}: None for every video; its kind and size are unknown")
-    if len(first[1]) == 1:
-        if cap is not None:
-            raise ValueError(f"max_frames[{name!r}] given for a pooled expert")
-        return ExpertSpec(name, "pooled", int(first[1][0]))
-    if cap is not None and not _positive_int(cap):
-        raise ValueError(f"max_frames[{name!r}] must be a positive int, got {cap!r}")
-    frames = longest if cap is None else min(longest, cap)
-    return ExpertSpec(name, "temporal", int(first[1][-1]), frames)
-
-
-def _write_expert(folder: Path, spec: ExpertSpec, entries: Sequence[np.ndarray | None]) -> None:
-    paths = expert_paths(folder, spec.name)
-    n = len(entries)
-    array = np.lib.format.open_memmap(
-        paths["features"], mode="w+", dtype=np.float32, shape=(n, *spec.shape)
+    video_ids, entries = read_released_experts(src, experts=experts)
+    return write_expert_features(
+        out, video_ids, entries, max_frames=max_frames, overwrite=overwrite
     )
-    present = np.zeros(n, dtype=bool)
-    frames = np.zeros(n, dtype=np.int64)
-    for k, entry in enumerate(entries):
-        if entry is None:
-            continue
-        arr = np.asarray(entry, dtype=np.float32)
-        present[k] = True
-        if spec.temporal:
-            t = min(len(arr), spec.max_frames)
-            array[k, :t] = arr[:t]
-            frames[k] = t
-        else:
-            array[k] = arr
-    array.flush()
-    del array
-    np.save(paths["present"], present)
-    if spec.temporal:
-        np.save(paths["frames"], frames)
-
-
-def _old_files(out: Path) -> set[str]:
-    """The files of the experts an existing ``experts.json`` lists (to remove on overwrite)."""
-    try:
-        data = json.loads((out / EXPERTS_JSON).read_text(encoding="utf-8"))
-        names = [e["name"] for e in data["experts"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
-    return {
-        p.name
-        for name in names
-        if isinstance(name, str) and NAME_PATTERN.fullmatch(name)
-        for p in expert_paths(out, name).values()
-    }
 
 
 __all__ = [
     "EXPERTS_JSON",
     "EXPERT_IDS",
+    "KINDS",
+    "NAME_PATTERN",
+    "ExpertFeatures",
+    "ExpertNonFinite",
     "ExpertSpec",
+    "convert_experts",
     "expert_paths",
+    "read_expert_specs",
     "write_expert_features",
 ]
