@@ -42,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cross_model import l2norm
 from ..image import lengths_to_mask
 from .common import (
     ExpertInputs,
@@ -50,6 +49,7 @@ from .common import (
     MultiExpertModel,
     NetVLAD,
     check_experts,
+    l2norm,
     masked_mean,
     positive_int,
 )

@@ -28,8 +28,15 @@ import torch
 from torch import nn
 
 from ...data.expert_batch import ExpertBatch
-from ..cross_model import l2norm
+from ..attention import NORM_EPS
 from ..text import check_captions
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """``x / (||x|| + 1e-8)`` over the last dimension (the references' ``l2norm``), with the
+    norm's gradient at a zero vector taken as 0 (``vector_norm``), so an empty NetVLAD
+    descriptor or an all-zero row gives a zero vector and finite gradients."""
+    return x / (torch.linalg.vector_norm(x, dim=-1, keepdim=True) + NORM_EPS)
 
 
 def positive_int(value: Any, name: str) -> int:
@@ -467,6 +474,7 @@ __all__ = [
     "NetVLAD",
     "check_experts",
     "gather_experts",
+    "l2norm",
     "masked_max",
     "masked_mean",
     "mixture_scores",

@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cross_model import l2norm
 from ..image import lengths_to_mask
 from ..text import check_local_dir, import_transformers
 from .common import (
@@ -44,6 +43,7 @@ from .common import (
     MultiExpertModel,
     check_experts,
     dropout_rate,
+    l2norm,
     masked_max,
     positive_int,
 )
