@@ -3,6 +3,7 @@
 * :mod:`~vlret.data.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
 * :mod:`~vlret.data.karpathy`: Karpathy split JSON plus an image folder.
 * :mod:`~vlret.data.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
+* :mod:`~vlret.data.experts`: per-video multi-expert features (CE, MMT) and their converter.
 * :mod:`~vlret.data.vocab`: regex tokeniser, vocabulary JSON, local Hugging Face tokenizers.
 * :mod:`~vlret.data.writers`: writers of these formats and tiny generated data sets.
 
@@ -12,6 +13,13 @@ collates with ``dataset.collate`` (captions padded, with lengths) and exposes ``
 features for NaN / inf and a size other than the model's ``in_dim`` before training.
 """
 
+from .expert_batch import ExpertBatch, ExpertSample
+from .experts import (
+    ExpertFeatures,
+    ExpertSpec,
+    convert_experts,
+    write_expert_features,
+)
 from .karpathy import (
     KarpathyData,
     KarpathyDataset,
@@ -59,6 +67,10 @@ __all__ = [
     "SPLITS",
     "CaptionEncoder",
     "DataFormatError",
+    "ExpertBatch",
+    "ExpertFeatures",
+    "ExpertSample",
+    "ExpertSpec",
     "HFTokenizer",
     "KarpathyData",
     "KarpathyDataset",
@@ -77,6 +89,7 @@ __all__ = [
     "build_vocab",
     "check_features",
     "collate_retrieval",
+    "convert_experts",
     "load_hf_tokenizer",
     "pad_captions",
     "read_jsfusion_csv",
@@ -84,4 +97,5 @@ __all__ = [
     "read_msrvtt_json",
     "read_train_csv",
     "tokenize",
+    "write_expert_features",
 ]

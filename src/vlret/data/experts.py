@@ -19,6 +19,8 @@ be missing for a video. Layout of a folder ``DIR`` (the MSR-VTT data root or its
 Names match ``[A-Za-z0-9_-]+``. The feature arrays are memory-mapped (:class:`ExpertFeatures`),
 opened again in each DataLoader worker. :func:`write_expert_features` writes the layout from
 arrays in memory, :func:`convert_experts` from the pickles the CE and MMT authors released.
+The module also reads the single-stream frame layout of :mod:`vlret.data.msrvtt`
+(:class:`VideoFeatures`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .checks import (
     DataFormatError,
     NonFinite,
     _read_rows,
+    find_non_finite,
     load_feature_array,
     read_lines,
     require_file,
@@ -53,6 +56,10 @@ from .expert_layout import (
 )
 from .expert_pickles import read_released_experts
 from .precomp import LazyFeatures
+
+#: The single-stream frame layout of :mod:`vlret.data.msrvtt` (``experts=None``).
+FEATURES_NPY = "video_feats.npy"
+FEATURE_IDS = "video_ids.txt"
 
 
 @dataclass(frozen=True)
@@ -332,6 +339,80 @@ def _scan(
     return None
 
 
+# ------------------------------------------------------------------------------ frames
+
+
+class VideoFeatures:
+    """``video_feats.npy`` and ``video_ids.txt`` (the module docstring's layout).
+
+    Args:
+        features_dir: The folder holding the two files.
+        mmap: Memory-map the array (rows are read on access).
+
+    Raises:
+        FileNotFoundError: A file is missing.
+        DataFormatError: An unreadable or non-float array, an empty or repeated id, or not one
+            id per row.
+    """
+
+    def __init__(self, features_dir: str | Path, *, mmap: bool = True) -> None:
+        self.dir = Path(features_dir)
+        npy = self.dir / FEATURES_NPY
+        ids_path = self.dir / FEATURE_IDS
+        array = load_feature_array(npy, mmap=mmap)
+        ids = read_lines(ids_path, f"one video id per line, one per row of {FEATURES_NPY}")
+        row: dict[str, int] = {}
+        for number, vid in enumerate(ids, start=1):
+            vid = vid.strip()
+            if not vid:
+                raise DataFormatError(ids_path, "empty video id", line=number)
+            if vid in row:
+                raise DataFormatError(
+                    ids_path, f"video id {vid!r} repeats line {row[vid] + 1}", line=number
+                )
+            row[vid] = number - 1
+        if len(ids) != array.shape[0]:
+            raise DataFormatError(
+                ids_path,
+                f"has {len(ids)} ids for {array.shape[0]} rows in {FEATURES_NPY}; expected one "
+                "id per row",
+            )
+        self.ids_path = ids_path
+        self.path = npy
+        self.row = row
+        self.shape = tuple(array.shape)
+        self.feature_shape = self.shape[1:]
+        self._features = LazyFeatures(npy, mmap=mmap, array=array)
+
+    def rows_for(self, video_ids: Sequence[str]) -> list[int]:
+        """The array row of each of ``video_ids``, in their order.
+
+        Raises:
+            DataFormatError: Some videos have no row (the first few are named).
+        """
+        missing = [v for v in video_ids if v not in self.row]
+        if missing:
+            raise DataFormatError(
+                self.ids_path,
+                f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
+                "row for every video of the split",
+            )
+        return [self.row[v] for v in video_ids]
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        """The float32 features of array row ``row``: ``(T, D)`` frames or ``(D,)``."""
+        return self._features.row(row)
+
+    def find_non_finite(self, rows: Sequence[int], *, chunk_bytes: int = SCAN_CHUNK_BYTES):
+        """The first of ``rows`` (in file order) holding NaN or inf, or ``None``.
+
+        Args:
+            rows: The array rows to scan.
+            chunk_bytes: Feature bytes read at once (:func:`vlret.data.checks.find_non_finite`).
+        """
+        return find_non_finite(self._features.array, rows=np.unique(rows), chunk_bytes=chunk_bytes)
+
+
 def convert_experts(
     src: str | Path,
     out: str | Path,
@@ -399,11 +480,14 @@ def convert_experts(
 __all__ = [
     "EXPERTS_JSON",
     "EXPERT_IDS",
+    "FEATURES_NPY",
+    "FEATURE_IDS",
     "KINDS",
     "NAME_PATTERN",
     "ExpertFeatures",
     "ExpertNonFinite",
     "ExpertSpec",
+    "VideoFeatures",
     "convert_experts",
     "expert_paths",
     "read_expert_specs",

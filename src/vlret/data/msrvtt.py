@@ -22,40 +22,37 @@ Feature layout (ours; the raw features come in many extractor-specific forms), i
 * ``video_ids.txt``: the video id of each row, one per line, in row order.
 
 One array for all videos is memory-mappable and opens once, where 10,000 small files would
-each need an open per read; :func:`vlret.data.writers.write_video_features` writes it.
+each need an open per read; :func:`vlret.data.writers.write_video_features` writes it. With
+``experts``, the folder holds per-video multi-expert features instead (:mod:`vlret.data.experts`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from .checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
     check_feature_size,
-    find_non_finite,
-    load_feature_array,
     read_json,
     read_lines,
     require_file,
 )
+from .experts import FEATURE_IDS, FEATURES_NPY, ExpertFeatures, VideoFeatures
 from .karpathy import EntryError, JsonPath, locate_json_line
-from .precomp import CaptionEncoder, LazyFeatures, RetrievalDataset
+from .precomp import CaptionEncoder, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 DATA_JSON = "MSRVTT_data.json"
 TRAIN_9K_CSV = "MSRVTT_train.9k.csv"
 JSFUSION_CSV = "MSRVTT_JSFUSION_test.csv"
-FEATURES_NPY = "video_feats.npy"
-FEATURE_IDS = "video_ids.txt"
 JSFUSION_HEADER = ("key", "vid_key", "video_id", "sentence")
 JSON_SPLITS = ("train", "validate", "test")
 PROTOCOLS = ("full", "1k-A")
@@ -277,77 +274,6 @@ def read_jsfusion_csv(path: str | Path) -> list[tuple[str, str]]:
     return out
 
 
-class VideoFeatures:
-    """``video_feats.npy`` and ``video_ids.txt`` (the module docstring's layout).
-
-    Args:
-        features_dir: The folder holding the two files.
-        mmap: Memory-map the array (rows are read on access).
-
-    Raises:
-        FileNotFoundError: A file is missing.
-        DataFormatError: An unreadable or non-float array, an empty or repeated id, or not one
-            id per row.
-    """
-
-    def __init__(self, features_dir: str | Path, *, mmap: bool = True) -> None:
-        self.dir = Path(features_dir)
-        npy = self.dir / FEATURES_NPY
-        ids_path = self.dir / FEATURE_IDS
-        array = load_feature_array(npy, mmap=mmap)
-        ids = read_lines(ids_path, f"one video id per line, one per row of {FEATURES_NPY}")
-        row: dict[str, int] = {}
-        for number, vid in enumerate(ids, start=1):
-            vid = vid.strip()
-            if not vid:
-                raise DataFormatError(ids_path, "empty video id", line=number)
-            if vid in row:
-                raise DataFormatError(
-                    ids_path, f"video id {vid!r} repeats line {row[vid] + 1}", line=number
-                )
-            row[vid] = number - 1
-        if len(ids) != array.shape[0]:
-            raise DataFormatError(
-                ids_path,
-                f"has {len(ids)} ids for {array.shape[0]} rows in {FEATURES_NPY}; expected one "
-                "id per row",
-            )
-        self.ids_path = ids_path
-        self.path = npy
-        self.row = row
-        self.shape = tuple(array.shape)
-        self.feature_shape = self.shape[1:]
-        self._features = LazyFeatures(npy, mmap=mmap, array=array)
-
-    def rows_for(self, video_ids: Sequence[str]) -> list[int]:
-        """The array row of each of ``video_ids``, in their order.
-
-        Raises:
-            DataFormatError: Some videos have no row (the first few are named).
-        """
-        missing = [v for v in video_ids if v not in self.row]
-        if missing:
-            raise DataFormatError(
-                self.ids_path,
-                f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
-                "row for every video of the split",
-            )
-        return [self.row[v] for v in video_ids]
-
-    def __getitem__(self, row: int) -> torch.Tensor:
-        """The float32 features of array row ``row``: ``(T, D)`` frames or ``(D,)``."""
-        return self._features.row(row)
-
-    def find_non_finite(self, rows: Sequence[int], *, chunk_bytes: int = SCAN_CHUNK_BYTES):
-        """The first of ``rows`` (in file order) holding NaN or inf, or ``None``.
-
-        Args:
-            rows: The array rows to scan.
-            chunk_bytes: Feature bytes read at once (:func:`vlret.data.checks.find_non_finite`).
-        """
-        return find_non_finite(self._features.array, rows=np.unique(rows), chunk_bytes=chunk_bytes)
-
-
 def normalise_protocol(protocol: str) -> str:
     """``"full"`` or ``"1k-A"`` from any case and ``-``/``_`` spelling (``"msrvtt_1ka"``).
 
@@ -362,7 +288,9 @@ def normalise_protocol(protocol: str) -> str:
 
 
 class MSRVTTDataset(RetrievalDataset):
-    """One split of MSR-VTT under the ``full`` or ``1k-A`` protocol, with frame features.
+    """One split of MSR-VTT under the ``full`` or ``1k-A`` protocol, with frame features or,
+    with ``experts``, multi-expert features (``image`` gives an
+    :class:`~vlret.data.expert_batch.ExpertSample`).
 
     Args:
         root: The data root holding the annotation files.
@@ -376,6 +304,8 @@ class MSRVTTDataset(RetrievalDataset):
         expected_videos: The number of videos the split must have (e.g.
             ``FULL_SPLIT_SIZES["test"]``); ``None`` checks nothing.
         mmap: Memory-map the features.
+        experts: None: the frame layout (``video_feats.npy``); ``"all"`` or a list of names:
+            the :class:`~vlret.data.experts.ExpertFeatures` of the feature folder.
 
     Raises:
         ValueError: An unknown protocol or split, or a bad ``captions_per_video``.
@@ -396,6 +326,7 @@ class MSRVTTDataset(RetrievalDataset):
         train_csv: str = TRAIN_9K_CSV,
         expected_videos: int | None = None,
         mmap: bool = True,
+        experts: str | Sequence[str] | None = None,
     ) -> None:
         self.root = Path(root)
         self.protocol = normalise_protocol(protocol)
@@ -442,9 +373,12 @@ class MSRVTTDataset(RetrievalDataset):
             )
         if not video_ids:
             raise DataFormatError(source, f"has no videos for {self.protocol} {split}")
-        self.features = VideoFeatures(
-            features_dir if features_dir is not None else self.root, mmap=mmap
-        )
+        folder = features_dir if features_dir is not None else self.root
+        if experts is None:
+            self.features: VideoFeatures | ExpertFeatures = VideoFeatures(folder, mmap=mmap)
+        else:
+            chosen = None if experts == "all" else experts
+            self.features = ExpertFeatures(folder, experts=chosen, mmap=mmap)
         self._rows = self.features.rows_for(video_ids)
         self.image_ids = list(video_ids)
         self.captions = captions
@@ -455,34 +389,45 @@ class MSRVTTDataset(RetrievalDataset):
         """The split's video ids in dataset order (``image_ids``)."""
         return self.image_ids
 
-    def image(self, index: int) -> torch.Tensor:
-        """Float32 features of the split's video ``index``: ``(T, D)`` frames or ``(D,)``."""
+    def image(self, index: int) -> Any:
+        """Float32 features of the split's video ``index``: ``(T, D)`` frames or ``(D,)``, or
+        its :class:`~vlret.data.expert_batch.ExpertSample`."""
         return self.features[self._rows[index]]
 
     def check_features(
-        self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
+        self, *, in_dim: int | Mapping[str, int] | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES
     ) -> None:
         """Check the feature size, then scan the rows of this split's videos for NaN or inf
         (in file order; rows of other splits are not read).
 
         Args:
-            in_dim: The feature size the model reads; ``None`` skips the size check.
+            in_dim: The feature size the model reads (expert -> size for expert features);
+                ``None`` skips the size check.
             chunk_bytes: Feature bytes read at once.
 
         Raises:
+            ValueError: An ``in_dim`` of the wrong kind for the features.
             DataFormatError: Another last dimension than ``in_dim``, or a non-finite value (the
-                video, its position in the split and the frame are named).
+                video, its position in the split, the expert and the frame are named).
         """
         feats = self.features
-        check_feature_size(feats.path, feats.shape, in_dim)
         rows = self._rows[: self.num_images]  # builders may keep only the first videos
-        bad = feats.find_non_finite(rows, chunk_bytes=chunk_bytes)
-        if bad is not None:
-            index = rows.index(bad.row)
-            what = (
+
+        def what(row: int) -> str:
+            index = rows.index(row)
+            return (
                 f"{self.image_ids[index]} (video {index} of the {self.protocol} {self.split} split)"
             )
-            raise DataFormatError(feats.path, bad.describe(what, "frame"), row=bad.row)
+
+        if in_dim is not None and isinstance(feats, ExpertFeatures) != isinstance(in_dim, Mapping):
+            raise ValueError(f"in_dim {in_dim!r} does not fit {type(feats).__name__}")
+        if isinstance(feats, ExpertFeatures):
+            feats.check(rows, in_dim=in_dim, describe=what, chunk_bytes=chunk_bytes)
+            return
+        check_feature_size(feats.path, feats.shape, in_dim)
+        bad = feats.find_non_finite(rows, chunk_bytes=chunk_bytes)
+        if bad is not None:
+            raise DataFormatError(feats.path, bad.describe(what(bad.row), "frame"), row=bad.row)
 
 
 def _video_captions(
@@ -582,6 +527,8 @@ def build_msrvtt_vocab(
 
 
 __all__ = [
+    "FEATURES_NPY",
+    "FEATURE_IDS",
     "FULL_SPLIT_SIZES",
     "ONE_K_A_SIZES",
     "PROTOCOLS",
