@@ -14,9 +14,11 @@ Because the facts are known, relevance is exhaustive: a caption is relevant to e
 whose facts include its facts (:mod:`~vlret.data.synthetic.relevance`). Region features are
 composed from fixed random embeddings of the concepts through a fixed random non-linear map,
 plus noise and background regions, so an encoder has to learn the composition; the video
-preset has frame features instead. The writers emit the real on-disk formats (SCAN precomp,
-Karpathy JSON with rendered images, MSR-VTT) through :mod:`vlret.data.writers`, plus side files
-with the facts, relevance, clone groups and the clean mask (``docs/synthetic.md``)::
+preset has frame features instead, and the video-experts preset four expert features that
+each carry a different part of the scene (:mod:`~.video_experts`). The writers emit the real
+on-disk formats (SCAN precomp, Karpathy JSON with rendered images, MSR-VTT) through
+:mod:`vlret.data.writers`, plus side files with the facts, relevance, clone groups and the
+clean mask (``docs/synthetic.md``)::
 
     from vlret.data.synthetic import write_synthetic
     write_synthetic("tiny", "data/synth_tiny", format="precomp", seed=0,
@@ -28,8 +30,9 @@ purpose, so one split does not change when another's size does).
 Modules, in the order a world is made: :mod:`~.config` (sizes, presets, noise),
 :mod:`~.language` (lexicon, facts, caption grammar), :mod:`~.scenes` (scenes and clone edits),
 :mod:`~.splits` (captions, clone groups, noise), :mod:`~.features` (region and frame
-features), :mod:`~.world` (all splits in memory), :mod:`~.io` (the on-disk formats and side
-files; :mod:`~.render` draws the pictures, :mod:`~.hint` the ``vlret train`` settings),
+features), :mod:`~.video_experts` (the multi-expert features), :mod:`~.world` (all splits in
+memory), :mod:`~.io` (the on-disk formats and side files; :mod:`~.render` draws the pictures,
+:mod:`~.hint` the ``vlret train`` settings),
 :mod:`~.relevance` (exhaustive relevance, clone forced choice) and :mod:`~.evaluation`
 (reading a split back and scoring embeddings on it).
 """
@@ -62,9 +65,11 @@ from .relevance import (
 )
 from .scenes import Edit, apply_edit, sample_edit, sample_scene
 from .splits import SyntheticSplit, apply_noise, build_split
+from .video_experts import EXPERTS, SyntheticExperts, expert_dims, expert_features
 from .world import SyntheticWorld, generate_world
 
 __all__ = [
+    "EXPERTS",
     "META_FILE",
     "CAPTION_FORMS",
     "EDIT_KINDS",
@@ -80,6 +85,7 @@ __all__ = [
     "SubsetRecall",
     "SyntheticAnnotations",
     "SyntheticConfig",
+    "SyntheticExperts",
     "SyntheticSplit",
     "SyntheticWorld",
     "apply_edit",
@@ -89,6 +95,8 @@ __all__ = [
     "clone_forced_choice",
     "clone_group_images",
     "evaluate_synthetic",
+    "expert_dims",
+    "expert_features",
     "extended_metrics",
     "fact_oracle_embeddings",
     "frame_features",

@@ -30,6 +30,9 @@ EXAMPLE_CONFIGS = {
     "msrvtt": "configs/synth_f30k_compare.toml",
     "karpathy": "configs/clip_unified_f30k.toml",
 }
+#: The shipped config for a multi-expert world (``video-experts``): a CE model (``[model] kind
+#: = "ce"``); an MMT config takes the same overrides.
+EXPERTS_CONFIG = "configs/synth_video_experts_ce.toml"
 
 
 def config_hint(
@@ -40,9 +43,25 @@ def config_hint(
     captions_per_image: int,
     feature_dim: int,
     has_dev: bool,
+    experts: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """``train_config_hint`` of ``synthetic.json``: the ``data`` section for ``vlret train``
-    and ``image_in_dim``, the feature size the image encoder reads."""
+    and ``image_in_dim``, the feature size the image encoder reads.
+
+    Args:
+        root: The world's folder.
+        format: Its on-disk format.
+        files: The format's file names (``format_files`` of ``synthetic.json``).
+        captions_per_image: Captions per image or video.
+        feature_dim: The region or frame feature size.
+        has_dev: Whether the world has a dev split.
+        experts: A multi-expert world's ``name -> dim`` (in order): the hint then has
+            ``data.experts = "all"`` and ``experts``, the ``[model] experts`` table of a CE or
+            MMT model, with ``image_in_dim`` None.
+
+    Returns:
+        ``{"data": {...}, "image_in_dim": int | None}`` (plus ``"experts"``).
+    """
     data: dict[str, Any] = {"root": str(root), "format": format}
     if format == "precomp":
         data["captions_per_image"] = captions_per_image
@@ -50,11 +69,15 @@ def config_hint(
             data["dev_split"] = None
     elif format == "msrvtt":
         data["captions_per_video"] = captions_per_image
+        if experts is not None:
+            data["experts"] = "all"
     else:
         data["karpathy_json"] = str(root / files["json"])
         data["captions_per_image"] = captions_per_image
         if "image_root" in files:
             data["image_root"] = str(root / files["image_root"])
+    if experts is not None:
+        return {"data": data, "image_in_dim": None, "experts": dict(experts)}
     return {"data": data, "image_in_dim": feature_dim}
 
 
@@ -86,10 +109,14 @@ def _value(value: Any) -> str:
 def train_overrides(meta: Mapping[str, Any]) -> list[str]:
     """The ``section.key=value`` overrides a shipped config of the world's format needs to train
     on the world described by ``meta`` (its ``synthetic.json``): every key of the ``data`` hint
-    and, for feature formats, ``model.image.in_dim``."""
+    and, for feature formats, ``model.image.in_dim``; for a multi-expert world
+    ``model.experts={name = dim, ...}`` (the whole table, so a config's other experts go)."""
     hint = meta["train_config_hint"]
     out = [f"data.{key}={_value(value)}" for key, value in hint["data"].items()]
-    if hint["data"].get("format") != "karpathy":  # rendered images go through the model's own
+    if hint.get("experts"):
+        table = ", ".join(f"{name} = {int(dim)}" for name, dim in hint["experts"].items())
+        out.append(f"model.experts={{{table}}}")
+    elif hint["data"].get("format") != "karpathy":  # rendered images go through the model's own
         out.append(f"model.image.in_dim={int(hint['image_in_dim'])}")
     return out
 
@@ -102,10 +129,16 @@ def train_hint_lines(root: str | Path) -> list[str]:
         return []
     meta = json.loads(path.read_text(encoding="utf-8"))
     fmt = meta["train_config_hint"]["data"].get("format", "precomp")
-    config = EXAMPLE_CONFIGS.get(fmt, EXAMPLE_CONFIGS["precomp"])
+    experts = bool(meta["train_config_hint"].get("experts"))
+    config = EXPERTS_CONFIG if experts else EXAMPLE_CONFIGS.get(fmt, EXAMPLE_CONFIGS["precomp"])
     sets = " ".join(f"--set {shlex.quote(item)}" for item in train_overrides(meta))
     lines = [f"train on it: vlret train {config} {sets}"]
-    if fmt == "karpathy":
+    if experts:
+        lines.append(
+            '  (a multi-expert model, kind = "ce" or "mmt": an MMT config takes these too; '
+            "add --set data.protocol=1k-A for the 1k-A split)"
+        )
+    elif fmt == "karpathy":
         lines.append("  (plus --set model.path=DIR, a local CLIP folder: the images are pixels)")
     else:
         lines.append("  (the other feature configs in configs/ and vlret compare take these too)")

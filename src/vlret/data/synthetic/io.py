@@ -16,7 +16,7 @@ import numpy as np
 
 from ..._files import atomic_write_text
 from ..karpathy import KarpathyImage, KarpathySentence
-from ..msrvtt import DATA_JSON, JSFUSION_CSV, TRAIN_9K_CSV
+from ..msrvtt import DATA_JSON, FEATURES_NPY, JSFUSION_CSV, TRAIN_9K_CSV
 from ..writers import (
     karpathy_tokens,
     write_jsfusion_csv,
@@ -26,12 +26,13 @@ from ..writers import (
     write_precomp,
     write_video_features,
 )
-from .config import CAPTION_FORMS, EDIT_KINDS, FORMATS, NoiseSpec, SyntheticConfig
+from .config import CAPTION_FORMS, EDIT_KINDS, FORMATS, NoiseSpec, SyntheticConfig, get_preset
 from .hint import META_FILE, config_hint
 from .language import N_FACTS, fact_names
 from .relevance import relevance_pairs
 from .scenes import Scene
 from .splits import SyntheticSplit
+from .video_experts import expert_dims, expert_frames
 from .world import SyntheticWorld, generate_world
 
 
@@ -113,6 +114,8 @@ _MSRVTT_SPLIT = {"train": "train", "dev": "validate", "test": "test", "testall":
 
 
 def _write_msrvtt(world: SyntheticWorld, root: Path) -> dict[str, Any]:
+    """The MSR-VTT annotation files and the features: ``video_feats.npy`` + ``video_ids.txt``,
+    or for a multi-expert world the expert layout of :mod:`vlret.data.experts` in ``root``."""
     videos, captions, feats, vid_of = [], {}, [], {}
     for name, split in world.splits.items():
         texts = split.captions("msrvtt")
@@ -133,15 +136,42 @@ def _write_msrvtt(world: SyntheticWorld, root: Path) -> dict[str, Any]:
     held = set(test_1ka)
     write_msrvtt_train_csv(root / TRAIN_9K_CSV, [v for v, _ in videos if v not in held])
     write_jsfusion_csv(root / JSFUSION_CSV, [(v, captions[v][0]) for v in test_1ka])
-    write_video_features(root, [v for v, _ in videos], np.concatenate(feats))
+    out: dict[str, Any] = {}
+    if world.config.multi_expert:
+        (root / FEATURES_NPY).unlink(missing_ok=True)  # an overwritten frame-feature world's
+        out["experts"] = _write_experts(world, root, [v for v, _ in videos])
+    else:
+        (root / "experts.json").unlink(missing_ok=True)  # an overwritten expert world's
+        write_video_features(root, [v for v, _ in videos], np.concatenate(feats))
     first = len(vid_of[test_name]) - len(test_1ka) if test_name else 0
     return {
+        **out,
         "json": DATA_JSON,
         "train_csv": TRAIN_9K_CSV,
         "jsfusion_csv": JSFUSION_CSV,
         "videos": {name: [vids[0], vids[-1]] for name, vids in vid_of.items()},
         "1k-A test": {"split": test_name, "first_image": first, "caption": 0},
     }
+
+
+def _write_experts(world: SyntheticWorld, root: Path, video_ids: list[str]) -> str:
+    """Every split's experts, in video order, through the shared expert-layout writer."""
+    from ..experts import EXPERTS_JSON, write_expert_features
+
+    splits = list(world.splits.values())
+    entries = {
+        name: [e for split in splits for e in split.experts.entries(name)]
+        for name in splits[0].experts.names
+    }
+    spans = expert_frames(world.config)
+    write_expert_features(
+        root,
+        video_ids,
+        entries,
+        max_frames={name: spans[name][1] for name in entries if name in spans},
+        overwrite=True,  # check_out_dir already refused an existing world unless overwrite
+    )
+    return EXPERTS_JSON
 
 
 def _write_side_files(
@@ -192,6 +222,7 @@ def _summary(split: SyntheticSplit) -> dict[str, Any]:
         "caption_forms": {k: int(v) for k, v in zip(CAPTION_FORMS, forms, strict=True)},
         "clean_captions": int(split.clean.sum()),
         "features": list(split.features.shape) if split.features is not None else None,
+        **({"experts": split.experts.summary()} if split.experts is not None else {}),
     }
 
 
@@ -199,7 +230,7 @@ def write_synthetic(
     preset: str | SyntheticConfig,
     out_dir: str | Path,
     *,
-    format: str = "precomp",
+    format: str | None = None,
     seed: int = 0,
     noise: str | NoiseSpec | Mapping[str, Any] | None = None,
     relevance_splits: Sequence[str] | None = None,
@@ -209,6 +240,9 @@ def write_synthetic(
 ) -> Path:
     """Generate a world and write it to ``out_dir`` in ``format``; returns ``out_dir``.
 
+    ``format`` defaults to ``msrvtt`` for a multi-expert world (``video-experts``, the only
+    format it has) and to ``precomp`` otherwise.
+
     * ``precomp``: ``{split}_ims.npy`` / ``_caps.txt`` / ``_ids.txt`` (train ids per image,
       the others per caption, as in the real folders);
     * ``karpathy``: ``dataset_flickr30k.json`` (``dataset_coco.json`` for coco-like, train
@@ -216,7 +250,9 @@ def write_synthetic(
       scene under ``images/``;
     * ``msrvtt``: ``MSRVTT_data.json`` (dev is ``validate``), the 9k train CSV (every video
       but the 1k-A test ones), ``MSRVTT_JSFUSION_test.csv`` (the last ``n_1ka`` test videos,
-      first caption each), ``video_feats.npy`` + ``video_ids.txt``.
+      first caption each), ``video_feats.npy`` + ``video_ids.txt`` (a multi-expert world:
+      ``experts.json``, ``video_ids.txt`` and ``<expert>.npy`` / ``.present.npy`` /
+      ``.frames.npy``, :func:`vlret.data.experts.write_expert_features`).
 
     Side files (any format): ``synthetic.json`` (config, counts, fact names, a config hint
     for ``vlret train``), ``{split}_synth.npz`` (facts, scenes, edits), ``{split}_groups.npy``,
@@ -226,8 +262,16 @@ def write_synthetic(
     An existing non-empty ``out_dir`` (an earlier world included: data trained on must not
     change under a model) is refused unless ``overwrite`` is set.
     """
+    multi_expert = get_preset(preset, **overrides).multi_expert
+    if format is None:
+        format = "msrvtt" if multi_expert else "precomp"
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if multi_expert and format != "msrvtt":
+        raise ValueError(
+            f"format {format!r}: a multi-expert world (video-experts) is written in the msrvtt "
+            "format only (its experts have the MSR-VTT multi-expert layout)"
+        )
     root = Path(out_dir)
     check_out_dir(root, overwrite=overwrite)
     if render_images and format == "karpathy":
@@ -269,6 +313,7 @@ def write_synthetic(
             captions_per_image=config.captions_per_image,
             feature_dim=config.feature_dim,
             has_dev="dev" in world.splits,
+            experts=expert_dims() if config.multi_expert else None,
         ),
         "n_facts": N_FACTS,
         "facts": fact_names(),

@@ -22,6 +22,7 @@ from .language import (
 )
 from .relevance import FactSets, relevance_matrix
 from .scenes import Edit, Scene, apply_edit, sample_edit, sample_scene
+from .video_experts import SyntheticExperts
 
 MAX_OBJECTS = 4
 
@@ -34,7 +35,9 @@ class SyntheticSplit:
     image ``txt_to_img[j]`` (``K`` consecutive captions per image). ``groups[i]`` is the clone
     group of image ``i`` (a unique id for an image in no group); ``edit_kind[i]`` indexes
     :data:`EDIT_KINDS` and ``edit_parent[i]`` is the base image of a sibling (-1 otherwise).
-    ``clean[j]`` is False for a caption that noise made wrong for its image.
+    ``clean[j]`` is False for a caption that noise made wrong for its image. ``features`` are
+    the region or frame features; a multi-expert world has ``experts``
+    (:class:`~.video_experts.SyntheticExperts`) instead.
     """
 
     name: str
@@ -51,6 +54,7 @@ class SyntheticSplit:
     plans: list[CaptionPlan]
     clean: np.ndarray
     features: np.ndarray | None = None
+    experts: SyntheticExperts | None = None
 
     @property
     def num_images(self) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from .config import NoiseSpec, SyntheticConfig, get_preset, parse_noise, rng_stream
 from .features import frame_features, make_feature_space, region_features
 from .splits import SyntheticSplit, apply_noise, build_split
+from .video_experts import expert_features, make_expert_spaces
 
 
 @dataclass
@@ -35,17 +36,30 @@ def generate_world(
     """Generate a world in memory (``overrides``: :class:`SyntheticConfig` fields).
 
     ``noise`` corrupts the training split only. ``features=False`` skips the features (they
-    take most of the time on large presets).
+    take most of the time on large presets). A ``multi_expert`` world (``video-experts``) sets
+    each split's ``experts`` (:class:`~.video_experts.SyntheticExperts`) instead of
+    ``features``.
     """
     config = get_preset(preset, **overrides)
     spec = parse_noise(noise)
-    space = make_feature_space(config, seed=seed)
+    if config.multi_expert:
+        spaces = make_expert_spaces(config, seed=seed)
+    else:
+        space = make_feature_space(config, seed=seed)
     world = SyntheticWorld(config, int(seed), spec)
     for index, (name, n) in enumerate(config.splits.items()):
         split = build_split(config, name, n, seed=seed, split_index=index)
         if spec is not None and name == "train":
             apply_noise(split, spec, seed=seed, split_index=index)
-        if features:
+        if features and config.multi_expert:
+            split.experts = expert_features(
+                spaces,
+                split.scene_array(),
+                config,
+                rng_stream(seed, index, 3),
+                rng_stream(seed, index, 5),
+            )
+        elif features:
             rng = rng_stream(seed, index, 3)
             make = frame_features if config.video else region_features
             split.features = make(space, split.scenes, config, rng)
