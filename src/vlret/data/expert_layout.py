@@ -173,7 +173,9 @@ def _check_ids(video_ids: Sequence[str]) -> list[str]:
     seen: set[str] = set()
     for k, vid in enumerate(ids):
         if not isinstance(vid, str) or not vid or vid != vid.strip() or "\n" in vid:
-            raise ValueError(f"video_ids[{k}] = {vid!r}; expected a non-empty id, no whitespace")
+            raise ValueError(
+                f"video_ids[{k}] = {vid!r}; expected a non-empty id, no surrounding whitespace"
+            )
         if vid in seen:
             raise ValueError(f"video_ids[{k}] = {vid!r} repeats an earlier id")
         seen.add(vid)
