@@ -144,7 +144,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+_RESCORE_FLAGS = {
+    "temperature": "--dsl-temperature",
+    "beta": "--qb-beta",
+    "k": "--qb-k",
+    "dynamic": "--qb-static",
+    "bank_size": "--bank-size",
+}
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from .metrics.rescore import make_rescoring
     from .train.evaluate import (
         check_json_path,
         evaluation_record,
@@ -167,6 +177,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             shortlist=args.shortlist,
             shortlist_from=args.shortlist_from,
             progress=not args.no_progress,
+            rescore=make_rescoring(
+                args.rescore,
+                names=_RESCORE_FLAGS,
+                temperature=args.dsl_temperature,
+                beta=args.qb_beta,
+                k=args.qb_k,
+                dynamic=False if args.qb_static else None,
+                bank_size=args.bank_size,
+            ),
         )
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         print(f"vlret eval: {err}", file=sys.stderr)
@@ -391,6 +410,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CKPT",
         help="with --shortlist: a two-tower checkpoint whose cosines pick the shortlists "
         "(default: the cosine of the model's own mean-pooled region and word features)",
+    )
+    ev.add_argument(
+        "--rescore",
+        choices=("dsl", "qbnorm"),
+        help="NON-STANDARD re-scoring, labelled so in the table and JSON (docs/rescoring.md): "
+        "dsl = dual softmax over the test matrix (uses every test query at once); qbnorm = "
+        "QB-Norm with a querybank of training captions (text->image only)",
+    )
+    ev.add_argument(
+        "--dsl-temperature", type=float, metavar="T", help="dsl: temperature (default 0.01)"
+    )
+    ev.add_argument("--qb-beta", type=float, metavar="BETA", help="qbnorm: beta (default 20)")
+    ev.add_argument(
+        "--qb-k", type=int, metavar="K", help="qbnorm: top-K images of a bank caption (default 1)"
+    )
+    ev.add_argument(
+        "--qb-static", action="store_true", help="qbnorm: normalise every query (not dynamic)"
+    )
+    ev.add_argument(
+        "--bank-size", type=int, metavar="N", help="qbnorm: train captions in the bank (5000)"
     )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     ev.set_defaults(func=_cmd_eval)

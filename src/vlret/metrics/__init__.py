@@ -6,6 +6,8 @@ need a full relevance matrix.
 * :mod:`~vlret.metrics.relevance`: R-Precision and mAP@R in both directions and the ambiguity
   rate, from an ``(N_txt, N_img)`` relevance matrix.
 * :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
+* :mod:`~vlret.metrics.rescore`: NON-STANDARD inference re-scoring of a score matrix (dual
+  softmax, QB-Norm), never to be mixed with standard results.
 
 This package is core: it imports no data format, model, trainer or analysis code.
 """
@@ -22,18 +24,36 @@ from .ranks import (
     retrieval_ranks_from_similarity,
 )
 from .relevance import ExtendedMetrics, ambiguity, extended_metrics, rprecision_map_at_r
+from .rescore import (
+    Rescoring,
+    draw_bank,
+    dual_softmax,
+    make_rescoring,
+    normalised_queries,
+    qb_norm,
+    querybank_activation,
+    rescored_metrics,
+)
 from .subsets import SubsetRecall, subset_recalls
 
 __all__ = [
     "RECALL_KEYS",
     "ExtendedMetrics",
+    "Rescoring",
     "RetrievalMetrics",
     "SubsetRecall",
     "ambiguity",
     "average_metrics",
     "coco_5fold_metrics",
+    "draw_bank",
+    "dual_softmax",
     "extended_metrics",
+    "make_rescoring",
     "metrics_from_ranks",
+    "normalised_queries",
+    "qb_norm",
+    "querybank_activation",
+    "rescored_metrics",
     "retrieval_metrics",
     "retrieval_metrics_from_similarity",
     "retrieval_ranks",

@@ -41,6 +41,13 @@ pair scores; every other candidate ranks below them (among themselves by the two
 pair-scoring model's own mean-pooled region and word features (for an ensemble, the mean of the
 members' cosines). Results say "approximate" and report the fraction of queries whose ground
 truth was shortlisted, per direction. The default is always the exact protocol.
+
+``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
+matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models
+and ensembles (of the mean matrix), not with ``shortlist``. Dual softmax uses the test matrix's
+own statistics; QB-Norm re-scores text->image only, with a querybank of ``bank_size`` captions
+of the data folder's ``train`` split (fixed seed) scored against the test images. COCO 1K
+re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD.
 """
 
 from __future__ import annotations
@@ -55,11 +62,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from .._files import atomic_write_text
 from ..data import RetrievalDataset
 from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
+from ..metrics.rescore import Rescoring, draw_bank, rescored_metrics
 from .builders import build_dataset, encoder_from_state, eval_data_config
 from .checkpoint import load_checkpoint
 from .config import config_from_dict
@@ -117,6 +125,9 @@ class Evaluation:
     #: the exact ``(N_img, N_txt)`` score matrix of pair-scoring models (NaN outside the COCO
     #: 1K fold blocks), kept so a caller can compute more from it without scoring again
     scores: torch.Tensor | None = None
+    #: NON-STANDARD re-scoring: the JSON ``rescore`` record and the title's label; else ``None``
+    rescore: dict[str, Any] | None = None
+    rescore_label: str | None = None
 
     @property
     def approximate(self) -> bool:
@@ -308,6 +319,7 @@ def run_evaluation(
     shortlist: int | None = None,
     shortlist_from: str | Path | None = None,
     progress: bool = False,
+    rescore: Rescoring | str | None = None,
 ) -> Evaluation:
     """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``.
 
@@ -317,7 +329,8 @@ def run_evaluation(
     :func:`~vlret.train.builders.eval_data_config`); a missing folder raises
     ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``. ``shortlist``
     / ``shortlist_from``: the approximate protocol (module docstring); ``progress``: a tqdm bar
-    while pairs are scored."""
+    while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
+    defaults; module docstring)."""
     check_protocol(protocol)
     if split not in EVAL_SPLITS:
         raise ValueError(f"split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
@@ -334,6 +347,14 @@ def run_evaluation(
         raise ValueError(f"shortlist: expected a positive number of candidates, got {shortlist!r}")
     if shortlist_from is not None and shortlist is None:
         raise ValueError("shortlist_from: only used with shortlist (the candidates kept, K)")
+    if isinstance(rescore, str):
+        rescore = Rescoring(rescore)
+    if rescore is not None and not isinstance(rescore, Rescoring):
+        raise ValueError(f"rescore: expected a Rescoring or a method name, got {rescore!r}")
+    if rescore is not None and shortlist is not None:
+        raise ValueError(
+            "rescore re-scores the full score matrix; it does not combine with shortlist"
+        )
     try:
         dev = resolve_device(device)
     except ValueError as err:
@@ -347,7 +368,7 @@ def run_evaluation(
         )
         raise ValueError(f"the ensemble's checkpoints were trained on different data: {named}")
     pairs = [getattr(m[0], "scores_pairs", False) for m in members]
-    if len(members) == 1 and not pairs[0] and shortlist is None:  # the two-tower protocol
+    if len(members) == 1 and not pairs[0] and shortlist is None and rescore is None:
         model, config, encoder = members[0]
         dataset = _eval_dataset(model, config, encoder, data, split, protocol)
         normalize = config.loss.params.get("normalize", True)
@@ -375,8 +396,20 @@ def run_evaluation(
             scores = _member_scores(model, config, ds, blocks, progress=progress, **options)
             sim = scores if sim is None else sim.add_(scores)
         sim /= len(members)
-        metrics = metrics_from_scores(sim, t2i, blocks=blocks)
-        return Evaluation(metrics, n_images=n_img, n_texts=n_txt, members=names, scores=sim)
+        if rescore is None:
+            metrics = metrics_from_scores(sim, t2i, blocks=blocks)
+            return Evaluation(metrics, n_images=n_img, n_texts=n_txt, members=names, scores=sim)
+        bank = _bank_scores(members, datasets, data, protocol, rescore, **options)
+        metrics, info = rescored_metrics(sim, t2i, rescore, bank_sim=bank, blocks=blocks)
+        return Evaluation(
+            metrics,
+            n_img,
+            n_txt,
+            members=names,
+            scores=sim,
+            rescore=rescore.record(info),
+            rescore_label=rescore.label(info),
+        )
     tokens = [encode_tokens(m[0], ds, **options) for m, ds in zip(members, datasets, strict=True)]
     if shortlist_from is None:
         source = "cosine of the mean-pooled region and word features"
@@ -461,6 +494,44 @@ def _member_scores(model, config, dataset, blocks, *, batch_size, device, progre
     return embedding_scores(img, txt, blocks=blocks)
 
 
+class _BankView:
+    """The test images with the querybank's training captions as texts (for scoring them)."""
+
+    def __init__(self, test: RetrievalDataset, train: RetrievalDataset, index: torch.Tensor):
+        self.test, self.captions, self.index = test, train.texts(), index.tolist()
+
+    def images(self):
+        return self.test.images()
+
+    def texts(self) -> Subset:
+        view = Subset(self.captions, self.index)
+        view.collate = self.captions.collate  # type: ignore[attr-defined]
+        return view
+
+
+def _bank_scores(members, datasets, data, protocol, rescore: Rescoring, **options):
+    """QB-Norm's querybank scores ``(N_bank, N_img)``: ``rescore.bank_size`` captions of the
+    ``train`` split (fixed seed) against the test images (ensembles: the members' mean)."""
+    if not rescore.needs_bank:
+        return None
+    bank, index = None, None
+    for (model, config, encoder), ds in zip(members, datasets, strict=True):
+        try:
+            train = _eval_dataset(model, config, encoder, data, "train", protocol)
+        except (FileNotFoundError, ValueError) as err:
+            msg = f"rescore qbnorm: the querybank is the train split's captions: {err}"
+            raise ValueError(msg) from None
+        if index is None:
+            n_train = train.num_captions
+            index = draw_bank(n_train, size=rescore.bank_size, seed=rescore.bank_seed)
+        elif train.num_captions != n_train:
+            raise ValueError("rescore qbnorm: the ensemble's members see different train splits")
+        view = _BankView(ds, train, index)
+        scores = _member_scores(model, config, view, None, **options).t()
+        bank = scores if bank is None else bank.add_(scores)
+    return bank / len(members)
+
+
 def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
     """:func:`protocol_title`, plus the ensemble's members and the approximate protocol."""
     title = protocol_title(protocol, split, result.n_images, result.n_texts)
@@ -479,18 +550,23 @@ def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
             f"{100 * info['i2t_ground_truth_in_shortlist']:.1f}% of i2t and "
             f"{100 * info['t2i_ground_truth_in_shortlist']:.1f}% of t2i queries"
         )
+    if result.rescore_label is not None:
+        title = f"{result.rescore_label}\n{title}"
     return title
 
 
 def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[str, Any]:
     """The ``--json`` record: :func:`metrics_json` with the checkpoint(s), title, sizes,
-    ``approximate`` and (approximate protocol) ``shortlist``."""
+    ``approximate``, (approximate protocol) ``shortlist``, (re-scored) ``standard: false`` and
+    ``rescore``."""
     names = {"checkpoint": result.members[0]} if len(result.members) == 1 else {}
     if len(result.members) > 1:
         names = {"checkpoints": list(result.members), "ensemble": "mean of score matrices"}
     extra: dict[str, Any] = {"approximate": result.approximate}
     if result.shortlist is not None:
         extra["shortlist"] = dict(result.shortlist)
+    if result.rescore is not None:
+        extra.update(standard=False, rescore=dict(result.rescore))
     return metrics_json(
         result.metrics,
         protocol=protocol,
