@@ -186,7 +186,7 @@ def test_shipped_configs_are_valid(path):
     cfg = load_config(path)
     assert cfg.loss.name in {"triplet", "infonce", "unified", "goal", "vsl", "adacl"}
     check_model_config(cfg)  # e.g. a pair-scoring model with a loss that needs embeddings
-    if cfg.model.get("kind") != "clip":  # CLIP needs a local pretrained directory
+    if cfg.model.get("kind") not in ("clip", "mmt"):  # CLIP, MMT's BERT: local directories
         model = build_model(cfg.model, vocab_size=20)
         assert model.embed_dim == cfg.model["embed_dim"]
 

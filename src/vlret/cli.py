@@ -1,5 +1,5 @@
-"""Command line: ``vlret train | eval | import-checkpoint | compare | sweep | synth | demo |
-losses | plot``."""
+"""Command line: ``vlret train | eval | import-checkpoint | convert-experts | compare | sweep |
+synth | demo | losses | configs | plot``."""
 
 from __future__ import annotations
 
@@ -270,6 +270,15 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         print(f"vlret synth: {err}", file=sys.stderr)
         return 2
     print(path)
+    if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
+        from .data.msrvtt import DATA_JSON, read_msrvtt_json
+        from .data.synthetic.bert import write_random_bert
+
+        if not (Path(path) / DATA_JSON).is_file():
+            print("vlret synth: --random-bert needs an MSR-VTT-format world", file=sys.stderr)
+            return 2
+        captions = read_msrvtt_json(Path(path) / DATA_JSON).captions.values()
+        print(write_random_bert(Path(path) / "random-bert", (c for cs in captions for c in cs)))
     from .data.synthetic import train_hint_lines
 
     for line in train_hint_lines(path):  # the --set overrides a shipped config needs
@@ -437,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .train.import_checkpoint import add_import_parser
 
     add_import_parser(sub)
+    from .data.experts_cli import add_convert_parser
+
+    add_convert_parser(sub)
 
     cmp = sub.add_parser(
         "compare",
@@ -479,8 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     syn = sub.add_parser("synth", help="write a synthetic retrieval world in a real data format")
     syn.add_argument(
         "preset",
-        help="tiny, small (the worlds of `vlret demo --preset tiny|small`), f30k-like, "
-        "coco-like or video (docs/synthetic.md)",
+        help="a preset (docs/synthetic.md): tiny, small (the worlds of `vlret demo --preset "
+        "tiny|small`), f30k-like, coco-like, video, video-experts",
     )
     syn.add_argument("--out", type=Path, required=True, help="output data folder")
     syn.add_argument("--seed", type=int, help="world seed (default: the preset's)")
@@ -492,6 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODE:RATE",
         help="noisy correspondence on the train split, e.g. permute_captions:0.2 "
         "(modes: permute_captions, permute_images, falsify)",
+    )
+    syn.add_argument(
+        "--random-bert",
+        action="store_true",
+        help="also write OUT/random-bert: a small randomly initialised BERT on the world's words "
+        "(MMT's text encoder for the synthetic runs; needs transformers)",
     )
     syn.add_argument(
         "--overwrite",

@@ -38,7 +38,8 @@ def model_tokenizer_path(model: dict[str, Any]) -> str | None:
     if model.get("kind") in ("bert", "clip"):
         return str(model["path"]) if "path" in model else None
     text = model.get("text")
-    if isinstance(text, dict) and text.get("kind") == "bert" and "path" in text:
+    bert = model.get("kind") == "mmt" or (isinstance(text, dict) and text.get("kind") == "bert")
+    if isinstance(text, dict) and bert and "path" in text:
         return str(text["path"])
     return None
 
@@ -127,6 +128,7 @@ def build_dataset(
             encoder=encoder,
             features_dir=data.features_dir,
             captions_per_video=data.captions_per_video,
+            experts=data.experts,
         )
         return _first_images(ds, max_images)
     json_path = Path(data.karpathy_json) if data.karpathy_json else root
@@ -263,12 +265,12 @@ def check_model_config(config: RunConfig) -> None:
     """Validate the ``model`` section before the (slow) vocabulary is built, by building the
     model once with a stand-in vocabulary size, and for a model that scores pairs itself the
     settings that need embeddings (:func:`~vlret.train.pair_scoring.check_pair_scoring`).
-    Skipped for the pretrained kinds (BERT, CLIP), which load weights from disk; their errors
-    surface at the real build."""
+    Skipped for the pretrained kinds (BERT, CLIP, MMT's BERT), which load weights from disk;
+    their errors surface at the real build."""
     model = config.model
     text = model.get("text")
     text_kind = text.get("kind", "gru") if isinstance(text, dict) else None
-    if model.get("kind", "vse") in ("bert", "clip") or text_kind == "bert":
+    if model.get("kind", "vse") in ("bert", "clip", "mmt") or text_kind == "bert":
         return
     size = text.get("vocab_size") if isinstance(text, dict) else None
     if scores_pairs(build_run_model(config, None if size is not None else 8)):
