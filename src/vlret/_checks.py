@@ -79,7 +79,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_positive(value: float, name: str) -> None:
+def check_positive(value: float | torch.Tensor, name: str) -> None:
     """A positive finite number; a tensor (a learnable temperature) is not inspected."""
     if isinstance(value, torch.Tensor):
         return
@@ -87,7 +87,7 @@ def check_positive(value: float, name: str) -> None:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
-def check_real(value: float, name: str) -> None:
+def check_real(value: float | torch.Tensor, name: str) -> None:
     if isinstance(value, torch.Tensor):
         check_finite(value, name)
         return
@@ -144,7 +144,8 @@ class ParamSpec(Protocol):
     def check(self, value: Any, name: str) -> None: ...
 
 
-def _fmt(bound: float) -> str:
+def _fmt(bound: float | None) -> str:
+    # None only where a caller's tuple index hides that the bound was checked for None.
     return f"{bound:g}" if isinstance(bound, float) else str(bound)
 
 

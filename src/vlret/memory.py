@@ -116,6 +116,12 @@ class MemoryQueue(nn.Module):
             point.
     """
 
+    # Registered buffers (typed here: nn.Module's __getattr__ knows no buffer's type).
+    keys: torch.Tensor
+    ids: torch.Tensor
+    valid: torch.Tensor
+    ptr: torch.Tensor
+
     def __init__(self, size: int, dim: int, *, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -136,6 +136,8 @@ class PairLoss(nn.Module):
     SGRAF) call :meth:`from_similarity` directly.
     """
 
+    #: The name :func:`~vlret.losses.registry.register_loss` registered the class under.
+    registry_name: ClassVar[str]
     #: Short citation shown by ``vlret losses`` and the README table.
     paper: str = ""
     #: Equation(s) implemented.

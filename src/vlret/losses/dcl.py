@@ -26,6 +26,8 @@ that are already close are pulled less, the weights average 1. Readings:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from .._checks import FLAG, POSITIVE, check_positive, check_reduction
@@ -157,12 +159,15 @@ def tiled_dcl_loss(
     else:
         start, stop = check_shard(shard, batch.batch)
         scale = c if weight is None else c * weight[start:stop]
-        terms = sum(
-            _decoupled(
-                negatives_lse(d.rows * c, d.cands, d.exclusions, batch.tile, columns=False),
-                scale * d.positives,
-            )
-            for d in shard_directions(batch, shard)
+        terms = cast(  # a sum of two tensors, never the start value 0
+            torch.Tensor,
+            sum(
+                _decoupled(
+                    negatives_lse(d.rows * c, d.cands, d.exclusions, batch.tile, columns=False),
+                    scale * d.positives,
+                )
+                for d in shard_directions(batch, shard)
+            ),
         )
     return reduce_per_index(terms, reduction, batch.batch)
 

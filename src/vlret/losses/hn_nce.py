@@ -43,6 +43,7 @@ direction is one ``tile_rows`` pass that evaluates both scales on each tile of s
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -147,6 +148,7 @@ def _negative_counts(d: Direction) -> torch.Tensor:
     width = d.cands.shape[0]
     if ex.row_codes is None:
         return torch.full((d.rows.shape[0],), width - 1, device=d.rows.device)
+    assert ex.col_codes is not None  # row and column codes come together
     ordered = ex.col_codes.sort().values
     rows = ex.row_codes
     same = torch.searchsorted(ordered, rows, right=True) - torch.searchsorted(ordered, rows)
@@ -221,9 +223,12 @@ def tiled_hn_nce_loss(
             else (None, None)
         )
         pos = c * (x * y).sum(1)
-        terms = sum(
-            _terms(h, s, _negative_counts(d), pos, alpha)
-            for h, s, d in zip(hard, soft, (images, texts), strict=True)
+        terms = cast(  # a sum of two tensors, never the start value 0
+            torch.Tensor,
+            sum(
+                _terms(h, s, _negative_counts(d), pos, alpha)
+                for h, s, d in zip(hard, soft, (images, texts), strict=True)
+            ),
         )
     else:
         terms = _direction_terms(images, c, beta1, alpha, batch.tile) + _direction_terms(

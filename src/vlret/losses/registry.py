@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
 from .._checks import ParamError
 
-_REGISTRY: dict[str, type[nn.Module]] = {}
+if TYPE_CHECKING:
+    from ._base import PairLoss
+
+_REGISTRY: dict[str, type[PairLoss]] = {}
+_Loss = TypeVar("_Loss", bound="type[PairLoss]")
 
 
-def register_loss(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+def register_loss(name: str) -> Callable[[_Loss], _Loss]:
     """Class decorator registering a loss module under ``name``.
 
     Args:
@@ -31,7 +35,7 @@ def register_loss(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
         ValueError: ``name`` is already registered to another class.
     """
 
-    def decorator(cls: type[nn.Module]) -> type[nn.Module]:
+    def decorator(cls: _Loss) -> _Loss:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"loss name {name!r} is already registered to {_REGISTRY[name]}")
         _REGISTRY[name] = cls
@@ -46,7 +50,7 @@ def available_losses() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def loss_class(name: str) -> type[nn.Module]:
+def loss_class(name: str) -> type[PairLoss]:
     """The class registered as ``name``.
 
     Raises:
@@ -108,7 +112,7 @@ def check_loss_params(name: str, params: Mapping[str, Any]) -> None:
         check(params)
 
 
-def build_loss(name: str, **params: Any) -> nn.Module:
+def build_loss(name: str, **params: Any) -> PairLoss:
     """Instantiate the registered loss ``name`` with keyword ``params``.
 
     Args:

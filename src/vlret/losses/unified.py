@@ -59,6 +59,8 @@ def unified_loss(
         check_finite(weights, "weights")
         s = weights.to(s.dtype) * s
     pos = s.diagonal()
+    m_row: float | torch.Tensor
+    m_col: float | torch.Tensor
     if margins is None:
         m_row = m_col = margin
     else:

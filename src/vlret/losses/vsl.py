@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -349,7 +349,12 @@ class VisualSemanticLoss(PairLoss):
             if not semantic.is_fitted:
                 raise ValueError("semantic must be a fitted CaptionTfidf; call .fit(captions)")
         self.semantic = semantic
-        self.base = base if isinstance(base, nn.Module) else build_loss(base, **(base_params or {}))
+        # A module base is duck-typed (check_param_relations: it has from_similarity).
+        self.base = (
+            cast(PairLoss, base)
+            if isinstance(base, nn.Module)
+            else build_loss(base, **(base_params or {}))
+        )
         self.alpha, self.beta, self.tau = float(alpha), float(beta), float(tau)
         self.descending = bool(descending)
         self.text_side = bool(text_side)
@@ -435,7 +440,7 @@ class VisualSemanticLoss(PairLoss):
                 f"{params['reduction']!r} and a base with reduction={base_reduction!r}",
             )
 
-    def forward(
+    def forward(  # type: ignore[override]  # caption keywords instead of PairLoss's shard
         self,
         img_emb: torch.Tensor,
         txt_emb: torch.Tensor,

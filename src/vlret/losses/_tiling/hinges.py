@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import overload
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -96,6 +97,28 @@ class _HingeSums(torch.autograd.Function):
         return dx, dy, -g_row * count_row, grad_d_col, None, None, None
 
 
+@overload
+def hinge_sums(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    d_row: torch.Tensor,
+    d_col: torch.Tensor,
+    *,
+    margin: float,
+    exclusions: Exclusions,
+    tile: int,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def hinge_sums(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    d_row: torch.Tensor,
+    d_col: None,
+    *,
+    margin: float,
+    exclusions: Exclusions,
+    tile: int,
+) -> tuple[torch.Tensor, None]: ...
 def hinge_sums(
     x: torch.Tensor,
     y: torch.Tensor,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -167,11 +168,19 @@ class _RowLSE(torch.autograd.Function):
             grad_s = ctx.exclusions.fill_(t.sub_(shift[start:stop, None]).exp2_(), start, 0.0)
             grad_s.mul_(weight[start:stop, None])
             dx[start:stop] = grad_s @ y
-            if need_y:
+            if dy is not None:  # need_y
                 dy.addmm_(grad_s.t(), x[start:stop])
         return dx, dy, None, None
 
 
+@overload
+def negatives_lse(
+    x: torch.Tensor, y: torch.Tensor, exclusions: Exclusions, tile: int, *, columns: Literal[False]
+) -> torch.Tensor: ...
+@overload
+def negatives_lse(
+    x: torch.Tensor, y: torch.Tensor, exclusions: Exclusions, tile: int, *, columns: Literal[True]
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 def negatives_lse(
     x: torch.Tensor, y: torch.Tensor, exclusions: Exclusions, tile: int, *, columns: bool
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,8 @@ def check_shard(shard: object, batch: int) -> tuple[int, int]:
         raise ValueError(
             f"shard must be (start, stop) with 0 <= start < stop <= {batch}, got {shard!r}"
         )
-    return int(shard[0]), int(shard[1])
+    pair = cast("tuple[int, int]", shard)  # checked above
+    return int(pair[0]), int(pair[1])
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ class PairExclusions(Exclusions):
     def fill_(self, t: torch.Tensor, start: int, value: float) -> torch.Tensor:
         n = t.shape[0]
         if self.row_codes is not None:
+            assert self.col_codes is not None  # row and column codes come together
             t.masked_fill_(
                 self.row_codes[start : start + n, None] == self.col_codes[None, :], value
             )

@@ -44,9 +44,13 @@ class ScoreTiles(Protocol):
         widths: Width of each candidate block, in flat order.
     """
 
-    positives: torch.Tensor
-    tile: int
-    widths: tuple[int, ...]
+    # Read-only properties: a source may compute them.
+    @property
+    def positives(self) -> torch.Tensor: ...
+    @property
+    def tile(self) -> int: ...
+    @property
+    def widths(self) -> tuple[int, ...]: ...
 
     def scores(self, block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Scores of rows ``start:stop`` against block ``block`` (read only) and the bool mask
@@ -235,6 +239,7 @@ def select_anchor(
         else:  # the blocks in flat order
             pick = _kth_smallest_index(marked[0] if len(marked) == 1 else torch.cat(marked), k)
     elif selection in ("min", "max"):
+        assert best is not None  # count > 0: a tile with clones set it
         pick = best[1]
     else:
         if generator is None:

@@ -25,6 +25,7 @@ from ..._checks import (
     Choice,
     Number,
     ParamError,
+    ParamSpec,
     check_declared,
 )
 
@@ -40,7 +41,7 @@ DEFAULT_EPS = math.exp(-7)
 
 #: Constraints of the hyper-parameters: ``m2`` is a shift (any real), ``p_u`` and ``eps`` are
 #: probabilities (Eq. 4, 6), anchors are similarities.
-ADACL_PARAMS = {
+ADACL_PARAMS: dict[str, ParamSpec] = {
     "m1_init": POSITIVE,
     "m2_init": REAL,
     "p_u": Number(gt=0, lt=1),

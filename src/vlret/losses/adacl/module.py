@@ -103,6 +103,10 @@ class AdaCLLoss(PairLoss):
 
     declared = LossCapabilities(momentum_keys=True, paper_comparison=5)
 
+    # Registered buffers (typed here: nn.Module's __getattr__ knows no buffer's type).
+    m1: torch.Tensor
+    m2: torch.Tensor
+
     @classmethod
     def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
         """A memory queue (``queue_size > 0``) is owned and needs ``embed_dim``."""
@@ -173,8 +177,12 @@ class AdaCLLoss(PairLoss):
         self.guard_counts = [0] * len(GUARDS)
         self.m1_capped = 0
         self.last_guard = -1
-        self.img_queue = MemoryQueue(queue_size, embed_dim) if queue_size else None
-        self.txt_queue = MemoryQueue(queue_size, embed_dim) if queue_size else None
+        self.img_queue: MemoryQueue | None = None
+        self.txt_queue: MemoryQueue | None = None
+        if queue_size:
+            assert embed_dim is not None  # check_relations: a queue needs embed_dim
+            self.img_queue = MemoryQueue(queue_size, embed_dim)
+            self.txt_queue = MemoryQueue(queue_size, embed_dim)
 
     # -- state update (Algorithm 1 steps 2-5) ---------------------------------------------
 
@@ -226,6 +234,8 @@ class AdaCLLoss(PairLoss):
         self.anchor = self.log_sigma_anchor = math.nan
         guard = found.guard
         if found.anchor is not None:
+            # an anchor comes with its row and log Sigma (AdaCLAnchor)
+            assert found.log_sigma_anchor is not None and found.row is not None
             guard = self._accept(batch, found.anchor, found.log_sigma_anchor, found.row)
         if guard is None:
             self.last_guard = 0
@@ -312,7 +322,7 @@ class AdaCLLoss(PairLoss):
     #: Extra-state keys added after the first release; older checkpoints load without them.
     _OPTIONAL_STATE = frozenset({"m1_capped", "rng_state"})
 
-    def set_extra_state(self, state: dict[str, object]) -> None:
+    def set_extra_state(self, state: dict[str, Any]) -> None:
         keys = set(self.get_extra_state())
         if not isinstance(state, dict) or not keys - self._OPTIONAL_STATE <= set(state) <= keys:
             raise ValueError("AdaCLLoss extra state must be a dict saved by AdaCLLoss")
@@ -420,6 +430,7 @@ class AdaCLLoss(PairLoss):
             queue_txt = _snapshot(self.txt_queue, img_n.dtype, img_id_t)
             queue_img = _snapshot(self.img_queue, txt_n.dtype, txt_id_t)
         if tiled:
+            assert self.chunk_size is not None  # tiled
             batch: Batch = TiledAdaCLBatch(
                 img_emb,
                 txt_emb,
@@ -434,6 +445,7 @@ class AdaCLLoss(PairLoss):
             sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
             extra = {}
             if queue_txt is not None:
+                assert queue_img is not None  # the two queues come together
                 extra = {
                     "extra_neg_txt": img_n @ queue_txt.keys.t(),
                     "extra_neg_txt_mask": ~QueueExclusions(queue_txt).mask(0, size),
@@ -443,6 +455,7 @@ class AdaCLLoss(PairLoss):
             batch = DenseAdaCLBatch(sim, pos_mask, **extra)
         loss = self._score(batch)
         if queue_txt is not None and self.training:
+            assert self.img_queue is not None and self.txt_queue is not None  # queue_txt is set
             gather = not gathered
             self.img_queue.enqueue(self._keys(img_keys, img_n, "img_keys"), img_id_t, gather=gather)
             self.txt_queue.enqueue(self._keys(txt_keys, txt_n, "txt_keys"), txt_id_t, gather=gather)

@@ -315,6 +315,7 @@ class TiledAdaCLBatch:
         x = self.x.detach()[start:stop]
         if block == 0:
             return x @ self.y.detach().t(), self.square.mask(start, stop)
+        assert self.queue_txt is not None  # block 1 exists only with a queue
         return x @ self.queue_txt.keys.t(), QueueExclusions(self.queue_txt).mask(start, stop)
 
     def score_bound(self) -> float:

@@ -67,6 +67,7 @@ from ..._checks import (
     REAL,
     REDUCTION,
     Choice,
+    ParamSpec,
     check_declared,
 )
 
@@ -90,7 +91,7 @@ def _check_kind(triplet_weight: str, pair_weight: str) -> None:
 #: Constraints of the hyper-parameters (``GoalConfig`` and ``GoalObjective``): ``margin`` is
 #: T^con's margin (Eq. 5), ``lam`` a similarity threshold (Eq. 11), ``epsilon`` the MS band
 #: (Eq. 12), ``circle_offset`` the offset ``1 - 2 m^2`` of T^cir (module notes; any real).
-GOAL_PARAMS = {
+GOAL_PARAMS: dict[str, ParamSpec] = {
     "triplet_weight": Choice(TRIPLET_WEIGHTS),
     "pair_weight": Choice(PAIR_WEIGHTS),
     "margin": MARGIN,
