@@ -202,7 +202,7 @@ def choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     """
     if value not in choices:
         raise ValueError(f"{name}: must be one of {list(choices)}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 __all__ = [

@@ -210,7 +210,7 @@ class CLIPImageEncoder(nn.Module):
     """
 
     def __init__(
-        self, vision_model: nn.Module, visual_projection: nn.Module, *, proj_dim: int | None
+        self, vision_model: nn.Module, visual_projection: nn.Linear, *, proj_dim: int | None
     ) -> None:
         super().__init__()
         self.vision_model = vision_model
@@ -249,7 +249,7 @@ class CLIPTextEncoder(nn.Module):
     """
 
     def __init__(
-        self, text_model: nn.Module, text_projection: nn.Module, *, proj_dim: int | None
+        self, text_model: nn.Module, text_projection: nn.Linear, *, proj_dim: int | None
     ) -> None:
         super().__init__()
         self.text_model = text_model

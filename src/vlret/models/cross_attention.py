@@ -125,6 +125,7 @@ def scan_scores(
                 work=block.work, pair=block.pairs.get("t2i"),
             )  # fmt: skip
             return _pool(cos, aggregation, lambda_lse, cap.mask, cap.lengths)
+        assert cap.gram is not None  # word_gram for "i2t"
         cos = _attended_cosines(
             raw, cap.gram, block.region_norm, lambda_softmax, context_bias=cap.bias,
             work=block.work, pair=block.pairs.get("i2t"),
@@ -191,6 +192,7 @@ def bfan_scores(
             context_count=block.n_regions, work=block.work, pair=block.pairs.get("t2i"),
         )  # fmt: skip
         t2i = _pool(cos, "mean", 1.0, cap.mask, cap.lengths)
+        assert cap.gram is not None  # word_gram
         cos = _attended_cosines(
             raw_i2t, cap.gram, block.region_norm, lambda_softmax, context_bias=cap.bias,
             focal=focal, context_count=cap.count, work=block.work, pair=block.pairs.get("i2t"),
@@ -237,6 +239,7 @@ def _attended_cosines(
     n_x, c, n_q, q = raw.shape
     inplace = work is not None  # then the same operations in place, in reused buffers
     if inplace:
+        assert work is not None
         weights = work.get("weights", raw.shape, raw.dtype)
         weights = torch.ops.aten.leaky_relu.out(raw, 0.1, out=weights)
     else:
@@ -250,13 +253,17 @@ def _attended_cosines(
         weights = weights.sub_(top) if inplace else weights - top
     weights = weights.exp_() if inplace else weights.exp()
     if focal is not None:
-        scratch = pair[1] if inplace else None
+        scratch = None
+        if inplace:
+            assert pair is not None  # work comes with pair
+            scratch = pair[1]
         threshold = _focal_threshold(weights, focal, context_count, scratch)
         # 0/1 in the weights' dtype (into a float buffer: no bool-to-float conversion pass)
         keep = torch.gt(weights, threshold, out=scratch)
         weights = weights.mul_(keep) if inplace else weights * keep
     if inplace:
         # the raw scores and the Gram products side by side: multiplied and summed at once
+        assert pair is not None
         torch.bmm(gram, weights.view(n_x, c, n_q * q), out=pair[1].view(n_x, c, n_q * q))
         dot, quad = pair.mul_(weights).sum(dim=2)
     else:

@@ -361,8 +361,9 @@ class CrossAttentionModel(nn.Module):
         return self.score(regions, words, lengths)
 
     def extra_repr(self) -> str:
-        keys = [k for k in (self.config or {}) if k not in ("kind", "image", "text")]
-        return ", ".join(f"{k}={self.config[k]!r}" for k in keys)
+        config = self.config or {}
+        keys = [k for k in config if k not in ("kind", "image", "text")]
+        return ", ".join(f"{k}={config[k]!r}" for k in keys)
 
 
 class SCAN(CrossAttentionModel):
@@ -542,10 +543,10 @@ def build_cross_model(
         ValueError: An unknown key, an invalid value (the message names the key), or no
             vocabulary size.
     """
-    top = copy.deepcopy(dict(top))
-    kind = top["kind"]
-    image_cfg = _section("image", top["image"], REGION_DEFAULTS)
-    text_cfg = _section("text", top["text"], {**WORD_DEFAULTS, **_KIND_WORD_DEFAULTS.get(kind, {})})
+    cfg = copy.deepcopy(dict(top))
+    kind = cfg["kind"]
+    image_cfg = _section("image", cfg["image"], REGION_DEFAULTS)
+    text_cfg = _section("text", cfg["text"], {**WORD_DEFAULTS, **_KIND_WORD_DEFAULTS.get(kind, {})})
     size = text_cfg["vocab_size"]
     if vocab_size is not None and size is not None and int(vocab_size) != int(size):
         raise ValueError(
@@ -558,7 +559,7 @@ def build_cross_model(
             "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
         )
     text_cfg["vocab_size"] = positive_int(size, "text.vocab_size")
-    embed_dim = positive_int(top["embed_dim"], "embed_dim")
+    embed_dim = positive_int(cfg["embed_dim"], "embed_dim")
     image = RegionEncoder(positive_int(image_cfg["in_dim"], "image.in_dim"), embed_dim)
     for key in ("word_dim", "num_layers"):
         positive_int(text_cfg[key], f"text.{key}")
@@ -574,9 +575,9 @@ def build_cross_model(
         bidirectional=text_cfg["bidirectional"],
         dropout=_rate(text_cfg["dropout"], "text.dropout"),
     )
-    top["image"], top["text"] = image_cfg, text_cfg
-    options = {k: v for k, v in top.items() if k not in ("kind", "embed_dim", "image", "text")}
-    return _CLASSES[kind](image, text, config=top, **options)
+    cfg["image"], cfg["text"] = image_cfg, text_cfg
+    options = {k: v for k, v in cfg.items() if k not in ("kind", "embed_dim", "image", "text")}
+    return _CLASSES[kind](image, text, config=cfg, **options)
 
 
 __all__ = [

@@ -218,6 +218,7 @@ class MaskedPooling(nn.Module):
             weights = mask.to(features.dtype).unsqueeze(-1)
             count = weights.sum(dim=1).clamp_min(1.0)
             return (features * weights).sum(dim=1) / count
+        assert self.gpo is not None  # kind == "gpo"
         return self.gpo(features, mask)
 
     def extra_repr(self) -> str:

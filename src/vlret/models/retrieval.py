@@ -298,6 +298,8 @@ def build_model(
         return build_cross_model(top, vocab_size=vocab_size)
     _check_types("model", top, None)
 
+    image: nn.Module
+    text: nn.Module
     if kind == "clip":
         from .clip import load_clip
 

@@ -9,6 +9,9 @@ image; :class:`SGRAFScorer` scores blocks of images x captions at once under a m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,6 +48,9 @@ def _update_running(bn: nn.BatchNorm1d, means: torch.Tensor, variances: torch.Te
     """
     if not bn.track_running_stats:
         return
+    # tracked statistics: the buffers exist
+    assert bn.running_mean is not None and bn.running_var is not None
+    assert bn.num_batches_tracked is not None
     start = int(bn.num_batches_tracked)
     count = means.shape[0]
     factors = [
@@ -78,6 +84,8 @@ def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
         var = x.var(dim=dims, unbiased=False)
         _update_running(bn, mean.unsqueeze(0), (var * n / (n - 1)).unsqueeze(0))
     else:
+        # vlret's BatchNorms track running statistics
+        assert bn.running_mean is not None and bn.running_var is not None
         mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
     scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
     return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
@@ -93,7 +101,7 @@ class _LocalProjection(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, u, e, weight, bias):  # type: ignore[override]
+    def forward(ctx, u, e, weight, bias):
         inv = 1.0 / (torch.linalg.vector_norm(u, dim=-1, keepdim=True) + NORM_EPS)
         diff = torch.addcmul(e, u, inv, value=-1.0)  # e - u / (|u| + eps); squared below
         ctx.save_for_backward(u, e, weight, inv)
@@ -101,7 +109,7 @@ class _LocalProjection(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         u, e, weight, inv = ctx.saved_tensors
         need_u, need_e, need_w, need_b = ctx.needs_input_grad
         diff = torch.addcmul(e, u, inv, value=-1.0)
@@ -534,7 +542,7 @@ class SGRAFScorer(nn.Module):
         if self.module == "sgr":
             key_mask = ~node_mask.unsqueeze(-2)  # (cb, 1, L + 1)
             last = len(self.sgr) - 1
-            for k, step in enumerate(self.sgr):
+            for k, step in enumerate(cast("Iterable[_GraphStep]", self.sgr)):
                 # (W_q s_p + b_q) . (W_k s_q + b_k) = (A s_p + c) . s_q + (q_b . s_p + beta) with
                 # A = W_k^T W_q, c = W_k^T b_q, q_b = W_q^T b_k, beta = b_q . b_k: one S x S
                 # product per node instead of two (the second term is constant over the keys).
@@ -552,6 +560,7 @@ class SGRAFScorer(nn.Module):
             gates = _linear(nodes, self.saf.gate).squeeze(-1)  # (ib, cb, L + 1)
             bn = self.saf.bn
             if saf_stats is None:
+                assert bn.running_mean is not None and bn.running_var is not None  # tracked
                 mean, var = bn.running_mean.to(gates.dtype), bn.running_var.to(gates.dtype)
             else:
                 mean, var = saf_stats[0].unsqueeze(-1), saf_stats[1].unsqueeze(-1)

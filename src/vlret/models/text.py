@@ -209,6 +209,7 @@ class GRUTextEncoder(nn.Module):
         if self.bidirectional:
             out = (out[..., : self.embed_dim] + out[..., self.embed_dim :]) / 2
         mask = lengths_to_mask(lengths.to(out.device), width)
+        assert self.pool is not None  # pooling != "last"
         return self.pool(out, mask)
 
     def extra_repr(self) -> str:
@@ -294,6 +295,7 @@ class BertTextEncoder(nn.Module):
         ).last_hidden_state
         if self.pooling == "cls":
             return self.proj(hidden[:, 0])
+        assert self.pool is not None  # pooling != "cls"
         return self.pool(self.proj(hidden), mask)
 
     def extra_repr(self) -> str:

@@ -37,6 +37,7 @@ initialise ``text_encoder.embed`` from vectors of your own to match).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -142,7 +143,10 @@ class CEVideoEncoder(nn.Module):
                 for n, k in clusters.items()
             }
         )
-        dims = [self.vlad[n].out_dim if n in self.vlad else d for n, d in self.in_dim.items()]
+        dims = [
+            cast(NetVLAD, self.vlad[n]).out_dim if n in self.vlad else d
+            for n, d in self.in_dim.items()
+        ]
         self.project = nn.ModuleList(nn.Linear(d, embed_dim) for d in dims)
         if not isinstance(collaborative, bool):
             raise ValueError(f"collaborative: must be true or false, got {collaborative!r}")

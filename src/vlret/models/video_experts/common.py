@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -349,7 +349,12 @@ class MultiExpertModel(nn.Module):
     @property
     def experts(self) -> tuple[str, ...]:
         """The model's experts, in its order."""
-        return tuple(self.image_encoder.in_dim)
+        return tuple(self._in_dim)
+
+    @property
+    def _in_dim(self) -> dict[str, int]:
+        """The video encoder's ``expert -> input dim`` (its attribute ``in_dim``)."""
+        return cast("dict[str, int]", self.image_encoder.in_dim)
 
     def _param(self) -> torch.Tensor:
         return next(self.parameters())
@@ -369,7 +374,7 @@ class MultiExpertModel(nn.Module):
             ValueError: ``batch`` is not an ExpertBatch or lacks a model expert.
         """
         p = self._param()
-        inputs = gather_experts(batch, self.image_encoder.in_dim, device=p.device, dtype=p.dtype)
+        inputs = gather_experts(batch, self._in_dim, device=p.device, dtype=p.dtype)
         emb = self.image_encoder(inputs)
         present = inputs.present.unsqueeze(-1)
         emb = torch.where(present, emb, 0.0)
@@ -462,8 +467,9 @@ class MultiExpertModel(nn.Module):
         return self.score(videos, texts, rows)
 
     def extra_repr(self) -> str:
-        keys = [k for k in (self.config or {}) if k not in ("kind", "experts", "text")]
-        return ", ".join(f"{k}={self.config[k]!r}" for k in keys)
+        config = self.config or {}
+        keys = [k for k in config if k not in ("kind", "experts", "text")]
+        return ", ".join(f"{k}={config[k]!r}" for k in keys)
 
 
 __all__ = [

@@ -107,7 +107,11 @@ class MMTVideoEncoder(nn.Module):
             nn.init.normal_(emb.weight, std=0.02)  # BERT's initializer_range
 
     def forward(self, inputs: ExpertInputs) -> torch.Tensor:
-        tokens, keep, expert_ids, time_ids, agg_index = [], [], [], [], []
+        tokens: list[torch.Tensor] = []
+        keeps: list[torch.Tensor] = []
+        expert_ids: list[int] = []
+        time_ids: list[int] = []
+        agg_index: list[int] = []
         start = 0
         for e, (fc, x, mask) in enumerate(
             zip(self.project, inputs.features, inputs.masks, strict=True)
@@ -122,13 +126,13 @@ class MMTVideoEncoder(nn.Module):
             agg = l2norm(fc(masked_max(x, mask)))  # (N, D)
             seq = l2norm(fc(x))  # (N, T, D)
             tokens += [agg.unsqueeze(1), seq]
-            keep += [inputs.present[:, e : e + 1], mask]
+            keeps += [inputs.present[:, e : e + 1], mask]
             expert_ids += [e] * (frames + 1)
             time_ids += list(range(frames + 1))
             agg_index.append(start)
             start += frames + 1
         x = torch.cat(tokens, dim=1)
-        keep = torch.cat(keep, dim=1)
+        keep = torch.cat(keeps, dim=1)
         x = torch.where(keep.unsqueeze(-1), x, 0.0)
         device = x.device
         x = x + self.expert_embed(torch.tensor(expert_ids, device=device))
