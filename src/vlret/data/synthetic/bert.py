@@ -90,7 +90,8 @@ def write_random_bert(
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        transformers.BertModel(config).save_pretrained(str(out))
+        # no pooler: vlret's BERT encoders never load it (every parameter gets a gradient)
+        transformers.BertModel(config, add_pooling_layer=False).save_pretrained(str(out))
     finally:
         torch.random.set_rng_state(state)
     return out
