@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -73,7 +74,9 @@ class ExpertSpec:
     @property
     def shape(self) -> tuple[int, ...]:
         """One video's feature shape: ``(dim,)`` or ``(max_frames, dim)``."""
-        return (self.max_frames, self.dim) if self.temporal else (self.dim,)
+        if self.temporal:  # then max_frames is an int (checked on construction)
+            return (cast(int, self.max_frames), self.dim)
+        return (self.dim,)
 
     def to_json(self) -> dict:
         """The ``experts.json`` entry."""
@@ -237,6 +240,7 @@ def _write_expert(folder: Path, spec: ExpertSpec, entries: Sequence[np.ndarray |
         arr = np.asarray(entry, dtype=np.float32)
         present[k] = True
         if spec.temporal:
+            assert spec.max_frames is not None  # a temporal expert's
             t = min(len(arr), spec.max_frames)
             array[k, :t] = arr[:t]
             frames[k] = t
@@ -298,9 +302,11 @@ def read_expert_specs(path: str | Path) -> list[ExpertSpec]:
         if extra:
             raise fail(f"experts[{k}] has unknown keys {extra}", (*at, extra[0]))
         try:
-            spec = ExpertSpec(
-                entry.get("name"), entry.get("kind"), entry.get("dim"), entry.get("max_frames")
-            )
+            # unchecked JSON values (None where missing): ExpertSpec checks them
+            values: dict[str, Any] = {
+                key: entry.get(key) for key in ("name", "kind", "dim", "max_frames")
+            }
+            spec = ExpertSpec(**values)
         except ValueError as err:
             raise fail(f"experts[{k}]: {err}", at) from None
         if spec.name in {s.name for s in specs}:

@@ -60,7 +60,8 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     for core in ("numpy.core", "numpy._core"):  # numpy 1 and numpy 2 write different names
         table[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
         table[(f"{core}.multiarray", "scalar")] = multiarray.scalar
-        table[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer
+        # private numpy, absent from its stubs
+        table[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer  # type: ignore[attr-defined]
     for kind in (dict, list, tuple, set, frozenset):
         for module in ("builtins", "__builtin__"):  # Python 3 and Python 2 pickles
             table[(module, kind.__name__)] = kind
@@ -140,7 +141,10 @@ def _entry(value: Any, path: Path, vid: str, name: str) -> np.ndarray | None:
         return None
     where = f"video {vid!r}, expert {name}"
     if not isinstance(value, np.ndarray):
-        hint = {dict: " (a per-video dict: pass this file itself as SRC)", list: ""}
+        hint: dict[type, str] = {
+            dict: " (a per-video dict: pass this file itself as SRC)",
+            list: "",
+        }
         raise DataFormatError(
             path,
             f"{where}: a {type(value).__name__}{hint.get(type(value), '')}; expected a numpy "

@@ -191,7 +191,7 @@ class ExpertFeatures:
                 )
 
     def find_non_finite(
-        self, rows: Sequence[int], *, chunk_bytes: int = SCAN_CHUNK_BYTES
+        self, rows: Sequence[int] | np.ndarray, *, chunk_bytes: int = SCAN_CHUNK_BYTES
     ) -> ExpertNonFinite | None:
         """The first NaN or inf among ``rows`` (expert by expert, rows in file order), reading
         only present experts and their real frames.
@@ -282,6 +282,7 @@ def _open_expert(
     if not spec.temporal:
         return array, present, present.astype(np.int64)
     frames = _small_array(paths["frames"], "int", n).astype(np.int64)
+    assert spec.max_frames is not None  # a temporal expert's
     bad = (frames < 0) | (frames > spec.max_frames) | (present != (frames > 0))
     if bad.any():
         r = int(bad.argmax())

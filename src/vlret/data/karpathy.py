@@ -58,7 +58,9 @@ def _json_offset(text: str, at: JsonPath) -> int:
     decode = json.JSONDecoder().raw_decode
 
     def skip(i: int) -> int:
-        return _WHITESPACE.match(text, i).end()
+        match = _WHITESPACE.match(text, i)
+        assert match is not None  # the pattern matches the empty string
+        return match.end()
 
     i = skip(0)
     for step in at:

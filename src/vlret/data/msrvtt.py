@@ -33,7 +33,7 @@ import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -421,10 +421,12 @@ class MSRVTTDataset(RetrievalDataset):
 
         if in_dim is not None and isinstance(feats, ExpertFeatures) != isinstance(in_dim, Mapping):
             raise ValueError(f"in_dim {in_dim!r} does not fit {type(feats).__name__}")
+        # in_dim's kind matches the features' (checked above)
         if isinstance(feats, ExpertFeatures):
-            feats.check(rows, in_dim=in_dim, describe=what, chunk_bytes=chunk_bytes)
+            expert_dims = cast("Mapping[str, int] | None", in_dim)
+            feats.check(rows, in_dim=expert_dims, describe=what, chunk_bytes=chunk_bytes)
             return
-        check_feature_size(feats.path, feats.shape, in_dim)
+        check_feature_size(feats.path, feats.shape, cast("int | None", in_dim))
         bad = feats.find_non_finite(rows, chunk_bytes=chunk_bytes)
         if bad is not None:
             raise DataFormatError(feats.path, bad.describe(what(bad.row), "frame"), row=bad.row)

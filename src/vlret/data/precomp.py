@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 import numpy as np
 import torch
@@ -164,10 +164,11 @@ def collate_retrieval(items: Sequence[RetrievalItem], *, pad_id: int = 0) -> Ret
         raise ValueError("collate_retrieval needs at least one item")
     feats = stack_features([it[0] for it in items])
     caps = [it[1] for it in items]
-    if isinstance(caps[0], str):
-        captions, lengths = list(caps), None
+    captions: torch.Tensor | list[str]
+    if isinstance(caps[0], str):  # every caption a text (one dataset)
+        captions, lengths = cast("list[str]", list(caps)), None
     else:
-        captions, lengths = pad_captions(caps, pad_id=pad_id)
+        captions, lengths = pad_captions(cast("list[torch.Tensor]", caps), pad_id=pad_id)
     img_index = torch.tensor([it[2] for it in items], dtype=torch.long)
     cap_index = torch.tensor([it[3] for it in items], dtype=torch.long)
     return RetrievalBatch(feats, captions, lengths, img_index, cap_index)
@@ -284,7 +285,9 @@ class ImageView(Dataset):
         return self.base.image(index), index
 
     @staticmethod
-    def collate(items: Sequence[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def collate(
+        items: Sequence[tuple[Any, int]],
+    ) -> tuple[torch.Tensor | ExpertBatch | list[Any], torch.Tensor]:
         """``(features, img_index)`` of a batch of images."""
         feats = stack_features([it[0] for it in items])
         return feats, torch.tensor([it[1] for it in items], dtype=torch.long)
@@ -308,7 +311,7 @@ class CaptionView(Dataset):
         caps = [it[0] for it in items]
         if caps and isinstance(caps[0], str):
             return caps, None, index
-        ids, lengths = pad_captions(caps, pad_id=self.base.pad_id)
+        ids, lengths = pad_captions(cast("list[torch.Tensor]", caps), pad_id=self.base.pad_id)
         return ids, lengths, index
 
 

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -326,7 +327,7 @@ def write_msrvtt_json(
                 "id": k,
             }
         )
-    sentences = []
+    sentences: list[dict[str, Any]] = []
     for vid, _ in videos:
         for caption in captions.get(vid, ()):
             sentences.append({"caption": caption, "video_id": vid, "sen_id": len(sentences)})

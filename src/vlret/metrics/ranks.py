@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -307,7 +308,7 @@ def retrieval_ranks(
 
 def metrics_from_ranks(i2t_ranks: torch.Tensor, t2i_ranks: torch.Tensor) -> RetrievalMetrics:
     """Recall@{1,5,10} (percent), rsum, medr and meanr from 0-based ranks."""
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}  # floats, as RetrievalMetrics's keyword arguments
     for prefix, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
         r = np.asarray(torch.as_tensor(ranks).cpu(), dtype=np.float64)
         if r.ndim != 1 or r.size == 0:

@@ -64,8 +64,12 @@ def subset_recalls(
     im = _subset_mask(image_mask, img.shape[0], "image_mask")
     i2t_ranks, t2i_ranks = retrieval_ranks(img, txt, t2i_of)
     return SubsetRecall(
-        *(_recall(t2i_ranks, cap, k) for k in (1, 5, 10)),
-        *(_recall(i2t_ranks, im, k) for k in (1, 5, 10)),
+        _recall(t2i_ranks, cap, 1),
+        _recall(t2i_ranks, cap, 5),
+        _recall(t2i_ranks, cap, 10),
+        _recall(i2t_ranks, im, 1),
+        _recall(i2t_ranks, im, 5),
+        _recall(i2t_ranks, im, 10),
         int(cap.sum()),
         int(im.sum()),
     )

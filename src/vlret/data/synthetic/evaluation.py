@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -52,7 +52,8 @@ class SyntheticAnnotations:
         path = self.root / f"{self.split}_relevance.npz"
         if path.is_file():
             with np.load(path) as z:
-                return pairs_to_matrix(z["txt"], z["img"], tuple(int(v) for v in z["shape"]))
+                shape = cast("tuple[int, int]", tuple(int(v) for v in z["shape"]))
+                return pairs_to_matrix(z["txt"], z["img"], shape)
         return relevance_matrix(self.caption_facts, self.image_facts)
 
 

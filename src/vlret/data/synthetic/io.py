@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .language import N_FACTS, fact_names
 from .relevance import relevance_pairs
 from .scenes import Scene
 from .splits import SyntheticSplit
-from .video_experts import expert_dims, expert_frames
+from .video_experts import SyntheticExperts, expert_dims, expert_frames
 from .world import SyntheticWorld, generate_world
 
 
@@ -50,6 +50,7 @@ def _write_precomp(world: SyntheticWorld, root: Path) -> dict[str, Any]:
     for name, split in world.splits.items():
         k = world.config.captions_per_image
         per = ids[name] if name == "train" else [i for i in ids[name] for _ in range(k)]
+        assert split.features is not None  # a precomp world is never multi-expert
         paths = write_precomp(root, name, split.features, split.captions("precomp"), ids=per)
         files[name] = {key: p.name for key, p in paths.items()}
     return files
@@ -116,7 +117,10 @@ _MSRVTT_SPLIT = {"train": "train", "dev": "validate", "test": "test", "testall":
 def _write_msrvtt(world: SyntheticWorld, root: Path) -> dict[str, Any]:
     """The MSR-VTT annotation files and the features: ``video_feats.npy`` + ``video_ids.txt``,
     or for a multi-expert world the expert layout of :mod:`vlret.data.experts` in ``root``."""
-    videos, captions, feats, vid_of = [], {}, [], {}
+    videos: list[tuple[str, str]] = []
+    captions: dict[str, list[str]] = {}
+    feats: list[np.ndarray | None] = []  # None: a multi-expert world's splits
+    vid_of: dict[str, list[str]] = {}
     for name, split in world.splits.items():
         texts = split.captions("msrvtt")
         k = world.config.captions_per_image
@@ -142,7 +146,8 @@ def _write_msrvtt(world: SyntheticWorld, root: Path) -> dict[str, Any]:
         out["experts"] = _write_experts(world, root, [v for v, _ in videos])
     else:
         (root / "experts.json").unlink(missing_ok=True)  # an overwritten expert world's
-        write_video_features(root, [v for v, _ in videos], np.concatenate(feats))
+        frames = cast("list[np.ndarray]", feats)  # a single-feature world's splits have them
+        write_video_features(root, [v for v, _ in videos], np.concatenate(frames))
     first = len(vid_of[test_name]) - len(test_1ka) if test_name else 0
     return {
         **out,
@@ -158,10 +163,11 @@ def _write_experts(world: SyntheticWorld, root: Path, video_ids: list[str]) -> s
     """Every split's experts, in video order, through the shared expert-layout writer."""
     from ..experts import EXPERTS_JSON, write_expert_features
 
-    splits = list(world.splits.values())
+    # a multi-expert world's splits have experts
+    experts = [cast(SyntheticExperts, split.experts) for split in world.splits.values()]
     entries = {
-        name: [e for split in splits for e in split.experts.entries(name)]
-        for name in splits[0].experts.names
+        name: [e for split_experts in experts for e in split_experts.entries(name)]
+        for name in experts[0].names
     }
     spans = expert_frames(world.config)
     write_expert_features(

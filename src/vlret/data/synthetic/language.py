@@ -125,7 +125,7 @@ def rel_fact(relation: int, a: int, b: int) -> int:
 def fact_names() -> list[str]:
     """Readable name of every fact id (``N_FACTS`` strings; unused relation slots ``a == b``
     are named too, so that ``names[i]`` is fact ``i``)."""
-    names = []
+    names: list[str] = []
     cats = [c[0] for c in CATEGORIES]
     values = {
         "count": ["1", "2", "3"],
@@ -316,7 +316,7 @@ def render_caption(
     v = plan.variant
     if plan.form == "single":
         np0, count = nps[0], objs[plan.mentions[0].slot][1]
-        templates = (
+        templates: tuple[list[str], ...] = (
             [*np0, "."],
             ["there", _verb(count), *np0, "."],
             ["a", "picture", "of", *np0, "."],

@@ -28,7 +28,7 @@ class FactSets:
     indices: np.ndarray
 
     @classmethod
-    def from_lists(cls, sets: Sequence[Sequence[int]]) -> FactSets:
+    def from_lists(cls, sets: Sequence[Sequence[int] | np.ndarray]) -> FactSets:
         lengths = np.fromiter((len(s) for s in sets), dtype=np.int64, count=len(sets))
         indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         flat = [int(f) for s in sets for f in s]
@@ -194,7 +194,7 @@ def clone_trials(
     members: dict[int, list[int]] = {}
     for i, g in enumerate(grp.tolist()):
         members.setdefault(g, []).append(i)
-    img_sets = {}
+    img_sets: dict[int, set[int]] = {}
     t2i_rows, i2t_rows = [], []
     for group in members.values():
         if len(group) < 2:

@@ -5,6 +5,7 @@ correspondence of the training split.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
@@ -109,6 +110,8 @@ def build_split(
     edits: list[Edit | None] = []
     groups, kinds, parents = [], [], []
     plans: list[CaptionPlan] = []
+    member_edits: list[Edit | None]  # None for a unit's first scene, then its siblings' edits
+    edit: Edit | None
     for unit, size in enumerate(_group_sizes(rng_scene, n_images, config)):
         if size == 1:
             scene = sample_scene(rng_scene)
@@ -133,7 +136,7 @@ def build_split(
             for _ in range(k)
         ]
         for s, edit in enumerate(member_edits[1:]):  # every edit shows in at least one caption
-            unit_plans[s % k] = sample_plan(rng_caps, len(scene), focus=edit.focus)
+            unit_plans[s % k] = sample_plan(rng_caps, len(scene), focus=cast(Edit, edit).focus)
         for m, (member, edit) in enumerate(zip(members, member_edits, strict=True)):
             scenes.append(member)
             edits.append(edit)
@@ -142,7 +145,7 @@ def build_split(
                 kinds.append(0)
                 parents.append(-1)
             else:
-                kinds.append(1 if m == 0 else EDIT_KINDS.index(edit.kind))
+                kinds.append(1 if m == 0 else EDIT_KINDS.index(cast(Edit, edit).kind))
                 parents.append(-1 if m == 0 else base_index)
             plans.extend(unit_plans)
     tokens, cap_facts, forms = [], [], []
