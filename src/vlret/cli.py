@@ -579,9 +579,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The commands that train, evaluate or write run folders: the ``train`` extra (PyYAML for the
+#: run folder's config.yaml, tqdm for the progress bars), checked before anything runs.
+_TRAIN_EXTRA_COMMANDS = ("train", "eval", "compare", "sweep", "import-checkpoint")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """The ``vlret`` command; a missing optional dependency is one line naming the extra to
+    install (``vlret train needs PyYAML: pip install 'vlret[train]'``) and status 2."""
+    from ._extras import MissingExtra, require
+
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command in _TRAIN_EXTRA_COMMANDS or (
+            args.command == "demo" and args.preset is not None
+        ):
+            for module in ("yaml", "tqdm"):
+                require(module, f"vlret {args.command}")
+        return args.func(args)
+    except MissingExtra as err:
+        print(err.for_command(getattr(args, "command", None)), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

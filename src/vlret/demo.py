@@ -200,7 +200,9 @@ def write_demo_config(
     :func:`vlret._files.atomic_write_text`)."""
     import sys
 
-    import yaml
+    from ._extras import require
+
+    yaml = require("yaml", "the demo's run config")
 
     if sys.version_info >= (3, 11):
         import tomllib

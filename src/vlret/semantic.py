@@ -21,10 +21,16 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
-from sklearn.exceptions import NotFittedError
-from sklearn.feature_extraction.text import TfidfVectorizer
+
+from ._extras import missing_extra
+
+try:  # the ``vsl`` extra
+    import scipy.sparse as sp
+    from sklearn.exceptions import NotFittedError
+    from sklearn.feature_extraction.text import TfidfVectorizer
+except ImportError:
+    raise missing_extra("sklearn", "vlret.semantic (VSL's caption TF-IDF)") from None
 
 from ._files import atomic_write, atomic_write_text
 from .similarity import Ids

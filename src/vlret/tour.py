@@ -11,7 +11,6 @@ from torch import nn
 
 from .losses import available_losses, build_loss, loss_capabilities, loss_class
 from .metrics import coco_5fold_metrics, retrieval_metrics
-from .semantic import CaptionTfidf
 
 _OBJECTS = ("dog", "cat", "horse", "bicycle", "kite", "boat", "pizza", "train", "clock", "bench")
 _COLOURS = ("red", "blue", "green", "white", "black", "yellow")
@@ -52,6 +51,8 @@ def build_demo_loss(name: str, img_ids: torch.Tensor, seed: int) -> nn.Module:
     """The registered loss with its defaults; a loss that ``needs_semantics`` (VSL) gets a
     TF-IDF fitted on the demo captions."""
     if loss_capabilities(name).needs_semantics:
+        from .semantic import CaptionTfidf  # the ``vsl`` extra
+
         return build_loss(name, semantic=CaptionTfidf().fit(demo_captions(img_ids, seed)))
     return build_loss(name)
 

@@ -242,7 +242,9 @@ def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
         ``train.all_negatives_epochs = n`` (the hinge summed over all negatives, then the
         hardest; :mod:`vlret.train.warmup`).
     """
-    import yaml
+    from .._extras import require
+
+    yaml = require("yaml", "reading a run's config.yaml")
 
     path = Path(run_dir) / "config.yaml"
     try:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -51,8 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from .._extras import require
 from .._files import atomic_write_text
 from ..configs import shipped_config
 from .distributed import parse_device
@@ -71,12 +71,33 @@ DATA_FORMATS = ("precomp", "msrvtt", "karpathy")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
-class _SafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads ``1e-3`` / ``5E+4`` (no dot) as floats (YAML 1.2)."""
-
-
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
-_SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def _yaml(what: str) -> Any:
+    """PyYAML, imported when a YAML file is read or written (the ``train`` extra)."""
+    return require("yaml", what)
+
+
+@functools.cache
+def _safe_loader() -> Any:
+    """``yaml.SafeLoader`` that also reads ``1e-3`` / ``5E+4`` (no dot) as floats (YAML 1.2)."""
+    yaml = _yaml("a YAML run config")
+    loader: Any = type("_SafeLoader", (yaml.SafeLoader,), {})
+    loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+    return loader
+
+
+class _YAMLParseError(ValueError):
+    """A ``yaml.YAMLError``, caught where PyYAML is imported (it is imported lazily)."""
+
+
+def _load_yaml(text: str) -> Any:
+    yaml = _yaml("a YAML run config")
+    try:
+        return yaml.load(text, Loader=_safe_loader())  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as err:
+        raise _YAMLParseError(str(err)) from None
 
 
 class ConfigError(ValueError):
@@ -244,12 +265,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if suffix == ".toml":
             raw = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            raw = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 (a SafeLoader subclass)
+            raw = _load_yaml(text)
         elif suffix == ".json":
             raw = json.loads(text)
         else:
             raise ConfigError(path, "", "unknown extension; expected .toml, .yaml, .yml or .json")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as err:
+    except (tomllib.TOMLDecodeError, _YAMLParseError, json.JSONDecodeError) as err:
         raise ConfigError(path, "", f"cannot parse: {err}") from None
     if raw is None:
         raw = {}
@@ -594,4 +615,5 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 def save_config(config: RunConfig, path: str | Path) -> Path:
     """Write the resolved config as YAML (loadable by :func:`load_config`)."""
+    yaml = _yaml("the run folder's config.yaml")
     return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -248,8 +248,9 @@ def _members(models, regions, texts) -> tuple[list, list, list]:
 def _progress_bar(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from .._extras import require
 
+    tqdm = require("tqdm.auto", "the progress bar").tqdm
     return tqdm(
         total=total, desc=desc, unit="pair", unit_scale=True, dynamic_ncols=True, leave=False
     )

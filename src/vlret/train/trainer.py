@@ -552,8 +552,9 @@ class Trainer:
         show = self.config.train.progress and self.is_main
         if not show:
             return loader
-        from tqdm.auto import tqdm
+        from .._extras import require
 
+        tqdm = require("tqdm.auto", "the progress bar").tqdm
         return tqdm(
             loader,
             desc=f"epoch {self.epoch + 1}/{self.config.train.epochs}",

@@ -235,8 +235,9 @@ def run_all(
     total = sum(s.config.train.epochs for s in specs)
     done = sum(s.config.train.epochs for s in specs if is_finished(s))
     if progress:
-        from tqdm.auto import tqdm
+        from ..._extras import require
 
+        tqdm = require("tqdm.auto", "the progress bar").tqdm
         bar: Any = tqdm(
             total=total, initial=done, unit="epoch", smoothing=0, dynamic_ncols=True, position=0
         )
