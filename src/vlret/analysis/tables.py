@@ -358,9 +358,11 @@ def goal_grid_markdown(
     for t in triplet_weights:
         row = [t]
         for p in pair_weights:
-            s = cells.get((t, p))
+            cell = cells.get((t, p))
             row.append(
-                "-" if s is None else f"{fmt(s, 'i2t_r1')} / {fmt(s, 't2i_r1')} ({fmt(s, 'rsum')})"
+                "-"
+                if cell is None
+                else f"{fmt(cell, 'i2t_r1')} / {fmt(cell, 't2i_r1')} ({fmt(cell, 'rsum')})"
             )
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -120,6 +120,7 @@ def build_dataset(
             captions_per_image=data.captions_per_image,
             max_images=max_images,
         )
+    ds: RetrievalDataset
     if data.format == "msrvtt":
         ds = MSRVTTDataset(
             root,
@@ -233,7 +234,8 @@ def build_optimizer(optim: OptimConfig, params: list[nn.Parameter]) -> torch.opt
     """The configured optimiser (``adam``, ``adamw`` or ``sgd``) over ``params``."""
     if optim.name in ("adam", "adamw"):
         kind = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
-        return kind(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+        betas = cast("tuple[float, float]", tuple(optim.betas))  # two (config_from_dict)
+        return kind(params, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay)
     return torch.optim.SGD(
         params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
     )

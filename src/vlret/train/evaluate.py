@@ -57,7 +57,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -203,7 +203,8 @@ def encode_dataset(
         ):
             if isinstance(caps, torch.Tensor):
                 caps = caps.to(device)
-            txt_parts.append(model.encode_texts(caps, lengths).float().cpu())
+            encoded = cast(Any, model).encode_texts(caps, lengths)  # a vlret model's method
+            txt_parts.append(encoded.float().cpu())
     finally:
         model.train(was_training)
     img, txt = torch.cat(img_parts), torch.cat(txt_parts)
@@ -389,12 +390,13 @@ def run_evaluation(
     t2i = datasets[0].txt_to_img
     n_img, n_txt = datasets[0].num_images, datasets[0].num_captions
     blocks = fold_blocks(t2i, 5) if protocol == "coco1k" else None
-    options = {"batch_size": batch_size, "device": dev}
+    options: dict[str, Any] = {"batch_size": batch_size, "device": dev}
     if shortlist is None:
-        sim = None
+        sim: torch.Tensor | None = None
         for (model, config, _), ds in zip(members, datasets, strict=True):
             scores = _member_scores(model, config, ds, blocks, progress=progress, **options)
             sim = scores if sim is None else sim.add_(scores)
+        assert sim is not None  # one member at least
         sim /= len(members)
         if rescore is None:
             metrics = metrics_from_scores(sim, t2i, blocks=blocks)
@@ -413,7 +415,8 @@ def run_evaluation(
     tokens = [encode_tokens(m[0], ds, **options) for m, ds in zip(members, datasets, strict=True)]
     if shortlist_from is None:
         source = "cosine of the mean-pooled region and word features"
-        tt = sum(mean_pooled_scores(r, t, blocks=blocks) for r, t in tokens) / len(tokens)
+        pooled = sum(mean_pooled_scores(r, t, blocks=blocks) for r, t in tokens)
+        tt = cast(torch.Tensor, pooled) / len(tokens)  # a sum of one tensor or more
     else:
         source = f"cosine of the two-tower checkpoint {shortlist_from}"
         model, config, encoder = _load_member(shortlist_from, protocol, split, dev)
@@ -448,7 +451,9 @@ def run_evaluation(
     return Evaluation(result.metrics, n_img, n_txt, members=names, shortlist=info)
 
 
-def _load_member(checkpoint, protocol: str, split: str, device):
+def _load_member(
+    checkpoint: str | Path, protocol: str, split: str, device: torch.device | str
+) -> tuple[nn.Module, Any, Any]:
     model, config, encoder = load_trained_model(checkpoint, device=device)
     try:
         check_eval_split(protocol, split, config.data.format)
@@ -481,7 +486,9 @@ def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: Retrieva
         )
 
 
-def _member_scores(model, config, dataset, blocks, *, batch_size, device, progress=False):
+def _member_scores(
+    model, config, dataset, blocks, *, batch_size, device, progress=False
+) -> torch.Tensor:
     """One checkpoint's score matrix (only ``blocks``): pair scores, or a two-tower model's
     dot products (cosines unless its loss set ``normalize = false``)."""
     if getattr(model, "scores_pairs", False):
@@ -529,6 +536,7 @@ def _bank_scores(members, datasets, data, protocol, rescore: Rescoring, **option
         view = _BankView(ds, train, index)
         scores = _member_scores(model, config, view, None, **options).t()
         bank = scores if bank is None else bank.add_(scores)
+    assert bank is not None  # one member at least
     return bank / len(members)
 
 
@@ -559,7 +567,7 @@ def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[
     """The ``--json`` record: :func:`metrics_json` with the checkpoint(s), title, sizes,
     ``approximate``, (approximate protocol) ``shortlist``, (re-scored) ``standard: false`` and
     ``rescore``."""
-    names = {"checkpoint": result.members[0]} if len(result.members) == 1 else {}
+    names: dict[str, Any] = {"checkpoint": result.members[0]} if len(result.members) == 1 else {}
     if len(result.members) > 1:
         names = {"checkpoints": list(result.members), "ensemble": "mean of score matrices"}
     extra: dict[str, Any] = {"approximate": result.approximate}

@@ -68,7 +68,9 @@ ARCHS = ("scan", "bfan", "sgraf")
 #: the repository whose ``train.py`` wrote each architecture's checkpoints
 REFERENCE_CODE = dict(scan="kuanghuei/SCAN", bfan="CrossmodalGroup/BFAN", sgraf="Paranioar/SGRAF")
 #: ``checkpoint["model"]``: the state dicts the reference ``state_dict()`` returns, in order
-STATE_PARTS = dict(scan=("img_enc", "txt_enc"), bfan=("img_enc", "txt_enc"))
+STATE_PARTS: dict[str, tuple[str, ...]] = dict(
+    scan=("img_enc", "txt_enc"), bfan=("img_enc", "txt_enc")
+)
 STATE_PARTS["sgraf"] = ("img_enc", "txt_enc", "sim_enc")
 #: the reference text encoder's GRU attribute
 REFERENCE_RNN = {"scan": "rnn", "bfan": "rnn", "sgraf": "cap_rnn"}

@@ -91,7 +91,7 @@ def _switched_on_by(
     return "name"
 
 
-def pair_loss(loss_fn: nn.Module, sim: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def pair_loss(loss_fn: PairLoss, sim: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``loss_fn.from_similarity`` on a ``(B, B)`` score matrix whose row and column ``i`` come
     from the item of image index ``ids[i]`` (equal ids: further positives), with the inputs the
     loss declares in ``LossCapabilities.similarity_inputs``."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +130,7 @@ def write_report(
                 summaries, triplet_weights=TRIPLET_WEIGHTS, pair_weights=PAIR_WEIGHTS
             ),
         )
-        cells = {}
+        cells: dict[tuple[str, str], Mapping[str, float]] = {}
         for s in summaries:
             if s.loss == "goal" and s.label.startswith("goal-"):
                 cells.setdefault((s.params["triplet_weight"], s.params["pair_weight"]), s.mean)
