@@ -38,14 +38,15 @@ def _synthetic_split(root: Path, split: str) -> str | None:
 def _pair_scores_as_embeddings(
     model: torch.nn.Module, dataset: Any, batch_size: int, device: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cross-attention model's ``(N_img, N_txt)`` score matrix ``S`` as the embedding pair
-    ``(S, I)``: every metric of :func:`~vlret.data.synthetic.evaluate_synthetic` scores with
-    ``img @ txt.T``, which is then exactly ``S`` (none of them normalises)."""
+    """A pair-scoring model's ``(N_img, N_txt)`` score matrix ``S`` as the embedding pair
+    ``(I, S^T)``: every metric of :func:`~vlret.data.synthetic.evaluate_synthetic` scores with
+    ``img @ txt.T``, which is then exactly ``S`` (none of them normalises); the identity is
+    ``N_img`` wide, the smaller side of a retrieval split."""
     from ...train.evaluate_pairs import encode_tokens, score_matrix
 
     regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
     sim = score_matrix(model, regions, texts, device=device)
-    return sim, torch.eye(sim.shape[1], dtype=sim.dtype)
+    return torch.eye(sim.shape[0], dtype=sim.dtype), sim.t()
 
 
 def synthetic_extras(
@@ -96,7 +97,9 @@ def synthetic_extras(
         return None
     if getattr(model, "scores_pairs", False):
         if scores is not None and scores.shape == (dataset.num_images, dataset.num_captions):
-            img, txt = scores, torch.eye(scores.shape[1], dtype=scores.dtype)
+            # img @ txt.T is the score matrix; the identity on the smaller side keeps this
+            # (N_img, N_img) rather than (N_txt, N_txt): 4 MB, not 1.6 GB, for 1000 x 20000
+            img, txt = torch.eye(scores.shape[0], dtype=scores.dtype), scores.t()
         else:
             img, txt = _pair_scores_as_embeddings(model, dataset, settings.batch_size, device)
     else:
