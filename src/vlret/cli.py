@@ -77,14 +77,14 @@ def _cmd_configs(args: argparse.Namespace) -> int:
         print(f"vlret configs {args.action}: needs a config NAME", file=sys.stderr)
         return 2
     if args.action == "show":
-        path = shipped_config(args.name)
-        if path is None:
+        shipped = shipped_config(args.name)
+        if shipped is None:
             print(
                 f"{args.name!r} is not a shipped config; `vlret configs` lists them",
                 file=sys.stderr,
             )
             return 2
-        print(path.read_text(encoding="utf-8"), end="")
+        print(shipped.read_text(encoding="utf-8"), end="")
         return 0
     try:
         print(copy_config(args.name, args.dir or Path(".")))

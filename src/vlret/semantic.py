@@ -19,6 +19,7 @@ import json
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ from ._files import atomic_write, atomic_write_text
 from .similarity import Ids
 
 __all__ = ["CaptionTfidf"]
+
+_Id = TypeVar("_Id", bound=Hashable)
 
 
 def _check_ngram_range(ngram_range: tuple[int, int]) -> tuple[int, int]:
@@ -99,7 +102,7 @@ class CaptionTfidf:
 
     # -- fitting -----------------------------------------------------------------------------
 
-    def fit(self, captions: Mapping[Hashable, Sequence[str]]) -> CaptionTfidf:
+    def fit(self, captions: Mapping[_Id, Sequence[str]]) -> CaptionTfidf:
         """Fit the TF-IDF vocabulary and idf on all captions and precompute per-image means.
 
         Args:
@@ -182,6 +185,7 @@ class CaptionTfidf:
     def vocabulary_size(self) -> int:
         """Number of TF-IDF terms (columns of the caption vectors)."""
         self._require_fitted()
+        assert self._vectorizer is not None  # fitted
         return len(self._vectorizer.vocabulary_)
 
     @property
@@ -218,6 +222,8 @@ class CaptionTfidf:
             ValueError: An image id is neither an ``int`` nor a ``str``.
         """
         self._require_fitted()
+        vectorizer, counts, vectors = self._vectorizer, self._caption_counts, self._mean_vectors
+        assert vectorizer is not None and counts is not None and vectors is not None  # fitted
         ids: list[int | str] = []
         for img_id in self._row_of:
             if isinstance(img_id, (np.integer, int)) and not isinstance(img_id, (bool, np.bool_)):
@@ -229,21 +235,21 @@ class CaptionTfidf:
                     f"save() supports int or str image ids only, got {type(img_id).__name__} "
                     f"({img_id!r})"
                 )
-        vocabulary = [""] * len(self._vectorizer.vocabulary_)
-        for term, column in self._vectorizer.vocabulary_.items():
+        vocabulary = [""] * len(vectorizer.vocabulary_)
+        for term, column in vectorizer.vocabulary_.items():
             vocabulary[column] = term
         meta = {
             "format": self._FORMAT,
             "version": self._VERSION,
             "ngram_range": list(self.ngram_range),
             "ids": ids,
-            "caption_counts": [int(c) for c in self._caption_counts],
+            "caption_counts": [int(c) for c in counts],
             "vocabulary": vocabulary,
-            "idf": [float(v) for v in self._vectorizer.idf_],
+            "idf": [float(v) for v in vectorizer.idf_],
         }
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        vectors = self._mean_vectors.tocsr()
+        vectors = vectors.tocsr()
         atomic_write(out / self.VECTORS_FILE, lambda fh: sp.save_npz(fh, vectors, compressed=True))
         atomic_write_text(out / self.META_FILE, json.dumps(meta))
         return out
@@ -347,6 +353,7 @@ class CaptionTfidf:
             ValueError: The ids are not 1-D, or an id was not fitted.
         """
         self._require_fitted()
+        assert self._mean_vectors is not None  # fitted
         name_a, name_b = names
         rows_a = self._rows(img_ids_a, name_a)
         rows_b = rows_a if img_ids_b is None else self._rows(img_ids_b, name_b)
@@ -396,6 +403,7 @@ class CaptionTfidf:
         if len(captions) == 0:
             raise ValueError(f"{name} is empty; expected at least one caption")
         texts = [_check_caption(c, f"{name}[{k}]") for k, c in enumerate(captions)]
+        assert self._vectorizer is not None  # callers check is_fitted
         return self._vectorizer.transform(texts).tocsr()
 
 

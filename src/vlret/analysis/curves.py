@@ -321,8 +321,8 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
                 if label not in switches.setdefault(start, []):
                     switches[start].append(label)
         drawn = False
-        for segment in segments:
-            drawn |= _draw(ax_loss, segment, label=label if not drawn else None, color=color)
+        for phase in segments:
+            drawn |= _draw(ax_loss, phase, label=label if not drawn else None, color=color)
         _draw(ax_rsum, [epoch_series(r, "dev_rsum") for r in recs], label=label, color=color)
     for start, labels in sorted(switches.items()):
         text = f"all-negatives warm-up ends ({', '.join(labels)})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from ..data import (
 from ..data.precomp import load_precomp_captions
 from .config import ConfigError, DataConfig, OptimConfig, RunConfig
 from .pair_scoring import check_pair_scoring, scores_pairs
+
+if TYPE_CHECKING:
+    from ..losses._base import PairLoss
 
 
 def model_tokenizer_path(model: dict[str, Any]) -> str | None:
@@ -189,7 +192,7 @@ def train_captions_by_image(dataset: RetrievalDataset) -> dict[int, list[str]]:
     return out
 
 
-def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> nn.Module:
+def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> PairLoss:
     """The configured loss, given what its capabilities say it needs
     (:func:`vlret.losses.loss_capabilities`).
 

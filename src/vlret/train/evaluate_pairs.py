@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -172,9 +172,11 @@ def encode_tokens(
                 raise ValueError(
                     "encode_tokens needs token ids (a dataset with a caption encoder), got raw text"
                 )
-            words = model.encode_texts(caps.to(device), lens.to(device))
+            # a vlret pair-scoring model's methods (duck-typed: no common base class)
+            words = cast(Any, model).encode_texts(caps.to(device), lens.to(device))
             # a multi-expert model's "words" are its E per-expert vectors, not the tokens
-            lens = model.token_lengths(lens) if hasattr(model, "token_lengths") else lens
+            if hasattr(model, "token_lengths"):
+                lens = cast(Any, model).token_lengths(lens)
             packed.append(pack_words(words.float(), lens).cpu())
             lengths.append(lens.cpu())
     finally:
@@ -206,7 +208,7 @@ def encoded_images(model, dataset, batch_size, device, num_workers, generator) -
 def _check_blocks(blocks, n_img: int, n_txt: int) -> list[tuple[int, int, int, int]]:
     if blocks is None:
         return [(0, n_img, 0, n_txt)]
-    out = []
+    out: list[tuple[int, int, int, int]] = []
     for b in blocks:
         if len(b) != 4 or not all(isinstance(v, int) for v in b):
             raise ValueError(f"blocks: expected (img0, img1, txt0, txt1) integer tuples, got {b!r}")
@@ -488,7 +490,8 @@ def shortlist_metrics(
         if bar is not None:
             bar.close()
     values /= len(model_list)
-    folds, inside = [], [[], []]
+    folds: list[RetrievalMetrics] = []
+    inside: list[list[torch.Tensor]] = [[], []]
     for (i0, i1, t0, t1), (tt, local, s_i2t, s_t2i, _) in zip(spans, plans, strict=True):
         img, txt = torch.arange(i0, i1)[:, None], torch.arange(t0, t1)[:, None]
         exact_i2t = values[torch.searchsorted(keys, img * n_txt + s_i2t + t0)]

@@ -207,6 +207,7 @@ class Trainer:
         self.epoch_loss_sum = 0.0
         self.epoch_batches = 0
         if resume_state is not None:
+            assert resume is not None  # resume_state was read from it
             self._load(resume, resume_state)
 
     # -- checkpoints -------------------------------------------------------------------------

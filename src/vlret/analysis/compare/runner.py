@@ -266,13 +266,17 @@ def run_all(
 
             if is_finished(spec):
                 bar.set_description(f"{name} (done)")
+
+            def print_line(line: str, name: str = name) -> None:
+                write(f"{name}: {line}")
+
             outcomes.append(
                 execute_run(
                     spec,
                     settings,
                     on_start=started,
                     on_epoch=finished_epoch,
-                    print_fn=lambda line, name=name: write(f"{name}: {line}"),
+                    print_fn=print_line,
                 )
             )
     finally:
