@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint docs demo bench clean
+.PHONY: test lint docs demo bench package clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml Makefile
 # lint-imports checks the layering contracts of pyproject.toml ([tool.importlinter]): the core
 # imports no harness, a package only the layers below it, no import cycles.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
@@ -34,6 +34,13 @@ docs: $(STAMP)
 # is the few-second tour of the losses on one batch.
 demo: $(STAMP)
 	$(VENV)/bin/vlret demo --preset small
+
+# CI's packaging check (scripts/check_package.sh): build the sdist and the wheel, twine check,
+# every tracked file of src/vlret in the wheel, then the wheel in a fresh venv outside the tree
+# ($(TORCH) installed first and pinned): the core without extras, then with [train,vsl] the
+# version, configs, the quick demo and a short training run (~3 min on 2 cores).
+package: $(STAMP)
+	TORCH="$(TORCH)" PYTHON="$(PYTHON)" BUILD_PYTHON="$(PY)" scripts/check_package.sh
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
