@@ -57,3 +57,12 @@ def test_bad_arguments_and_an_existing_model_are_refused(tmp_path):
 def test_synth_random_bert_needs_an_msrvtt_world(tmp_path, capsys):
     assert main(["synth", "tiny", "--out", str(tmp_path / "w"), "--random-bert"]) == 2
     assert "--random-bert needs an MSR-VTT-format world" in capsys.readouterr().err
+
+
+def test_without_transformers_the_error_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(ImportError, match=r"write_random_bert needs transformers: .*vlret\[hf\]"):
+        write_random_bert(tmp_path / "bert", CAPTIONS)
+    assert not (tmp_path / "bert").exists()

@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "tqdm": ("tqdm", "train"),
     "sklearn": ("scikit-learn", "vsl"),
     "scipy": ("SciPy", "vsl"),
+    "transformers": ("transformers", "hf"),
 }
 
 

@@ -44,20 +44,20 @@ def write_random_bert(
         ``out_dir``.
 
     Raises:
-        ImportError: ``transformers`` is not installed (``pip install vlret[hf]``).
+        ImportError: ``transformers`` is not installed (the message names ``vlret[hf]``).
         FileExistsError: ``out_dir`` already holds a model.
         ValueError: Bad sizes, no captions, or a caption longer than ``max_positions``.
     """
     import torch
 
-    from ...models.text import import_transformers
+    from ..._extras import require
 
     for name, value in (("hidden", hidden), ("layers", layers), ("heads", heads)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if hidden % heads:
         raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
-    transformers = import_transformers("write_random_bert")
+    transformers = require("transformers", "write_random_bert")
     out = Path(out_dir)
     if (out / "config.json").exists():
         raise FileExistsError(f"{out}: already holds a model (config.json)")

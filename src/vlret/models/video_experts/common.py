@@ -22,14 +22,31 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
 
-from ...data.expert_batch import ExpertBatch
 from ..attention import NORM_EPS
 from ..text import check_captions
+
+
+@runtime_checkable
+class ExpertBatch(Protocol):
+    """What the models read of a batch of videos' experts: :class:`vlret.data.ExpertBatch`
+    (models and data are sibling layers, so the models name its shape, not its class).
+
+    Attributes:
+        names: The experts, in the batch's order.
+        features: ``name -> (B, D_e)`` or ``(B, T_e, D_e)``.
+        present: ``(B, E)`` bool.
+        frames: ``(B, E)`` long, real frames per expert.
+    """
+
+    names: tuple[str, ...]
+    features: dict[str, torch.Tensor]
+    present: torch.Tensor
+    frames: torch.Tensor
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
