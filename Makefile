@@ -16,11 +16,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # lint-imports checks the layering contracts of pyproject.toml ([tool.importlinter]): the core
-# imports no harness, a package only the layers below it, no import cycles.
+# imports no harness, a package only the layers below it, no import cycles. mypy type-checks
+# the package (mypy.ini; the package ships py.typed).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy src/vlret
 
 test: lint
 	$(PY) -m pytest -q

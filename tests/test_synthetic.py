@@ -685,7 +685,7 @@ def test_hint_does_not_import_the_trainer():
     assert out.stdout.strip() == "False"
 
 
-def test_one_set_of_preset_names_for_synth_and_demo(capsys):
+def test_one_set_of_preset_names_for_synth_and_demo(capsys, monkeypatch):
     # `vlret demo --preset small` trained on a world `vlret synth` had no name for: now each
     # demo preset is the synth preset of the same name (the same world).
     from vlret.cli import main
@@ -702,6 +702,7 @@ def test_one_set_of_preset_names_for_synth_and_demo(capsys):
     for split in cut:
         assert a[split].tokens == b[split].tokens
         assert np.array_equal(a[split].features, b[split].features)
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens ("coco-\nlike") when narrow
     with pytest.raises(SystemExit):
         main(["synth", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
