@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
-__all__ = ["EXTRAS", "MissingExtra", "missing_extra", "require"]
+__all__ = ["EXTRAS", "MissingExtra", "missing_extra", "progress_bar", "require"]
 
 #: Top-level import name -> (the distribution a user installs, the extra that carries it).
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -77,3 +78,8 @@ def require(module: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         raise missing_extra(err.name or module, what, default=module) from None
+
+
+def progress_bar(iterable: Any = None, **options: Any) -> Any:
+    """A ``tqdm.auto`` bar over ``iterable`` with tqdm's ``options`` (the ``train`` extra)."""
+    return require("tqdm.auto", "the progress bar").tqdm(iterable, **options)

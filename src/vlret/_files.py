@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -104,3 +105,23 @@ def remove_stale_temporaries(folder: str | Path, names: Iterable[str]) -> list[P
                 stale.unlink(missing_ok=True)
                 removed.append(stale)
     return removed
+
+
+def check_json_path(path: str | Path) -> Path:
+    """Refuse a ``--json`` target that cannot be written (a folder, a file in a file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: --json is a folder; expected a file path such as {path}/m.json")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{path}: --json cannot be written ({parent} is a file)")
+    return path
+
+
+def write_metrics_json(record: dict[str, Any], path: str | Path) -> Path:
+    """Write ``record`` as indented JSON to ``path`` atomically (``vlret eval --json``)."""
+    path = check_json_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, json.dumps(record, indent=2) + "\n")

@@ -154,14 +154,13 @@ _RESCORE_FLAGS = {
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from ._files import check_json_path, write_metrics_json
     from .metrics.rescore import make_rescoring
     from .train.evaluate import (
-        check_json_path,
         evaluation_record,
         evaluation_title,
         format_metrics_table,
         run_evaluation,
-        write_metrics_json,
     )
 
     try:
@@ -249,41 +248,6 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .analysis.compare import sweep
 
     return _run_report("sweep", sweep, args, params=args.param, loss=args.loss)
-
-
-def _cmd_synth(args: argparse.Namespace) -> int:
-    try:
-        from .data.synthetic import synth_main
-    except ImportError as err:
-        print(f"vlret synth: the synthetic world is not available: {err}", file=sys.stderr)
-        return 2
-    options = {
-        k: v
-        for k, v in (("seed", args.seed), ("format", args.format), ("noise", args.noise))
-        if v is not None
-    }
-    if args.overwrite:
-        options["overwrite"] = True
-    try:
-        path = synth_main(args.preset, args.out, **options)
-    except (ValueError, FileExistsError) as err:
-        print(f"vlret synth: {err}", file=sys.stderr)
-        return 2
-    print(path)
-    if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
-        from .data.msrvtt import DATA_JSON, read_msrvtt_json
-        from .data.synthetic.bert import write_random_bert
-
-        if not (Path(path) / DATA_JSON).is_file():
-            print("vlret synth: --random-bert needs an MSR-VTT-format world", file=sys.stderr)
-            return 2
-        captions = read_msrvtt_json(Path(path) / DATA_JSON).captions.values()
-        print(write_random_bert(Path(path) / "random-bert", (c for cs in captions for c in cs)))
-    from .data.synthetic import train_hint_lines
-
-    for line in train_hint_lines(path):  # the --set overrides a shipped config needs
-        print(line)
-    return 0
 
 
 def _positive_int(text: str) -> int:
@@ -446,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .train.import_checkpoint import add_import_parser
 
     add_import_parser(sub)
-    from .data.experts_cli import add_convert_parser
+    from .data.cli import add_convert_parser, add_synth_parser
 
     add_convert_parser(sub)
 
@@ -488,36 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--loss", help="loss or [compare.losses] label (default: the config's loss)")
     sw.set_defaults(func=_cmd_sweep)
 
-    syn = sub.add_parser("synth", help="write a synthetic retrieval world in a real data format")
-    syn.add_argument(
-        "preset",
-        help="a preset (docs/synthetic.md): tiny, small (the worlds of `vlret demo --preset "
-        "tiny|small`), f30k-like, coco-like, video, video-experts",
-    )
-    syn.add_argument("--out", type=Path, required=True, help="output data folder")
-    syn.add_argument("--seed", type=int, help="world seed (default: the preset's)")
-    syn.add_argument(
-        "--format", choices=["precomp", "karpathy", "msrvtt"], help="on-disk format to write"
-    )
-    syn.add_argument(
-        "--noise",
-        metavar="MODE:RATE",
-        help="noisy correspondence on the train split, e.g. permute_captions:0.2 "
-        "(modes: permute_captions, permute_images, falsify)",
-    )
-    syn.add_argument(
-        "--random-bert",
-        action="store_true",
-        help="also write OUT/random-bert: a small randomly initialised BERT on the world's words "
-        "(MMT's text encoder for the synthetic runs; needs transformers)",
-    )
-    syn.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing world (or write into a non-empty folder); without it the "
-        "folder is refused",
-    )
-    syn.set_defaults(func=_cmd_synth)
+    add_synth_parser(sub)
 
     from .demo import DEMO_PRESETS
 

@@ -9,7 +9,6 @@ image; :class:`SGRAFScorer` scores blocks of images x captions at once under a m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import cast
 
 import torch
@@ -48,7 +47,6 @@ def _update_running(bn: nn.BatchNorm1d, means: torch.Tensor, variances: torch.Te
     """
     if not bn.track_running_stats:
         return
-    # tracked statistics: the buffers exist
     assert bn.running_mean is not None and bn.running_var is not None
     assert bn.num_batches_tracked is not None
     start = int(bn.num_batches_tracked)
@@ -84,8 +82,7 @@ def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
         var = x.var(dim=dims, unbiased=False)
         _update_running(bn, mean.unsqueeze(0), (var * n / (n - 1)).unsqueeze(0))
     else:
-        # vlret's BatchNorms track running statistics
-        assert bn.running_mean is not None and bn.running_var is not None
+        assert bn.running_mean is not None and bn.running_var is not None  # tracked
         mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
     scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
     return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
@@ -139,9 +136,8 @@ class _GlobalAttention(nn.Module):
     global branch ``Linear -> [BatchNorm1d(embed_dim)] -> Tanh -> Dropout`` on the mean of
     the items; the weight of item ``i`` is a softmax over the items of ``common(local_i *
     global)``; the output is the l2-normalised weighted sum of the (input) items. The
-    BatchNorms exist on the image side only (``num_regions`` given). The image side's
-    ``BatchNorm1d(num_regions)`` runs on ``(N, R, D)``, so its channels are the region
-    *positions*: each region slot is normalised over the images and the D features.
+    BatchNorms exist on the image side only (``num_regions`` given); ``BatchNorm1d(num_regions)``
+    on ``(N, R, D)`` normalises each region *position* over the images and the D features.
     """
 
     def __init__(self, embed_dim: int, dropout: float, num_regions: int | None) -> None:
@@ -150,11 +146,8 @@ class _GlobalAttention(nn.Module):
         self.local_fc = nn.Linear(embed_dim, embed_dim)
         self.global_fc = nn.Linear(embed_dim, embed_dim)
         self.common = nn.Linear(embed_dim, 1)
-        if num_regions is not None:
-            self.local_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(num_regions)
-            self.global_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(embed_dim)
-        else:
-            self.local_bn = self.global_bn = None
+        self.local_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(num_regions) if num_regions else None
+        self.global_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(embed_dim) if num_regions else None
 
     def _branch(self, x: torch.Tensor, fc: nn.Linear, bn: nn.BatchNorm1d | None):
         x = _linear(x, fc)
@@ -542,7 +535,7 @@ class SGRAFScorer(nn.Module):
         if self.module == "sgr":
             key_mask = ~node_mask.unsqueeze(-2)  # (cb, 1, L + 1)
             last = len(self.sgr) - 1
-            for k, step in enumerate(cast("Iterable[_GraphStep]", self.sgr)):
+            for k, step in enumerate(cast("list[_GraphStep]", self.sgr)):
                 # (W_q s_p + b_q) . (W_k s_q + b_k) = (A s_p + c) . s_q + (q_b . s_p + beta) with
                 # A = W_k^T W_q, c = W_k^T b_q, q_b = W_q^T b_k, beta = b_q . b_k: one S x S
                 # product per node instead of two (the second term is constant over the keys).

@@ -52,7 +52,6 @@ re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,7 +63,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from .._files import atomic_write_text
 from ..data import RetrievalDataset
 from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from ..metrics.rescore import Rescoring, draw_bank, rescored_metrics
@@ -585,22 +583,3 @@ def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[
         n_texts=result.n_texts,
         **extra,
     )
-
-
-def check_json_path(path: str | Path) -> Path:
-    """Refuse a ``--json`` target that cannot be written (a folder, a file in a file)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: --json is a folder; expected a file path such as {path}/m.json")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{path}: --json cannot be written ({parent} is a file)")
-    return path
-
-
-def write_metrics_json(record: dict[str, Any], path: str | Path) -> Path:
-    path = check_json_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(path, json.dumps(record, indent=2) + "\n")

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .._extras import progress_bar
 from ..data import RetrievalDataset
-from ..data.expert_batch import ExpertBatch
 from ..metrics import (
     RetrievalMetrics,
     average_metrics,
@@ -199,7 +199,7 @@ def encoded_images(model, dataset, batch_size, device, num_workers, generator) -
         num_workers=num_workers,
         generator=generator,
     ):
-        if isinstance(feats, torch.Tensor | ExpertBatch):
+        if hasattr(feats, "to"):  # a tensor or an ExpertBatch (image paths stay a list)
             feats = feats.to(device)
         out.append(model.encode_images(feats).float().cpu())
     return out
@@ -250,12 +250,8 @@ def _members(models, regions, texts) -> tuple[list, list, list]:
 def _progress_bar(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
-    from .._extras import require
-
-    tqdm = require("tqdm.auto", "the progress bar").tqdm
-    return tqdm(
-        total=total, desc=desc, unit="pair", unit_scale=True, dynamic_ncols=True, leave=False
-    )
+    options = {"desc": desc, "unit": "pair", "unit_scale": True, "dynamic_ncols": True}
+    return progress_bar(total=total, leave=False, **options)
 
 
 @torch.no_grad()

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .._extras import progress_bar
 from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
@@ -550,19 +551,10 @@ class Trainer:
         raise TrainingInterrupted(path)
 
     def _progress(self, loader: DataLoader):
-        show = self.config.train.progress and self.is_main
-        if not show:
+        if not (self.config.train.progress and self.is_main):
             return loader
-        from .._extras import require
-
-        tqdm = require("tqdm.auto", "the progress bar").tqdm
-        return tqdm(
-            loader,
-            desc=f"epoch {self.epoch + 1}/{self.config.train.epochs}",
-            unit="batch",
-            dynamic_ncols=True,
-            leave=False,
-        )
+        desc = f"epoch {self.epoch + 1}/{self.config.train.epochs}"
+        return progress_bar(loader, desc=desc, unit="batch", dynamic_ncols=True, leave=False)
 
     def _stop_requested(self, flag: dict[str, bool]) -> bool:
         if self.world == 1:
