@@ -181,6 +181,21 @@ def test_metrics_object_api():
     assert "rsum" in m.format_table("demo")
 
 
+def test_table_header_names_the_gallery_side():
+    """MSR-VTT tables say video, the image protocols image; the columns stay aligned."""
+    from vlret.train.evaluate import format_metrics_table
+
+    m = metrics_from_ranks(torch.tensor([0, 1]), torch.tensor([0, 0, 3]))
+    video = format_metrics_table(m, "msrvtt-full").splitlines()
+    image = format_metrics_table(m, "f30k").splitlines()
+    assert video[1].split("|")[:2] == ["   video -> text   ", "   text -> video   "]
+    assert image[1].split("|")[:2] == ["   image -> text   ", "   text -> image   "]
+    assert [len(line) for line in video[1:]] == [len(line) for line in image[1:]]
+    assert "video" not in m.format_table() and "video" in m.format_table(visual="video")
+    with pytest.raises(ValueError, match="visual must be"):
+        m.format_table(visual="audio")
+
+
 def test_metric_input_errors():
     img, txt = torch.randn(3, 4), torch.randn(6, 4)
     with pytest.raises(ValueError, match="one entry per text"):

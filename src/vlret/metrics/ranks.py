@@ -58,8 +58,11 @@ class RetrievalMetrics:
             raise KeyError(key)
         return getattr(self, key)
 
-    def format_table(self, title: str = "") -> str:
-        """A one-row text table in the papers' column order."""
+    def format_table(self, title: str = "", *, visual: str = "image") -> str:
+        """A one-row text table in the papers' column order; ``visual`` names the gallery side
+        in the header (``"video"`` for MSR-VTT: ``video -> text | text -> video``)."""
+        if visual not in ("image", "video"):
+            raise ValueError(f"visual must be 'image' or 'video', got {visual!r}")
         head = "  R@1   R@5  R@10 |  R@1   R@5  R@10 |  rsum  | medr i2t/t2i"
         row = (
             f"{self.i2t_r1:5.1f} {self.i2t_r5:5.1f} {self.i2t_r10:5.1f} | "
@@ -67,7 +70,7 @@ class RetrievalMetrics:
             f"{self.rsum:6.1f} | {self.i2t_medr:g}/{self.t2i_medr:g}"
         )
         lines = [title] if title else []
-        lines += ["   image -> text   |   text -> image   |", head, row]
+        lines += [f"   {visual} -> text   |   text -> {visual}   |", head, row]
         return "\n".join(lines)
 
 

@@ -251,7 +251,8 @@ def format_metrics_table(
 ) -> str:
     """The paper-style table: R@1/5/10 both directions, rsum, medr (and each COCO fold);
     ``title`` defaults to the protocol's paper label (see :func:`protocol_title`)."""
-    lines = [metrics.format_table(title if title is not None else _TITLES[protocol])]
+    visual = "video" if protocol.startswith("msrvtt") else "image"
+    lines = [metrics.format_table(title if title is not None else _TITLES[protocol], visual=visual)]
     for k, fold in enumerate(metrics.folds):
         row = fold.format_table().splitlines()[-1]
         lines.append(f"{row}   (fold {k + 1})")
