@@ -70,6 +70,41 @@ def test_schedule_decay_and_warmup():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
 
 
+def test_schedule_decay_every_k_epochs():
+    """``decay_every = k``: ``factor ** (epoch // k)``; k = 1 is every epoch listed from 1 on
+    (how the CE / MMT configs were first written); its state survives a round trip, and a
+    state without it (older checkpoints) loads as off."""
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    every = StepDecayWarmup(
+        torch.optim.SGD(params, lr=1.0), decay_epochs=[], decay_every=1, decay_factor=0.95
+    )
+    listed = StepDecayWarmup(
+        torch.optim.SGD(params, lr=1.0), decay_epochs=list(range(1, 100)), decay_factor=0.95
+    )
+    for epoch in range(100):
+        assert every.factor(epoch=epoch, step=0) == listed.factor(epoch=epoch, step=0)
+    third = StepDecayWarmup(
+        torch.optim.SGD(params, lr=2.0),
+        decay_epochs=[],
+        decay_every=3,
+        decay_factor=0.5,
+        warmup_steps=2,
+    )
+    assert [third.apply(epoch=e, step=5) for e in range(7)] == [2, 2, 2, 1, 1, 1, 0.5]
+    assert third.apply(epoch=4, step=0) == 0.5  # the warm-up multiplies in
+    state = third.state_dict()
+    back = StepDecayWarmup(torch.optim.SGD(params, lr=9.0), decay_epochs=[7])
+    back.load_state_dict(state)
+    assert back.factor(epoch=6, step=9) == third.factor(epoch=6, step=9) == 0.25
+    old = {k: v for k, v in state.items() if k != "decay_every"}
+    back.load_state_dict(old)
+    assert back.decay_every == 0 and back.factor(epoch=6, step=9) == 1.0
+    with pytest.raises(ValueError, match="not both"):
+        StepDecayWarmup(torch.optim.SGD(params, lr=1.0), decay_epochs=[2], decay_every=1)
+    with pytest.raises(ValueError, match="decay_every must be >= 0"):
+        StepDecayWarmup(torch.optim.SGD(params, lr=1.0), decay_epochs=[], decay_every=-1)
+
+
 def test_trainer_checkpoint_holds_every_piece_of_state(tmp_path):
     data = tiny_data(tmp_path / "data")
     cfg = tiny_config(

@@ -140,6 +140,8 @@ def test_parse_value(text, value):
         ("loss.reduction=1", "loss.reduction", "expected a string"),
         ("loss.normalize=1", "loss.normalize", "true or false"),
         ("optim.grad_clip=-1", "optim.grad_clip", "0 or null: no clipping"),
+        ("optim.decay_every=2", "optim.decay_every", "not both"),  # TOML lists decay_epochs
+        ("optim.decay_every=-1", "optim.decay_every", "expected >= 0"),
     ],
 )
 def test_errors_name_the_file_and_key(tmp_path, override, key, words):

@@ -111,7 +111,9 @@ class LossConfig:
 class OptimConfig:
     """Optimiser and learning-rate schedule.
 
-    The learning rate is ``lr * decay_factor ** (number of decay_epochs <= epoch)``, times a
+    The learning rate is ``lr * decay_factor ** (number of decay_epochs <= epoch)``, or with
+    ``decay_every = k > 0`` ``lr * decay_factor ** (epoch // k)`` (CE / MMT: x0.95 every epoch;
+    exclusive with ``decay_epochs``; epochs count from 0), times a
     linear warm-up from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps.
     ``grad_clip`` is the max total gradient norm (VSE++: 2.0); 0 or ``None`` disables
     clipping; a negative value is an error.
@@ -124,6 +126,7 @@ class OptimConfig:
     momentum: float = 0.0
     decay_epochs: list[int] = field(default_factory=list)
     decay_factor: float = 0.1
+    decay_every: int = 0
     warmup_steps: int = 0
     grad_clip: float | None = 2.0
 
@@ -408,7 +411,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
         why = f"expected two numbers in [0, 1), got {optim.betas!r}"
         raise ConfigError(source, "optim.betas", why)
-    _check_at_least(optim, "optim", source, weight_decay=0.0, momentum=0.0, warmup_steps=0)
+    _check_at_least(
+        optim, "optim", source, weight_decay=0.0, momentum=0.0, warmup_steps=0, decay_every=0
+    )
+    if optim.decay_every and optim.decay_epochs:
+        why = "give decay_epochs (a list) or decay_every (a period), not both"
+        raise ConfigError(source, "optim.decay_every", why)
     if optim.decay_factor <= 0:
         why = f"expected a positive number, got {optim.decay_factor!r}"
         raise ConfigError(source, "optim.decay_factor", why)

@@ -14,8 +14,13 @@ import torch
 
 
 class StepDecayWarmup:
-    """Learning rate ``base * decay_factor ** #(decay_epochs <= epoch)``, times a linear warm-up
-    ``min(1, (step + 1) / warmup_steps)`` over the first optimisation steps."""
+    """Learning rate ``base * decay_factor ** n(epoch)``, times a linear warm-up
+    ``min(1, (step + 1) / warmup_steps)`` over the first optimisation steps.
+
+    ``n(epoch)`` counts the listed ``decay_epochs`` at or before ``epoch`` (VSE++: ``[15]``),
+    or, with ``decay_every = k > 0``, is ``epoch // k`` (CE / MMT's x0.95 every epoch: ``k = 1``,
+    the same as listing every epoch from 1 on). Epochs count from 0; the two are exclusive.
+    """
 
     def __init__(
         self,
@@ -24,15 +29,23 @@ class StepDecayWarmup:
         decay_epochs: list[int],
         decay_factor: float = 0.1,
         warmup_steps: int = 0,
+        decay_every: int = 0,
     ) -> None:
+        if decay_every < 0:
+            raise ValueError(f"decay_every must be >= 0 (0: off), got {decay_every}")
+        if decay_every and decay_epochs:
+            raise ValueError("give decay_epochs or decay_every, not both")
         self.optimizer = optimizer
         self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
         self.decay_epochs = sorted(int(e) for e in decay_epochs)
         self.decay_factor = float(decay_factor)
         self.warmup_steps = int(warmup_steps)
+        self.decay_every = int(decay_every)
 
     def factor(self, *, epoch: int, step: int) -> float:
         decays = sum(1 for e in self.decay_epochs if e <= epoch)
+        if self.decay_every:
+            decays += epoch // self.decay_every
         f = self.decay_factor**decays
         if self.warmup_steps > 0:
             f *= min(1.0, (step + 1) / self.warmup_steps)
@@ -50,6 +63,7 @@ class StepDecayWarmup:
             "decay_epochs": list(self.decay_epochs),
             "decay_factor": self.decay_factor,
             "warmup_steps": self.warmup_steps,
+            "decay_every": self.decay_every,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -57,6 +71,7 @@ class StepDecayWarmup:
         self.decay_epochs = [int(e) for e in state["decay_epochs"]]
         self.decay_factor = float(state["decay_factor"])
         self.warmup_steps = int(state["warmup_steps"])
+        self.decay_every = int(state.get("decay_every", 0))  # absent in older checkpoints
 
 
 @contextlib.contextmanager

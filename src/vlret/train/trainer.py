@@ -189,6 +189,7 @@ class Trainer:
             decay_epochs=oc.decay_epochs,
             decay_factor=oc.decay_factor,
             warmup_steps=oc.warmup_steps,
+            decay_every=oc.decay_every,
         )
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         self.sampler = ShardedBatchSampler(
