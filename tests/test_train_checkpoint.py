@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 
@@ -17,6 +18,7 @@ from vlret.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from vlret.train.run_folder import RunFolderError, check_resume_config
 from vlret.train.trainer import StepDecayWarmup
 
 
@@ -103,6 +105,32 @@ def test_schedule_decay_every_k_epochs():
         StepDecayWarmup(torch.optim.SGD(params, lr=1.0), decay_epochs=[2], decay_every=1)
     with pytest.raises(ValueError, match="decay_every must be >= 0"):
         StepDecayWarmup(torch.optim.SGD(params, lr=1.0), decay_epochs=[], decay_every=-1)
+
+
+def test_resume_reads_a_key_added_since_the_checkpoint_at_its_default(tmp_path):
+    """A checkpoint written before ``optim.decay_every`` existed resumes (the key is read at
+    its default, 0); a real change of the schedule is still refused, naming the keys, and a
+    stored config this vlret cannot read is compared as stored."""
+    current = tiny_config(tmp_path / "data", tmp_path / "run").to_dict()
+    older = copy.deepcopy(current)
+    del older["optim"]["decay_every"]
+    check_resume_config(older, current, "old.pt")
+    every = copy.deepcopy(current)
+    every["optim"].update(decay_epochs=[], decay_every=1)
+    with pytest.raises(
+        RunFolderError,
+        match=r"old\.pt: .*optim\.decay_epochs: \[2\] -> \[\]; "
+        r"optim\.decay_every: 0 -> 1",
+    ):
+        check_resume_config(older, every, "old.pt")
+    unreadable = copy.deepcopy(older)
+    unreadable["optim"]["removed_key"] = 3
+    with pytest.raises(
+        RunFolderError,
+        match=r"optim\.decay_every: '<unset>' -> 0; "
+        r"optim\.removed_key: 3 -> '<unset>'",
+    ):
+        check_resume_config(unreadable, current, "old.pt")
 
 
 def test_trainer_checkpoint_holds_every_piece_of_state(tmp_path):

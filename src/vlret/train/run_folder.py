@@ -20,6 +20,7 @@ folder, or an older vlret) is restored by :func:`restore_best` where the data al
 
 from __future__ import annotations
 
+import copy
 import os
 import shlex
 import shutil
@@ -31,6 +32,7 @@ import torch
 
 from .._files import atomic_write, remove_stale_temporaries
 from .checkpoint import load_checkpoint
+from .config import ConfigError, config_from_dict
 
 RUN_FILES = ("config.yaml", "vocab.json", "metrics.jsonl", "last.pt", "best.pt")
 
@@ -137,6 +139,19 @@ def changed_frozen_keys(stored: dict[str, Any], current: dict[str, Any]) -> list
     return sorted(k for k in set(a) | set(b) if _frozen(k) and a.get(k, "<unset>") != b.get(k))
 
 
+def _with_current_defaults(stored: dict[str, Any], checkpoint: str | Path) -> dict[str, Any]:
+    """``stored`` read as this vlret reads a config: a key added since the checkpoint was
+    written (``optim.decay_every``) takes its default, as it would have had, instead of
+    counting as changed. A stored config this vlret cannot read is compared as it is, so the
+    keys that differ are still named."""
+    try:
+        return config_from_dict(
+            copy.deepcopy(stored), source=f"{checkpoint} (its run config)"
+        ).to_dict()
+    except ConfigError:
+        return stored
+
+
 def check_resume_config(
     stored: dict[str, Any] | None, current: dict[str, Any], checkpoint: str | Path
 ) -> None:
@@ -144,6 +159,7 @@ def check_resume_config(
     changes the model, the loss, the optimiser or the batch schedule, naming the keys."""
     if stored is None:
         raise RunFolderError(f"{checkpoint}: holds no run config; not a `vlret train` checkpoint")
+    stored = _with_current_defaults(stored, checkpoint)
     keys = changed_frozen_keys(stored, current)
     if not keys:
         return
