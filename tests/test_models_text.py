@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from vlret.data import load_hf_tokenizer, pad_captions
-from vlret.models.text import BertTextEncoder, GRUTextEncoder, import_transformers
+from vlret.models import build_model
+from vlret.models.text import (
+    BertTextEncoder,
+    GRUTextEncoder,
+    check_batch,
+    import_transformers,
+    resolve_vocab_size,
+)
 
 VOCAB, WORD, EMB = 20, 7, 5
 
@@ -183,3 +191,36 @@ def test_bert_missing_dir_and_missing_transformers(tmp_path, monkeypatch):
         import_transformers("BERT")
     with pytest.raises(ImportError, match=r"vlret\[hf\]"):
         BertTextEncoder(tmp_path)
+
+
+def test_resolve_vocab_size_agrees_or_names_the_key():
+    """One of config / argument is enough, both must agree, and the size is a positive int."""
+    assert resolve_vocab_size(None, 7, "x") == resolve_vocab_size(7, None, "x") == 7
+    assert (
+        resolve_vocab_size(7, np.int64(7), "x") == 7
+        and type(resolve_vocab_size(None, np.int64(7), "x")) is int
+    )
+    with pytest.raises(
+        ValueError, match=r"^text\.vocab_size: 5 in the config disagrees with vocab_size=7"
+    ):
+        resolve_vocab_size(5, 7, "x")
+    with pytest.raises(ValueError, match=r"^text\.vocab_size: the GRU needs the vocabulary size"):
+        resolve_vocab_size(None, None, "the GRU")
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=r"^text\.vocab_size: must be a positive int"):
+            resolve_vocab_size(bad, None, "x")
+    # Every word-id model family resolves it through here: the GRU embedding model's message.
+    with pytest.raises(ValueError, match=r"^text\.vocab_size: the GRU text encoder needs"):
+        build_model({"image": {"kind": "precomp", "in_dim": 4}, "text": {"kind": "gru"}})
+
+
+def test_check_batch_names_the_first_missing_field():
+    class Partial:
+        features = captions = None
+
+    with pytest.raises(ValueError, match=r"batch has no 'lengths'.*got Partial"):
+        check_batch(Partial())
+    with pytest.raises(ValueError, match=r"batch has no 'features'.*got tuple"):
+        check_batch((1, 2))
+    Partial.lengths = None
+    check_batch(Partial())

@@ -320,7 +320,7 @@ def test_ce_config_round_trip_and_defaults():
     [
         ({"experts": None}, VOCAB, "^experts: required"),
         ({"experts": {}}, VOCAB, "^experts: must be a non-empty table"),
-        ({"experts": {"a": 0}}, VOCAB, r"^experts\.a: must be a positive integer"),
+        ({"experts": {"a": 0}}, VOCAB, r"^experts\.a: must be a positive int"),
         ({"vlad_clusters": {"speech": 4}}, VOCAB, r"^vlad_clusters\.speech: not one of"),
         ({"vlad_clusters": {"audio": 0}}, VOCAB, r"^vlad_clusters\.audio: must be a positive"),
         ({"cg_reduce": "max"}, VOCAB, "^cg_reduce: must be one of"),
@@ -328,7 +328,7 @@ def test_ce_config_round_trip_and_defaults():
         ({"embed_dim": -2}, VOCAB, "^embed_dim: must be a positive"),
         ({"heads": 2}, VOCAB, "^heads: unknown key"),
         ({"text": {"clusters": 3}}, VOCAB, r"^text\.clusters: unknown key"),
-        ({}, None, r"^text\.vocab_size: CE's word embeddings need"),
+        ({}, None, r"^text\.vocab_size: CE's word embedding needs"),
         ({"text": {"vocab_size": 3}}, VOCAB, r"^text\.vocab_size: 3 in the config disagrees"),
     ],
 )

@@ -133,19 +133,8 @@ class ExpertFeatures:
         return len(self.video_ids)
 
     def rows_for(self, video_ids: Sequence[str]) -> list[int]:
-        """The row of each of ``video_ids``, in their order.
-
-        Raises:
-            DataFormatError: Some videos have no row (the first few are named).
-        """
-        missing = [v for v in video_ids if v not in self.row]
-        if missing:
-            raise DataFormatError(
-                self.ids_path,
-                f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
-                "row for every video of the split",
-            )
-        return [self.row[v] for v in video_ids]
+        """The row of each of ``video_ids``, in their order (see :func:`_rows_for`)."""
+        return _rows_for(self.row, video_ids, self.ids_path)
 
     def sample(self, row: int) -> ExpertSample:
         """The experts of row ``row`` (features of absent experts as stored: zeros)."""
@@ -241,6 +230,22 @@ class ExpertFeatures:
             what = describe(row) if describe else f"{self.video_ids[row]} (row {row})"
             message = bad.found.describe(f"{what}, expert {bad.expert}", "frame")
             raise DataFormatError(bad.path, message, row=row)
+
+
+def _rows_for(row: Mapping[str, int], video_ids: Sequence[str], ids_path: Path) -> list[int]:
+    """``row[v]`` for each of ``video_ids``, in their order.
+
+    Raises:
+        DataFormatError: Some videos have no row (the first few are named, with ``ids_path``).
+    """
+    missing = [v for v in video_ids if v not in row]
+    if missing:
+        raise DataFormatError(
+            ids_path,
+            f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
+            "row for every video of the split",
+        )
+    return [row[v] for v in video_ids]
 
 
 def _read_ids(path: Path) -> tuple[list[str], dict[str, int]]:
@@ -386,19 +391,8 @@ class VideoFeatures:
         self._features = LazyFeatures(npy, mmap=mmap, array=array)
 
     def rows_for(self, video_ids: Sequence[str]) -> list[int]:
-        """The array row of each of ``video_ids``, in their order.
-
-        Raises:
-            DataFormatError: Some videos have no row (the first few are named).
-        """
-        missing = [v for v in video_ids if v not in self.row]
-        if missing:
-            raise DataFormatError(
-                self.ids_path,
-                f"has no features for {len(missing)} videos (first {missing[:3]}); expected a "
-                "row for every video of the split",
-            )
-        return [self.row[v] for v in video_ids]
+        """The array row of each of ``video_ids``, in their order (see :func:`_rows_for`)."""
+        return _rows_for(self.row, video_ids, self.ids_path)
 
     def __getitem__(self, row: int) -> torch.Tensor:
         """The float32 features of array row ``row``: ``(T, D)`` frames or ``(D,)``."""

@@ -47,7 +47,7 @@ from . import cross_attention
 from .attention import NORM_EPS, choice, positive_float, positive_int
 from .image import lengths_to_mask
 from .sgraf import SGRAFScorer
-from .text import check_captions
+from .text import check_batch, check_captions, resolve_vocab_size
 
 #: The ``[model] kind`` values this module builds.
 CROSS_KINDS = ("scan", "bfan", "sgraf")
@@ -346,12 +346,7 @@ class CrossAttentionModel(nn.Module):
         Raises:
             ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
         """
-        for name in ("features", "captions", "lengths"):
-            if not hasattr(batch, name):
-                raise ValueError(
-                    f"batch has no {name!r}; expected a vlret.data.RetrievalBatch, got "
-                    f"{type(batch).__name__}"
-                )
+        check_batch(batch)
         regions = self.encode_images(batch.features)
         captions, lengths = check_captions(batch.captions, batch.lengths)
         words = self.encode_texts(captions, lengths)
@@ -547,18 +542,9 @@ def build_cross_model(
     kind = cfg["kind"]
     image_cfg = _section("image", cfg["image"], REGION_DEFAULTS)
     text_cfg = _section("text", cfg["text"], {**WORD_DEFAULTS, **_KIND_WORD_DEFAULTS.get(kind, {})})
-    size = text_cfg["vocab_size"]
-    if vocab_size is not None and size is not None and int(vocab_size) != int(size):
-        raise ValueError(
-            f"text.vocab_size: {size} in the config disagrees with vocab_size={vocab_size}"
-        )
-    size = vocab_size if vocab_size is not None else size
-    if size is None:
-        raise ValueError(
-            "text.vocab_size: the word encoder needs the vocabulary size; pass "
-            "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
-        )
-    text_cfg["vocab_size"] = positive_int(size, "text.vocab_size")
+    text_cfg["vocab_size"] = resolve_vocab_size(
+        text_cfg["vocab_size"], vocab_size, "the word encoder"
+    )
     embed_dim = positive_int(cfg["embed_dim"], "embed_dim")
     image = RegionEncoder(positive_int(image_cfg["in_dim"], "image.in_dim"), embed_dim)
     for key in ("word_dim", "num_layers"):

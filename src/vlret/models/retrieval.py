@@ -44,7 +44,14 @@ from torch import nn
 
 from .cross_model import CROSS_KINDS, CROSS_MODEL_DEFAULTS, CrossAttentionModel, build_cross_model
 from .image import POOLINGS, ImageEncoder
-from .text import BERT_POOLINGS, GRU_POOLINGS, BertTextEncoder, GRUTextEncoder
+from .text import (
+    BERT_POOLINGS,
+    GRU_POOLINGS,
+    BertTextEncoder,
+    GRUTextEncoder,
+    check_batch,
+    resolve_vocab_size,
+)
 from .video import VideoEncoder
 from .video_experts import (
     VIDEO_EXPERT_KINDS,
@@ -208,12 +215,7 @@ class RetrievalModel(nn.Module):
         Raises:
             ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
         """
-        for name in ("features", "captions", "lengths"):
-            if not hasattr(batch, name):
-                raise ValueError(
-                    f"batch has no {name!r}; expected a vlret.data.RetrievalBatch, got "
-                    f"{type(batch).__name__}"
-                )
+        check_batch(batch)
         return self.encode_images(batch.features), self.encode_texts(batch.captions, batch.lengths)
 
 
@@ -333,20 +335,10 @@ def build_model(
     image = _build_image(image_cfg, embed_dim)
     tokenizer_path = None
     if text_cfg["kind"] == "gru":
-        size = text_cfg["vocab_size"]
-        if vocab_size is not None and size is not None and int(vocab_size) != int(size):
-            raise ValueError(
-                f"vocab_size={vocab_size} disagrees with text.vocab_size={size} in the config"
-            )
-        size = vocab_size if vocab_size is not None else size
-        if size is None:
-            raise ValueError(
-                "text.vocab_size: the GRU text encoder needs the vocabulary size; pass "
-                "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
-            )
-        text_cfg["vocab_size"] = int(size)
+        size = resolve_vocab_size(text_cfg["vocab_size"], vocab_size, "the GRU text encoder")
+        text_cfg["vocab_size"] = size
         text = GRUTextEncoder(
-            int(size),
+            size,
             word_dim=text_cfg["word_dim"],
             embed_dim=embed_dim,
             bidirectional=text_cfg["bidirectional"],

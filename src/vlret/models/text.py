@@ -12,10 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .attention import positive_int
 from .image import MaskedPooling, lengths_to_mask
 
 GRU_POOLINGS = ("last", "mean", "max", "gpo")
@@ -62,6 +64,45 @@ def check_local_dir(path: str | Path, what: str) -> Path:
             "vlret never downloads weights"
         )
     return path
+
+
+def check_batch(batch: Any) -> None:
+    """Refuse a batch that lacks a :class:`vlret.data.RetrievalBatch`'s ``features``,
+    ``captions`` or ``lengths`` (every model's ``forward``), naming the first missing one."""
+    for name in ("features", "captions", "lengths"):
+        if not hasattr(batch, name):
+            raise ValueError(
+                f"batch has no {name!r}; expected a vlret.data.RetrievalBatch, got "
+                f"{type(batch).__name__}"
+            )
+
+
+def resolve_vocab_size(configured: Any, given: Any, encoder: str) -> int:
+    """The vocabulary size of a word-id text encoder: ``text.vocab_size`` from the config
+    (``configured``) or ``build_model(..., vocab_size=given)``; both given must agree.
+
+    Args:
+        configured: ``text.vocab_size`` of the config, or None.
+        given: ``build_model``'s ``vocab_size``, or None.
+        encoder: What needs it, for the message (``"the GRU text encoder"``).
+
+    Raises:
+        ValueError: The two disagree, neither is given, or the size is not a positive int; the
+            message names ``text.vocab_size``.
+    """
+    if given is not None and configured is not None and int(given) != int(configured):
+        raise ValueError(
+            f"text.vocab_size: {configured} in the config disagrees with vocab_size={given}"
+        )
+    size = given if given is not None else configured
+    if size is None:
+        raise ValueError(
+            f"text.vocab_size: {encoder} needs the vocabulary size; pass "
+            "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
+        )
+    if isinstance(size, np.integer):  # len() of a numpy vocabulary
+        size = int(size)
+    return positive_int(size, "text.vocab_size")
 
 
 def check_captions(

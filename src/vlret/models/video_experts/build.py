@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..attention import positive_int
+from ..text import resolve_vocab_size
 from .ce import CollaborativeExperts
-from .common import MultiExpertModel, check_experts, positive_int
+from .common import MultiExpertModel, check_experts
 from .mmt import MultiModalTransformer
 
 #: The ``[model] kind`` values this package builds.
@@ -111,18 +113,9 @@ def build_video_expert_model(
     embed_dim = positive_int(top["embed_dim"], "embed_dim")
     if kind == "ce":
         text = _section("text", top["text"], CE_TEXT_DEFAULTS)
-        size = text["vocab_size"]
-        if vocab_size is not None and size is not None and int(vocab_size) != int(size):
-            raise ValueError(
-                f"text.vocab_size: {size} in the config disagrees with vocab_size={vocab_size}"
-            )
-        size = vocab_size if vocab_size is not None else size
-        if size is None:
-            raise ValueError(
-                "text.vocab_size: CE's word embeddings need the vocabulary size; pass "
-                "build_model(config, vocab_size=len(vocabulary)) or set text.vocab_size"
-            )
-        text["vocab_size"] = positive_int(size, "text.vocab_size")
+        text["vocab_size"] = resolve_vocab_size(
+            text["vocab_size"], vocab_size, "CE's word embedding"
+        )
         clusters = top["vlad_clusters"]
         if not isinstance(clusters, Mapping):
             raise ValueError(f"vlad_clusters: must be a table expert -> clusters, got {clusters!r}")

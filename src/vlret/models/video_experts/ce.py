@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import positive_int
 from ..image import lengths_to_mask
 from .common import (
     ExpertInputs,
@@ -52,7 +53,6 @@ from .common import (
     check_experts,
     l2norm,
     masked_mean,
-    positive_int,
 )
 
 CG_REDUCTIONS = ("mean", "sum")

@@ -27,8 +27,8 @@ from typing import Any, Protocol, cast, runtime_checkable
 import torch
 from torch import nn
 
-from ..attention import NORM_EPS
-from ..text import check_captions
+from ..attention import NORM_EPS, positive_int
+from ..text import check_batch, check_captions
 
 
 @runtime_checkable
@@ -54,13 +54,6 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     norm's gradient at a zero vector taken as 0 (``vector_norm``), so an empty NetVLAD
     descriptor or an all-zero row gives a zero vector and finite gradients."""
     return x / (torch.linalg.vector_norm(x, dim=-1, keepdim=True) + NORM_EPS)
-
-
-def positive_int(value: Any, name: str) -> int:
-    """``value`` as an int >= 1, else ``ValueError("name: ...")``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def dropout_rate(value: Any, name: str) -> float:
@@ -469,12 +462,7 @@ class MultiExpertModel(nn.Module):
         Raises:
             ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
         """
-        for name in ("features", "captions", "lengths"):
-            if not hasattr(batch, name):
-                raise ValueError(
-                    f"batch has no {name!r}; expected a vlret.data.RetrievalBatch, got "
-                    f"{type(batch).__name__}"
-                )
+        check_batch(batch)
         videos = self.encode_images(batch.features)
         captions, lengths = check_captions(batch.captions, batch.lengths)
         texts = self.encode_texts(captions, lengths)

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..attention import positive_int
 from ..image import lengths_to_mask
 from ..text import check_local_dir, import_transformers
 from .common import (
@@ -45,7 +46,6 @@ from .common import (
     dropout_rate,
     l2norm,
     masked_max,
-    positive_int,
 )
 
 
