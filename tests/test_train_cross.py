@@ -5,7 +5,6 @@ gloo ranks equal to one process on the concatenated batch."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -14,10 +13,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from torch.utils.data import DataLoader
 
 from test_train_distributed import free_port
-from train_helpers import assert_same_params, model_params, tiny_data, tiny_raw
+from train_helpers import (
+    assert_same_params,
+    assert_steps_equal,
+    model_params,
+    rank_env,
+    steps_state,
+    tiny_data,
+    tiny_raw,
+)
 from vlret.losses import loss_capabilities
 from vlret.train import Trainer, TrainingInterrupted
 from vlret.train.checkpoint import load_checkpoint
@@ -221,37 +227,11 @@ def ddp_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
     for module in trainer.model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and name in DDP_SETTINGS:
             module.eval()
-    state = {f"init.model.{k}": v for k, v in model_params(trainer.model).items()}
-    trainer.sampler.set_epoch(0)
-    loader = DataLoader(
-        trainer.train_set, batch_sampler=trainer.sampler, collate_fn=trainer.train_set.collate
-    )
-    batches = iter(loader)
-    for _ in range(DDP_STEPS):
-        batch = next(batches)
-        loss, _ = trainer.train_step(batch)
-    trainer.close()
-    state.update({f"model.{k}": v for k, v in model_params(trainer.model).items()})
-    for k, v in trainer.loss_fn.state_dict().items():
-        if isinstance(v, torch.Tensor):
-            state[f"loss.{k}"] = v.detach().clone()
-    for k, p in trainer.model.named_parameters():
-        state[f"grad.model.{k}"] = p.grad.detach().clone()
-    state["loss_value"] = torch.tensor(loss)
-    state["local_batch"] = torch.tensor(len(batch.img_index))
-    return state
+    return steps_state(trainer, DDP_STEPS)
 
 
 def ddp_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float64)
+    rank_env(rank, world, port)
     try:
         for name in [*DDP_SETTINGS, *DDP_TRAIN_MODE]:
             state = ddp_steps(Path(data), Path(out), name)
@@ -285,34 +265,8 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(ddp_run, data, tm
         torch.set_default_dtype(torch.float32)
     assert int(single["local_batch"]) == 8
     assert single["grad.model.text_encoder.embed.weight"].dtype == torch.float64
-    tol = ddp_tolerance(name)
-    # What the steps changed: the initial values cancel exactly (same on both).
-    moved = {k: v - single[f"init.{k}"] for k, v in single.items() if k.startswith("model.")}
     for state in ranks:
-        assert state.keys() == single.keys()
-        init = {k: v for k, v in single.items() if k.startswith("init.")}
-        assert_same_params({k: state[k] for k in init}, init)
-        for k, want in single.items():
-            if k.startswith("init.") or k == "local_batch":
-                continue
-            if k.startswith("model."):
-                got, want = state[k] - single[f"init.{k}"], moved[k]
-            else:
-                got = state[k]
-            if not want.is_floating_point():
-                assert torch.equal(got, want), k
-                continue
-            ref = moved if k.startswith("model.") else single
-            scale = want.abs().max().item()
-            if k.endswith(".bias") and f"{k[:-5]}.weight" in ref:
-                # A bias's gradient sums the output gradients that its weight's sums against
-                # the inputs (unit vectors, tanh: entries <= 1). Where they cancel exactly
-                # (biases in front of a softmax over regions, words or SGR's keys have zero
-                # gradient by shift invariance) only rounding is left: at the weight's scale.
-                scale = max(scale, ref[f"{k[:-5]}.weight"].abs().max().item())
-            torch.testing.assert_close(
-                got, want, rtol=0, atol=tol * scale, msg=lambda m, k=k: f"{k}: {m}"
-            )
+        assert_steps_equal(state, single, ddp_tolerance(name))
 
 
 def test_sgraf_trains_under_torchrun_with_training_mode_batchnorm(ddp_run):

@@ -8,7 +8,6 @@ each tensor's scale, not bit for bit; see :func:`step_tolerance`."""
 
 from __future__ import annotations
 
-import os
 import socket
 import weakref
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
-from train_helpers import assert_same_params, tiny_config, tiny_data
+from train_helpers import assert_same_params, rank_env, tiny_config, tiny_data
 from vlret.train import Trainer, train
 from vlret.train.distributed import (
     ShardedBatchSampler,
@@ -181,15 +180,7 @@ def run_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
 
 
 def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float64)
+    rank_env(rank, world, port)
     try:
         for name in SETTINGS:
             state = run_steps(Path(data), Path(out), name)

@@ -15,10 +15,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader
 
 from test_train_distributed import free_port
-from train_helpers import assert_same_params, model_params, tiny_raw
+from train_helpers import (
+    assert_same_params,
+    assert_steps_equal,
+    model_params,
+    rank_env,
+    steps_state,
+    tiny_raw,
+)
 from vlret.cli import main
 from vlret.data import MSRVTTDataset
 from vlret.data.experts import ExpertFeatures, write_expert_features
@@ -250,35 +256,11 @@ DDP_STEPS = 2
 
 def ddp_steps(data: Path, out: Path, name: str) -> dict[str, torch.Tensor]:
     trainer = Trainer(expert_config(data, out / name, "ce", DDP_COMMON + DDP_SETTINGS[name]))
-    state = {f"init.model.{k}": v for k, v in model_params(trainer.model).items()}
-    trainer.sampler.set_epoch(0)
-    loader = DataLoader(
-        trainer.train_set, batch_sampler=trainer.sampler, collate_fn=trainer.train_set.collate
-    )
-    batches = iter(loader)
-    for _ in range(DDP_STEPS):
-        batch = next(batches)
-        loss, _ = trainer.train_step(batch)
-    trainer.close()
-    state.update({f"model.{k}": v for k, v in model_params(trainer.model).items()})
-    for k, p in trainer.model.named_parameters():
-        if p.grad is not None:
-            state[f"grad.model.{k}"] = p.grad.detach().clone()
-    state["loss_value"] = torch.tensor(loss)
-    state["local_batch"] = torch.tensor(len(batch.img_index))
-    return state
+    return steps_state(trainer, DDP_STEPS, every_grad=False)
 
 
 def ddp_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float64)
+    rank_env(rank, world, port)
     try:
         for name in DDP_SETTINGS:
             torch.save(ddp_steps(Path(data), Path(out), name), Path(out) / f"{name}.rank{rank}.pt")
@@ -313,25 +295,4 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(ddp_run, data, tm
     assert int(single["local_batch"]) == 8
     tol = DDP_STEPS * 16 * (64 + 50) * torch.finfo(torch.float64).eps
     for state in ranks:
-        assert state.keys() == single.keys()
-        for k, want in single.items():
-            if k.startswith("init.") or k == "local_batch":
-                continue
-            got = state[k]
-            if k.startswith("model."):
-                got, want = got - single[f"init.{k}"], want - single[f"init.{k}"]
-            scale = want.abs().max().item()
-            weight = f"{k[:-5]}.weight"
-            if k.endswith(".bias") and weight in single:
-                # A bias in front of a softmax (NetVLAD's assignment over clusters, the
-                # mixture weights over experts) has a gradient that sums to zero over it by
-                # shift invariance: its entries are what is left after cancellation, rounded
-                # at the weight's scale (tests/test_train_cross.py's bias rule).
-                ref = single[weight]
-                if k.startswith("model."):
-                    ref = ref - single[f"init.{weight}"]
-                scale = max(scale, ref.abs().max().item())
-            scale = max(scale, 1e-300)
-            torch.testing.assert_close(
-                got, want, rtol=0, atol=tol * scale, msg=lambda m, k=k: f"{k}: {m}"
-            )
+        assert_steps_equal(state, single, tol)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from vlret.data.writers import make_tiny_precomp
 from vlret.train.config import RunConfig, apply_overrides, config_from_dict
@@ -56,3 +58,78 @@ def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], a
             assert torch.equal(a[k], b[k]), k
         else:
             torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
+
+
+# -- two gloo ranks against one process (test_train_cross, test_train_experts) -----------------
+
+
+def rank_env(rank: int, world: int, port: int) -> None:
+    """A forked gloo rank's torchrun environment, one thread, float64 (the DDP equality tests)."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+
+
+def steps_state(trainer: Any, steps: int, *, every_grad: bool = True) -> dict[str, torch.Tensor]:
+    """Run ``steps`` training steps of epoch 0 and return what they did: the initial and final
+    model (``init.model.*``, ``model.*``), the loss's tensor buffers (``loss.*``), the model's
+    gradients (``grad.model.*``; with ``every_grad`` each parameter must have one), the last
+    loss and the local batch size."""
+    state = {f"init.model.{k}": v for k, v in model_params(trainer.model).items()}
+    trainer.sampler.set_epoch(0)
+    loader = DataLoader(
+        trainer.train_set, batch_sampler=trainer.sampler, collate_fn=trainer.train_set.collate
+    )
+    batches = iter(loader)
+    for _ in range(steps):
+        batch = next(batches)
+        loss, _ = trainer.train_step(batch)
+    trainer.close()
+    state.update({f"model.{k}": v for k, v in model_params(trainer.model).items()})
+    for k, v in trainer.loss_fn.state_dict().items():
+        if isinstance(v, torch.Tensor):
+            state[f"loss.{k}"] = v.detach().clone()
+    for k, p in trainer.model.named_parameters():
+        if p.grad is not None or every_grad:
+            state[f"grad.model.{k}"] = p.grad.detach().clone()
+    state["loss_value"] = torch.tensor(loss)
+    state["local_batch"] = torch.tensor(len(batch.img_index))
+    return state
+
+
+def assert_steps_equal(state: dict, single: dict, tol: float) -> None:
+    """A rank's :func:`steps_state` equals one process's: the same initial model, and what the
+    steps changed (the moved weights, buffers, gradients, loss) within ``tol`` times each
+    tensor's scale. The initial values cancel exactly (the same on both)."""
+    assert state.keys() == single.keys()
+    init = {k: v for k, v in single.items() if k.startswith("init.")}
+    assert_same_params({k: state[k] for k in init}, init)
+    moved = {k: v - single[f"init.{k}"] for k, v in single.items() if k.startswith("model.")}
+    for k, want in single.items():
+        if k.startswith("init.") or k == "local_batch":
+            continue
+        if k.startswith("model."):
+            got, want = state[k] - single[f"init.{k}"], moved[k]
+        else:
+            got = state[k]
+        if not want.is_floating_point():
+            assert torch.equal(got, want), k
+            continue
+        ref = moved if k.startswith("model.") else single
+        scale = want.abs().max().item()
+        if k.endswith(".bias") and f"{k[:-5]}.weight" in ref:
+            # A bias's gradient sums the output gradients that its weight's sums against the
+            # inputs (unit vectors, tanh: entries <= 1). Where they cancel (a bias in front of a
+            # softmax over regions, words, SGR's keys or NetVLAD's clusters sums to zero by
+            # shift invariance) only rounding is left: at the weight's scale.
+            scale = max(scale, ref[f"{k[:-5]}.weight"].abs().max().item())
+        scale = max(scale, 1e-300)
+        torch.testing.assert_close(
+            got, want, rtol=0, atol=tol * scale, msg=lambda m, k=k: f"{k}: {m}"
+        )
