@@ -10,34 +10,26 @@ import pytest
 import torch
 
 from test_models_video_experts import NAMES, captions, make_batch, naive_scores
+from vlret.data.synthetic.bert import write_random_bert
 from vlret.models import build_model
 from vlret.models.video_experts import MultiModalTransformer
 from vlret.train.builders import model_tokenizer_path
 from vlret.train.evaluate_pairs import TextTokens, pack_words, score_matrix
 
 EXPERTS = {"appearance": 6, "audio": 4, "ocr": 5, "face": 3}
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "dog", "red", "runs", "."]
-VOCAB = len(WORDS)
+CAPTION = "a man runs . a red dog"  # the tiny BERT's whole lexicon: 5 special tokens + 6 words
+VOCAB = 11
 
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    path = tmp_path_factory.mktemp("tiny_bert_mmt")
-    vocab = path / "vocab.txt"
-    vocab.write_text("\n".join(WORDS) + "\n", encoding="utf-8")
-    transformers.BertTokenizer(str(vocab)).save_pretrained(str(path))
-    config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=24,
-        max_position_embeddings=32,
+    pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny_bert_mmt") / "bert"
+    out = write_random_bert(
+        path, [CAPTION], hidden=16, layers=1, heads=2, intermediate=24, max_positions=32, seed=3
     )
-    torch.manual_seed(3)
-    transformers.BertModel(config).save_pretrained(str(path))
-    return path
+    assert len((out / "vocab.txt").read_text(encoding="utf-8").split()) == VOCAB
+    return out
 
 
 def mmt(bert_dir, **kw) -> MultiModalTransformer:
