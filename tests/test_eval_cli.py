@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from train_helpers import tiny_data, tiny_raw
+from train_helpers import tiny_data, tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
-from vlret.data.writers import make_tiny_karpathy, make_tiny_msrvtt
+from vlret.data.writers import make_tiny_karpathy
 from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from vlret.models import build_model
 from vlret.train import TrainingInterrupted
@@ -132,14 +132,7 @@ def test_eval_json_matches_the_foundation_metrics(trained, tmp_path, capsys, spl
 
 
 def test_eval_msrvtt_protocols(tmp_path, capsys):
-    root = tmp_path / "msrvtt"
-    make_tiny_msrvtt(root, sizes={"train": 4, "validate": 2, "test": 3}, captions_per_video=4)
-    raw = tiny_raw(root, tmp_path / "run")
-    raw["data"].update(format="msrvtt", protocol="full", captions_per_video=4)
-    raw["model"]["image"] = {"kind": "video", "in_dim": 8, "pooling": "mean"}
-    raw["train"]["epochs"] = 1
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps(raw))  # JSON is valid YAML
+    root, cfg = tiny_msrvtt_run_config(tmp_path)
     assert run_cli(["train", cfg]) == 0
     encoder = Vocabulary.load(tmp_path / "run" / "vocab.json")
     for protocol, ds_protocol, n_txt in (("msrvtt-full", "full", 12), ("msrvtt-1ka", "1k-A", 2)):

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from train_helpers import tiny_raw
+from train_helpers import tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
 from vlret.data.vocab import build_precomp_vocab
-from vlret.data.writers import make_tiny_msrvtt, make_tiny_precomp
+from vlret.data.writers import make_tiny_precomp
 from vlret.metrics import (
     Rescoring,
     coco_5fold_metrics,
@@ -234,14 +234,8 @@ def test_qbnorm_needs_the_train_split(run, tmp_path, capsys):
 
 
 def test_rescore_msrvtt_full(tmp_path, capsys):
-    root = tmp_path / "msrvtt"
-    make_tiny_msrvtt(root, sizes={"train": 4, "validate": 2, "test": 3}, captions_per_video=4)
-    raw = tiny_raw(root, tmp_path / "run")
-    raw["data"].update(format="msrvtt", protocol="full", captions_per_video=4)
-    raw["model"]["image"] = {"kind": "video", "in_dim": 8, "pooling": "mean"}
-    raw["train"]["epochs"] = 1
-    (tmp_path / "run.yaml").write_text(json.dumps(raw))
-    assert run_cli("train", tmp_path / "run.yaml") == 0
+    root, cfg = tiny_msrvtt_run_config(tmp_path)
+    assert run_cli("train", cfg) == 0
     ckpt = tmp_path / "run" / "last.pt"
     encoder = Vocabulary.load(tmp_path / "run" / "vocab.json")
     test = MSRVTTDataset(root, "test", protocol="full", encoder=encoder, captions_per_video=4)

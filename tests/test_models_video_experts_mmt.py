@@ -9,12 +9,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from test_models_video_experts import NAMES, captions, make_batch, naive_scores
+from test_models_video_experts import (
+    NAMES,
+    assert_pair_scoring_matches_score,
+    captions,
+    make_batch,
+    naive_scores,
+)
 from vlret.data.synthetic.bert import write_random_bert
 from vlret.models import build_model
 from vlret.models.video_experts import MultiModalTransformer
 from vlret.train.builders import model_tokenizer_path
-from vlret.train.evaluate_pairs import TextTokens, pack_words, score_matrix
 
 EXPERTS = {"appearance": 6, "audio": 4, "ocr": 5, "face": 3}
 CAPTION = "a man runs . a red dog"  # the tiny BERT's whole lexicon: 5 special tokens + 6 words
@@ -123,15 +128,7 @@ def test_mmt_forward_shapes_and_gradients_reach_every_parameter(bert_dir):
 
 
 def test_mmt_runs_in_the_pair_scoring_evaluation(bert_dir):
-    model = mmt(bert_dir).eval()
-    caps, lens = ids(7)
-    with torch.no_grad():
-        videos = model.encode_images(make_batch())
-        texts = model.encode_texts(caps, lens)
-        rows = model.token_lengths(lens)
-        tokens = TextTokens(pack_words(texts, rows), rows)
-        got = score_matrix(model, videos, tokens, device="cpu", image_block=4, text_block=3)
-        assert torch.allclose(got, model.score(videos, texts), atol=1e-6)
+    assert_pair_scoring_matches_score(mmt(bert_dir).eval(), *ids(7))
 
 
 def test_mmt_config_round_trip_and_tokenizer(bert_dir):

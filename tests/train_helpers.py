@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from vlret.data.writers import make_tiny_precomp
+from vlret.data.writers import make_tiny_msrvtt, make_tiny_precomp
 from vlret.train.config import RunConfig, apply_overrides, config_from_dict
 
 SIZES = {"train": 8, "dev": 2, "test": 2, "testall": 5}
@@ -133,3 +134,18 @@ def assert_steps_equal(state: dict, single: dict, tol: float) -> None:
         torch.testing.assert_close(
             got, want, rtol=0, atol=tol * scale, msg=lambda m, k=k: f"{k}: {m}"
         )
+
+
+def tiny_msrvtt_run_config(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny MSR-VTT data set (4 / 2 / 3 videos x 4 captions) under ``tmp_path / "msrvtt"``
+    and a one-epoch mean-pooled video run config on it (``tmp_path / "run.yaml"``, its run
+    folder ``tmp_path / "run"``): ``(data root, config path)``."""
+    root = tmp_path / "msrvtt"
+    make_tiny_msrvtt(root, sizes={"train": 4, "validate": 2, "test": 3}, captions_per_video=4)
+    raw = tiny_raw(root, tmp_path / "run")
+    raw["data"].update(format="msrvtt", protocol="full", captions_per_video=4)
+    raw["model"]["image"] = {"kind": "video", "in_dim": 8, "pooling": "mean"}
+    raw["train"]["epochs"] = 1
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps(raw))  # JSON is valid YAML
+    return root, cfg
