@@ -237,6 +237,13 @@ def qb_norm(
         ValueError: a matrix that is not a non-empty finite 2-D float tensor, matrices with
             different galleries, a non-positive ``beta`` or ``k``, or a non-bool ``dynamic``.
     """
+    return _qb_norm_rows(sim, bank_sim, beta=beta, k=k, dynamic=dynamic)[0]
+
+
+def _qb_norm_rows(
+    sim: torch.Tensor, bank_sim: torch.Tensor, *, beta: float, k: int, dynamic: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`qb_norm`'s scores and the ``(N_query,)`` bool mask of the rows it normalised."""
     sim = _matrix(sim, "sim")
     bank_sim = _matrix(bank_sim, "bank_sim")
     if bank_sim.shape[1] != sim.shape[1]:
@@ -262,7 +269,7 @@ def qb_norm(
     for a in range(0, idx.numel(), step):
         pick = idx[a : a + step]
         out[pick] = beta * out[pick] - lse[None, :]
-    return out
+    return out, rows
 
 
 def draw_bank(n_captions: int, *, size: int, seed: int = QB_BANK_SEED) -> torch.Tensor:
@@ -461,15 +468,11 @@ def rescored_metrics(
         else:
             bank = bank_sim[:, i0:i1]  # type: ignore[index]
             by_img = block
-            q = qb_norm(
+            q, rows = _qb_norm_rows(
                 block.t(), bank, beta=rescoring.beta, k=rescoring.k, dynamic=rescoring.dynamic
             )
             by_txt = q.t()
-            if rescoring.dynamic:
-                active = querybank_activation(bank, k=rescoring.k)
-                normalised.append(normalised_queries(block.t(), active))
-            else:
-                normalised.append(torch.ones(t1 - t0, dtype=torch.bool))
+            normalised.append(rows.cpu())
         i2t_ranks = retrieval_ranks_from_similarity(by_img, local)[0]
         t2i_ranks = retrieval_ranks_from_similarity(by_txt, local)[1]
         folds.append(metrics_from_ranks(i2t_ranks, t2i_ranks))
