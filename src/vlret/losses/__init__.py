@@ -50,11 +50,13 @@ from .registry import (
     register_loss,
 )
 from .siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
+from .step import StepInputs
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
 from .unified import UnifiedLoss, tiled_unified_loss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [
+    "StepInputs",
     "AdaCLLoss",
     "adacl_anchor",
     "adacl_loss",

@@ -34,6 +34,7 @@ from .._checks import (
 )
 from ..similarity import Ids, cosine_similarity, positive_mask
 from ._tiling import log1p_exp
+from .step import StepInputs
 
 
 def prepare(sim: torch.Tensor, pos_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +244,32 @@ class PairLoss(nn.Module):
             return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
         return self.from_similarity(sim, pos_mask=pos_mask)
+
+    def step_inputs(self) -> frozenset[str]:
+        """The :class:`~vlret.losses.step.StepInputs` fields this module takes in
+        :meth:`forward_step` besides the ids (read from its capabilities as built; a loss
+        that needs more, e.g. VSL's captions, adds them)."""
+        caps = self.current_capabilities()
+        names: set[str] = set()
+        if caps.local_shards and self.chunk_size is not None:
+            names.add("shard")
+        if caps.momentum_keys:
+            names |= {"img_keys", "txt_keys"}
+        if caps.owns_queue:
+            names.add("gathered")
+        return frozenset(names)
+
+    def forward_step(
+        self, img_emb: torch.Tensor, txt_emb: torch.Tensor, inputs: StepInputs
+    ) -> torch.Tensor:
+        """The loss of one training step: :meth:`forward` with the ids and the fields of
+        ``inputs`` this loss declared in :meth:`step_inputs`.
+
+        Raises:
+            ValueError: An error of :meth:`forward`.
+        """
+        keywords = inputs.keywords(self.step_inputs())
+        return self(img_emb, txt_emb, inputs.img_ids, inputs.txt_ids, **keywords)
 
     #: The capabilities of the class with its default parameters; a class whose capabilities
     #: depend on its parameters also overrides :meth:`capabilities`.

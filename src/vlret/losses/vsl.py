@@ -440,6 +440,10 @@ class VisualSemanticLoss(PairLoss):
                 f"{params['reduction']!r} and a base with reduction={base_reduction!r}",
             )
 
+    def step_inputs(self) -> frozenset[str]:
+        """With ``text_side``, the batch's caption strings (Eq. 7's ``TC``)."""
+        return super().step_inputs() | ({"captions"} if self.text_side else set())
+
     def forward(  # type: ignore[override]  # caption keywords instead of PairLoss's shard
         self,
         img_emb: torch.Tensor,
