@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from vlret.data.writers import write_precomp
+from vlret.eval import metrics_from_scores
 from vlret.train.builders import encoder_from_state
 from vlret.train.checkpoint import load_checkpoint
 from vlret.train.evaluate import load_trained_model, run_evaluation
-from vlret.train.evaluate_pairs import metrics_from_scores
 from vlret.train.import_checkpoint import (
     CheckpointImportError,
     add_import_parser,
