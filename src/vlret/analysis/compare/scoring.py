@@ -65,9 +65,9 @@ def synthetic_extras(
     a cross-attention model's full test score matrix when the caller has it already (else
     the pairs are scored here)."""
     from ...data.synthetic import evaluate_synthetic, load_synthetic
-    from ...train.builders import build_dataset, eval_data_config
     from ...eval import get_protocol
     from ...models import PairScorer
+    from ...train.builders import build_dataset, eval_data_config
     from ...train.evaluate import encode_dataset, load_trained_model
 
     name = _synthetic_split(root, settings.split)
