@@ -385,9 +385,8 @@ def coco_folds(txt_to_img: Any, *, n_images: int, n_folds: int = 5) -> list[Fold
         raise ValueError(f"n_folds: expected a positive integer, got {n_folds!r}")
     if n_images % n_folds:
         raise ValueError(
-            f"n_folds={n_folds}: the 1K protocol averages folds of equal size (COCO testall: "
-            f"5 x 1000 images); this split has {n_images} images, not divisible by {n_folds} "
-            "(use the 5K protocol, coco5k)"
+            f"coco1k averages {n_folds} folds of equal size (COCO testall: 5 x 1000 images); "
+            f"this split has {n_images} images, not divisible by {n_folds} (use coco5k)"
         )
     t2i = torch.as_tensor(txt_to_img)
     size = n_images // n_folds
