@@ -4,8 +4,9 @@ A :class:`CrossAttentionModel` does not embed an image and a caption separately 
 vector each: it keeps the regions and the words, projected and L2-normalised, and scores every
 (image, caption) pair from both sets together (:mod:`vlret.models.cross_attention`,
 :mod:`vlret.models.sgraf`). A batch therefore yields a ``(B_images, B_texts)`` score matrix,
-which the trainer hands to a loss's ``from_similarity``; ``scores_pairs = True`` tells the
-harness so (a two-tower :class:`~vlret.models.RetrievalModel` has no such attribute).
+which the trainer hands to a loss's ``from_similarity``; the model satisfies
+:class:`~vlret.models.PairScorer`, which tells the harness so (a two-tower
+:class:`~vlret.models.RetrievalModel` does not: it has no ``score``).
 
 The encoders, :class:`RegionEncoder` and :class:`WordEncoder`, are those of the three
 reference implementations (kuanghuei/SCAN, CrossmodalGroup/BFAN, Paranioar/SGRAF

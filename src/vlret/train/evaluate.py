@@ -30,7 +30,7 @@ A two-tower checkpoint goes through :func:`vlret.metrics.retrieval_metrics` (or
 ``scoring`` is ``dot``): the
 image-to-text rank there is already the rank of an image's best caption, which is the
 dual-encoding video-to-text definition of MSR-VTT full. A pair-scoring (cross-attention)
-checkpoint (``scores_pairs``: SCAN, BFAN, SGRAF) is scored pair by pair into a score matrix
+checkpoint (a :class:`~vlret.models.PairScorer`: SCAN, BFAN, SGRAF, CE, MMT) is scored pair by pair into a score matrix
 (:mod:`vlret.eval.scores`; COCO 1K: the 5 diagonal fold blocks only), ranked by
 :func:`vlret.metrics.retrieval_metrics_from_similarity`.
 

@@ -1,6 +1,6 @@
 """The trainer's path for models that score pairs themselves (SCAN, BFAN, SGRAF).
 
-Such a model (``scores_pairs = True``, :mod:`vlret.models.cross_model`) maps a batch to its
+Such a model (a :class:`~vlret.models.PairScorer`, :mod:`vlret.models.cross_model`) maps a batch to its
 ``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask, ...)``
 with the positives of the batch's image indices, plus whatever else the loss declares in
 ``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
