@@ -30,9 +30,9 @@ A two-tower checkpoint goes through :func:`vlret.metrics.retrieval_metrics` (or
 ``scoring`` is ``dot``): the
 image-to-text rank there is already the rank of an image's best caption, which is the
 dual-encoding video-to-text definition of MSR-VTT full. A pair-scoring (cross-attention)
-checkpoint (a :class:`~vlret.models.PairScorer`: SCAN, BFAN, SGRAF, CE, MMT) is scored pair by pair into a score matrix
-(:mod:`vlret.eval.scores`; COCO 1K: the 5 diagonal fold blocks only), ranked by
-:func:`vlret.metrics.retrieval_metrics_from_similarity`.
+checkpoint (a :class:`~vlret.models.PairScorer`: SCAN, BFAN, SGRAF, CE, MMT) is scored pair
+by pair into a score matrix (:mod:`vlret.eval.scores`; COCO 1K: the 5 diagonal fold blocks
+only), ranked by :func:`vlret.metrics.retrieval_metrics_from_similarity`.
 
 Several checkpoints (``vlret eval A.pt B.pt``) are an ensemble: the mean of their score matrices
 (cosine matrices for two-tower members), each member encoding the split with its own data

@@ -9,8 +9,8 @@
   (Liu et al., BMVC 2019, Eq. 4) and MMT (Gabeur et al., ECCV 2020, Eq. 6),
   ``s(v, t) = sum_e w_e(t | v) <v_e, t_e>`` with ``w(t | v)`` the softmax of the caption's
   mixture logits over the experts the video has.
-* :class:`MultiExpertModel`: the pair-scoring model interface (a :class:`~vlret.models.PairScorer`) both
-  models share; see its docstring for the encoded layouts.
+* :class:`MultiExpertModel`: the pair-scoring model interface (a
+  :class:`~vlret.models.PairScorer`) both models share; see its docstring for the encoded layouts.
 
 An absent expert's features may hold anything (zeros, NaN, inf): every use of them goes
 through ``torch.where`` on the presence mask (never a multiplication by zero), so they never
