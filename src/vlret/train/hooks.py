@@ -381,3 +381,22 @@ def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
     if world > 1 and isinstance(loss_fn, SyncedBuffers) and loss_fn.synced_buffers():
         hooks.append(SyncLossBuffers(loss_fn.synced_buffers()))
     return hooks
+
+
+__all__ = [
+    "AllNegativesWarmup",
+    "EpochCallback",
+    "FreezeModules",
+    "HookList",
+    "HookedTrainer",
+    "LrMultipliers",
+    "ParamGroup",
+    "StepOutput",
+    "SyncLossBuffers",
+    "SyncedBuffers",
+    "TrainHook",
+    "TrainResult",
+    "config_hooks",
+    "named_trainable",
+    "param_groups",
+]

@@ -175,6 +175,9 @@ class Trainer:
             self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self._autocast
         )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.step = 0
         #: The config's hooks (:func:`.hooks.config_hooks`), then the caller's, in call order.
         self.hooks = HookList([*config_hooks(self), *hooks])
         self.optimizer = build_optimizer(config.optim, param_groups(self, self.hooks))
@@ -196,9 +199,6 @@ class Trainer:
             drop_last=tc.drop_last,
             max_batches=tc.max_steps_per_epoch,
         )
-        self.epoch = 0
-        self.batch_in_epoch = 0
-        self.step = 0
         self.best_rsum: float | None = None
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
