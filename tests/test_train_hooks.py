@@ -241,6 +241,37 @@ def test_frozen_modules_are_unchanged_then_trained(tmp_path, data):
     assert all(p.requires_grad for p in trainer.model.parameters())
 
 
+def test_a_frozen_encoder_with_gradient_caching(tmp_path, data):
+    """An encoder frozen whole has outputs without a graph: gradient caching sends them nothing."""
+    overrides = [
+        'train.freeze=["image_encoder"]',
+        "train.freeze_epochs=1",
+        "train.grad_cache_chunk=3",
+        "train.epochs=2",
+        "train.max_steps_per_epoch=2",
+    ]
+    snaps = Snapshots()
+    trainer = Trainer(tiny_config(data, tmp_path / "run", overrides), hooks=[snaps])
+    init = model_params(trainer.model)
+    trainer.fit()
+    for k in init:
+        frozen_then = torch.equal(snaps.after[1][k], init[k])
+        assert frozen_then == k.startswith("image_encoder"), k
+        assert not torch.equal(snaps.after[2][k], init[k]), k
+
+
+def test_an_old_checkpoint_without_the_new_keys_resumes(tmp_path, data):
+    """A checkpoint written before lr_multipliers / freeze existed: read with their defaults."""
+    Trainer(tiny_config(data, tmp_path / "run", ["train.epochs=1"])).fit()
+    path = tmp_path / "run" / "last.pt"
+    state = torch.load(path, weights_only=False)
+    del state["config"]["optim"]["lr_multipliers"]
+    del state["config"]["train"]["freeze"], state["config"]["train"]["freeze_epochs"]
+    torch.save(state, path)
+    resumed = Trainer(tiny_config(data, tmp_path / "run", ["train.epochs=2"]), resume=path)
+    assert resumed.fit().epochs_done == 2
+
+
 @pytest.mark.parametrize(
     "overrides",
     [FREEZE, ["optim.lr_multipliers.text_encoder=0.1", "optim.lr_multipliers.image_encoder=3"]],

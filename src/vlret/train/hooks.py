@@ -320,6 +320,10 @@ class FreezeModules(TrainHook):
             for p in self.params:
                 p.grad = None
 
+    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
+        for p in self.params:  # a run shorter than the phase leaves the model trainable
+            p.requires_grad_(True)
+
 
 class AllNegativesWarmup(TrainHook):
     """VSE-infinity's warm-up (``[train] all_negatives_epochs``): all negatives instead of the
