@@ -4,8 +4,10 @@ hook, and the StepInputs path that lets VSL's text side (Eq. 7) train."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -349,3 +351,22 @@ def test_adacl_declares_its_margins_for_the_sync_hook(tmp_path, data):
     before = (loss.m1.clone(), loss.m2.clone())
     hook.after_step(trainer, StepOutput(loss=0.0, lr=0.0))
     assert torch.equal(loss.m1, before[0]) and torch.equal(loss.m2, before[1])
+
+
+# -- the worked example of docs/training.md --------------------------------------------------
+
+
+def test_the_docs_worked_example_stops_a_stalled_run(tmp_path, data):
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(code.split("\nconfig = ", 1)[0], namespace)  # the hook class, not the demo run
+    hook = namespace["StopWhenStalled"](patience=1)
+    cfg = tiny_config(data, tmp_path / "run", ["train.epochs=8"])
+    with pytest.raises(TrainingInterrupted):
+        Trainer(cfg, hooks=[hook]).fit()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    epochs = [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
+    stalled = [r["epoch"] - r["best_epoch"] >= 1 for r in epochs]
+    assert stalled[-1] and not any(stalled[:-1])  # stopped at the first stalled epoch
+    assert len(epochs) < 8

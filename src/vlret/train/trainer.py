@@ -14,8 +14,6 @@ checkpoint holds every other piece of state that a step reads (weights, optimise
 AMP scaler, loss buffers and extra state, memory queues, momentum encoder, the Python / NumPy /
 torch / CUDA generators, the position inside the epoch). A CPU run resumed from ``last.pt``
 therefore ends with bit-identical weights to the uninterrupted run.
-What differs between training procedures is a hook (:mod:`.hooks`); the step hands the loss
-one :class:`vlret.losses.StepInputs` record.
 """
 
 from __future__ import annotations
@@ -88,7 +86,8 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class Trainer:
-    """Builds everything from a :class:`RunConfig` and runs :meth:`fit`."""
+    """Builds everything from a :class:`RunConfig` and runs :meth:`fit`, calling its hooks
+    (:mod:`.hooks`) at fixed points; a step hands the loss one :class:`~vlret.losses.StepInputs`."""
 
     def __init__(
         self,
