@@ -324,7 +324,7 @@ def test_all_negatives_schedule_respects_loss_hardest(tmp_path, tiny, hardest, s
     seen = []
     for epoch in (0, 1):
         trainer.epoch = epoch
-        trainer._set_epoch_schedule()
+        trainer.hooks.before_epoch(trainer)
         seen.append(trainer.loss_fn.hardest)
     assert seen == schedule
 

@@ -33,6 +33,7 @@ from .evaluate import (
     protocol_metrics,
 )
 from .grad_cache import GradCache, split_batch
+from .hooks import ParamGroup, StepOutput, TrainHook
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
 __all__ = [
@@ -42,10 +43,13 @@ __all__ = [
     "GradCache",
     "LossConfig",
     "OptimConfig",
+    "ParamGroup",
     "RunConfig",
     "ShardedBatchSampler",
     "StepDecayWarmup",
+    "StepOutput",
     "TrainConfig",
+    "TrainHook",
     "TrainResult",
     "Trainer",
     "TrainingInterrupted",

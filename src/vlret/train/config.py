@@ -117,6 +117,11 @@ class OptimConfig:
     linear warm-up from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps.
     ``grad_clip`` is the max total gradient norm (VSE++: 2.0); 0 or ``None`` disables
     clipping; a negative value is an error.
+    ``lr_multipliers``: parameter-name prefix -> factor of ``lr`` for those parameters
+    (``{ "text_encoder.bert" = 0.1 }``: VSE-infinity's BERT at 0.1x; ``loss``: the loss's own
+    parameters); the longest matching prefix wins, warm-up and decay scale every group alike
+    (:class:`vlret.train.hooks.LrMultipliers`). A nested table is read as dotted prefixes. A
+    prefix that names no trainable parameter is an error when the trainer is built.
     """
 
     name: str = "adam"
@@ -129,6 +134,7 @@ class OptimConfig:
     decay_every: int = 0
     warmup_steps: int = 0
     grad_clip: float | None = 2.0
+    lr_multipliers: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,6 +159,10 @@ class TrainConfig:
     much work; ``best.pt`` is written before ``last.pt`` (see :mod:`vlret.train.run_folder`).
     ``device``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
     ``progress``: a per-batch progress bar; the per-epoch summary line is printed either way.
+    ``freeze``: names of the model's modules (``model.named_modules()``, e.g.
+    ``"image_encoder.backbone"``) that get no update for the first ``freeze_epochs`` epochs
+    (:class:`vlret.train.hooks.FreezeModules`); a resumed run continues the phase. A name that
+    is no module of the model is an error when the trainer is built.
     """
 
     epochs: int
@@ -172,6 +182,8 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     grad_cache_chunk: int | None = None
     progress: bool = True
+    freeze: list[str] = field(default_factory=list)
+    freeze_epochs: int = 0
 
 
 @dataclass
@@ -408,6 +420,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             "optim.grad_clip",
             f"expected a max gradient norm >= 0 (0 or null: no clipping), got {optim.grad_clip!r}",
         )
+    optim.lr_multipliers = _lr_multipliers(optim.lr_multipliers, source)
     if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
         why = f"expected two numbers in [0, 1), got {optim.betas!r}"
         raise ConfigError(source, "optim.betas", why)
@@ -444,6 +457,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
+    _check_freeze(train, source)
     return RunConfig(
         data=data,
         model=copy.deepcopy(model),
@@ -469,6 +483,40 @@ def _check_momentum_encoder(momentum: float, loss: LossConfig, source: str) -> N
             f"only used to fill a memory queue; loss {loss.name!r} with these parameters owns "
             "none that takes momentum keys (LossCapabilities.owns_queue, momentum_keys)",
         )
+
+
+def _lr_multipliers(raw: dict[str, Any], source: str, prefix: str = "") -> dict[str, float]:
+    """``[optim] lr_multipliers`` as flat ``{dotted prefix: positive factor}`` (a nested table,
+    e.g. from ``--set optim.lr_multipliers.text_encoder.bert=0.1``, gives dotted keys)."""
+    out: dict[str, float] = {}
+    for name, value in raw.items():
+        dotted = f"{prefix}.{name}" if prefix else str(name)
+        key = f"optim.lr_multipliers.{dotted}"
+        if not str(name).strip() or any(not part for part in dotted.split(".")):
+            raise ConfigError(source, key, "empty parameter-name prefix")
+        if isinstance(value, dict):
+            out.update(_lr_multipliers(value, source, dotted))
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(source, key, f"expected a positive number, got {value!r}")
+        else:
+            out[dotted] = float(value)
+    return out
+
+
+def _check_freeze(train: TrainConfig, source: str) -> None:
+    """``freeze`` names modules (each once) exactly when ``freeze_epochs`` is positive."""
+    if train.freeze_epochs < 0:
+        raise ConfigError(source, "train.freeze_epochs", "expected an integer >= 0")
+    for i, name in enumerate(train.freeze):
+        if not name.strip() or name in train.freeze[:i]:
+            why = "empty module name" if not name.strip() else f"{name!r} is listed twice"
+            raise ConfigError(source, f"train.freeze[{i}]", why)
+    if train.freeze and not train.freeze_epochs:
+        why = "train.freeze lists modules: give freeze_epochs >= 1 (the epochs they stay frozen)"
+        raise ConfigError(source, "train.freeze_epochs", why)
+    if train.freeze_epochs and not train.freeze:
+        why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
+        raise ConfigError(source, "train.freeze", why)
 
 
 def _check_finite(node: Any, source: str, prefix: str) -> None:

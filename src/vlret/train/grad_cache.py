@@ -226,8 +226,11 @@ class GradCache:
                 with self.autocast():
                     outs = _outputs(self.model(chunk))
                 stop = start + outs[0].shape[0]
+                # An output without a graph (its encoder frozen: train.freeze) sends nothing.
                 pairs = [
-                    (o, g[start:stop]) for o, g in zip(outs, grads, strict=True) if g is not None
+                    (o, g[start:stop])
+                    for o, g in zip(outs, grads, strict=True)
+                    if g is not None and o.requires_grad
                 ]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
             start = stop
