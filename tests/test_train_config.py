@@ -19,9 +19,9 @@ from vlret.train.config import (
     apply_overrides,
     config_from_dict,
     load_config,
-    parse_value,
     save_config,
 )
+from vlret.train.config_files import parse_value
 
 #: Every run config the package ships (the demo's comparison configs are test_demo's).
 CONFIGS = [p for name, p in shipped_configs().items() if not name.startswith("demo_")]

@@ -15,9 +15,9 @@ from .config import (
     apply_overrides,
     config_from_dict,
     load_config,
-    parse_value,
     save_config,
 )
+from .config_files import parse_value
 from .distributed import (
     ShardedBatchSampler,
     gather_with_grad,

@@ -49,7 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
-from .config_files import ConfigError, _yaml, parse_value, read_config_file
+from .._moved import moved_names
+from . import config_files
+from .config_files import ConfigError
 from .distributed import parse_device
 from .warmup import warmup_refusal
 
@@ -240,7 +242,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
             if not isinstance(child, dict):
                 raise ConfigError("--set", dotted, f"{k!r} is not a section")
             node = child
-        node[keys[-1]] = parse_value(value)
+        node[keys[-1]] = config_files.parse_value(value)
     return out
 
 
@@ -571,11 +573,18 @@ def _check_msrvtt(data: DataConfig, raw_data: dict[str, Any], validate: Any, sou
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read ``path`` (TOML or YAML), apply ``--set`` overrides and validate."""
-    raw = apply_overrides(read_config_file(path), overrides)
+    raw = apply_overrides(config_files.read_config_file(path), overrides)
     return config_from_dict(raw, source=path)
 
 
 def save_config(config: RunConfig, path: str | Path) -> Path:
     """Write the resolved config as YAML (loadable by :func:`load_config`)."""
-    yaml = _yaml("the run folder's config.yaml")
+    yaml = config_files._yaml("the run folder's config.yaml")
     return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+# Reading config files is vlret.train.config_files; its old import path here warns.
+__getattr__ = moved_names(
+    __name__,
+    {"parse_value": "vlret.train.config_files", "read_config_file": "vlret.train.config_files"},
+)

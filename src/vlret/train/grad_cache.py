@@ -64,7 +64,7 @@ def split_batch(batch: Any, size: int) -> list[Any]:
 
     A tensor is split along dim 0; a tuple, list or dict is split entry by entry (every entry a
     tensor or a list of the batch's length); any other object must have a ``chunks(size)``
-    method (``vlret``'s :class:`~vlret.data.precomp.RetrievalBatch` has one).
+    method (``vlret``'s :class:`~vlret.data.dataset.RetrievalBatch` has one).
 
     Raises:
         TypeError: The batch is none of these.
