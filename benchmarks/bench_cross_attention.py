@@ -367,7 +367,7 @@ def bench_sgraf(args, timer: Timer, device: torch.device) -> None:
 
 def bench_train(args, timer: Timer, device: torch.device) -> None:
     try:
-        from vlret.data.precomp import RetrievalBatch
+        from vlret.data.dataset import RetrievalBatch
         from vlret.losses.triplet import triplet_loss
         from vlret.models import build_model
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vlret.cli import main
-from vlret.demo import loss_rows
+from vlret.tour import loss_rows
 
 
 def test_help_and_version(capsys):

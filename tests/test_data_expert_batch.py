@@ -1,13 +1,13 @@
 """ExpertSample / ExpertBatch: collate, indexing, device moves, frame masks, and the
-RetrievalDataset collate path (precomp.stack_features) that builds them."""
+RetrievalDataset collate path (dataset.stack_features) that builds them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vlret.data.dataset import RetrievalBatch, stack_features
 from vlret.data.expert_batch import ExpertBatch, ExpertSample
-from vlret.data.precomp import RetrievalBatch, stack_features
 
 
 def _sample(seed: int, app: bool, frames: int) -> ExpertSample:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from train_helpers import assert_same_params, model_params, tiny_config, tiny_data, tiny_raw
-from vlret.data.precomp import RetrievalBatch
+from vlret.data.dataset import RetrievalBatch
 from vlret.losses import InfoNCELoss, build_loss
 from vlret.train import Trainer
 from vlret.train.config import ConfigError, apply_overrides, config_from_dict

@@ -136,7 +136,7 @@ def test_a_harness_call_names_the_extra(tmp_path):
             out["configs"] = main(["configs"])  # no extra needed
         out["configs_out"] = stdout.getvalue()
 
-        from vlret.train.config import read_config_file
+        from vlret.train.config_files import read_config_file
 
         out["toml"] = sorted(read_config_file("src/vlret/configs/demo_tiny.toml"))
         try:
@@ -183,7 +183,7 @@ def test_the_vsl_loss_in_the_cli_names_its_extra():
 
 def test_yaml_configs_still_read_exponent_floats(tmp_path):
     """The lazily built YAML loader keeps reading ``1e-3`` (no dot) as a float."""
-    from vlret.train.config import ConfigError, read_config_file
+    from vlret.train.config_files import ConfigError, read_config_file
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text("optim:\n  lr: 1e-3\n  other: 5E+4\n")

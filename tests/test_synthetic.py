@@ -660,7 +660,8 @@ def test_hint_values_round_trip_through_set(value):
     # The hint writes each data key as `--set data.KEY=VALUE`; the value must come back as
     # itself through the trainer's parser, and a plain path must stay unquoted (readable).
     from vlret.data.synthetic.hint import train_overrides
-    from vlret.train.config import apply_overrides, parse_value
+    from vlret.train.config import apply_overrides
+    from vlret.train.config_files import parse_value
 
     meta = {"train_config_hint": {"data": {"root": value, "format": "karpathy"}}}
     item = train_overrides(meta)[0]

@@ -249,7 +249,7 @@ def test_written_layout_reads_back(tmp_path):
     hint = json.loads((root / "synthetic.json").read_text())["train_config_hint"]
     assert hint["data"]["format"] == "msrvtt" and hint["data"]["experts"] == "all"
     assert hint["experts"] == expert_dims()
-    from vlret.train.config import parse_value
+    from vlret.train.config_files import parse_value
 
     sets = dict(item.split("=", 1) for item in train_overrides({"train_config_hint": hint}))
     assert parse_value(sets["model.experts"]) == expert_dims()

@@ -19,9 +19,9 @@ from vlret.train.config import (
     apply_overrides,
     config_from_dict,
     load_config,
-    parse_value,
     save_config,
 )
+from vlret.train.config_files import parse_value
 
 #: Every run config the package ships (the demo's comparison configs are test_demo's).
 CONFIGS = [p for name, p in shipped_configs().items() if not name.startswith("demo_")]
@@ -324,7 +324,7 @@ def test_all_negatives_schedule_respects_loss_hardest(tmp_path, tiny, hardest, s
     seen = []
     for epoch in (0, 1):
         trainer.epoch = epoch
-        trainer._set_epoch_schedule()
+        trainer.hooks.before_epoch(trainer)
         seen.append(trainer.loss_fn.hardest)
     assert seen == schedule
 

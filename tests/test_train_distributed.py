@@ -19,12 +19,14 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from train_helpers import assert_same_params, rank_env, tiny_config, tiny_data
+from vlret.losses import build_loss
 from vlret.train import Trainer, train
 from vlret.train.distributed import (
     ShardedBatchSampler,
     init_distributed,
     shutdown_distributed,
 )
+from vlret.train.hooks import StepOutput, SyncLossBuffers
 
 SETTINGS = {
     "triplet_sgd": ["optim.name=sgd", "optim.lr=0.1"],
@@ -38,6 +40,8 @@ SETTINGS = {
     ],
     "adacl_sgd": ["loss.name=adacl", "optim.name=sgd", "optim.lr=0.1"],
     "vsl_sgd": ["loss.name=vsl", "optim.name=sgd", "optim.lr=0.1", "optim.grad_clip=0"],
+    # Eq. 7's caption matrix: each rank looks up every rank's captions, in rank order.
+    "vsl_text_side_sgd": ["loss.name=vsl", "loss.text_side=true", "optim.name=sgd", "optim.lr=0.1"],
     # A queue smaller than the 3 steps' 24 keys wraps around, and a momentum encoder fills it:
     # the later steps score against keys of the earlier ones.
     "adacl_queue_momentum_sgd": [
@@ -185,9 +189,18 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
         for name in SETTINGS:
             state = run_steps(Path(data), Path(out), name)
             torch.save(state, Path(out) / f"{name}.rank{rank}.pt")
+        # AdaCL's margin sync hook: every rank ends with rank 0's margins.
+        adacl = build_loss("adacl")
+        adacl.m1.fill_(20.0 + rank)
+        adacl.m2.fill_(0.5 * (rank + 1))
+        hooks = Trainer(tiny_config(Path(data), Path(out) / "sync", ["loss.name=adacl"])).hooks
+        assert [type(h).__name__ for h in hooks] == ["SyncLossBuffers"]
+        SyncLossBuffers(adacl.synced_buffers()).after_step(None, StepOutput(loss=0.0, lr=0.0))
+        synced = [float(adacl.m1), float(adacl.m2)]
         # The user's path: train() runs, then destroys the group the trainers created.
         result = train(tiny_config(Path(data), Path(out) / "train_api", COMMON))
         after = {"initialized": dist.is_initialized(), "epochs": result.epochs_done}
+        after["synced"] = synced
         torch.save(after, Path(out) / f"train_api.rank{rank}.pt")
     finally:
         if dist.is_initialized():
@@ -256,7 +269,9 @@ def assert_close_to_scale(got: torch.Tensor, want: torch.Tensor, tol: float, key
 def test_train_releases_ddp_and_destroys_the_group_it_created(distributed_run):
     _, out = distributed_run
     for r in range(2):
-        assert torch.load(out / f"train_api.rank{r}.pt") == {"initialized": False, "epochs": 3}
+        after = torch.load(out / f"train_api.rank{r}.pt")
+        synced = [20.0, 0.5]  # rank 0's margins
+        assert after == {"initialized": False, "epochs": 3, "synced": synced}
         for name in SETTINGS:
             assert bool(torch.load(out / f"{name}.rank{r}.pt")["ddp_released"]), name
 

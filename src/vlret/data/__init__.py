@@ -1,5 +1,6 @@
 """On-disk data formats, tokenisation and retrieval datasets.
 
+* :mod:`~vlret.data.dataset`: the contract every format implements (one item per caption).
 * :mod:`~vlret.data.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
 * :mod:`~vlret.data.karpathy`: Karpathy split JSON plus an image folder.
 * :mod:`~vlret.data.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
@@ -13,6 +14,16 @@ collates with ``dataset.collate`` (captions padded, with lengths) and exposes ``
 features for NaN / inf and a size other than the model's ``in_dim`` before training.
 """
 
+from .checks import DataFormatError
+from .dataset import (
+    CaptionEncoder,
+    RetrievalBatch,
+    RetrievalDataset,
+    RetrievalItem,
+    check_features,
+    collate_retrieval,
+    pad_captions,
+)
 from .expert_batch import ExpertBatch, ExpertSample
 from .experts import (
     ExpertFeatures,
@@ -38,18 +49,7 @@ from .msrvtt import (
     read_msrvtt_json,
     read_train_csv,
 )
-from .precomp import (
-    SPLITS,
-    CaptionEncoder,
-    DataFormatError,
-    PrecompDataset,
-    RetrievalBatch,
-    RetrievalDataset,
-    RetrievalItem,
-    check_features,
-    collate_retrieval,
-    pad_captions,
-)
+from .precomp import SPLITS, PrecompDataset
 from .vocab import (
     SPECIAL_TOKENS,
     HFTokenizer,

@@ -42,6 +42,7 @@ from .checks import (
     read_lines,
     require_file,
 )
+from .dataset import LazyFeatures
 from .expert_batch import ExpertSample
 from .expert_layout import (
     EXPERT_IDS,
@@ -55,7 +56,6 @@ from .expert_layout import (
     write_expert_features,
 )
 from .expert_pickles import read_released_experts
-from .precomp import LazyFeatures
 
 #: The single-stream frame layout of :mod:`vlret.data.msrvtt` (``experts=None``).
 FEATURES_NPY = "video_feats.npy"

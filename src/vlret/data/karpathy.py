@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim, read_json
-from .precomp import CaptionEncoder, RetrievalDataset
+from .dataset import CaptionEncoder, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")

@@ -45,9 +45,9 @@ from .checks import (
     read_lines,
     require_file,
 )
+from .dataset import CaptionEncoder, RetrievalDataset
 from .experts import FEATURE_IDS, FEATURES_NPY, ExpertFeatures, VideoFeatures
 from .karpathy import EntryError, JsonPath, locate_json_line
-from .precomp import CaptionEncoder, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 DATA_JSON = "MSRVTT_data.json"

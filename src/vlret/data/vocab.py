@@ -149,7 +149,7 @@ class Vocabulary:
     """Word <-> index map whose first four entries are ``<pad> <start> <end> <unk>``.
 
     :meth:`encode` tokenises, maps unknown words to ``<unk>`` and wraps the ids in ``<start>``
-    ... ``<end>``: a :class:`vlret.data.precomp.CaptionEncoder`. Two vocabularies are equal
+    ... ``<end>``: a :class:`vlret.data.dataset.CaptionEncoder`. Two vocabularies are equal
     when their words and tokenisers are.
 
     Args:
@@ -369,7 +369,7 @@ def build_precomp_vocab(
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer as a :class:`~vlret.data.precomp.CaptionEncoder`.
+    """A Hugging Face tokenizer as a :class:`~vlret.data.dataset.CaptionEncoder`.
 
     ``pad_id`` is the tokenizer's pad token, or 0 if it has none (padded positions lie past
     ``lengths`` and are masked anyway).

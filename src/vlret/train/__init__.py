@@ -15,9 +15,9 @@ from .config import (
     apply_overrides,
     config_from_dict,
     load_config,
-    parse_value,
     save_config,
 )
+from .config_files import parse_value
 from .distributed import (
     ShardedBatchSampler,
     gather_with_grad,
@@ -33,6 +33,7 @@ from .evaluate import (
     protocol_metrics,
 )
 from .grad_cache import GradCache, split_batch
+from .hooks import ParamGroup, StepOutput, TrainHook
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
 __all__ = [
@@ -42,10 +43,13 @@ __all__ = [
     "GradCache",
     "LossConfig",
     "OptimConfig",
+    "ParamGroup",
     "RunConfig",
     "ShardedBatchSampler",
     "StepDecayWarmup",
+    "StepOutput",
     "TrainConfig",
+    "TrainHook",
     "TrainResult",
     "Trainer",
     "TrainingInterrupted",

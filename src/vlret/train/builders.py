@@ -40,6 +40,7 @@ from .config import (
     _build,
     _check_choice,
 )
+from .hooks import ParamGroup
 from .pair_scoring import check_pair_scoring, scores_pairs
 
 if TYPE_CHECKING:
@@ -243,14 +244,21 @@ def build_run_loss(config: RunConfig, train_set: RetrievalDataset | None) -> Pai
         raise ConfigError(config.source, "loss", f"{config.loss.name}({given}): {err}") from None
 
 
-def build_optimizer(optim: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The configured optimiser (``adam``, ``adamw`` or ``sgd``) over ``params``."""
+def build_optimizer(
+    optim: OptimConfig, params: Sequence[nn.Parameter] | Sequence[ParamGroup]
+) -> torch.optim.Optimizer:
+    """The configured optimiser (``adam``, ``adamw`` or ``sgd``) over ``params``: parameters
+    (one group at ``optim.lr``) or :class:`~vlret.train.hooks.ParamGroup` s (each at
+    ``optim.lr * lr_scale``, in their order)."""
+    groups: list[Any] = list(params)
+    if any(isinstance(g, ParamGroup) for g in groups):
+        groups = [{"params": list(g.params), "lr": optim.lr * g.lr_scale} for g in groups]
     if optim.name in ("adam", "adamw"):
         kind = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
         betas = cast("tuple[float, float]", tuple(optim.betas))  # two (config_from_dict)
-        return kind(params, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay)
+        return kind(groups, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay)
     return torch.optim.SGD(
-        params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+        groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
     )
 
 

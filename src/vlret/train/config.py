@@ -49,7 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
-from .config_files import ConfigError, _yaml, parse_value, read_config_file
+from .._moved import moved_names
+from . import config_files
+from .config_files import ConfigError
 from .distributed import parse_device
 from .warmup import warmup_refusal
 
@@ -117,6 +119,11 @@ class OptimConfig:
     linear warm-up from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps.
     ``grad_clip`` is the max total gradient norm (VSE++: 2.0); 0 or ``None`` disables
     clipping; a negative value is an error.
+    ``lr_multipliers``: parameter-name prefix -> factor of ``lr`` for those parameters
+    (``{ "text_encoder.bert" = 0.1 }``: VSE-infinity's BERT at 0.1x; ``loss``: the loss's own
+    parameters); the longest matching prefix wins, warm-up and decay scale every group alike
+    (:class:`vlret.train.hooks.LrMultipliers`). A nested table is read as dotted prefixes. A
+    prefix that names no trainable parameter is an error when the trainer is built.
     """
 
     name: str = "adam"
@@ -129,6 +136,7 @@ class OptimConfig:
     decay_every: int = 0
     warmup_steps: int = 0
     grad_clip: float | None = 2.0
+    lr_multipliers: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,6 +161,10 @@ class TrainConfig:
     much work; ``best.pt`` is written before ``last.pt`` (see :mod:`vlret.train.run_folder`).
     ``device``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
     ``progress``: a per-batch progress bar; the per-epoch summary line is printed either way.
+    ``freeze``: names of the model's modules (``model.named_modules()``, e.g.
+    ``"image_encoder.backbone"``) that get no update for the first ``freeze_epochs`` epochs
+    (:class:`vlret.train.hooks.FreezeModules`); a resumed run continues the phase. A name that
+    is no module of the model is an error when the trainer is built.
     """
 
     epochs: int
@@ -172,6 +184,8 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     grad_cache_chunk: int | None = None
     progress: bool = True
+    freeze: list[str] = field(default_factory=list)
+    freeze_epochs: int = 0
 
 
 @dataclass
@@ -228,7 +242,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
             if not isinstance(child, dict):
                 raise ConfigError("--set", dotted, f"{k!r} is not a section")
             node = child
-        node[keys[-1]] = parse_value(value)
+        node[keys[-1]] = config_files.parse_value(value)
     return out
 
 
@@ -408,6 +422,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             "optim.grad_clip",
             f"expected a max gradient norm >= 0 (0 or null: no clipping), got {optim.grad_clip!r}",
         )
+    optim.lr_multipliers = _lr_multipliers(optim.lr_multipliers, source)
     if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
         why = f"expected two numbers in [0, 1), got {optim.betas!r}"
         raise ConfigError(source, "optim.betas", why)
@@ -444,6 +459,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
+    _check_freeze(train, source)
     return RunConfig(
         data=data,
         model=_with_scoring(model, loss),
@@ -477,6 +493,40 @@ def _check_momentum_encoder(momentum: float, loss: LossConfig, source: str) -> N
             f"only used to fill a memory queue; loss {loss.name!r} with these parameters owns "
             "none that takes momentum keys (LossCapabilities.owns_queue, momentum_keys)",
         )
+
+
+def _lr_multipliers(raw: dict[str, Any], source: str, prefix: str = "") -> dict[str, float]:
+    """``[optim] lr_multipliers`` as flat ``{dotted prefix: positive factor}`` (a nested table,
+    e.g. from ``--set optim.lr_multipliers.text_encoder.bert=0.1``, gives dotted keys)."""
+    out: dict[str, float] = {}
+    for name, value in raw.items():
+        dotted = f"{prefix}.{name}" if prefix else str(name)
+        key = f"optim.lr_multipliers.{dotted}"
+        if not str(name).strip() or any(not part for part in dotted.split(".")):
+            raise ConfigError(source, key, "empty parameter-name prefix")
+        if isinstance(value, dict):
+            out.update(_lr_multipliers(value, source, dotted))
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(source, key, f"expected a positive number, got {value!r}")
+        else:
+            out[dotted] = float(value)
+    return out
+
+
+def _check_freeze(train: TrainConfig, source: str) -> None:
+    """``freeze`` names modules (each once) exactly when ``freeze_epochs`` is positive."""
+    if train.freeze_epochs < 0:
+        raise ConfigError(source, "train.freeze_epochs", "expected an integer >= 0")
+    for i, name in enumerate(train.freeze):
+        if not name.strip() or name in train.freeze[:i]:
+            why = "empty module name" if not name.strip() else f"{name!r} is listed twice"
+            raise ConfigError(source, f"train.freeze[{i}]", why)
+    if train.freeze and not train.freeze_epochs:
+        why = "train.freeze lists modules: give freeze_epochs >= 1 (the epochs they stay frozen)"
+        raise ConfigError(source, "train.freeze_epochs", why)
+    if train.freeze_epochs and not train.freeze:
+        why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
+        raise ConfigError(source, "train.freeze", why)
 
 
 def _check_finite(node: Any, source: str, prefix: str) -> None:
@@ -531,11 +581,18 @@ def _check_msrvtt(data: DataConfig, raw_data: dict[str, Any], validate: Any, sou
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read ``path`` (TOML or YAML), apply ``--set`` overrides and validate."""
-    raw = apply_overrides(read_config_file(path), overrides)
+    raw = apply_overrides(config_files.read_config_file(path), overrides)
     return config_from_dict(raw, source=path)
 
 
 def save_config(config: RunConfig, path: str | Path) -> Path:
     """Write the resolved config as YAML (loadable by :func:`load_config`)."""
-    yaml = _yaml("the run folder's config.yaml")
+    yaml = config_files._yaml("the run folder's config.yaml")
     return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+# Reading config files is vlret.train.config_files; its old import path here warns.
+__getattr__ = moved_names(
+    __name__,
+    {"parse_value": "vlret.train.config_files", "read_config_file": "vlret.train.config_files"},
+)

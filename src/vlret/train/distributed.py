@@ -70,7 +70,7 @@ in about one exit in 20), so a process that builds a :class:`Trainer` itself und
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -267,6 +267,28 @@ def gather_no_grad(local: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(parts, local.contiguous())
     return torch.cat(parts, dim=0)
+
+
+def any_rank(flag: bool, *, device: torch.device) -> bool:
+    """Whether ``flag`` is set on any rank (a collective under torchrun; ``device``: where the
+    backend reduces)."""
+    if world_size() == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+def broadcast_from_main(tensors: Sequence[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` in place with rank 0's values (one packed broadcast; no-op in a
+    single process). Every rank must call it at the same point; the tensors must be scalars
+    or share one shape, on a device the backend supports."""
+    if world_size() == 1 or not tensors:
+        return
+    packed = torch.stack(list(tensors))
+    dist.broadcast(packed, src=0)
+    for tensor, value in zip(tensors, packed, strict=True):
+        tensor.copy_(value)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):

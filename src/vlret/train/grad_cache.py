@@ -64,7 +64,7 @@ def split_batch(batch: Any, size: int) -> list[Any]:
 
     A tensor is split along dim 0; a tuple, list or dict is split entry by entry (every entry a
     tensor or a list of the batch's length); any other object must have a ``chunks(size)``
-    method (``vlret``'s :class:`~vlret.data.precomp.RetrievalBatch` has one).
+    method (``vlret``'s :class:`~vlret.data.dataset.RetrievalBatch` has one).
 
     Raises:
         TypeError: The batch is none of these.
@@ -226,8 +226,11 @@ class GradCache:
                 with self.autocast():
                     outs = _outputs(self.model(chunk))
                 stop = start + outs[0].shape[0]
+                # An output without a graph (its encoder frozen: train.freeze) sends nothing.
                 pairs = [
-                    (o, g[start:stop]) for o, g in zip(outs, grads, strict=True) if g is not None
+                    (o, g[start:stop])
+                    for o, g in zip(outs, grads, strict=True)
+                    if g is not None and o.requires_grad
                 ]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
             start = stop

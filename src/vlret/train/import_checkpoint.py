@@ -51,7 +51,6 @@ import hashlib
 import math
 import pickle
 import re
-import sys
 import warnings
 import zipfile
 from pathlib import Path
@@ -60,6 +59,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._moved import moved_names
 from ..data.vocab import Vocabulary
 from .checkpoint import CHECKPOINT_VERSION, save_checkpoint
 from .config import config_from_dict
@@ -539,55 +539,12 @@ def _check_vocab_size(txt: dict, opt: argparse.Namespace, n: int, path: Path, vo
         )
 
 
-def add_import_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``import-checkpoint`` on the ``vlret`` sub-command parsers."""
-    p = subparsers.add_parser(
-        "import-checkpoint",
-        help="convert a released SCAN / BFAN / SGRAF checkpoint into a vlret checkpoint",
-        description=(
-            "Read a model_best.pth.tar of kuanghuei/SCAN, CrossmodalGroup/BFAN or "
-            "Paranioar/SGRAF safely (weights_only, only argparse.Namespace allowed) and write "
-            "a checkpoint that vlret eval reads."
-        ),
-    )
-    p.add_argument("checkpoint", type=Path, metavar="PATH", help="the reference checkpoint")
-    p.add_argument("--arch", required=True, choices=ARCHS, help="the system that wrote it")
-    p.add_argument(
-        "--vocab",
-        required=True,
-        type=Path,
-        metavar="VOCAB_JSON",
-        help="its vocabulary JSON (e.g. vocab/f30k_precomp_vocab.json of the reference code)",
-    )
-    p.add_argument("--out", required=True, type=Path, help="the vlret checkpoint to write")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.set_defaults(func=_cmd_import)
-    return p
-
-
-def _cmd_import(args: argparse.Namespace) -> int:
-    try:
-        out = import_reference_checkpoint(
-            args.checkpoint,
-            arch=args.arch,
-            vocab=args.vocab,
-            out=args.out,
-            overwrite=args.overwrite,
-        )
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"vlret import-checkpoint: {err}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0
-
-
 __all__ = [
     "AGGREGATIONS",
     "ARCHS",
     "REFERENCE_CODE",
     "STATE_PARTS",
     "CheckpointImportError",
-    "add_import_parser",
     "check_reference_layout",
     "convert_state",
     "import_reference_checkpoint",
@@ -597,3 +554,6 @@ __all__ = [
     "reference_key_map",
     "run_config_from_opt",
 ]
+
+# The command moved into the command-line package (one module per command).
+__getattr__ = moved_names(__name__, {"add_import_parser": "vlret.cli.import_checkpoint:add_parser"})

@@ -45,6 +45,8 @@ FROZEN_KEYS = (
     "train.seed",
     "train.all_negatives_epochs",
     "train.momentum_encoder",
+    "train.freeze",
+    "train.freeze_epochs",
     "train.drop_last",
     "data.format",
     "data.train_split",

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from torch.utils.data import DataLoader
 
 from .._extras import progress_bar
 from .._modules import unwrap_model
-from ..losses import loss_capabilities
+from ..losses import StepInputs, loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
     build_dataset,
@@ -55,6 +54,7 @@ from .config import ConfigError, RunConfig, save_config
 from .distributed import (
     ShardedBatchSampler,
     all_reduce_sum,
+    any_rank,
     gather_no_grad,
     gather_sum_grad,
     gather_tokens,
@@ -65,6 +65,7 @@ from .distributed import (
 )
 from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
+from .hooks import HookList, StepOutput, TrainHook, TrainResult, config_hooks, param_groups
 from .pair_scoring import pair_dev_metrics, pair_loss, score_stats, scores_pairs
 from .run_folder import (
     RunFolderError,
@@ -85,18 +86,9 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.checkpoint = checkpoint
 
 
-@dataclass
-class TrainResult:
-    output_dir: Path
-    epochs_done: int
-    steps: int
-    best_rsum: float | None
-    last_checkpoint: Path
-    best_checkpoint: Path | None
-
-
 class Trainer:
-    """Builds everything from a :class:`RunConfig` and runs :meth:`fit`."""
+    """Builds everything from a :class:`RunConfig` and runs :meth:`fit`, calling its hooks
+    (:mod:`.hooks`) at fixed points; a step hands the loss one :class:`~vlret.losses.StepInputs`."""
 
     def __init__(
         self,
@@ -105,11 +97,12 @@ class Trainer:
         resume: str | Path | None = None,
         overwrite: bool = False,
         print_fn: Callable[[str], None] | None = print,
+        hooks: Sequence[TrainHook] = (),
     ) -> None:
         """``resume``: a ``last.pt`` (or ``best.pt``) to continue exactly; ``overwrite``: replace
         the run that ``config.output_dir`` holds (refused otherwise, see
         :mod:`vlret.train.run_folder`); ``print_fn``: where the per-epoch summary line goes on
-        rank 0 (None: nowhere)."""
+        rank 0 (None: nowhere); ``hooks``: run after the config's own (:mod:`.hooks`)."""
         self.config = config
         tc = config.train
         self.env = init_distributed()
@@ -182,8 +175,12 @@ class Trainer:
             self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self._autocast
         )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        model_params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(config.optim, model_params + self.loss_params)
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.step = 0
+        #: The config's hooks (:func:`.hooks.config_hooks`), then the caller's, in call order.
+        self.hooks = HookList([*config_hooks(self), *hooks])
+        self.optimizer = build_optimizer(config.optim, param_groups(self, self.hooks))
         oc = config.optim
         self.scheduler = StepDecayWarmup(
             self.optimizer,
@@ -202,9 +199,6 @@ class Trainer:
             drop_last=tc.drop_last,
             max_batches=tc.max_steps_per_epoch,
         )
-        self.epoch = 0
-        self.batch_in_epoch = 0
-        self.step = 0
         self.best_rsum: float | None = None
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
@@ -284,13 +278,6 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
 
-    def _set_epoch_schedule(self) -> None:
-        tc = self.config.train
-        # The losses declaring all_negatives_warmup (vlret.train.warmup); a configured
-        # hardest=false loss stays all-negatives. From self.epoch: a resume keeps the schedule.
-        if tc.all_negatives_epochs:
-            self.loss_fn.set_all_negatives(self.epoch < tc.all_negatives_epochs)
-
     def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """``(loss for backward, logged loss, context)`` of one local batch."""
         if self.scores_pairs:
@@ -302,28 +289,39 @@ class Trainer:
                 img, txt = self.ddp_model(batch)
         wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
         img, txt = img.to(wide), txt.to(wide)
-        ids = batch.img_index
-        kwargs: dict[str, Any] = {}
+        keys: list[torch.Tensor] = []  # the momentum encoder's image and text keys
         if self.momentum_encoder is not None:
             chunks = self.grad_cache.chunks(batch) if self.grad_cache else [batch]
             with self._autocast():
-                keys = [self.momentum_encoder(chunk) for chunk in chunks]
-            img_k, txt_k = (torch.cat(k).to(wide) for k in zip(*keys, strict=True))
-            kwargs = {"img_keys": img_k, "txt_keys": txt_k}
+                outs = [self.momentum_encoder(chunk) for chunk in chunks]
+            keys = [torch.cat(k).to(wide) for k in zip(*outs, strict=True)]
+        shard = None
         if self.local_shards:
             # Each rank computes only its own pairs' terms against the gathered batch; the
             # gather's backward brings back the gradients the other ranks' terms send here.
             start = self.env.rank * img.shape[0]
-            kwargs["shard"] = (start, start + img.shape[0])
+            shard = (start, start + img.shape[0])
             img, txt = gather_sum_grad(img), gather_sum_grad(txt)
-            ids = gather_no_grad(ids)
         elif self.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
-            ids = gather_no_grad(ids)
-            kwargs = {k: gather_no_grad(v) for k, v in kwargs.items()}
-            if self.loss_caps.owns_queue:
-                kwargs["gathered"] = True
-        loss = self.loss_fn(img, txt, ids, ids, **kwargs)
+            keys = [gather_no_grad(k) for k in keys]
+        ids = gather_no_grad(batch.img_index)  # the local ids in a single process
+        captions = None
+        if "captions" in self.loss_fn.step_inputs():  # the columns' texts (VSL Eq. 7)
+            cap_index = gather_no_grad(batch.cap_index)  # every rank holds the train set
+            captions = [self.train_set.captions[i] for i in cap_index.tolist()]
+        inputs = StepInputs(
+            img_ids=ids,
+            txt_ids=ids,
+            shard=shard,
+            gathered=self.gather and not self.local_shards,
+            img_keys=keys[0] if keys else None,
+            txt_keys=keys[1] if keys else None,
+            captions=captions,
+            epoch=self.epoch,
+            step=self.step,
+        )
+        loss = self.loss_fn.forward_step(img, txt, inputs)
         logged = all_reduce_sum(loss) if self.local_shards else loss.detach()
         ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
         return self._scaled(loss, logged), logged, ctx
@@ -355,6 +353,7 @@ class Trainer:
     def train_step(self, batch) -> tuple[float, dict[str, Any]]:
         """One optimisation step on a local batch; returns the (global) loss value."""
         oc = self.config.optim
+        self.hooks.before_step(self, batch)
         lr = self.scheduler.apply(epoch=self.epoch, step=self.step)
         batch = batch.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
@@ -371,6 +370,7 @@ class Trainer:
                     if self.local_shards:  # each rank holds its own terms' share
                         torch.distributed.all_reduce(p.grad)
                     p.grad.div_(self.world)
+        self.hooks.before_optimizer_step(self)
         self.scaler.unscale_(self.optimizer)
         if oc.grad_clip and oc.grad_clip > 0:
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -381,7 +381,9 @@ class Trainer:
             self.momentum_encoder.update(self.model)
         self.step += 1
         ctx["lr"] = lr
-        return float(loss), ctx
+        done = StepOutput(loss=float(loss), lr=lr, context=ctx)
+        self.hooks.after_step(self, done)
+        return done.loss, ctx
 
     # -- validation --------------------------------------------------------------------------
 
@@ -437,6 +439,7 @@ class Trainer:
         best_path: Path | None = self.output_dir / "best.pt"
         with interrupt_flag() as flag:
             self._check_stop(flag)  # a signal that came while the data was loading
+            self.hooks.on_fit_start(self)
             while self.epoch < tc.epochs:
                 started = time.perf_counter()
                 self._train_epoch(flag)
@@ -444,7 +447,7 @@ class Trainer:
                 if self.world > 1:
                     dist.barrier()
                 self._check_stop(flag)
-        return TrainResult(
+        result = TrainResult(
             output_dir=self.output_dir,
             epochs_done=self.epoch,
             steps=self.step,
@@ -452,10 +455,12 @@ class Trainer:
             last_checkpoint=last,
             best_checkpoint=best_path,
         )
+        self.hooks.on_fit_end(self, result)
+        return result
 
     def _train_epoch(self, flag: dict[str, bool]) -> None:
         tc = self.config.train
-        self._set_epoch_schedule()
+        self.hooks.before_epoch(self)
         self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
         loader = DataLoader(
             self.train_set,
@@ -509,19 +514,18 @@ class Trainer:
         self.batch_in_epoch = 0
         self.epoch_loss_sum, self.epoch_batches = 0.0, 0
         seconds = time.perf_counter() - started  # training and validation
-        self._log(
-            {
-                "kind": "epoch",
-                "epoch": finished_epoch,
-                "step": self.step,
-                "train_loss": train_loss,
-                "lr": self.optimizer.param_groups[0]["lr"],
-                "time_s": seconds,
-                "best_rsum": self.best_rsum,
-                "best_epoch": self.best_epoch,
-                **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
-            }
-        )
+        record = {
+            "kind": "epoch",
+            "epoch": finished_epoch,
+            "step": self.step,
+            "train_loss": train_loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time_s": seconds,
+            "best_rsum": self.best_rsum,
+            "best_epoch": self.best_epoch,
+            **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
+        }
+        self._log(record)
         if self.print_fn is not None:
             self.print_fn(
                 epoch_summary(
@@ -539,11 +543,12 @@ class Trainer:
         if improved:
             self.save("best.pt")
         self.save()
+        self.hooks.after_epoch(self, record)
 
     def _check_stop(self, flag: dict[str, bool]) -> None:
         """After Ctrl-C / SIGTERM: write ``last.pt`` (a second signal meanwhile is ignored)
         and raise :class:`TrainingInterrupted`."""
-        if not self._stop_requested(flag):
+        if not any_rank(flag["set"], device=self.device):
             return
         flag["saving"] = True
         try:
@@ -557,13 +562,6 @@ class Trainer:
             return loader
         desc = f"epoch {self.epoch + 1}/{self.config.train.epochs}"
         return progress_bar(loader, desc=desc, unit="batch", dynamic_ncols=True, leave=False)
-
-    def _stop_requested(self, flag: dict[str, bool]) -> bool:
-        if self.world == 1:
-            return flag["set"]
-        t = torch.tensor([1.0 if flag["set"] else 0.0], device=self.device)
-        dist.all_reduce(t)
-        return bool(t.item() > 0)
 
     def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
         record: dict[str, Any] = {
@@ -585,12 +583,17 @@ class Trainer:
 
 
 def train(
-    config: RunConfig, *, resume: str | Path | None = None, overwrite: bool = False
+    config: RunConfig,
+    *,
+    resume: str | Path | None = None,
+    overwrite: bool = False,
+    hooks: Sequence[TrainHook] = (),
 ) -> TrainResult:
-    """Build a :class:`Trainer`, run it, then release the DDP wrapper and the process group
-    this call created (:func:`~vlret.train.distributed.shutdown_distributed`)."""
+    """Build a :class:`Trainer` (with the extra ``hooks``, :mod:`.hooks`), run it, then release
+    the DDP wrapper and the process group this call created
+    (:func:`~vlret.train.distributed.shutdown_distributed`)."""
     try:
-        with Trainer(config, resume=resume, overwrite=overwrite) as trainer:
+        with Trainer(config, resume=resume, overwrite=overwrite, hooks=hooks) as trainer:
             return trainer.fit()
     finally:
         shutdown_distributed()

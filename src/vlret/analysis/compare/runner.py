@@ -12,6 +12,7 @@ from typing import Any
 
 from ..._files import atomic_write_text
 from ...train.config import RunConfig
+from ...train.hooks import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult
 from .scoring import synthetic_extras, synthetic_root
@@ -31,9 +32,9 @@ class RunOutcome:
 
 
 class ComparisonTrainer(Trainer):
-    """The trainer with a callback after each epoch (the progress display); the dev
-    similarities of the plots (``dev_pos_sim`` / ``dev_hardest_neg_sim``) are logged by
-    :meth:`Trainer.validate` itself."""
+    """The trainer with ``on_epoch(epochs_done)`` after each epoch (the progress display), an
+    :class:`~vlret.train.hooks.EpochCallback` hook; the dev similarities of the plots
+    (``dev_pos_sim`` / ``dev_hardest_neg_sim``) are logged by :meth:`Trainer.validate` itself."""
 
     def __init__(
         self,
@@ -44,14 +45,8 @@ class ComparisonTrainer(Trainer):
         overwrite: bool = False,
         print_fn: Callable[[str], None] | None = None,
     ) -> None:
-        self._on_epoch = on_epoch
-        super().__init__(config, resume=resume, overwrite=overwrite, print_fn=print_fn)
-
-    def validate(self) -> dict[str, float] | None:
-        out = super().validate()
-        if self._on_epoch is not None:
-            self._on_epoch(self.epoch + 1)
-        return out
+        hooks = [EpochCallback(on_epoch)] if on_epoch is not None else []
+        super().__init__(config, resume=resume, overwrite=overwrite, print_fn=print_fn, hooks=hooks)
 
 
 def _json_roundtrip(value: Any) -> Any:

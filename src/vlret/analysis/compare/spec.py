@@ -13,14 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ...losses import compared_losses, loss_capabilities
-from ...train.config import (
-    ConfigError,
-    RunConfig,
-    apply_overrides,
-    config_from_dict,
-    parse_value,
-    read_config_file,
-)
+from ...train.config import ConfigError, RunConfig, apply_overrides, config_from_dict
+from ...train.config_files import parse_value, read_config_file
 
 #: The losses of the four papers, compared by default: the registry's losses that declare
 #: ``paper_comparison``, in their declared order (:func:`vlret.losses.compared_losses`).

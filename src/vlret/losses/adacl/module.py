@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..._checks import check_embeddings
@@ -66,9 +65,10 @@ class AdaCLLoss(PairLoss):
       (what :class:`vlret.train.Trainer` passes); every rank then computes the single-process
       loss and margins, and the queues enqueue the global keys once. ``gathered=False``: each
       rank scores its own pairs and the queues all-gather the keys before enqueueing. With
-      ``sync_margins`` rank 0's margins are broadcast after each update: a collective on the
-      buffers, so the module must sit on a device the backend supports and every rank must
-      run the same number of training-mode forwards.
+      ``sync_margins`` the module declares its margins in :meth:`synced_buffers`, and the
+      trainer broadcasts rank 0's after each step (a hook; a caller with its own loop calls
+      :func:`vlret.train.distributed.broadcast_from_main` on them), so the module must sit on
+      a device the backend supports.
     * **Large batches.** With ``chunk_size`` smaller than the batch, ``forward`` never builds
       the ``(B, B)`` matrix nor the ``(B, K)`` queue blocks (:class:`TiledAdaCLBatch`, the
       same anchor selection over tiles); a batch within one tile takes the dense path.
@@ -243,13 +243,12 @@ class AdaCLLoss(PairLoss):
             code = GUARDS.index(guard)
             self.guard_counts[code] += 1
             self.last_guard = code + 1
-        if c.sync_margins and dist.is_available() and dist.is_initialized():
-            if dist.get_world_size() > 1:
-                packed = torch.stack([self.m1, self.m2])
-                dist.broadcast(packed, src=0)
-                self.m1.copy_(packed[0])
-                self.m2.copy_(packed[1])
         return guard
+
+    def synced_buffers(self) -> tuple[torch.Tensor, ...]:
+        """The buffers a data-parallel trainer overwrites with rank 0's after each training
+        step (``sync_margins``: the margins; :class:`vlret.train.hooks.SyncLossBuffers`)."""
+        return (self.m1, self.m2) if self.config.sync_margins else ()
 
     def _accept(self, batch: Batch, anchor: float, log_sigma: float, row: int) -> str | None:
         """Margins from an anchor (Eq. 20, 22; host floats) into the buffers, or the guard."""

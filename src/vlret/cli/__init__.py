@@ -1,0 +1,105 @@
+"""Command line: ``vlret train | eval | import-checkpoint | convert-experts | compare | sweep |
+synth | demo | losses | configs | plot``.
+
+One module per command, each with ``NAME``, ``add_parser(subparsers)`` (help, arguments,
+``func=run``) and ``run(args) -> int`` (the exit status); what they share (exit statuses, the
+one-line error, the ``train`` extra check) is :mod:`vlret.cli._common`. A command module imports
+what it runs inside ``run``, so ``vlret --version | configs | losses | synth`` work with the core
+install (torch and numpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from .. import __version__
+from . import (
+    compare,
+    configs,
+    convert_experts,
+    demo,
+    import_checkpoint,
+    losses,
+    plot,
+    sweep,
+    synth,
+    train,
+)
+from . import eval as eval_command
+from ._common import EXIT_ERROR
+
+#: The command modules, in the order ``vlret --help`` lists them.
+COMMANDS: tuple[ModuleType, ...] = (
+    train,
+    eval_command,
+    import_checkpoint,
+    convert_experts,
+    compare,
+    sweep,
+    synth,
+    demo,
+    losses,
+    configs,
+    plot,
+)
+
+
+def version_line() -> str:
+    """``vlret X (torch Y, device Z)``: what a bug report needs first. The device is the one
+    ``train.device = "auto"`` picks (the first GPU when CUDA is available, else the CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        device = f"cuda ({name}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} visible)"
+    else:
+        build = "CPU-only build" if torch.version.cuda is None else "no GPU visible"
+        device = f"cpu ({build})"
+    return f"vlret {__version__} (torch {torch.__version__}, device {device})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the line is built when asked (it queries CUDA), not at parser build."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vlret`` parser with every command of :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="vlret",
+        description="Vision-language retrieval losses, evaluation protocols and tools.",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print vlret's, torch's version and the device"
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``vlret`` command; a missing optional dependency is one line naming the extra to
+    install (``vlret train needs PyYAML: pip install 'vlret[train]'``) and status 2."""
+    from .._extras import MissingExtra
+
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except MissingExtra as err:
+        print(err.for_command(getattr(args, "command", None)), file=sys.stderr)
+        return EXIT_ERROR
+
+
+__all__ = ["COMMANDS", "build_parser", "main", "version_line"]

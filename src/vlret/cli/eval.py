@@ -1,0 +1,141 @@
+"""``vlret eval CKPT [CKPT ...] --data DIR --split SPLIT --protocol NAME``: a thin layer over
+:mod:`vlret.train.evaluate` (the evaluation itself, its table and its JSON record)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ._common import EXIT_OK, fail, require_train_extra
+
+NAME = "eval"
+
+#: The re-scoring parameters and the flag that sets each (named in a misplaced flag's error).
+RESCORE_FLAGS = {
+    "temperature": "--dsl-temperature",
+    "beta": "--qb-beta",
+    "k": "--qb-k",
+    "dynamic": "--qb-static",
+    "bank_size": "--bank-size",
+}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``eval`` on the ``vlret`` sub-command parsers."""
+    from ..train.evaluate import EVAL_SPLITS, PROTOCOLS
+
+    p = subparsers.add_parser(
+        NAME,
+        help="evaluate a checkpoint (or an ensemble) under a paper protocol",
+        description="Exact protocol by default. Several checkpoints: an ensemble, the mean of "
+        "their score matrices. --shortlist K: approximate, for pair-scoring (cross-attention) "
+        "models: each query's top-K candidates by a two-tower score re-ranked by exact scores.",
+    )
+    p.add_argument(
+        "checkpoint",
+        type=Path,
+        nargs="+",
+        help="checkpoint(s) written by vlret train (or vlret import-checkpoint); several: "
+        "an ensemble averaging their score matrices",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="data folder of the test split (Karpathy: dataset_*.json and images/ in it)",
+    )
+    p.add_argument(
+        "--split",
+        required=True,
+        choices=EVAL_SPLITS,
+        help="f30k: test; coco1k/coco5k: testall (Karpathy COCO: test); msrvtt-*: test; "
+        "dev for model-selection checks (not msrvtt-1ka)",
+    )
+    p.add_argument("--protocol", required=True, choices=PROTOCOLS)
+    p.add_argument("--json", type=Path, help="also write the metrics as JSON")
+    p.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    p.add_argument(
+        "--shortlist",
+        type=int,
+        metavar="K",
+        help="APPROXIMATE (cross-attention models): re-rank each query's top K candidates of a "
+        "two-tower score with exact scores, the rest ranked below; reports the fraction of "
+        "ground truths shortlisted (default: the exact protocol)",
+    )
+    p.add_argument(
+        "--shortlist-from",
+        type=Path,
+        metavar="CKPT",
+        help="with --shortlist: a two-tower checkpoint whose cosines pick the shortlists "
+        "(default: the cosine of the model's own mean-pooled region and word features)",
+    )
+    p.add_argument(
+        "--rescore",
+        choices=("dsl", "qbnorm"),
+        help="NON-STANDARD re-scoring, labelled so in the table and JSON (docs/rescoring.md): "
+        "dsl = dual softmax over the test matrix (uses every test query at once); qbnorm = "
+        "QB-Norm with a querybank of training captions (text->image only)",
+    )
+    p.add_argument(
+        "--dsl-temperature", type=float, metavar="T", help="dsl: temperature (default 0.01)"
+    )
+    p.add_argument("--qb-beta", type=float, metavar="BETA", help="qbnorm: beta (default 20)")
+    p.add_argument(
+        "--qb-k", type=int, metavar="K", help="qbnorm: top-K images of a bank caption (default 1)"
+    )
+    p.add_argument(
+        "--qb-static", action="store_true", help="qbnorm: normalise every query (not dynamic)"
+    )
+    p.add_argument(
+        "--bank-size", type=int, metavar="N", help="qbnorm: train captions in the bank (5000)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate, print the protocol's table and (``--json``) write its record."""
+    require_train_extra(NAME)
+    from .._files import check_json_path, write_metrics_json
+    from ..metrics.rescore import make_rescoring
+    from ..train.evaluate import (
+        evaluation_record,
+        evaluation_title,
+        format_metrics_table,
+        run_evaluation,
+    )
+
+    try:
+        if args.json is not None:  # before the (slow) evaluation, not after the table
+            check_json_path(args.json)
+        result = run_evaluation(
+            args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint,
+            data=args.data,
+            split=args.split,
+            protocol=args.protocol,
+            batch_size=args.batch_size,
+            device=args.device,
+            shortlist=args.shortlist,
+            shortlist_from=args.shortlist_from,
+            progress=not args.no_progress,
+            rescore=make_rescoring(
+                args.rescore,
+                names=RESCORE_FLAGS,
+                temperature=args.dsl_temperature,
+                beta=args.qb_beta,
+                k=args.qb_k,
+                dynamic=False if args.qb_static else None,
+                bank_size=args.bank_size,
+            ),
+        )
+    except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
+        return fail(NAME, err)
+    title = evaluation_title(result, args.protocol, args.split)
+    print(format_metrics_table(result.metrics, args.protocol, title=title))
+    if args.json is not None:
+        record = evaluation_record(result, protocol=args.protocol, split=args.split)
+        print(write_metrics_json(record, args.json))
+    return EXIT_OK

@@ -1,0 +1,59 @@
+"""``vlret import-checkpoint PATH --arch scan|bfan|sgraf --vocab VOCAB_JSON --out model.pt``: the
+conversion is :func:`vlret.train.import_checkpoint.import_reference_checkpoint`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ._common import EXIT_OK, fail, require_train_extra
+
+NAME = "import-checkpoint"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``import-checkpoint`` on the ``vlret`` sub-command parsers."""
+    from ..train.import_checkpoint import ARCHS
+
+    p = subparsers.add_parser(
+        NAME,
+        help="convert a released SCAN / BFAN / SGRAF checkpoint into a vlret checkpoint",
+        description=(
+            "Read a model_best.pth.tar of kuanghuei/SCAN, CrossmodalGroup/BFAN or "
+            "Paranioar/SGRAF safely (weights_only, only argparse.Namespace allowed) and write "
+            "a checkpoint that vlret eval reads."
+        ),
+    )
+    p.add_argument("checkpoint", type=Path, metavar="PATH", help="the reference checkpoint")
+    p.add_argument("--arch", required=True, choices=ARCHS, help="the system that wrote it")
+    p.add_argument(
+        "--vocab",
+        required=True,
+        type=Path,
+        metavar="VOCAB_JSON",
+        help="its vocabulary JSON (e.g. vocab/f30k_precomp_vocab.json of the reference code)",
+    )
+    p.add_argument("--out", required=True, type=Path, help="the vlret checkpoint to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert, print the written checkpoint's path."""
+    require_train_extra(NAME)
+    from ..train.import_checkpoint import import_reference_checkpoint
+
+    try:
+        out = import_reference_checkpoint(
+            args.checkpoint,
+            arch=args.arch,
+            vocab=args.vocab,
+            out=args.out,
+            overwrite=args.overwrite,
+        )
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        return fail(NAME, err)
+    print(out)
+    return EXIT_OK

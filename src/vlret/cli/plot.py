@@ -1,0 +1,42 @@
+"""``vlret plot goal-weights | adacl-margins``: GOAL's weight diagrams, AdaCL's margin curves."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ._common import EXIT_OK, fail
+
+NAME = "plot"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``plot`` on the ``vlret`` sub-command parsers."""
+    p = subparsers.add_parser(NAME, help="figures: GOAL weight diagrams, AdaCL margin curves")
+    p.add_argument("what", choices=["goal-weights", "adacl-margins"])
+    p.add_argument("--out", type=Path, required=True, help="output folder for PNG files")
+    p.add_argument("--stats", type=Path, help="AdaCL stats JSON-lines log (adacl-margins)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the figures, print their paths."""
+    if args.what == "goal-weights":
+        from ..analysis.goal_plots import plot_goal_weights
+
+        paths = plot_goal_weights(args.out)
+    else:
+        if args.stats is None:
+            raise SystemExit("vlret plot adacl-margins: --stats FILE is required")
+        from ..analysis.adacl_plots import plot_adacl_margins
+
+        # A missing file or one without AdaCL margins: one line naming the file, exit 2.
+        try:
+            paths = plot_adacl_margins(args.stats, args.out)
+        except (FileNotFoundError, ValueError) as err:
+            return fail(NAME, err)
+    for p in paths:
+        print(p)
+    return EXIT_OK

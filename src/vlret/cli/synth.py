@@ -1,0 +1,80 @@
+"""``vlret synth PRESET --out DIR``: a synthetic world (:mod:`vlret.data.synthetic`) written in
+a real data format, with the ``--set`` overrides a shipped config needs to train on it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ._common import EXIT_OK, fail
+
+NAME = "synth"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``synth`` on the ``vlret`` sub-command parsers."""
+    p = subparsers.add_parser(NAME, help="write a synthetic retrieval world in a real data format")
+    p.add_argument(
+        "preset",
+        help="a preset (docs/synthetic.md): tiny, small (the worlds of `vlret demo --preset "
+        "tiny|small`), f30k-like, coco-like, video, video-experts",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output data folder")
+    p.add_argument("--seed", type=int, help="world seed (default: the preset's)")
+    p.add_argument(
+        "--format", choices=["precomp", "karpathy", "msrvtt"], help="on-disk format to write"
+    )
+    p.add_argument(
+        "--noise",
+        metavar="MODE:RATE",
+        help="noisy correspondence on the train split, e.g. permute_captions:0.2 "
+        "(modes: permute_captions, permute_images, falsify)",
+    )
+    p.add_argument(
+        "--random-bert",
+        action="store_true",
+        help="also write OUT/random-bert: a small randomly initialised BERT on the world's words "
+        "(MMT's text encoder for the synthetic runs; needs transformers)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing world (or write into a non-empty folder); without it the "
+        "folder is refused",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the world, print its folder and the overrides to train on it."""
+    try:
+        from ..data.synthetic import synth_main
+    except ImportError as err:
+        return fail(NAME, f"the synthetic world is not available: {err}")
+    options = {
+        k: v
+        for k, v in (("seed", args.seed), ("format", args.format), ("noise", args.noise))
+        if v is not None
+    }
+    if args.overwrite:
+        options["overwrite"] = True
+    try:
+        path = synth_main(args.preset, args.out, **options)
+    except (ValueError, FileExistsError) as err:
+        return fail(NAME, err)
+    print(path)
+    if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
+        from ..data.msrvtt import DATA_JSON, read_msrvtt_json
+        from ..data.synthetic.bert import write_random_bert
+
+        if not (Path(path) / DATA_JSON).is_file():
+            return fail(NAME, "--random-bert needs an MSR-VTT-format world")
+        captions = read_msrvtt_json(Path(path) / DATA_JSON).captions.values()
+        print(write_random_bert(Path(path) / "random-bert", (c for cs in captions for c in cs)))
+    from ..data.synthetic import train_hint_lines
+
+    for line in train_hint_lines(path):  # the --set overrides a shipped config needs
+        print(line)
+    return EXIT_OK

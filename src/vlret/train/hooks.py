@@ -1,0 +1,406 @@
+"""Trainer hooks: the extension points of :class:`vlret.train.Trainer`.
+
+What differs between training procedures (VSE-infinity's all-negatives warm-up, a backbone
+frozen for the first epochs, a smaller learning rate for BERT, AdaCL's margin sync, a
+comparison's progress display) is a :class:`TrainHook`, not a branch of the step. The trainer
+calls every hook's methods in the order of its hook list, at fixed points:
+
+1. ``param_groups(trainer, groups)`` once, while the trainer is built, before the optimiser:
+   each hook may split or re-scale the parameter groups the previous one returned.
+2. ``on_fit_start(trainer)`` when :meth:`~vlret.train.Trainer.fit` starts (after a resume).
+3. For each epoch: ``before_epoch(trainer)`` (also when a resumed run re-enters an epoch in
+   its middle), then for each batch ``before_step(trainer, batch)`` (before the learning
+   rate is set and the batch moved to the device), the forward and backward pass,
+   ``before_optimizer_step(trainer)`` (gradients final: after DDP's all-reduce, before
+   unscaling, clipping and the optimiser step), the optimiser step and the momentum encoder's
+   update, then ``after_step(trainer, step)`` (before a mid-epoch checkpoint).
+4. At the end of each epoch, after validation, the epoch record and the checkpoints:
+   ``after_epoch(trainer, record)``; ``trainer.epoch`` is then the number of epochs done.
+5. ``on_fit_end(trainer, result)`` when the last epoch is done (not after an interrupt).
+
+The hooks built from the config (:func:`config_hooks`) come first, in the order
+:class:`AllNegativesWarmup`, :class:`FreezeModules`, :class:`LrMultipliers`,
+:class:`SyncLossBuffers`; the hooks given to ``Trainer(..., hooks=...)`` follow in their
+order. Every hook method runs on every rank. A hook reads the trainer's state (``epoch``,
+``step``, ``model``, ``loss_fn``, ``optimizer``, ``world``) and keeps none of its own that a
+resume would need: what it does is a function of that state, so ``--resume`` stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from .config import ConfigError, RunConfig
+from .distributed import broadcast_from_main
+
+if TYPE_CHECKING:
+    from ..data.precomp import RetrievalBatch
+    from ..losses._base import PairLoss
+
+#: The key under which the loss's own parameters (a learnable temperature) appear in
+#: parameter names: ``loss.<name>``; the model's keep their ``named_parameters`` names.
+LOSS_PREFIX = "loss"
+
+
+class HookedTrainer(Protocol):
+    """What a hook may read from the trainer (a :class:`vlret.train.Trainer`)."""
+
+    config: RunConfig
+    model: nn.Module
+    loss_fn: PairLoss
+    optimizer: torch.optim.Optimizer
+    epoch: int
+    step: int
+    world: int
+    is_main: bool
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`vlret.train.Trainer.fit` returns (and :meth:`TrainHook.on_fit_end` sees)."""
+
+    output_dir: Path
+    epochs_done: int
+    steps: int
+    best_rsum: float | None
+    last_checkpoint: Path
+    best_checkpoint: Path | None
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """One optimiser parameter group: its parameters, their names and a learning-rate factor.
+
+    The group's learning rate is ``optim.lr * lr_scale`` times the schedule's factor (warm-up
+    and decay multiply every group alike).
+    """
+
+    names: tuple[str, ...]
+    params: tuple[nn.Parameter, ...]
+    lr_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What :meth:`TrainHook.after_step` sees of a finished step.
+
+    Attributes:
+        loss: The step's (global) loss value.
+        lr: The learning rate of the first parameter group during the step.
+        context: The detached embeddings or scores and ids of the step (``img``, ``txt``,
+            ``ids`` or ``sim``, ``ids``).
+    """
+
+    loss: float
+    lr: float
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+
+class TrainHook:
+    """An extension point of the training loop; every method does nothing by default.
+
+    See the module docstring for when each method runs.
+    """
+
+    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+        """The parameter groups of the optimiser (default: ``groups`` unchanged)."""
+        return groups
+
+    def on_fit_start(self, trainer: HookedTrainer) -> None:
+        """Training starts (or continues after a resume)."""
+
+    def before_epoch(self, trainer: HookedTrainer) -> None:
+        """Epoch ``trainer.epoch`` starts (or is re-entered by a resume)."""
+
+    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+        """A step on the local ``batch`` starts (``trainer.step`` steps taken before it)."""
+
+    def before_optimizer_step(self, trainer: HookedTrainer) -> None:
+        """The gradients of the step are final; the optimiser has not stepped yet."""
+
+    def after_step(self, trainer: HookedTrainer, step: StepOutput) -> None:
+        """A step is done (``trainer.step`` counts it)."""
+
+    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
+        """An epoch is done: validated, logged as ``record`` and checkpointed."""
+
+    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
+        """Training finished every epoch."""
+
+
+class HookList(TrainHook):
+    """Hooks called one after another in list order: what the trainer calls at each point."""
+
+    def __init__(self, hooks: Sequence[TrainHook] = ()) -> None:
+        for hook in hooks:
+            if not isinstance(hook, TrainHook):
+                raise TypeError(f"hooks must be TrainHook instances, got {type(hook).__name__}")
+        self.hooks = list(hooks)
+
+    def __iter__(self) -> Iterator[TrainHook]:
+        return iter(self.hooks)
+
+    def __len__(self) -> int:
+        return len(self.hooks)
+
+    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+        for hook in self.hooks:
+            groups = hook.param_groups(trainer, groups)
+        return groups
+
+    def on_fit_start(self, trainer: HookedTrainer) -> None:
+        for hook in self.hooks:
+            hook.on_fit_start(trainer)
+
+    def before_epoch(self, trainer: HookedTrainer) -> None:
+        for hook in self.hooks:
+            hook.before_epoch(trainer)
+
+    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+        for hook in self.hooks:
+            hook.before_step(trainer, batch)
+
+    def before_optimizer_step(self, trainer: HookedTrainer) -> None:
+        for hook in self.hooks:
+            hook.before_optimizer_step(trainer)
+
+    def after_step(self, trainer: HookedTrainer, step: StepOutput) -> None:
+        for hook in self.hooks:
+            hook.after_step(trainer, step)
+
+    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
+        for hook in self.hooks:
+            hook.after_epoch(trainer, record)
+
+    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
+        for hook in self.hooks:
+            hook.on_fit_end(trainer, result)
+
+
+def named_trainable(model: nn.Module, loss_fn: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters the optimiser updates, named: the model's, then the loss's as
+    ``loss.<name>`` (the order of the single default group)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    named += [(f"{LOSS_PREFIX}.{n}", p) for n, p in loss_fn.named_parameters() if p.requires_grad]
+    return named
+
+
+def param_groups(trainer: HookedTrainer, hooks: TrainHook) -> list[nn.Parameter] | list[ParamGroup]:
+    """The optimiser's parameters: one group of :func:`named_trainable` refined by each hook's
+    :meth:`~TrainHook.param_groups` in turn; a single group at factor 1 comes back as the plain
+    parameter list (the optimiser built exactly as without hooks)."""
+    named = named_trainable(trainer.model, trainer.loss_fn)
+    groups = [ParamGroup(tuple(n for n, _ in named), tuple(p for _, p in named))]
+    groups = hooks.param_groups(trainer, groups)
+    if len(groups) == 1 and groups[0].lr_scale == 1.0:
+        return list(groups[0].params)
+    return groups
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _nearby(names: Sequence[str]) -> str:
+    """The distinct first two components of ``names``: what a prefix could have been."""
+    heads = dict.fromkeys(".".join(n.split(".")[:2]) for n in names)
+    shown = list(heads)[:12]
+    return ", ".join(shown) + (", ..." if len(heads) > len(shown) else "")
+
+
+class LrMultipliers(TrainHook):
+    """Parameter groups with learning-rate multipliers (``[optim] lr_multipliers``).
+
+    ``multipliers`` maps a parameter-name prefix (``"text_encoder.bert"``: that module's
+    parameters; ``"loss"``: the loss's own) to a factor of ``optim.lr``; a parameter takes the
+    factor of its longest matching prefix (VSE-infinity trains BERT at 0.1x). The parameters
+    without a multiplier stay in the first group at factor 1, in their original order; then one
+    group per prefix, in the order given. The schedule scales every group's own learning rate,
+    so warm-up and decay keep the ratios, and a checkpoint stores each group's base rate.
+
+    Raises:
+        ConfigError: From :meth:`param_groups`: a prefix that names no trainable parameter.
+    """
+
+    def __init__(self, multipliers: Mapping[str, float], *, source: str = "<hooks>") -> None:
+        for prefix, scale in multipliers.items():
+            if not isinstance(scale, int | float) or isinstance(scale, bool) or not scale > 0:
+                key = f"optim.lr_multipliers.{prefix}"
+                raise ConfigError(source, key, f"expected a positive number, got {scale!r}")
+        self.multipliers = dict(multipliers)
+        self.source = source
+
+    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+        names = [n for g in groups for n in g.names]
+        by_prefix: dict[str, list[tuple[str, nn.Parameter, float]]] = {
+            p: [] for p in self.multipliers
+        }
+        rest: dict[float, list[tuple[str, nn.Parameter]]] = {}
+        for group in groups:
+            for name, param in zip(group.names, group.params, strict=True):
+                matches = [p for p in self.multipliers if _under(name, p)]
+                if matches:
+                    by_prefix[max(matches, key=len)].append((name, param, group.lr_scale))
+                else:
+                    rest.setdefault(group.lr_scale, []).append((name, param))
+        for prefix in by_prefix:
+            if not any(_under(n, prefix) for n in names):
+                raise ConfigError(
+                    self.source,
+                    f"optim.lr_multipliers.{prefix}",
+                    f"matches no trainable parameter; parameter names begin with {_nearby(names)}",
+                )
+        out = [
+            ParamGroup(tuple(n for n, _ in m), tuple(p for _, p in m), s) for s, m in rest.items()
+        ]
+        for prefix, members in by_prefix.items():
+            scales = dict.fromkeys(s for _, _, s in members)
+            for scale in scales:  # one group per incoming factor (several hooks compose)
+                kept = [(n, p) for n, p, s in members if s == scale]
+                out.append(
+                    ParamGroup(
+                        tuple(n for n, _ in kept),
+                        tuple(p for _, p in kept),
+                        scale * self.multipliers[prefix],
+                    )
+                )
+        return [g for g in out if g.params]
+
+
+class FreezeModules(TrainHook):
+    """Modules frozen for the first ``epochs`` epochs (``[train] freeze``, ``freeze_epochs``).
+
+    In epochs ``< epochs`` the modules' parameters get no update: their gradients are dropped
+    before the optimiser step (the optimiser then skips them: no step, no weight decay, no
+    moment update) and, in a single process, ``requires_grad`` is off so the backward pass does
+    not compute them. DistributedDataParallel fixes at construction which parameters it
+    reduces, so under torchrun they stay differentiable and only the update is skipped. From
+    epoch ``epochs`` on they train. The phase is read from ``trainer.epoch`` at each epoch
+    start, so a run resumed inside the frozen phase continues identically. Normalisation
+    layers' running statistics still update in training mode.
+
+    Raises:
+        ConfigError: A name that is no module of the model (``train.freeze``).
+    """
+
+    def __init__(
+        self, model: nn.Module, names: Sequence[str], *, epochs: int, source: str = "<hooks>"
+    ) -> None:
+        modules = dict(model.named_modules())
+        params: dict[int, nn.Parameter] = {}
+        for i, name in enumerate(names):
+            if name not in modules or not name:
+                children = ", ".join(n for n, _ in model.named_children())
+                raise ConfigError(
+                    source,
+                    f"train.freeze[{i}]",
+                    f"{name!r} is not a module of the model (its top-level modules: {children})",
+                )
+            for p in modules[name].parameters():
+                if p.requires_grad:  # a parameter the model keeps fixed anyway stays fixed
+                    params[id(p)] = p
+        self.params = list(params.values())
+        self.epochs = int(epochs)
+        self.frozen = False
+
+    def before_epoch(self, trainer: HookedTrainer) -> None:
+        self.frozen = trainer.epoch < self.epochs
+        if trainer.world == 1:
+            for p in self.params:
+                p.requires_grad_(not self.frozen)
+
+    def before_optimizer_step(self, trainer: HookedTrainer) -> None:
+        if self.frozen:
+            for p in self.params:
+                p.grad = None
+
+    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
+        for p in self.params:  # a run shorter than the phase leaves the model trainable
+            p.requires_grad_(True)
+
+
+class AllNegativesWarmup(TrainHook):
+    """VSE-infinity's warm-up (``[train] all_negatives_epochs``): all negatives instead of the
+    hardest for the first ``epochs`` epochs (:mod:`vlret.train.warmup`), read from
+    ``trainer.epoch`` so a resume keeps the schedule."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = int(epochs)
+
+    def before_epoch(self, trainer: HookedTrainer) -> None:
+        trainer.loss_fn.set_all_negatives(trainer.epoch < self.epochs)
+
+
+@runtime_checkable
+class SyncedBuffers(Protocol):
+    """A loss whose buffers every rank must hold equal (AdaCL's margins with ``sync_margins``)."""
+
+    def synced_buffers(self) -> tuple[torch.Tensor, ...]: ...
+
+
+class SyncLossBuffers(TrainHook):
+    """After each step, every rank takes rank 0's values of the buffers the loss declares in
+    ``synced_buffers()`` (AdaCL: ``m1``, ``m2``), so per-rank rounding never lets them drift."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor]) -> None:
+        self.buffers = tuple(buffers)
+
+    def after_step(self, trainer: HookedTrainer, step: StepOutput) -> None:
+        broadcast_from_main(self.buffers)
+
+
+class EpochCallback(TrainHook):
+    """Calls ``callback(epochs_done)`` on rank 0 after each epoch (a progress display)."""
+
+    def __init__(self, callback: Callable[[int], None]) -> None:
+        self.callback = callback
+
+    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
+        if trainer.is_main:
+            self.callback(trainer.epoch)
+
+
+def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
+    """The hooks ``trainer.config`` asks for, in their fixed order (see the module docstring),
+    for its model and loss (called before the optimiser exists).
+
+    Raises:
+        ConfigError: A ``train.freeze`` name that is no module of the model.
+    """
+    config, model, loss_fn, world = trainer.config, trainer.model, trainer.loss_fn, trainer.world
+    tc, oc = config.train, config.optim
+    hooks: list[TrainHook] = []
+    if tc.all_negatives_epochs:
+        hooks.append(AllNegativesWarmup(tc.all_negatives_epochs))
+    if tc.freeze:
+        hooks.append(FreezeModules(model, tc.freeze, epochs=tc.freeze_epochs, source=config.source))
+    if oc.lr_multipliers:
+        hooks.append(LrMultipliers(oc.lr_multipliers, source=config.source))
+    if world > 1 and isinstance(loss_fn, SyncedBuffers) and loss_fn.synced_buffers():
+        hooks.append(SyncLossBuffers(loss_fn.synced_buffers()))
+    return hooks
+
+
+__all__ = [
+    "AllNegativesWarmup",
+    "EpochCallback",
+    "FreezeModules",
+    "HookList",
+    "HookedTrainer",
+    "LrMultipliers",
+    "ParamGroup",
+    "StepOutput",
+    "SyncLossBuffers",
+    "SyncedBuffers",
+    "TrainHook",
+    "TrainResult",
+    "config_hooks",
+    "named_trainable",
+    "param_groups",
+]
