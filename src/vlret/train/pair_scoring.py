@@ -1,17 +1,18 @@
 """The trainer's path for models that score pairs themselves (SCAN, BFAN, SGRAF).
 
-Such a model (a :class:`~vlret.models.PairScorer`, :mod:`vlret.models.cross_model`) maps a batch
-to its ``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask,
-...)`` with the positives of the batch's image indices, plus whatever else the loss declares in
+Such a model (a ``PairScorer``, :mod:`vlret.models.cross_model`) maps a batch to its
+``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask, ...)``
+with the positives of the batch's image indices, plus whatever else the loss declares in
 ``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
-semantic matrix). What needs embeddings cannot work on a score matrix and is refused before any
-data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the loss
-declares ``chunks_similarity``; a nested loss's ``chunk_size`` too), gradient caching
-(``train.grad_cache_chunk``) and a memory queue (a loss that ``owns_queue`` with its parameters,
-AdaCL's ``queue_size``; the momentum encoder that fills one, ``train.momentum_encoder``, needs
-such a queue in any case). Validation scores the dev pairs with :mod:`vlret.eval`
-(:func:`pair_dev_metrics`). The distributed contract is in :mod:`vlret.train.distributed` ("Pair
-scorers")."""
+semantic matrix). What needs embeddings cannot work on a score matrix and is refused before
+any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, the tile
+height of the embedding path; a nested loss's ``chunk_size`` too), gradient caching
+(``train.grad_cache_chunk``) and a memory queue (a
+loss that ``owns_queue`` with its parameters, AdaCL's ``queue_size``; the momentum encoder that
+fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
+dev pairs with :mod:`vlret.eval` (:func:`pair_dev_metrics`). The distributed contract is in
+:mod:`vlret.train.distributed` ("Pair scorers").
+"""
 
 from __future__ import annotations
 
