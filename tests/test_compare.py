@@ -558,10 +558,10 @@ def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, 
     """A SCAN variant in a comparison on a synthetic world: its metrics and synthetic extras
     both come from the one exact score matrix (S, I as the embedding pair), equal to
     evaluate_synthetic on every pair scored on its own, and the pairs are scored once."""
+    from vlret import eval as eval_package
     from vlret.analysis import compare as compare_module
     from vlret.data.synthetic import evaluate_synthetic, load_synthetic, write_synthetic
-    from vlret.train import evaluate as evaluate_module
-    from vlret.train import evaluate_pairs
+    from vlret.eval import encode_tokens, scorers
 
     world = write_synthetic("tiny", tmp_path / "world")
     hint = json.loads((world / "synthetic.json").read_text(encoding="utf-8"))["train_config_hint"]
@@ -577,7 +577,7 @@ def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, 
     cfg = tmp_path / "scan.yaml"
     cfg.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     calls = []
-    real = evaluate_pairs.score_matrix
+    real = eval_package.score_matrix
 
     def counted(models, regions, texts, **kwargs):
         calls.append(len(texts))
@@ -585,15 +585,15 @@ def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, 
 
     # vlret eval's scoring (the trainer's dev scoring goes through pair_scoring), and the
     # fallback that scores the pairs again for the synthetic extras
-    monkeypatch.setattr(evaluate_module, "score_matrix", counted)
-    monkeypatch.setattr(evaluate_pairs, "score_matrix", counted)
+    monkeypatch.setattr(scorers, "score_matrix", counted)
+    monkeypatch.setattr(eval_package, "score_matrix", counted)
     report = compare(cfg, losses=["unified"], seeds=1, out=tmp_path / "out", progress=False)
     assert report.count("trained") == 1
     assert len(calls) == 1  # the test split is scored once for both tables
     (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]["runs"]
     model, config, encoder = load_trained_model(Path(run["run_dir"]) / "best.pt")
     dataset = build_dataset(config.data, "test", encoder)
-    regions, texts = evaluate_pairs.encode_tokens(model, dataset, device="cpu")
+    regions, texts = encode_tokens(model, dataset, device="cpu")
     with torch.no_grad():  # one call over all pairs (no blocks, captions in file order)
         sim = model.eval().score(regions, *texts.gather())
     direct = evaluate_synthetic(sim, torch.eye(sim.shape[1]), load_synthetic(world, "test"))

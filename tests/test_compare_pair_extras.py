@@ -48,8 +48,8 @@ def test_identity_on_the_image_side_gives_the_same_metrics(tmp_path):
 
 def test_pair_scores_as_embeddings_multiply_back_to_the_score_matrix(monkeypatch):
     sim = torch.randn(3, 7, dtype=torch.float64)
-    monkeypatch.setattr("vlret.train.evaluate_pairs.encode_tokens", lambda *a, **k: (None, None))
-    monkeypatch.setattr("vlret.train.evaluate_pairs.score_matrix", lambda *a, **k: sim)
+    monkeypatch.setattr("vlret.eval.encode_tokens", lambda *a, **k: (None, None))
+    monkeypatch.setattr("vlret.eval.score_matrix", lambda *a, **k: sim)
     img, txt = scoring._pair_scores_as_embeddings(None, None, 4, "cpu")
     assert img.shape == (3, 3) and txt.shape == (7, 3)
     assert torch.equal(img @ txt.t(), sim)

@@ -18,9 +18,18 @@ from vlret.cli import main
 from vlret.data import PrecompDataset
 from vlret.data.vocab import build_precomp_vocab
 from vlret.data.writers import make_tiny_precomp
+from vlret.eval import (
+    TextTokens,
+    encode_tokens,
+    mean_pooled_scores,
+    metrics_from_scores,
+    score_matrix,
+    shortlist_metrics,
+)
 from vlret.metrics import (
     average_metrics,
     coco_5fold_metrics,
+    fold_blocks,
     metrics_from_ranks,
     retrieval_metrics_from_similarity,
 )
@@ -29,16 +38,7 @@ from vlret.train.builders import encoder_state
 from vlret.train.checkpoint import save_checkpoint
 from vlret.train.config import config_from_dict
 from vlret.train.evaluate import _check_same_split
-from vlret.train.evaluate_pairs import (
-    TextTokens,
-    dev_metrics_from_scores,
-    encode_tokens,
-    fold_blocks,
-    mean_pooled_scores,
-    metrics_from_scores,
-    score_matrix,
-    shortlist_metrics,
-)
+from vlret.train.pair_scoring import dev_metrics_from_scores
 
 
 class MaxMeanScorer(nn.Module):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vlret.data.expert_batch import ExpertBatch
+from vlret.eval import TextTokens, pack_words, score_matrix
 from vlret.models import build_model
 from vlret.models.video_experts import (
     CollaborativeExperts,
@@ -20,7 +21,6 @@ from vlret.models.video_experts import (
     mixture_scores,
     mixture_weights,
 )
-from vlret.train.evaluate_pairs import TextTokens, pack_words, score_matrix
 
 EXPERTS = {"appearance": 6, "audio": 4, "ocr": 5, "face": 3}
 NAMES = ("face", "ocr", "appearance", "audio", "extra")  # data order differs from the model's

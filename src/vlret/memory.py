@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._checks import check_finite
+from ._modules import unwrap_model
 
 #: Id stored for entries enqueued without an id; it never matches a query id.
 NO_ID = -1
@@ -295,7 +296,7 @@ class MomentumEncoder(nn.Module):
         ):
             raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r}")
         self.momentum = float(momentum)
-        self.module = copy.deepcopy(_unwrap(model))
+        self.module = copy.deepcopy(unwrap_model(model))
         self.module.requires_grad_(False)
 
     @torch.no_grad()
@@ -308,7 +309,7 @@ class MomentumEncoder(nn.Module):
         Raises:
             ValueError: ``model``'s parameters differ in name or shape from the copy's.
         """
-        online = _unwrap(model)
+        online = unwrap_model(model)
         ema_params = dict(self.module.named_parameters())
         online_params = dict(online.named_parameters())
         if ema_params.keys() != online_params.keys():
@@ -333,12 +334,6 @@ class MomentumEncoder(nn.Module):
 
     def extra_repr(self) -> str:
         return f"momentum={self.momentum}"
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return model.module
-    return model
 
 
 __all__ = ["NO_ID", "MemoryQueue", "MomentumEncoder", "as_id_tensor"]

@@ -1,5 +1,5 @@
 """Command line: ``vlret train | eval | import-checkpoint | convert-experts | compare | sweep |
-synth | demo | losses | configs | plot``.
+synth | demo | losses | protocols | configs | plot``.
 
 One module per command, each with ``NAME``, ``add_parser(subparsers)`` (help, arguments,
 ``func=run``) and ``run(args) -> int`` (the exit status); what they share (exit statuses, the
@@ -25,6 +25,7 @@ from . import (
     import_checkpoint,
     losses,
     plot,
+    protocols,
     sweep,
     synth,
     train,
@@ -43,6 +44,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     synth,
     demo,
     losses,
+    protocols,
     configs,
     plot,
 )

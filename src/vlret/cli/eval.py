@@ -23,7 +23,8 @@ RESCORE_FLAGS = {
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` on the ``vlret`` sub-command parsers."""
-    from ..train.evaluate import EVAL_SPLITS, PROTOCOLS
+    from ..eval import get_protocol, protocol_names
+    from ..train.evaluate import EVAL_SPLITS
 
     p = subparsers.add_parser(
         NAME,
@@ -52,7 +53,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="f30k: test; coco1k/coco5k: testall (Karpathy COCO: test); msrvtt-*: test; "
         "dev for model-selection checks (not msrvtt-1ka)",
     )
-    p.add_argument("--protocol", required=True, choices=PROTOCOLS)
+    p.add_argument(
+        "--protocol",
+        required=True,
+        choices=protocol_names(),
+        help="; ".join(f"{n}: {get_protocol(n).summary}" for n in protocol_names())
+        + " (vlret protocols lists them)",
+    )
     p.add_argument("--json", type=Path, help="also write the metrics as JSON")
     p.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
@@ -101,12 +108,7 @@ def run(args: argparse.Namespace) -> int:
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
     from ..metrics.rescore import make_rescoring
-    from ..train.evaluate import (
-        evaluation_record,
-        evaluation_title,
-        format_metrics_table,
-        run_evaluation,
-    )
+    from ..train.evaluate import run_evaluation
 
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
@@ -133,9 +135,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         return fail(NAME, err)
-    title = evaluation_title(result, args.protocol, args.split)
-    print(format_metrics_table(result.metrics, args.protocol, title=title))
+    print(result.table())  # the Evaluation carries its protocol and split
     if args.json is not None:
-        record = evaluation_record(result, protocol=args.protocol, split=args.split)
-        print(write_metrics_json(record, args.json))
+        print(write_metrics_json(result.record(), args.json))
     return EXIT_OK

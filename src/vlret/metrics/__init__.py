@@ -2,7 +2,8 @@
 need a full relevance matrix.
 
 * :mod:`~vlret.metrics.ranks`: 0-based ranks (ties count against the query), recall@K, rsum,
-  median / mean rank, the COCO 5-fold 1K protocol.
+  median / mean rank, the COCO 5-fold 1K protocol (its folds: :func:`~vlret.metrics.coco_folds`).
+* :mod:`~vlret.metrics.stats`: the positive and hardest-negative score statistics.
 * :mod:`~vlret.metrics.relevance`: R-Precision and mAP@R in both directions and the ambiguity
   rate, from an ``(N_txt, N_img)`` relevance matrix.
 * :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
@@ -14,9 +15,12 @@ This package is core: it imports no data format, model, trainer or analysis code
 
 from .ranks import (
     RECALL_KEYS,
+    Fold,
     RetrievalMetrics,
     average_metrics,
     coco_5fold_metrics,
+    coco_folds,
+    fold_blocks,
     metrics_from_ranks,
     retrieval_metrics,
     retrieval_metrics_from_similarity,
@@ -34,20 +38,24 @@ from .rescore import (
     querybank_activation,
     rescored_metrics,
 )
+from .stats import similarity_stats
 from .subsets import SubsetRecall, subset_recalls
 
 __all__ = [
     "RECALL_KEYS",
     "ExtendedMetrics",
+    "Fold",
     "Rescoring",
     "RetrievalMetrics",
     "SubsetRecall",
     "ambiguity",
     "average_metrics",
     "coco_5fold_metrics",
+    "coco_folds",
     "draw_bank",
     "dual_softmax",
     "extended_metrics",
+    "fold_blocks",
     "make_rescoring",
     "metrics_from_ranks",
     "normalised_queries",
@@ -59,5 +67,6 @@ __all__ = [
     "retrieval_ranks",
     "retrieval_ranks_from_similarity",
     "rprecision_map_at_r",
+    "similarity_stats",
     "subset_recalls",
 ]

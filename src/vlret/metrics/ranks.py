@@ -356,6 +356,58 @@ def average_metrics(folds: Sequence[RetrievalMetrics]) -> RetrievalMetrics:
     return RetrievalMetrics(**means, folds=tuple(folds))
 
 
+@dataclass(frozen=True, eq=False)
+class Fold:
+    """One fold of the COCO 1K protocol: the images ``img0:img1`` and their texts."""
+
+    img0: int
+    img1: int
+    #: indices of the texts whose image lies in ``img0:img1``, in text order
+    texts: torch.Tensor
+
+    def block(self) -> tuple[int, int, int, int]:
+        """``(img0, img1, txt0, txt1)``: the fold as one diagonal block of a score matrix; its
+        texts must be contiguous (texts grouped by image, as in every supported data layout)."""
+        t = self.texts
+        if t.numel() and int(t[-1]) - int(t[0]) + 1 != t.numel():
+            raise ValueError(
+                "txt_to_img: the folds need captions grouped by image (non-decreasing) to be "
+                "scored as diagonal blocks"
+            )
+        t0 = int(t[0]) if t.numel() else 0
+        return (self.img0, self.img1, t0, t0 + int(t.numel()))
+
+
+def coco_folds(txt_to_img: Any, *, n_images: int, n_folds: int = 5) -> list[Fold]:
+    """The folds of the MS-COCO 1K protocol: ``n_folds`` contiguous, equal ranges of images,
+    each with every text of its images (COCO testall: 5 folds of 1000 images)."""
+    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 1:
+        raise ValueError(f"n_folds: expected a positive integer, got {n_folds!r}")
+    if n_images % n_folds:
+        raise ValueError(
+            f"coco1k averages {n_folds} folds of equal size (COCO testall: 5 x 1000 images); "
+            f"this split has {n_images} images, not divisible by {n_folds} (use coco5k)"
+        )
+    t2i = torch.as_tensor(txt_to_img)
+    size = n_images // n_folds
+    folds = []
+    for f in range(n_folds):
+        in_fold = (t2i >= f * size) & (t2i < (f + 1) * size)
+        folds.append(Fold(f * size, (f + 1) * size, torch.nonzero(in_fold).squeeze(1)))
+    return folds
+
+
+def fold_blocks(txt_to_img: Any, n_folds: int) -> list[tuple[int, int, int, int]]:
+    """The COCO 1K folds (:func:`coco_folds`, the images of ``txt_to_img``) as the diagonal
+    blocks ``(img0, img1, txt0, txt1)`` of a score matrix (captions grouped by image)."""
+    t2i = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
+    if t2i.dim() != 1 or t2i.numel() == 0:
+        raise ValueError("txt_to_img must be a non-empty 1-D integer tensor")
+    if bool((t2i[1:] < t2i[:-1]).any()):
+        raise ValueError("txt_to_img: the folds need captions grouped by image (non-decreasing)")
+    return [f.block() for f in coco_folds(t2i, n_images=int(t2i.max()) + 1, n_folds=n_folds)]
+
+
 def coco_5fold_metrics(
     img_emb: torch.Tensor,
     txt_emb: torch.Tensor,
@@ -364,28 +416,22 @@ def coco_5fold_metrics(
     n_folds: int = 5,
     chunk_size: int = 1024,
 ) -> RetrievalMetrics:
-    """MS-COCO 1K protocol: ``n_folds`` contiguous folds of images (1000 each for COCO testall's
-    5000), each with its own texts; metrics averaged over the folds (see :func:`average_metrics`).
-    The per-fold results are in ``.folds``.
+    """MS-COCO 1K protocol: the folds of :func:`coco_folds` (1000 images each for COCO
+    testall's 5000, each with its own texts); metrics averaged over the folds (see
+    :func:`average_metrics`). The per-fold results are in ``.folds``.
     """
     if not isinstance(img_emb, torch.Tensor) or img_emb.dim() != 2:
         raise ValueError("img_emb must be a 2-D tensor (N_img, D)")
     n_img = img_emb.shape[0]
-    if n_folds < 1 or n_img % n_folds:
-        raise ValueError(
-            f"the number of images ({n_img}) must divide into n_folds={n_folds} equal folds"
-        )
     t2i = _check_txt_to_img(txt_to_img, n_img, txt_emb.shape[0], img_emb.device)
-    size = n_img // n_folds
     folds = []
-    for f in range(n_folds):
-        in_fold = (t2i >= f * size) & (t2i < (f + 1) * size)
-        idx = torch.nonzero(in_fold).squeeze(1)
+    for fold in coco_folds(t2i, n_images=n_img, n_folds=n_folds):
+        idx = fold.texts
         folds.append(
             retrieval_metrics(
-                img_emb[f * size : (f + 1) * size],
+                img_emb[fold.img0 : fold.img1],
                 txt_emb.index_select(0, idx.to(txt_emb.device)),
-                t2i[idx] - f * size,
+                t2i[idx] - fold.img0,
                 chunk_size=chunk_size,
             )
         )
@@ -394,9 +440,12 @@ def coco_5fold_metrics(
 
 __all__ = [
     "RECALL_KEYS",
+    "Fold",
     "RetrievalMetrics",
     "average_metrics",
     "coco_5fold_metrics",
+    "coco_folds",
+    "fold_blocks",
     "metrics_from_ranks",
     "retrieval_metrics",
     "retrieval_metrics_from_similarity",

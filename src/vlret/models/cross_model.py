@@ -4,8 +4,9 @@ A :class:`CrossAttentionModel` does not embed an image and a caption separately 
 vector each: it keeps the regions and the words, projected and L2-normalised, and scores every
 (image, caption) pair from both sets together (:mod:`vlret.models.cross_attention`,
 :mod:`vlret.models.sgraf`). A batch therefore yields a ``(B_images, B_texts)`` score matrix,
-which the trainer hands to a loss's ``from_similarity``; ``scores_pairs = True`` tells the
-harness so (a two-tower :class:`~vlret.models.RetrievalModel` has no such attribute).
+which the trainer hands to a loss's ``from_similarity``; the model satisfies
+:class:`~vlret.models.PairScorer`, which tells the harness so (a two-tower
+:class:`~vlret.models.RetrievalModel` does not: it has no ``score``).
 
 The encoders, :class:`RegionEncoder` and :class:`WordEncoder`, are those of the three
 reference implementations (kuanghuei/SCAN, CrossmodalGroup/BFAN, Paranioar/SGRAF
@@ -270,7 +271,7 @@ class CrossAttentionModel(nn.Module):
         ValueError: The encoders disagree on ``embed_dim``.
     """
 
-    #: Read by the harness: this model returns a score matrix, not two embeddings.
+    #: Kept for code that reads it; the harness checks ``isinstance(model, PairScorer)``.
     scores_pairs = True
 
     def __init__(
@@ -304,6 +305,10 @@ class CrossAttentionModel(nn.Module):
     def encode_texts(self, captions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Encode captions: ``(N, L)`` ids -> ``(N, max(lengths), D)``, zero at padding."""
         return self.text_encoder(captions, lengths)
+
+    def token_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """The rows :meth:`encode_texts` gives per caption: one per word (:class:`PairScorer`)."""
+        return torch.as_tensor(lengths)
 
     def score(
         self,

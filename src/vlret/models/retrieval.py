@@ -26,6 +26,10 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
     # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
     # vlret.models.video_experts.build; also pair scorers.
 
+Every kind also takes ``"scoring": "cosine"`` (or ``"dot"``): how evaluation compares a
+two-tower model's embeddings (``model.scoring``; the trainer writes it from the loss's
+``normalize``, so a checkpoint evaluates without its loss). Pair scorers score themselves.
+
 Unknown keys and kinds raise ``ValueError`` naming the key and listing the valid ones.
 ``model.config`` holds the resolved config (defaults filled in, ``vocab_size`` included), which
 ``build_model`` accepts back, e.g. to rebuild a model from a checkpoint.
@@ -127,6 +131,9 @@ class RetrievalModel(nn.Module):
     Raises:
         ValueError: The encoders disagree on ``embed_dim``.
     """
+
+    #: How evaluation scores the embeddings, ``cosine`` or ``dot`` (the spec's ``scoring``).
+    scoring: str = "cosine"
 
     def __init__(
         self,
@@ -267,7 +274,34 @@ def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
     return ImageEncoder(region_dropout=float(cfg["region_dropout"]), **common)
 
 
+#: How a two-tower model's embeddings are scored at evaluation (the spec's ``scoring``): the
+#: cosine of the L2-normalised embeddings, or their raw dot product.
+SCORINGS = ("cosine", "dot")
+
+
 def build_model(
+    config: Mapping[str, Any], *, vocab_size: int | None = None
+) -> RetrievalModel | CrossAttentionModel | MultiExpertModel:
+    """:func:`build_model_of` the spec without its ``scoring`` entry, which becomes the
+    model's ``scoring`` attribute (``cosine`` by default, or ``dot``): how evaluation compares
+    a two-tower model's embeddings (a pair scorer's scores are its own). A spec that names it
+    stays in ``model.config``."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    scoring = config.get("scoring", "cosine")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring: expected one of {', '.join(SCORINGS)}, got {scoring!r}")
+    model = build_model_of(
+        {k: v for k, v in config.items() if k != "scoring"}, vocab_size=vocab_size
+    )
+    if isinstance(model, RetrievalModel):
+        model.scoring = scoring
+        if "scoring" in config and model.config is not None:
+            model.config["scoring"] = scoring
+    return model
+
+
+def build_model_of(
     config: Mapping[str, Any], *, vocab_size: int | None = None
 ) -> RetrievalModel | CrossAttentionModel | MultiExpertModel:
     """Build a model from a plain config dict (schema in the module docstring).
@@ -368,6 +402,8 @@ __all__ = [
     "IMAGE_DEFAULTS",
     "MODEL_DEFAULTS",
     "TEXT_DEFAULTS",
+    "SCORINGS",
     "RetrievalModel",
     "build_model",
+    "build_model_of",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,7 +30,16 @@ from ..data import (
     load_hf_tokenizer,
 )
 from ..data.precomp import load_precomp_captions
-from .config import ConfigError, DataConfig, OptimConfig, RunConfig
+from .config import (
+    DATA_FORMATS,
+    ConfigError,
+    DataConfig,
+    LossConfig,
+    OptimConfig,
+    RunConfig,
+    _build,
+    _check_choice,
+)
 from .hooks import ParamGroup
 from .pair_scoring import check_pair_scoring, scores_pairs
 
@@ -288,6 +298,67 @@ def check_model_config(config: RunConfig) -> None:
     size = text.get("vocab_size") if isinstance(text, dict) else None
     if scores_pairs(build_run_model(config, None if size is not None else 8)):
         check_pair_scoring(config)
+
+
+@dataclass
+class StoredRun:
+    """What evaluation reads of a checkpoint's stored run config: its data and model sections
+    and the model's ``scoring``. The loss section is kept as it was stored (``loss``: plain
+    data, never built nor checked), so a checkpoint whose loss this version no longer knows
+    still evaluates."""
+
+    data: DataConfig
+    model: dict[str, Any]
+    #: ``cosine`` or ``dot``: how the two-tower model's embeddings are compared
+    scoring: str
+    loss: LossConfig
+    source: str
+
+
+def stored_run(raw: Any, *, source: str) -> StoredRun:
+    """The :class:`StoredRun` of a checkpoint's stored config ``raw``. The model's ``scoring``
+    is the model section's; a checkpoint written before it existed takes it from its loss
+    section's ``normalize`` read as plain data (``dot`` when false, else ``cosine``)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "config", f"expected a table/mapping, got {type(raw).__name__}")
+    data = _build(DataConfig, raw.get("data"), source, "data")
+    _check_choice(data.format, DATA_FORMATS, source, "data.format")
+    model = raw.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
+    loss_raw: dict[str, Any] = raw["loss"] if isinstance(raw.get("loss"), dict) else {}
+    params = {k: v for k, v in loss_raw.items() if k != "name"}
+    scoring = model.get("scoring")
+    if scoring is None:  # written before the model carried it
+        scoring = "dot" if params.get("normalize", True) is False else "cosine"
+    return StoredRun(
+        data=data,
+        model={**model, "scoring": scoring},
+        scoring=scoring,
+        loss=LossConfig(str(loss_raw.get("name", "")), params),
+        source=source,
+    )
+
+
+def load_trained_model(
+    checkpoint: str | Path, *, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, StoredRun, Any]:
+    """``(model, stored run, caption encoder)`` rebuilt from a training checkpoint, from its
+    model and data sections, encoder and scoring only (:func:`stored_run`; never its loss)."""
+    from ..models import build_model
+    from .checkpoint import load_checkpoint
+
+    state = load_checkpoint(checkpoint)
+    if "config" not in state or "encoder" not in state:
+        raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config or encoder)")
+    run = stored_run(state["config"], source=f"{checkpoint} (stored config)")
+    encoder = encoder_from_state(state["encoder"])
+    try:
+        model = build_model(run.model, vocab_size=state.get("vocab_size"))
+    except (ValueError, TypeError) as err:
+        raise _model_error(run.source, err) from None
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), run, encoder
 
 
 def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:

@@ -5,7 +5,8 @@ A training checkpoint is a plain dict of tensors and Python primitives (so the s
 ``loss`` (the loss module's ``state_dict``: AdaCL margins, extra state and memory queues),
 ``momentum_encoder``, ``rng`` (see :func:`capture_rng_state`), ``epoch``, ``batch_in_epoch``,
 ``step``, ``best_rsum``, ``best_epoch`` (the epoch ``best.pt`` holds), ``config`` (the resolved
-run config) and ``vocab`` (its words).
+run config; its ``model`` section carries the model's ``scoring``, so evaluation needs no
+loss: :func:`~vlret.train.builders.load_trained_model`) and ``vocab`` (its words).
 """
 
 from __future__ import annotations

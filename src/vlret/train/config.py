@@ -462,13 +462,21 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     _check_freeze(train, source)
     return RunConfig(
         data=data,
-        model=copy.deepcopy(model),
+        model=_with_scoring(model, loss),
         loss=loss,
         optim=optim,
         train=train,
         output_dir=output_dir,
         source=source,
     )
+
+
+def _with_scoring(model: dict[str, Any], loss: LossConfig) -> dict[str, Any]:
+    """The model section with its evaluation ``scoring`` (``cosine`` unless the loss sets
+    ``normalize = false``), stored with the model so a checkpoint evaluates without its loss."""
+    out = copy.deepcopy(model)
+    out.setdefault("scoring", "cosine" if loss.params.get("normalize", True) else "dot")
+    return out
 
 
 def _check_momentum_encoder(momentum: float, loss: LossConfig, source: str) -> None:

@@ -20,13 +20,19 @@ Karpathy val, MSR-VTT validate) is accepted by every protocol but ``msrvtt-1ka``
 has no dev videos, for checking model selection; papers report the test splits. ``coco1k``
 needs a number of images divisible by 5 (its 5 folds).
 
+The protocols are records in a registry (:mod:`vlret.eval.protocols`), and this module builds
+the scorer of a checkpoint (or several) and runs the one pipeline :func:`vlret.eval.evaluate`.
+A checkpoint is evaluated from its model, encoder and the model's ``scoring`` only, never its
+loss (:func:`~vlret.train.builders.load_trained_model`).
+
 A two-tower checkpoint goes through :func:`vlret.metrics.retrieval_metrics` (or
-:func:`~vlret.metrics.coco_5fold_metrics`) on L2-normalised embeddings (cosine scores): the
+:func:`~vlret.metrics.coco_5fold_metrics`) on its embeddings (cosine scores unless its model's
+``scoring`` is ``dot``): the
 image-to-text rank there is already the rank of an image's best caption, which is the
 dual-encoding video-to-text definition of MSR-VTT full. A pair-scoring (cross-attention)
-checkpoint (``scores_pairs``: SCAN, BFAN, SGRAF) is scored pair by pair into a score matrix
-(:mod:`vlret.train.evaluate_pairs`; COCO 1K: the 5 diagonal fold blocks only), ranked by
-:func:`vlret.metrics.retrieval_metrics_from_similarity`.
+checkpoint (a :class:`~vlret.models.PairScorer`: SCAN, BFAN, SGRAF, CE, MMT) is scored pair
+by pair into a score matrix (:mod:`vlret.eval.scores`; COCO 1K: the 5 diagonal fold blocks
+only), ranked by :func:`vlret.metrics.retrieval_metrics_from_similarity`.
 
 Several checkpoints (``vlret eval A.pt B.pt``) are an ensemble: the mean of their score matrices
 (cosine matrices for two-tower members), each member encoding the split with its own data
@@ -36,7 +42,7 @@ captions in the same order).
 ``shortlist=K`` (``--shortlist K``) is an opt-in, approximate protocol for pair-scoring models:
 each query keeps its top ``K`` candidates by a two-tower score, which are re-ranked by the exact
 pair scores; every other candidate ranks below them (among themselves by the two-tower score;
-:func:`~vlret.train.evaluate_pairs.shortlist_metrics`). The two-tower score is the cosine of a
+:func:`~vlret.eval.shortlist.shortlist_metrics`). The two-tower score is the cosine of a
 ``shortlist_from`` two-tower checkpoint's embeddings, or by default the cosine of the
 pair-scoring model's own mean-pooled region and word features (for an ensemble, the mean of the
 members' cosines). Results say "approximate" and report the fraction of queries whose ground
@@ -52,163 +58,74 @@ re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 
 from ..data import RetrievalDataset
-from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
-from ..metrics.rescore import Rescoring, draw_bank, rescored_metrics
-from .builders import build_dataset, encoder_from_state, eval_data_config
-from .checkpoint import load_checkpoint
-from .config import config_from_dict
-from .distributed import resolve_device
-from .evaluate_pairs import (
-    embedding_scores,
-    encode_tokens,
-    encoded_images,
-    fold_blocks,
-    mean_pooled_scores,
-    metrics_from_scores,
-    score_matrix,
-    shortlist_metrics,
+from ..eval import (
+    EnsembleScorer,
+    EnsembleSplit,
+    EvalProtocol,
+    Evaluation,
+    MatrixScorer,
+    PairModelScorer,
+    RescoredScorer,
+    Scorer,
+    ShortlistScorer,
+    TwoTowerScorer,
+    encode_dataset,
+    evaluate,
+    format_table,
+    get_protocol,
+    metrics_record,
+    protocol_names,
 )
+from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics, similarity_stats
+from ..metrics.rescore import Rescoring, draw_bank
+from ..models import PairScorer
+from .builders import StoredRun, build_dataset, eval_data_config, load_trained_model
+from .distributed import resolve_device
 
-PROTOCOLS = ("f30k", "coco1k", "coco5k", "msrvtt-full", "msrvtt-1ka")
+#: The protocols registered when this module was imported (``vlret.eval.protocol_names()``
+#: lists the registry as it is now).
+PROTOCOLS = protocol_names()
 EVAL_SPLITS = ("test", "testall", "dev")
-#: protocol -> data format -> the splits it evaluates (see the module docstring).
-_COCO_SPLITS = {"precomp": ("testall", "dev"), "karpathy": ("test", "testall", "dev")}
-PROTOCOL_SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
-    "f30k": {"precomp": ("test", "dev"), "karpathy": ("test", "dev")},
-    "coco1k": _COCO_SPLITS,
-    "coco5k": _COCO_SPLITS,
-    "msrvtt-full": {"msrvtt": ("test", "dev")},
-    "msrvtt-1ka": {"msrvtt": ("test",)},
-}
-_TITLES = {
-    "f30k": "Flickr30K 1K test",
-    "coco1k": "MS-COCO 5-fold 1K test",
-    "coco5k": "MS-COCO 5K test",
-    "msrvtt-full": "MSR-VTT full test (v2t: best of each video's captions)",
-    "msrvtt-1ka": "MSR-VTT 1k-A test",
-}
-#: protocol -> (name, the papers' test splits, their number of images / videos and texts)
-_PAPER_SETS: dict[str, tuple[str, tuple[str, ...], int, int]] = {
-    "f30k": ("Flickr30K 1K", ("test",), 1000, 5000),
-    "coco1k": ("MS-COCO 5-fold 1K", ("testall", "test"), 5000, 25000),
-    "coco5k": ("MS-COCO 5K", ("testall", "test"), 5000, 25000),
-    "msrvtt-full": ("MSR-VTT full", ("test",), 2990, 59800),
-    "msrvtt-1ka": ("MSR-VTT 1k-A", ("test",), 1000, 1000),
-}
 
 
-@dataclass
-class Evaluation:
-    """What :func:`run_evaluation` measured: the metrics and the size of the scored split."""
-
-    metrics: RetrievalMetrics
-    n_images: int
-    n_texts: int
-    #: the checkpoints whose score matrices were averaged (empty or one: a single model)
-    members: tuple[str, ...] = ()
-    #: the approximate shortlist protocol's settings and coverage; ``None`` = exact protocol
-    shortlist: dict[str, Any] | None = None
-    #: the exact ``(N_img, N_txt)`` score matrix of pair-scoring models (NaN outside the COCO
-    #: 1K fold blocks), kept so a caller can compute more from it without scoring again
-    scores: torch.Tensor | None = None
-    #: NON-STANDARD re-scoring: the JSON ``rescore`` record and the title's label; else ``None``
-    rescore: dict[str, Any] | None = None
-    rescore_label: str | None = None
-
-    @property
-    def approximate(self) -> bool:
-        return self.shortlist is not None
+def __getattr__(name: str) -> Any:
+    # the per-protocol tables of before the registry, rebuilt from it
+    if name == "PROTOCOL_SPLITS":
+        warnings.warn(
+            "vlret.train.evaluate.PROTOCOL_SPLITS is deprecated; use "
+            "vlret.eval.get_protocol(name).splits",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return {n: dict(get_protocol(n).splits) for n in protocol_names()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def protocol_title(protocol: str, split: str | None, n_images: int, n_texts: int) -> str:
     """The table title: the paper's label only when ``split`` and the sizes are the paper's
-    test set; otherwise what was actually scored, marked as not the paper's set."""
-    name, splits, paper_images, paper_texts = _PAPER_SETS[check_protocol(protocol)]
-    if split in splits and (n_images, n_texts) == (paper_images, paper_texts):
-        return _TITLES[protocol]
-    folds = f", 5 folds of {n_images // 5} images" if protocol == "coco1k" else ""
-    return (
-        f"{name} protocol on {split or 'a'} split of {n_images} images x {n_texts} texts{folds} "
-        f"(not the paper's test set: {'/'.join(splits)}, {paper_images} x {paper_texts})"
-    )
+    test set; otherwise what was actually scored (:meth:`vlret.eval.EvalProtocol.title_for`)."""
+    return get_protocol(protocol).title_for(split, n_images, n_texts)
 
 
 def check_protocol(protocol: str) -> str:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-    return protocol
+    """``protocol`` if it is registered (:func:`vlret.eval.get_protocol`), else ``ValueError``."""
+    return get_protocol(protocol).name
 
 
 def check_eval_split(protocol: str, split: str, data_format: str) -> None:
     """Raise ``ValueError`` unless ``protocol`` evaluates ``split`` of ``data_format`` data."""
-    check_protocol(protocol)
-    by_format = PROTOCOL_SPLITS[protocol]
-    if data_format not in by_format:
-        raise ValueError(
-            f"protocol {protocol} needs {' or '.join(by_format)} data; the checkpoint was "
-            f"trained on {data_format} data"
-        )
-    if split not in by_format[data_format]:
-        raise ValueError(
-            f"protocol {protocol} on {data_format} data evaluates the split(s) "
-            f"{', '.join(by_format[data_format])}, not {split!r}"
-        )
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-@torch.no_grad()
-def encode_dataset(
-    model: nn.Module,
-    dataset: RetrievalDataset,
-    *,
-    batch_size: int = 256,
-    device: torch.device | str = "cpu",
-    normalize: bool = True,
-    num_workers: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(img_emb (N_img, E), txt_emb (N_txt, E))`` in float32 on the CPU, each image encoded
-    once. The model is put in eval mode and restored afterwards."""
-    model = _unwrap(model)
-    was_training = model.training
-    # Loaders with their own generator leave the global torch RNG untouched (exact resume).
-    gen = torch.Generator().manual_seed(0)
-    model.eval()
-    try:
-        img_parts = encoded_images(model, dataset, batch_size, device, num_workers, gen)
-        texts = dataset.texts()
-        txt_parts = []
-        for caps, lengths, _ in DataLoader(
-            texts,
-            batch_size=batch_size,
-            collate_fn=texts.collate,
-            num_workers=num_workers,
-            generator=gen,
-        ):
-            if isinstance(caps, torch.Tensor):
-                caps = caps.to(device)
-            encoded = cast(Any, model).encode_texts(caps, lengths)  # a vlret model's method
-            txt_parts.append(encoded.float().cpu())
-    finally:
-        model.train(was_training)
-    img, txt = torch.cat(img_parts), torch.cat(txt_parts)
-    if normalize:
-        img, txt = F.normalize(img, dim=1), F.normalize(txt, dim=1)
-    return img, txt
+    get_protocol(protocol).check_split(split, data_format)
 
 
 def dev_metrics(
@@ -217,73 +134,36 @@ def dev_metrics(
     """Model-selection metrics: the retrieval metrics of the model's own scores, plus
     ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
     ``hardest_neg_sim``, the mean over every image and caption query of its hardest
-    non-matching cosine (Unified Fig. 4)."""
+    non-matching cosine (Unified Fig. 4; :func:`vlret.metrics.similarity_stats`)."""
     out = retrieval_metrics(img_emb, txt_emb, txt_to_img).as_dict()
-    # Cosines whatever loss.normalize says; the scores above are the model's own.
+    # Cosines whatever the model's scoring; the scores above are the model's own.
     sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
-    pos = txt_to_img[None, :] == torch.arange(sim.shape[0])[:, None]
-    neg = sim.masked_fill(pos, -math.inf)
-    hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
-    hardest = hardest[torch.isfinite(hardest)]  # a query without negatives has none
-    out["pos_sim"] = float(sim[pos].mean())
-    out["hardest_neg_sim"] = float(hardest.mean()) if hardest.numel() else float("nan")
+    out.update(similarity_stats(sim, txt_to_img=txt_to_img))
     return out
 
 
 def protocol_metrics(
     img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor, protocol: str
 ) -> RetrievalMetrics:
-    """Metrics of ``protocol`` from normalised embeddings (see the module table)."""
-    check_protocol(protocol)
-    if protocol == "coco1k":
-        n_img = img_emb.shape[0]
-        if n_img % 5:
-            raise ValueError(
-                f"coco1k averages 5 folds of equal size (COCO testall: 5 x 1000 images); "
-                f"this split has {n_img} images, not divisible by 5 (use coco5k)"
-            )
-        return coco_5fold_metrics(img_emb, txt_emb, txt_to_img, n_folds=5)
+    """Metrics of ``protocol`` from a two-tower model's embeddings (its folds averaged)."""
+    folds = get_protocol(protocol).folds
+    if folds > 1:
+        return coco_5fold_metrics(img_emb, txt_emb, txt_to_img, n_folds=folds)
     return retrieval_metrics(img_emb, txt_emb, txt_to_img)
 
 
 def format_metrics_table(
     metrics: RetrievalMetrics, protocol: str, *, title: str | None = None
 ) -> str:
-    """The paper-style table: R@1/5/10 both directions, rsum, medr (and each COCO fold);
-    ``title`` defaults to the protocol's paper label (see :func:`protocol_title`)."""
-    visual = "video" if protocol.startswith("msrvtt") else "image"
-    lines = [metrics.format_table(title if title is not None else _TITLES[protocol], visual=visual)]
-    for k, fold in enumerate(metrics.folds):
-        row = fold.format_table().splitlines()[-1]
-        lines.append(f"{row}   (fold {k + 1})")
-    return "\n".join(lines)
+    """The paper-style table (:func:`vlret.eval.format_table`)."""
+    return format_table(metrics, protocol, title=title)
 
 
 def metrics_json(
     metrics: RetrievalMetrics, *, protocol: str, split: str, **extra: Any
 ) -> dict[str, Any]:
-    """JSON record: the foundation's key names under ``metrics`` (and per fold under ``folds``)."""
-    out: dict[str, Any] = {"protocol": protocol, "split": split, **extra}
-    out["metrics"] = metrics.as_dict()
-    if metrics.folds:
-        out["folds"] = [f.as_dict() for f in metrics.folds]
-    return out
-
-
-def load_trained_model(
-    checkpoint: str | Path, *, device: torch.device | str = "cpu"
-) -> tuple[nn.Module, Any, Any]:
-    """``(model, config, caption encoder)`` rebuilt from a training checkpoint."""
-    from ..models import build_model
-
-    state = load_checkpoint(checkpoint)
-    if "config" not in state or "encoder" not in state:
-        raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config or encoder)")
-    config = config_from_dict(state["config"], source=f"{checkpoint} (stored config)")
-    encoder = encoder_from_state(state["encoder"])
-    model = build_model(config.model, vocab_size=state.get("vocab_size"))
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), config, encoder
+    """JSON record (:func:`vlret.eval.metrics_record`)."""
+    return metrics_record(metrics, protocol=protocol, split=split, **extra)
 
 
 def evaluate_checkpoint(
@@ -308,12 +188,15 @@ def evaluate_checkpoint(
     ).metrics
 
 
+Member = tuple[nn.Module, StoredRun, Any]
+
+
 def run_evaluation(
     checkpoint: str | Path | Sequence[str | Path],
     *,
     data: str | Path,
     split: str,
-    protocol: str,
+    protocol: str | EvalProtocol,
     batch_size: int = 256,
     device: str = "auto",
     shortlist: int | None = None,
@@ -321,7 +204,10 @@ def run_evaluation(
     progress: bool = False,
     rescore: Rescoring | str | None = None,
 ) -> Evaluation:
-    """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``.
+    """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``:
+    the checkpoint(s) become a scorer (:mod:`vlret.eval.scorers`) measured by
+    :func:`vlret.eval.evaluate`; the :class:`~vlret.eval.Evaluation` carries the protocol and
+    split and renders its own table and JSON record.
 
     ``checkpoint``: one checkpoint, or several for an ensemble (the mean of their score
     matrices, see the module docstring). ``data`` replaces the training data paths (for
@@ -331,7 +217,7 @@ def run_evaluation(
     / ``shortlist_from``: the approximate protocol (module docstring); ``progress``: a tqdm bar
     while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
     defaults; module docstring)."""
-    check_protocol(protocol)
+    chosen = get_protocol(protocol)
     if split not in EVAL_SPLITS:
         raise ValueError(f"split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
     if not Path(data).exists():
@@ -360,112 +246,101 @@ def run_evaluation(
     except ValueError as err:
         raise ValueError(f"device: {err}") from None
     names = tuple(str(c) for c in checkpoints)
-    members = [_load_member(c, protocol, split, dev) for c in checkpoints]
+    members = [_load_member(c, chosen, split, dev) for c in checkpoints]
     formats = {m[1].data.format for m in members}
     if len(formats) > 1:
         named = ", ".join(
             f"{c} {m[1].data.format}" for c, m in zip(checkpoints, members, strict=True)
         )
         raise ValueError(f"the ensemble's checkpoints were trained on different data: {named}")
-    pairs = [getattr(m[0], "scores_pairs", False) for m in members]
-    if len(members) == 1 and not pairs[0] and shortlist is None and rescore is None:
-        model, config, encoder = members[0]
-        dataset = _eval_dataset(model, config, encoder, data, split, protocol)
-        normalize = config.loss.params.get("normalize", True)
-        img, txt = encode_dataset(
-            model, dataset, batch_size=batch_size, device=dev, normalize=normalize
-        )
-        metrics = protocol_metrics(img, txt, dataset.txt_to_img, protocol)
-        return Evaluation(metrics, int(img.shape[0]), int(txt.shape[0]), members=names)
-    if shortlist is not None and not all(pairs):
-        two_tower = [str(c) for c, p in zip(checkpoints, pairs, strict=True) if not p]
+    if shortlist is not None and not all(isinstance(m[0], PairScorer) for m in members):
+        two_tower = [
+            c for c, m in zip(names, members, strict=True) if not isinstance(m[0], PairScorer)
+        ]
         raise ValueError(
             f"shortlist re-ranks pair scores; {', '.join(two_tower)} is a two-tower model, "
             "whose exact evaluation is already one matrix product (drop --shortlist)"
         )
-    datasets = [_eval_dataset(*m, data, split, protocol) for m in members]
+    datasets = [_eval_dataset(m, data, split, chosen) for m in members]
     for name, ds in zip(names[1:], datasets[1:], strict=True):
         _check_same_split(names[0], datasets[0], name, ds, split)
-    t2i = datasets[0].txt_to_img
-    n_img, n_txt = datasets[0].num_images, datasets[0].num_captions
-    blocks = fold_blocks(t2i, 5) if protocol == "coco1k" else None
-    options: dict[str, Any] = {"batch_size": batch_size, "device": dev}
-    if shortlist is None:
-        sim: torch.Tensor | None = None
-        for (model, config, _), ds in zip(members, datasets, strict=True):
-            scores = _member_scores(model, config, ds, blocks, progress=progress, **options)
-            sim = scores if sim is None else sim.add_(scores)
-        assert sim is not None  # one member at least
-        sim /= len(members)
-        if rescore is None:
-            metrics = metrics_from_scores(sim, t2i, blocks=blocks)
-            return Evaluation(metrics, n_images=n_img, n_texts=n_txt, members=names, scores=sim)
-        bank = _bank_scores(members, datasets, data, protocol, rescore, **options)
-        metrics, info = rescored_metrics(sim, t2i, rescore, bank_sim=bank, blocks=blocks)
-        return Evaluation(
-            metrics,
-            n_img,
-            n_txt,
-            members=names,
-            scores=sim,
-            rescore=rescore.record(info),
-            rescore_label=rescore.label(info),
-        )
-    tokens = [encode_tokens(m[0], ds, **options) for m, ds in zip(members, datasets, strict=True)]
-    if shortlist_from is None:
-        source = "cosine of the mean-pooled region and word features"
-        pooled = sum(mean_pooled_scores(r, t, blocks=blocks) for r, t in tokens)
-        tt = cast(torch.Tensor, pooled) / len(tokens)  # a sum of one tensor or more
-    else:
-        source = f"cosine of the two-tower checkpoint {shortlist_from}"
-        model, config, encoder = _load_member(shortlist_from, protocol, split, dev)
-        if getattr(model, "scores_pairs", False) or config.data.format not in formats:
-            raise ValueError(
-                f"shortlist_from: {shortlist_from} must be a two-tower checkpoint trained on "
-                f"{formats.pop()} data"
+    split_data: Any = datasets[0] if len(datasets) == 1 else EnsembleSplit(tuple(datasets))
+    options: dict[str, Any] = {"batch_size": batch_size, "device": dev, "progress": progress}
+    scorers = [_member_scorer(m, **options) for m in members]
+    scorer: Scorer
+    if shortlist is not None:
+        source = None
+        if shortlist_from is not None:
+            source = _shortlist_source(
+                shortlist_from, data, formats, chosen, split, (names[0], datasets[0]), **options
             )
-        ds = _eval_dataset(model, config, encoder, data, split, protocol)
-        _check_same_split(names[0], datasets[0], str(shortlist_from), ds, split)
-        tt = _member_scores(model, config, ds, blocks, **options)
-    result = shortlist_metrics(
-        [m[0] for m in members],
-        [r for r, _ in tokens],
-        [t for _, t in tokens],
-        t2i,
-        tt,
-        k=shortlist,
-        device=dev,
-        blocks=blocks,
-        progress=progress,
-    )
-    info = {
-        "k": shortlist,
-        "k_i2t": result.k_i2t,
-        "k_t2i": result.k_t2i,
-        "source": source,
-        "i2t_ground_truth_in_shortlist": result.i2t_in_shortlist,
-        "t2i_ground_truth_in_shortlist": result.t2i_in_shortlist,
-        "pairs_scored": result.pairs_scored,
-    }
-    return Evaluation(result.metrics, n_img, n_txt, members=names, shortlist=info)
+        pairs = [s for s in scorers if isinstance(s, PairModelScorer)]
+        scorer = ShortlistScorer(pairs, shortlist, source, str(shortlist_from), members=names)
+    else:
+        scorer = scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers, members=names)
+        if rescore is not None:
+            bank = _bank_data(members, datasets, data, chosen, rescore)
+            scorer = RescoredScorer(scorer, rescore, bank, members=names)
+    scorer.members = names
+    return evaluate(scorer, split_data, chosen, split=split)
+
+
+def _member_scorer(
+    member: Member, *, batch_size: int, device: torch.device, progress: bool
+) -> MatrixScorer:
+    """A checkpoint's scorer: pair scores, or its embeddings compared by its model's scoring."""
+    model, run, _ = member
+    if isinstance(model, PairScorer):
+        return PairModelScorer(model, batch_size=batch_size, device=device, progress=progress)
+    return TwoTowerScorer(model, scoring=run.scoring, batch_size=batch_size, device=device)
+
+
+def _shortlist_source(
+    checkpoint: str | Path,
+    data: str | Path,
+    formats: set[str],
+    protocol: EvalProtocol,
+    split: str,
+    first: tuple[str, RetrievalDataset],
+    **options: Any,
+) -> tuple[TwoTowerScorer, RetrievalDataset]:
+    """The ``shortlist_from`` two-tower checkpoint's scorer and its copy of the split."""
+    member = _load_member(checkpoint, protocol, split, options["device"])
+    if isinstance(member[0], PairScorer) or member[1].data.format not in formats:
+        raise ValueError(
+            f"shortlist_from: {checkpoint} must be a two-tower checkpoint trained on "
+            f"{formats.pop()} data"
+        )
+    ds = _eval_dataset(member, data, split, protocol)
+    _check_same_split(first[0], first[1], str(checkpoint), ds, split)
+    scorer = _member_scorer(member, **options)
+    assert isinstance(scorer, TwoTowerScorer)  # not a PairScorer (checked above)
+    return scorer, ds
 
 
 def _load_member(
-    checkpoint: str | Path, protocol: str, split: str, device: torch.device | str
-) -> tuple[nn.Module, Any, Any]:
-    model, config, encoder = load_trained_model(checkpoint, device=device)
+    checkpoint: str | Path, protocol: EvalProtocol, split: str, device: torch.device | str
+) -> Member:
+    model, run, encoder = load_trained_model(checkpoint, device=device)
     try:
-        check_eval_split(protocol, split, config.data.format)
+        protocol.check_split(split, run.data.format)
     except ValueError as err:
         raise ValueError(f"{checkpoint}: {err}") from None
-    return model, config, encoder
+    return model, run, encoder
 
 
-def _eval_dataset(model, config, encoder, data, split: str, protocol: str) -> RetrievalDataset:
-    data_cfg = eval_data_config(config.data, data)
-    ds_protocol = {"msrvtt-1ka": "1k-A", "msrvtt-full": "full"}.get(protocol)
+def _eval_dataset(
+    member: Member, data: str | Path, split: str, protocol: EvalProtocol
+) -> RetrievalDataset:
+    model, run, encoder = member
     transform = getattr(model, "image_transform", None)
-    return build_dataset(data_cfg, split, encoder, protocol=ds_protocol, image_transform=transform)
+    return build_dataset(
+        eval_data_config(run.data, data),
+        split,
+        encoder,
+        protocol=protocol.data_protocol,
+        image_transform=transform,
+    )
 
 
 def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: RetrievalDataset, split):
@@ -485,21 +360,6 @@ def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: Retrieva
         )
 
 
-def _member_scores(
-    model, config, dataset, blocks, *, batch_size, device, progress=False
-) -> torch.Tensor:
-    """One checkpoint's score matrix (only ``blocks``): pair scores, or a two-tower model's
-    dot products (cosines unless its loss set ``normalize = false``)."""
-    if getattr(model, "scores_pairs", False):
-        regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
-        return score_matrix(model, regions, texts, device=device, blocks=blocks, progress=progress)
-    normalize = config.loss.params.get("normalize", True)
-    img, txt = encode_dataset(
-        model, dataset, batch_size=batch_size, device=device, normalize=normalize
-    )
-    return embedding_scores(img, txt, blocks=blocks)
-
-
 class _BankView:
     """The test images with the querybank's training captions as texts (for scoring them)."""
 
@@ -515,15 +375,22 @@ class _BankView:
         return view
 
 
-def _bank_scores(members, datasets, data, protocol, rescore: Rescoring, **options):
-    """QB-Norm's querybank scores ``(N_bank, N_img)``: ``rescore.bank_size`` captions of the
-    ``train`` split (fixed seed) against the test images (ensembles: the members' mean)."""
+def _bank_data(
+    members: list[Member],
+    datasets: list[RetrievalDataset],
+    data: str | Path,
+    protocol: EvalProtocol,
+    rescore: Rescoring,
+) -> Any:
+    """QB-Norm's querybank: ``rescore.bank_size`` captions of the ``train`` split (fixed seed)
+    with each member's test images (an :class:`~vlret.eval.EnsembleSplit` for ensembles);
+    ``None`` for a re-scoring without a querybank."""
     if not rescore.needs_bank:
         return None
-    bank, index = None, None
-    for (model, config, encoder), ds in zip(members, datasets, strict=True):
+    views, index = [], None
+    for member, ds in zip(members, datasets, strict=True):
         try:
-            train = _eval_dataset(model, config, encoder, data, "train", protocol)
+            train = _eval_dataset(member, data, "train", protocol)
         except (FileNotFoundError, ValueError) as err:
             msg = f"rescore qbnorm: the querybank is the train split's captions: {err}"
             raise ValueError(msg) from None
@@ -532,55 +399,35 @@ def _bank_scores(members, datasets, data, protocol, rescore: Rescoring, **option
             index = draw_bank(n_train, size=rescore.bank_size, seed=rescore.bank_seed)
         elif train.num_captions != n_train:
             raise ValueError("rescore qbnorm: the ensemble's members see different train splits")
-        view = _BankView(ds, train, index)
-        scores = _member_scores(model, config, view, None, **options).t()
-        bank = scores if bank is None else bank.add_(scores)
-    assert bank is not None  # one member at least
-    return bank / len(members)
+        views.append(_BankView(ds, train, index))
+    return views[0] if len(views) == 1 else EnsembleSplit(tuple(views))
 
 
 def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
-    """:func:`protocol_title`, plus the ensemble's members and the approximate protocol."""
-    title = protocol_title(protocol, split, result.n_images, result.n_texts)
-    if len(result.members) > 1:
-        members = ", ".join(result.members)
-        title += f"\nensemble of {len(result.members)} (mean of score matrices): {members}"
-    if result.shortlist is not None:
-        info = result.shortlist
-        capped = ""
-        if min(info["k_i2t"], info["k_t2i"]) < info["k"]:  # fewer candidates than K
-            capped = f" (at most the candidates: i2t {info['k_i2t']}, t2i {info['k_t2i']})"
-        title += (
-            f"\napproximate protocol (not the exact evaluation): top-{info['k']}{capped} "
-            "shortlists by "
-            f"the {info['source']}, re-ranked by exact scores; ground truth shortlisted for "
-            f"{100 * info['i2t_ground_truth_in_shortlist']:.1f}% of i2t and "
-            f"{100 * info['t2i_ground_truth_in_shortlist']:.1f}% of t2i queries"
-        )
-    if result.rescore_label is not None:
-        title = f"{result.rescore_label}\n{title}"
-    return title
+    """:meth:`vlret.eval.Evaluation.title` under ``protocol`` and ``split``."""
+    return result.title(protocol=protocol, split=split)
 
 
 def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[str, Any]:
-    """The ``--json`` record: :func:`metrics_json` with the checkpoint(s), title, sizes,
-    ``approximate``, (approximate protocol) ``shortlist``, (re-scored) ``standard: false`` and
-    ``rescore``."""
-    names: dict[str, Any] = {"checkpoint": result.members[0]} if len(result.members) == 1 else {}
-    if len(result.members) > 1:
-        names = {"checkpoints": list(result.members), "ensemble": "mean of score matrices"}
-    extra: dict[str, Any] = {"approximate": result.approximate}
-    if result.shortlist is not None:
-        extra["shortlist"] = dict(result.shortlist)
-    if result.rescore is not None:
-        extra.update(standard=False, rescore=dict(result.rescore))
-    return metrics_json(
-        result.metrics,
-        protocol=protocol,
-        split=split,
-        **names,
-        title=evaluation_title(result, protocol, split),
-        n_images=result.n_images,
-        n_texts=result.n_texts,
-        **extra,
-    )
+    """:meth:`vlret.eval.Evaluation.record` under ``protocol`` and ``split``."""
+    return result.record(protocol=protocol, split=split)
+
+
+__all__ = [
+    "EVAL_SPLITS",
+    "PROTOCOLS",
+    "Evaluation",
+    "check_eval_split",
+    "check_protocol",
+    "dev_metrics",
+    "encode_dataset",
+    "evaluate_checkpoint",
+    "evaluation_record",
+    "evaluation_title",
+    "format_metrics_table",
+    "load_trained_model",
+    "metrics_json",
+    "protocol_metrics",
+    "protocol_title",
+    "run_evaluation",
+]

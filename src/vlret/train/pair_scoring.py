@@ -1,38 +1,42 @@
 """The trainer's path for models that score pairs themselves (SCAN, BFAN, SGRAF).
 
-Such a model (``scores_pairs = True``, :mod:`vlret.models.cross_model`) maps a batch to its
+Such a model (a ``PairScorer``, :mod:`vlret.models.cross_model`) maps a batch to its
 ``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask, ...)``
 with the positives of the batch's image indices, plus whatever else the loss declares in
 ``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
 semantic matrix). What needs embeddings cannot work on a score matrix and is refused before
-any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the
-loss declares ``chunks_similarity``; a nested loss's ``chunk_size`` too), gradient caching
+any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, the tile
+height of the embedding path; a nested loss's ``chunk_size`` too), gradient caching
 (``train.grad_cache_chunk``) and a memory queue (a
 loss that ``owns_queue`` with its parameters, AdaCL's ``queue_size``; the momentum encoder that
 fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
-dev pairs with :mod:`vlret.train.evaluate_pairs`. The distributed contract is in
+dev pairs with :mod:`vlret.eval` (:func:`pair_dev_metrics`). The distributed contract is in
 :mod:`vlret.train.distributed` ("Pair scorers").
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._modules import unwrap_model
+from ..eval import encode_tokens, score_matrix
 from ..losses._base import LossCapabilities, PairLoss
 from ..losses.registry import loss_capabilities, loss_class, loss_parameters
+from ..metrics import retrieval_metrics_from_similarity, similarity_stats
+from ..models import PairScorer
 from ..similarity import positive_mask
 from .config import ConfigError, RunConfig
-from .evaluate_pairs import dev_metrics_from_scores, encode_tokens, score_matrix
 
 
 def scores_pairs(model: nn.Module) -> bool:
-    """Whether ``model`` returns a score matrix instead of ``(img_emb, txt_emb)``."""
-    return bool(getattr(model, "scores_pairs", False))
+    """Whether ``model`` (or the model a DDP wrapper holds) is a
+    :class:`~vlret.models.PairScorer`, which returns a score matrix instead of
+    ``(img_emb, txt_emb)``."""
+    return isinstance(unwrap_model(model), PairScorer)
 
 
 def check_pair_scoring(config: RunConfig) -> None:
@@ -110,25 +114,34 @@ def pair_loss(loss_fn: PairLoss, sim: torch.Tensor, ids: torch.Tensor) -> torch.
 def score_stats(sim: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:
     """The per-step log's ``pos_sim`` (mean score of the batch's pairs) and ``hardest_neg_sim``
     (mean hardest non-matching score, both directions), in the model's score units."""
-    with torch.no_grad():
-        sim = sim.float()
-        neg = sim.masked_fill(ids[:, None] == ids[None, :], -math.inf)
-        hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
-        hardest = hardest[torch.isfinite(hardest)]
-        return {
-            "pos_sim": float(sim.diagonal().mean()),
-            "hardest_neg_sim": float(hardest.mean()) if hardest.numel() else float("nan"),
-        }
+    diagonal = torch.arange(sim.shape[1], device=sim.device)
+    return similarity_stats(sim, txt_to_img=diagonal, pos_mask=ids[:, None] == ids[None, :])
+
+
+def dev_metrics_from_scores(sim: torch.Tensor, txt_to_img: Any) -> dict[str, float]:
+    """Model-selection metrics from a pair-scoring model's ``(N_img, N_txt)`` score matrix: the
+    retrieval metrics, ``pos_sim`` and ``hardest_neg_sim``
+    (:func:`~vlret.metrics.similarity_stats`), in the model's own score units (not cosines)."""
+    out: dict[str, Any] = retrieval_metrics_from_similarity(sim, txt_to_img).as_dict()
+    out.update(similarity_stats(sim, txt_to_img=txt_to_img))
+    return out
 
 
 def pair_dev_metrics(
     model: nn.Module, dataset: Any, *, batch_size: int, device: torch.device
 ) -> dict[str, float]:
     """Dev metrics of a pair-scoring model: every dev image and caption encoded once, every
-    pair scored (:mod:`vlret.train.evaluate_pairs`)."""
+    pair scored (:func:`vlret.eval.score_matrix`)."""
     regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
     sim = score_matrix(model, regions, texts, device=device)
     return dev_metrics_from_scores(sim, torch.as_tensor(dataset.txt_to_img))
 
 
-__all__ = ["check_pair_scoring", "pair_dev_metrics", "pair_loss", "score_stats", "scores_pairs"]
+__all__ = [
+    "check_pair_scoring",
+    "dev_metrics_from_scores",
+    "pair_dev_metrics",
+    "pair_loss",
+    "score_stats",
+    "scores_pairs",
+]

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .._files import atomic_write_text
+from ..metrics import similarity_stats
 
 LOG_FILE = "metrics.jsonl"
 
@@ -51,16 +52,8 @@ def batch_similarity_stats(
     """Mean cosine of the positive pairs and mean hardest-negative cosine (both directions)."""
     with torch.no_grad():
         sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
-        pos = ids[:, None] == ids[None, :]
-        neg = sim.masked_fill(pos, -math.inf)
-        hardest_i2t = neg.amax(dim=1)
-        hardest_t2i = neg.amax(dim=0)
-        finite = torch.cat([hardest_i2t, hardest_t2i])
-        finite = finite[torch.isfinite(finite)]
-        return {
-            "pos_sim": float(sim.diagonal().mean()),
-            "hardest_neg_sim": float(finite.mean()) if finite.numel() else float("nan"),
-        }
+    diagonal = torch.arange(sim.shape[1], device=sim.device)
+    return similarity_stats(sim, txt_to_img=diagonal, pos_mask=ids[:, None] == ids[None, :])
 
 
 def epoch_summary(

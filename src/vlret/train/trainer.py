@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .._extras import progress_bar
+from .._modules import unwrap_model
 from ..losses import StepInputs, loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
@@ -402,7 +403,7 @@ class Trainer:
             self.dev_set,
             batch_size=size,
             device=self.device,
-            normalize=self.config.loss.params.get("normalize", True),
+            normalize=unwrap_model(self.model).scoring == "cosine",  # the model's own scoring
         )
         return dev_metrics(img, txt, torch.as_tensor(self.dev_set.txt_to_img))
 

@@ -42,7 +42,7 @@ def _pair_scores_as_embeddings(
     ``(I, S^T)``: every metric of :func:`~vlret.data.synthetic.evaluate_synthetic` scores with
     ``img @ txt.T``, which is then exactly ``S`` (none of them normalises); the identity is
     ``N_img`` wide, the smaller side of a retrieval split."""
-    from ...train.evaluate_pairs import encode_tokens, score_matrix
+    from ...eval import encode_tokens, score_matrix
 
     regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
     sim = score_matrix(model, regions, texts, device=device)
@@ -65,6 +65,8 @@ def synthetic_extras(
     a cross-attention model's full test score matrix when the caller has it already (else
     the pairs are scored here)."""
     from ...data.synthetic import evaluate_synthetic, load_synthetic
+    from ...eval import get_protocol
+    from ...models import PairScorer
     from ...train.builders import build_dataset, eval_data_config
     from ...train.evaluate import encode_dataset, load_trained_model
 
@@ -76,7 +78,7 @@ def synthetic_extras(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model, config, encoder = load_trained_model(checkpoint, device=device)
-    ds_protocol = {"msrvtt-1ka": "1k-A", "msrvtt-full": "full"}.get(settings.protocol)
+    ds_protocol = get_protocol(settings.protocol).data_protocol
     dataset = build_dataset(
         eval_data_config(config.data, settings.data or config.data.root),
         settings.split,
@@ -95,7 +97,7 @@ def synthetic_extras(
             stacklevel=2,
         )
         return None
-    if getattr(model, "scores_pairs", False):
+    if isinstance(model, PairScorer):
         if scores is not None and scores.shape == (dataset.num_images, dataset.num_captions):
             # img @ txt.T is the score matrix; the identity on the smaller side keeps this
             # (N_img, N_img) rather than (N_txt, N_txt): 4 MB, not 1.6 GB, for 1000 x 20000
@@ -108,7 +110,7 @@ def synthetic_extras(
             dataset,
             batch_size=settings.batch_size,
             device=device,
-            normalize=config.loss.params.get("normalize", True),
+            normalize=config.scoring == "cosine",
         )
     out = evaluate_synthetic(img, txt, annotations)
     ext, clone = out["extended"], out["clone"]

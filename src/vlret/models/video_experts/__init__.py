@@ -6,8 +6,8 @@ Both read per-video expert features (:class:`vlret.data.ExpertBatch`; any expert
 missing for any video), embed a video as one L2-normalised vector per expert and a caption as
 one vector per expert plus mixture logits, and score a pair as the caption-weighted sum of the
 per-expert cosines, the weights a softmax renormalised over the experts the video has. They
-are pair scorers (``scores_pairs = True``): the trainer hands their batch score matrix to any
-loss's ``from_similarity``.
+are pair scorers (:class:`~vlret.models.PairScorer`): the trainer hands their batch score
+matrix to any loss's ``from_similarity``.
 
 * :mod:`~vlret.models.video_experts.common`: context gating, gated embedding units, masked
   NetVLAD, the mixture scoring and :class:`MultiExpertModel`;

@@ -1,0 +1,65 @@
+"""Evaluation: protocols (:mod:`vlret.eval.protocols`, one record each in a registry), scorers
+(:mod:`vlret.eval.scorers`: two-tower, pair-scoring, ensemble, shortlist, re-scored) and the one
+pipeline :func:`evaluate`, which returns an :class:`Evaluation` that renders its own table and
+JSON record.
+
+It sits between the harness (:mod:`vlret.train`, which loads checkpoints and builds datasets,
+and the command line) above and the models and data formats below; it never imports the
+trainer or a loss.
+"""
+
+from .encode import TextTokens, encode_dataset, encode_tokens, pack_words
+from .pipeline import Evaluation, evaluate, format_table, metrics_record
+from .protocols import (
+    RELEVANCE_KINDS,
+    EvalProtocol,
+    get_protocol,
+    protocol_names,
+    register_protocol,
+)
+from .scorers import (
+    SCORINGS,
+    EnsembleScorer,
+    EnsembleSplit,
+    MatrixScorer,
+    Measured,
+    PairModelScorer,
+    RescoredScorer,
+    Scorer,
+    ShortlistScorer,
+    TwoTowerScorer,
+)
+from .scores import embedding_scores, mean_pooled_scores, metrics_from_scores, score_matrix
+from .shortlist import ShortlistResult, shortlist_metrics
+
+__all__ = [
+    "RELEVANCE_KINDS",
+    "SCORINGS",
+    "EnsembleScorer",
+    "EnsembleSplit",
+    "EvalProtocol",
+    "Evaluation",
+    "MatrixScorer",
+    "Measured",
+    "PairModelScorer",
+    "RescoredScorer",
+    "Scorer",
+    "ShortlistResult",
+    "ShortlistScorer",
+    "TextTokens",
+    "TwoTowerScorer",
+    "embedding_scores",
+    "encode_dataset",
+    "encode_tokens",
+    "evaluate",
+    "format_table",
+    "get_protocol",
+    "mean_pooled_scores",
+    "metrics_from_scores",
+    "metrics_record",
+    "pack_words",
+    "protocol_names",
+    "register_protocol",
+    "score_matrix",
+    "shortlist_metrics",
+]

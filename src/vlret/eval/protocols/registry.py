@@ -1,0 +1,135 @@
+"""The protocol record and its registry.
+
+A protocol says what an evaluation scores and how it reports it: the paper's test set and its
+sizes, the splits it accepts per data format, its folds, what counts as relevant and which
+metrics it reports. The modules of this package register the protocols of one family each;
+adding a protocol is one such module (and its test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ...metrics import RetrievalMetrics
+
+#: What counts as relevant to a query. The retrieval protocols of today use the first two
+#: (their ranks are the same computation: an image's rank is its best caption's); identity
+#: and class-level relevance are for person search and zero-shot classification.
+RELEVANCE_KINDS = ("image-of-caption", "any-caption-of-video", "same-identity", "class-label")
+#: The table's word for the visual side, per relevance kind.
+_VISUAL = {"image-of-caption": "image", "any-caption-of-video": "video"}
+#: The metrics a retrieval protocol reports by default: the recalls, rsum and ranks.
+RETRIEVAL_METRICS = tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k != "folds")
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """One evaluation protocol (a registry entry, :func:`register_protocol`)."""
+
+    #: the ``vlret eval --protocol`` name
+    name: str
+    #: the table title when the paper's test set is scored
+    title: str
+    #: the paper's test set: its name, the splits that hold it and its images (videos) x texts
+    paper_set: str
+    paper_splits: tuple[str, ...]
+    paper_images: int
+    paper_texts: int
+    #: data format -> the splits this protocol evaluates (kept read-only)
+    splits: Mapping[str, tuple[str, ...]]
+    #: a one-line summary of what is scored, for ``vlret protocols``
+    summary: str
+    #: equal folds of images averaged (COCO 1K: 5); 1 = the whole split at once
+    folds: int = 1
+    relevance: str = "image-of-caption"
+    #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`)
+    metrics: tuple[str, ...] = RETRIEVAL_METRICS
+    #: the data set's own protocol option (MSR-VTT's caption set: ``full`` or ``1k-A``)
+    data_protocol: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.relevance not in RELEVANCE_KINDS:
+            raise ValueError(
+                f"protocol {self.name}: relevance must be one of {', '.join(RELEVANCE_KINDS)}, "
+                f"got {self.relevance!r}"
+            )
+        unknown = [m for m in self.metrics if m not in RETRIEVAL_METRICS]
+        if unknown:
+            raise ValueError(f"protocol {self.name}: unknown metrics {unknown}")
+        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 1:
+            raise ValueError(f"protocol {self.name}: folds must be a positive integer")
+        if not isinstance(self.splits, MappingProxyType):
+            object.__setattr__(self, "splits", MappingProxyType(dict(self.splits)))
+
+    @property
+    def visual(self) -> str:
+        """The table's word for the visual side (``image`` or ``video``)."""
+        return _VISUAL.get(self.relevance, "image")
+
+    def check_split(self, split: str, data_format: str) -> None:
+        """Raise ``ValueError`` unless this protocol evaluates ``split`` of ``data_format``."""
+        if data_format not in self.splits:
+            raise ValueError(
+                f"protocol {self.name} needs {' or '.join(self.splits)} data; the checkpoint "
+                f"was trained on {data_format} data"
+            )
+        if split not in self.splits[data_format]:
+            raise ValueError(
+                f"protocol {self.name} on {data_format} data evaluates the split(s) "
+                f"{', '.join(self.splits[data_format])}, not {split!r}"
+            )
+
+    def title_for(self, split: str | None, n_images: int, n_texts: int) -> str:
+        """The table title: :attr:`title` only when ``split`` and the sizes are the paper's
+        test set; otherwise what was actually scored, marked as not the paper's set."""
+        paper = (self.paper_images, self.paper_texts)
+        if split in self.paper_splits and (n_images, n_texts) == paper:
+            return self.title
+        folds = f", {self.folds} folds of {n_images // self.folds} images" if self.folds > 1 else ""
+        return (
+            f"{self.paper_set} protocol on {split or 'a'} split of {n_images} images x "
+            f"{n_texts} texts{folds} (not the paper's test set: {'/'.join(self.paper_splits)}, "
+            f"{self.paper_images} x {self.paper_texts})"
+        )
+
+    def line(self) -> str:
+        """One line for ``vlret protocols``: name, summary and the accepted splits."""
+        accepted = "; ".join(f"{fmt} {'/'.join(s)}" for fmt, s in self.splits.items())
+        return f"{self.name:<12} {self.summary} [{accepted}]"
+
+
+_REGISTRY: dict[str, EvalProtocol] = {}
+
+
+def register_protocol(protocol: EvalProtocol) -> EvalProtocol:
+    """Add ``protocol`` to the registry (a second protocol of the same name is an error)."""
+    if protocol.name in _REGISTRY:
+        raise ValueError(f"protocol {protocol.name!r} is registered twice")
+    _REGISTRY[protocol.name] = protocol
+    return protocol
+
+
+def protocol_names() -> tuple[str, ...]:
+    """The registered protocols' names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get_protocol(protocol: str | EvalProtocol) -> EvalProtocol:
+    """The registered protocol named ``protocol`` (a record is returned as is)."""
+    if isinstance(protocol, EvalProtocol):
+        return protocol
+    if protocol not in _REGISTRY:
+        raise ValueError(f"protocol must be one of {', '.join(_REGISTRY)}, got {protocol!r}")
+    return _REGISTRY[protocol]
+
+
+__all__ = [
+    "RELEVANCE_KINDS",
+    "RETRIEVAL_METRICS",
+    "EvalProtocol",
+    "get_protocol",
+    "protocol_names",
+    "register_protocol",
+]

@@ -1,0 +1,168 @@
+"""Scorers behind one interface (vlret.eval.scorers), the PairScorer protocol, and the
+statistics, folds and unwrapping that exist once (vlret.metrics, vlret._modules)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vlret._modules import unwrap_model
+from vlret.eval import (
+    EnsembleScorer,
+    EnsembleSplit,
+    PairModelScorer,
+    RescoredScorer,
+    ShortlistScorer,
+    TwoTowerScorer,
+    evaluate,
+)
+from vlret.metrics import coco_folds, fold_blocks, rescored_metrics, similarity_stats
+from vlret.metrics.rescore import Rescoring
+from vlret.models import PairScorer, build_model
+from vlret.train.builders import build_dataset, load_trained_model
+from vlret.train.pair_scoring import score_stats, scores_pairs
+from vlret.train.run_log import batch_similarity_stats
+
+FIXTURES = Path(__file__).parent / "fixtures" / "prev_release"
+
+
+def _member(name: str, split: str = "test"):
+    model, run, encoder = load_trained_model(FIXTURES / name)
+    data = build_dataset(run.data, split, encoder, root=FIXTURES / "data")
+    return model, run, data
+
+
+def _naive_stats(sim: np.ndarray, t2i: np.ndarray, pos: np.ndarray) -> tuple[float, float]:
+    positives = [sim[t2i[j], j] for j in range(sim.shape[1])]
+    hardest = []
+    for i in range(sim.shape[0]):
+        negs = [sim[i, j] for j in range(sim.shape[1]) if not pos[i, j]]
+        hardest += [max(negs)] if negs else []
+    for j in range(sim.shape[1]):
+        negs = [sim[i, j] for i in range(sim.shape[0]) if not pos[i, j]]
+        hardest += [max(negs)] if negs else []
+    return float(np.mean(positives)), float(np.mean(hardest)) if hardest else math.nan
+
+
+def test_similarity_stats_against_naive_loops():
+    g = torch.Generator().manual_seed(0)
+    sim = torch.randn(4, 9, generator=g)
+    t2i = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 3])
+    got = similarity_stats(sim, txt_to_img=t2i)
+    pos = (t2i[None, :] == torch.arange(4)[:, None]).numpy()
+    want = _naive_stats(sim.double().numpy(), t2i.numpy(), pos)
+    # float32 means of at most 26 values: a few ulps of their magnitude
+    assert got["pos_sim"] == pytest.approx(want[0], rel=0, abs=1e-6)
+    assert got["hardest_neg_sim"] == pytest.approx(want[1], rel=0, abs=1e-6)
+    # a batch: the diagonal is each item's pair, equal ids are no negatives
+    ids = torch.tensor([5, 5, 7])
+    batch = torch.randn(3, 3, generator=g)
+    got = score_stats(batch, ids)
+    pos = (ids[:, None] == ids[None, :]).numpy()
+    want = _naive_stats(batch.double().numpy(), np.arange(3), pos)
+    assert (got["pos_sim"], got["hardest_neg_sim"]) == pytest.approx(want, rel=0, abs=1e-6)
+    all_pos = score_stats(batch, torch.tensor([1, 1, 1]))
+    assert math.isnan(all_pos["hardest_neg_sim"])
+    img, txt = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    cos = torch.nn.functional.cosine_similarity(img[:, None], txt[None], dim=-1)
+    got = batch_similarity_stats(img, txt, ids)
+    want = _naive_stats(cos.double().numpy(), np.arange(3), pos)
+    assert (got["pos_sim"], got["hardest_neg_sim"]) == pytest.approx(want, rel=0, abs=1e-6)
+    with pytest.raises(ValueError, match="txt_to_img must have one entry per text"):
+        similarity_stats(sim, txt_to_img=t2i[:3])
+
+
+def test_one_fold_rule_for_embeddings_and_score_blocks():
+    t2i = torch.tensor([2, 0, 1, 3, 0, 2, 1, 3])  # captions not grouped by image
+    folds = coco_folds(t2i, n_images=4, n_folds=2)
+    assert [(f.img0, f.img1, f.texts.tolist()) for f in folds] == [
+        (0, 2, [1, 2, 4, 6]),
+        (2, 4, [0, 3, 5, 7]),
+    ]
+    with pytest.raises(ValueError, match="grouped by image"):
+        folds[0].block()
+    grouped = torch.tensor([0, 0, 1, 2, 2, 3])
+    assert fold_blocks(grouped, 2) == [(0, 2, 0, 3), (2, 4, 3, 6)]
+    for call in (lambda: coco_folds(t2i, n_images=4, n_folds=3), lambda: fold_blocks(grouped, 3)):
+        with pytest.raises(
+            ValueError, match="coco1k averages 3 folds .* 4 images, not divisible by 3"
+        ):
+            call()
+
+
+def test_models_declare_pair_scoring_by_the_protocol():
+    for kind in ("scan", "bfan", "sgraf"):
+        model = build_model(
+            {"kind": kind, "embed_dim": 8, "image": {"in_dim": 4}, "text": {"word_dim": 4}},
+            vocab_size=10,
+        )
+        assert isinstance(model, PairScorer) and scores_pairs(model)
+        lengths = torch.tensor([3, 1])
+        assert torch.equal(model.token_lengths(lengths), lengths)  # one row per word
+    two_tower = build_model({"embed_dim": 8, "image": {"in_dim": 4}}, vocab_size=10)
+    assert not isinstance(two_tower, PairScorer) and not scores_pairs(two_tower)
+    assert unwrap_model(two_tower) is two_tower
+    assert two_tower.scoring == "cosine"
+    dot = build_model({"embed_dim": 8, "image": {"in_dim": 4}, "scoring": "dot"}, vocab_size=10)
+    assert dot.scoring == "dot" and dot.config["scoring"] == "dot"
+    with pytest.raises(ValueError, match="PairScorer"):
+        PairModelScorer(two_tower)
+    with pytest.raises(ValueError, match="scores pairs"):
+        TwoTowerScorer(model)
+    with pytest.raises(ValueError, match="scoring must be one of"):
+        TwoTowerScorer(two_tower, scoring="angle")
+
+
+def test_two_tower_scores_are_the_scoring_of_its_embeddings():
+    model, _, data = _member("two_tower.pt")
+    cos = TwoTowerScorer(model, scoring="cosine")
+    dot = TwoTowerScorer(model, scoring="dot")
+    img, txt = (e.double() for e in dot.embeddings(data))
+    unit = torch.nn.functional.normalize
+    # float32 dot products of 8-dim embeddings against the float64 truth: 8 roundings each
+    bound = (
+        8 * torch.finfo(torch.float32).eps * float(img.norm(dim=1).max() * txt.norm(dim=1).max())
+    )
+    torch.testing.assert_close(dot.scores(data).double(), img @ txt.t(), rtol=0, atol=bound)
+    want_cos = unit(img, dim=1) @ unit(txt, dim=1).t()
+    torch.testing.assert_close(cos.scores(data).double(), want_cos, rtol=0, atol=1e-6)
+    partial = dot.scores(data, blocks=[(0, 2, 0, 10)])
+    assert torch.isnan(partial[2:]).all() and torch.isnan(partial[:, 10:]).all()
+    want = (img @ txt.t())[:2, :10]
+    torch.testing.assert_close(partial[:2, :10].double(), want, rtol=0, atol=bound)
+
+
+def test_ensemble_is_the_mean_of_its_members_and_rescoring_wraps_any_matrix():
+    tt_model, _, tt_data = _member("two_tower.pt")
+    pair_model, _, pair_data = _member("scan.pt")
+    tt, pair = TwoTowerScorer(tt_model, scoring="dot"), PairModelScorer(pair_model)
+    both = EnsembleSplit((tt_data, pair_data))
+    ensemble = EnsembleScorer([tt, pair], members=("a", "b"))
+    naive = (tt.scores(tt_data).double() + pair.scores(pair_data).double()) / 2
+    torch.testing.assert_close(ensemble.scores(both).double(), naive, rtol=1e-6, atol=1e-7)
+    result = evaluate(ensemble, both, "f30k", split="test")
+    assert result.members == ("a", "b") and result.scores is not None
+    assert "ensemble of 2 (mean of score matrices): a, b" in result.title()
+    dsl = Rescoring("dsl")
+    rescored = evaluate(RescoredScorer(ensemble, dsl), both, "f30k", split="test")
+    want, info = rescored_metrics(ensemble.scores(both), tt_data.txt_to_img, dsl)
+    assert rescored.metrics == want and rescored.rescore == dsl.record(info)
+    assert rescored.record()["standard"] is False
+    with pytest.raises(ValueError, match="querybank"):
+        RescoredScorer(ensemble, Rescoring("qbnorm"))
+
+
+def test_shortlist_with_every_candidate_is_the_exact_protocol():
+    model, _, data = _member("scan.pt", split="testall")
+    pair = PairModelScorer(model)
+    for protocol in ("coco5k", "coco1k"):
+        exact = evaluate(pair, data, protocol, split="testall")
+        approx = evaluate(ShortlistScorer([pair], k=50), data, protocol, split="testall")
+        assert approx.metrics == exact.metrics and approx.approximate
+        assert approx.shortlist["i2t_ground_truth_in_shortlist"] == 1.0
+    with pytest.raises(ValueError, match="shortlist: expected a positive number"):
+        ShortlistScorer([pair], k=0)
