@@ -5,8 +5,8 @@ Such a model (``scores_pairs = True``, :mod:`vlret.models.cross_model`) maps a b
 with the positives of the batch's image indices, plus whatever else the loss declares in
 ``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
 semantic matrix). What needs embeddings cannot work on a score matrix and is refused before
-any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, unless the
-loss declares ``chunks_similarity``; a nested loss's ``chunk_size`` too), gradient caching
+any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, the tile
+height of the embedding path; a nested loss's ``chunk_size`` too), gradient caching
 (``train.grad_cache_chunk``) and a memory queue (a
 loss that ``owns_queue`` with its parameters, AdaCL's ``queue_size``; the momentum encoder that
 fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
@@ -52,10 +52,10 @@ def check_pair_scoring(config: RunConfig) -> None:
         cls = loss_class(name)
     except ValueError:
         return  # an unknown loss name: the loss section's own check reports it
-    if getattr(cls, "from_similarity", PairLoss.from_similarity) is PairLoss.from_similarity:
+    if cls.dense is None and cls.from_similarity is PairLoss.from_similarity:
         raise ConfigError(config.source, "loss.name", f"{name} has no from_similarity, but {why}")
     caps = loss_capabilities(name, params)
-    tiled = [] if caps.chunks_similarity else [("chunk_size", params.get("chunk_size"))]
+    tiled = [("chunk_size", params.get("chunk_size"))]
     # a loss configured inside this one (``base_params``) is called on the score matrix too
     tiled += [(f"{k}.chunk_size", v.get("chunk_size")) for k, v in params.items() if _nested(v)]
     for key, value in tiled:
