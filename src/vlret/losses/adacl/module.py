@@ -427,14 +427,8 @@ class AdaCLLoss(PairLoss):
         return F.normalize(keys, dim=1) if self.normalize else keys
 
     def extra_repr(self) -> str:
-        c = self.config
-        return (
-            f"m1={float(self.m1):.4g}, m2={float(self.m2):.4g}, p_u={c.p_u}, "
-            f"eps={c.eps:.3g}, anchor_selection={c.anchor_selection!r}, "
-            f"negative_temperature={c.negative_temperature:g}, "
-            f"scale_negatives={c.scale_negatives}, warmup_steps={c.warmup_steps}, "
-            f"queue_size={c.queue_size}, max_m1={c.max_m1}, reduction={self.reduction!r}"
-        )
+        # the margins now, then the declaration's fields
+        return f"m1={float(self.m1):g}, m2={float(self.m2):g}, " + self.config.describe()
 
 
 def _snapshot(
