@@ -50,6 +50,7 @@ from .registry import (
     loss_parameters,
     register_loss,
 )
+from .sdm import SDMLoss, sdm_loss, tiled_sdm_loss
 from .siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
 from .step import StepInputs
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
@@ -70,6 +71,9 @@ __all__ = [
     "DCLLoss",
     "dcl_loss",
     "tiled_dcl_loss",
+    "SDMLoss",
+    "sdm_loss",
+    "tiled_sdm_loss",
     "SigLIPLoss",
     "siglip_loss",
     "tiled_siglip_loss",

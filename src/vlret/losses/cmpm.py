@@ -62,7 +62,7 @@ from .._checks import (
 )
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index, reduce_terms
-from ._tiling import prepare_embeddings, scalar_tensor, shard_directions, tile_rows
+from ._tiling import Embedded, prepare_embeddings, scalar_tensor, shard_directions, tile_rows
 from .params import TiledLossParams, normalize_param, param
 from .registry import register_loss
 
@@ -92,7 +92,7 @@ def _check(scale, eps, target_norm, reduction) -> None:
     check_reduction(reduction)
 
 
-def _kl_rows(
+def kl_rows(
     logits: torch.Tensor, positives: torch.Tensor, eps: float, target_norm: str
 ) -> torch.Tensor:
     """``sum_j p_ij (log p_ij - log(q_ij + eps))`` per row: ``p = softmax(logits)``, ``q`` the
@@ -150,8 +150,8 @@ def cmpm_loss(
         t = sim_t2i.to(device=s.device, dtype=s.dtype)
     c = scalar_tensor(scale, s, "scale")
     positives = ~negatives
-    img_terms = _kl_rows(c * s, positives, eps, target_norm)
-    txt_terms = _kl_rows(c * t.t(), positives.t(), eps, target_norm)
+    img_terms = kl_rows(c * s, positives, eps, target_norm)
+    txt_terms = kl_rows(c * t.t(), positives.t(), eps, target_norm)
     return reduce_terms(img_terms, txt_terms, reduction)
 
 
@@ -197,17 +197,41 @@ def tiled_cmpm_loss(
         img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
     )
     c = scalar_tensor(scale, batch.x, "scale")
+    terms = tiled_kl_terms(batch, shard, c, eps, target_norm, project=not normalize)
+    return reduce_per_index(terms, reduction, batch.batch)
+
+
+def tiled_kl_terms(
+    batch: Embedded,
+    shard: tuple[int, int] | None,
+    scale: torch.Tensor,
+    eps: float,
+    target_norm: str,
+    *,
+    project: bool,
+) -> torch.Tensor:
+    """Per index, :func:`kl_rows` of the image anchor plus that of the text anchor, each
+    direction a rectangle of whole rows streamed by ``tile_rows`` (``shard``: its anchors only).
+
+    Args:
+        batch: The prepared batch.
+        shard: ``(start, stop)`` or ``None``.
+        scale: Multiplies the scores before the softmax.
+        eps: The ``eps`` of the target's log.
+        target_norm: ``"l1"`` or ``"l2"``.
+        project: Normalise the candidates only (CMPM's projection of raw anchors).
+    """
     terms = []
     for d in shard_directions(batch, (0, batch.batch) if shard is None else shard):
-        cands = d.cands if normalize else F.normalize(d.cands, dim=1, eps=_NORM_EPS)
+        cands = F.normalize(d.cands, dim=1, eps=_NORM_EPS) if project else d.cands
         matches = d.exclusions  # own pair and equal ids: the entries where y_ij = 1
 
         def rows(scores: torch.Tensor, start: int, matches=matches) -> torch.Tensor:
             positives = matches.mask(start, start + scores.shape[0])
-            return _kl_rows(c * scores, positives, eps, target_norm)
+            return kl_rows(scale * scores, positives, eps, target_norm)
 
         terms.append(tile_rows(rows, d.rows, cands, batch.tile))
-    return reduce_per_index(terms[0] + terms[1], reduction, batch.batch)
+    return terms[0] + terms[1]
 
 
 @register_loss("cmpm")
