@@ -289,28 +289,6 @@ class CircleLoss(PairLoss):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MultiSimilarityParams(LossParams):
-    """Parameters of the MS loss (defaults: GOAL's pair-weight settings)."""
-
-    alpha: float = param(2.0, POSITIVE, "the positive slope")
-    beta: float = param(10.0, POSITIVE, "the negative slope")
-    lam: float = param(0.5, REAL, "the similarity threshold lambda")
-    epsilon: float = param(0.1, NON_NEGATIVE, "the mining band")
-    hardest: bool = param(False, FLAG, _HARDEST)
-    reduction: str = reduction_param("sum")
-
-
-@register_loss("multi_similarity")
-class MultiSimilarityLoss(PairLoss):
-    """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``)."""
-
-    paper = "Multi-similarity (Wang et al. 2019)"
-    equation = "GOAL Eq. (11)-(12), Table 1"
-    Params = MultiSimilarityParams
-    dense = staticmethod(multi_similarity_loss)
-
-
-@dataclass(frozen=True, kw_only=True)
 class BinomialDevianceParams(LossParams):
     """Parameters of the binomial deviance (defaults: GOAL Fig. 3's)."""
 
@@ -329,6 +307,24 @@ class BinomialDevianceLoss(PairLoss):
     equation = "GOAL Eq. (11), Table 1"
     Params = BinomialDevianceParams
     dense = staticmethod(binomial_deviance_loss)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiSimilarityParams(BinomialDevianceParams):
+    """Parameters of the MS loss: the binomial deviance's and its mining band (defaults: GOAL's
+    pair-weight settings)."""
+
+    epsilon: float = param(0.1, NON_NEGATIVE, "the mining band")
+
+
+@register_loss("multi_similarity")
+class MultiSimilarityLoss(PairLoss):
+    """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``)."""
+
+    paper = "Multi-similarity (Wang et al. 2019)"
+    equation = "GOAL Eq. (11)-(12), Table 1"
+    Params = MultiSimilarityParams
+    dense = staticmethod(multi_similarity_loss)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -370,28 +370,23 @@ class VisualSemanticLoss(PairLoss):
     summed base grows with the batch size and Eq. (5) does not, so retune ``beta`` for other
     batch sizes or a mean-reduced base.
 
-    Args:
-        semantic: A fitted :class:`vlret.semantic.CaptionTfidf`; may be ``None`` when every
-            call passes ``semantic_sim`` (and, with ``text_side``, ``text_semantic_sim``).
-        base: The name of a registered loss (built with ``base_params``) or a loss module with
-            ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
-            margin 0.2, summed over the batch, as in the paper and its code.
-        base_params: The parameters of a ``base`` given by name.
-        alpha: The base's weight (0 skips the base).
-        beta: The VSL term's weight.
-        tau: The smooth rank's temperature, an absolute gap in score units. Eq. (4)
-            approximates a rank only while a row's scores spread over much more than
-            ``n * tau``; within a few ``n * tau`` the VSL gradient grows like ``1 / tau``,
-            unrelated to the base's. Choose it relative to the model's score spread
-            (``docs/vsl.md``, "tau and the spread of the scores").
-        descending: Rank the largest entry 1 (:func:`smooth_rank`).
-        text_side: Add Eq. (7), ``L = alpha L_base + beta (L_vs + L_ts)``; the texts' semantic
-            matrix comes from the batch's ``captions`` or is passed as ``text_semantic_sim``.
-        reduction: The VSL term's reduction (the base keeps its own); ``"none"`` needs a base
-            with reduction ``"none"`` too and gives ``alpha * base_i + beta * vsl_i``.
-        rank_block: Rows per smooth-rank block (:func:`smooth_rank`); ``chunk_size``, its old
-            name, is accepted with a DeprecationWarning.
-        normalize: L2-normalise the embeddings (``False``: raw dot products).
+    The parameters are the fields of :class:`VSLParams`; more on some of them:
+
+    * ``semantic``: may be ``None`` when every call passes ``semantic_sim`` (and, with
+      ``text_side``, ``text_semantic_sim``).
+    * ``base``: a registered name (built with ``base_params``) or a loss module with
+      ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
+      margin 0.2, summed over the batch, as in the paper and its code.
+    * ``tau``: an absolute gap in score units. Eq. (4) approximates a rank only while a row's
+      scores spread over much more than ``n * tau``; within a few ``n * tau`` the VSL gradient
+      grows like ``1 / tau``, unrelated to the base's. Choose it relative to the model's score
+      spread (``docs/vsl.md``, "tau and the spread of the scores").
+    * ``text_side``: Eq. (7), ``L = alpha L_base + beta (L_vs + L_ts)``; the texts' semantic
+      matrix comes from the batch's ``captions`` or is passed as ``text_semantic_sim``.
+    * ``reduction``: the VSL term's (the base keeps its own); ``"none"`` needs a base with
+      reduction ``"none"`` too and gives ``alpha * base_i + beta * vsl_i``.
+    * ``rank_block``: rows per smooth-rank block (:func:`smooth_rank`); ``chunk_size``, its old
+      name, is accepted with a DeprecationWarning.
 
     Raises:
         ValueError: ``semantic`` is not a fitted ``CaptionTfidf``, ``base`` is not a loss (or

@@ -76,12 +76,8 @@ class AdaCLLoss(PairLoss):
       dense path's by float rounding, so the dense path is no shortcut for it.
 
     The parameters are the fields of :class:`~vlret.losses.adacl.AdaCLParams`, with the
-    paper's defaults, validated and stored as ``config``.
-
-    Args:
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        normalize: L2-normalise the embeddings.
-        chunk_size: Tile height of the tiled form, or ``None``.
+    paper's defaults, validated and stored as ``config`` (with ``reduction``, ``normalize`` and
+    ``chunk_size``, the tile height).
 
     Attributes:
         config: The validated :class:`~vlret.losses.adacl.AdaCLParams`.
