@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from ..._checks import (
     Number,
     ParamError,
 )
-from ..params import TiledLossParams, param
+from ..params import TiledLossParams, deprecated_names, param
 
 #: Anchor selection rules on Delta S (paper Table 5).
 ANCHOR_SELECTIONS = ("median", "min", "max", "random")
@@ -97,17 +96,14 @@ class AdaCLParams(TiledLossParams):
         check_relations(dataclasses.asdict(self))
 
 
-def __getattr__(name: str) -> object:
-    # AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
-    if name in ("AdaCLConfig", "ADACL_PARAMS"):
-        warnings.warn(
-            f"vlret.losses.adacl.{name} is deprecated; use AdaCLParams"
-            + (".specs()" if name == "ADACL_PARAMS" else ""),
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return AdaCLParams if name == "AdaCLConfig" else AdaCLParams.specs()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
+__getattr__ = deprecated_names(
+    "vlret.losses.adacl",
+    {
+        "AdaCLConfig": ("AdaCLParams", lambda: AdaCLParams),
+        "ADACL_PARAMS": ("AdaCLParams.specs()", AdaCLParams.specs),
+    },
+)
 
 
 def check_relations(params: Mapping[str, Any]) -> None:

@@ -56,13 +56,12 @@ Where the paper and the authors' released gradient file disagree, this module fo
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError
-from ..params import TiledLossParams, param, reduction_param
+from ..params import TiledLossParams, deprecated_names, param, reduction_param
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
 TRIPLET_WEIGHTS: tuple[str, ...] = ("con", "nca", "cir")
@@ -111,17 +110,14 @@ class GoalParams(TiledLossParams):
         super().__post_init__()
 
 
-def __getattr__(name: str) -> object:
-    # GoalConfig and GOAL_PARAMS became GoalParams (issue 25): kept importable
-    if name in ("GoalConfig", "GOAL_PARAMS"):
-        warnings.warn(
-            f"vlret.losses.goal.{name} is deprecated; use GoalParams"
-            + (".specs()" if name == "GOAL_PARAMS" else ""),
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return GoalParams if name == "GoalConfig" else GoalParams.specs()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# GoalConfig and GOAL_PARAMS became GoalParams (issue 25): kept importable
+__getattr__ = deprecated_names(
+    "vlret.losses.goal",
+    {
+        "GoalConfig": ("GoalParams", lambda: GoalParams),
+        "GOAL_PARAMS": ("GoalParams.specs()", GoalParams.specs),
+    },
+)
 
 
 def goal_triplet_weight(
