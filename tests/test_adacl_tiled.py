@@ -227,18 +227,29 @@ def test_anchor_with_queue_blocks_equals_dense():
 # ----------------------------------------------------------------------------- the module
 
 
-def test_batch_within_one_tile_takes_the_dense_path(monkeypatch):
+def test_chunk_size_always_tiles_even_a_batch_within_one_tile(monkeypatch):
+    """chunk_size is the tile height (issue 25): set, the tiled batch is built for any batch
+    size; one tile gives the dense module's values to float64 rounding."""
     import vlret.losses.adacl.module as module
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the tiled batch was built")
+    built = []
+    tiled_batch = module.TiledAdaCLBatch
 
-    monkeypatch.setattr(module, "TiledAdaCLBatch", refuse)
-    img, txt = _clone_world(16)
+    def record(*args, **kwargs):
+        built.append(kwargs["chunk_size"])
+        return tiled_batch(*args, **kwargs)
+
+    monkeypatch.setattr(module, "TiledAdaCLBatch", record)
+    img, txt = (t.requires_grad_(True) for t in _clone_world(16))
     dense, one_tile = AdaCLLoss(), AdaCLLoss(chunk_size=16)
-    torch.testing.assert_close(one_tile(img, txt), dense(img, txt), rtol=0, atol=0)
-    with pytest.raises(AssertionError, match="tiled batch"):
-        AdaCLLoss(chunk_size=15)(img, txt)
+    want = _value_and_grads(dense(img, txt), (img, txt), "mean")
+    got = _value_and_grads(one_tile(img, txt), (img, txt), "mean")
+    _assert_same(
+        (got[0], *got[1], one_tile.m1, one_tile.m2), (*want[:1], *want[1], dense.m1, dense.m2)
+    )
+    assert built == [16]
+    AdaCLLoss()(img, txt)
+    assert built == [16]  # no chunk_size: the dense path
 
 
 def test_module_refuses_a_shard():

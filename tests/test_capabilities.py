@@ -12,6 +12,7 @@ from vlret.losses import (
     build_loss,
     compared_losses,
     loss_capabilities,
+    loss_parameters,
     triplet_loss,
 )
 from vlret.semantic import CaptionTfidf
@@ -57,7 +58,9 @@ def test_adacls_queue_decides_embed_dim_and_ownership():
 def test_declared_inputs_of_vsl_and_shards_of_the_tiled_families():
     vsl = loss_capabilities("vsl")
     assert vsl.needs_semantics and vsl.similarity_inputs == ("img_ids", "txt_ids")
-    assert vsl.chunks_similarity and not vsl.local_shards
+    assert not vsl.local_shards
+    # chunk_size is a tile height only: VSL, without a tiled form, has none (rank_block instead)
+    assert "chunk_size" not in loss_parameters("vsl") and "rank_block" in loss_parameters("vsl")
     shards = {n for n in ("triplet", "infonce", "unified", "goal", "adacl", "vsl", "circle")}
     assert {n for n in shards if loss_capabilities(n).local_shards} == {
         "triplet",

@@ -405,12 +405,12 @@ def _module_grad(module, sim):
 
 
 def test_goal_function_apply_directly():
-    from vlret.losses.goal import GoalConfig
+    from vlret.losses.goal import GoalParams
 
     sim = cosine_batch(seed=9).requires_grad_(True)
     negatives = ~torch.eye(7, dtype=torch.bool)
     GoalFunction.apply(
-        sim, negatives, GoalConfig(triplet_weight="con", pair_weight="con")
+        sim, negatives, GoalParams(triplet_weight="con", pair_weight="con")
     ).backward()
     torch.testing.assert_close(
         sim.grad, goal_grad(sim.detach(), triplet_weight="con", pair_weight="con")

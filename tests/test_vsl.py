@@ -93,11 +93,11 @@ def test_orientations_sum_to_n_plus_one_and_ties_split():
     torch.testing.assert_close(smooth_rank(tied), torch.tensor([[2.5, 2.5, 1.0]]))
 
 
-@pytest.mark.parametrize("chunk_size", [1, 3, None])
-def test_custom_backward_matches_autograd_oracle(chunk_size):
+@pytest.mark.parametrize("rank_block", [1, 3, None])
+def test_custom_backward_matches_autograd_oracle(rank_block):
     m = near_tie_matrix(6, 8, seed=3).requires_grad_()
     upstream = torch.randn(6, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    (grad,) = torch.autograd.grad(smooth_rank(m, chunk_size=chunk_size), m, upstream)
+    (grad,) = torch.autograd.grad(smooth_rank(m, rank_block=rank_block), m, upstream)
     ref = m.detach().clone().requires_grad_()
     (expected,) = torch.autograd.grad(torch_rank(ref, 0.001), ref, upstream)
     assert expected.abs().max() > 1  # the near ties make the gradient non-trivial
@@ -116,10 +116,10 @@ def test_second_backward_through_retained_graph_recomputes():
 def test_gradcheck_both_orientations_and_chunked():
     m = near_tie_matrix(4, 5, seed=5, spread=1.0).requires_grad_()
     for descending in (True, False):
-        for chunk_size in (None, 1):
+        for rank_block in (None, 1):
             torch.autograd.gradcheck(
-                lambda x, d=descending, c=chunk_size: smooth_rank(
-                    x, tau=0.2, descending=d, chunk_size=c
+                lambda x, d=descending, c=rank_block: smooth_rank(
+                    x, tau=0.2, descending=d, rank_block=c
                 ),
                 (m,),
             )
@@ -128,8 +128,8 @@ def test_gradcheck_both_orientations_and_chunked():
 def test_chunked_forward_equals_single_block():
     m = torch.randn(10, 12, dtype=torch.float64) * 0.01
     whole = smooth_rank(m)
-    for chunk_size in (1, 4, 100):
-        torch.testing.assert_close(smooth_rank(m, chunk_size=chunk_size), whole)
+    for rank_block in (1, 4, 100):
+        torch.testing.assert_close(smooth_rank(m, rank_block=rank_block), whole)
 
 
 def test_large_batch_saves_only_quadratic_memory_for_backward():
@@ -163,8 +163,8 @@ def test_smooth_rank_errors():
         smooth_rank(torch.ones(3))
     with pytest.raises(ValueError, match="tau must be a positive"):
         smooth_rank(torch.ones(2, 2), tau=0.0)
-    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
-        smooth_rank(torch.ones(2, 2), chunk_size=0)
+    with pytest.raises(ValueError, match=r"rank_block must be >= 1 \(or None\), got 0"):
+        smooth_rank(torch.ones(2, 2), rank_block=0)
     with pytest.raises(ValueError, match="m contains NaN"):
         smooth_rank(torch.tensor([[0.0, float("nan")]]))
     with pytest.raises(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -117,9 +116,9 @@ def check_embeddings(img_emb: torch.Tensor, txt_emb: torch.Tensor) -> None:
 
 # ----------------------------------------------------------------------------- parameters
 #
-# A loss declares the constraint of each constructor parameter once, on its class
-# (``PairLoss.params``); the constructor and ``registry.check_loss_params`` (which never builds
-# the loss) both check values against that declaration.
+# A loss family declares each parameter once, with its constraint (``vlret.losses.params``);
+# the constructor and ``registry.check_loss_params`` (which never builds the loss) both check
+# values by building that declaration's record.
 
 
 class ParamError(ValueError):
@@ -233,12 +232,5 @@ REAL = Number()
 #: A margin by which a positive must beat a negative (triplet, Unified, GOAL ``T^con``).
 MARGIN = NON_NEGATIVE
 REDUCTION = Choice(REDUCTIONS)
+#: The tile height of a tiled loss (``None``: the dense form), the one spec of ``chunk_size``.
 CHUNK_SIZE = Number(integer=True, ge=1, optional=True)
-
-
-def check_declared(specs: Mapping[str, ParamSpec], params: Mapping[str, Any]) -> None:
-    """Check each of ``params`` that ``specs`` declares; raise :class:`ParamError` naming it."""
-    for name, value in params.items():
-        spec = specs.get(name)
-        if spec is not None:
-            spec.check(value, name)

@@ -29,9 +29,9 @@ from .dml import (
 from .goal import (
     PAIR_WEIGHTS,
     TRIPLET_WEIGHTS,
-    GoalConfig,
     GoalFunction,
     GoalObjective,
+    GoalParams,
     goal_objective,
     goal_pair_weights,
     goal_triplet_weight,
@@ -39,6 +39,7 @@ from .goal import (
 )
 from .hn_nce import HNNCELoss, hn_nce_loss, tiled_hn_nce_loss
 from .infonce import InfoNCELoss, infonce_loss, tiled_infonce_loss
+from .params import LossParams, TiledLossParams, param
 from .registry import (
     available_losses,
     build_loss,
@@ -49,6 +50,7 @@ from .registry import (
     loss_parameters,
     register_loss,
 )
+from .sdm import SDMLoss, sdm_loss, tiled_sdm_loss
 from .siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
 from .step import StepInputs
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
@@ -69,6 +71,9 @@ __all__ = [
     "DCLLoss",
     "dcl_loss",
     "tiled_dcl_loss",
+    "SDMLoss",
+    "sdm_loss",
+    "tiled_sdm_loss",
     "SigLIPLoss",
     "siglip_loss",
     "tiled_siglip_loss",
@@ -80,7 +85,10 @@ __all__ = [
     "nca_hard_loss",
     "PAIR_WEIGHTS",
     "TRIPLET_WEIGHTS",
-    "GoalConfig",
+    "GoalParams",
+    "LossParams",
+    "TiledLossParams",
+    "param",
     "GoalFunction",
     "GoalObjective",
     "goal_objective",
@@ -114,6 +122,15 @@ __all__ = [
     "triplet_loss",
     "unified_loss",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # GoalConfig, the deprecated name of GoalParams (issue 25), warned about by its module
+    if name == "GoalConfig":
+        from .goal import weights
+
+        return weights.GoalConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _import_families() -> None:

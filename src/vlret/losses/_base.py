@@ -22,11 +22,7 @@ import torch
 from torch import nn
 
 from .._checks import (
-    CHUNK_SIZE,
-    FLAG,
-    REDUCTION,
     ParamSpec,
-    check_declared,
     check_embeddings,
     check_pos_mask,
     check_similarity,
@@ -34,6 +30,7 @@ from .._checks import (
 )
 from ..similarity import Ids, cosine_similarity, positive_mask
 from ._tiling import log1p_exp
+from .params import LossParams
 from .step import StepInputs
 
 
@@ -84,12 +81,6 @@ def reduce_terms(img_terms: torch.Tensor, txt_terms: torch.Tensor, reduction: st
     return reduce_per_index(img_terms + txt_terms, reduction)
 
 
-def init_args(frame: Mapping[str, Any]) -> dict[str, Any]:
-    """A constructor's arguments, from ``locals()`` taken on its first line:
-    ``TripletLoss.check_params(init_args(locals()))``."""
-    return {k: v for k, v in frame.items() if k not in ("self", "__class__")}
-
-
 @dataclass(frozen=True)
 class LossCapabilities:
     """What a loss needs from the harness and what it offers, declared on its class.
@@ -110,8 +101,6 @@ class LossCapabilities:
         momentum_keys: ``forward`` accepts ``img_keys=`` / ``txt_keys=`` from a momentum encoder.
         similarity_inputs: What :meth:`PairLoss.from_similarity` needs besides ``sim`` and
             ``pos_mask``, by keyword name, when a model that scores pairs supplies ``sim``.
-        chunks_similarity: ``chunk_size`` also bounds :meth:`PairLoss.from_similarity`'s
-            memory; otherwise it only selects the tiled embedding entry point.
         paper_comparison: Position in the default loss list of ``vlret compare`` (the papers'
             losses), ``None`` when the loss is not in it.
     """
@@ -123,8 +112,15 @@ class LossCapabilities:
     owns_queue: bool = False
     momentum_keys: bool = False
     similarity_inputs: tuple[str, ...] = ()
-    chunks_similarity: bool = False
     paper_comparison: int | None = None
+
+
+def _signature(params: type[LossParams]) -> inspect.Signature:
+    """The keyword-only constructor signature of a family, generated from its declaration."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature(
+        [inspect.Parameter(name, keyword, default=d) for name, d in params.defaults().items()]
+    )
 
 
 class PairLoss(nn.Module):
@@ -135,6 +131,20 @@ class PairLoss(nn.Module):
     mask of further positives, and calls :meth:`from_similarity`. Passing only ``img_ids`` means
     each text carries the id of its paired image. Models that score pairs themselves (SCAN,
     SGRAF) call :meth:`from_similarity` directly.
+
+    A family declares, on its class:
+
+    * ``Params``: its parameter declaration (a :class:`~vlret.losses.params.LossParams`
+      dataclass). The constructor takes exactly its fields as keywords (the class's signature
+      is generated from it) and keeps the checked record as ``config``; each hyper-parameter
+      handed to the functions also reads as an attribute (``loss.margin``).
+    * ``dense``: the pure function of ``sim``, called by :meth:`from_similarity` as
+      ``dense(sim, **arguments, pos_mask=..., reduction=...)``.
+    * ``tiled`` (optional): the tiled function of the embeddings, called by the embedding entry
+      point when ``chunk_size`` (the tile height) is set.
+
+    :meth:`arguments` is what both receive: the declared fields (``config.arguments()``); a
+    family whose values change during training (a learnable temperature, a warm-up) overrides it.
     """
 
     #: The name :func:`~vlret.losses.registry.register_loss` registered the class under.
@@ -143,51 +153,65 @@ class PairLoss(nn.Module):
     paper: str = ""
     #: Equation(s) implemented.
     equation: str = ""
-    #: The constraint of each constructor parameter this class adds (``vlret._checks``:
-    #: ``Number``, ``Flag``, ``Choice``); :meth:`param_specs` merges those of the base classes.
-    #: Read by the constructor and by ``registry.check_loss_params``, which checks a config's
-    #: values without building the loss.
-    params: ClassVar[Mapping[str, ParamSpec]] = {
-        "reduction": REDUCTION,
-        "normalize": FLAG,
-        "chunk_size": CHUNK_SIZE,
-    }
+    #: The family's parameter declaration.
+    Params: ClassVar[type[LossParams]] = LossParams
+    #: The pure function on a similarity matrix (a ``staticmethod``).
+    dense: ClassVar[Callable[..., torch.Tensor] | None] = None
+    #: The tiled function on embeddings (a ``staticmethod``), or ``None``.
+    tiled: ClassVar[Callable[..., torch.Tensor] | None] = None
+
+    #: The checked parameters, an instance of ``Params``.
+    config: LossParams
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = _signature(cls.Params)  # type: ignore[attr-defined]
 
     @classmethod
     def param_specs(cls) -> dict[str, ParamSpec]:
-        """Every declared parameter constraint, a subclass's overriding its bases'."""
-        specs: dict[str, ParamSpec] = {}
-        for klass in reversed(cls.__mro__):
-            specs.update(vars(klass).get("params", {}))
-        return specs
+        """Every declared parameter constraint (``Params.specs()``)."""
+        return cls.Params.specs()
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:
-        """Check constructor ``params`` (names already known to be parameters) against the
-        declarations, then their relations with the defaults filled in; raise
-        ``vlret._checks.ParamError`` naming the parameter. Builds nothing."""
-        check_declared(cls.param_specs(), params)
-        signature = inspect.signature(cls.__init__).parameters.values()
-        defaults = {p.name: p.default for p in signature if p.default is not p.empty}
-        cls.check_param_relations({**defaults, **params})
+        """Check constructor ``params`` against the declaration, relations included, with the
+        defaults filled in; raise ``vlret._checks.ParamError`` naming the parameter. Builds
+        nothing but the parameter record."""
+        cls.Params.build(params, owner=f"loss {getattr(cls, 'registry_name', cls.__name__)!r}")
 
-    @classmethod
-    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
-        """Constraints between parameters (all given, each already valid); none by default."""
-
-    def __init__(
-        self, *, reduction: str, normalize: bool = True, chunk_size: int | None = None
-    ) -> None:
+    def __init__(self, **params: Any) -> None:
         super().__init__()
-        check_declared(
-            PairLoss.params,
-            {"reduction": reduction, "normalize": normalize, "chunk_size": chunk_size},
-        )
-        self.reduction = reduction
-        self.normalize = bool(normalize)
-        #: With an int, the embedding entry point uses the family's tiled form (on the engine
-        #: ``vlret.losses._tiling``, O(chunk_size x B) memory); ``from_similarity`` stays dense.
-        self.chunk_size = chunk_size
+        owner = f"loss {getattr(type(self), 'registry_name', type(self).__name__)!r}"
+        self.config = type(self).Params.build(params, owner=owner)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            # a hyper-parameter handed to the functions reads as an attribute (loss.margin); the
+            # module-only ones may name the module's own parameters (SigLIP's log_scale)
+            config = self.__dict__.get("config")
+            if config is not None and name in type(config).passed_names():
+                return getattr(config, name)
+            raise
+
+    @property
+    def reduction(self) -> str:
+        return self.config.reduction
+
+    @property
+    def normalize(self) -> bool:
+        return self.config.normalize
+
+    @property
+    def chunk_size(self) -> int | None:
+        """The tile height of the tiled form, ``None`` for the dense form (and for a family
+        without a tiled form)."""
+        return getattr(self.config, "chunk_size", None)
+
+    def arguments(self) -> dict[str, Any]:
+        """The hyper-parameters handed to ``dense`` and ``tiled`` now."""
+        return self.config.arguments()
 
     def similarity_and_mask(
         self,
@@ -221,6 +245,7 @@ class PairLoss(nn.Module):
         txt_ids: Ids | None = None,
         *,
         shard: tuple[int, int] | None = None,
+        **inputs: Any,
     ) -> torch.Tensor:
         """The loss of a batch of embeddings.
 
@@ -231,6 +256,8 @@ class PairLoss(nn.Module):
             txt_ids: Optional ids of the texts' images (default ``img_ids``).
             shard: ``(start, stop)`` with ``chunk_size`` set: only the terms of pairs
                 ``start:stop`` of a gathered batch (``LossCapabilities.local_shards``).
+            **inputs: Further per-batch inputs of the family's functions (Unified's
+                ``margins``, ``weights``).
 
         Returns:
             The reduced loss, or the ``(B,)`` (shard: ``(stop - start,)``) terms for
@@ -241,9 +268,9 @@ class PairLoss(nn.Module):
         """
         self.check_shard(shard)
         if self.chunk_size is not None:
-            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
+            return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard, **inputs)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
-        return self.from_similarity(sim, pos_mask=pos_mask)
+        return self.from_similarity(sim, pos_mask=pos_mask, **inputs)
 
     def step_inputs(self) -> frozenset[str]:
         """The :class:`~vlret.losses.step.StepInputs` fields this module takes in
@@ -318,19 +345,6 @@ class PairLoss(nn.Module):
         if self.chunk_size is None:
             raise ValueError("shard= needs the tiled form: set chunk_size")
 
-    def tiled_arguments(
-        self, img_ids: Ids | None, txt_ids: Ids | None, shard: tuple[int, int] | None
-    ) -> dict[str, Any]:
-        """The keyword arguments every family's tiled function takes from the module."""
-        return {
-            "img_ids": img_ids,
-            "txt_ids": txt_ids,
-            "chunk_size": self.chunk_size,
-            "reduction": self.reduction,
-            "normalize": self.normalize,
-            "shard": shard,
-        }
-
     def tiled_forward(
         self,
         img_emb: torch.Tensor,
@@ -338,50 +352,46 @@ class PairLoss(nn.Module):
         img_ids: Ids | None,
         txt_ids: Ids | None,
         shard: tuple[int, int] | None = None,
+        **inputs: Any,
     ) -> torch.Tensor:
-        """The embedding entry point with ``chunk_size`` set (the family's tiled form)."""
-        raise ValueError(f"{type(self).__name__} has no tiled form; use chunk_size=None")
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class FunctionLoss(PairLoss):
-    """A module whose loss is one pure function of ``sim`` and its hyper-parameters.
-
-    A subclass sets ``function`` (the pure function, called as ``function(sim, **hyper,
-    pos_mask=..., reduction=...)``) and, in its explicit keyword-only constructor, calls
-    ``self.keep(init_args(locals()))``: the arguments are checked against the declared
-    constraints and each hyper-parameter becomes an attribute of the same name.
-    :meth:`from_similarity` and the ``repr`` follow from them.
-    """
-
-    function: ClassVar[Callable[..., torch.Tensor]]
-
-    def keep(self, arguments: Mapping[str, Any]) -> None:
-        """Check the constructor's ``arguments``, set up the base, keep the hyper-parameters.
+        """The embedding entry point with ``chunk_size`` set: ``tiled(img_emb, txt_emb,
+        **arguments, **inputs, ...)`` with the tile height, ids, reduction, normalisation and
+        shard.
 
         Raises:
-            vlret._checks.ParamError: An argument outside its declared constraint, named.
+            ValueError: The family has no tiled form, or an input only its dense form takes.
         """
-        type(self).check_params(arguments)
-        base = {k: arguments[k] for k in ("reduction", "normalize", "chunk_size") if k in arguments}
-        PairLoss.__init__(self, **base)
-        self.hyperparameters = tuple(k for k in arguments if k not in base)
-        for name in self.hyperparameters:
-            value = arguments[name]
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                value = float(value)
-            setattr(self, name, value)
+        tiled = type(self).tiled
+        if tiled is None:
+            raise ValueError(f"{type(self).__name__} has no tiled form; use chunk_size=None")
+        accepted = inspect.signature(tiled).parameters
+        for name, value in list(inputs.items()):
+            if name not in accepted:
+                if value is not None:
+                    raise ValueError(f"{name} needs the dense form; use chunk_size=None")
+                del inputs[name]
+        return tiled(
+            img_emb,
+            txt_emb,
+            **self.arguments(),
+            **inputs,
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            chunk_size=self.chunk_size,
+            reduction=self.reduction,
+            normalize=self.normalize,
+            shard=shard,
+        )
 
     def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
+        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None, **inputs: Any
     ) -> torch.Tensor:
-        hyper = {name: getattr(self, name) for name in self.hyperparameters}
-        return self.function(sim, **hyper, pos_mask=pos_mask, reduction=self.reduction)
+        """The loss of a ``(B, B)`` similarity matrix: ``dense(sim, **arguments, **inputs,
+        pos_mask=pos_mask, reduction=...)``."""
+        dense = type(self).dense
+        if dense is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no dense function")
+        return dense(sim, **self.arguments(), **inputs, pos_mask=pos_mask, reduction=self.reduction)
 
     def extra_repr(self) -> str:
-        hyper = ", ".join(f"{name}={getattr(self, name)}" for name in self.hyperparameters)
-        return f"{hyper}, reduction={self.reduction!r}"
+        return self.config.describe()

@@ -45,6 +45,8 @@ anchor's norm), so retrieval is evaluated on cosines either way.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,11 +61,25 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
-from ._tiling import prepare_embeddings, scalar_tensor, shard_directions, tile_rows
+from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index, reduce_terms
+from ._tiling import Embedded, prepare_embeddings, scalar_tensor, shard_directions, tile_rows
+from .params import TiledLossParams, normalize_param, param
 from .registry import register_loss
 
 TARGET_NORMS = ("l1", "l2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CMPMParams(TiledLossParams):
+    """Parameters of CMPM (defaults: the paper's projection, no scale, eps 1e-8)."""
+
+    scale: float = param(1.0, POSITIVE, "multiplies the scores before the softmax (1: the paper)")
+    eps: float = param(1e-8, POSITIVE, "the eps of Eq. 3 that keeps log(q + eps) finite")
+    target_norm: str = param("l1", Choice(TARGET_NORMS), "q sums to 1 (l1, Eq. 2) or has norm 1")
+    # the paper projects the raw anchor on the normalised candidates
+    normalize: bool = normalize_param(False)
+
+
 #: Lower bound of a norm when projecting on a normalised candidate (``cosine_similarity``'s).
 _NORM_EPS = 1e-8
 
@@ -76,7 +92,7 @@ def _check(scale, eps, target_norm, reduction) -> None:
     check_reduction(reduction)
 
 
-def _kl_rows(
+def kl_rows(
     logits: torch.Tensor, positives: torch.Tensor, eps: float, target_norm: str
 ) -> torch.Tensor:
     """``sum_j p_ij (log p_ij - log(q_ij + eps))`` per row: ``p = softmax(logits)``, ``q`` the
@@ -134,8 +150,8 @@ def cmpm_loss(
         t = sim_t2i.to(device=s.device, dtype=s.dtype)
     c = scalar_tensor(scale, s, "scale")
     positives = ~negatives
-    img_terms = _kl_rows(c * s, positives, eps, target_norm)
-    txt_terms = _kl_rows(c * t.t(), positives.t(), eps, target_norm)
+    img_terms = kl_rows(c * s, positives, eps, target_norm)
+    txt_terms = kl_rows(c * t.t(), positives.t(), eps, target_norm)
     return reduce_terms(img_terms, txt_terms, reduction)
 
 
@@ -181,17 +197,41 @@ def tiled_cmpm_loss(
         img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
     )
     c = scalar_tensor(scale, batch.x, "scale")
+    terms = tiled_kl_terms(batch, shard, c, eps, target_norm, project=not normalize)
+    return reduce_per_index(terms, reduction, batch.batch)
+
+
+def tiled_kl_terms(
+    batch: Embedded,
+    shard: tuple[int, int] | None,
+    scale: torch.Tensor,
+    eps: float,
+    target_norm: str,
+    *,
+    project: bool,
+) -> torch.Tensor:
+    """Per index, :func:`kl_rows` of the image anchor plus that of the text anchor, each
+    direction a rectangle of whole rows streamed by ``tile_rows`` (``shard``: its anchors only).
+
+    Args:
+        batch: The prepared batch.
+        shard: ``(start, stop)`` or ``None``.
+        scale: Multiplies the scores before the softmax.
+        eps: The ``eps`` of the target's log.
+        target_norm: ``"l1"`` or ``"l2"``.
+        project: Normalise the candidates only (CMPM's projection of raw anchors).
+    """
     terms = []
     for d in shard_directions(batch, (0, batch.batch) if shard is None else shard):
-        cands = d.cands if normalize else F.normalize(d.cands, dim=1, eps=_NORM_EPS)
+        cands = F.normalize(d.cands, dim=1, eps=_NORM_EPS) if project else d.cands
         matches = d.exclusions  # own pair and equal ids: the entries where y_ij = 1
 
         def rows(scores: torch.Tensor, start: int, matches=matches) -> torch.Tensor:
             positives = matches.mask(start, start + scores.shape[0])
-            return _kl_rows(c * scores, positives, eps, target_norm)
+            return kl_rows(scale * scores, positives, eps, target_norm)
 
         terms.append(tile_rows(rows, d.rows, cands, batch.tile))
-    return reduce_per_index(terms[0] + terms[1], reduction, batch.batch)
+    return terms[0] + terms[1]
 
 
 @register_loss("cmpm")
@@ -206,26 +246,9 @@ class CMPMLoss(PairLoss):
     declared = LossCapabilities(local_shards=True)
     paper = "CMPM (Zhang & Lu 2018)"
     equation = "CMPM Eqs. (1)-(5)"
-    params = {"scale": POSITIVE, "eps": POSITIVE, "target_norm": Choice(TARGET_NORMS)}
-
-    def __init__(
-        self,
-        *,
-        scale: float = 1.0,
-        eps: float = 1e-8,
-        target_norm: str = "l1",
-        reduction: str = "mean",
-        normalize: bool = False,
-        chunk_size: int | None = None,
-    ) -> None:
-        CMPMLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.scale = float(scale)
-        self.eps = float(eps)
-        self.target_norm = target_norm
-
-    def _hyper(self) -> dict:
-        return {"scale": self.scale, "eps": self.eps, "target_norm": self.target_norm}
+    Params = CMPMParams
+    dense = staticmethod(cmpm_loss)
+    tiled = staticmethod(tiled_cmpm_loss)
 
     def forward(
         self,
@@ -235,12 +258,13 @@ class CMPMLoss(PairLoss):
         txt_ids: Ids | None = None,
         *,
         shard: tuple[int, int] | None = None,
+        **inputs: Any,
     ) -> torch.Tensor:
         """As :meth:`PairLoss.forward`; the dense projection form builds both directions'
         matrices from one product: ``x_i . ybar_j = (x_i . y_j) / ||y_j||`` and
         ``y_j . xbar_i = (x_i . y_j) / ||x_i||``."""
         if self.normalize or self.chunk_size is not None or shard is not None:
-            return super().forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
+            return super().forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard, **inputs)
         check_embeddings(img_emb, txt_emb)
         dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
         x, y = img_emb.to(dtype), txt_emb.to(dtype)
@@ -252,22 +276,8 @@ class CMPMLoss(PairLoss):
             sim_t2i=dots / img_norm[:, None],
             pos_mask=pos_mask,
             reduction=self.reduction,
-            **self._hyper(),
-        )
-
-    def tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids, shard=None) -> torch.Tensor:
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return tiled_cmpm_loss(img_emb, txt_emb, **self._hyper(), **arguments)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return cmpm_loss(sim, pos_mask=pos_mask, reduction=self.reduction, **self._hyper())
-
-    def extra_repr(self) -> str:
-        return (
-            f"scale={self.scale}, eps={self.eps}, target_norm={self.target_norm!r}, "
-            f"normalize={self.normalize}, reduction={self.reduction!r}"
+            **self.arguments(),
+            **inputs,
         )
 
 

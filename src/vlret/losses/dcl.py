@@ -26,13 +26,14 @@ that are already close are pulled less, the weights average 1. Readings:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 
 from .._checks import FLAG, POSITIVE, check_positive, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
+from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index, reduce_terms
 from ._tiling import (
     check_shard,
     negatives_lse,
@@ -40,7 +41,18 @@ from ._tiling import (
     scalar_tensor,
     shard_directions,
 )
+from .params import TiledLossParams, param
 from .registry import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class DCLParams(TiledLossParams):
+    """Parameters of DCL / DCLW."""
+
+    temperature: float = param(0.1, POSITIVE, "tau, the logits' temperature")
+    weighted: bool = param(False, FLAG, "DCLW: weight each positive term by w_i (vMF)")
+    sigma: float = param(0.5, POSITIVE, "the temperature of DCLW's weights")
+    detach_weight: bool = param(False, FLAG, "no gradient through DCLW's weights (lightly)")
 
 
 def _decoupled(lse: torch.Tensor, pos_logit: torch.Tensor) -> torch.Tensor:
@@ -180,55 +192,9 @@ class DCLLoss(PairLoss):
     declared = LossCapabilities(local_shards=True)
     paper = "DCL (Yeh et al. 2022)"
     equation = "DCL Eq. (6); DCLW (vMF-weighted positive)"
-    params = {
-        "temperature": POSITIVE,
-        "weighted": FLAG,
-        "sigma": POSITIVE,
-        "detach_weight": FLAG,
-    }
-
-    def __init__(
-        self,
-        *,
-        temperature: float = 0.1,
-        weighted: bool = False,
-        sigma: float = 0.5,
-        detach_weight: bool = False,
-        reduction: str = "mean",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        DCLLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.temperature = float(temperature)
-        self.weighted = bool(weighted)
-        self.sigma = float(sigma)
-        self.detach_weight = bool(detach_weight)
-
-    def _hyper(self) -> dict:
-        return {
-            "temperature": self.temperature,
-            "weighted": self.weighted,
-            "sigma": self.sigma,
-            "detach_weight": self.detach_weight,
-        }
-
-    def tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids, shard=None) -> torch.Tensor:
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return tiled_dcl_loss(img_emb, txt_emb, **self._hyper(), **arguments)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return dcl_loss(sim, **self._hyper(), pos_mask=pos_mask, reduction=self.reduction)
-
-    def extra_repr(self) -> str:
-        weighting = (
-            f", weighted=True, sigma={self.sigma}, detach_weight={self.detach_weight}"
-            if self.weighted
-            else ""
-        )
-        return f"temperature={self.temperature}{weighting}, reduction={self.reduction!r}"
+    Params = DCLParams
+    dense = staticmethod(dcl_loss)
+    tiled = staticmethod(tiled_dcl_loss)
 
 
 __all__ = ["DCLLoss", "dcl_loss", "tiled_dcl_loss"]

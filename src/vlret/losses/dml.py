@@ -18,6 +18,8 @@ which of them have exactly the gradient of their GOAL cell (tested in ``tests/te
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .._checks import (
@@ -29,8 +31,11 @@ from .._checks import (
     check_real,
     check_reduction,
 )
-from ._base import FunctionLoss, init_args, log1p_sum_exp, prepare, reduce_terms
+from ._base import PairLoss, log1p_sum_exp, prepare, reduce_terms
+from .params import LossParams, param, reduction_param
 from .registry import register_loss
+
+_HARDEST = "keep only the hardest negative of each anchor (GOAL's triplet)"
 
 
 def _hardest_only(s: torch.Tensor, negatives: torch.Tensor, dim: int) -> torch.Tensor:
@@ -262,107 +267,79 @@ def nca_hard_loss(
     return reduce_terms(terms[0], terms[1], reduction)
 
 
-@register_loss("circle")
-class CircleLoss(FunctionLoss):
-    """Module form of :func:`circle_loss` (Circle loss; GOAL Table 1 ``(T^cir, P^lin)``).
+@dataclass(frozen=True, kw_only=True)
+class CircleParams(LossParams):
+    """Parameters of Circle loss (defaults: the paper's fine-grained image retrieval setting)."""
 
-    ``margin``, ``gamma`` and ``hardest`` as there, checked when the module is built.
-    """
+    # m sets O_p = 1 + m, O_n = -m, Delta_p = 1 - m, Delta_n = m: any finite value defines it
+    margin: float = param(0.4, REAL, "the relaxation m")
+    gamma: float = param(80.0, POSITIVE, "the scale")
+    hardest: bool = param(False, FLAG, _HARDEST)
+    reduction: str = reduction_param("sum")
+
+
+@register_loss("circle")
+class CircleLoss(PairLoss):
+    """Module form of :func:`circle_loss` (Circle loss; GOAL Table 1 ``(T^cir, P^lin)``)."""
 
     paper = "Circle loss (Sun et al. 2020)"
     equation = "GOAL Eq. (8), (10), Table 1"
-    # The relaxation m sets O_p = 1 + m, O_n = -m and Delta_p = 1 - m, Delta_n = m; it is not
-    # bounded here (any finite value defines the loss; the paper reports 0.25 and 0.4).
-    params = {"margin": REAL, "gamma": POSITIVE, "hardest": FLAG}
-    function = staticmethod(circle_loss)
-
-    def __init__(
-        self,
-        *,
-        margin: float = 0.4,
-        gamma: float = 80.0,
-        hardest: bool = False,
-        reduction: str = "sum",
-        normalize: bool = True,
-    ) -> None:
-        self.keep(init_args(locals()))
+    Params = CircleParams
+    dense = staticmethod(circle_loss)
 
 
-@register_loss("multi_similarity")
-class MultiSimilarityLoss(FunctionLoss):
-    """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``).
+@dataclass(frozen=True, kw_only=True)
+class BinomialDevianceParams(LossParams):
+    """Parameters of the binomial deviance (defaults: GOAL Fig. 3's)."""
 
-    Its parameters are the function's (``alpha``, ``beta``, ``lam``, ``epsilon``, ``hardest``).
-    """
-
-    paper = "Multi-similarity (Wang et al. 2019)"
-    equation = "GOAL Eq. (11)-(12), Table 1"
-    # lam is a similarity threshold (any real); epsilon widens the mining band.
-    params = {
-        "alpha": POSITIVE,
-        "beta": POSITIVE,
-        "lam": REAL,
-        "epsilon": NON_NEGATIVE,
-        "hardest": FLAG,
-    }
-    function = staticmethod(multi_similarity_loss)
-
-    def __init__(
-        self,
-        *,
-        alpha: float = 2.0,
-        beta: float = 10.0,
-        lam: float = 0.5,
-        epsilon: float = 0.1,
-        hardest: bool = False,
-        reduction: str = "sum",
-        normalize: bool = True,
-    ) -> None:
-        self.keep(init_args(locals()))
+    alpha: float = param(2.0, POSITIVE, "the positive slope")
+    beta: float = param(10.0, POSITIVE, "the negative slope")
+    lam: float = param(0.5, REAL, "the similarity threshold lambda")
+    hardest: bool = param(False, FLAG, _HARDEST)
+    reduction: str = reduction_param("sum")
 
 
 @register_loss("binomial_deviance")
-class BinomialDevianceLoss(FunctionLoss):
-    """Module form of :func:`binomial_deviance_loss` (GOAL ``(T^con, P^sig)``).
-
-    ``alpha``, ``beta``, ``lam`` and ``hardest`` mean what they mean for the function.
-    """
+class BinomialDevianceLoss(PairLoss):
+    """Module form of :func:`binomial_deviance_loss` (GOAL ``(T^con, P^sig)``)."""
 
     paper = "Binomial deviance (Yi et al. 2014)"
     equation = "GOAL Eq. (11), Table 1"
-    params = {"alpha": POSITIVE, "beta": POSITIVE, "lam": REAL, "hardest": FLAG}
-    function = staticmethod(binomial_deviance_loss)
+    Params = BinomialDevianceParams
+    dense = staticmethod(binomial_deviance_loss)
 
-    def __init__(
-        self,
-        *,
-        alpha: float = 2.0,
-        beta: float = 10.0,
-        lam: float = 0.5,
-        hardest: bool = False,
-        reduction: str = "sum",
-        normalize: bool = True,
-    ) -> None:
-        self.keep(init_args(locals()))
+
+@dataclass(frozen=True, kw_only=True)
+class MultiSimilarityParams(BinomialDevianceParams):
+    """Parameters of the MS loss: the binomial deviance's and its mining band (defaults: GOAL's
+    pair-weight settings)."""
+
+    epsilon: float = param(0.1, NON_NEGATIVE, "the mining band")
+
+
+@register_loss("multi_similarity")
+class MultiSimilarityLoss(PairLoss):
+    """Module form of :func:`multi_similarity_loss` (MS loss; GOAL ``(T^con, P^sig-ms)``)."""
+
+    paper = "Multi-similarity (Wang et al. 2019)"
+    equation = "GOAL Eq. (11)-(12), Table 1"
+    Params = MultiSimilarityParams
+    dense = staticmethod(multi_similarity_loss)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NCAHardParams(LossParams):
+    """Parameters of the hard-negative NCA loss."""
+
+    tau: float = param(10.0, POSITIVE, "the scale (GOAL Fig. 2)")
+    reduction: str = reduction_param("sum")
 
 
 @register_loss("nca_hard")
-class NCAHardLoss(FunctionLoss):
-    """Module form of :func:`nca_hard_loss` (GOAL Eq. 6; ``(T^nca, P^con)`` up to ``tau``).
-
-    ``tau`` is the function's scale.
-    """
+class NCAHardLoss(PairLoss):
+    """Module form of :func:`nca_hard_loss` (GOAL Eq. 6; ``(T^nca, P^con)`` up to ``tau``)."""
 
     paper = "NCA / NT-Xent, hardest negative"
     equation = "GOAL Eq. (6)-(7)"
-    params = {"tau": POSITIVE}
-    function = staticmethod(nca_hard_loss)
-
-    def __init__(
-        self,
-        *,
-        tau: float = 10.0,
-        reduction: str = "sum",
-        normalize: bool = True,
-    ) -> None:
-        self.keep(init_args(locals()))
+    Params = NCAHardParams
+    dense = staticmethod(nca_hard_loss)

@@ -43,21 +43,15 @@ direction is one ``tile_rows`` pass that evaluates both scales on each tile of s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 
-from .._checks import (
-    FLAG,
-    NON_NEGATIVE,
-    POSITIVE,
-    Number,
-    check_positive,
-    check_reduction,
-)
+from .._checks import NON_NEGATIVE, POSITIVE, check_positive, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
-from ._temperature import CLIPTemperature
+from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index, reduce_terms
+from ._temperature import CLIPTemperature, CLIPTemperatureParams
 from ._tiling import (
     Direction,
     negatives_lse,
@@ -66,7 +60,18 @@ from ._tiling import (
     shard_directions,
     tile_rows,
 )
+from .params import param
 from .registry import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class HNNCEParams(CLIPTemperatureParams):
+    """Parameters of HN-NCE (defaults: the public re-implementations; CLIP's initial tau)."""
+
+    temperature: float = param(0.07, POSITIVE, "tau, the logits' temperature")
+    alpha: float = param(1.0, NON_NEGATIVE, "weight of the positive in the denominator")
+    beta1: float = param(0.5, NON_NEGATIVE, "concentration of the image-to-text weights")
+    beta2: float = param(0.5, NON_NEGATIVE, "concentration of the text-to-image weights")
 
 
 def _check(temperature, alpha, beta1, beta2, reduction) -> None:
@@ -249,56 +254,10 @@ class HNNCELoss(CLIPTemperature, PairLoss):
     declared = LossCapabilities(local_shards=True)
     paper = "HN-NCE / DiHT (Radenovic et al. 2023)"
     equation = "DiHT Sec. 3.3 (HN-NCE)"
-    params = {
-        "temperature": POSITIVE,
-        "alpha": NON_NEGATIVE,
-        "beta1": NON_NEGATIVE,
-        "beta2": NON_NEGATIVE,
-        "learnable_temperature": FLAG,
-        "max_scale": Number(ge=1),  # the clamp interval [0, log(max_scale)] must not be empty
-    }
-
-    def __init__(
-        self,
-        *,
-        temperature: float = 0.07,
-        alpha: float = 1.0,
-        beta1: float = 0.5,
-        beta2: float = 0.5,
-        learnable_temperature: bool = False,
-        max_scale: float = 100.0,
-        reduction: str = "mean",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        HNNCELoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.alpha, self.beta1, self.beta2 = float(alpha), float(beta1), float(beta2)
-        self.init_temperature(temperature, learnable_temperature, max_scale)
-
-    def _hyper(self) -> dict:
-        return {
-            "temperature": self.current_temperature(),
-            "alpha": self.alpha,
-            "beta1": self.beta1,
-            "beta2": self.beta2,
-        }
-
-    def tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids, shard=None) -> torch.Tensor:
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return tiled_hn_nce_loss(img_emb, txt_emb, **self._hyper(), **arguments)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return hn_nce_loss(sim, **self._hyper(), pos_mask=pos_mask, reduction=self.reduction)
-
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature:.4g}, learnable={self.learnable_temperature}, "
-            f"alpha={self.alpha}, beta1={self.beta1}, beta2={self.beta2}, "
-            f"reduction={self.reduction!r}"
-        )
+    Params = HNNCEParams
+    config: HNNCEParams
+    dense = staticmethod(hn_nce_loss)
+    tiled = staticmethod(tiled_hn_nce_loss)
 
 
 __all__ = ["HNNCELoss", "hn_nce_loss", "tiled_hn_nce_loss"]

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .._checks import FLAG, POSITIVE, Number, check_positive, check_reduction
+from .._checks import POSITIVE, check_positive, check_reduction
 from ..similarity import Ids
 from ._base import (
     LossCapabilities,
     PairLoss,
-    init_args,
     log1p_sum_exp,
     prepare,
     reduce_per_index,
     reduce_terms,
 )
-from ._temperature import CLIPTemperature
+from ._temperature import CLIPTemperature, CLIPTemperatureParams
 from ._tiling import prepare_embeddings, scalar_tensor, softmax_terms
+from .params import param
 from .registry import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class InfoNCEParams(CLIPTemperatureParams):
+    """Parameters of InfoNCE (CLIP / VLC)."""
+
+    temperature: float = param(0.05, POSITIVE, "tau, the softmax temperature (gamma = 1/tau)")
 
 
 def infonce_loss(
@@ -101,50 +110,7 @@ class InfoNCELoss(CLIPTemperature, PairLoss):
     declared = LossCapabilities(local_shards=True, paper_comparison=1)
     paper = "CLIP / VLC (Radford et al. 2021)"
     equation = "Unified Eq. (3)-(4)"
-    params = {
-        "temperature": POSITIVE,
-        "learnable_temperature": FLAG,
-        "max_scale": Number(ge=1),  # the clamp interval [0, log(max_scale)] must not be empty
-    }
-
-    def __init__(
-        self,
-        *,
-        temperature: float = 0.05,
-        learnable_temperature: bool = False,
-        max_scale: float = 100.0,
-        reduction: str = "mean",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        InfoNCELoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.init_temperature(temperature, learnable_temperature, max_scale)
-
-    def tiled_forward(
-        self,
-        img_emb: torch.Tensor,
-        txt_emb: torch.Tensor,
-        img_ids: Ids | None,
-        txt_ids: Ids | None,
-        shard: tuple[int, int] | None = None,
-    ) -> torch.Tensor:
-        temperature = self.current_temperature()
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return tiled_infonce_loss(img_emb, txt_emb, temperature=temperature, **arguments)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return infonce_loss(
-            sim,
-            temperature=self.current_temperature(),
-            pos_mask=pos_mask,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature:.4g}, learnable={self.learnable_temperature}, "
-            f"reduction={self.reduction!r}"
-        )
+    Params = InfoNCEParams
+    config: InfoNCEParams
+    dense = staticmethod(infonce_loss)
+    tiled = staticmethod(tiled_infonce_loss)

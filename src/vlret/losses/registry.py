@@ -7,13 +7,10 @@ public module of the package, so a new family file needs no other edit.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
-
-from .._checks import ParamError
 
 if TYPE_CHECKING:
     from ._base import PairLoss
@@ -64,36 +61,23 @@ def loss_class(name: str) -> type[PairLoss]:
 
 
 def loss_parameters(name: str) -> dict[str, Any]:
-    """Constructor parameters of a registered loss and their defaults.
+    """Constructor parameters of a registered loss and their defaults (its declaration,
+    ``Params.defaults()``).
 
     Raises:
         ValueError: ``name`` is not registered.
     """
-    sig = inspect.signature(loss_class(name).__init__)
-    return {
-        p.name: p.default
-        for p in sig.parameters.values()
-        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
-
-
-def _check_names(name: str, params: Mapping[str, Any]) -> None:
-    valid = loss_parameters(name)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        listing = ", ".join(f"{k}={v!r}" for k, v in valid.items())
-        raise ParamError(
-            unknown[0],
-            f"unknown parameter(s) {', '.join(unknown)} for loss {name!r}; valid: {listing}",
-        )
+    return loss_class(name).Params.defaults()
 
 
 def check_loss_params(name: str, params: Mapping[str, Any]) -> None:
     """Check ``params`` for the registered loss ``name`` without building it.
 
-    Each value is checked against the constraint its loss class declares (``params`` on the
-    class, see :class:`~vlret.losses.PairLoss`), then the relations between parameters, with
-    the defaults filled in; nothing is built (no semantic model, no memory queue).
+    The values are checked by building the loss's parameter record (``Params``, see
+    :mod:`vlret.losses.params`): each against its declared constraint, then the relations
+    between them with the defaults filled in; nothing else is built (no semantic model, no
+    memory queue). An old parameter name the declaration renamed is accepted with a
+    DeprecationWarning.
 
     Args:
         name: A registered loss name.
@@ -105,11 +89,7 @@ def check_loss_params(name: str, params: Mapping[str, Any]) -> None:
             ``param`` names it (``base_params.margin`` for a nested one) and the message
             reads ``"<param> must be <expected>, got <value>"``.
     """
-    cls = loss_class(name)
-    _check_names(name, params)
-    check = getattr(cls, "check_params", None)
-    if check is not None:
-        check(params)
+    loss_class(name).check_params(params)
 
 
 def build_loss(name: str, **params: Any) -> PairLoss:
@@ -126,9 +106,7 @@ def build_loss(name: str, **params: Any) -> PairLoss:
         ValueError: An unknown name or parameter (the message lists the valid ones), or a
             parameter outside its declared constraint (named).
     """
-    cls = loss_class(name)
-    _check_names(name, params)
-    return cls(**params)
+    return loss_class(name)(**params)
 
 
 def loss_capabilities(loss: str | nn.Module, params: Mapping[str, Any] | None = None):

@@ -32,6 +32,8 @@ All terms are computed with ``logsigmoid`` (stable for any logit, no ``log(sigmo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +41,21 @@ from torch import nn
 
 from .._checks import FLAG, REAL, check_positive, check_real, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index
+from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index
 from ._tiling import Exclusions, prepare_embeddings, scalar_tensor, shard_directions, tile_rows
+from .params import TiledLossParams, param
 from .registry import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class SigLIPParams(TiledLossParams):
+    """Parameters of SigLIP: the initial log-scale and bias, and whether they are learned
+    (the module hands ``scale = exp(t)`` and ``b`` to the functions)."""
+
+    log_scale: float = param(math.log(10.0), REAL, "t, the initial log-scale", passed=False)
+    bias: float = param(-10.0, REAL, "b, the initial bias", passed=False)
+    learnable_scale: bool = param(True, FLAG, "t is an nn.Parameter", passed=False)
+    learnable_bias: bool = param(True, FLAG, "b is an nn.Parameter", passed=False)
 
 
 def _pair_terms(
@@ -149,55 +163,28 @@ class SigLIPLoss(PairLoss):
     declared = LossCapabilities(local_shards=True)
     paper = "SigLIP (Zhai et al. 2023)"
     equation = "SigLIP Eq. (1), Algorithm 1"
-    params = {
-        "log_scale": REAL,
-        "bias": REAL,
-        "learnable_scale": FLAG,
-        "learnable_bias": FLAG,
-    }
+    Params = SigLIPParams
+    config: SigLIPParams
+    dense = staticmethod(siglip_loss)
+    tiled = staticmethod(tiled_siglip_loss)
 
-    def __init__(
-        self,
-        *,
-        log_scale: float = math.log(10.0),
-        bias: float = -10.0,
-        learnable_scale: bool = True,
-        learnable_bias: bool = True,
-        reduction: str = "mean",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        SigLIPLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.learnable_scale = bool(learnable_scale)
-        self.learnable_bias = bool(learnable_bias)
-        t, b = float(log_scale), float(bias)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        c = self.config
+        self.learnable_scale, self.learnable_bias = c.learnable_scale, c.learnable_bias
+        t, b = c.log_scale, c.bias
         self.log_scale: nn.Parameter | float = (
-            nn.Parameter(torch.tensor(t)) if learnable_scale else t
+            nn.Parameter(torch.tensor(t)) if c.learnable_scale else t
         )
-        self.bias: nn.Parameter | float = nn.Parameter(torch.tensor(b)) if learnable_bias else b
+        self.bias: nn.Parameter | float = nn.Parameter(torch.tensor(b)) if c.learnable_bias else b
 
-    def _scale_and_bias(self) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    def arguments(self) -> dict[str, Any]:
         t = self.log_scale
-        return (t.exp() if isinstance(t, torch.Tensor) else math.exp(t)), self.bias
-
-    def tiled_forward(self, img_emb, txt_emb, img_ids, txt_ids, shard=None) -> torch.Tensor:
-        scale, bias = self._scale_and_bias()
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return tiled_siglip_loss(img_emb, txt_emb, scale=scale, bias=bias, **arguments)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        scale, bias = self._scale_and_bias()
-        return siglip_loss(sim, scale=scale, bias=bias, pos_mask=pos_mask, reduction=self.reduction)
+        return {"scale": t.exp() if isinstance(t, torch.Tensor) else math.exp(t), "bias": self.bias}
 
     def extra_repr(self) -> str:
-        scale, bias = (float(torch.as_tensor(v).detach()) for v in self._scale_and_bias())
-        return (
-            f"scale={scale:.4g}, bias={bias:.4g}, learnable_scale={self.learnable_scale}, "
-            f"learnable_bias={self.learnable_bias}, reduction={self.reduction!r}"
-        )
+        scale, bias = (float(torch.as_tensor(v).detach()) for v in self.arguments().values())
+        return self.config.describe(log_scale=math.log(scale), bias=bias)
 
 
 __all__ = ["SigLIPLoss", "siglip_loss", "tiled_siglip_loss"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from .._checks import FLAG, MARGIN, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index, reduce_terms
+from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index, reduce_terms
 from ._tiling import (
     Embedded,
     hardest_negatives,
@@ -15,7 +18,17 @@ from ._tiling import (
     scores_at,
     shard_directions,
 )
+from .params import TiledLossParams, param, reduction_param
 from .registry import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class TripletParams(TiledLossParams):
+    """Parameters of the triplet ranking loss (VSE++)."""
+
+    margin: float = param(0.2, MARGIN, "the hinge margin m")
+    hardest: bool = param(True, FLAG, "the hardest negative (VSE++) or the sum over all (VSE0)")
+    reduction: str = reduction_param("sum")  # VSE++ sums over the batch
 
 
 def triplet_loss(
@@ -156,50 +169,27 @@ class TripletLoss(PairLoss):
     declared = LossCapabilities(local_shards=True, all_negatives_warmup=True, paper_comparison=0)
     paper = "VSE++ (Faghri et al. 2018)"
     equation = "Unified Eq. (1)-(2)"
-    params = {"margin": MARGIN, "hardest": FLAG}
+    Params = TripletParams
+    config: TripletParams
+    dense = staticmethod(triplet_loss)
+    tiled = staticmethod(tiled_triplet_loss)
 
-    def __init__(
-        self,
-        *,
-        margin: float = 0.2,
-        hardest: bool = True,
-        reduction: str = "sum",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        TripletLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.margin = float(margin)
-        self.hardest = bool(hardest)
-        #: The configured mining; the warm-up (:meth:`set_all_negatives`) returns to it.
-        self.configured_hardest = self.hardest
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        #: In VSE-infinity's warm-up (:meth:`set_all_negatives`): the sum over all negatives.
+        self.all_negatives = False
+
+    @property
+    def hardest(self) -> bool:
+        """The mining in use now: the configured one, or all negatives in the warm-up."""
+        return self.config.hardest and not self.all_negatives
+
+    @property
+    def configured_hardest(self) -> bool:
+        return self.config.hardest
 
     def set_all_negatives(self, all_negatives: bool) -> None:
-        self.hardest = self.configured_hardest and not all_negatives
+        self.all_negatives = bool(all_negatives)
 
-    def tiled_forward(
-        self,
-        img_emb: torch.Tensor,
-        txt_emb: torch.Tensor,
-        img_ids: Ids | None,
-        txt_ids: Ids | None,
-        shard: tuple[int, int] | None = None,
-    ) -> torch.Tensor:
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return tiled_triplet_loss(
-            img_emb, txt_emb, margin=self.margin, hardest=self.hardest, **arguments
-        )
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return triplet_loss(
-            sim,
-            margin=self.margin,
-            hardest=self.hardest,
-            pos_mask=pos_mask,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}, hardest={self.hardest}, reduction={self.reduction!r}"
+    def arguments(self) -> dict[str, Any]:
+        return {**super().arguments(), "hardest": self.hardest}

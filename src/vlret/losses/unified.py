@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .._checks import MARGIN, POSITIVE, check_finite, check_positive, check_reduction
@@ -9,14 +11,23 @@ from ..similarity import Ids
 from ._base import (
     LossCapabilities,
     PairLoss,
-    init_args,
     log1p_sum_exp,
     prepare,
     reduce_per_index,
     reduce_terms,
 )
 from ._tiling import prepare_embeddings, softmax_terms
+from .params import TiledLossParams, param, reduction_param
 from .registry import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnifiedParams(TiledLossParams):
+    """Parameters of the Unified loss (defaults: the paper's VSE++ / BUTD setting, B.1.1)."""
+
+    margin: float = param(0.2, MARGIN, "the margin m of every anchor")
+    gamma: float = param(60.0, POSITIVE, "the scale gamma")
+    reduction: str = reduction_param("sum")
 
 
 def unified_loss(
@@ -131,7 +142,8 @@ def tiled_unified_loss(
 
 @register_loss("unified")
 class UnifiedLoss(PairLoss):
-    """Module form of :func:`unified_loss`. ``weights`` and ``margins`` may be passed per batch.
+    """Module form of :func:`unified_loss`. ``weights`` and ``margins`` may be passed per batch
+    (``loss(img, txt, margins=m)``, ``loss.from_similarity(sim, weights=w)``).
 
     ``chunk_size=N`` makes the embedding entry point use :func:`tiled_unified_loss` (O(N x B)
     memory, same values and gradients); the dense ``weights`` form is then unavailable.
@@ -140,61 +152,6 @@ class UnifiedLoss(PairLoss):
     declared = LossCapabilities(local_shards=True, paper_comparison=2)
     paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
-    params = {"margin": MARGIN, "gamma": POSITIVE}
-
-    def __init__(
-        self,
-        *,
-        margin: float = 0.2,
-        gamma: float = 60.0,
-        reduction: str = "sum",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        UnifiedLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.margin = float(margin)
-        self.gamma = float(gamma)
-
-    def forward(
-        self,
-        img_emb: torch.Tensor,
-        txt_emb: torch.Tensor,
-        img_ids=None,
-        txt_ids=None,
-        *,
-        weights: torch.Tensor | None = None,
-        margins: torch.Tensor | None = None,
-        shard: tuple[int, int] | None = None,
-    ) -> torch.Tensor:
-        self.check_shard(shard)
-        if self.chunk_size is not None:
-            if weights is not None:
-                raise ValueError("weights (Eq. 24) needs the dense form; use chunk_size=None")
-            arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-            return tiled_unified_loss(
-                img_emb, txt_emb, margin=self.margin, gamma=self.gamma, margins=margins, **arguments
-            )
-        sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
-        return self.from_similarity(sim, pos_mask=pos_mask, weights=weights, margins=margins)
-
-    def from_similarity(
-        self,
-        sim: torch.Tensor,
-        pos_mask: torch.Tensor | None = None,
-        *,
-        weights: torch.Tensor | None = None,
-        margins: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return unified_loss(
-            sim,
-            margin=self.margin,
-            gamma=self.gamma,
-            pos_mask=pos_mask,
-            weights=weights,
-            margins=margins,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}, gamma={self.gamma}, reduction={self.reduction!r}"
+    Params = UnifiedParams
+    dense = staticmethod(unified_loss)
+    tiled = staticmethod(tiled_unified_loss)

@@ -19,7 +19,9 @@ exactly as printed.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -29,6 +31,7 @@ from .._checks import (
     FLAG,
     NON_NEGATIVE,
     POSITIVE,
+    Number,
     ParamError,
     check_finite,
     check_positive,
@@ -37,7 +40,8 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, init_args, prepare, reduce_terms
+from ._base import LossCapabilities, PairLoss, prepare, reduce_terms
+from .params import LossParams, param
 from .registry import (
     available_losses,
     build_loss,
@@ -58,16 +62,29 @@ EXPONENT_CLAMP = 50.0
 _BLOCK_ELEMENTS = 1 << 22
 
 
-def _check_chunk_size(chunk_size: int | None) -> None:
-    if chunk_size is not None and (
-        not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+#: Rows of one block of the smooth rank's ``(rows, n, n)`` pairwise sigmoids, or ``None``.
+RANK_BLOCK = Number(integer=True, ge=1, optional=True)
 
 
-def _rows_per_block(n_rows: int, n_cols: int, chunk_size: int | None) -> int:
+def _rank_block(rank_block: int | None, chunk_size: int | None) -> int | None:
+    """``rank_block``, or the deprecated ``chunk_size`` it was called before (issue 25)."""
     if chunk_size is not None:
-        return min(chunk_size, n_rows)
+        if rank_block is not None:
+            raise ValueError("chunk_size is the old name of rank_block; give rank_block only")
+        warnings.warn(
+            "chunk_size of the smooth rank is deprecated; it is now rank_block (chunk_size "
+            "means a tiled loss's tile height)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        rank_block = chunk_size
+    RANK_BLOCK.check(rank_block, "rank_block")
+    return rank_block
+
+
+def _rows_per_block(n_rows: int, n_cols: int, rank_block: int | None) -> int:
+    if rank_block is not None:
+        return min(rank_block, n_rows)
     return max(1, min(n_rows, _BLOCK_ELEMENTS // (n_cols * n_cols)))
 
 
@@ -131,6 +148,7 @@ def smooth_rank(
     *,
     tau: float = 0.001,
     descending: bool = True,
+    rank_block: int | None = None,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Smooth rank of every entry within its row, VSL Eq. (4) with ``k != j``.
@@ -153,14 +171,15 @@ def smooth_rank(
             float32).
         tau: The sigmoid's temperature, in the units of ``m``.
         descending: Rank the largest entry 1 (``False``: Eq. 4 as printed).
-        chunk_size: Rows per block; ``None``: as many as fit in 4M pairwise terms.
+        rank_block: Rows per block; ``None``: as many as fit in 4M pairwise terms.
+        chunk_size: The deprecated name of ``rank_block`` (a DeprecationWarning).
 
     Returns:
         ``(rows, n)`` ranks in ``[1, n]``, differentiable with respect to ``m``.
 
     Raises:
         ValueError: ``m`` is not a non-empty finite floating 2-D tensor, or a bad ``tau`` or
-            ``chunk_size``.
+            ``rank_block``.
     """
     if not isinstance(m, torch.Tensor):
         raise ValueError(f"m must be a torch.Tensor, got {type(m).__name__}")
@@ -169,11 +188,11 @@ def smooth_rank(
     if not m.dtype.is_floating_point:
         raise ValueError(f"m must be a floating-point tensor, got dtype {m.dtype}")
     check_positive(tau, "tau")
-    _check_chunk_size(chunk_size)
+    rank_block = _rank_block(rank_block, chunk_size)
     m = m.to(compute_dtype(m.dtype))
     check_finite(m, "m")
     scale = (1.0 if descending else -1.0) / float(tau)
-    rows = _rows_per_block(m.shape[0], m.shape[1], chunk_size)
+    rows = _rows_per_block(m.shape[0], m.shape[1], rank_block)
     if torch.is_grad_enabled() and m.requires_grad:
         return _SmoothRank.apply(m, scale, rows)
     return _ranks(m.detach() * scale, rows)
@@ -195,13 +214,13 @@ def _semantic_matrix(c: object, name: str, like: torch.Tensor) -> torch.Tensor:
 
 
 def _rank_disagreement(
-    s: torch.Tensor, c: torch.Tensor, tau: float, descending: bool, chunk_size: int | None
+    s: torch.Tensor, c: torch.Tensor, tau: float, descending: bool, rank_block: int | None
 ) -> torch.Tensor:
     """Per row ``i``: ``1 - mean_j min(sr_ij, cr_ij) / max(sr_ij, cr_ij)`` (ranks are >= 1)."""
     with torch.no_grad():
-        cr = smooth_rank(c, tau=tau, descending=descending, chunk_size=chunk_size)
+        cr = smooth_rank(c, tau=tau, descending=descending, rank_block=rank_block)
     # Semantic ranks first: their block is freed before the similarity's is allocated.
-    sr = smooth_rank(s, tau=tau, descending=descending, chunk_size=chunk_size)
+    sr = smooth_rank(s, tau=tau, descending=descending, rank_block=rank_block)
     ratio = torch.where(sr <= cr, sr / cr, cr / sr)
     return 1.0 - ratio.mean(dim=1)
 
@@ -214,6 +233,7 @@ def visual_semantic_loss(
     descending: bool = True,
     text_semantic_sim: torch.Tensor | None = None,
     reduction: str = "mean",
+    rank_block: int | None = None,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Visual semantic loss, VSL Eq. (5), optionally plus the text-side loss Eq. (7):
@@ -237,28 +257,102 @@ def visual_semantic_loss(
         reduction: Per index ``i`` the term is ``1 - mean_j ratio`` of row ``i`` plus that of
             text ``i`` (when ``text_semantic_sim`` is given): ``"mean"`` is then exactly
             ``L_vs (+ L_ts)``, ``"sum"`` is ``B`` times it and ``"none"`` the ``(B,)`` terms.
-        chunk_size: Rows per smooth-rank block (:func:`smooth_rank`).
+        rank_block: Rows per smooth-rank block (:func:`smooth_rank`).
+        chunk_size: The deprecated name of ``rank_block`` (a DeprecationWarning).
 
     Returns:
         The loss: a scalar, or ``(B,)`` with ``reduction="none"``.
 
     Raises:
         ValueError: A bad ``sim``, a semantic matrix of another shape than ``sim``, not
-            floating point or not finite, or a bad ``tau``, ``reduction`` or ``chunk_size``.
+            floating point or not finite, or a bad ``tau``, ``reduction`` or ``rank_block``.
     """
     check_similarity(sim)
     check_positive(tau, "tau")
     check_reduction(reduction)
-    _check_chunk_size(chunk_size)
+    rank_block = _rank_block(rank_block, chunk_size)
     s = sim.to(compute_dtype(sim.dtype))
     c = _semantic_matrix(semantic_sim, "semantic_sim", s)
-    img_terms = _rank_disagreement(s, c, tau, descending, chunk_size)
+    img_terms = _rank_disagreement(s, c, tau, descending, rank_block)
     if text_semantic_sim is None:
         txt_terms = torch.zeros((), dtype=s.dtype, device=s.device)
     else:
         tc = _semantic_matrix(text_semantic_sim, "text_semantic_sim", s)
-        txt_terms = _rank_disagreement(s.t(), tc, tau, descending, chunk_size)
+        txt_terms = _rank_disagreement(s.t(), tc, tau, descending, rank_block)
     return reduce_terms(img_terms, txt_terms, reduction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VSLParams(LossParams):
+    """Parameters of :class:`VisualSemanticLoss` (defaults: the paper's Table V, triplet base).
+
+    ``semantic``, ``base`` and ``base_params`` are objects, checked by :meth:`check_relations`
+    (``semantic`` by the constructor: a fitted ``CaptionTfidf``, built by the harness). The old
+    name ``chunk_size`` of ``rank_block`` is accepted with a DeprecationWarning: VSL has no tiled
+    form, and ``chunk_size`` means a tiled loss's tile height.
+    """
+
+    semantic: Any = param(
+        None, None, "a fitted CaptionTfidf (built by the harness)", passed=False, config=False
+    )
+    base: str | nn.Module = param(
+        "triplet", None, "the base loss, a registered name or a module", passed=False
+    )
+    base_params: dict[str, Any] | None = param(
+        None, None, "the parameters of a base given by name", passed=False
+    )
+    alpha: float = param(1.0, NON_NEGATIVE, "the base's weight (0 skips the base)")
+    beta: float = param(10.0, NON_NEGATIVE, "the VSL term's weight")
+    tau: float = param(0.001, POSITIVE, "the smooth rank's temperature, in score units")
+    descending: bool = param(True, FLAG, "rank the largest entry 1 (False: Eq. 4 as printed)")
+    text_side: bool = param(False, FLAG, "add L_ts, Eq. 7 (needs the batch's captions)")
+    rank_block: int | None = param(
+        None, RANK_BLOCK, "rows per smooth-rank block (None: 4M pairwise terms)"
+    )
+
+    renamed = {"chunk_size": "rank_block"}
+
+    def check_relations(self) -> None:
+        """Check ``base`` (a registered name other than ``"vsl"``, or a loss module) with its
+        ``base_params`` (checked as that loss's) and ``reduction="none"`` on both terms or
+        on neither.
+
+        Raises:
+            ParamError: Naming the parameter (``base_params.<name>`` for a base parameter).
+        """
+        base, base_params = self.base, self.base_params
+        if isinstance(base, str):
+            if base == "vsl":
+                raise ParamError("base", "base must be another loss than 'vsl'")
+            if base_params is not None and not isinstance(base_params, dict):
+                got = type(base_params).__name__
+                raise ParamError("base_params", f"base_params must be a dict, got {got}")
+            try:
+                check_loss_params(base, base_params or {})
+            except ParamError as err:
+                raise err.nested("base_params") from None
+            except ValueError as err:  # an unknown loss name
+                raise ParamError("base", f"base must be a registered loss name: {err}") from None
+            defaults = loss_parameters(base)
+            base_reduction = (base_params or {}).get("reduction", defaults.get("reduction"))
+        elif isinstance(base, nn.Module) and callable(getattr(base, "from_similarity", None)):
+            if base_params:
+                raise ParamError(
+                    "base_params", "base_params is only used when base is given by name"
+                )
+            base_reduction = getattr(base, "reduction", None)
+        else:
+            raise ParamError(
+                "base",
+                "base must be a registered loss name or a loss module with from_similarity(), "
+                f"got {type(base).__name__}",
+            )
+        if (base_reduction == "none") != (self.reduction == "none"):
+            raise ParamError(
+                "reduction",
+                "reduction='none' must be used by both terms: got reduction="
+                f"{self.reduction!r} and a base with reduction={base_reduction!r}",
+            )
 
 
 @register_loss("vsl")
@@ -276,27 +370,23 @@ class VisualSemanticLoss(PairLoss):
     summed base grows with the batch size and Eq. (5) does not, so retune ``beta`` for other
     batch sizes or a mean-reduced base.
 
-    Args:
-        semantic: A fitted :class:`vlret.semantic.CaptionTfidf`; may be ``None`` when every
-            call passes ``semantic_sim`` (and, with ``text_side``, ``text_semantic_sim``).
-        base: The name of a registered loss (built with ``base_params``) or a loss module with
-            ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
-            margin 0.2, summed over the batch, as in the paper and its code.
-        base_params: The parameters of a ``base`` given by name.
-        alpha: The base's weight (0 skips the base).
-        beta: The VSL term's weight.
-        tau: The smooth rank's temperature, an absolute gap in score units. Eq. (4)
-            approximates a rank only while a row's scores spread over much more than
-            ``n * tau``; within a few ``n * tau`` the VSL gradient grows like ``1 / tau``,
-            unrelated to the base's. Choose it relative to the model's score spread
-            (``docs/vsl.md``, "tau and the spread of the scores").
-        descending: Rank the largest entry 1 (:func:`smooth_rank`).
-        text_side: Add Eq. (7), ``L = alpha L_base + beta (L_vs + L_ts)``; the texts' semantic
-            matrix comes from the batch's ``captions`` or is passed as ``text_semantic_sim``.
-        reduction: The VSL term's reduction (the base keeps its own); ``"none"`` needs a base
-            with reduction ``"none"`` too and gives ``alpha * base_i + beta * vsl_i``.
-        chunk_size: Rows per smooth-rank block (:func:`smooth_rank`).
-        normalize: L2-normalise the embeddings (``False``: raw dot products).
+    The parameters are the fields of :class:`VSLParams`; more on some of them:
+
+    * ``semantic``: may be ``None`` when every call passes ``semantic_sim`` (and, with
+      ``text_side``, ``text_semantic_sim``).
+    * ``base``: a registered name (built with ``base_params``) or a loss module with
+      ``from_similarity(sim, pos_mask=...)``. Default: the hardest-negative triplet loss,
+      margin 0.2, summed over the batch, as in the paper and its code.
+    * ``tau``: an absolute gap in score units. Eq. (4) approximates a rank only while a row's
+      scores spread over much more than ``n * tau``; within a few ``n * tau`` the VSL gradient
+      grows like ``1 / tau``, unrelated to the base's. Choose it relative to the model's score
+      spread (``docs/vsl.md``, "tau and the spread of the scores").
+    * ``text_side``: Eq. (7), ``L = alpha L_base + beta (L_vs + L_ts)``; the texts' semantic
+      matrix comes from the batch's ``captions`` or is passed as ``text_semantic_sim``.
+    * ``reduction``: the VSL term's (the base keeps its own); ``"none"`` needs a base with
+      reduction ``"none"`` too and gives ``alpha * base_i + beta * vsl_i``.
+    * ``rank_block``: rows per smooth-rank block (:func:`smooth_rank`); ``chunk_size``, its old
+      name, is accepted with a DeprecationWarning.
 
     Raises:
         ValueError: ``semantic`` is not a fitted ``CaptionTfidf``, ``base`` is not a loss (or
@@ -306,39 +396,19 @@ class VisualSemanticLoss(PairLoss):
 
     paper = "VSL (Zhang et al. 2023)"
     equation = "VSL Eq. (3)-(7)"
-    # C is looked up from the ids; chunk_size bounds the smooth ranks of sim itself.
+    # C is looked up from the ids
     declared = LossCapabilities(
         needs_semantics=True,
         similarity_inputs=("img_ids", "txt_ids"),
-        chunks_similarity=True,
         paper_comparison=4,
     )
-    # semantic, base and base_params are objects: checked in check_param_relations.
-    params = {
-        "alpha": NON_NEGATIVE,
-        "beta": NON_NEGATIVE,
-        "tau": POSITIVE,
-        "descending": FLAG,
-        "text_side": FLAG,
-    }
+    Params = VSLParams
+    config: VSLParams
 
-    def __init__(
-        self,
-        *,
-        semantic: Any = None,
-        base: str | nn.Module = "triplet",
-        base_params: dict[str, Any] | None = None,
-        alpha: float = 1.0,
-        beta: float = 10.0,
-        tau: float = 0.001,
-        descending: bool = True,
-        text_side: bool = False,
-        reduction: str = "mean",
-        chunk_size: int | None = None,
-        normalize: bool = True,
-    ) -> None:
-        VisualSemanticLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        c = self.config
+        semantic = c.semantic
         if semantic is not None:
             from ..semantic import CaptionTfidf
 
@@ -349,16 +419,12 @@ class VisualSemanticLoss(PairLoss):
             if not semantic.is_fitted:
                 raise ValueError("semantic must be a fitted CaptionTfidf; call .fit(captions)")
         self.semantic = semantic
-        # A module base is duck-typed (check_param_relations: it has from_similarity).
+        # A module base is duck-typed (VSLParams.check_relations: it has from_similarity).
         self.base = (
-            cast(PairLoss, base)
-            if isinstance(base, nn.Module)
-            else build_loss(base, **(base_params or {}))
+            cast(PairLoss, c.base)
+            if isinstance(c.base, nn.Module)
+            else build_loss(c.base, **(c.base_params or {}))
         )
-        self.alpha, self.beta, self.tau = float(alpha), float(beta), float(tau)
-        self.descending = bool(descending)
-        self.text_side = bool(text_side)
-        self.chunk_size = chunk_size
 
     @classmethod
     def capabilities(cls, params: Mapping[str, Any] | None = None) -> LossCapabilities:
@@ -397,49 +463,6 @@ class VisualSemanticLoss(PairLoss):
             super().set_all_negatives(all_negatives)
         self.base.set_all_negatives(all_negatives)
 
-    @classmethod
-    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
-        """Check ``base`` (a registered name other than ``"vsl"``, or a loss module) with its
-        ``base_params`` (checked as that loss's) and ``reduction="none"`` on both terms or
-        on neither.
-
-        Raises:
-            ParamError: Naming the parameter (``base_params.<name>`` for a base parameter).
-        """
-        base, base_params = params["base"], params["base_params"]
-        if isinstance(base, str):
-            if base == "vsl":
-                raise ParamError("base", "base must be another loss than 'vsl'")
-            if base_params is not None and not isinstance(base_params, dict):
-                got = type(base_params).__name__
-                raise ParamError("base_params", f"base_params must be a dict, got {got}")
-            try:
-                check_loss_params(base, base_params or {})
-            except ParamError as err:
-                raise err.nested("base_params") from None
-            except ValueError as err:  # an unknown loss name
-                raise ParamError("base", f"base must be a registered loss name: {err}") from None
-            defaults = loss_parameters(base)
-            base_reduction = (base_params or {}).get("reduction", defaults.get("reduction"))
-        elif isinstance(base, nn.Module) and callable(getattr(base, "from_similarity", None)):
-            if base_params:
-                raise ParamError(
-                    "base_params", "base_params is only used when base is given by name"
-                )
-            base_reduction = getattr(base, "reduction", None)
-        else:
-            raise ParamError(
-                "base",
-                "base must be a registered loss name or a loss module with from_similarity(), "
-                f"got {type(base).__name__}",
-            )
-        if (base_reduction == "none") != (params["reduction"] == "none"):
-            raise ParamError(
-                "reduction",
-                "reduction='none' must be used by both terms: got reduction="
-                f"{params['reduction']!r} and a base with reduction={base_reduction!r}",
-            )
-
     def step_inputs(self) -> frozenset[str]:
         """With ``text_side``, the batch's caption strings (Eq. 7's ``TC``)."""
         return super().step_inputs() | ({"captions"} if self.text_side else set())
@@ -476,7 +499,7 @@ class VisualSemanticLoss(PairLoss):
             text_semantic_sim=text_semantic_sim,
         )
 
-    def from_similarity(
+    def from_similarity(  # type: ignore[override]  # its own keywords: ids, captions, matrices
         self,
         sim: torch.Tensor,
         pos_mask: torch.Tensor | None = None,
@@ -520,7 +543,7 @@ class VisualSemanticLoss(PairLoss):
             descending=self.descending,
             text_semantic_sim=text_semantic_sim if self.text_side else None,
             reduction=self.reduction,
-            chunk_size=self.chunk_size,
+            rank_block=self.rank_block,
         )
         if self.alpha == 0:
             return self.beta * vsl
@@ -562,7 +585,4 @@ class VisualSemanticLoss(PairLoss):
         return self.semantic.caption_similarity(captions, device=device)
 
     def extra_repr(self) -> str:
-        return (
-            f"alpha={self.alpha}, beta={self.beta}, tau={self.tau}, descending={self.descending}, "
-            f"text_side={self.text_side}, reduction={self.reduction!r}"
-        )
+        return self.config.describe(semantic=None if self.semantic is None else "fitted")

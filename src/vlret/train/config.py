@@ -28,11 +28,12 @@ top-level key ``output_dir``::
 A ``[compare]`` section (the settings of ``vlret compare``) is accepted and ignored for
 training: it is neither validated here nor kept in the resolved config. Every other unknown
 key is an error naming the file and the dotted key; so is a value of the wrong
-type. Loss parameters are checked against :func:`vlret.losses.loss_parameters`: their names,
-and their types against the defaults (a number where the default is a number, an integer where
-it is an integer, true/false where it is a bool, a string where it is a string; parameters
-whose default is ``None`` take any value), then against the constraints each loss declares
-(:func:`vlret.losses.check_loss_params`; a nested one keyed like ``loss.base_params.margin``).
+type. Loss parameters are checked against the loss's one parameter declaration
+(:mod:`vlret.losses.params`): their names (an old name the declaration renamed is mapped to the
+new one with a DeprecationWarning, and the resolved config keeps the new name), their types as
+the declared constraint takes them (a number, an integer, true/false, a string), then the
+constraints themselves (:func:`vlret.losses.check_loss_params`; a nested one keyed like
+``loss.base_params.margin``).
 YAML files are read with a safe loader that also reads exponent floats without a dot
 (``lr: 1e-3``) as numbers, as TOML does.
 """
@@ -324,8 +325,8 @@ def _check_choice(value: str, choices: tuple[str, ...], source: str, key: str) -
 
 def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
     from .._checks import ParamError
-    from ..losses import available_losses, loss_parameters
-    from ..losses.registry import check_loss_params
+    from ..losses import available_losses, loss_class
+    from ..losses.params import info
 
     if not isinstance(raw, dict):
         raise ConfigError(source, "loss", f"expected a table/mapping, got {raw!r}")
@@ -338,41 +339,48 @@ def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
             "loss.name",
             f"unknown loss {name!r}; available: {', '.join(available_losses())}",
         )
-    params = {k: v for k, v in raw.items() if k != "name"}
-    valid = loss_parameters(name)
+    declaration = loss_class(name).Params
+    try:
+        params = declaration.canonical({k: v for k, v in raw.items() if k != "name"})
+    except ParamError as err:
+        raise ConfigError(source, f"loss.{err.param}", str(err)) from None
+    fields = {f.name: f for f in declaration.fields() if info(f).config}
     for k in params:
-        if k not in valid or k == "semantic":
-            listing = ", ".join(p for p in valid if p != "semantic")
+        if k not in fields:
             raise ConfigError(
-                source, f"loss.{k}", f"not a parameter of loss {name!r}; valid: {listing}"
+                source, f"loss.{k}", f"not a parameter of loss {name!r}; valid: {', '.join(fields)}"
             )
     for k, v in params.items():
-        _check_loss_param(v, valid[k], source, f"loss.{k}")
+        _check_loss_param(v, info(fields[k]).spec, source, f"loss.{k}")
     checked = dict(params)
-    if "embed_dim" in valid and "embed_dim" not in params and "embed_dim" in model:
+    if "embed_dim" in fields and "embed_dim" not in params and "embed_dim" in model:
         checked["embed_dim"] = model["embed_dim"]  # what the trainer passes (builders.py)
     try:  # each loss's declared ranges (a negative margin, a zero temperature, ...)
-        check_loss_params(name, checked)
+        declaration.build(checked, owner=f"loss {name!r}")
     except ParamError as err:
         raise ConfigError(source, f"loss.{err.param}", str(err)) from None
     return LossConfig(name=name, params=params)
 
 
-def _check_loss_param(value: Any, default: Any, source: str, key: str) -> None:
-    """``value`` has the type of the parameter's ``default`` (any value where it is None)."""
-    if default is None or value is None:
+def _check_loss_param(value: Any, spec: Any, source: str, key: str) -> None:
+    """``value`` has the type its declared constraint takes, in a config file's words (``None``
+    and values of an undeclared object parameter are left to the constraint checks)."""
+    from .._checks import Choice, Flag, Number
+
+    if value is None or spec is None:
         return
-    if isinstance(default, bool):
+    if isinstance(spec, Flag):
         if not isinstance(value, bool):
             raise ConfigError(source, key, f"expected true or false, got {value!r}")
-    elif isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
+    elif isinstance(spec, Number):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            noun = "an integer" if spec.integer else "a number"
+            raise ConfigError(source, key, f"expected {noun}, got {value!r}")
+        if spec.integer and not isinstance(value, int):
             raise ConfigError(source, key, f"expected an integer, got {value!r}")
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(source, key, f"expected a number, got {value!r}")
-    elif isinstance(default, str) and not isinstance(value, str):
-        raise ConfigError(source, key, f"expected a string, got {value!r}")
+    elif isinstance(spec, Choice) and all(isinstance(o, str) for o in spec.options):
+        if not isinstance(value, str):
+            raise ConfigError(source, key, f"expected a string, got {value!r}")
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:

@@ -56,10 +56,10 @@ def check_pair_scoring(config: RunConfig) -> None:
         cls = loss_class(name)
     except ValueError:
         return  # an unknown loss name: the loss section's own check reports it
-    if getattr(cls, "from_similarity", PairLoss.from_similarity) is PairLoss.from_similarity:
+    if cls.dense is None and cls.from_similarity is PairLoss.from_similarity:
         raise ConfigError(config.source, "loss.name", f"{name} has no from_similarity, but {why}")
     caps = loss_capabilities(name, params)
-    tiled = [] if caps.chunks_similarity else [("chunk_size", params.get("chunk_size"))]
+    tiled = [("chunk_size", params.get("chunk_size"))]
     # a loss configured inside this one (``base_params``) is called on the score matrix too
     tiled += [(f"{k}.chunk_size", v.get("chunk_size")) for k, v in params.items() if _nested(v)]
     for key, value in tiled:

@@ -9,7 +9,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from ..._checks import check_embeddings, check_finite, compute_dtype
+from ..._checks import CHUNK_SIZE, check_embeddings, check_finite, compute_dtype
 from ...similarity import Ids, _ids_to_tensor
 
 Codes = tuple[torch.Tensor, torch.Tensor] | None
@@ -110,8 +110,10 @@ def prepare_embeddings(
         ValueError: Bad shapes, ids, ``chunk_size`` or non-finite values, naming the argument.
     """
     check_embeddings(img_emb, txt_emb)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    # the one tile-height spec a loss's declaration checks too (a direct call may pass anything)
+    if chunk_size is None:
+        raise ValueError("chunk_size (the tile height) is required by a tiled form, got None")
+    CHUNK_SIZE.check(chunk_size, "chunk_size")
     batch = img_emb.shape[0]
     if batch < 2:
         raise ValueError(f"img_emb needs a batch size of at least 2 to have negatives, got {batch}")

@@ -9,12 +9,13 @@ Gaussian discriminant analysis fitted on those two rows (Eq. 8-10) classifies ev
 and the anchor comes from the median distance of the clones to their positives (Eq. 11).
 No public code exists; each reading of the paper is written where it is made. Modules:
 ``objective`` (Eq. 3, dense and tiled), ``margins`` (Eq. 20, 22), ``gda`` (Eq. 8-10),
-``anchor`` (Eq. 7-11 over score tiles), ``config`` and ``module`` (Algorithm 1).
+``anchor`` (Eq. 7-11 over score tiles), ``config`` (``AdaCLParams``, the parameter
+declaration) and ``module`` (Algorithm 1).
 """
 
 from .._tiling import QueueBlock
 from .anchor import AdaCLAnchor, ScoreTiles, adacl_anchor, select_anchor
-from .config import ANCHOR_SELECTIONS, DEFAULT_EPS, DEFAULT_P_U, GUARDS, AdaCLConfig
+from .config import ANCHOR_SELECTIONS, DEFAULT_EPS, DEFAULT_P_U, GUARDS, AdaCLParams
 from .gda import GDAFit, clone_log_odds, clone_posterior, clone_region, fit_gda
 from .margins import adacl_margins
 from .module import AdaCLLoss
@@ -26,7 +27,7 @@ __all__ = [
     "DEFAULT_P_U",
     "GUARDS",
     "AdaCLAnchor",
-    "AdaCLConfig",
+    "AdaCLParams",
     "AdaCLLoss",
     "DenseAdaCLBatch",
     "GDAFit",
@@ -43,3 +44,10 @@ __all__ = [
     "select_anchor",
     "tiled_adacl_loss",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # the deprecated names of AdaCLParams (AdaCLConfig, ADACL_PARAMS), warned about by config
+    from . import config
+
+    return getattr(config, name)

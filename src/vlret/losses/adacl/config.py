@@ -1,8 +1,9 @@
 """AdaCL hyper-parameters and argument checks, validated in one place.
 
-:class:`AdaCLConfig` holds the hyper-parameters of :class:`~vlret.losses.AdaCLLoss`;
-``ADACL_PARAMS`` declares the constraint of each (read by the module, the registry and the
-config) and :func:`check_relations` the constraints between them. The ``check_*`` functions
+:class:`AdaCLParams` declares the hyper-parameters of :class:`~vlret.losses.AdaCLLoss`
+(default, constraint and description of each; read by the module, the registry and the
+config; ``AdaCLConfig`` and ``ADACL_PARAMS`` are its deprecated old names) and
+:func:`check_relations` the constraints between them. The ``check_*`` functions
 validate the arguments of the pure functions (:func:`~vlret.losses.adacl_loss`,
 :func:`~vlret.losses.adacl_margins`).
 """
@@ -25,9 +26,8 @@ from ..._checks import (
     Choice,
     Number,
     ParamError,
-    ParamSpec,
-    check_declared,
 )
+from ..params import TiledLossParams, deprecated_names, param
 
 #: Anchor selection rules on Delta S (paper Table 5).
 ANCHOR_SELECTIONS = ("median", "min", "max", "random")
@@ -39,79 +39,71 @@ GUARDS = ("degenerate_variance", "empty_clone_set", "anchor_ge_one", "nonfinite_
 DEFAULT_P_U = 0.03
 DEFAULT_EPS = math.exp(-7)
 
-#: Constraints of the hyper-parameters: ``m2`` is a shift (any real), ``p_u`` and ``eps`` are
-#: probabilities (Eq. 4, 6), anchors are similarities.
-ADACL_PARAMS: dict[str, ParamSpec] = {
-    "m1_init": POSITIVE,
-    "m2_init": REAL,
-    "p_u": Number(gt=0, lt=1),
-    "eps": Number(gt=0, lt=1),
-    "anchor_selection": Choice(ANCHOR_SELECTIONS),
-    "top_k": Number(integer=True, ge=2, optional=True),
-    "margin_momentum": Number(ge=0, lt=1),
-    "negative_temperature": POSITIVE,
-    "scale_negatives": FLAG,
-    "warmup_steps": Number(integer=True, ge=0),
-    "min_variance": NON_NEGATIVE,
-    "max_anchor": Number(le=1),
-    "max_m1": Number(gt=0, optional=True),
-    "seed": Number(integer=True),
-    "queue_size": Number(integer=True, ge=0),
-    "embed_dim": Number(integer=True, ge=1, optional=True),
-    "sync_margins": FLAG,
-}
+_PROBABILITY = Number(gt=0, lt=1)
 
 
-@dataclass(frozen=True)
-class AdaCLConfig:
-    """Hyper-parameters of :class:`~vlret.losses.AdaCLLoss`, the paper's defaults (Sec. 4.1).
-
-    Attributes:
-        m1_init: Initial scale ``m1`` of the positive logit (Eq. 3).
-        m2_init: Initial shift ``m2``.
-        p_u: The anchor's probability under Eq. (3) (Eq. 4).
-        eps: One minus the probability of a positive of similarity 1 (Eq. 6).
-        anchor_selection: The rule on Delta S: ``"median"``, ``"min"``, ``"max"``, ``"random"``
-            (Eq. 11, Table 5).
-        top_k: Fit each GDA class on its ``top_k`` largest scores (A.10), or ``None``.
-        margin_momentum: ``mu``: an accepted update is ``m <- mu m_prev + (1 - mu) m_new``.
-        negative_temperature: Divides every negative logit (not in the paper; 1: Eq. 3).
-        scale_negatives: Negative logits ``m1 s_ij`` (not in the paper); needs temperature 1.
-        warmup_steps: Training batches trained with the initial margins.
-        min_variance: A GDA variance at or below this is degenerate (a guard).
-        max_anchor: Anchors at or above this are refused (a guard).
-        max_m1: Cap on ``m1`` (``m2`` then from Eq. 22), or ``None``.
-        seed: Seed of the module's own generator (``anchor_selection="random"``).
-        queue_size: Entries of each memory queue (Sec. 4.1: 4096; 0: none).
-        embed_dim: Key width of the queues, required with a queue.
-        sync_margins: Broadcast rank 0's margins after each update (distributed).
+@dataclass(frozen=True, kw_only=True)
+class AdaCLParams(TiledLossParams):
+    """Parameters of :class:`~vlret.losses.AdaCLLoss`, the paper's defaults (Sec. 4.1): the one
+    declaration read by the module (as ``loss.config``), the registry and the config checks.
+    ``m2`` is a shift (any real), ``p_u`` and ``eps`` are probabilities (Eq. 4, 6), anchors are
+    similarities. ``chunk_size`` is the tile height of :class:`TiledAdaCLBatch`.
 
     Raises:
-        ParamError: A value outside ``ADACL_PARAMS`` or a violated :func:`check_relations`.
+        ParamError: A value outside its declared constraint or a violated
+            :func:`check_relations`.
     """
 
-    m1_init: float = 20.0
-    m2_init: float = 0.1
-    p_u: float = DEFAULT_P_U
-    eps: float = DEFAULT_EPS
-    anchor_selection: str = "median"
-    top_k: int | None = None
-    margin_momentum: float = 0.0
-    negative_temperature: float = 1.0
-    scale_negatives: bool = False
-    warmup_steps: int = 0
-    min_variance: float = 1e-12
-    max_anchor: float = 1.0
-    max_m1: float | None = None
-    seed: int = 0
-    queue_size: int = 0
-    embed_dim: int | None = None
-    sync_margins: bool = True
+    m1_init: float = param(20.0, POSITIVE, "initial scale m1 of the positive logit (Eq. 3)")
+    m2_init: float = param(0.1, REAL, "initial shift m2 of the positive logit")
+    p_u: float = param(DEFAULT_P_U, _PROBABILITY, "the anchor's probability under Eq. 3 (Eq. 4)")
+    eps: float = param(DEFAULT_EPS, _PROBABILITY, "1 - the probability of a positive at 1 (Eq. 6)")
+    anchor_selection: str = param(
+        "median", Choice(ANCHOR_SELECTIONS), "the rule on Delta S (Eq. 11, Table 5)"
+    )
+    top_k: int | None = param(
+        None, Number(integer=True, ge=2, optional=True), "fit each GDA class on its top_k (A.10)"
+    )
+    margin_momentum: float = param(
+        0.0, Number(ge=0, lt=1), "mu: an update is m <- mu m_prev + (1 - mu) m_new"
+    )
+    negative_temperature: float = param(
+        1.0, POSITIVE, "divides every negative logit (not in the paper; 1: Eq. 3)"
+    )
+    scale_negatives: bool = param(
+        False, FLAG, "negative logits m1 s_ij (not in the paper); needs temperature 1"
+    )
+    warmup_steps: int = param(
+        0, Number(integer=True, ge=0), "training batches trained with the initial margins"
+    )
+    min_variance: float = param(1e-12, NON_NEGATIVE, "a GDA variance at or below is degenerate")
+    max_anchor: float = param(1.0, Number(le=1), "anchors at or above this are refused (guard)")
+    max_m1: float | None = param(
+        None, Number(gt=0, optional=True), "cap on m1 (m2 then from Eq. 22), or None"
+    )
+    seed: int = param(0, Number(integer=True), "seed of the generator of the random rule")
+    queue_size: int = param(
+        0, Number(integer=True, ge=0), "entries of each memory queue (Sec. 4.1: 4096; 0: none)"
+    )
+    embed_dim: int | None = param(
+        None, Number(integer=True, ge=1, optional=True), "key width of the queues"
+    )
+    sync_margins: bool = param(
+        True, FLAG, "broadcast rank 0's margins after each update (distributed)"
+    )
 
-    def __post_init__(self) -> None:
-        values = dataclasses.asdict(self)
-        check_declared(ADACL_PARAMS, values)
-        check_relations(values)
+    def check_relations(self) -> None:
+        check_relations(dataclasses.asdict(self))
+
+
+# AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
+__getattr__ = deprecated_names(
+    "vlret.losses.adacl",
+    {
+        "AdaCLConfig": ("AdaCLParams", lambda: AdaCLParams),
+        "ADACL_PARAMS": ("AdaCLParams.specs()", AdaCLParams.specs),
+    },
+)
 
 
 def check_relations(params: Mapping[str, Any]) -> None:

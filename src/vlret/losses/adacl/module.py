@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from ..._checks import check_embeddings
 from ...memory import MemoryQueue, as_id_tensor
 from ...similarity import Ids
-from .._base import LossCapabilities, PairLoss, init_args
+from .._base import LossCapabilities, PairLoss
 from .._tiling import QueueBlock, QueueExclusions
 from ..registry import register_loss
 from .anchor import log_sum_exp, row_negatives, select_anchor
-from .config import ADACL_PARAMS, DEFAULT_EPS, DEFAULT_P_U, GUARDS, AdaCLConfig, check_relations
+from .config import GUARDS, AdaCLParams
 from .margins import m1_from_anchor, m2_from_log_sigma
 from .objective import DenseAdaCLBatch, TiledAdaCLBatch
 
@@ -69,20 +69,18 @@ class AdaCLLoss(PairLoss):
       trainer broadcasts rank 0's after each step (a hook; a caller with its own loop calls
       :func:`vlret.train.distributed.broadcast_from_main` on them), so the module must sit on
       a device the backend supports.
-    * **Large batches.** With ``chunk_size`` smaller than the batch, ``forward`` never builds
-      the ``(B, B)`` matrix nor the ``(B, K)`` queue blocks (:class:`TiledAdaCLBatch`, the
-      same anchor selection over tiles); a batch within one tile takes the dense path.
+    * **Large batches.** ``chunk_size`` is the tile height, as for every tiled loss: with it
+      set, ``forward`` never builds the ``(B, B)`` matrix nor the ``(B, K)`` queue blocks
+      (:class:`TiledAdaCLBatch`, the same anchor selection over tiles), whatever the batch
+      size. A batch no taller than one tile is tiled too: the one-tile values differ from the
+      dense path's by float rounding, so the dense path is no shortcut for it.
 
-    The hyper-parameters are the fields of :class:`~vlret.losses.adacl.AdaCLConfig`, with
-    the paper's defaults, validated and stored as ``config``.
-
-    Args:
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        normalize: L2-normalise the embeddings.
-        chunk_size: Tile height of the tiled form, or ``None``.
+    The parameters are the fields of :class:`~vlret.losses.adacl.AdaCLParams`, with the
+    paper's defaults, validated and stored as ``config`` (with ``reduction``, ``normalize`` and
+    ``chunk_size``, the tile height).
 
     Attributes:
-        config: The validated :class:`~vlret.losses.adacl.AdaCLConfig`.
+        config: The validated :class:`~vlret.losses.adacl.AdaCLParams`.
         m1: The scale margin (a buffer, saved by ``state_dict``).
         m2: The shift margin (a buffer).
         img_queue: The image memory queue, or ``None``.
@@ -94,12 +92,13 @@ class AdaCLLoss(PairLoss):
             extra state.
 
     Raises:
-        ParamError: A parameter outside its constraint (:class:`AdaCLConfig`).
+        ParamError: A parameter outside its constraint (:class:`AdaCLParams`).
     """
 
     paper = "AdaCL (adaptive contrastive, clone negs)"
     equation = "AdaCL Eq. (3)-(11), Alg. 1"
-    params = ADACL_PARAMS
+    Params = AdaCLParams
+    config: AdaCLParams
 
     declared = LossCapabilities(momentum_keys=True, paper_comparison=5)
 
@@ -116,59 +115,12 @@ class AdaCLLoss(PairLoss):
     def current_capabilities(self) -> LossCapabilities:
         return type(self).capabilities({"queue_size": self.config.queue_size})
 
-    @classmethod
-    def check_param_relations(cls, params: Mapping[str, Any]) -> None:
-        """See :func:`vlret.losses.adacl.config.check_relations`."""
-        check_relations(params)
-
-    def __init__(
-        self,
-        *,
-        m1_init: float = 20.0,
-        m2_init: float = 0.1,
-        p_u: float = DEFAULT_P_U,
-        eps: float = DEFAULT_EPS,
-        anchor_selection: str = "median",
-        top_k: int | None = None,
-        margin_momentum: float = 0.0,
-        negative_temperature: float = 1.0,
-        scale_negatives: bool = False,
-        warmup_steps: int = 0,
-        min_variance: float = 1e-12,
-        max_anchor: float = 1.0,
-        max_m1: float | None = None,
-        seed: int = 0,
-        queue_size: int = 0,
-        embed_dim: int | None = None,
-        sync_margins: bool = True,
-        reduction: str = "mean",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        AdaCLLoss.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.config = AdaCLConfig(
-            m1_init=float(m1_init),
-            m2_init=float(m2_init),
-            p_u=float(p_u),
-            eps=float(eps),
-            anchor_selection=anchor_selection,
-            top_k=top_k,
-            margin_momentum=float(margin_momentum),
-            negative_temperature=float(negative_temperature),
-            scale_negatives=scale_negatives,
-            warmup_steps=warmup_steps,
-            min_variance=float(min_variance),
-            max_anchor=float(max_anchor),
-            max_m1=None if max_m1 is None else float(max_m1),
-            seed=seed,
-            queue_size=queue_size,
-            embed_dim=embed_dim,
-            sync_margins=sync_margins,
-        )
-        self.generator = torch.Generator().manual_seed(seed)
-        self.register_buffer("m1", torch.tensor(float(m1_init)))
-        self.register_buffer("m2", torch.tensor(float(m2_init)))
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        c = self.config
+        self.generator = torch.Generator().manual_seed(c.seed)
+        self.register_buffer("m1", torch.tensor(c.m1_init))
+        self.register_buffer("m2", torch.tensor(c.m2_init))
         # Bookkeeping lives on the host (saved through get_extra_state): no tensor operations.
         self.steps = 0
         self.anchor = math.nan
@@ -179,10 +131,10 @@ class AdaCLLoss(PairLoss):
         self.last_guard = -1
         self.img_queue: MemoryQueue | None = None
         self.txt_queue: MemoryQueue | None = None
-        if queue_size:
-            assert embed_dim is not None  # check_relations: a queue needs embed_dim
-            self.img_queue = MemoryQueue(queue_size, embed_dim)
-            self.txt_queue = MemoryQueue(queue_size, embed_dim)
+        if c.queue_size:
+            assert c.embed_dim is not None  # check_relations: a queue needs embed_dim
+            self.img_queue = MemoryQueue(c.queue_size, c.embed_dim)
+            self.txt_queue = MemoryQueue(c.queue_size, c.embed_dim)
 
     # -- state update (Algorithm 1 steps 2-5) ---------------------------------------------
 
@@ -342,7 +294,7 @@ class AdaCLLoss(PairLoss):
 
     # -- loss -------------------------------------------------------------------------------
 
-    def from_similarity(
+    def from_similarity(  # type: ignore[override]  # its own keywords: the queue blocks
         self,
         sim: torch.Tensor,
         pos_mask: torch.Tensor | None = None,
@@ -377,7 +329,7 @@ class AdaCLLoss(PairLoss):
         # Clones: a later in-place update must not touch tensors saved for this backward.
         return batch.loss(self.m1.clone(), self.m2.clone(), self.reduction, lse, 1.0)
 
-    def forward(
+    def forward(  # type: ignore[override]  # its own keywords: momentum keys, gathered
         self,
         img_emb: torch.Tensor,
         txt_emb: torch.Tensor,
@@ -414,8 +366,8 @@ class AdaCLLoss(PairLoss):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
         check_embeddings(img_emb, txt_emb)
         size = img_emb.shape[0]
-        # A batch within one tile takes the dense path: the same numbers in the same memory.
-        tiled = self.chunk_size is not None and self.chunk_size < size
+        # chunk_size is the tile height: set, the batch is tiled even when it fits in one tile
+        tiled = self.chunk_size is not None
         queue_txt = queue_img = None
         if self.img_queue is None or self.txt_queue is None:
             if img_keys is not None or txt_keys is not None:
@@ -470,14 +422,8 @@ class AdaCLLoss(PairLoss):
         return F.normalize(keys, dim=1) if self.normalize else keys
 
     def extra_repr(self) -> str:
-        c = self.config
-        return (
-            f"m1={float(self.m1):.4g}, m2={float(self.m2):.4g}, p_u={c.p_u}, "
-            f"eps={c.eps:.3g}, anchor_selection={c.anchor_selection!r}, "
-            f"negative_temperature={c.negative_temperature:g}, "
-            f"scale_negatives={c.scale_negatives}, warmup_steps={c.warmup_steps}, "
-            f"queue_size={c.queue_size}, max_m1={c.max_m1}, reduction={self.reduction!r}"
-        )
+        # the margins now, then the declaration's fields
+        return f"m1={float(self.m1):g}, m2={float(self.m2):g}, " + self.config.describe()
 
 
 def _snapshot(

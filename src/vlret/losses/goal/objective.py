@@ -6,13 +6,13 @@ are in :mod:`vlret.losses.goal.weights`.
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ...similarity import Ids
-from .._base import LossCapabilities, PairLoss, init_args, prepare, reduce_per_index
+from .._base import LossCapabilities, PairLoss, prepare, reduce_per_index
 from .._tiling import (
     Embedded,
     hardest_negatives,
@@ -22,15 +22,17 @@ from .._tiling import (
 )
 from ..registry import register_loss
 from ..triplet import TripletLoss
-from .weights import GOAL_PARAMS, GoalConfig, _goal_triplets, triplet_weights_from_hardest
+from .weights import GoalParams, _goal_triplets, triplet_weights_from_hardest
 
 
-def _config_of(arguments: dict) -> GoalConfig:
-    """The validated :class:`GoalConfig` of a function's keyword arguments (its ``locals()``)."""
-    return GoalConfig(**{f.name: arguments[f.name] for f in dataclasses.fields(GoalConfig)})
+def _config_of(arguments: dict[str, Any]) -> GoalParams:
+    """The validated :class:`GoalParams` of a function's keyword arguments (its ``locals()``):
+    the declared hyper-parameters and the reduction."""
+    names = [*GoalParams().arguments(), "reduction"]
+    return GoalParams(**{name: arguments[name] for name in names})
 
 
-def _set_n(cfg: GoalConfig, bound: torch.Tensor, rows: int, cols: int, like: torch.Tensor):
+def _set_n(cfg: GoalParams, bound: torch.Tensor, rows: int, cols: int, like: torch.Tensor):
     """Streaming statistics of the MS set N (negatives above ``bound``, Eq. 12-13).
 
     Returns a tile visitor for :func:`~vlret.losses._tiling.hardest_negatives` and the
@@ -55,7 +57,7 @@ def _set_n(cfg: GoalConfig, bound: torch.Tensor, rows: int, cols: int, like: tor
 
 
 def _ms_negative(
-    cfg: GoalConfig, stat: torch.Tensor, count: torch.Tensor, neg: torch.Tensor
+    cfg: GoalParams, stat: torch.Tensor, count: torch.Tensor, neg: torch.Tensor
 ) -> torch.Tensor:
     """The MS relative negative term from set N's statistics (:func:`_set_n`); 0 for empty N."""
     size = count.clamp(min=1).to(neg.dtype)
@@ -76,7 +78,7 @@ def _weights(cfg, pos, top, count, stat, batch_pos=None):
     return triplet_weights_from_hardest(cfg, pos, neg, has_neg, ms_neg, batch_pos)
 
 
-def _goal_terms(batch: Embedded, cfg: GoalConfig, shard) -> torch.Tensor:
+def _goal_terms(batch: Embedded, cfg: GoalParams, shard) -> torch.Tensor:
     """GOAL per index on a tiled batch: the hinge as value, the prescribed gradient through the
     surrogate ``sum w_neg s_neg - w_pos s_pos`` with detached weights."""
     x, y, tile = batch.x, batch.y, batch.tile
@@ -161,23 +163,6 @@ def tiled_goal_objective(
         ValueError: A bad argument, named.
     """
     cfg = _config_of(locals())
-    common = {"img_ids": img_ids, "txt_ids": txt_ids, "chunk_size": chunk_size}
-    return _tiled_goal(img_emb, txt_emb, cfg, **common, normalize=normalize, shard=shard)
-
-
-def _tiled_goal(
-    img_emb,
-    txt_emb,
-    cfg: GoalConfig,
-    *,
-    img_ids,
-    txt_ids,
-    chunk_size,
-    normalize,
-    shard,
-    reduction=None,
-) -> torch.Tensor:
-    """The tiled objective for a built config (``reduction``, if given, is the config's)."""
     batch = prepare_embeddings(
         img_emb, txt_emb, img_ids, txt_ids, chunk_size=chunk_size, normalize=normalize
     )
@@ -199,7 +184,7 @@ class GoalFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, sim: torch.Tensor, negatives: torch.Tensor, config: GoalConfig):
+    def forward(ctx, sim: torch.Tensor, negatives: torch.Tensor, config: GoalParams):
         with torch.no_grad():
             hardest, weight_pos, weight_neg, hinge = _goal_triplets(sim, negatives, config)
             batch = sim.shape[0]
@@ -295,46 +280,22 @@ class GoalObjective(PairLoss):
     declared = LossCapabilities(local_shards=True, all_negatives_warmup=True, paper_comparison=3)
     paper = "GOAL (Xuan & Chen 2022)"
     equation = "GOAL Eq. (3)-(13), Table 1"
-    params = GOAL_PARAMS
+    Params = GoalParams
+    dense = staticmethod(goal_objective)
+    tiled = staticmethod(tiled_goal_objective)
+    config: GoalParams
 
-    def __init__(
-        self,
-        *,
-        triplet_weight: str = "cir",
-        pair_weight: str = "sig-ms",
-        margin: float = 0.2,
-        tau: float = 10.0,
-        alpha: float = 2.0,
-        beta: float = 10.0,
-        lam: float = 0.5,
-        epsilon: float = 0.1,
-        circle_offset: float = 0.5,
-        reduction: str = "sum",
-        normalize: bool = True,
-        chunk_size: int | None = None,
-    ) -> None:
-        GoalObjective.check_params(init_args(locals()))
-        super().__init__(reduction=reduction, normalize=normalize, chunk_size=chunk_size)
-        self.config = GoalConfig(
-            triplet_weight=triplet_weight,
-            pair_weight=pair_weight,
-            margin=float(margin),
-            tau=float(tau),
-            alpha=float(alpha),
-            beta=float(beta),
-            lam=float(lam),
-            epsilon=float(epsilon),
-            circle_offset=float(circle_offset),
-            reduction=reduction,
-        )
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        c = self.config
         #: VSE-infinity's warm-up loss (:meth:`set_all_negatives`): the triplet sum of hinges
         #: over all negatives with this objective's margin and reduction; it holds no state.
         self.warmup = TripletLoss(
-            margin=float(margin),
+            margin=c.margin,
             hardest=False,
-            reduction=reduction,
-            normalize=normalize,
-            chunk_size=chunk_size,
+            reduction=c.reduction,
+            normalize=c.normalize,
+            chunk_size=c.chunk_size,
         )
         self.all_negatives = False
 
@@ -344,37 +305,15 @@ class GoalObjective(PairLoss):
         VSE-infinity's code does in the epochs GOAL's gradient objective replaces."""
         self.all_negatives = bool(all_negatives)
 
-    def forward(self, img_emb, txt_emb, img_ids=None, txt_ids=None, *, shard=None):
+    def forward(self, img_emb, txt_emb, img_ids=None, txt_ids=None, *, shard=None, **inputs):
         if self.all_negatives:
             return self.warmup(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
-        return super().forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard)
+        return super().forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard, **inputs)
 
-    def tiled_forward(
-        self,
-        img_emb: torch.Tensor,
-        txt_emb: torch.Tensor,
-        img_ids: Ids | None,
-        txt_ids: Ids | None,
-        shard: tuple[int, int] | None = None,
-    ) -> torch.Tensor:
-        arguments = self.tiled_arguments(img_ids, txt_ids, shard)
-        return _tiled_goal(img_emb, txt_emb, self.config, **arguments)
-
-    def from_similarity(
-        self, sim: torch.Tensor, pos_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def from_similarity(self, sim, pos_mask=None, **inputs):
         if self.all_negatives:
             return self.warmup.from_similarity(sim, pos_mask=pos_mask)
-        s, negatives = prepare(sim, pos_mask)
-        return GoalFunction.apply(s, negatives, self.config)
-
-    def extra_repr(self) -> str:
-        c = self.config
-        return (
-            f"triplet_weight={c.triplet_weight!r}, pair_weight={c.pair_weight!r}, "
-            f"margin={c.margin}, tau={c.tau}, alpha={c.alpha}, beta={c.beta}, lam={c.lam}, "
-            f"epsilon={c.epsilon}, circle_offset={c.circle_offset}, reduction={c.reduction!r}"
-        )
+        return super().from_similarity(sim, pos_mask=pos_mask, **inputs)
 
 
 __all__ = ["GoalFunction", "GoalObjective", "goal_objective", "tiled_goal_objective"]

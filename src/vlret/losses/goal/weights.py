@@ -60,16 +60,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import (
-    MARGIN,
-    NON_NEGATIVE,
-    POSITIVE,
-    REAL,
-    REDUCTION,
-    Choice,
-    ParamSpec,
-    check_declared,
-)
+from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError
+from ..params import TiledLossParams, deprecated_names, param, reduction_param
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
 TRIPLET_WEIGHTS: tuple[str, ...] = ("con", "nca", "cir")
@@ -79,50 +71,53 @@ PAIR_WEIGHTS: tuple[str, ...] = ("con", "lin", "sig", "lin-ms", "sig-ms")
 
 
 def _check_kind(triplet_weight: str, pair_weight: str) -> None:
-    if triplet_weight not in TRIPLET_WEIGHTS or pair_weight not in PAIR_WEIGHTS:
-        combos = ", ".join(f"({t}, {p})" for t in TRIPLET_WEIGHTS for p in PAIR_WEIGHTS)
-        raise ValueError(
-            f"unknown GOAL combination (triplet_weight={triplet_weight!r}, "
-            f"pair_weight={pair_weight!r}); triplet_weight must be one of {TRIPLET_WEIGHTS} and "
-            f"pair_weight one of {PAIR_WEIGHTS}; valid combinations: {combos}"
-        )
+    """Raise :class:`ParamError` naming the unknown weight, listing the 15 combinations."""
+    for name, value, kinds in (
+        ("triplet_weight", triplet_weight, TRIPLET_WEIGHTS),
+        ("pair_weight", pair_weight, PAIR_WEIGHTS),
+    ):
+        if value not in kinds:
+            combos = ", ".join(f"({t}, {p})" for t in TRIPLET_WEIGHTS for p in PAIR_WEIGHTS)
+            raise ParamError(
+                name,
+                f"{name} must be one of {kinds}, got {value!r} (unknown GOAL combination "
+                f"triplet_weight={triplet_weight!r}, pair_weight={pair_weight!r}); valid "
+                f"combinations: {combos}",
+            )
 
 
-#: Constraints of the hyper-parameters (``GoalConfig`` and ``GoalObjective``): ``margin`` is
-#: T^con's margin (Eq. 5), ``lam`` a similarity threshold (Eq. 11), ``epsilon`` the MS band
-#: (Eq. 12), ``circle_offset`` the offset ``1 - 2 m^2`` of T^cir (module notes; any real).
-GOAL_PARAMS: dict[str, ParamSpec] = {
-    "triplet_weight": Choice(TRIPLET_WEIGHTS),
-    "pair_weight": Choice(PAIR_WEIGHTS),
-    "margin": MARGIN,
-    "tau": POSITIVE,
-    "alpha": POSITIVE,
-    "beta": POSITIVE,
-    "lam": REAL,
-    "epsilon": NON_NEGATIVE,
-    "circle_offset": REAL,
-    "reduction": REDUCTION,
-}
+@dataclass(frozen=True, kw_only=True)
+class GoalParams(TiledLossParams):
+    """Parameters of a GOAL objective, the one declaration read by :func:`goal_objective`,
+    :func:`tiled_goal_objective` and :class:`GoalObjective` (defaults: the paper's best
+    combination and ``tau``, the released code's ``circle_offset`` and pair-weight settings)."""
 
-
-@dataclass(frozen=True)
-class GoalConfig:
-    """Hyper-parameters of a GOAL objective; validated on construction (``GOAL_PARAMS``)."""
-
-    triplet_weight: str = "cir"
-    pair_weight: str = "sig-ms"
-    margin: float = 0.2
-    tau: float = 10.0
-    alpha: float = 2.0
-    beta: float = 10.0
-    lam: float = 0.5
-    epsilon: float = 0.1
-    circle_offset: float = 0.5
-    reduction: str = "sum"
+    triplet_weight: str = param("cir", Choice(TRIPLET_WEIGHTS), "T: con, nca or cir (Eq. 5, 7, 8)")
+    pair_weight: str = param(
+        "sig-ms", Choice(PAIR_WEIGHTS), "P: con, lin, sig, lin-ms or sig-ms (Eq. 9-13)"
+    )
+    margin: float = param(0.2, MARGIN, "the margin of T^con (Eq. 5) and of the hinge value")
+    tau: float = param(10.0, POSITIVE, "the sharpness of T^nca and T^cir (Fig. 2)")
+    alpha: float = param(2.0, POSITIVE, "the slope of the positive sigmoid weights (Eq. 11-12)")
+    beta: float = param(10.0, POSITIVE, "the slope of the negative sigmoid weights, MS sums")
+    lam: float = param(0.5, REAL, "the centre lambda of the sigmoid pair weights")
+    epsilon: float = param(0.1, NON_NEGATIVE, "the MS sets' margin (Eq. 12-13)")
+    circle_offset: float = param(0.5, REAL, "the offset 1 - 2 m^2 of T^cir (module notes)")
+    reduction: str = reduction_param("sum")
 
     def __post_init__(self) -> None:
         _check_kind(self.triplet_weight, self.pair_weight)  # lists the valid combinations
-        check_declared(GOAL_PARAMS, {name: getattr(self, name) for name in GOAL_PARAMS})
+        super().__post_init__()
+
+
+# GoalConfig and GOAL_PARAMS became GoalParams (issue 25): kept importable
+__getattr__ = deprecated_names(
+    "vlret.losses.goal",
+    {
+        "GoalConfig": ("GoalParams", lambda: GoalParams),
+        "GOAL_PARAMS": ("GoalParams.specs()", GoalParams.specs),
+    },
+)
 
 
 def goal_triplet_weight(
@@ -221,7 +216,7 @@ def goal_pair_weights(
 
 
 def _relative_positive(
-    pos: torch.Tensor, neg: torch.Tensor, cfg: GoalConfig, batch_pos: torch.Tensor | None = None
+    pos: torch.Tensor, neg: torch.Tensor, cfg: GoalParams, batch_pos: torch.Tensor | None = None
 ) -> torch.Tensor:
     """MS relative term of the positives, ``(2, B)``: log m+^sig (sig-ms) or m+^lin (lin-ms).
 
@@ -246,7 +241,7 @@ def _relative_positive(
 
 
 def _relative_negative(
-    filled: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, cfg: GoalConfig
+    filled: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, cfg: GoalParams
 ) -> torch.Tensor:
     """MS relative term of the negatives, ``(2, B)``: log m-^sig (sig-ms) or m-^lin (lin-ms)
     over N = {S[i, j] negative : S[i, j] > min(p, min_k S[k, k]) - epsilon}.
@@ -274,7 +269,7 @@ def _relative_negative(
 
 
 def _goal_triplets(
-    s: torch.Tensor, negatives: torch.Tensor, cfg: GoalConfig
+    s: torch.Tensor, negatives: torch.Tensor, cfg: GoalParams
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-triplet quantities of both directions.
 
@@ -299,7 +294,7 @@ def _goal_triplets(
 
 
 def triplet_weights_from_hardest(
-    cfg: GoalConfig,
+    cfg: GoalParams,
     pos: torch.Tensor,
     neg: torch.Tensor,
     has_neg: torch.Tensor,
@@ -335,10 +330,9 @@ def triplet_weights_from_hardest(
 
 
 __all__ = [
-    "GOAL_PARAMS",
     "PAIR_WEIGHTS",
     "TRIPLET_WEIGHTS",
-    "GoalConfig",
+    "GoalParams",
     "goal_pair_weights",
     "goal_triplet_weight",
     "triplet_weights_from_hardest",
