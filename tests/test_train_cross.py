@@ -138,11 +138,19 @@ def test_a_loss_without_from_similarity_is_refused(tmp_path, monkeypatch):
     assert err.value.key == "loss.name" and "has no from_similarity" in str(err.value)
 
 
-def test_vsl_chunk_size_bounds_the_score_matrix_ranks_and_is_accepted(tmp_path, data):
-    overrides = ["loss.name=vsl", "loss.chunk_size=3", "train.epochs=1", "train.validate=false"]
+def test_vsl_rank_block_bounds_the_score_matrix_ranks_and_is_accepted(tmp_path, data):
+    overrides = ["loss.name=vsl", "loss.rank_block=3", "train.epochs=1", "train.validate=false"]
     trainer = Trainer(cross_config(data, tmp_path, "scan", overrides))
     assert loss_capabilities(trainer.loss_fn).similarity_inputs == ("img_ids", "txt_ids")
+    assert trainer.loss_fn.config.rank_block == 3
     assert trainer.fit().steps == 5
+
+
+def test_vsl_chunk_size_of_an_old_config_is_its_rank_block_with_a_warning(tmp_path, data):
+    overrides = ["loss.name=vsl", "loss.chunk_size=3", "train.epochs=1", "train.validate=false"]
+    with pytest.warns(DeprecationWarning, match="rank_block"):
+        trainer = Trainer(cross_config(data, tmp_path, "scan", overrides))
+    assert trainer.loss_fn.config.rank_block == 3
 
 
 @pytest.mark.parametrize(
