@@ -142,6 +142,12 @@ class ParamError(ValueError):
 class ParamSpec(Protocol):
     def check(self, value: Any, name: str) -> None: ...
 
+    def type_mismatch(self, value: Any) -> str | None:
+        """What a config file should have written, in its words (``"expected true or
+        false"``), when ``value``'s type does not fit; ``None`` when it does (the range is
+        :meth:`check`'s)."""
+        ...
+
 
 def _fmt(bound: float | None) -> str:
     # None only where a caller's tuple index hides that the bound was checked for None.
@@ -182,6 +188,11 @@ class Number:
         text = f"{noun} {self.range_text()}".rstrip()
         return f"{text} or None" if self.optional else text
 
+    def type_mismatch(self, value: Any) -> str | None:
+        if value is None or (not isinstance(value, bool) and isinstance(value, int | float)):
+            return "expected an integer" if self.integer and isinstance(value, float) else None
+        return "expected an integer" if self.integer else "expected a number"
+
     def check(self, value: Any, name: str) -> None:
         if value is None and self.optional:
             return
@@ -208,6 +219,9 @@ class Number:
 class Flag:
     """A ``bool`` parameter (``True`` or ``False``, not a truthy stand-in)."""
 
+    def type_mismatch(self, value: Any) -> str | None:
+        return None if value is None or isinstance(value, bool) else "expected true or false"
+
     def check(self, value: Any, name: str) -> None:
         if not isinstance(value, bool):
             raise ParamError(name, f"{name} must be a bool (True or False), got {value!r}")
@@ -218,6 +232,10 @@ class Choice:
     """A parameter taking one of a fixed set of values (strings)."""
 
     options: tuple[Any, ...]
+
+    def type_mismatch(self, value: Any) -> str | None:
+        strings = all(isinstance(o, str) for o in self.options)
+        return "expected a string" if strings and not isinstance(value, str | None) else None
 
     def check(self, value: Any, name: str) -> None:
         if not any(value == o and type(value) is type(o) for o in self.options):

@@ -351,7 +351,9 @@ def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
                 source, f"loss.{k}", f"not a parameter of loss {name!r}; valid: {', '.join(fields)}"
             )
     for k, v in params.items():
-        _check_loss_param(v, info(fields[k]).spec, source, f"loss.{k}")
+        spec = info(fields[k]).spec  # the type in a config file's words; ranges below
+        if spec is not None and (problem := spec.type_mismatch(v)) is not None:
+            raise ConfigError(source, f"loss.{k}", f"{problem}, got {v!r}")
     checked = dict(params)
     if "embed_dim" in fields and "embed_dim" not in params and "embed_dim" in model:
         checked["embed_dim"] = model["embed_dim"]  # what the trainer passes (builders.py)
@@ -360,27 +362,6 @@ def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
     except ParamError as err:
         raise ConfigError(source, f"loss.{err.param}", str(err)) from None
     return LossConfig(name=name, params=params)
-
-
-def _check_loss_param(value: Any, spec: Any, source: str, key: str) -> None:
-    """``value`` has the type its declared constraint takes, in a config file's words (``None``
-    and values of an undeclared object parameter are left to the constraint checks)."""
-    from .._checks import Choice, Flag, Number
-
-    if value is None or spec is None:
-        return
-    if isinstance(spec, Flag):
-        if not isinstance(value, bool):
-            raise ConfigError(source, key, f"expected true or false, got {value!r}")
-    elif isinstance(spec, Number):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            noun = "an integer" if spec.integer else "a number"
-            raise ConfigError(source, key, f"expected {noun}, got {value!r}")
-        if spec.integer and not isinstance(value, int):
-            raise ConfigError(source, key, f"expected an integer, got {value!r}")
-    elif isinstance(spec, Choice) and all(isinstance(o, str) for o in spec.options):
-        if not isinstance(value, str):
-            raise ConfigError(source, key, f"expected a string, got {value!r}")
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
