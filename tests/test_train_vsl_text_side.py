@@ -97,3 +97,31 @@ def test_text_side_run_trains_and_logs_the_same_loss(tmp_path, data):
     assert len(steps) == 10 and all(math.isfinite(r["loss"]) for r in steps)
     assert steps[0]["loss"] == float(first)  # the same model, batch and captions
     assert steps[-1]["loss"] != steps[0]["loss"]
+
+
+@pytest.mark.parametrize("model", ["scan", "saf"])
+def test_text_side_trains_a_pair_scorer_and_is_eq6_plus_eq7_on_its_scores(
+    tmp_path, data, float64, model
+):
+    # The shipped VSL configs train SGRAF: its score matrix goes through similarity_step,
+    # which must receive the same captions (column order) as the embedding path.
+    from test_train_cross import cross_config
+
+    overrides = ["loss.name=vsl", "loss.text_side=true", "loss.alpha=0", "train.epochs=1"]
+    trainer = Trainer(cross_config(data, tmp_path / "run", model, overrides))
+    assert trainer.scores_pairs and "captions" in trainer.loss_fn.step_inputs()
+    batch = _first_batch(trainer)
+    _, logged, ctx = trainer.compute_loss(batch)
+    sim = ctx["sim"].tolist()
+    sim_t = [list(col) for col in zip(*sim, strict=True)]
+    ids = batch.img_index
+    semantic = trainer.loss_fn.semantic
+    c = semantic.similarity(ids, ids).double().tolist()
+    captions = [trainer.train_set.captions[i] for i in batch.cap_index.tolist()]
+    tc = semantic.caption_similarity(captions).double().tolist()
+    l_vs, l_ts = naive_rank_disagreement(sim, c), naive_rank_disagreement(sim_t, tc)
+    assert l_ts > 0.05
+    n = len(sim)
+    tol = BETA * 16 * (n * n + 1 / TAU) * torch.finfo(torch.float64).eps
+    assert float(logged) == pytest.approx(BETA * (l_vs + l_ts), abs=tol)
+    assert Trainer(cross_config(data, tmp_path / "fit", model, overrides)).fit().steps == 5

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -31,7 +31,7 @@ from .._checks import (
 from ..similarity import Ids, cosine_similarity, positive_mask
 from ._tiling import log1p_exp
 from .params import LossParams
-from .step import StepInputs
+from .step import EMBEDDING_INPUTS, StepInputs
 
 
 def prepare(sim: torch.Tensor, pos_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,6 +297,28 @@ class PairLoss(nn.Module):
         """
         keywords = inputs.keywords(self.step_inputs())
         return self(img_emb, txt_emb, inputs.img_ids, inputs.txt_ids, **keywords)
+
+    def similarity_step(self, sim: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """The loss of one training step of a model that scores pairs itself (SCAN, SGRAF):
+        :meth:`from_similarity` with the positive mask of the ids, the inputs the loss names in
+        ``LossCapabilities.similarity_inputs`` and the declared :meth:`step_inputs` that are
+        not about embeddings (VSL's ``captions``).
+
+        Raises:
+            ValueError: A declared input the record does not hold, or an error of
+                :meth:`from_similarity`.
+        """
+        if inputs.txt_ids is None and inputs.img_ids is not None:  # txt_ids default: img_ids
+            inputs = replace(inputs, txt_ids=inputs.img_ids)
+        names = set(self.current_capabilities().similarity_inputs)
+        names |= self.step_inputs() - EMBEDDING_INPUTS
+        missing = sorted(n for n in names if getattr(inputs, n, None) is None)
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs {missing} of the step, which are unset")
+        pos_mask = None
+        if inputs.img_ids is not None and inputs.txt_ids is not None:
+            pos_mask = positive_mask(inputs.img_ids, inputs.txt_ids).to(sim.device)
+        return self.from_similarity(sim, pos_mask, **{n: getattr(inputs, n) for n in names})
 
     #: The capabilities of the class with its default parameters; a class whose capabilities
     #: depend on its parameters also overrides :meth:`capabilities`.

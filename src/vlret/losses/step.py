@@ -16,6 +16,8 @@ import torch
 
 #: The fields of :class:`StepInputs` a loss may declare (besides the ids, which every loss gets).
 STEP_FIELDS = ("shard", "img_keys", "txt_keys", "gathered", "captions")
+#: The fields only the embedding entry point takes (a model that scores pairs has none of them).
+EMBEDDING_INPUTS = frozenset({"shard", "img_keys", "txt_keys", "gathered"})
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from .config import ConfigError, RunConfig
 from .distributed import broadcast_from_main
 
 if TYPE_CHECKING:
-    from ..data.precomp import RetrievalBatch
+    from ..data.dataset import RetrievalBatch
     from ..losses._base import PairLoss
 
 #: The key under which the loss's own parameters (a learnable temperature) appear in

@@ -4,11 +4,13 @@ Such a model (a ``PairScorer``, :mod:`vlret.models.cross_model`) maps a batch to
 ``(B, B)`` score matrix; the loss consumes it through ``from_similarity(sim, pos_mask, ...)``
 with the positives of the batch's image indices, plus whatever else the loss declares in
 ``LossCapabilities.similarity_inputs`` (VSL: ``img_ids`` and ``txt_ids``, to look up its
-semantic matrix). What needs embeddings cannot work on a score matrix and is refused before
-any data is read (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, the tile
-height of the embedding path; a nested loss's ``chunk_size`` too), gradient caching
-(``train.grad_cache_chunk``) and a memory queue (a
-loss that ``owns_queue`` with its parameters, AdaCL's ``queue_size``; the momentum encoder that
+semantic matrix) and in ``step_inputs()`` (VSL's ``text_side``: the batch's captions), from one
+:class:`~vlret.losses.StepInputs` (:meth:`vlret.losses.PairLoss.similarity_step`). What
+needs embeddings cannot work on a score matrix and is refused before any data is read
+(:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, the tile height of the
+embedding path; a nested loss's ``chunk_size`` too), gradient caching
+(``train.grad_cache_chunk``) and a memory queue (a loss that ``owns_queue`` with its
+parameters, AdaCL's ``queue_size``; the momentum encoder that
 fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
 dev pairs with :mod:`vlret.eval` (:func:`pair_dev_metrics`). The distributed contract is in
 :mod:`vlret.train.distributed` ("Pair scorers").
@@ -17,6 +19,7 @@ dev pairs with :mod:`vlret.eval` (:func:`pair_dev_metrics`). The distributed con
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,11 +27,11 @@ from torch import nn
 
 from .._modules import unwrap_model
 from ..eval import encode_tokens, score_matrix
+from ..losses import StepInputs
 from ..losses._base import LossCapabilities, PairLoss
 from ..losses.registry import loss_capabilities, loss_class, loss_parameters
 from ..metrics import retrieval_metrics_from_similarity, similarity_stats
 from ..models import PairScorer
-from ..similarity import positive_mask
 from .config import ConfigError, RunConfig
 
 
@@ -95,20 +98,14 @@ def _switched_on_by(
     return "name"
 
 
-def pair_loss(loss_fn: PairLoss, sim: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``loss_fn.from_similarity`` on a ``(B, B)`` score matrix whose row and column ``i`` come
-    from the item of image index ``ids[i]`` (equal ids: further positives), with the inputs the
-    loss declares in ``LossCapabilities.similarity_inputs``."""
-    available = {"img_ids": ids, "txt_ids": ids}
-    names = loss_capabilities(loss_fn).similarity_inputs
-    missing = [n for n in names if n not in available]
-    if missing:
-        raise ValueError(
-            f"{type(loss_fn).__name__} needs {missing} in from_similarity, which the trainer "
-            f"cannot supply (it has {sorted(available)})"
-        )
-    extra = {n: available[n] for n in names}
-    return loss_fn.from_similarity(sim, positive_mask(ids, ids), **extra)
+def pair_loss(
+    loss_fn: PairLoss, sim: torch.Tensor, ids: torch.Tensor, inputs: StepInputs | None = None
+) -> torch.Tensor:
+    """The loss of a ``(B, B)`` score matrix whose row and column ``i`` come from the item of
+    image index ``ids[i]`` (equal ids: further positives): ``loss_fn.similarity_step`` with the
+    ids and whatever else of the step ``inputs`` holds (the captions a loss declares)."""
+    inputs = StepInputs() if inputs is None else inputs
+    return loss_fn.similarity_step(sim, replace(inputs, img_ids=ids, txt_ids=ids))
 
 
 def score_stats(sim: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:

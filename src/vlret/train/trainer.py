@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 
 from .._extras import progress_bar
 from .._modules import unwrap_model
-from ..losses import StepInputs, loss_capabilities
+from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
     build_dataset,
@@ -53,12 +53,7 @@ from .checkpoint import (
 from .config import ConfigError, RunConfig, save_config
 from .distributed import (
     ShardedBatchSampler,
-    all_reduce_sum,
     any_rank,
-    gather_no_grad,
-    gather_sum_grad,
-    gather_tokens,
-    gather_with_grad,
     init_distributed,
     resolve_device,
     shutdown_distributed,
@@ -66,7 +61,8 @@ from .distributed import (
 from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
 from .hooks import HookList, StepOutput, TrainHook, TrainResult, config_hooks, param_groups
-from .pair_scoring import pair_dev_metrics, pair_loss, score_stats, scores_pairs
+from .loss_step import LossStep, StepLoss
+from .pair_scoring import pair_dev_metrics, score_stats, scores_pairs
 from .run_folder import (
     RunFolderError,
     check_resume_config,
@@ -98,11 +94,13 @@ class Trainer:
         overwrite: bool = False,
         print_fn: Callable[[str], None] | None = print,
         hooks: Sequence[TrainHook] = (),
+        loss_step: LossStep | None = None,
     ) -> None:
         """``resume``: a ``last.pt`` (or ``best.pt``) to continue exactly; ``overwrite``: replace
         the run that ``config.output_dir`` holds (refused otherwise, see
         :mod:`vlret.train.run_folder`); ``print_fn``: where the per-epoch summary line goes on
-        rank 0 (None: nowhere); ``hooks``: run after the config's own (:mod:`.hooks`)."""
+        rank 0 (None: nowhere); ``hooks``: run after the config's own (:mod:`.hooks`);
+        ``loss_step``: what a step computes (default :class:`.loss_step.LossStep`)."""
         self.config = config
         tc = config.train
         self.env = init_distributed()
@@ -175,6 +173,7 @@ class Trainer:
             self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self._autocast
         )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
+        self.loss_step = LossStep() if loss_step is None else loss_step
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
@@ -278,77 +277,12 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
 
-    def compute_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """``(loss for backward, logged loss, context)`` of one local batch."""
-        if self.scores_pairs:
-            return self._pair_loss(batch)
-        if self.grad_cache:  # leaves; train_step back-propagates into the model
-            img, txt = self.grad_cache.forward(batch)
-        else:
-            with self._autocast():
-                img, txt = self.ddp_model(batch)
-        wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
-        img, txt = img.to(wide), txt.to(wide)
-        keys: list[torch.Tensor] = []  # the momentum encoder's image and text keys
-        if self.momentum_encoder is not None:
-            chunks = self.grad_cache.chunks(batch) if self.grad_cache else [batch]
-            with self._autocast():
-                outs = [self.momentum_encoder(chunk) for chunk in chunks]
-            keys = [torch.cat(k).to(wide) for k in zip(*outs, strict=True)]
-        shard = None
-        if self.local_shards:
-            # Each rank computes only its own pairs' terms against the gathered batch; the
-            # gather's backward brings back the gradients the other ranks' terms send here.
-            start = self.env.rank * img.shape[0]
-            shard = (start, start + img.shape[0])
-            img, txt = gather_sum_grad(img), gather_sum_grad(txt)
-        elif self.gather:
-            img, txt = gather_with_grad(img), gather_with_grad(txt)
-            keys = [gather_no_grad(k) for k in keys]
-        ids = gather_no_grad(batch.img_index)  # the local ids in a single process
-        captions = None
-        if "captions" in self.loss_fn.step_inputs():  # the columns' texts (VSL Eq. 7)
-            cap_index = gather_no_grad(batch.cap_index)  # every rank holds the train set
-            captions = [self.train_set.captions[i] for i in cap_index.tolist()]
-        inputs = StepInputs(
-            img_ids=ids,
-            txt_ids=ids,
-            shard=shard,
-            gathered=self.gather and not self.local_shards,
-            img_keys=keys[0] if keys else None,
-            txt_keys=keys[1] if keys else None,
-            captions=captions,
-            epoch=self.epoch,
-            step=self.step,
-        )
-        loss = self.loss_fn.forward_step(img, txt, inputs)
-        logged = all_reduce_sum(loss) if self.local_shards else loss.detach()
-        ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
-        return self._scaled(loss, logged), logged, ctx
+    def compute_loss(self, batch) -> StepLoss:
+        """``(loss for backward, logged loss, context)`` of one local batch (:mod:`.loss_step`)."""
+        return self.loss_step(self, batch)
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(device_type=self.device.type, enabled=self.amp)
-
-    def _pair_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """A pair scorer's loss: under torchrun each rank scores its images against every
-        rank's captions (gathered inside the DDP forward) and the row blocks are gathered into
-        the global score matrix (:mod:`.distributed`, "Pair scorers")."""
-        with torch.autocast(device_type=self.device.type, enabled=self.amp):
-            sim = self.ddp_model(batch, gather_texts=gather_tokens if self.gather else None)
-        sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), batch.img_index
-        if self.gather:
-            sim, ids = gather_with_grad(sim), gather_no_grad(ids)
-        loss = pair_loss(self.loss_fn, sim, ids)
-        return self._scaled(loss, loss.detach()), loss.detach(), {"sim": sim.detach(), "ids": ids}
-
-    def _scaled(self, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:
-        """The loss for backward (times the world size, see :mod:`.distributed`), after a check
-        that the logged global loss is finite."""
-        if not torch.isfinite(logged):
-            raise FloatingPointError(
-                f"non-finite loss {float(logged)} at epoch {self.epoch} step {self.step}"
-            )
-        return loss * self.world if self.gather else loss
 
     def train_step(self, batch) -> tuple[float, dict[str, Any]]:
         """One optimisation step on a local batch; returns the (global) loss value."""

@@ -1,0 +1,147 @@
+"""What one training step computes from a local batch: the loss, through one ``StepInputs``.
+
+:class:`LossStep` is the procedure :meth:`vlret.train.Trainer.compute_loss` runs: encode the
+batch (or score its pairs), gather it across ranks, fill one :class:`~vlret.losses.StepInputs`
+with what the loss declares (ids, a rank's shard, momentum keys, the gathered flag, the
+columns' caption strings) and hand it to the loss: ``forward_step`` on embeddings,
+``similarity_step`` on a pair scorer's score matrix. It holds no state of its own (the trainer
+checkpoints everything a step reads); a training procedure that computes its loss differently
+(two co-trained networks, a meta step) is a subclass given to the trainer, not a branch here.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from ..losses import PairLoss, StepInputs
+from .distributed import (
+    all_reduce_sum,
+    gather_no_grad,
+    gather_sum_grad,
+    gather_tokens,
+    gather_with_grad,
+)
+from .grad_cache import GradCache
+from .pair_scoring import pair_loss
+
+
+class Trainer(Protocol):
+    """What a step reads from the trainer (a :class:`vlret.train.Trainer`)."""
+
+    ddp_model: nn.Module
+    loss_fn: PairLoss
+    train_set: Any
+    scores_pairs: bool
+    gather: bool
+    local_shards: bool
+    env: Any
+    world: int
+    epoch: int
+    step: int
+
+    @property
+    def grad_cache(self) -> GradCache | int | None: ...  # 0 / None: the batch in one pass
+
+    @property
+    def momentum_encoder(self) -> nn.Module | None: ...
+
+    def _autocast(self) -> AbstractContextManager[Any]: ...
+
+
+#: ``(loss for backward, logged global loss, context for the step log)``
+StepLoss = tuple[torch.Tensor, torch.Tensor, dict[str, Any]]
+
+
+class LossStep:
+    """The loss of one local batch on a :class:`~vlret.train.Trainer` (see the module doc)."""
+
+    def __call__(self, trainer: Trainer, batch: Any) -> StepLoss:
+        if trainer.scores_pairs:
+            return self.pair_loss(trainer, batch)
+        return self.embedding_loss(trainer, batch)
+
+    def embedding_loss(self, trainer: Trainer, batch: Any) -> StepLoss:
+        """A two-tower model's loss: under torchrun the loss sees the global batch, or with
+        local shards each rank only its own pairs' terms (:mod:`.distributed`)."""
+        cache = trainer.grad_cache if isinstance(trainer.grad_cache, GradCache) else None
+        if cache is not None:  # leaves; train_step back-propagates into the model
+            img, txt = cache.forward(batch)
+        else:
+            with trainer._autocast():
+                img, txt = trainer.ddp_model(batch)
+        wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
+        img, txt = img.to(wide), txt.to(wide)
+        keys: list[torch.Tensor] = []  # the momentum encoder's image and text keys
+        if trainer.momentum_encoder is not None:
+            chunks = cache.chunks(batch) if cache is not None else [batch]
+            with trainer._autocast():
+                outs = [trainer.momentum_encoder(chunk) for chunk in chunks]
+            keys = [torch.cat(k).to(wide) for k in zip(*outs, strict=True)]
+        shard = None
+        if trainer.local_shards:
+            # Each rank computes only its own pairs' terms against the gathered batch; the
+            # gather's backward brings back the gradients the other ranks' terms send here.
+            start = trainer.env.rank * img.shape[0]
+            shard = (start, start + img.shape[0])
+            img, txt = gather_sum_grad(img), gather_sum_grad(txt)
+        elif trainer.gather:
+            img, txt = gather_with_grad(img), gather_with_grad(txt)
+            keys = [gather_no_grad(k) for k in keys]
+        ids = gather_no_grad(batch.img_index)  # the local ids in a single process
+        inputs = StepInputs(
+            img_ids=ids,
+            txt_ids=ids,
+            shard=shard,
+            gathered=trainer.gather and not trainer.local_shards,
+            img_keys=keys[0] if keys else None,
+            txt_keys=keys[1] if keys else None,
+            captions=self.captions(trainer, batch),
+            epoch=trainer.epoch,
+            step=trainer.step,
+        )
+        loss = trainer.loss_fn.forward_step(img, txt, inputs)
+        logged = all_reduce_sum(loss) if trainer.local_shards else loss.detach()
+        ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+        return self.scaled(trainer, loss, logged), logged, ctx
+
+    def pair_loss(self, trainer: Trainer, batch: Any) -> StepLoss:
+        """A pair scorer's loss: under torchrun each rank scores its images against every
+        rank's captions (gathered inside the DDP forward) and the row blocks are gathered into
+        the global score matrix (:mod:`.distributed`, "Pair scorers")."""
+        with trainer._autocast():
+            sim = trainer.ddp_model(batch, gather_texts=gather_tokens if trainer.gather else None)
+        sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), batch.img_index
+        if trainer.gather:
+            sim, ids = gather_with_grad(sim), gather_no_grad(ids)
+        inputs = StepInputs(
+            captions=self.captions(trainer, batch), epoch=trainer.epoch, step=trainer.step
+        )
+        loss = pair_loss(trainer.loss_fn, sim, ids, inputs)
+        ctx = {"sim": sim.detach(), "ids": ids}
+        return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+
+    @staticmethod
+    def captions(trainer: Trainer, batch: Any) -> list[str] | None:
+        """The caption strings of the (global) batch's columns, in rank order, when the loss
+        declares ``"captions"`` (VSL Eq. 7); ``None`` otherwise (no lookup, no collective)."""
+        if "captions" not in trainer.loss_fn.step_inputs():
+            return None
+        cap_index = gather_no_grad(batch.cap_index)  # every rank holds the train set
+        return [trainer.train_set.captions[i] for i in cap_index.tolist()]
+
+    @staticmethod
+    def scaled(trainer: Trainer, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:
+        """The loss for backward (times the world size, see :mod:`.distributed`), after a check
+        that the logged global loss is finite."""
+        if not torch.isfinite(logged):
+            raise FloatingPointError(
+                f"non-finite loss {float(logged)} at epoch {trainer.epoch} step {trainer.step}"
+            )
+        return loss * trainer.world if trainer.gather else loss
+
+
+__all__ = ["LossStep", "StepLoss"]
