@@ -89,11 +89,17 @@ class AdaCLParams(TiledLossParams):
         None, Number(integer=True, ge=1, optional=True), "key width of the queues"
     )
     sync_margins: bool = param(
-        True, FLAG, "broadcast rank 0's margins after each update (distributed)"
+        True, FLAG, "declare the margins for rank 0's broadcast after each step (distributed)"
     )
 
     def check_relations(self) -> None:
         check_relations(dataclasses.asdict(self))
+
+
+def _family_specs(params: type[AdaCLParams]) -> dict[str, Any]:
+    """The old ``ADACL_PARAMS``: the family's own parameters, without the base's."""
+    base = TiledLossParams.specs()
+    return {k: v for k, v in params.specs().items() if k not in base}
 
 
 # AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
@@ -101,7 +107,7 @@ __getattr__ = deprecated_names(
     "vlret.losses.adacl",
     {
         "AdaCLConfig": ("AdaCLParams", lambda: AdaCLParams),
-        "ADACL_PARAMS": ("AdaCLParams.specs()", AdaCLParams.specs),
+        "ADACL_PARAMS": ("AdaCLParams.specs()", lambda: _family_specs(AdaCLParams)),
     },
 )
 
