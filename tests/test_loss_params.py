@@ -42,6 +42,8 @@ def test_constructor_signature_is_the_declaration(name):
     signature = inspect.signature(cls).parameters
     assert {k: p.default for k, p in signature.items()} == _declared(name).defaults()
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in signature.values())
+    types = {f.name: f.type for f in dataclasses.fields(_declared(name))}
+    assert {k: p.annotation for k, p in signature.items()} == types  # help() shows the types
     assert loss_parameters(name) == _declared(name).defaults()
 
 

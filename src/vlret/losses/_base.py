@@ -119,7 +119,10 @@ def _signature(params: type[LossParams]) -> inspect.Signature:
     """The keyword-only constructor signature of a family, generated from its declaration."""
     keyword = inspect.Parameter.KEYWORD_ONLY
     return inspect.Signature(
-        [inspect.Parameter(name, keyword, default=d) for name, d in params.defaults().items()]
+        [
+            inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+            for f in params.fields()
+        ]
     )
 
 
