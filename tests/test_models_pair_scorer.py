@@ -100,3 +100,11 @@ def test_both_families_share_the_base():
     assert issubclass(CrossAttentionModel, PairScoringModel)
     assert issubclass(MultiExpertModel, PairScoringModel)
     assert CollaborativeExperts.config_sections == ("kind", "experts", "text")
+
+
+def test_a_model_missing_an_interface_method_says_so_when_scoring():
+    class NoScore(MeanDot):
+        score = PairScoringModel.score  # the interface's own, not implemented
+
+    with pytest.raises(NotImplementedError):
+        NoScore().double()(toy_batch())

@@ -28,60 +28,10 @@ class PairScorer(Protocol):
     ``encode_images(features, lengths=None)`` gives ``(N, R, D)`` region (or expert) features,
     ``encode_texts(captions, lengths)`` the ``(N, L, D)`` padded word features, of which
     ``token_lengths(lengths)`` are real rows per caption, and ``score(regions, words, lengths,
-    max_elements=None)`` the ``(n_img, n_cap)`` scores of every pair of them.
+    max_elements=None)`` the ``(n_img, n_cap)`` scores of every pair of them. A model declares
+    it by deriving from it (as :class:`PairScoringModel` does); any object with these four
+    methods also passes ``isinstance(model, PairScorer)``.
     """
-
-    def encode_images(self, features: Any, lengths: Any = None) -> torch.Tensor: ...
-
-    def encode_texts(self, captions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
-
-    def token_lengths(self, lengths: torch.Tensor) -> torch.Tensor: ...
-
-    def score(
-        self,
-        regions: torch.Tensor,
-        words: torch.Tensor,
-        word_lengths: torch.Tensor,
-        *,
-        max_elements: int | None = None,
-    ) -> torch.Tensor: ...
-
-
-#: Maps the local ``(text rows, rows per caption)`` to those of the whole distributed batch.
-GatherTexts = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-class PairScoringModel(nn.Module):
-    """An image (or video) encoder, a caption encoder and a pair score: a :class:`PairScorer`
-    whose ``forward(batch)`` gives the ``(B, B)`` scores of every image of a
-    :class:`vlret.data.RetrievalBatch` with every caption (row ``i``, column ``i``: item
-    ``i``'s pair).
-
-    Subclasses implement the four :class:`PairScorer` methods; ``forward`` is written once
-    here on top of them, so training and evaluation encode and score through the same calls.
-
-    Args:
-        image_encoder: The image (region, or video expert) encoder.
-        text_encoder: The caption encoder.
-        config: The resolved config the model was built from (kept as ``model.config``).
-    """
-
-    #: Kept for code that reads it; the harness checks ``isinstance(model, PairScorer)``.
-    scores_pairs = True
-    #: The config entries that are not the scorer's own settings, left out of ``repr``.
-    config_sections: tuple[str, ...] = ("kind", "image", "text")
-
-    def __init__(
-        self,
-        image_encoder: nn.Module,
-        text_encoder: nn.Module,
-        *,
-        config: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.image_encoder = image_encoder
-        self.text_encoder = text_encoder
-        self.config = copy.deepcopy(dict(config)) if config is not None else None
 
     def encode_images(self, features: Any, lengths: Any = None) -> torch.Tensor:
         """The encoded images (or videos), ``(N, R, D)``: one row per region (or expert)."""
@@ -115,6 +65,44 @@ class PairScoringModel(nn.Module):
             The ``(n_img, n_cap)`` scores.
         """
         raise NotImplementedError
+
+
+#: Maps the local ``(text rows, rows per caption)`` to those of the whole distributed batch.
+GatherTexts = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class PairScoringModel(nn.Module, PairScorer):
+    """An image (or video) encoder, a caption encoder and a pair score: a :class:`PairScorer`
+    whose ``forward(batch)`` gives the ``(B, B)`` scores of every image of a
+    :class:`vlret.data.RetrievalBatch` with every caption (row ``i``, column ``i``: item
+    ``i``'s pair).
+
+    It declares :class:`PairScorer`; subclasses implement its four methods (each raises
+    ``NotImplementedError`` until then), and ``forward`` is written once here on top of them,
+    so training and evaluation encode and score through the same calls.
+
+    Args:
+        image_encoder: The image (region, or video expert) encoder.
+        text_encoder: The caption encoder.
+        config: The resolved config the model was built from (kept as ``model.config``).
+    """
+
+    #: Kept for code that reads it; the harness checks ``isinstance(model, PairScorer)``.
+    scores_pairs = True
+    #: The config entries that are not the scorer's own settings, left out of ``repr``.
+    config_sections: tuple[str, ...] = ("kind", "image", "text")
+
+    def __init__(
+        self,
+        image_encoder: nn.Module,
+        text_encoder: nn.Module,
+        *,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.image_encoder = image_encoder
+        self.text_encoder = text_encoder
+        self.config = copy.deepcopy(dict(config)) if config is not None else None
 
     def forward(self, batch: Any, *, gather_texts: GatherTexts | None = None) -> torch.Tensor:
         """Score every image (or video) of a batch against every caption.
