@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -224,3 +225,13 @@ def test_video_encoder_pools_valid_frames():
         for i, n in enumerate(lengths.tolist()):
             assert torch.allclose(got[i], enc.fc(frames[i, :n]).mean(0), atol=1e-6)
         assert enc(frames.mean(1)).shape == (2, EMB)
+
+
+def test_video_encoder_defaults_are_the_image_encoders_but_pooling():
+    """VideoEncoder restates ImageEncoder's keywords (frames for regions): its defaults may
+    differ only in the pooling (the temporal mean), never drift apart silently."""
+    image = {k: p.default for k, p in inspect.signature(ImageEncoder).parameters.items()}
+    video = {k: p.default for k, p in inspect.signature(VideoEncoder).parameters.items()}
+    image["frame_dropout"] = image.pop("region_dropout")
+    assert video.pop("pooling") == "mean" and image.pop("pooling") == "max"
+    assert video == image

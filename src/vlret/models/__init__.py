@@ -8,7 +8,8 @@
   B.1.2) and CLIP preprocessing with PIL and numpy.
 * :mod:`~vlret.models.cross_attention`, :mod:`~vlret.models.sgraf`: the pair scorers of SCAN,
   BFAN and SGRAF; :mod:`~vlret.models.cross_model`: the models around them (reference region
-  and word encoders), which return a score matrix (:class:`~vlret.models.pair_scorer.PairScorer`).
+  and word encoders), which return a score matrix (:class:`~vlret.models.pair_scorer.PairScorer`;
+  their shared module base is :class:`~vlret.models.pair_scorer.PairScoringModel`).
 * :mod:`~vlret.models.video_experts`: the multi-expert video models CE and MMT (pair
   scorers over per-expert embeddings with renormalised mixture weights).
 * :mod:`~vlret.models.retrieval`: :class:`RetrievalModel` and :func:`build_model`.
@@ -36,7 +37,7 @@ from .cross_model import (
     build_cross_model,
 )
 from .image import GPO, POOLINGS, ImageEncoder, MaskedPooling, lengths_to_mask, sinusoidal_positions
-from .pair_scorer import PairScorer
+from .pair_scorer import PairScorer, PairScoringModel
 from .retrieval import IMAGE_DEFAULTS, MODEL_DEFAULTS, TEXT_DEFAULTS, RetrievalModel, build_model
 from .text import BertTextEncoder, GRUTextEncoder
 from .video import VideoEncoder
@@ -49,6 +50,7 @@ from .video_experts import (
 
 __all__ = [
     "PairScorer",
+    "PairScoringModel",
     "BFAN",
     "SCAN",
     "SGRAF",

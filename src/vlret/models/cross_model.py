@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -47,8 +47,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from . import cross_attention
 from .attention import NORM_EPS, choice, positive_float, positive_int
 from .image import lengths_to_mask
+from .pair_scorer import PairScoringModel
 from .sgraf import SGRAFScorer
-from .text import check_batch, check_captions, resolve_vocab_size
+from .text import check_captions, resolve_vocab_size
 
 #: The ``[model] kind`` values this module builds.
 CROSS_KINDS = ("scan", "bfan", "sgraf")
@@ -254,13 +255,14 @@ class WordEncoder(nn.Module):
         return l2norm(out).masked_fill(~mask, 0.0)
 
 
-class CrossAttentionModel(nn.Module):
+class CrossAttentionModel(PairScoringModel):
     """Region and word encoders plus a pair scorer; base of :class:`SCAN`, :class:`BFAN`, SGRAF.
 
     ``forward(batch)`` returns the ``(B, B)`` scores of every image of a
     :class:`vlret.data.RetrievalBatch` with every caption (row ``i``, column ``i``: item ``i``'s
-    pair). ``gather_texts`` (the trainer's, under torchrun) turns the local words and lengths
-    into those of the whole distributed batch, so the result is ``(B_local, B_global)``.
+    pair); see :class:`~vlret.models.pair_scorer.PairScoringModel`. ``gather_texts`` (the
+    trainer's, under torchrun) turns the local words and lengths into those of the whole
+    distributed batch, so the result is ``(B_local, B_global)``.
 
     Args:
         image_encoder: The region encoder.
@@ -271,8 +273,8 @@ class CrossAttentionModel(nn.Module):
         ValueError: The encoders disagree on ``embed_dim``.
     """
 
-    #: Kept for code that reads it; the harness checks ``isinstance(model, PairScorer)``.
-    scores_pairs = True
+    image_encoder: RegionEncoder
+    text_encoder: WordEncoder
 
     def __init__(
         self,
@@ -281,15 +283,12 @@ class CrossAttentionModel(nn.Module):
         *,
         config: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__()
         if image_encoder.embed_dim != text_encoder.embed_dim:
             raise ValueError(
                 "image and text encoders disagree on embed_dim: "
                 f"{image_encoder.embed_dim} vs {text_encoder.embed_dim}"
             )
-        self.image_encoder = image_encoder
-        self.text_encoder = text_encoder
-        self.config = copy.deepcopy(dict(config)) if config is not None else None
+        super().__init__(image_encoder, text_encoder, config=config)
 
     @property
     def embed_dim(self) -> int:
@@ -309,61 +308,6 @@ class CrossAttentionModel(nn.Module):
     def token_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """The rows :meth:`encode_texts` gives per caption: one per word (:class:`PairScorer`)."""
         return torch.as_tensor(lengths)
-
-    def score(
-        self,
-        regions: torch.Tensor,
-        words: torch.Tensor,
-        word_lengths: torch.Tensor,
-        *,
-        max_elements: int | None = None,
-    ) -> torch.Tensor:
-        """Score encoded regions against encoded words.
-
-        Args:
-            regions: ``(n_img, R, D)`` encoded regions.
-            words: ``(n_cap, L, D)`` encoded words.
-            word_lengths: ``(n_cap,)`` real words per caption.
-            max_elements: Bound on the scorer's largest intermediate.
-
-        Returns:
-            The ``(n_img, n_cap)`` scores.
-        """
-        raise NotImplementedError
-
-    def forward(
-        self,
-        batch: Any,
-        *,
-        gather_texts: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-        | None = None,
-    ) -> torch.Tensor:
-        """Score every image of a batch against every caption.
-
-        Args:
-            batch: A :class:`vlret.data.RetrievalBatch`.
-            gather_texts: Maps the local ``(words, lengths)`` to those of the whole distributed
-                batch (the trainer's, under torchrun).
-
-        Returns:
-            The ``(B_images, B_texts)`` score matrix; item ``i``'s pair at ``(i, i)``.
-
-        Raises:
-            ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
-        """
-        check_batch(batch)
-        regions = self.encode_images(batch.features)
-        captions, lengths = check_captions(batch.captions, batch.lengths)
-        words = self.encode_texts(captions, lengths)
-        lengths = lengths.to(words.device)
-        if gather_texts is not None:
-            words, lengths = gather_texts(words, lengths)
-        return self.score(regions, words, lengths)
-
-    def extra_repr(self) -> str:
-        config = self.config or {}
-        keys = [k for k in config if k not in ("kind", "image", "text")]
-        return ", ".join(f"{k}={config[k]!r}" for k in keys)
 
 
 class SCAN(CrossAttentionModel):

@@ -120,20 +120,20 @@ def tiled_goal_objective(
     img_emb: torch.Tensor,
     txt_emb: torch.Tensor,
     *,
-    triplet_weight: str = "cir",
-    pair_weight: str = "sig-ms",
-    margin: float = 0.2,
-    tau: float = 10.0,
-    alpha: float = 2.0,
-    beta: float = 10.0,
-    lam: float = 0.5,
-    epsilon: float = 0.1,
-    circle_offset: float = 0.5,
+    triplet_weight: str = GoalParams.triplet_weight,
+    pair_weight: str = GoalParams.pair_weight,
+    margin: float = GoalParams.margin,
+    tau: float = GoalParams.tau,
+    alpha: float = GoalParams.alpha,
+    beta: float = GoalParams.beta,
+    lam: float = GoalParams.lam,
+    epsilon: float = GoalParams.epsilon,
+    circle_offset: float = GoalParams.circle_offset,
     img_ids: Ids | None = None,
     txt_ids: Ids | None = None,
     chunk_size: int,
-    reduction: str = "sum",
-    normalize: bool = True,
+    reduction: str = GoalParams.reduction,
+    normalize: bool = GoalParams.normalize,
     shard: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """:func:`goal_objective` on embeddings, tiled, all 15 combinations.
@@ -142,18 +142,9 @@ def tiled_goal_objective(
     prescribed one, through ``value.detach() + (surrogate - surrogate.detach())``.
 
     The embeddings, ``img_ids``/``txt_ids``, ``chunk_size`` (the tile height), ``reduction``,
-    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``).
-
-    Args:
-        triplet_weight: ``"con"``, ``"nca"`` or ``"cir"`` (Eq. 5, 7, 8).
-        pair_weight: ``"con"``, ``"lin"``, ``"sig"``, ``"lin-ms"`` or ``"sig-ms"`` (Eq. 9-13).
-        margin: The triplet margin.
-        tau: The sharpness of ``T^nca`` and ``T^cir``.
-        alpha: The slope of the positive sigmoid pair weights (Eq. 11-12).
-        beta: The slope of the negative sigmoid pair weights and of the MS sums (Eq. 11-13).
-        lam: The centre ``lambda`` of the sigmoid pair weights.
-        epsilon: The MS sets' margin (Eq. 12-13).
-        circle_offset: The offset of ``T^cir`` (see :class:`GoalConfig`).
+    ``normalize`` and ``shard`` work as in every tiled form (``docs/tiled.md``). The
+    hyper-parameters, their defaults and their one-line meanings are :class:`GoalParams`'
+    declaration, read by both forms.
 
     Returns:
         The dense form's value; its gradient equals the dense prescribed gradient. Ties of the
@@ -173,7 +164,7 @@ class GoalFunction(torch.autograd.Function):
     """The GOAL objective as an autograd function of the similarity matrix.
 
     ``GoalFunction.apply(sim, negatives, config)``: ``sim`` ``(B, B)`` floating point,
-    ``negatives`` the bool mask of negatives, ``config`` a :class:`GoalConfig`.
+    ``negatives`` the bool mask of negatives, ``config`` a :class:`GoalParams`.
 
     Forward returns the monitoring value, the hardest-negative triplet loss
     ``[margin + s_n - p]_+`` per anchor and direction, reduced like every vlret loss (for
@@ -225,17 +216,17 @@ class GoalFunction(torch.autograd.Function):
 def goal_objective(
     sim: torch.Tensor,
     *,
-    triplet_weight: str = "cir",
-    pair_weight: str = "sig-ms",
-    margin: float = 0.2,
-    tau: float = 10.0,
-    alpha: float = 2.0,
-    beta: float = 10.0,
-    lam: float = 0.5,
-    epsilon: float = 0.1,
-    circle_offset: float = 0.5,
+    triplet_weight: str = GoalParams.triplet_weight,
+    pair_weight: str = GoalParams.pair_weight,
+    margin: float = GoalParams.margin,
+    tau: float = GoalParams.tau,
+    alpha: float = GoalParams.alpha,
+    beta: float = GoalParams.beta,
+    lam: float = GoalParams.lam,
+    epsilon: float = GoalParams.epsilon,
+    circle_offset: float = GoalParams.circle_offset,
     pos_mask: torch.Tensor | None = None,
-    reduction: str = "sum",
+    reduction: str = GoalParams.reduction,
 ) -> torch.Tensor:
     r"""GOAL gradient objective on a ``(B, B)`` similarity matrix (Xuan & Chen, Eq. 3-13).
 
@@ -250,9 +241,10 @@ def goal_objective(
     :func:`goal_triplet_weight`), ``pair_weight`` in ``PAIR_WEIGHTS`` (Eq. 9-13; see
     :func:`goal_pair_weights`); ``alpha, beta, lam`` are the sigmoid pair-weight parameters (Eq. 11,
     12), ``epsilon`` the MS selection slack (Eq. 12, 13), ``circle_offset`` the constant of the
-    circle triplet weight. Defaults: the paper's best combination ``(cir, sig-ms)``, ``tau=10``
-    (paper, Fig. 2) and ``circle_offset=0.5``, ``alpha=2, beta=10, lam=0.5, epsilon=0.1`` (the
-    released code); the module docstring gives the reasons and the alternatives.
+    circle triplet weight. The defaults are :class:`GoalParams`' (the one declaration): the
+    paper's best combination ``(cir, sig-ms)`` and ``tau`` (Fig. 2), the released code's
+    ``circle_offset`` and pair-weight settings; :mod:`vlret.losses.goal.weights` gives the
+    reasons and the alternatives.
 
     ``(con, con)`` equals the gradient of ``triplet_loss(hardest=True)`` almost everywhere:
     wherever every anchor's hardest negative is unique and no hinge ``margin + s_n - p`` is

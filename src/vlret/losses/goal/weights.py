@@ -89,8 +89,9 @@ def _check_kind(triplet_weight: str, pair_weight: str) -> None:
 @dataclass(frozen=True, kw_only=True)
 class GoalParams(TiledLossParams):
     """Parameters of a GOAL objective, the one declaration read by :func:`goal_objective`,
-    :func:`tiled_goal_objective` and :class:`GoalObjective` (defaults: the paper's best
-    combination and ``tau``, the released code's ``circle_offset`` and pair-weight settings)."""
+    :func:`tiled_goal_objective`, :class:`GoalObjective` and the weight functions' defaults
+    (defaults: the paper's best combination and ``tau``, the released code's ``circle_offset``
+    and pair-weight settings)."""
 
     triplet_weight: str = param("cir", Choice(TRIPLET_WEIGHTS), "T: con, nca or cir (Eq. 5, 7, 8)")
     pair_weight: str = param(
@@ -125,9 +126,9 @@ def goal_triplet_weight(
     pos: torch.Tensor,
     neg: torch.Tensor,
     *,
-    margin: float = 0.2,
-    tau: float = 10.0,
-    circle_offset: float = 0.5,
+    margin: float = GoalParams.margin,
+    tau: float = GoalParams.tau,
+    circle_offset: float = GoalParams.circle_offset,
 ) -> torch.Tensor:
     r"""Triplet weight ``T`` of positive similarity ``pos`` and negative similarity ``neg``.
 
@@ -187,9 +188,9 @@ def goal_pair_weights(
     pos: torch.Tensor,
     neg: torch.Tensor,
     *,
-    alpha: float = 2.0,
-    beta: float = 10.0,
-    lam: float = 0.5,
+    alpha: float = GoalParams.alpha,
+    beta: float = GoalParams.beta,
+    lam: float = GoalParams.lam,
     ms_pos: torch.Tensor | float | None = None,
     ms_neg: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,8 +19,7 @@ reach a present expert's embedding, a score or a gradient.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -28,7 +27,8 @@ import torch
 from torch import nn
 
 from ..attention import NORM_EPS, positive_int
-from ..text import check_batch, check_captions
+from ..pair_scorer import PairScoringModel
+from ..text import check_captions
 
 
 @runtime_checkable
@@ -315,14 +315,15 @@ def gather_experts(
     return ExpertInputs(feats, masks, torch.stack(present, dim=1), temporal)
 
 
-class MultiExpertModel(nn.Module):
+class MultiExpertModel(PairScoringModel):
     """A video encoder over named experts and a caption encoder with one embedding per expert,
     scored by the renormalised mixture (:func:`mixture_scores`); base of
     :class:`~vlret.models.video_experts.CollaborativeExperts` and
     :class:`~vlret.models.video_experts.MultiModalTransformer`.
 
     It is a pair scorer (:class:`~vlret.models.PairScorer`, like
-    :class:`~vlret.models.cross_model.CrossAttentionModel`): :meth:`encode_images` gives
+    :class:`~vlret.models.cross_model.CrossAttentionModel`; ``forward`` is
+    :class:`~vlret.models.pair_scorer.PairScoringModel`'s): :meth:`encode_images` gives
     ``(N, E, D + 1)`` per-expert video embeddings (L2-normalised, zero where absent) with the
     presence flag in channel ``D``; :meth:`encode_texts` gives ``(N, E, D + 1)`` per-expert
     caption embeddings with each expert's raw mixture logit in channel ``D``; the pair-scoring
@@ -339,8 +340,7 @@ class MultiExpertModel(nn.Module):
         config: The resolved config the model was built from (kept as ``model.config``).
     """
 
-    #: Kept for code that reads it; the harness checks ``isinstance(model, PairScorer)``.
-    scores_pairs = True
+    config_sections = ("kind", "experts", "text")
 
     def __init__(
         self,
@@ -350,11 +350,8 @@ class MultiExpertModel(nn.Module):
         embed_dim: int,
         config: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.image_encoder = image_encoder
-        self.text_encoder = text_encoder
+        super().__init__(image_encoder, text_encoder, config=config)
         self.embed_dim = positive_int(embed_dim, "embed_dim")
-        self.config = copy.deepcopy(dict(config)) if config is not None else None
 
     @property
     def experts(self) -> tuple[str, ...]:
@@ -441,40 +438,6 @@ class MultiExpertModel(nn.Module):
         if lengths is not None and bool((torch.as_tensor(lengths) != want[0]).any()):
             raise ValueError(f"lengths: every caption has {want[0]} expert rows")
         return mixture_scores(videos, texts)
-
-    def forward(
-        self,
-        batch: Any,
-        *,
-        gather_texts: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-        | None = None,
-    ) -> torch.Tensor:
-        """Score every video of a batch against every caption.
-
-        Args:
-            batch: A :class:`vlret.data.RetrievalBatch` whose ``features`` is an ExpertBatch.
-            gather_texts: Maps the local ``(texts, lengths)`` to those of the whole distributed
-                batch (the trainer's, under torchrun).
-
-        Returns:
-            The ``(B_videos, B_texts)`` score matrix; item ``i``'s pair at ``(i, i)``.
-
-        Raises:
-            ValueError: ``batch`` lacks ``features``, ``captions`` or ``lengths``.
-        """
-        check_batch(batch)
-        videos = self.encode_images(batch.features)
-        captions, lengths = check_captions(batch.captions, batch.lengths)
-        texts = self.encode_texts(captions, lengths)
-        rows = self.token_lengths(lengths).to(texts.device)
-        if gather_texts is not None:
-            texts, rows = gather_texts(texts, rows)
-        return self.score(videos, texts, rows)
-
-    def extra_repr(self) -> str:
-        config = self.config or {}
-        keys = [k for k in config if k not in ("kind", "experts", "text")]
-        return ", ".join(f"{k}={config[k]!r}" for k in keys)
 
 
 __all__ = [
