@@ -143,6 +143,12 @@ class LossParams:
         return {f.name: s for f in cls.fields() if (s := info(f).spec) is not None}
 
     @classmethod
+    def family_specs(cls) -> dict[str, ParamSpec]:
+        """:meth:`specs` of the family's own parameters, without :data:`COMMON` (what the old
+        ``GOAL_PARAMS`` / ``ADACL_PARAMS`` tables held)."""
+        return {k: v for k, v in cls.specs().items() if k not in COMMON}
+
+    @classmethod
     def docs(cls) -> dict[str, str]:
         """The one-line description of every parameter."""
         return {f.name: info(f).doc for f in cls.fields()}

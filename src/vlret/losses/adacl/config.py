@@ -96,18 +96,12 @@ class AdaCLParams(TiledLossParams):
         check_relations(dataclasses.asdict(self))
 
 
-def _family_specs(params: type[AdaCLParams]) -> dict[str, Any]:
-    """The old ``ADACL_PARAMS``: the family's own parameters, without the base's."""
-    base = TiledLossParams.specs()
-    return {k: v for k, v in params.specs().items() if k not in base}
-
-
 # AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
 __getattr__ = deprecated_names(
     "vlret.losses.adacl",
     {
         "AdaCLConfig": ("AdaCLParams", lambda: AdaCLParams),
-        "ADACL_PARAMS": ("AdaCLParams.specs()", lambda: _family_specs(AdaCLParams)),
+        "ADACL_PARAMS": ("AdaCLParams.family_specs()", AdaCLParams.family_specs),
     },
 )
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError
+from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError, ParamSpec
 from ..params import TiledLossParams, deprecated_names, param, reduction_param
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
@@ -111,12 +111,18 @@ class GoalParams(TiledLossParams):
         super().__post_init__()
 
 
+def _old_goal_params() -> dict[str, ParamSpec]:
+    """The old ``GOAL_PARAMS`` table: the family's parameters and ``reduction`` (not the
+    ``normalize`` / ``chunk_size`` every loss declares now)."""
+    return {**GoalParams.family_specs(), "reduction": GoalParams.specs()["reduction"]}
+
+
 # GoalConfig and GOAL_PARAMS became GoalParams (issue 25): kept importable
 __getattr__ = deprecated_names(
     "vlret.losses.goal",
     {
         "GoalConfig": ("GoalParams", lambda: GoalParams),
-        "GOAL_PARAMS": ("GoalParams.specs()", GoalParams.specs),
+        "GOAL_PARAMS": ("GoalParams.specs()", _old_goal_params),
     },
 )
 
