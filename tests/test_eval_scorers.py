@@ -156,6 +156,28 @@ def test_ensemble_is_the_mean_of_its_members_and_rescoring_wraps_any_matrix():
         RescoredScorer(ensemble, Rescoring("qbnorm"))
 
 
+def test_a_rescoring_is_never_used_as_a_plain_matrix():
+    # its two directions rank different matrices: as a member or a source it would silently
+    # stand for the inner matrix, so every such use is refused by name
+    tt_model, _, tt_data = _member("two_tower.pt")
+    pair_model, _, _ = _member("scan.pt")
+    tt, pair = TwoTowerScorer(tt_model), PairModelScorer(pair_model)
+    rescored = RescoredScorer(tt, Rescoring("dsl"))
+    with pytest.raises(ValueError, match="rescore dsl ranks each direction on its own"):
+        rescored.scores(tt_data)
+    with pytest.raises(ValueError, match=r"scorers\[1\]: an ensemble averages score matrices; "):
+        EnsembleScorer([pair, rescored])
+    with pytest.raises(ValueError, match="source: the shortlists come from a TwoTowerScorer"):
+        ShortlistScorer([pair], k=3, source=(rescored, tt_data))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"pairs\[0\]: the shortlist re-ranks by exact pair"):
+        ShortlistScorer([tt], k=3)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="inner: re-scoring needs a score matrix"):
+        RescoredScorer(rescored, Rescoring("dsl"))  # type: ignore[arg-type]
+    # what it measures is still the re-scored ranks of the inner matrix
+    want, _ = rescored_metrics(tt.scores(tt_data), tt_data.txt_to_img, Rescoring("dsl"))
+    assert rescored.measure(tt_data).metrics == want
+
+
 def test_shortlist_with_every_candidate_is_the_exact_protocol():
     model, _, data = _member("scan.pt", split="testall")
     pair = PairModelScorer(model)

@@ -12,7 +12,9 @@ from its score matrix (:meth:`MatrixScorer.scores`: the blocks asked for, in one
 * :class:`EnsembleScorer`: the mean of its members' matrices (each member on its own copy of
   the split, encoded with its own data settings and vocabulary: an :class:`EnsembleSplit`).
 * :class:`RescoredScorer`: a NON-STANDARD re-scoring (dual softmax, QB-Norm;
-  :mod:`vlret.metrics.rescore`) of another scorer's matrix.
+  :mod:`vlret.metrics.rescore`) of another scorer's matrix. It has no score matrix of its own
+  (each direction is ranked on its own re-scored matrix), so it is not a :class:`MatrixScorer`
+  and is refused as an ensemble member or a shortlist source: re-score the ensemble instead.
 * :class:`ShortlistScorer`: the approximate protocol, each query's top-``k`` candidates by a
   two-tower score re-ranked by exact pair scores (:mod:`vlret.eval.shortlist`).
 """
@@ -185,6 +187,13 @@ class EnsembleScorer(MatrixScorer):
     def __post_init__(self) -> None:
         if not self.scorers:
             raise ValueError("scorers: an ensemble needs at least one member")
+        for i, scorer in enumerate(self.scorers):
+            if not isinstance(scorer, MatrixScorer):
+                raise ValueError(
+                    f"scorers[{i}]: an ensemble averages score matrices; "
+                    f"{type(scorer).__name__} has none (to re-score an ensemble, wrap it: "
+                    "RescoredScorer(EnsembleScorer([...])))"
+                )
 
     def scores(self, data: Any, *, blocks: Sequence[Block] | None = None) -> torch.Tensor:
         parts = _parts(data, len(self.scorers))
@@ -205,7 +214,7 @@ def _parts(data: Any, n: int) -> tuple[Any, ...]:
 
 
 @dataclass
-class RescoredScorer(MatrixScorer):
+class RescoredScorer(Scorer):
     """NON-STANDARD: ``inner``'s score matrix re-scored by ``rescoring`` before the ranks
     (:func:`~vlret.metrics.rescored_metrics`; COCO 1K: each fold's block on its own). QB-Norm's
     querybank is ``bank``: the test images with the bank's captions as texts, scored by
@@ -217,12 +226,23 @@ class RescoredScorer(MatrixScorer):
     members: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if not isinstance(self.inner, MatrixScorer):
+            raise ValueError(
+                f"inner: re-scoring needs a score matrix; {type(self.inner).__name__} has none"
+            )
         if self.rescoring.needs_bank and self.bank is None:
             raise ValueError(f"rescore {self.rescoring.method}: needs a querybank (bank)")
         self.members = self.members or self.inner.members
 
     def scores(self, data: Any, *, blocks: Sequence[Block] | None = None) -> torch.Tensor:
-        return self.inner.scores(data, blocks=blocks)
+        """Refused: a re-scoring ranks image queries and text queries on different matrices
+        (dual softmax: one per direction; QB-Norm: text queries only), so no single matrix
+        stands for it; returning the inner matrix would silently drop the re-scoring."""
+        raise ValueError(
+            f"rescore {self.rescoring.method} ranks each direction on its own re-scored matrix "
+            "and has no single score matrix (to use as an ensemble member or a shortlist "
+            "source): re-score the ensemble instead, RescoredScorer(EnsembleScorer([...]))"
+        )
 
     def measure(self, data: Any, *, folds: int = 1) -> Measured:
         blocks = _blocks(data, folds)
@@ -257,6 +277,17 @@ class ShortlistScorer(Scorer):
             raise ValueError(f"shortlist: expected a positive number of candidates, got {self.k!r}")
         if not self.pairs:
             raise ValueError("pairs: the shortlist re-ranks with at least one pair scorer")
+        for i, pair in enumerate(self.pairs):
+            if not isinstance(pair, PairModelScorer):
+                raise ValueError(
+                    f"pairs[{i}]: the shortlist re-ranks by exact pair scores, a "
+                    f"PairModelScorer's; got {type(pair).__name__}"
+                )
+        if self.source is not None and not isinstance(self.source[0], TwoTowerScorer):
+            raise ValueError(
+                "source: the shortlists come from a TwoTowerScorer's scores; got "
+                f"{type(self.source[0]).__name__}"
+            )
 
     def measure(self, data: Any, *, folds: int = 1) -> Measured:
         blocks = _blocks(data, folds)
