@@ -136,6 +136,31 @@ def test_two_tower_scores_are_the_scoring_of_its_embeddings():
     torch.testing.assert_close(partial[:2, :10].double(), want, rtol=0, atol=bound)
 
 
+def test_two_tower_scoring_defaults_to_the_models_own():
+    model, run, data = _member("two_tower.pt")  # stored with scoring = dot (normalize = false)
+    assert run.scoring == model.scoring == "dot"
+    model.scoring = "cosine"
+    assert TwoTowerScorer(model).scoring == "cosine"
+    model.scoring = "dot"
+    implicit = TwoTowerScorer(model)
+    assert implicit.scoring == "dot" and TwoTowerScorer(model, scoring="cosine").scoring == "cosine"
+    img, txt = TwoTowerScorer(model, scoring="dot").embeddings(data)
+    assert torch.equal(implicit.scores(data), img @ txt.t())  # raw dot products, not cosines
+    assert not torch.allclose(img.norm(dim=1), torch.ones(len(img)))  # so cosines would differ
+
+    class Plain(torch.nn.Module):  # declares no scoring: cosine
+        def encode_images(self, x):
+            return x
+
+        def encode_texts(self, x, lengths):
+            return x
+
+    assert TwoTowerScorer(Plain()).scoring == "cosine"
+    model.scoring = "angle"
+    with pytest.raises(ValueError, match="scoring must be one of cosine, dot, got 'angle'"):
+        TwoTowerScorer(model)
+
+
 def test_ensemble_is_the_mean_of_its_members_and_rescoring_wraps_any_matrix():
     tt_model, _, tt_data = _member("two_tower.pt")
     pair_model, _, pair_data = _member("scan.pt")

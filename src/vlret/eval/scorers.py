@@ -29,6 +29,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .._modules import unwrap_model
 from ..metrics import (
     RetrievalMetrics,
     coco_5fold_metrics,
@@ -112,15 +113,19 @@ class MatrixScorer(Scorer):
 @dataclass
 class TwoTowerScorer(MatrixScorer):
     """A two-tower model (``encode_images`` / ``encode_texts``): ``scoring`` ``cosine``
-    normalises the embeddings, ``dot`` takes their dot products as they are."""
+    normalises the embeddings, ``dot`` takes their dot products as they are. ``None`` (the
+    default) is the model's own ``scoring`` (:class:`~vlret.models.RetrievalModel`'s, stored
+    with its spec), ``cosine`` for a model that does not declare one."""
 
     model: nn.Module
-    scoring: str = "cosine"
+    scoring: str | None = None
     batch_size: int = 256
     device: torch.device | str = "cpu"
     members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.scoring is None:
+            self.scoring = getattr(unwrap_model(self.model), "scoring", "cosine")
         if self.scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}")
         if isinstance(self.model, PairScorer):
