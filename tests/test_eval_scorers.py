@@ -19,8 +19,16 @@ from vlret.eval import (
     ShortlistScorer,
     TwoTowerScorer,
     evaluate,
+    get_protocol,
+    metrics_from_scores,
 )
-from vlret.metrics import coco_folds, fold_blocks, rescored_metrics, similarity_stats
+from vlret.metrics import (
+    coco_5fold_metrics,
+    coco_folds,
+    fold_blocks,
+    rescored_metrics,
+    similarity_stats,
+)
 from vlret.metrics.rescore import Rescoring
 from vlret.models import PairScorer, build_model
 from vlret.train.builders import build_dataset, load_trained_model
@@ -87,11 +95,54 @@ def test_one_fold_rule_for_embeddings_and_score_blocks():
         folds[0].block()
     grouped = torch.tensor([0, 0, 1, 2, 2, 3])
     assert fold_blocks(grouped, 2) == [(0, 2, 0, 3), (2, 4, 3, 6)]
+    # the core names its arguments; the protocol words it for its users (CLI message as before)
     for call in (lambda: coco_folds(t2i, n_images=4, n_folds=3), lambda: fold_blocks(grouped, 3)):
-        with pytest.raises(
-            ValueError, match="coco1k averages 3 folds .* 4 images, not divisible by 3"
-        ):
+        with pytest.raises(ValueError) as err:
             call()
+        assert str(err.value) == (
+            "n_folds: 3 folds of equal size need n_images divisible by 3; got 4 images, "
+            "not divisible by 3"
+        )
+    with pytest.raises(ValueError) as err:
+        get_protocol("coco1k").check_folds(4)
+    assert str(err.value) == (
+        "coco1k averages 5 folds of equal size (COCO testall: 5 x 1000 images); this split has "
+        "4 images, not divisible by 5 (use coco5k)"
+    )
+    get_protocol("coco1k").check_folds(5000)
+    get_protocol("coco5k").check_folds(4)  # not folded
+
+
+def test_embeddings_and_score_blocks_fold_the_same_images():
+    # one rule: n_images images, each with a text; the blocks and the embeddings agree on
+    # every input both accept, and refuse the same inputs with the same words
+    gen = torch.Generator().manual_seed(3)
+    for n_img, n_folds in ((6, 3), (10, 5), (8, 2), (12, 4)):
+        counts = torch.randint(1, 4, (n_img,), generator=gen)
+        t2i = torch.repeat_interleave(torch.arange(n_img), counts)
+        img = torch.randn(n_img, 5, generator=gen, dtype=torch.float64)
+        txt = torch.randn(len(t2i), 5, generator=gen, dtype=torch.float64)
+        blocks = fold_blocks(t2i, n_folds, n_images=n_img)
+        assert blocks == fold_blocks(t2i, n_folds)  # the images txt_to_img names: the same
+        size = n_img // n_folds
+        # naive oracle: fold f is images [f*size, (f+1)*size) and exactly their texts
+        for f, (i0, i1, t0, t1) in enumerate(blocks):
+            assert (i0, i1) == (f * size, (f + 1) * size)
+            assert t2i[t0:t1].tolist() == [i for i in t2i.tolist() if i0 <= i < i1]
+        sim = img @ txt.t()  # what coco_5fold_metrics ranks (dot products, float64)
+        by_blocks = metrics_from_scores(sim, t2i, blocks=blocks)
+        by_embeddings = coco_5fold_metrics(img, txt, t2i, n_folds=n_folds)
+        assert by_blocks.folds == by_embeddings.folds
+    # an image without a text (the last): both refuse it, in the same words
+    t2i = torch.tensor([0, 0, 1, 2, 3])
+    for call in (
+        lambda: fold_blocks(t2i, 5, n_images=5),
+        lambda: coco_5fold_metrics(torch.eye(5), torch.eye(5)[t2i], t2i, n_folds=5),
+    ):
+        with pytest.raises(ValueError, match="txt_to_img gives image 4 no text"):
+            call()
+    with pytest.raises(ValueError, match="n_images: expected a positive integer"):
+        fold_blocks(t2i, 2, n_images=0)
 
 
 def test_models_declare_pair_scoring_by_the_protocol():

@@ -151,6 +151,7 @@ def evaluate(
         )
     if not isinstance(scorer, Scorer):
         raise ValueError(f"scorer: expected a vlret.eval Scorer, got {type(scorer).__name__}")
+    chosen.check_folds(int(data.num_images))  # the protocol's words before the core's
     measured = scorer.measure(data, folds=chosen.folds)
     return Evaluation(
         measured.metrics,

@@ -81,7 +81,9 @@ class Measured:
 
 
 def _blocks(data: Any, folds: int) -> list[Block] | None:
-    return fold_blocks(data.txt_to_img, folds) if folds > 1 else None
+    if folds == 1:
+        return None
+    return fold_blocks(data.txt_to_img, folds, n_images=int(data.num_images))
 
 
 class Scorer(ABC):

@@ -138,8 +138,10 @@ def protocol_metrics(
     img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor, protocol: str
 ) -> RetrievalMetrics:
     """Metrics of ``protocol`` from a two-tower model's embeddings (its folds averaged)."""
-    folds = get_protocol(protocol).folds
+    chosen = get_protocol(protocol)
+    folds = chosen.folds
     if folds > 1:
+        chosen.check_folds(int(img_emb.shape[0]))
         return coco_5fold_metrics(img_emb, txt_emb, txt_to_img, n_folds=folds)
     return retrieval_metrics(img_emb, txt_emb, txt_to_img)
 

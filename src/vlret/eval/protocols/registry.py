@@ -43,6 +43,10 @@ class EvalProtocol:
     summary: str
     #: equal folds of images averaged (COCO 1K: 5); 1 = the whole split at once
     folds: int = 1
+    #: for a folded protocol's error on a split that does not divide: the set the paper folds
+    #: (default :attr:`paper_set`) and the protocol scoring it whole, if any
+    fold_set: str = ""
+    unfolded: str | None = None
     relevance: str = "image-of-caption"
     #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`)
     metrics: tuple[str, ...] = RETRIEVAL_METRICS
@@ -88,6 +92,19 @@ class EvalProtocol:
             raise ValueError(
                 f"protocol {self.name} on {data_format} data evaluates the split(s) "
                 f"{', '.join(self.splits[data_format])}, not {split!r}"
+            )
+
+    def check_folds(self, n_images: int) -> None:
+        """Raise ``ValueError`` (in this protocol's words) unless ``n_images`` images split into
+        :attr:`folds` equal folds."""
+        if self.folds > 1 and n_images % self.folds:
+            fold_set = self.fold_set or self.paper_set
+            size = self.paper_images // self.folds
+            instead = f" (use {self.unfolded})" if self.unfolded else ""
+            raise ValueError(
+                f"{self.name} averages {self.folds} folds of equal size ({fold_set}: "
+                f"{self.folds} x {size} images); this split has {n_images} images, not "
+                f"divisible by {self.folds}{instead}"
             )
 
     def title_for(self, split: str | None, n_images: int, n_texts: int) -> str:
