@@ -332,6 +332,13 @@ def test_a_protocol_registered_in_one_module_runs_eval_and_compare(
     run_dir = tmp_path / "cmp" / "runs" / "triplet" / "seed0"
     stored = json.loads((run_dir / "result.json").read_text())
     assert (stored["protocol"], stored["split"]) == ("f30k-dev-like", "train")
+    # the run's record is the Evaluation's own (title, sizes), plus the run's identity
+    assert stored["title"] == "Tiny train-as-test" and stored["checkpoint"] == "best.pt"
+    assert (stored["n_images"], stored["n_texts"], stored["seed"]) == (
+        dataset.num_images,
+        dataset.num_captions,
+        0,
+    )
     cmp_dataset = PrecompDataset(data, "train", encoder=Vocabulary.load(run_dir / "vocab.json"))
     img, txt = direct_embeddings(run_dir / stored["checkpoint"], cmp_dataset)
     expected = retrieval_metrics(img, txt, cmp_dataset.txt_to_img).as_dict()

@@ -78,6 +78,8 @@ class Measured:
     #: NON-STANDARD re-scoring: the JSON ``rescore`` record and the title's label
     rescore: dict[str, Any] | None = None
     rescore_label: str | None = None
+    #: a two-tower scorer's ``(img_emb, txt_emb)`` as scored (normalised for cosine)
+    embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def _blocks(data: Any, folds: int) -> list[Block] | None:
@@ -151,8 +153,10 @@ class TwoTowerScorer(MatrixScorer):
         # counted from the embeddings tile by tile, without a full score matrix
         img, txt = self.embeddings(data)
         if folds > 1:
-            return Measured(coco_5fold_metrics(img, txt, data.txt_to_img, n_folds=folds))
-        return Measured(retrieval_metrics(img, txt, data.txt_to_img))
+            metrics = coco_5fold_metrics(img, txt, data.txt_to_img, n_folds=folds)
+        else:
+            metrics = retrieval_metrics(img, txt, data.txt_to_img)
+        return Measured(metrics, embeddings=(img, txt))
 
 
 @dataclass
