@@ -33,7 +33,9 @@ def test_protocols_lists_one_line_per_registered_protocol(capsys):
 def test_a_registered_protocol_reaches_both_commands(monkeypatch, capsys):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     assert "toy" not in _eval_protocol_choices()
-    toy = dataclasses.replace(get_protocol("f30k"), name="toy", summary="a toy protocol")
+    toy = dataclasses.replace(
+        get_protocol("f30k"), name="toy", summary="a toy protocol", default_for=()
+    )
     register_protocol(toy)
     assert _eval_protocol_choices() == list(protocol_names())
     assert main(["protocols"]) == 0

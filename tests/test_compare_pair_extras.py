@@ -13,6 +13,8 @@ import torch
 
 from vlret.analysis.compare import scoring
 from vlret.data.synthetic import evaluate_synthetic, load_synthetic, write_synthetic
+from vlret.eval import Evaluation, MatrixScorer
+from vlret.metrics import retrieval_metrics_from_similarity
 
 
 def flat(value):
@@ -46,10 +48,38 @@ def test_identity_on_the_image_side_gives_the_same_metrics(tmp_path):
     assert_same(flat(old), flat(new))
 
 
-def test_pair_scores_as_embeddings_multiply_back_to_the_score_matrix(monkeypatch):
+class _Matrix(MatrixScorer):
+    """A scorer with a fixed full matrix, counting how often it is asked for it."""
+
+    def __init__(self, sim):
+        self.sim, self.calls = sim, 0
+
+    def scores(self, data, *, blocks=None):
+        assert blocks is None  # the extras need the whole matrix
+        self.calls += 1
+        return self.sim
+
+
+def test_pair_scores_as_embeddings_multiply_back_to_the_score_matrix():
     sim = torch.randn(3, 7, dtype=torch.float64)
-    monkeypatch.setattr("vlret.eval.encode_tokens", lambda *a, **k: (None, None))
-    monkeypatch.setattr("vlret.eval.score_matrix", lambda *a, **k: sim)
-    img, txt = scoring._pair_scores_as_embeddings(None, None, 4, "cpu")
+    metrics = retrieval_metrics_from_similarity(sim, torch.tensor([0, 0, 1, 1, 2, 2, 2]))
+    scorer = _Matrix(sim)
+
+    def evaluation(scores):
+        return Evaluation(metrics, 3, 7, scores=scores, scorer=scorer, data=object())
+
+    img, txt = scoring._as_embeddings(evaluation(sim), None)  # the evaluation's own matrix
     assert img.shape == (3, 3) and txt.shape == (7, 3)
-    assert torch.equal(img @ txt.t(), sim)
+    assert torch.equal(img @ txt.t(), sim) and scorer.calls == 0
+    folds_only = sim.clone()
+    folds_only[0, 3:] = math.nan  # COCO 1K kept only the fold blocks: scored again, whole
+    img, txt = scoring._as_embeddings(evaluation(folds_only), None)
+    assert torch.equal(img @ txt.t(), sim) and scorer.calls == 1
+    given = torch.randn(3, 7, dtype=torch.float64)  # the caller's full matrix wins
+    img, txt = scoring._as_embeddings(evaluation(folds_only), given)
+    assert torch.equal(img @ txt.t(), given) and scorer.calls == 1
+    pair = (torch.randn(3, 4), torch.randn(7, 4))  # a two-tower run: its embeddings as scored
+    two_tower = Evaluation(metrics, 3, 7, embeddings=pair)
+    assert scoring._as_embeddings(two_tower, None) is pair
+    with pytest.raises(ValueError, match="the synthetic extras need a score matrix"):
+        scoring._as_embeddings(Evaluation(metrics, 3, 7), None)

@@ -281,3 +281,65 @@ def test_ctrl_c_hint_repeats_the_overrides(trained, tmp_path, capsys, monkeypatc
         f"--set train.epochs=2 --set loss.margin=0.1 --resume '{out}/last.pt'"
     )
     assert shlex.split(hint.split(": ", 1)[1])[4] == f"output_dir={out}"
+
+
+def test_a_protocol_registered_in_one_module_runs_eval_and_compare(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """A new protocol is one registration: the --split / --protocol choices, run_evaluation's
+    split gate and compare's protocol check all read the registry (no other file changes)."""
+    from vlret.analysis.compare import compare
+    from vlret.eval import EvalProtocol, eval_splits
+    from vlret.eval.protocols import register_protocol, registry
+
+    data, run = trained
+    dataset = PrecompDataset(data, "train", encoder=Vocabulary.load(run / "vocab.json"))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    assert "train" not in eval_splits()
+    register_protocol(  # the whole new protocol: the precomp train split scored as a test
+        EvalProtocol(
+            name="f30k-dev-like",
+            title="Tiny train-as-test",
+            summary="precomp train: every training image x its captions",
+            paper_set="Tiny train",
+            paper_splits=("train",),
+            paper_images=dataset.num_images,
+            paper_texts=dataset.num_captions,
+            splits={"precomp": ("train", "dev")},
+        )
+    )
+    assert eval_splits() == ("test", "testall", "train", "dev")
+    out = tmp_path / "m.json"
+    args = ["eval", run / "best.pt", "--data", data, "--split", "train"]
+    assert run_cli([*args, "--protocol", "f30k-dev-like", "--json", out]) == 0
+    assert capsys.readouterr().out.startswith("Tiny train-as-test")
+    record = json.loads(out.read_text())
+    assert (record["protocol"], record["split"]) == ("f30k-dev-like", "train")
+    assert (record["n_images"], record["n_texts"]) == (dataset.num_images, dataset.num_captions)
+    img, txt = direct_embeddings(run / "best.pt", dataset)
+    expected = retrieval_metrics(img, txt, dataset.txt_to_img).as_dict()
+    assert record["metrics"] == pytest.approx(expected)
+    # ... and the other protocols still refuse that split
+    assert run_cli([*args, "--protocol", "f30k"]) == 2
+    assert "evaluates the split(s) test, dev, not 'train'" in capsys.readouterr().err
+
+    raw = tiny_raw(data, tmp_path / "base")
+    raw["train"]["epochs"] = 1
+    raw["compare"] = {"protocol": "f30k-dev-like", "split": "train"}
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    compare(cfg, losses=["triplet"], seeds=1, out=tmp_path / "cmp", progress=False)
+    run_dir = tmp_path / "cmp" / "runs" / "triplet" / "seed0"
+    stored = json.loads((run_dir / "result.json").read_text())
+    assert (stored["protocol"], stored["split"]) == ("f30k-dev-like", "train")
+    # the run's record is the Evaluation's own (title, sizes), plus the run's identity
+    assert stored["title"] == "Tiny train-as-test" and stored["checkpoint"] == "best.pt"
+    assert (stored["n_images"], stored["n_texts"], stored["seed"]) == (
+        dataset.num_images,
+        dataset.num_captions,
+        0,
+    )
+    cmp_dataset = PrecompDataset(data, "train", encoder=Vocabulary.load(run_dir / "vocab.json"))
+    img, txt = direct_embeddings(run_dir / stored["checkpoint"], cmp_dataset)
+    expected = retrieval_metrics(img, txt, cmp_dataset.txt_to_img).as_dict()
+    assert stored["metrics"] == pytest.approx(expected)

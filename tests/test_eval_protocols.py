@@ -81,7 +81,8 @@ def test_split_and_name_errors_are_the_old_ones():
 def test_the_old_module_names_still_work():
     from vlret.train import evaluate as old
 
-    assert old.PROTOCOLS[:5] == tuple(OLD_TITLES)
+    with pytest.warns(DeprecationWarning, match="PROTOCOLS is deprecated"):
+        assert old.PROTOCOLS[:5] == tuple(OLD_TITLES)
     assert old.check_protocol("coco1k") == "coco1k"
     with pytest.raises(ValueError, match="protocol must be one of"):
         old.check_protocol("coco")
@@ -162,7 +163,46 @@ def test_a_new_protocol_is_one_record(monkeypatch):
 def test_evaluate_refuses_a_relevance_it_does_not_rank(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_protocol(
-        dataclasses.replace(get_protocol("f30k"), name="ids", relevance="same-identity")
+        dataclasses.replace(
+            get_protocol("f30k"), name="ids", relevance="same-identity", default_for=()
+        )
     )
     with pytest.raises(ValueError, match="relevance 'same-identity' is not ranked"):
         evaluate(_MatrixOf(torch.eye(2)), _Split(torch.tensor([0, 1]), 2), "ids")
+
+
+def test_splits_and_defaults_are_read_from_the_registry(monkeypatch):
+    import vlret.train
+    from vlret.analysis.compare import CompareError, eval_settings
+    from vlret.eval import default_protocol, eval_splits
+    from vlret.train import evaluate as old
+
+    assert eval_splits() == ("test", "testall", "dev") == old.EVAL_SPLITS
+    assert [default_protocol(f).name for f in ("precomp", "karpathy", "msrvtt")] == [
+        "f30k",
+        "f30k",
+        "msrvtt-full",
+    ]
+    assert default_protocol("webdataset") is None
+    with pytest.warns(DeprecationWarning, match="vlret.train.PROTOCOLS is deprecated"):
+        assert vlret.train.PROTOCOLS == protocol_names()
+    for fmt, want in (("precomp", "f30k"), ("msrvtt", "msrvtt-full")):
+        assert eval_settings({"data": {"format": fmt}}, {}).protocol == want
+    with pytest.raises(CompareError, match=r"compare.protocol: expected one of f30k, .*got 'x'"):
+        eval_settings({}, {"protocol": "x"})
+    with pytest.raises(CompareError, match="no protocol is the default for data.format 'odd'"):
+        eval_settings({"data": {"format": "odd"}}, {})
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    late = dataclasses.replace(
+        get_protocol("coco5k"), name="late", splits={"odd": ("val",)}, default_for=("odd",)
+    )
+    register_protocol(late)  # registered after the import of every module above
+    assert eval_splits()[-1] == "val" and old.EVAL_SPLITS[-1] == "val"
+    assert eval_settings({"data": {"format": "odd"}}, {}).protocol == "late"
+    with pytest.warns(DeprecationWarning):
+        assert old.PROTOCOLS[-1] == "late"
+    with pytest.raises(ValueError, match="late is already the default for odd data"):
+        register_protocol(dataclasses.replace(late, name="later"))
+    with pytest.raises(ValueError, match="default_for names precomp, a format whose splits"):
+        dataclasses.replace(late, name="t", default_for=("precomp",))

@@ -19,8 +19,16 @@ from vlret.eval import (
     ShortlistScorer,
     TwoTowerScorer,
     evaluate,
+    get_protocol,
+    metrics_from_scores,
 )
-from vlret.metrics import coco_folds, fold_blocks, rescored_metrics, similarity_stats
+from vlret.metrics import (
+    coco_5fold_metrics,
+    coco_folds,
+    fold_blocks,
+    rescored_metrics,
+    similarity_stats,
+)
 from vlret.metrics.rescore import Rescoring
 from vlret.models import PairScorer, build_model
 from vlret.train.builders import build_dataset, load_trained_model
@@ -87,11 +95,54 @@ def test_one_fold_rule_for_embeddings_and_score_blocks():
         folds[0].block()
     grouped = torch.tensor([0, 0, 1, 2, 2, 3])
     assert fold_blocks(grouped, 2) == [(0, 2, 0, 3), (2, 4, 3, 6)]
+    # the core names its arguments; the protocol words it for its users (CLI message as before)
     for call in (lambda: coco_folds(t2i, n_images=4, n_folds=3), lambda: fold_blocks(grouped, 3)):
-        with pytest.raises(
-            ValueError, match="coco1k averages 3 folds .* 4 images, not divisible by 3"
-        ):
+        with pytest.raises(ValueError) as err:
             call()
+        assert str(err.value) == (
+            "n_folds: 3 folds of equal size need n_images divisible by 3; got 4 images, "
+            "not divisible by 3"
+        )
+    with pytest.raises(ValueError) as err:
+        get_protocol("coco1k").check_folds(4)
+    assert str(err.value) == (
+        "coco1k averages 5 folds of equal size (COCO testall: 5 x 1000 images); this split has "
+        "4 images, not divisible by 5 (use coco5k)"
+    )
+    get_protocol("coco1k").check_folds(5000)
+    get_protocol("coco5k").check_folds(4)  # not folded
+
+
+def test_embeddings_and_score_blocks_fold_the_same_images():
+    # one rule: n_images images, each with a text; the blocks and the embeddings agree on
+    # every input both accept, and refuse the same inputs with the same words
+    gen = torch.Generator().manual_seed(3)
+    for n_img, n_folds in ((6, 3), (10, 5), (8, 2), (12, 4)):
+        counts = torch.randint(1, 4, (n_img,), generator=gen)
+        t2i = torch.repeat_interleave(torch.arange(n_img), counts)
+        img = torch.randn(n_img, 5, generator=gen, dtype=torch.float64)
+        txt = torch.randn(len(t2i), 5, generator=gen, dtype=torch.float64)
+        blocks = fold_blocks(t2i, n_folds, n_images=n_img)
+        assert blocks == fold_blocks(t2i, n_folds)  # the images txt_to_img names: the same
+        size = n_img // n_folds
+        # naive oracle: fold f is images [f*size, (f+1)*size) and exactly their texts
+        for f, (i0, i1, t0, t1) in enumerate(blocks):
+            assert (i0, i1) == (f * size, (f + 1) * size)
+            assert t2i[t0:t1].tolist() == [i for i in t2i.tolist() if i0 <= i < i1]
+        sim = img @ txt.t()  # what coco_5fold_metrics ranks (dot products, float64)
+        by_blocks = metrics_from_scores(sim, t2i, blocks=blocks)
+        by_embeddings = coco_5fold_metrics(img, txt, t2i, n_folds=n_folds)
+        assert by_blocks.folds == by_embeddings.folds
+    # an image without a text (the last): both refuse it, in the same words
+    t2i = torch.tensor([0, 0, 1, 2, 3])
+    for call in (
+        lambda: fold_blocks(t2i, 5, n_images=5),
+        lambda: coco_5fold_metrics(torch.eye(5), torch.eye(5)[t2i], t2i, n_folds=5),
+    ):
+        with pytest.raises(ValueError, match="txt_to_img gives image 4 no text"):
+            call()
+    with pytest.raises(ValueError, match="n_images: expected a positive integer"):
+        fold_blocks(t2i, 2, n_images=0)
 
 
 def test_models_declare_pair_scoring_by_the_protocol():
@@ -136,6 +187,31 @@ def test_two_tower_scores_are_the_scoring_of_its_embeddings():
     torch.testing.assert_close(partial[:2, :10].double(), want, rtol=0, atol=bound)
 
 
+def test_two_tower_scoring_defaults_to_the_models_own():
+    model, run, data = _member("two_tower.pt")  # stored with scoring = dot (normalize = false)
+    assert run.scoring == model.scoring == "dot"
+    model.scoring = "cosine"
+    assert TwoTowerScorer(model).scoring == "cosine"
+    model.scoring = "dot"
+    implicit = TwoTowerScorer(model)
+    assert implicit.scoring == "dot" and TwoTowerScorer(model, scoring="cosine").scoring == "cosine"
+    img, txt = TwoTowerScorer(model, scoring="dot").embeddings(data)
+    assert torch.equal(implicit.scores(data), img @ txt.t())  # raw dot products, not cosines
+    assert not torch.allclose(img.norm(dim=1), torch.ones(len(img)))  # so cosines would differ
+
+    class Plain(torch.nn.Module):  # declares no scoring: cosine
+        def encode_images(self, x):
+            return x
+
+        def encode_texts(self, x, lengths):
+            return x
+
+    assert TwoTowerScorer(Plain()).scoring == "cosine"
+    model.scoring = "angle"
+    with pytest.raises(ValueError, match="scoring must be one of cosine, dot, got 'angle'"):
+        TwoTowerScorer(model)
+
+
 def test_ensemble_is_the_mean_of_its_members_and_rescoring_wraps_any_matrix():
     tt_model, _, tt_data = _member("two_tower.pt")
     pair_model, _, pair_data = _member("scan.pt")
@@ -154,6 +230,28 @@ def test_ensemble_is_the_mean_of_its_members_and_rescoring_wraps_any_matrix():
     assert rescored.record()["standard"] is False
     with pytest.raises(ValueError, match="querybank"):
         RescoredScorer(ensemble, Rescoring("qbnorm"))
+
+
+def test_a_rescoring_is_never_used_as_a_plain_matrix():
+    # its two directions rank different matrices: as a member or a source it would silently
+    # stand for the inner matrix, so every such use is refused by name
+    tt_model, _, tt_data = _member("two_tower.pt")
+    pair_model, _, _ = _member("scan.pt")
+    tt, pair = TwoTowerScorer(tt_model), PairModelScorer(pair_model)
+    rescored = RescoredScorer(tt, Rescoring("dsl"))
+    with pytest.raises(ValueError, match="rescore dsl ranks each direction on its own"):
+        rescored.scores(tt_data)
+    with pytest.raises(ValueError, match=r"scorers\[1\]: an ensemble averages score matrices; "):
+        EnsembleScorer([pair, rescored])
+    with pytest.raises(ValueError, match="source: the shortlists come from a TwoTowerScorer"):
+        ShortlistScorer([pair], k=3, source=(rescored, tt_data))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"pairs\[0\]: the shortlist re-ranks by exact pair"):
+        ShortlistScorer([tt], k=3)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="inner: re-scoring needs a score matrix"):
+        RescoredScorer(rescored, Rescoring("dsl"))  # type: ignore[arg-type]
+    # what it measures is still the re-scored ranks of the inner matrix
+    want, _ = rescored_metrics(tt.scores(tt_data), tt_data.txt_to_img, Rescoring("dsl"))
+    assert rescored.measure(tt_data).metrics == want
 
 
 def test_shortlist_with_every_candidate_is_the_exact_protocol():

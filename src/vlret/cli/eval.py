@@ -23,8 +23,12 @@ RESCORE_FLAGS = {
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` on the ``vlret`` sub-command parsers."""
-    from ..eval import get_protocol, protocol_names
-    from ..train.evaluate import EVAL_SPLITS
+    from ..eval import eval_splits, get_protocol, protocol_names
+
+    # one help entry per set of accepted splits: "coco1k/coco5k: precomp testall/dev, ...; ..."
+    by_splits: dict[str, list[str]] = {}
+    for name in protocol_names():
+        by_splits.setdefault(get_protocol(name).accepted(sep=", "), []).append(name)
 
     p = subparsers.add_parser(
         NAME,
@@ -49,9 +53,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--split",
         required=True,
-        choices=EVAL_SPLITS,
-        help="f30k: test; coco1k/coco5k: testall (Karpathy COCO: test); msrvtt-*: test; "
-        "dev for model-selection checks (not msrvtt-1ka)",
+        choices=eval_splits(),
+        help="; ".join(f"{'/'.join(names)}: {splits}" for splits, names in by_splits.items())
+        + " (dev: model-selection checks; papers report the test splits)",
     )
     p.add_argument(
         "--protocol",

@@ -4,7 +4,7 @@ table (:meth:`Evaluation.table`) and JSON record (:meth:`Evaluation.record`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +38,14 @@ class Evaluation:
     #: the protocol and the split name it was measured under (``None`` when not given)
     protocol: EvalProtocol | None = None
     split: str | None = None
+    #: a two-tower scorer's ``(img_emb, txt_emb)`` as it scored them (normalised for cosine)
+    embeddings: tuple[torch.Tensor, torch.Tensor] | None = field(
+        default=None, repr=False, compare=False
+    )
+    #: the scorer and the split it measured, so a caller computes more from the same inputs
+    #: (the comparison's synthetic-world extras) instead of rebuilding them
+    scorer: Scorer | None = field(default=None, repr=False, compare=False)
+    data: Any = field(default=None, repr=False, compare=False)
 
     @property
     def approximate(self) -> bool:
@@ -151,6 +159,7 @@ def evaluate(
         )
     if not isinstance(scorer, Scorer):
         raise ValueError(f"scorer: expected a vlret.eval Scorer, got {type(scorer).__name__}")
+    chosen.check_folds(int(data.num_images))  # the protocol's words before the core's
     measured = scorer.measure(data, folds=chosen.folds)
     return Evaluation(
         measured.metrics,
@@ -163,6 +172,9 @@ def evaluate(
         rescore_label=measured.rescore_label,
         protocol=chosen,
         split=split,
+        embeddings=measured.embeddings,
+        scorer=scorer,
+        data=data,
     )
 
 

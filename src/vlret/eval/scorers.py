@@ -12,7 +12,9 @@ from its score matrix (:meth:`MatrixScorer.scores`: the blocks asked for, in one
 * :class:`EnsembleScorer`: the mean of its members' matrices (each member on its own copy of
   the split, encoded with its own data settings and vocabulary: an :class:`EnsembleSplit`).
 * :class:`RescoredScorer`: a NON-STANDARD re-scoring (dual softmax, QB-Norm;
-  :mod:`vlret.metrics.rescore`) of another scorer's matrix.
+  :mod:`vlret.metrics.rescore`) of another scorer's matrix. It has no score matrix of its own
+  (each direction is ranked on its own re-scored matrix), so it is not a :class:`MatrixScorer`
+  and is refused as an ensemble member or a shortlist source: re-score the ensemble instead.
 * :class:`ShortlistScorer`: the approximate protocol, each query's top-``k`` candidates by a
   two-tower score re-ranked by exact pair scores (:mod:`vlret.eval.shortlist`).
 """
@@ -27,6 +29,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .._modules import unwrap_model
 from ..metrics import (
     RetrievalMetrics,
     coco_5fold_metrics,
@@ -75,10 +78,14 @@ class Measured:
     #: NON-STANDARD re-scoring: the JSON ``rescore`` record and the title's label
     rescore: dict[str, Any] | None = None
     rescore_label: str | None = None
+    #: a two-tower scorer's ``(img_emb, txt_emb)`` as scored (normalised for cosine)
+    embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def _blocks(data: Any, folds: int) -> list[Block] | None:
-    return fold_blocks(data.txt_to_img, folds) if folds > 1 else None
+    if folds == 1:
+        return None
+    return fold_blocks(data.txt_to_img, folds, n_images=int(data.num_images))
 
 
 class Scorer(ABC):
@@ -110,15 +117,19 @@ class MatrixScorer(Scorer):
 @dataclass
 class TwoTowerScorer(MatrixScorer):
     """A two-tower model (``encode_images`` / ``encode_texts``): ``scoring`` ``cosine``
-    normalises the embeddings, ``dot`` takes their dot products as they are."""
+    normalises the embeddings, ``dot`` takes their dot products as they are. ``None`` (the
+    default) is the model's own ``scoring`` (:class:`~vlret.models.RetrievalModel`'s, stored
+    with its spec), ``cosine`` for a model that does not declare one."""
 
     model: nn.Module
-    scoring: str = "cosine"
+    scoring: str | None = None
     batch_size: int = 256
     device: torch.device | str = "cpu"
     members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.scoring is None:
+            self.scoring = getattr(unwrap_model(self.model), "scoring", "cosine")
         if self.scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}")
         if isinstance(self.model, PairScorer):
@@ -142,8 +153,10 @@ class TwoTowerScorer(MatrixScorer):
         # counted from the embeddings tile by tile, without a full score matrix
         img, txt = self.embeddings(data)
         if folds > 1:
-            return Measured(coco_5fold_metrics(img, txt, data.txt_to_img, n_folds=folds))
-        return Measured(retrieval_metrics(img, txt, data.txt_to_img))
+            metrics = coco_5fold_metrics(img, txt, data.txt_to_img, n_folds=folds)
+        else:
+            metrics = retrieval_metrics(img, txt, data.txt_to_img)
+        return Measured(metrics, embeddings=(img, txt))
 
 
 @dataclass
@@ -185,6 +198,13 @@ class EnsembleScorer(MatrixScorer):
     def __post_init__(self) -> None:
         if not self.scorers:
             raise ValueError("scorers: an ensemble needs at least one member")
+        for i, scorer in enumerate(self.scorers):
+            if not isinstance(scorer, MatrixScorer):
+                raise ValueError(
+                    f"scorers[{i}]: an ensemble averages score matrices; "
+                    f"{type(scorer).__name__} has none (to re-score an ensemble, wrap it: "
+                    "RescoredScorer(EnsembleScorer([...])))"
+                )
 
     def scores(self, data: Any, *, blocks: Sequence[Block] | None = None) -> torch.Tensor:
         parts = _parts(data, len(self.scorers))
@@ -205,7 +225,7 @@ def _parts(data: Any, n: int) -> tuple[Any, ...]:
 
 
 @dataclass
-class RescoredScorer(MatrixScorer):
+class RescoredScorer(Scorer):
     """NON-STANDARD: ``inner``'s score matrix re-scored by ``rescoring`` before the ranks
     (:func:`~vlret.metrics.rescored_metrics`; COCO 1K: each fold's block on its own). QB-Norm's
     querybank is ``bank``: the test images with the bank's captions as texts, scored by
@@ -217,12 +237,23 @@ class RescoredScorer(MatrixScorer):
     members: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if not isinstance(self.inner, MatrixScorer):
+            raise ValueError(
+                f"inner: re-scoring needs a score matrix; {type(self.inner).__name__} has none"
+            )
         if self.rescoring.needs_bank and self.bank is None:
             raise ValueError(f"rescore {self.rescoring.method}: needs a querybank (bank)")
         self.members = self.members or self.inner.members
 
     def scores(self, data: Any, *, blocks: Sequence[Block] | None = None) -> torch.Tensor:
-        return self.inner.scores(data, blocks=blocks)
+        """Refused: a re-scoring ranks image queries and text queries on different matrices
+        (dual softmax: one per direction; QB-Norm: text queries only), so no single matrix
+        stands for it; returning the inner matrix would silently drop the re-scoring."""
+        raise ValueError(
+            f"rescore {self.rescoring.method} ranks each direction on its own re-scored matrix "
+            "and has no single score matrix (to use as an ensemble member or a shortlist "
+            "source): re-score the ensemble instead, RescoredScorer(EnsembleScorer([...]))"
+        )
 
     def measure(self, data: Any, *, folds: int = 1) -> Measured:
         blocks = _blocks(data, folds)
@@ -257,6 +288,17 @@ class ShortlistScorer(Scorer):
             raise ValueError(f"shortlist: expected a positive number of candidates, got {self.k!r}")
         if not self.pairs:
             raise ValueError("pairs: the shortlist re-ranks with at least one pair scorer")
+        for i, pair in enumerate(self.pairs):
+            if not isinstance(pair, PairModelScorer):
+                raise ValueError(
+                    f"pairs[{i}]: the shortlist re-ranks by exact pair scores, a "
+                    f"PairModelScorer's; got {type(pair).__name__}"
+                )
+        if self.source is not None and not isinstance(self.source[0], TwoTowerScorer):
+            raise ValueError(
+                "source: the shortlists come from a TwoTowerScorer's scores; got "
+                f"{type(self.source[0]).__name__}"
+            )
 
     def measure(self, data: Any, *, folds: int = 1) -> Measured:
         blocks = _blocks(data, folds)

@@ -378,15 +378,23 @@ class Fold:
         return (self.img0, self.img1, t0, t0 + int(t.numel()))
 
 
+def _check_count(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
 def coco_folds(txt_to_img: Any, *, n_images: int, n_folds: int = 5) -> list[Fold]:
     """The folds of the MS-COCO 1K protocol: ``n_folds`` contiguous, equal ranges of images,
-    each with every text of its images (COCO testall: 5 folds of 1000 images)."""
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 1:
-        raise ValueError(f"n_folds: expected a positive integer, got {n_folds!r}")
+    each with every text of its images (COCO testall: 5 folds of 1000 images). The one fold
+    rule: :func:`coco_5fold_metrics` and :func:`fold_blocks` both fold ``n_images`` images
+    (the embeddings' rows, the split's images), each of which has a text."""
+    _check_count(n_folds, "n_folds")
+    _check_count(n_images, "n_images")
     if n_images % n_folds:
+        # the protocol layer words this for its users (EvalProtocol.check_folds)
         raise ValueError(
-            f"coco1k averages {n_folds} folds of equal size (COCO testall: 5 x 1000 images); "
-            f"this split has {n_images} images, not divisible by {n_folds} (use coco5k)"
+            f"n_folds: {n_folds} folds of equal size need n_images divisible by {n_folds}; "
+            f"got {n_images} images, not divisible by {n_folds}"
         )
     t2i = torch.as_tensor(txt_to_img)
     size = n_images // n_folds
@@ -397,15 +405,23 @@ def coco_folds(txt_to_img: Any, *, n_images: int, n_folds: int = 5) -> list[Fold
     return folds
 
 
-def fold_blocks(txt_to_img: Any, n_folds: int) -> list[tuple[int, int, int, int]]:
-    """The COCO 1K folds (:func:`coco_folds`, the images of ``txt_to_img``) as the diagonal
-    blocks ``(img0, img1, txt0, txt1)`` of a score matrix (captions grouped by image)."""
+def fold_blocks(
+    txt_to_img: Any, n_folds: int, *, n_images: int | None = None
+) -> list[tuple[int, int, int, int]]:
+    """The COCO 1K folds (:func:`coco_folds`) of ``n_images`` images (default: the images
+    ``txt_to_img`` names) as the diagonal blocks ``(img0, img1, txt0, txt1)`` of a score
+    matrix (captions grouped by image). Every image needs a text, as in
+    :func:`coco_5fold_metrics`, so both fold the same images on every input they accept."""
     t2i = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
     if t2i.dim() != 1 or t2i.numel() == 0:
         raise ValueError("txt_to_img must be a non-empty 1-D integer tensor")
+    if n_images is not None:
+        _check_count(n_images, "n_images")
+    n = int(t2i.max()) + 1 if n_images is None else n_images
+    t2i = _check_txt_to_img(t2i, n, t2i.numel(), t2i.device)
     if bool((t2i[1:] < t2i[:-1]).any()):
         raise ValueError("txt_to_img: the folds need captions grouped by image (non-decreasing)")
-    return [f.block() for f in coco_folds(t2i, n_images=int(t2i.max()) + 1, n_folds=n_folds)]
+    return [f.block() for f in coco_folds(t2i, n_images=n, n_folds=n_folds)]
 
 
 def coco_5fold_metrics(

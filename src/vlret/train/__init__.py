@@ -4,6 +4,10 @@
 command-line entry points; :func:`train` and :func:`evaluate_checkpoint` the Python ones.
 """
 
+import warnings
+from typing import Any
+
+from ..eval import protocol_names
 from .checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from .config import (
     ConfigError,
@@ -25,7 +29,6 @@ from .distributed import (
     shutdown_distributed,
 )
 from .evaluate import (
-    PROTOCOLS,
     encode_dataset,
     evaluate_checkpoint,
     format_metrics_table,
@@ -36,8 +39,20 @@ from .grad_cache import GradCache, split_batch
 from .hooks import ParamGroup, StepOutput, TrainHook
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
+
+def __getattr__(name: str) -> Any:
+    # vlret.train.PROTOCOLS: the registry's names now, with evaluate.PROTOCOLS' deprecation
+    if name == "PROTOCOLS":
+        warnings.warn(
+            "vlret.train.PROTOCOLS is deprecated; use vlret.eval.protocol_names()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return protocol_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "PROTOCOLS",
     "ConfigError",
     "DataConfig",
     "GradCache",

@@ -1,29 +1,15 @@
 """Evaluation of a trained model under the papers' protocols.
 
-========================  =====================  ==========================================
-protocol                  data / split           metric
-========================  =====================  ==========================================
-``f30k``                  F30K ``test``          1000 images x 5000 captions
-``coco5k``                COCO ``testall``       5000 images x 25000 captions
-``coco1k``                COCO ``testall``       5 folds of 1000 images, averaged
-``msrvtt-full``           MSR-VTT ``test``       2990 videos x 20 captions; v2t ranks the best
-                                                 of a video's 20 captions (dual-encoding)
-``msrvtt-1ka``            MSR-VTT ``test``       1000 videos x 1 caption (JSFUSION)
-========================  =====================  ==========================================
+The protocols (their data, splits, sizes and folds) are records in a registry,
+:mod:`vlret.eval.protocols`; ``vlret protocols`` lists them, one line each. ``vlret eval
+--split`` is one of the splits some protocol evaluates (:func:`vlret.eval.eval_splits`), checked
+against the protocol and the checkpoint's data format (:func:`check_eval_split`). ``dev``
+(precomp dev, Karpathy val, MSR-VTT validate) is for checking model selection; papers report
+the test splits. A protocol with folds (``coco1k``) needs a number of images divisible by them.
 
-``vlret eval --split`` is one of ``test``, ``testall`` and ``dev``, checked against the protocol
-and the checkpoint's data format (:func:`check_eval_split`): ``f30k`` takes ``test`` of
-precomp or Karpathy data; ``coco5k`` / ``coco1k`` take ``testall`` of precomp data (COCO's
-5000 test images; precomp ``test`` is only the first 1000) or ``test`` / ``testall`` of a
-Karpathy COCO JSON; the MSR-VTT protocols take ``test`` of MSR-VTT data. ``dev`` (precomp dev,
-Karpathy val, MSR-VTT validate) is accepted by every protocol but ``msrvtt-1ka``, whose split
-has no dev videos, for checking model selection; papers report the test splits. ``coco1k``
-needs a number of images divisible by 5 (its 5 folds).
-
-The protocols are records in a registry (:mod:`vlret.eval.protocols`), and this module builds
-the scorer of a checkpoint (or several) and runs the one pipeline :func:`vlret.eval.evaluate`.
-A checkpoint is evaluated from its model, encoder and the model's ``scoring`` only, never its
-loss (:func:`~vlret.train.builders.load_trained_model`).
+This module builds the scorer of a checkpoint (or several) and runs the one pipeline
+:func:`vlret.eval.evaluate`. A checkpoint is evaluated from its model, encoder and the model's
+``scoring`` only, never its loss (:func:`~vlret.train.builders.load_trained_model`).
 
 A two-tower checkpoint goes through :func:`vlret.metrics.retrieval_metrics` (or
 :func:`~vlret.metrics.coco_5fold_metrics`) on its embeddings (cosine scores unless its model's
@@ -81,6 +67,7 @@ from ..eval import (
     ShortlistScorer,
     TwoTowerScorer,
     encode_dataset,
+    eval_splits,
     evaluate,
     format_table,
     get_protocol,
@@ -93,13 +80,18 @@ from ..models import PairScorer
 from .builders import StoredRun, build_dataset, eval_data_config, load_trained_model
 from .distributed import resolve_device
 
-#: The protocols registered when this module was imported (``vlret.eval.protocol_names()``
-#: lists the registry as it is now).
-PROTOCOLS = protocol_names()
-EVAL_SPLITS = ("test", "testall", "dev")
-
 
 def __getattr__(name: str) -> Any:
+    # read from the registry at each access, so a protocol registered later is included
+    if name == "EVAL_SPLITS":
+        return eval_splits()
+    if name == "PROTOCOLS":
+        warnings.warn(
+            "vlret.train.evaluate.PROTOCOLS is deprecated; use vlret.eval.protocol_names()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return protocol_names()
     # the per-protocol tables of before the registry, rebuilt from it
     if name == "PROTOCOL_SPLITS":
         warnings.warn(
@@ -146,8 +138,10 @@ def protocol_metrics(
     img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor, protocol: str
 ) -> RetrievalMetrics:
     """Metrics of ``protocol`` from a two-tower model's embeddings (its folds averaged)."""
-    folds = get_protocol(protocol).folds
+    chosen = get_protocol(protocol)
+    folds = chosen.folds
     if folds > 1:
+        chosen.check_folds(int(img_emb.shape[0]))
         return coco_5fold_metrics(img_emb, txt_emb, txt_to_img, n_folds=folds)
     return retrieval_metrics(img_emb, txt_emb, txt_to_img)
 
@@ -218,8 +212,9 @@ def run_evaluation(
     while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
     defaults; module docstring)."""
     chosen = get_protocol(protocol)
-    if split not in EVAL_SPLITS:
-        raise ValueError(f"split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
+    splits = eval_splits()
+    if split not in splits:
+        raise ValueError(f"split must be one of {', '.join(splits)}, got {split!r}")
     if not Path(data).exists():
         raise FileNotFoundError(f"{data}: missing; expected the data folder of the test split")
     if batch_size < 1:
@@ -414,8 +409,7 @@ def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[
 
 
 __all__ = [
-    "EVAL_SPLITS",
-    "PROTOCOLS",
+    "EVAL_SPLITS",  # noqa: F822 (module __getattr__, read from the registry)
     "Evaluation",
     "check_eval_split",
     "check_protocol",

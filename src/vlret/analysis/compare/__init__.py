@@ -38,7 +38,8 @@ owns a queue that takes ``momentum_keys``.
 apply to the run config as in ``vlret train``.
 
 Layout of OUT: ``runs/{label}/seed{seed}/`` (the trainer's folder plus ``spec.json``, the
-resolved settings of the run, and ``result.json``, its test metrics), ``table.md``,
+resolved settings of the run, and ``result.json``, its test evaluation's own record,
+:meth:`vlret.eval.Evaluation.record`, with the run's label, loss, seed and epochs), ``table.md``,
 ``results.csv``, ``results.json``, ``curves.md`` (dev rsum and dev similarities against
 epochs, mean +- std over seeds), ``goal_grid.md`` (with ``--goal-grid``) and ``plots/*.png``.
 The dev similarity curves read ``dev_pos_sim`` / ``dev_hardest_neg_sim``, which the trainer
@@ -50,7 +51,8 @@ run's data format (:func:`check_eval_plan`). When the test data folder is a synt
 :func:`~vlret.data.synthetic.evaluate_synthetic` on the same split: clone forced choice,
 R-Precision / mAP@R on the exhaustive relevance and T->I R@1 of the secondary-content captions
 (``result.json`` key ``synthetic``; extra columns of ``results.csv`` / ``results.json`` and a
-second table in ``table.md``).
+second table in ``table.md``), from the run's :class:`~vlret.eval.Evaluation`: its split, its
+two-tower embeddings or its score matrix (:func:`synthetic_extras`).
 
 Resume: a run is finished when its ``result.json`` exists, and is then read, not retrained; a
 run with a ``last.pt`` continues from it through the trainer's exact resume; any other run
@@ -75,7 +77,7 @@ from .runner import (
     run_all,
     run_fingerprint,
 )
-from .scoring import synthetic_extras, synthetic_root
+from .scoring import evaluate_run, synthetic_extras, synthetic_root
 from .spec import (
     COMPARE_KEYS,
     PAPER_LOSSES,
@@ -110,6 +112,7 @@ __all__ = [
     "check_eval_plan",
     "compare",
     "eval_settings",
+    "evaluate_run",
     "execute_run",
     "goal_grid_variants",
     "is_finished",

@@ -15,7 +15,7 @@ from ...train.config import RunConfig
 from ...train.hooks import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult
-from .scoring import synthetic_extras, synthetic_root
+from .scoring import evaluate_run, synthetic_extras, synthetic_root
 from .spec import CompareError, EvalSettings, RunSpec
 
 RESULT_FILE = "result.json"
@@ -123,8 +123,6 @@ def execute_run(
 ) -> RunOutcome:
     """Train (or resume, or read) one run and test it; see the module docstring.
     ``print_fn`` receives the trainer's per-epoch summary lines."""
-    from ...train.evaluate import metrics_json, run_evaluation
-
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = run_fingerprint(spec, settings)
@@ -165,35 +163,20 @@ def execute_run(
     trainer.fit()
     best = run_dir / "best.pt"
     checkpoint = best if settings.checkpoint == "best" and best.is_file() else last
-    evaluation = run_evaluation(
-        checkpoint,
-        data=settings.data or spec.config.data.root,
-        split=settings.split,
-        protocol=settings.protocol,
-        batch_size=settings.batch_size,
-        device=spec.config.train.device,
-    )
-    metrics = evaluation.metrics
-    record = metrics_json(
-        metrics,
-        protocol=settings.protocol,
-        split=settings.split,
-        checkpoint=checkpoint.name,
-        label=spec.variant.label,
-        loss=spec.variant.loss,
-        params=_json_roundtrip(spec.variant.params),
-        seed=spec.seed,
-        epochs=trainer.epoch,
-    )
+    evaluation = evaluate_run(checkpoint, spec, settings)
+    # the Evaluation's own record (protocol, split, title, sizes), the checkpoint relative to
+    # the run folder (read back above when the run is cached) and the run's identity
+    record = {
+        **evaluation.record(),
+        "checkpoint": checkpoint.name,
+        "label": spec.variant.label,
+        "loss": spec.variant.loss,
+        "params": _json_roundtrip(spec.variant.params),
+        "seed": spec.seed,
+        "epochs": trainer.epoch,
+    }
     if world is not None:
-        full = evaluation.scores is not None and not bool(evaluation.scores.isnan().any())
-        record["synthetic"] = synthetic_extras(
-            checkpoint,
-            root=world,
-            spec=spec,
-            settings=settings,
-            scores=evaluation.scores if full else None,
-        )
+        record["synthetic"] = synthetic_extras(evaluation, root=world, spec=spec, settings=settings)
     _write_json(result_path, record)  # last: its presence marks the run finished
     status = "resumed" if resume is not None else "trained"
     return RunOutcome(spec, status, _result_from_record(spec, record))

@@ -11,8 +11,24 @@ from typing import Any
 
 import torch
 
+from ...eval import Evaluation, MatrixScorer
 from ..tables import SYNTHETIC_KEYS
 from .spec import EvalSettings, RunSpec
+
+
+def evaluate_run(checkpoint: Path, spec: RunSpec, settings: EvalSettings) -> Evaluation:
+    """A comparison run's test :class:`~vlret.eval.Evaluation` under ``settings`` (its
+    protocol, split, data folder and batch size, on the run's device)."""
+    from ...train.evaluate import run_evaluation
+
+    return run_evaluation(
+        checkpoint,
+        data=settings.data or spec.config.data.root,
+        split=settings.split,
+        protocol=settings.protocol,
+        batch_size=settings.batch_size,
+        device=spec.config.train.device,
+    )
 
 
 def synthetic_root(data: str | Path) -> Path | None:
@@ -35,22 +51,34 @@ def _synthetic_split(root: Path, split: str) -> str | None:
     return None
 
 
-def _pair_scores_as_embeddings(
-    model: torch.nn.Module, dataset: Any, batch_size: int, device: str
+def _as_embeddings(
+    evaluation: Evaluation, scores: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pair-scoring model's ``(N_img, N_txt)`` score matrix ``S`` as the embedding pair
-    ``(I, S^T)``: every metric of :func:`~vlret.data.synthetic.evaluate_synthetic` scores with
-    ``img @ txt.T``, which is then exactly ``S`` (none of them normalises); the identity is
-    ``N_img`` wide, the smaller side of a retrieval split."""
-    from ...eval import encode_tokens, score_matrix
-
-    regions, texts = encode_tokens(model, dataset, batch_size=batch_size, device=device)
-    sim = score_matrix(model, regions, texts, device=device)
-    return torch.eye(sim.shape[0], dtype=sim.dtype), sim.t()
+    """What :func:`~vlret.data.synthetic.evaluate_synthetic` scores with ``img @ txt.T``: a
+    two-tower run's embeddings as its evaluation scored them; otherwise the full score matrix
+    ``S`` as the pair ``(I, S^T)`` (none of its metrics normalises, so ``img @ txt.T`` is
+    exactly ``S``; the identity is ``N_img`` wide, the smaller side: 4 MB, not 1.6 GB, for
+    1000 x 20000). ``S``: ``scores`` when the caller has the full matrix, else the
+    evaluation's own when complete (not the COCO 1K fold blocks only), else scored again by
+    the evaluation's scorer on its split."""
+    if evaluation.embeddings is not None:
+        return evaluation.embeddings
+    shape = (evaluation.n_images, evaluation.n_texts)
+    if scores is None or tuple(scores.shape) != shape:
+        scores = evaluation.scores
+    if scores is None or bool(scores.isnan().any()):
+        scorer = evaluation.scorer
+        if not isinstance(scorer, MatrixScorer):
+            raise ValueError(
+                f"evaluation: the synthetic extras need a score matrix; "
+                f"{type(scorer).__name__} has none"
+            )
+        scores = scorer.scores(evaluation.data)
+    return torch.eye(scores.shape[0], dtype=scores.dtype), scores.t()
 
 
 def synthetic_extras(
-    checkpoint: Path,
+    run: Evaluation | str | Path,
     *,
     root: Path,
     spec: RunSpec,
@@ -61,34 +89,22 @@ def synthetic_extras(
     :func:`~vlret.data.synthetic.evaluate_synthetic`: ``{"split", "metrics", "trials"}`` with
     the :data:`~vlret.analysis.tables.SYNTHETIC_KEYS` metrics (NaN as ``None``) and the
     forced-choice trial counts; ``None`` (with a warning) when the evaluated captions are not
-    the world's split one to one (e.g. MSR-VTT 1k-A, one caption per test video). ``scores``:
-    a cross-attention model's full test score matrix when the caller has it already (else
-    the pairs are scored here)."""
+    the world's split one to one (e.g. MSR-VTT 1k-A, one caption per test video).
+
+    ``run``: the run's :class:`~vlret.eval.Evaluation` under ``settings`` (its split, scorer
+    and embeddings or scores are reused), or a checkpoint, evaluated here
+    (:func:`~vlret.train.evaluate.run_evaluation`). ``scores``: a cross-attention model's
+    full test score matrix when the caller has it already."""
     from ...data.synthetic import evaluate_synthetic, load_synthetic
-    from ...eval import get_protocol
-    from ...models import PairScorer
-    from ...train.builders import build_dataset, eval_data_config
-    from ...train.evaluate import encode_dataset, load_trained_model
 
     name = _synthetic_split(root, settings.split)
     if name is None:
         warnings.warn(f"{root}: no side files of split {settings.split!r}", stacklevel=2)
         return None
-    device = spec.config.train.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, config, encoder = load_trained_model(checkpoint, device=device)
-    ds_protocol = get_protocol(settings.protocol).data_protocol
-    dataset = build_dataset(
-        eval_data_config(config.data, settings.data or config.data.root),
-        settings.split,
-        encoder,
-        protocol=ds_protocol,
-        image_transform=getattr(model, "image_transform", None),
-    )
+    evaluation = run if isinstance(run, Evaluation) else evaluate_run(Path(run), spec, settings)
     annotations = load_synthetic(root, name)
     if not torch.equal(
-        torch.as_tensor(dataset.txt_to_img, dtype=torch.long),
+        torch.as_tensor(evaluation.data.txt_to_img, dtype=torch.long),
         torch.as_tensor(annotations.txt_to_img, dtype=torch.long),
     ):
         warnings.warn(
@@ -97,21 +113,7 @@ def synthetic_extras(
             stacklevel=2,
         )
         return None
-    if isinstance(model, PairScorer):
-        if scores is not None and scores.shape == (dataset.num_images, dataset.num_captions):
-            # img @ txt.T is the score matrix; the identity on the smaller side keeps this
-            # (N_img, N_img) rather than (N_txt, N_txt): 4 MB, not 1.6 GB, for 1000 x 20000
-            img, txt = torch.eye(scores.shape[0], dtype=scores.dtype), scores.t()
-        else:
-            img, txt = _pair_scores_as_embeddings(model, dataset, settings.batch_size, device)
-    else:
-        img, txt = encode_dataset(
-            model,
-            dataset,
-            batch_size=settings.batch_size,
-            device=device,
-            normalize=config.scoring == "cosine",
-        )
+    img, txt = _as_embeddings(evaluation, scores)
     out = evaluate_synthetic(img, txt, annotations)
     ext, clone = out["extended"], out["clone"]
     metrics = {
@@ -144,6 +146,7 @@ def synthetic_extras(
 
 
 __all__ = [
+    "evaluate_run",
     "synthetic_extras",
     "synthetic_root",
 ]

@@ -110,21 +110,32 @@ def read_compare_config(
 
 
 def eval_settings(raw: dict[str, Any], section: dict[str, Any]) -> EvalSettings:
-    from ...train.evaluate import PROTOCOLS
+    from ...eval import default_protocol, get_protocol, protocol_names
 
     fmt = raw.get("data", {}).get("format", "precomp") if isinstance(raw.get("data"), dict) else ""
-    default_protocol = "msrvtt-full" if fmt == "msrvtt" else "f30k"
+    if "protocol" in section:
+        protocol = str(section["protocol"])
+    else:  # the protocol the registry declares the default for this data format
+        default = default_protocol(fmt)
+        if default is None:
+            raise CompareError(
+                f"compare.protocol: no protocol is the default for data.format {fmt!r}; "
+                "name one (vlret protocols lists them)"
+            )
+        protocol = default.name
+    try:
+        get_protocol(protocol)
+    except ValueError:
+        raise CompareError(
+            f"compare.protocol: expected one of {', '.join(protocol_names())}, got {protocol!r}"
+        ) from None
     settings = EvalSettings(
-        protocol=str(section.get("protocol", default_protocol)),
+        protocol=protocol,
         split=str(section.get("split", "test")),
         data=None if section.get("data") is None else str(section["data"]),
         checkpoint=str(section.get("checkpoint", "best")),
         batch_size=section.get("eval_batch_size", 256),
     )
-    if settings.protocol not in PROTOCOLS:
-        raise CompareError(
-            f"compare.protocol: expected one of {', '.join(PROTOCOLS)}, got {settings.protocol!r}"
-        )
     if settings.checkpoint not in ("best", "last"):
         raise CompareError(
             f"compare.checkpoint: expected best or last, got {settings.checkpoint!r}"

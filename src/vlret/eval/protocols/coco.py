@@ -19,6 +19,8 @@ COCO1K = register_protocol(
         summary="MS-COCO testall: 5 folds of 1000 images, averaged",
         paper_set="MS-COCO 5-fold 1K",
         folds=5,
+        fold_set="COCO testall",
+        unfolded="coco5k",
         **_PAPER,  # type: ignore[arg-type]
     )
 )

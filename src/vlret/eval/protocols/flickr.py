@@ -12,5 +12,6 @@ F30K = register_protocol(
         paper_images=1000,
         paper_texts=5000,
         splits={"precomp": ("test", "dev"), "karpathy": ("test", "dev")},
+        default_for=("precomp", "karpathy"),
     )
 )

@@ -16,6 +16,7 @@ MSRVTT_FULL = register_protocol(
         splits={"msrvtt": ("test", "dev")},
         relevance="any-caption-of-video",
         data_protocol="full",
+        default_for=("msrvtt",),
     )
 )
 MSRVTT_1KA = register_protocol(

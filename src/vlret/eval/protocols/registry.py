@@ -43,11 +43,18 @@ class EvalProtocol:
     summary: str
     #: equal folds of images averaged (COCO 1K: 5); 1 = the whole split at once
     folds: int = 1
+    #: for a folded protocol's error on a split that does not divide: the set the paper folds
+    #: (default :attr:`paper_set`) and the protocol scoring it whole, if any
+    fold_set: str = ""
+    unfolded: str | None = None
     relevance: str = "image-of-caption"
     #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`)
     metrics: tuple[str, ...] = RETRIEVAL_METRICS
     #: the data set's own protocol option (MSR-VTT's caption set: ``full`` or ``1k-A``)
     data_protocol: str | None = None
+    #: the data formats whose comparisons (``vlret compare``) use this protocol unless they
+    #: name one (:func:`default_protocol`; at most one protocol per format)
+    default_for: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.relevance not in RELEVANCE_KINDS:
@@ -60,6 +67,12 @@ class EvalProtocol:
             raise ValueError(f"protocol {self.name}: unknown metrics {unknown}")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 1:
             raise ValueError(f"protocol {self.name}: folds must be a positive integer")
+        missing = [f for f in self.default_for if f not in self.splits]
+        if missing:
+            raise ValueError(
+                f"protocol {self.name}: default_for names {', '.join(missing)}, a format whose "
+                "splits it does not evaluate"
+            )
         if not isinstance(self.splits, MappingProxyType):
             object.__setattr__(self, "splits", MappingProxyType(dict(self.splits)))
 
@@ -81,6 +94,19 @@ class EvalProtocol:
                 f"{', '.join(self.splits[data_format])}, not {split!r}"
             )
 
+    def check_folds(self, n_images: int) -> None:
+        """Raise ``ValueError`` (in this protocol's words) unless ``n_images`` images split into
+        :attr:`folds` equal folds."""
+        if self.folds > 1 and n_images % self.folds:
+            fold_set = self.fold_set or self.paper_set
+            size = self.paper_images // self.folds
+            instead = f" (use {self.unfolded})" if self.unfolded else ""
+            raise ValueError(
+                f"{self.name} averages {self.folds} folds of equal size ({fold_set}: "
+                f"{self.folds} x {size} images); this split has {n_images} images, not "
+                f"divisible by {self.folds}{instead}"
+            )
+
     def title_for(self, split: str | None, n_images: int, n_texts: int) -> str:
         """The table title: :attr:`title` only when ``split`` and the sizes are the paper's
         test set; otherwise what was actually scored, marked as not the paper's set."""
@@ -94,10 +120,13 @@ class EvalProtocol:
             f"{self.paper_images} x {self.paper_texts})"
         )
 
+    def accepted(self, *, sep: str = "; ") -> str:
+        """The accepted splits per data format, e.g. ``precomp test/dev; karpathy test/dev``."""
+        return sep.join(f"{fmt} {'/'.join(s)}" for fmt, s in self.splits.items())
+
     def line(self) -> str:
         """One line for ``vlret protocols``: name, summary and the accepted splits."""
-        accepted = "; ".join(f"{fmt} {'/'.join(s)}" for fmt, s in self.splits.items())
-        return f"{self.name:<12} {self.summary} [{accepted}]"
+        return f"{self.name:<12} {self.summary} [{self.accepted()}]"
 
 
 _REGISTRY: dict[str, EvalProtocol] = {}
@@ -107,6 +136,12 @@ def register_protocol(protocol: EvalProtocol) -> EvalProtocol:
     """Add ``protocol`` to the registry (a second protocol of the same name is an error)."""
     if protocol.name in _REGISTRY:
         raise ValueError(f"protocol {protocol.name!r} is registered twice")
+    for fmt in protocol.default_for:
+        taken = default_protocol(fmt)
+        if taken is not None:
+            raise ValueError(
+                f"protocol {protocol.name}: {taken.name} is already the default for {fmt} data"
+            )
     _REGISTRY[protocol.name] = protocol
     return protocol
 
@@ -125,10 +160,29 @@ def get_protocol(protocol: str | EvalProtocol) -> EvalProtocol:
     return _REGISTRY[protocol]
 
 
+def eval_splits() -> tuple[str, ...]:
+    """Every split some registered protocol evaluates: the paper's test splits first, then the
+    others (``dev``), each once in registration order (``vlret eval --split`` choices)."""
+    paper = [s for p in _REGISTRY.values() for s in p.paper_splits]
+    other = [s for p in _REGISTRY.values() for splits in p.splits.values() for s in splits]
+    return tuple(dict.fromkeys(paper + other))
+
+
+def default_protocol(data_format: str) -> EvalProtocol | None:
+    """The protocol whose :attr:`~EvalProtocol.default_for` names ``data_format`` (``None``
+    if none does)."""
+    for protocol in _REGISTRY.values():
+        if data_format in protocol.default_for:
+            return protocol
+    return None
+
+
 __all__ = [
     "RELEVANCE_KINDS",
     "RETRIEVAL_METRICS",
     "EvalProtocol",
+    "default_protocol",
+    "eval_splits",
     "get_protocol",
     "protocol_names",
     "register_protocol",
