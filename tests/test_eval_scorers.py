@@ -264,3 +264,14 @@ def test_shortlist_with_every_candidate_is_the_exact_protocol():
         assert approx.shortlist["i2t_ground_truth_in_shortlist"] == 1.0
     with pytest.raises(ValueError, match="shortlist: expected a positive number"):
         ShortlistScorer([pair], k=0)
+
+
+def test_a_batch_pos_sim_is_the_diagonal_views_mean_as_the_step_log_took_it():
+    # The step logs of b84b800 averaged sim.diagonal() (a strided view); a gathered copy sums in
+    # another order, so the logged pos_sim of every existing run would change in its last bit.
+    sim = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    ids = torch.arange(256)
+    stats = similarity_stats(sim, txt_to_img=ids, pos_mask=ids[:, None] == ids[None, :])
+    assert stats["pos_sim"] == float(sim.diagonal().mean())
+    exact = float(sim.double().diagonal().sum() / 256)  # float32 rounding of 256 terms at most
+    assert abs(stats["pos_sim"] - exact) <= 256 * torch.finfo(torch.float32).eps * 4

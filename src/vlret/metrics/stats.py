@@ -34,8 +34,15 @@ def similarity_stats(
         neg = sim.masked_fill(pos_mask, -math.inf)
         hardest = torch.cat([neg.amax(dim=1), neg.amax(dim=0)])
         hardest = hardest[torch.isfinite(hardest)]  # a query without negatives has none
+        square = sim.shape[0] == sim.shape[1]
+        if square and torch.equal(t2i, torch.arange(sim.shape[1], device=sim.device)):
+            # a batch's pairs (j, j): the diagonal view, averaged as the step log always did
+            # (a strided view and a gathered copy sum in different orders, the last bit differs)
+            positives = sim.diagonal()
+        else:
+            positives = sim.gather(0, t2i[None, :])
         return {
-            "pos_sim": float(sim.gather(0, t2i[None, :]).mean()),
+            "pos_sim": float(positives.mean()),
             "hardest_neg_sim": float(hardest.mean()) if hardest.numel() else float("nan"),
         }
 
