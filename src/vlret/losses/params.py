@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -233,28 +233,6 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def deprecated_names(
-    module: str, names: Mapping[str, tuple[str, Callable[[], object]]]
-) -> Callable[[str], object]:
-    """A module ``__getattr__`` serving renamed public names with a DeprecationWarning.
-
-    Args:
-        module: The module's dotted name, for the messages.
-        names: Each old name's replacement, as (its text, a function returning the value).
-    """
-
-    def __getattr__(name: str) -> object:
-        if name in names:
-            new, value = names[name]
-            warnings.warn(
-                f"{module}.{name} is deprecated; use {new}", DeprecationWarning, stacklevel=2
-            )
-            return value()
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-
-    return __getattr__
-
-
 @dataclass(frozen=True, kw_only=True)
 class TiledLossParams(LossParams):
     """A family with a tiled form: ``chunk_size`` is its tile height (``docs/tiled.md``)."""
@@ -269,7 +247,6 @@ __all__ = [
     "LossParams",
     "ParamInfo",
     "TiledLossParams",
-    "deprecated_names",
     "info",
     "normalize_param",
     "param",

@@ -4,9 +4,7 @@
 command-line entry points; :func:`train` and :func:`evaluate_checkpoint` the Python ones.
 """
 
-import warnings
-from typing import Any
-
+from .._moved import renamed_names
 from ..eval import protocol_names
 from .checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from .config import (
@@ -39,17 +37,10 @@ from .grad_cache import GradCache, split_batch
 from .hooks import ParamGroup, StepOutput, TrainHook
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
-
-def __getattr__(name: str) -> Any:
-    # vlret.train.PROTOCOLS: the registry's names now, with evaluate.PROTOCOLS' deprecation
-    if name == "PROTOCOLS":
-        warnings.warn(
-            "vlret.train.PROTOCOLS is deprecated; use vlret.eval.protocol_names()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return protocol_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# vlret.train.PROTOCOLS: the registry's names now
+__getattr__ = renamed_names(
+    __name__, {"PROTOCOLS": ("vlret.eval.protocol_names()", protocol_names)}
+)
 
 
 __all__ = [

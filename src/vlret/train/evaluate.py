@@ -44,7 +44,6 @@ re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
+from .._moved import renamed_names
 from ..data import RetrievalDataset
 from ..eval import (
     EnsembleScorer,
@@ -80,28 +80,24 @@ from ..models import PairScorer
 from .builders import StoredRun, build_dataset, eval_data_config, load_trained_model
 from .distributed import resolve_device
 
+_deprecated = renamed_names(
+    __name__,
+    {
+        "PROTOCOLS": ("vlret.eval.protocol_names()", protocol_names),
+        # the per-protocol table of before the registry, rebuilt from it
+        "PROTOCOL_SPLITS": (
+            "vlret.eval.get_protocol(name).splits",
+            lambda: {n: dict(get_protocol(n).splits) for n in protocol_names()},
+        ),
+    },
+)
+
 
 def __getattr__(name: str) -> Any:
     # read from the registry at each access, so a protocol registered later is included
     if name == "EVAL_SPLITS":
         return eval_splits()
-    if name == "PROTOCOLS":
-        warnings.warn(
-            "vlret.train.evaluate.PROTOCOLS is deprecated; use vlret.eval.protocol_names()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return protocol_names()
-    # the per-protocol tables of before the registry, rebuilt from it
-    if name == "PROTOCOL_SPLITS":
-        warnings.warn(
-            "vlret.train.evaluate.PROTOCOL_SPLITS is deprecated; use "
-            "vlret.eval.get_protocol(name).splits",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return {n: dict(get_protocol(n).splits) for n in protocol_names()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _deprecated(name)
 
 
 def protocol_title(protocol: str, split: str | None, n_images: int, n_texts: int) -> str:

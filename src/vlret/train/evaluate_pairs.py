@@ -5,9 +5,7 @@ old names still import from here, with a ``DeprecationWarning``."""
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from .._moved import moved_names
 
 _MOVED = {
     "TextTokens": "vlret.eval.encode",
@@ -27,15 +25,7 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"vlret.train.evaluate_pairs.{name} moved to {_MOVED[name]}.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(_MOVED[name]), name)
+__getattr__ = moved_names(__name__, _MOVED)
 
 
 def __dir__() -> list[str]:

@@ -27,7 +27,8 @@ from ..._checks import (
     Number,
     ParamError,
 )
-from ..params import TiledLossParams, deprecated_names, param
+from ..._moved import renamed_names
+from ..params import TiledLossParams, param
 
 #: Anchor selection rules on Delta S (paper Table 5).
 ANCHOR_SELECTIONS = ("median", "min", "max", "random")
@@ -97,7 +98,7 @@ class AdaCLParams(TiledLossParams):
 
 
 # AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
-__getattr__ = deprecated_names(
+__getattr__ = renamed_names(
     "vlret.losses.adacl",
     {
         "AdaCLConfig": ("AdaCLParams", lambda: AdaCLParams),

@@ -61,7 +61,8 @@ from dataclasses import dataclass
 import torch
 
 from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError, ParamSpec
-from ..params import TiledLossParams, deprecated_names, param, reduction_param
+from ..._moved import renamed_names
+from ..params import TiledLossParams, param, reduction_param
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
 TRIPLET_WEIGHTS: tuple[str, ...] = ("con", "nca", "cir")
@@ -118,7 +119,7 @@ def _old_goal_params() -> dict[str, ParamSpec]:
 
 
 # GoalConfig and GOAL_PARAMS became GoalParams (issue 25): kept importable
-__getattr__ = deprecated_names(
+__getattr__ = renamed_names(
     "vlret.losses.goal",
     {
         "GoalConfig": ("GoalParams", lambda: GoalParams),
