@@ -389,7 +389,7 @@ class PairLoss(nn.Module):
         tiled = type(self).tiled
         if tiled is None:
             raise ValueError(f"{type(self).__name__} has no tiled form; use chunk_size=None")
-        accepted = inspect.signature(tiled).parameters
+        accepted = inspect.signature(tiled).parameters if inputs else {}
         for name, value in list(inputs.items()):
             if name not in accepted:
                 if value is not None:

@@ -118,10 +118,7 @@ class LossParams:
     def fields(cls) -> list[dataclasses.Field]:
         """The declared fields: the family's own first (the most derived class's first), then
         :data:`COMMON`'s."""
-        by_name = {f.name: f for f in dataclasses.fields(cls)}
-        order = [n for k in cls.__mro__ for n in vars(k).get("__annotations__", {})]
-        own = [n for n in dict.fromkeys(order) if n in by_name and n not in COMMON]
-        return [by_name[n] for n in own] + [by_name[n] for n in COMMON if n in by_name]
+        return list(_ordered_fields(cls))
 
     @classmethod
     def names(cls) -> list[str]:
@@ -205,11 +202,7 @@ class LossParams:
 
     def arguments(self) -> dict[str, Any]:
         """The fields handed to the family's dense and tiled functions (``passed``)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in self.fields()
-            if f.name not in COMMON and info(f).passed
-        }
+        return {name: getattr(self, name) for name in _passed_names(type(self))}
 
     def describe(self, **current: Any) -> str:
         """``name=value, ...`` for ``repr``: the family's fields (``current`` replaces or adds
@@ -231,6 +224,32 @@ def _shown(value: Any) -> str:
     if hasattr(value, "registry_name"):
         return type(value).__name__
     return str(value)
+
+
+# A declaration is fixed once its class exists; a loss reads these on every forward, where
+# dataclasses.fields() and the MRO walk cost as much as a small tiled step's Python (B=128).
+_FIELDS: dict[type, tuple[dataclasses.Field, ...]] = {}
+_PASSED: dict[type, tuple[str, ...]] = {}
+
+
+def _ordered_fields(cls: type[LossParams]) -> tuple[dataclasses.Field, ...]:
+    cached = _FIELDS.get(cls)
+    if cached is None:
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        order = [n for k in cls.__mro__ for n in vars(k).get("__annotations__", {})]
+        own = [n for n in dict.fromkeys(order) if n in by_name and n not in COMMON]
+        cached = tuple([by_name[n] for n in own] + [by_name[n] for n in COMMON if n in by_name])
+        _FIELDS[cls] = cached
+    return cached
+
+
+def _passed_names(cls: type[LossParams]) -> tuple[str, ...]:
+    cached = _PASSED.get(cls)
+    if cached is None:
+        fields = _ordered_fields(cls)
+        cached = tuple(f.name for f in fields if f.name not in COMMON and info(f).passed)
+        _PASSED[cls] = cached
+    return cached
 
 
 @dataclass(frozen=True, kw_only=True)
