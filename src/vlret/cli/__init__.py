@@ -31,7 +31,7 @@ from . import (
     train,
 )
 from . import eval as eval_command
-from ._common import EXIT_ERROR
+from ._common import EXIT_ERROR, EXIT_INTERRUPTED
 
 #: The command modules, in the order ``vlret --help`` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
@@ -91,9 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``vlret`` command; a missing optional dependency is one line naming the extra to
-    install (``vlret train needs PyYAML: pip install 'vlret[train]'``) and status 2."""
+    """The ``vlret`` command. What no command handles itself ends in one line on stderr, not a
+    traceback: a missing optional dependency names the extra to install (``vlret train needs
+    PyYAML: pip install 'vlret[train]'``, status 2); a write refused for room or permission
+    (disk full, ``RLIMIT_FSIZE``, a read-only folder) names the file (status 2); Ctrl-C is
+    ``interrupted`` with status 130."""
     from .._extras import MissingExtra
+    from .._files import write_failure
 
     args = None
     try:
@@ -101,6 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except MissingExtra as err:
         print(err.for_command(getattr(args, "command", None)), file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"vlret {args.command if args else ''}: interrupted".strip(), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as err:
+        line = write_failure(err)
+        if line is None:
+            raise
+        print(f"vlret {args.command if args else ''}: {line}", file=sys.stderr)
         return EXIT_ERROR
 
 
