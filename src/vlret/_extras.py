@@ -28,6 +28,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "sklearn": ("scikit-learn", "vsl"),
     "scipy": ("SciPy", "vsl"),
     "transformers": ("transformers", "hf"),
+    "PIL": ("Pillow", "hf"),
 }
 
 

@@ -48,12 +48,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the world, print its folder and the overrides to train on it."""
+    """Write the world (everything it needs checked first), print its folder and the overrides
+    to train on it."""
     try:
         from ..data.synthetic import synth_main
+        from ..data.synthetic.hint import RANDOM_BERT_DIR
     except ImportError as err:
         return fail(NAME, f"the synthetic world is not available: {err}")
-    options = {
+    from .._extras import MissingExtra
+
+    options: dict[str, Any] = {
         k: v
         for k, v in (("seed", args.seed), ("format", args.format), ("noise", args.noise))
         if v is not None
@@ -61,18 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if args.overwrite:
         options["overwrite"] = True
     try:
-        path = synth_main(args.preset, args.out, **options)
-    except (ValueError, FileExistsError) as err:
+        path = synth_main(args.preset, args.out, random_bert=args.random_bert, **options)
+    except (ValueError, FileExistsError, MissingExtra) as err:
         return fail(NAME, err)
     print(path)
     if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
-        from ..data.msrvtt import DATA_JSON, read_msrvtt_json
-        from ..data.synthetic.bert import write_random_bert
-
-        if not (Path(path) / DATA_JSON).is_file():
-            return fail(NAME, "--random-bert needs an MSR-VTT-format world")
-        captions = read_msrvtt_json(Path(path) / DATA_JSON).captions.values()
-        print(write_random_bert(Path(path) / "random-bert", (c for cs in captions for c in cs)))
+        print(Path(path) / RANDOM_BERT_DIR)
     from ..data.synthetic import train_hint_lines
 
     for line in train_hint_lines(path):  # the --set overrides a shipped config needs

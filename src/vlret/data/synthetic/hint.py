@@ -23,16 +23,20 @@ else:  # pragma: no cover
 
 #: The side file that describes a written world (``vlret.data.synthetic``).
 META_FILE = "synthetic.json"
-#: A shipped config (in the source tree) that trains on a world of each format once the
-#: overrides are applied: the demo's model for features, CLIP for the rendered images.
+#: The shipped config (by name: ``vlret train NAME`` finds it wherever vlret is installed)
+#: that trains on a world of each format once the overrides are applied: the demo's model for
+#: features, CLIP for the rendered images.
 EXAMPLE_CONFIGS = {
-    "precomp": "configs/synth_f30k_compare.toml",
-    "msrvtt": "configs/synth_f30k_compare.toml",
-    "karpathy": "configs/clip_unified_f30k.toml",
+    "precomp": "synth_f30k_compare",
+    "msrvtt": "synth_f30k_compare",
+    "karpathy": "clip_unified_f30k",
 }
-#: The shipped config for a multi-expert world (``video-experts``): a CE model (``[model] kind
-#: = "ce"``); an MMT config takes the same overrides.
-EXPERTS_CONFIG = "configs/synth_video_experts_ce.toml"
+#: The shipped configs for a multi-expert world (``video-experts``): a CE model (``[model] kind
+#: = "ce"``), and an MMT one, whose text side is the world's random BERT.
+EXPERTS_CONFIG = "synth_video_experts_ce"
+MMT_CONFIG = "synth_video_experts_mmt"
+#: The folder inside a world where ``vlret synth --random-bert`` writes MMT's text encoder.
+RANDOM_BERT_DIR = "random-bert"
 
 
 def config_hint(
@@ -121,25 +125,46 @@ def train_overrides(meta: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def mmt_overrides(meta: Mapping[str, Any], root: str | Path) -> list[str]:
+    """:func:`train_overrides` plus ``model.text.path``, the world's random BERT
+    (``root/random-bert``): what :data:`MMT_CONFIG` needs on a multi-expert world (its own
+    ``text.path`` names the world's default folder, ``runs/data-video-experts``)."""
+    text = str(Path(root) / RANDOM_BERT_DIR)
+    return [*train_overrides(meta), f"model.text.path={_value(text)}"]
+
+
+def _command(config: str, overrides: list[str]) -> str:
+    sets = " ".join(f"--set {shlex.quote(item)}" for item in overrides)
+    return f"vlret train {config} {sets}"
+
+
 def train_hint_lines(root: str | Path) -> list[str]:
     """What ``vlret synth`` prints after writing ``root``: a ``vlret train`` command line that
-    runs a shipped config on the world. Empty when ``root`` holds no ``synthetic.json``."""
+    runs a shipped config on the world (for a multi-expert world, one for CE and one for MMT).
+    Empty when ``root`` holds no ``synthetic.json``."""
     path = Path(root) / META_FILE
     if not path.is_file():
         return []
     meta = json.loads(path.read_text(encoding="utf-8"))
     fmt = meta["train_config_hint"]["data"].get("format", "precomp")
-    experts = bool(meta["train_config_hint"].get("experts"))
-    config = EXPERTS_CONFIG if experts else EXAMPLE_CONFIGS.get(fmt, EXAMPLE_CONFIGS["precomp"])
-    sets = " ".join(f"--set {shlex.quote(item)}" for item in train_overrides(meta))
-    lines = [f"train on it: vlret train {config} {sets}"]
-    if experts:
-        lines.append(
-            '  (a multi-expert model, kind = "ce" or "mmt": an MMT config takes these too; '
-            "add --set data.protocol=1k-A for the 1k-A split)"
-        )
-    elif fmt == "karpathy":
+    if meta["train_config_hint"].get("experts"):
+        lines = [
+            f"train on it: {_command(EXPERTS_CONFIG, train_overrides(meta))}",
+            "  (add --set data.protocol=1k-A for the 1k-A split)",
+            f"or with MMT: {_command(MMT_CONFIG, mmt_overrides(meta, root))}",
+        ]
+        bert = Path(root) / RANDOM_BERT_DIR
+        if not (bert / "config.json").is_file():
+            lines.append(
+                f"  (MMT's text side, {bert}, is written by vlret synth with --random-bert)"
+            )
+        return lines
+    config = EXAMPLE_CONFIGS.get(fmt, EXAMPLE_CONFIGS["precomp"])
+    lines = [f"train on it: {_command(config, train_overrides(meta))}"]
+    if fmt == "karpathy":
         lines.append("  (plus --set model.path=DIR, a local CLIP folder: the images are pixels)")
     else:
-        lines.append("  (the other feature configs in configs/ and vlret compare take these too)")
+        lines.append(
+            "  (the other feature configs (vlret configs) and vlret compare take these too)"
+        )
     return lines

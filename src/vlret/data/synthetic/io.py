@@ -5,16 +5,20 @@ relevance, clone groups and the clean mask (``docs/synthetic.md``).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
-from ..._files import atomic_write_text
+from ..._files import WriteFailed, atomic_write_text, check_output_dir, write_failure
 from ..karpathy import KarpathyImage, KarpathySentence
 from ..msrvtt import DATA_JSON, FEATURES_NPY, JSFUSION_CSV, TRAIN_9K_CSV
 from ..writers import (
@@ -27,13 +31,95 @@ from ..writers import (
     write_video_features,
 )
 from .config import CAPTION_FORMS, EDIT_KINDS, FORMATS, NoiseSpec, SyntheticConfig, get_preset
-from .hint import META_FILE, config_hint
+from .hint import META_FILE, RANDOM_BERT_DIR, config_hint
 from .language import N_FACTS, fact_names
 from .relevance import relevance_pairs
 from .scenes import Scene
 from .splits import SyntheticSplit
 from .video_experts import SyntheticExperts, expert_dims, expert_frames
 from .world import SyntheticWorld, generate_world
+
+#: Written into a world's folder before its first file and removed once the world is whole
+#: (``synthetic.json`` and, for ``vlret synth --random-bert``, the BERT): a folder holding it
+#: is a world whose writing stopped half-way (a failure, Ctrl-C, a full disk), which a rerun
+#: replaces without ``overwrite``; a whole world still needs ``overwrite``.
+UNFINISHED_FILE = "synthetic.unfinished"
+
+
+def _mark_unfinished(root: Path) -> None:
+    """Create ``root`` marked unfinished, and drop what described or belonged to an earlier
+    world there: its ``synthetic.json`` (the folder no longer holds that world once writing
+    starts) and its random BERT (made from the earlier world's captions)."""
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(
+        root / UNFINISHED_FILE,
+        "vlret synth stopped before this synthetic world was whole; rerun it to replace the "
+        "world (no --overwrite needed)\n",
+    )
+    (root / META_FILE).unlink(missing_ok=True)
+    if (root / RANDOM_BERT_DIR).is_dir():
+        shutil.rmtree(root / RANDOM_BERT_DIR)
+
+
+def finish_world(root: str | Path) -> None:
+    """Mark the world in ``root`` whole (:data:`UNFINISHED_FILE` removed): what
+    :func:`write_synthetic` with ``finish=False`` leaves to its caller once the caller's own
+    files (``vlret synth``'s random BERT) are written."""
+    (Path(root) / UNFINISHED_FILE).unlink(missing_ok=True)
+
+
+def is_unfinished(root: str | Path) -> bool:
+    """Whether ``root`` holds a world whose writing stopped half-way."""
+    return (Path(root) / UNFINISHED_FILE).is_file()
+
+
+class WorldWriteFailed(WriteFailed):
+    """Writing a world into a folder failed for want of room or permission (a full disk, a file
+    size limit, a folder made read-only): one line naming the folder and the cause. The folder
+    stays marked unfinished (:data:`UNFINISHED_FILE`), so a rerun replaces it."""
+
+    def __init__(self, root: Path, cause: str, code: int) -> None:
+        OSError.__init__(self, code, os.strerror(code), str(root))
+        self.code = code
+        self.kept = False
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return (
+            f"{self.filename}: the synthetic world was not written whole ({self.cause}); the "
+            "folder is marked unfinished and a rerun replaces it"
+        )
+
+
+#: numpy's message for a write(2) that came back short (it drops the errno)
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
+
+
+@contextlib.contextmanager
+def _world_writes(root: Path) -> Iterator[None]:
+    """Turn a write that failed for room or permission into :class:`WorldWriteFailed`."""
+    try:
+        yield
+    except WorldWriteFailed:
+        raise
+    except OSError as err:
+        cause = write_failure(err)
+        short = _SHORT_WRITE.fullmatch(str(err))
+        if cause is None and short is not None:
+            cause = (
+                f"a write came short, {short[1]} bytes asked and {short[2]} written: the disk "
+                "is full or a file size limit was reached"
+            )
+        if cause is None:
+            raise
+        raise WorldWriteFailed(root, cause, err.errno or errno.EIO) from err
+
+
+def _require_pillow() -> None:
+    """Refuse (:class:`~vlret._extras.MissingExtra`) a rendered-image world without Pillow."""
+    from ..._extras import require
+
+    require("PIL", "rendering the karpathy format's images")
 
 
 def _image_ids(world: SyntheticWorld) -> dict[str, list[int]]:
@@ -232,66 +318,17 @@ def _summary(split: SyntheticSplit) -> dict[str, Any]:
     }
 
 
-def write_synthetic(
-    preset: str | SyntheticConfig,
-    out_dir: str | Path,
+def _write_world(
+    world: SyntheticWorld,
+    root: Path,
+    format: str,
+    relevance_splits: Sequence[str] | None,
     *,
-    format: str | None = None,
-    seed: int = 0,
-    noise: str | NoiseSpec | Mapping[str, Any] | None = None,
-    relevance_splits: Sequence[str] | None = None,
-    render_images: bool = True,
-    overwrite: bool = False,
-    **overrides: Any,
-) -> Path:
-    """Generate a world and write it to ``out_dir`` in ``format``; returns ``out_dir``.
-
-    ``format`` defaults to ``msrvtt`` for a multi-expert world (``video-experts``, the only
-    format it has) and to ``precomp`` otherwise.
-
-    * ``precomp``: ``{split}_ims.npy`` / ``_caps.txt`` / ``_ids.txt`` (train ids per image,
-      the others per caption, as in the real folders);
-    * ``karpathy``: ``dataset_flickr30k.json`` (``dataset_coco.json`` for coco-like, train
-      split into train + restval) and, with ``render_images`` (needs Pillow), a small JPEG per
-      scene under ``images/``;
-    * ``msrvtt``: ``MSRVTT_data.json`` (dev is ``validate``), the 9k train CSV (every video
-      but the 1k-A test ones), ``MSRVTT_JSFUSION_test.csv`` (the last ``n_1ka`` test videos,
-      first caption each), ``video_feats.npy`` + ``video_ids.txt`` (a multi-expert world:
-      ``experts.json``, ``video_ids.txt`` and ``<expert>.npy`` / ``.present.npy`` /
-      ``.frames.npy``, :func:`vlret.data.experts.write_expert_features`).
-
-    Side files (any format): ``synthetic.json`` (config, counts, fact names, a config hint
-    for ``vlret train``), ``{split}_synth.npz`` (facts, scenes, edits), ``{split}_groups.npy``,
-    ``{split}_relevance.npz`` for ``relevance_splits`` (default: every split but train) and
-    ``train_clean.npy`` with ``noise``. ``overrides`` are :class:`SyntheticConfig` fields
-    (``feature_dim``, ``regions``, ``frames``, ``captions_per_image``, ``splits``, ...).
-    An existing non-empty ``out_dir`` (an earlier world included: data trained on must not
-    change under a model) is refused unless ``overwrite`` is set.
-    """
-    multi_expert = get_preset(preset, **overrides).multi_expert
-    if format is None:
-        format = "msrvtt" if multi_expert else "precomp"
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    if multi_expert and format != "msrvtt":
-        raise ValueError(
-            f"format {format!r}: a multi-expert world (video-experts) is written in the msrvtt "
-            "format only (its experts have the MSR-VTT multi-expert layout)"
-        )
-    root = Path(out_dir)
-    check_out_dir(root, overwrite=overwrite)
-    if render_images and format == "karpathy":
-        try:
-            import PIL  # noqa: F401
-        except ImportError:
-            raise ImportError(
-                "format 'karpathy' renders images with Pillow (pip install pillow); pass "
-                "render_images=False to write the JSON only"
-            ) from None
-    world = generate_world(preset, seed=seed, noise=noise, **overrides)
-    if format == "karpathy" and (root / META_FILE).is_file() and (root / "images").is_dir():
-        shutil.rmtree(root / "images")  # stale renders of an earlier synthetic world
-    root.mkdir(parents=True, exist_ok=True)
+    render_images: bool,
+) -> None:
+    """Write ``world`` into ``root``, marked unfinished from the first file on, in ``format``
+    with its side files, ``synthetic.json`` last (:func:`write_synthetic`)."""
+    _mark_unfinished(root)
     if format == "precomp":
         format_files = _write_precomp(world, root)
     elif format == "karpathy":
@@ -328,15 +365,82 @@ def write_synthetic(
     }
     # `vlret demo` reuses a world whose meta file it can read: write it whole or not at all
     atomic_write_text(root / META_FILE, json.dumps(meta, indent=1))
+
+
+def write_synthetic(
+    preset: str | SyntheticConfig,
+    out_dir: str | Path,
+    *,
+    format: str | None = None,
+    seed: int = 0,
+    noise: str | NoiseSpec | Mapping[str, Any] | None = None,
+    relevance_splits: Sequence[str] | None = None,
+    render_images: bool = True,
+    overwrite: bool = False,
+    finish: bool = True,
+    **overrides: Any,
+) -> Path:
+    """Generate a world and write it to ``out_dir`` in ``format``; returns ``out_dir``.
+
+    ``format`` defaults to ``msrvtt`` for a multi-expert world (``video-experts``, the only
+    format it has) and to ``precomp`` otherwise.
+
+    * ``precomp``: ``{split}_ims.npy`` / ``_caps.txt`` / ``_ids.txt`` (train ids per image,
+      the others per caption, as in the real folders);
+    * ``karpathy``: ``dataset_flickr30k.json`` (``dataset_coco.json`` for coco-like, train
+      split into train + restval) and, with ``render_images`` (needs Pillow), a small JPEG per
+      scene under ``images/``;
+    * ``msrvtt``: ``MSRVTT_data.json`` (dev is ``validate``), the 9k train CSV (every video
+      but the 1k-A test ones), ``MSRVTT_JSFUSION_test.csv`` (the last ``n_1ka`` test videos,
+      first caption each), ``video_feats.npy`` + ``video_ids.txt`` (a multi-expert world:
+      ``experts.json``, ``video_ids.txt`` and ``<expert>.npy`` / ``.present.npy`` /
+      ``.frames.npy``, :func:`vlret.data.experts.write_expert_features`).
+
+    Side files (any format): ``synthetic.json`` (config, counts, fact names, a config hint
+    for ``vlret train``), ``{split}_synth.npz`` (facts, scenes, edits), ``{split}_groups.npy``,
+    ``{split}_relevance.npz`` for ``relevance_splits`` (default: every split but train) and
+    ``train_clean.npy`` with ``noise``. ``overrides`` are :class:`SyntheticConfig` fields
+    (``feature_dim``, ``regions``, ``frames``, ``captions_per_image``, ``splits``, ...).
+    An existing non-empty ``out_dir`` (an earlier world included: data trained on must not
+    change under a model) is refused unless ``overwrite`` is set, or it holds a world whose
+    writing stopped half-way (:data:`UNFINISHED_FILE`, written before the first file and
+    removed after the last one; ``finish=False`` leaves it for the caller to remove with
+    :func:`finish_world`). Everything is checked, and the world generated, before the first
+    file is written: a missing extra (Pillow for rendered images) writes nothing.
+    """
+    multi_expert = get_preset(preset, **overrides).multi_expert
+    if format is None:
+        format = "msrvtt" if multi_expert else "precomp"
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if multi_expert and format != "msrvtt":
+        raise ValueError(
+            f"format {format!r}: a multi-expert world (video-experts) is written in the msrvtt "
+            "format only (its experts have the MSR-VTT multi-expert layout)"
+        )
+    root = check_output_dir(out_dir, "out_dir")
+    check_out_dir(root, overwrite=overwrite)
+    if render_images and format == "karpathy":
+        _require_pillow()
+    world = generate_world(preset, seed=seed, noise=noise, **overrides)
+    earlier = (root / META_FILE).is_file() or is_unfinished(root)
+    if format == "karpathy" and earlier and (root / "images").is_dir():
+        shutil.rmtree(root / "images")  # stale renders of an earlier synthetic world
+    with _world_writes(root):
+        _write_world(world, root, format, relevance_splits, render_images=render_images)
+    if finish:
+        finish_world(root)
     return root
 
 
 def check_out_dir(root: Path, *, overwrite: bool, flag: str = "overwrite=True") -> None:
     """Refuse (``FileExistsError`` naming ``root`` and ``flag``) a non-empty ``root``, an
-    earlier synthetic world included, unless ``overwrite``; ``ValueError`` for a file."""
+    earlier synthetic world included, unless ``overwrite``; ``ValueError`` for a file. A world
+    whose writing stopped half-way (:data:`UNFINISHED_FILE`) is not refused: a rerun
+    replaces it."""
     if root.exists() and not root.is_dir():
         raise ValueError(f"out_dir {root} exists and is not a directory")
-    if overwrite or not root.is_dir() or not any(root.iterdir()):
+    if overwrite or not root.is_dir() or is_unfinished(root) or not any(root.iterdir()):
         return
     meta_path = root / META_FILE
     if meta_path.is_file():
@@ -353,20 +457,57 @@ def check_out_dir(root: Path, *, overwrite: bool, flag: str = "overwrite=True") 
     )
 
 
-def synth_main(preset: str, out: str | Path, **options: Any) -> Path:
+#: The :class:`SyntheticConfig` fields among :func:`synth_main`'s options.
+_CONFIG_FIELDS = frozenset(SyntheticConfig.__dataclass_fields__)
+
+
+def synth_main(preset: str, out: str | Path, *, random_bert: bool = False, **options: Any) -> Path:
     """Entry point of ``vlret synth PRESET --out DIR``: :func:`write_synthetic` with
     ``options`` (``format``, ``seed``, ``noise`` as ``"MODE:RATE"``, ``relevance_splits``,
     ``render_images``, ``overwrite`` and :class:`SyntheticConfig` fields such as
     ``feature_dim``, ``regions``, ``frames``, ``captions_per_image``); ``None`` values mean
-    the preset's default. Returns the output folder. A non-empty ``out`` (an earlier world
-    included) is refused unless ``overwrite`` (``--overwrite``)."""
+    the preset's default. With ``random_bert`` (``--random-bert``), also
+    ``DIR/random-bert``, a small random BERT on the world's words
+    (:func:`~.bert.write_random_bert`, MMT's text side). Returns the output folder.
+
+    Everything the world needs is checked before anything is written: an MSR-VTT-format world
+    and transformers for ``random_bert`` (:class:`~vlret._extras.MissingExtra` naming the
+    extra), Pillow for rendered images, and the folder: a non-empty ``out`` (an earlier world
+    included) is refused unless ``overwrite`` (``--overwrite``) or it holds a world whose
+    writing stopped half-way (:data:`UNFINISHED_FILE`; the folder stays marked until the
+    BERT is written too)."""
+    from ..._extras import require
+
     options = {k: v for k, v in options.items() if v is not None}
-    check_out_dir(Path(out), overwrite=bool(options.get("overwrite")), flag="--overwrite")
-    return write_synthetic(preset, out, **options)
+    if random_bert:
+        config = get_preset(preset, **{k: v for k, v in options.items() if k in _CONFIG_FIELDS})
+        fmt = options.get("format") or ("msrvtt" if config.multi_expert else "precomp")
+        if fmt != "msrvtt":
+            raise ValueError(
+                f"--random-bert needs an MSR-VTT-format world (the video or video-experts "
+                f"preset, --format msrvtt), got format {fmt!r}"
+            )
+        require("transformers", "--random-bert")
+    root = check_output_dir(out, "--out")
+    check_out_dir(root, overwrite=bool(options.get("overwrite")), flag="--overwrite")
+    path = write_synthetic(preset, root, finish=not random_bert, **options)
+    if random_bert:
+        from ..msrvtt import read_msrvtt_json
+        from .bert import write_random_bert
+
+        captions = read_msrvtt_json(path / DATA_JSON).captions.values()
+        with _world_writes(path):
+            write_random_bert(path / RANDOM_BERT_DIR, (c for cs in captions for c in cs))
+            finish_world(path)
+    return path
 
 
 __all__ = [
+    "UNFINISHED_FILE",
+    "WorldWriteFailed",
     "check_out_dir",
+    "finish_world",
+    "is_unfinished",
     "synth_main",
     "write_synthetic",
 ]
