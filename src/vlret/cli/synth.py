@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace an existing world (or write into a non-empty folder); without it the "
-        "folder is refused",
+        "folder is refused, unless it holds a world whose writing stopped half-way",
     )
     p.set_defaults(func=run)
     return p
