@@ -117,22 +117,14 @@ def _sizes(dataset: Any) -> str:
     return f"{_plural(dataset.num_images, 'image')} / {_plural(dataset.num_captions, 'caption')}"
 
 
-def run_summary(
-    *,
-    device: torch.device,
-    world: int,
-    train_set: Any,
-    dev_set: Any | None,
-    steps_per_epoch: int,
-    batch_size: int,
-    epochs: int,
-    start_epoch: int,
-    warmup_epochs: int,
-    output_dir: Path,
-) -> str:
-    """The lines printed when a run starts: device and processes, the splits' sizes, steps per
-    epoch and the batch (``batch_size`` is the global batch: each of the ``world`` processes
-    takes ``batch_size / world``), the epochs (numbered from 0) and the output folder."""
+def run_summary(trainer: Any) -> str:
+    """The lines a :class:`~vlret.train.Trainer` prints when a run starts: device and
+    processes, the splits' sizes, steps per epoch and the batch (``train.batch_size`` is the
+    global batch: each of the ``world`` processes takes ``batch_size / world``), the epochs
+    (numbered from 0) and the output folder."""
+    tc, world, dev_set = trainer.config.train, trainer.world, trainer.dev_set
+    batch_size, epochs, warmup_epochs = tc.batch_size, tc.epochs, tc.all_negatives_epochs
+    steps_per_epoch = trainer.sampler.num_batches()
     processes = "1 process" if world == 1 else f"{world} processes (torchrun)"
     dev = f"dev {_sizes(dev_set)}" if dev_set is not None else "no dev set (best.pt = last epoch)"
     per_rank = batch_size // world
@@ -141,20 +133,21 @@ def run_summary(
     )
     last = max(epochs - 1, 0)
     span = f"{_plural(epochs, 'epoch')}, numbered {'0-' if last else ''}{last} as in {LOG_FILE}"
-    if warmup_epochs:
-        end = min(warmup_epochs, epochs)
+    if warmup_epochs >= epochs > 0:
+        span += "; all-negatives warm-up in every epoch"
+    elif warmup_epochs:
+        first = f"epochs 0-{warmup_epochs - 1}" if warmup_epochs > 1 else "epoch 0"
         span += (
-            f"; all-negatives warm-up in epoch{'s 0-' + str(end - 1) if end > 1 else ' 0'}"
-            f", the hardest negative from epoch {end}"
+            f"; all-negatives warm-up in {first}, the hardest negative from epoch {warmup_epochs}"
         )
-    if start_epoch:
-        span += f"; resuming in epoch {start_epoch}"
+    if trainer.epoch:
+        span += f"; resuming in epoch {trainer.epoch}"
     return "\n".join(
         [
-            f"run: device {device}, {processes}",
-            f"  data: train {_sizes(train_set)}, {dev}",
+            f"run: device {trainer.device}, {processes}",
+            f"  data: train {_sizes(trainer.train_set)}, {dev}",
             f"  steps: {_plural(steps_per_epoch, 'step')} per epoch, {batch}",
             f"  epochs: {span}",
-            f"  output: {output_dir}",
+            f"  output: {trainer.output_dir}",
         ]
     )

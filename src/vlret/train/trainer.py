@@ -414,7 +414,7 @@ class Trainer:
     def _fit(self) -> TrainResult:
         tc = self.config.train
         if self.print_fn is not None:
-            self.print_fn(self.start_summary())
+            self.print_fn(run_summary(self))
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.config, self.output_dir / "config.yaml")
@@ -542,22 +542,6 @@ class Trainer:
         finally:
             flag["saving"] = False
         raise TrainingInterrupted(path)
-
-    def start_summary(self) -> str:
-        """The start-of-run lines (:func:`.run_log.run_summary`)."""
-        tc = self.config.train
-        return run_summary(
-            device=self.device,
-            world=self.world,
-            train_set=self.train_set,
-            dev_set=self.dev_set,
-            steps_per_epoch=self.sampler.num_batches(),
-            batch_size=tc.batch_size,
-            epochs=tc.epochs,
-            start_epoch=self.epoch,
-            warmup_epochs=tc.all_negatives_epochs,
-            output_dir=self.output_dir,
-        )
 
     def _progress(self, loader: DataLoader):
         if not (self.config.train.progress and self.is_main):
