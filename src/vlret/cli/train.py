@@ -35,8 +35,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; under torchrun only rank 0 reports."""
+    """Train; under torchrun only rank 0 reports. Bad input, a run folder in use by another
+    run, and a write refused for room or permission (naming the file; the last checkpoint is
+    left as it was) end in one line, exit status 2."""
     require_train_extra(NAME)
+    from .._files import write_failure
     from ..data import DataFormatError
     from ..train import ConfigError, TrainingInterrupted, load_config, train
     from ..train.distributed import env_from_torchrun
@@ -58,7 +61,18 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except (ConfigError, DataFormatError, FileNotFoundError, ValueError) as err:
         return fail(NAME, err)
+    except OSError as err:  # disk full, file size limit, a folder made read-only mid-run
+        line = write_failure(err)
+        if line is None:
+            raise
+        return fail(NAME, line)
     if main:
         best = f", best dev rsum {result.best_rsum:.2f}" if result.best_rsum is not None else ""
-        print(f"done: {result.epochs_done} epochs, {result.steps} steps{best}; {result.output_dir}")
+        epochs = _plural(result.epochs_done, "epoch")
+        steps = _plural(result.steps, "step")
+        print(f"done: {epochs}, {steps}{best}; {result.output_dir}")
     return EXIT_OK
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

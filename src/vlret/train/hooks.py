@@ -328,13 +328,26 @@ class FreezeModules(TrainHook):
 class AllNegativesWarmup(TrainHook):
     """VSE-infinity's warm-up (``[train] all_negatives_epochs``): all negatives instead of the
     hardest for the first ``epochs`` epochs (:mod:`vlret.train.warmup`), read from
-    ``trainer.epoch`` so a resume keeps the schedule."""
+    ``trainer.epoch`` so a resume keeps the schedule. When the warm-up ends, a note goes to the
+    trainer's ``print_fn`` (rank 0's console): the loss changes scale from that epoch."""
 
     def __init__(self, epochs: int) -> None:
         self.epochs = int(epochs)
 
     def before_epoch(self, trainer: HookedTrainer) -> None:
         trainer.loss_fn.set_all_negatives(trainer.epoch < self.epochs)
+        show = getattr(trainer, "print_fn", None)
+        if trainer.epoch == self.epochs and self.epochs > 0 and show is not None:
+            show(warmup_end_note(self.epochs))
+
+
+def warmup_end_note(epochs: int) -> str:
+    """The console note at the start of epoch ``epochs``, the first after the warm-up."""
+    return (
+        f"epoch {epochs}: the all-negatives warm-up is over; the loss now takes the hardest "
+        "negative instead of the sum over all negatives, so the loss column changes scale "
+        f"(drops) from epoch {epochs} on: compare losses within one phase only"
+    )
 
 
 @runtime_checkable
@@ -401,6 +414,7 @@ __all__ = [
     "TrainHook",
     "TrainResult",
     "config_hooks",
+    "warmup_end_note",
     "named_trainable",
     "param_groups",
 ]

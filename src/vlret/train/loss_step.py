@@ -42,6 +42,7 @@ class Trainer(Protocol):
     world: int
     epoch: int
     step: int
+    config: Any
 
     @property
     def grad_cache(self) -> GradCache | int | None: ...  # 0 / None: the batch in one pass
@@ -103,10 +104,14 @@ class LossStep:
             epoch=trainer.epoch,
             step=trainer.step,
         )
-        loss = trainer.loss_fn.forward_step(img, txt, inputs)
-        logged = all_reduce_sum(loss) if trainer.local_shards else loss.detach()
-        ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
-        return self.scaled(trainer, loss, logged), logged, ctx
+        try:
+            loss = trainer.loss_fn.forward_step(img, txt, inputs)
+            logged = all_reduce_sum(loss) if trainer.local_shards else loss.detach()
+            ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+            return self.scaled(trainer, loss, logged), logged, ctx
+        except (ValueError, FloatingPointError) as err:  # "sim contains NaN", a NaN loss
+            self.explain_non_finite(trainer, batch, img, txt, err)
+            raise
 
     def pair_loss(self, trainer: Trainer, batch: Any) -> StepLoss:
         """A pair scorer's loss: under torchrun each rank scores its images against every
@@ -120,9 +125,58 @@ class LossStep:
         inputs = StepInputs(
             captions=self.captions(trainer, batch), epoch=trainer.epoch, step=trainer.step
         )
-        loss = pair_loss(trainer.loss_fn, sim, ids, inputs)
-        ctx = {"sim": sim.detach(), "ids": ids}
-        return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+        try:
+            loss = pair_loss(trainer.loss_fn, sim, ids, inputs)
+            ctx = {"sim": sim.detach(), "ids": ids}
+            return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+        except (ValueError, FloatingPointError) as err:
+            self.explain_non_finite(trainer, batch, None, None, err)
+            raise
+
+    @staticmethod
+    def explain_non_finite(
+        trainer: Trainer,
+        batch: Any,
+        img: torch.Tensor | None,
+        txt: torch.Tensor | None,
+        err: BaseException,
+    ) -> None:
+        """After a step failed on NaN / inf (``err``): raise :class:`NonFiniteFeatures` naming
+        the epoch, step, side and dataset rows of this rank's batch whose input features (or,
+        when those are finite, embeddings) are not finite; return when none are (``err``
+        stands). The features' own check before training
+        (``data.check_features``, on by default) names the file, row and value instead."""
+        where = f"epoch {trainer.epoch} step {trainer.step}"
+        data = getattr(trainer, "config", None)
+        data = getattr(data, "data", None)
+        split = f"{data.train_split!r} split in {data.root}" if data is not None else "train split"
+        skipped = (
+            "; data.check_features = false skipped the check before training that names the "
+            "file, row and value (set it to true to run it)"
+            if data is not None and not data.check_features
+            else ""
+        )
+        images, captions = batch.img_index.cpu(), batch.cap_index.cpu()
+        for side, rows, values in (
+            ("image", images, batch.features),
+            ("text", captions, batch.captions),
+        ):
+            bad = _non_finite_rows(values)
+            if bad:
+                raise NonFiniteFeatures(
+                    f"{where}: the {side} features of {_rows(rows, bad, side)} of the {split} "
+                    f"are NaN or inf{skipped}"
+                ) from err
+        n = len(images)
+        start = trainer.env.rank * n if trainer.gather else 0
+        for side, rows, emb in (("image", images, img), ("text", captions, txt)):
+            bad = _non_finite_rows(emb[start : start + n]) if emb is not None else []
+            if bad:
+                raise NonFiniteFeatures(
+                    f"{where}: the model's {side} embeddings of {_rows(rows, bad, side)} of the "
+                    f"{split} are NaN or inf while their input features are finite: the "
+                    "weights diverged (lower optim.lr, set optim.grad_clip, or train.amp = false)"
+                ) from err
 
     @staticmethod
     def captions(trainer: Trainer, batch: Any) -> list[str] | None:
@@ -144,4 +198,29 @@ class LossStep:
         return loss * trainer.world if trainer.gather else loss
 
 
-__all__ = ["LossStep", "StepLoss"]
+class NonFiniteFeatures(ValueError):
+    """A training step met NaN / inf in a batch's features or embeddings (rows named)."""
+
+
+def _non_finite_rows(values: Any) -> list[int]:
+    """Positions (in the batch) of the items whose float values hold a NaN or inf: a tensor's
+    rows, or an expert batch's (every expert's features); none for ids and texts."""
+    tensors = values.features.values() if hasattr(values, "features") else [values]
+    bad: set[int] = set()
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() > 0 and t.numel():
+            rows = ~torch.isfinite(t.detach()).reshape(t.shape[0], -1).all(dim=1)
+            bad.update(rows.nonzero().flatten().tolist())
+    return sorted(bad)
+
+
+def _rows(ids: torch.Tensor, positions: list[int], side: str) -> str:
+    """``image rows 5, 9`` (the dataset's indices of the batch positions, at most 10)."""
+    rows = sorted({int(ids[p]) for p in positions})
+    shown = ", ".join(str(r) for r in rows[:10])
+    more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+    kind = "image" if side == "image" else "caption"
+    return f"{kind} row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+__all__ = ["LossStep", "NonFiniteFeatures", "StepLoss"]

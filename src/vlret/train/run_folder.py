@@ -4,6 +4,10 @@ A run folder (``output_dir``) holds :data:`RUN_FILES`. Rules:
 
 * an empty ``output_dir``, a path that is a file, or a folder that cannot be written is refused
   before any data is read;
+* one process at a time: the folder is locked (:mod:`.run_lock`) before anything in it is read
+  or deleted, and a folder in use by a live run is refused;
+* a ``--resume`` checkpoint that does not exist is refused as missing, naming the checkpoints
+  the folder does hold;
 * a folder that already holds a run is refused unless the run resumes from a checkpoint of that
   folder, or ``overwrite`` is set (the old run's files are then deleted first, so no record of
   it is mixed into the new one);
@@ -25,6 +29,7 @@ import os
 import shlex
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +74,38 @@ def prepare_run_folder(
     resume: str | Path | None = None,
     overwrite: bool = False,
     create: bool = True,
+    lock: Callable[[Path], object] | None = None,
 ) -> Path:
     """Check (and with ``create`` make) ``output_dir`` for a run; see the module docstring.
 
     ``create=False`` only checks (the ranks of a distributed run other than rank 0).
+    ``lock(folder)`` is called once the folder exists and before anything in it is read or
+    deleted (:func:`vlret.train.run_lock.acquire_run_lock`: a folder in use is refused there).
     """
     folder = Path(output_dir)
     if not str(output_dir).strip():
         raise RunFolderError("output_dir is empty; expected a run folder")
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"{folder}: output_dir is a file, not a folder")
+    if create:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise RunFolderError(
+                f"{folder}: cannot write the output folder ({err.strerror or err})"
+            ) from None
+    if lock is not None:
+        try:
+            lock(folder)
+        except OSError as err:
+            raise RunFolderError(
+                f"{folder}: cannot lock the output folder ({err.strerror or err})"
+            ) from None
+    if resume is not None and not Path(resume).exists():
+        raise RunFolderError(missing_checkpoint(Path(resume), folder))
     found = [name for name in RUN_FILES if (folder / name).exists()]
     same_run = resume is not None and _same_folder(Path(resume).parent, folder)
     if found and not overwrite and not same_run:
@@ -93,20 +120,32 @@ def prepare_run_folder(
         )
     if not create:
         return folder
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise RunFolderError(
-            f"{folder}: cannot write the output folder ({err.strerror or err})"
-        ) from None
     if overwrite and not same_run:
         for name in found:
             (folder / name).unlink()
     remove_stale_temporaries(folder, RUN_FILES)
     return folder
+
+
+def _checkpoints_in(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.glob("*.pt") if p.is_file())
+    except OSError:  # pragma: no cover
+        return []
+
+
+def missing_checkpoint(resume: Path, folder: Path) -> str:
+    """The one line for a ``--resume`` checkpoint that does not exist: the checkpoints that
+    the output folder (and the checkpoint's own folder, when another) do hold."""
+    line = f"--resume {resume}: checkpoint missing"
+    places = [folder]
+    if resume.parent.is_dir() and not _same_folder(resume.parent, folder):
+        places.insert(0, resume.parent)
+    held = [p for place in places if place.is_dir() for p in _checkpoints_in(place)]
+    if held:
+        return line + f"; checkpoints found: {', '.join(str(p) for p in held)}"
+    where = " or ".join(str(p) for p in places if p.is_dir()) or str(resume.parent)
+    return line + f"; {where} holds no checkpoint (*.pt)"
 
 
 def _same_folder(a: Path, b: Path) -> bool:
@@ -206,12 +245,12 @@ def restore_best(checkpoint: str | Path, state: dict[str, Any], folder: str | Pa
     source = checkpoint.parent / "best.pt"
     if not _same_folder(source, target) and _best_epoch_in(source) == best_epoch:
         _copy_atomic(source, target)
-        return f"best.pt (epoch {best_epoch + 1}) copied from {source}"
+        return f"best.pt (epoch {best_epoch}) copied from {source}"
     if int(state.get("epoch", -1)) == best_epoch + 1 and int(state.get("batch_in_epoch", 1)) == 0:
         _copy_atomic(checkpoint, target)
-        return f"best.pt (epoch {best_epoch + 1}) restored from {checkpoint}"
+        return f"best.pt (epoch {best_epoch}) restored from {checkpoint}"
     return (
-        f"best.pt of epoch {best_epoch + 1} is missing and cannot be restored from {checkpoint}; "
+        f"best.pt of epoch {best_epoch} is missing and cannot be restored from {checkpoint}; "
         "the next epoch that improves the dev rsum writes it"
     )
 

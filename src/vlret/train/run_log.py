@@ -1,4 +1,9 @@
-"""``metrics.jsonl``, the run's log: one JSON record per logging step and per epoch."""
+"""``metrics.jsonl``, the run's log: one JSON record per logging step and per epoch; and the
+console's report of a run (the start-of-run summary, one line per epoch).
+
+Epochs are numbered from 0, in ``metrics.jsonl`` (``epoch``, ``best_epoch``) and on the console
+alike: ``epoch 2 (3/5)`` is the record with ``"epoch": 2``, the third of five epochs.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._files import atomic_write_text
+from .._files import WriteFailed, atomic_write_text, write_failure
 from ..metrics import similarity_stats
 
 LOG_FILE = "metrics.jsonl"
@@ -23,9 +28,37 @@ def _plain(value: Any) -> Any:
 
 
 def append_record(log: Path, record: dict[str, Any]) -> None:
-    """Append one record (non-finite floats as ``null``)."""
-    with open(log, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
+    """Append one record (non-finite floats as ``null``).
+
+    Raises:
+        WriteFailed: The disk is full, the file size limit reached or the folder read-only
+            (naming the log; a line cut short is dropped by the next resume's
+            :func:`truncate_log`).
+    """
+    line = json.dumps({k: _plain(v) for k, v in record.items()}) + "\n"
+    try:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(line)
+    except OSError as err:
+        _raise_named(err, log)
+        raise
+
+
+def _raise_named(err: OSError, path: Path) -> None:
+    """Raise a write refused for room or permission as :class:`WriteFailed` naming ``path``
+    (an append or a plain write names no file, or the wrong one); return otherwise."""
+    if err.errno is not None and write_failure(err) is not None:
+        raise WriteFailed(err.errno, path, kept=False) from err
+
+
+def copy_log(source: Path, log: Path) -> None:
+    """Start ``log`` as a copy of ``source`` (a run resumed into another folder)."""
+    data = source.read_bytes()
+    try:
+        log.write_bytes(data)
+    except OSError as err:
+        _raise_named(err, log)
+        raise
 
 
 def truncate_log(log: Path, *, step: int, epoch: int) -> None:
@@ -66,10 +99,55 @@ def epoch_summary(
     best_epoch: int | None,
     seconds: float,
 ) -> str:
-    """The line printed after each epoch (0-based ``epoch``, printed 1-based)."""
-    line = f"epoch {epoch + 1}/{epochs}: loss {train_loss:.4g}"
+    """The line printed after each epoch: ``epoch 2 (3/5): ...``; ``epoch`` and
+    ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do."""
+    line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"
     if dev_rsum is not None:
         best = f"{best_rsum:.2f}" if best_rsum is not None else "-"
-        at = f" at epoch {best_epoch + 1}" if best_epoch is not None else ""
+        at = f" at epoch {best_epoch}" if best_epoch is not None else ""
         line += f", dev rsum {dev_rsum:.2f} (best {best}{at})"
     return f"{line}, {seconds:.1f} s"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _sizes(dataset: Any) -> str:
+    return f"{_plural(dataset.num_images, 'image')} / {_plural(dataset.num_captions, 'caption')}"
+
+
+def run_summary(trainer: Any) -> str:
+    """The lines a :class:`~vlret.train.Trainer` prints when a run starts: device and
+    processes, the splits' sizes, steps per epoch and the batch (``train.batch_size`` is the
+    global batch: each of the ``world`` processes takes ``batch_size / world``), the epochs
+    (numbered from 0) and the output folder."""
+    tc, world, dev_set = trainer.config.train, trainer.world, trainer.dev_set
+    batch_size, epochs, warmup_epochs = tc.batch_size, tc.epochs, tc.all_negatives_epochs
+    steps_per_epoch = trainer.sampler.num_batches()
+    processes = "1 process" if world == 1 else f"{world} processes (torchrun)"
+    dev = f"dev {_sizes(dev_set)}" if dev_set is not None else "no dev set (best.pt = last epoch)"
+    per_rank = batch_size // world
+    batch = f"batch {batch_size}" + (
+        f" ({per_rank} per process x {world} processes)" if world > 1 else ""
+    )
+    last = max(epochs - 1, 0)
+    span = f"{_plural(epochs, 'epoch')}, numbered {'0-' if last else ''}{last} as in {LOG_FILE}"
+    if warmup_epochs >= epochs > 0:
+        span += "; all-negatives warm-up in every epoch"
+    elif warmup_epochs:
+        first = f"epochs 0-{warmup_epochs - 1}" if warmup_epochs > 1 else "epoch 0"
+        span += (
+            f"; all-negatives warm-up in {first}, the hardest negative from epoch {warmup_epochs}"
+        )
+    if trainer.epoch:
+        span += f"; resuming in epoch {trainer.epoch}"
+    return "\n".join(
+        [
+            f"run: device {trainer.device}, {processes}",
+            f"  data: train {_sizes(trainer.train_set)}, {dev}",
+            f"  steps: {_plural(steps_per_epoch, 'step')} per epoch, {batch}",
+            f"  epochs: {span}",
+            f"  output: {trainer.output_dir}",
+        ]
+    )

@@ -70,7 +70,16 @@ from .run_folder import (
     read_state,
     restore_best,
 )
-from .run_log import LOG_FILE, append_record, batch_similarity_stats, epoch_summary, truncate_log
+from .run_lock import RunLock, acquire_run_lock
+from .run_log import (
+    LOG_FILE,
+    append_record,
+    batch_similarity_stats,
+    copy_log,
+    epoch_summary,
+    run_summary,
+    truncate_log,
+)
 from .schedule import StepDecayWarmup, interrupt_flag, seed_everything
 
 
@@ -111,10 +120,39 @@ class Trainer:
             self.device = resolve_device(tc.device, local_rank=self.env.local_rank)
         except ValueError as err:
             raise ConfigError(config.source, "train.device", str(err)) from None
-        # Folder and checkpoint problems before the (slow) vocabulary and data.
-        self.output_dir = prepare_run_folder(
-            config.output_dir, resume=resume, overwrite=overwrite, create=self.is_main
-        )
+        #: The run folder's lock (:mod:`.run_lock`), held by rank 0 until :meth:`fit` ends.
+        self.run_lock: RunLock | None = None
+        # Folder and checkpoint problems before the (slow) vocabulary and data; the folder is
+        # locked before anything in it is read or deleted.
+        try:
+            self.output_dir = prepare_run_folder(
+                config.output_dir,
+                resume=resume,
+                overwrite=overwrite,
+                create=self.is_main,
+                lock=self._lock_folder if self.is_main else None,
+            )
+            self._build(config, resume, hooks, loss_step)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _lock_folder(self, folder: Path) -> None:
+        self.run_lock = acquire_run_lock(folder, notify=self.print_fn)
+
+    def release_lock(self) -> None:
+        """Let another process use the run folder (done when :meth:`fit` ends; idempotent)."""
+        if self.run_lock is not None:
+            self.run_lock.release()
+
+    def _build(
+        self,
+        config: RunConfig,
+        resume: str | Path | None,
+        hooks: Sequence[TrainHook],
+        loss_step: LossStep | None,
+    ) -> None:
+        tc = config.train
         resume_state = None
         if resume is not None:
             resume_state = read_state(resume, self.device)
@@ -260,7 +298,7 @@ class Trainer:
             log = self.output_dir / LOG_FILE
             source_log = Path(path).parent / LOG_FILE
             if not log.exists() and source_log.is_file():  # resumed into another folder
-                log.write_bytes(source_log.read_bytes())
+                copy_log(source_log, log)
             truncate_log(log, step=self.step, epoch=self.epoch)
             note = restore_best(path, state, self.output_dir)
             if note and self.print_fn is not None:
@@ -344,11 +382,13 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop the DistributedDataParallel wrapper; call it when training is over.
+        """Drop the DistributedDataParallel wrapper and the run folder's lock; call it when
+        training is over.
 
         Its reducer must be gone before the interpreter exits or the process group is destroyed
         (:mod:`.distributed`, "Shutdown"); the group itself is left alone. Idempotent.
         """
+        self.release_lock()
         if self.ddp_model is not self.model:
             self.ddp_model = self.model
             if self.grad_cache:  # it holds the wrapper too
@@ -362,7 +402,19 @@ class Trainer:
         self.close()
 
     def fit(self) -> TrainResult:
+        """Train the remaining epochs; the run folder stays locked until this returns or
+        raises (a second ``fit`` takes the lock again)."""
+        if self.is_main and (self.run_lock is None or not self.run_lock.held):
+            self._lock_folder(self.output_dir)
+        try:
+            return self._fit()
+        finally:
+            self.release_lock()
+
+    def _fit(self) -> TrainResult:
         tc = self.config.train
+        if self.print_fn is not None:
+            self.print_fn(run_summary(self))
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.config, self.output_dir / "config.yaml")
@@ -494,7 +546,7 @@ class Trainer:
     def _progress(self, loader: DataLoader):
         if not (self.config.train.progress and self.is_main):
             return loader
-        desc = f"epoch {self.epoch + 1}/{self.config.train.epochs}"
+        desc = f"epoch {self.epoch} ({self.epoch + 1}/{self.config.train.epochs})"
         return progress_bar(loader, desc=desc, unit="batch", dynamic_ncols=True, leave=False)
 
     def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
