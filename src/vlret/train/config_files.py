@@ -97,18 +97,18 @@ def _dotted(keys: list[str]) -> str:
     return f"{_dotted(keys[:3])}...{keys[-1]}"
 
 
-def check_tree(raw: Any, source: str | Path, key: str = "") -> int:
+def check_tree(raw: Any, source: str | Path, key: str = "", *, finite: bool = True) -> int:
     """Refuse a raw config nested deeper than :data:`MAX_DEPTH`, holding more than
     :data:`MAX_VALUES` values (a table or list shared by several keys counted at each, as a
-    walk of the tree would meet it), referring to itself, or holding a number that is not
-    finite (``lr = inf`` or ``nan`` name their key); returns the count. Each table and list
-    object is visited once, so shared structure costs its size, never its expansion. ``key``:
-    where ``raw`` sits in a config (a ``--set`` value's dotted key)."""
+    walk of the tree would meet it), referring to itself, or (with ``finite``) holding a number
+    that is not finite (``lr = inf`` or ``nan`` name their key); returns the count. Each table
+    and list object is visited once, so shared structure costs its size, never its expansion.
+    ``key``: where ``raw`` sits in a config (a ``--set`` value's dotted key)."""
     seen: dict[int, tuple[int, int]] = {}  # id -> (values, height) of a finished container
     active: set[int] = set()
 
     def visit(node: Any, keys: list[str], depth: int) -> tuple[int, int]:
-        if isinstance(node, float) and not math.isfinite(node):
+        if finite and isinstance(node, float) and not math.isfinite(node):
             raise ConfigError(source, _dotted(keys), f"expected a finite number, got {node!r}")
         if not isinstance(node, (dict, list, tuple)):
             return 1, 0
@@ -127,8 +127,8 @@ def check_tree(raw: Any, source: str | Path, key: str = "") -> int:
             count, height = 1, 1  # height: the levels of tables / lists, this one included
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for k, v in items:
-                key = f"[{k}]" if isinstance(node, (list, tuple)) else str(k)
-                n, h = visit(v, [*keys, key], depth + 1)
+                child = f"[{k}]" if isinstance(node, (list, tuple)) else str(k)
+                n, h = visit(v, [*keys, child], depth + 1)
                 count, height = count + n, max(height, h + 1)
                 if count > MAX_VALUES:
                     raise ConfigError(
@@ -261,7 +261,7 @@ def parse_value(text: str, key: str = "") -> Any:
     except RecursionError:
         raise ConfigError("--set", key, _TOO_DEEP_TO_PARSE) from None
     else:
-        check_tree(value, "--set", key)
+        check_tree(value, "--set", key, finite=False)  # inf is refused where it is used
         return value
     if stripped.lower() in ("true", "false"):  # YAML-style capitalisation
         return stripped.lower() == "true"
