@@ -137,8 +137,9 @@ def test_a_yaml_alias_bomb_is_refused_at_load_naming_file_and_line(tmp_path, cap
         f"{config}: line 4: YAML alias *l0 refused (a run config writes its values out; aliases "
         "can expand a few lines into billions)"
     )
-    assert main(["train", str(config)]) == 2
-    assert "line 4: YAML alias *l0 refused" in one_line_error(capsys, "train")
+    for command in ("train", "compare"):
+        assert main([command, str(config)]) == 2
+        assert "line 4: YAML alias *l0 refused" in one_line_error(capsys, command)
 
 
 def test_yaml_anchors_without_aliases_and_plain_yaml_still_load(tmp_path):
@@ -264,6 +265,19 @@ def test_an_oversized_config_is_refused_before_it_is_read(tmp_path, monkeypatch)
     monkeypatch.setattr(config_files, "MAX_BYTES", 64)
     config = write(tmp_path / "big.toml", TOML)
     with pytest.raises(ConfigError, match=rf"^{config}: \d+ bytes; a run config is text of at"):
+        read_config_file(config)
+
+
+def test_an_unreadable_or_irregular_config_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="^/dev/null: not a regular file"):
+        read_config_file("/dev/null")
+    config = write(tmp_path / "a.toml", TOML)
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(ConfigError, match=rf"^{config}: cannot read \(Permission denied\)$"):
         read_config_file(config)
 
 

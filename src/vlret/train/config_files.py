@@ -169,6 +169,8 @@ def resolve_config_path(path: str | Path) -> Path:
         return shipped
     if path.is_dir():
         raise ConfigError(path, "", "is a folder; expected a TOML, YAML or JSON run config file")
+    if path.exists():  # a device, a pipe, a socket
+        raise ConfigError(path, "", "not a regular file; expected a TOML, YAML or JSON run config")
     if shipped is not None:
         raise FileNotFoundError(
             f"{path}: no such file; to use the shipped config {shipped.stem!r}, give its bare "
@@ -185,11 +187,14 @@ def resolve_config_path(path: str | Path) -> Path:
 def _read_text(path: Path) -> str:
     """The file's text: UTF-8 of at most :data:`MAX_BYTES`, else a :class:`ConfigError`
     naming the file (and the offending byte's offset)."""
-    size = path.stat().st_size
-    if size > MAX_BYTES:
-        why = f"{size} bytes; a run config is text of at most {MAX_BYTES} bytes (a few KB)"
-        raise ConfigError(path, "", why)
-    data = path.read_bytes()
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            why = f"{size} bytes; a run config is text of at most {MAX_BYTES} bytes (a few KB)"
+            raise ConfigError(path, "", why)
+        data = path.read_bytes()
+    except OSError as err:  # permission, a folder on a dead mount, ...
+        raise ConfigError(path, "", f"cannot read ({err.strerror or err})") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
