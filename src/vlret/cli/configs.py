@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_ERROR, EXIT_OK
+from ._common import EXIT_OK, fail
 
 NAME = "configs"
+#: Joins the words that a wrapped listing keeps on one line (textwrap breaks at whitespace).
+_NBSP = "\u00a0"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -22,36 +26,56 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def listing(width: int | None = None) -> list[str]:
+    """The lines of ``vlret configs``: each shipped config's name and its whole description
+    (:func:`vlret.configs.describe`), on one line, or wrapped to ``width`` columns with the
+    continuation lines indented under the description."""
+    from ..configs import describe, shipped_configs
+
+    configs = shipped_configs()
+    names = max(len(n) for n in configs)
+    lines = []
+    for name, path in configs.items():
+        text = describe(path)
+        if width is None:
+            lines.append(f"{name:<{names}}  {text}")
+            continue
+        head, sep, tail = text.rpartition(" [")  # "[loss triplet; data precomp]" kept whole
+        text = f"{head}{sep}{tail.replace(' ', _NBSP)}" if sep else text
+        wrapped = textwrap.wrap(text, max(width - names - 2, 30), break_on_hyphens=False)
+        wrapped = [part.replace(_NBSP, " ") for part in wrapped]
+        lines.append(f"{name:<{names}}  {wrapped[0]}")
+        lines += [f"{'':<{names}}  {part}" for part in wrapped[1:]]
+    footer = (
+        f"{len(configs)} configs; `vlret train NAME` trains one (a comparison config its "
+        "[loss]), `vlret compare NAME` a comparison config's [compare.losses]; `vlret configs "
+        "copy NAME DIR` writes one for editing"
+    )
+    return [*lines, "", *(textwrap.wrap(footer, width) if width else [footer])]
+
+
 def run(args: argparse.Namespace) -> int:
-    """List the configs (name and one-line description), print one, or copy one."""
-    from ..configs import copy_config, describe, shipped_config, shipped_configs
+    """List the configs (name and the first sentence of their description; wrapped to the
+    terminal's width on a terminal, one line each otherwise), print one, or copy one."""
+    from ..configs import copy_config, shipped_config
 
     if args.action == "list":
-        configs = shipped_configs()
-        width = max(len(n) for n in configs)
-        for name, path in configs.items():
-            print(f"{name:<{width}}  {describe(path)}")
-        print(
-            f"\n{len(configs)} configs; `vlret train NAME` runs one, `vlret configs copy NAME DIR`"
-        )
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        print("\n".join(listing(width)))
         return EXIT_OK
-    # the action is part of the message's prefix here, and the errors below have none
+    command = f"{NAME} {args.action}"
     if args.name is None:
-        print(f"vlret configs {args.action}: needs a config NAME", file=sys.stderr)
-        return EXIT_ERROR
+        return fail(command, "needs a config NAME")
     if args.action == "show":
         shipped = shipped_config(args.name)
         if shipped is None:
-            print(
-                f"{args.name!r} is not a shipped config; `vlret configs` lists them",
-                file=sys.stderr,
+            return fail(
+                command, f"{args.name!r} is not a shipped config; `vlret configs` lists them"
             )
-            return EXIT_ERROR
         print(shipped.read_text(encoding="utf-8"), end="")
         return EXIT_OK
     try:
         print(copy_config(args.name, args.dir or Path(".")))
-    except (KeyError, FileExistsError) as err:
-        print(err.args[0] if isinstance(err, KeyError) else err, file=sys.stderr)
-        return EXIT_ERROR
+    except (KeyError, FileExistsError, ValueError) as err:  # ValueError: OutputPathError
+        return fail(command, err.args[0] if isinstance(err, KeyError) else err)
     return EXIT_OK

@@ -35,14 +35,16 @@ the declared constraint takes them (a number, an integer, true/false, a string),
 constraints themselves (:func:`vlret.losses.check_loss_params`; a nested one keyed like
 ``loss.base_params.margin``).
 YAML files are read with a safe loader that also reads exponent floats without a dot
-(``lr: 1e-3``) as numbers, as TOML does.
+(``lr: 1e-3``) as numbers, as TOML does, and refuses aliases.
+What is read is bounded before it is walked or built: nesting depth, the number of values and
+finite numbers (:func:`vlret.train.config_files.check_tree`), integer settings and model sizes
+within sane ranges (:mod:`vlret.train.config_checks`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -52,7 +54,8 @@ from typing import Any
 from .._files import atomic_write_text
 from .._moved import moved_names
 from . import config_files
-from .config_files import ConfigError
+from .config_checks import check_int_ranges, check_model_sizes
+from .config_files import ConfigError, check_tree
 from .distributed import parse_device
 from .warmup import warmup_refusal
 
@@ -243,7 +246,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
             if not isinstance(child, dict):
                 raise ConfigError("--set", dotted, f"{k!r} is not a section")
             node = child
-        node[keys[-1]] = config_files.parse_value(value)
+        node[keys[-1]] = config_files.parse_value(value, dotted.strip())
     return out
 
 
@@ -369,6 +372,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     source = str(source)
     if not isinstance(raw, dict):
         raise ConfigError(source, "", "expected a mapping of sections")
+    check_tree(raw, source)  # depth, size and finite numbers, before anything walks it
     unknown = sorted(set(raw) - {*SECTIONS, *IGNORED_SECTIONS, "output_dir"})
     if unknown:
         raise ConfigError(
@@ -385,7 +389,6 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             raise ConfigError(source, section, "required section is missing")
     if "output_dir" not in raw:
         raise ConfigError(source, "output_dir", "required key is missing")
-    _check_finite(raw, source, "")
     output_dir = _check_type(raw["output_dir"], str, source, "output_dir")
     if not output_dir.strip():
         raise ConfigError(
@@ -398,6 +401,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
+    check_model_sizes(model, source)
     if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
         data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
     loss = _build_loss(raw["loss"], source, model)
@@ -449,6 +453,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
     _check_freeze(train, source)
+    for section, built in (("data", data), ("optim", optim), ("train", train)):
+        check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(
         data=data,
         model=_with_scoring(model, loss),
@@ -516,18 +522,6 @@ def _check_freeze(train: TrainConfig, source: str) -> None:
     if train.freeze_epochs and not train.freeze:
         why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
         raise ConfigError(source, "train.freeze", why)
-
-
-def _check_finite(node: Any, source: str, prefix: str) -> None:
-    """Every number in the raw config is finite (``lr = inf`` or ``nan`` name their key)."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _check_finite(v, source, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            _check_finite(v, source, f"{prefix}[{i}]")
-    elif isinstance(node, float) and not math.isfinite(node):
-        raise ConfigError(source, prefix, f"expected a finite number, got {node!r}")
 
 
 def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:

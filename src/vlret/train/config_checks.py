@@ -1,0 +1,155 @@
+"""Sane ranges of a run config's integer settings and model sizes (:mod:`vlret.train.config`).
+
+A value so large that the run cannot start (``train.epochs = 10**20``, ``model.embed_dim =
+10**8``) is refused when the config is read, as one :class:`ConfigError` naming the key and the
+value, instead of a run that never ends or an allocation traceback when the model is built.
+The bounds are far above any real run:
+
+* ``[train]``: ``epochs`` (and the epoch counts ``all_negatives_epochs``, ``freeze_epochs``)
+  at most :data:`MAX_EPOCHS`; ``batch_size``, ``eval_batch_size`` and ``grad_cache_chunk`` at
+  most :data:`MAX_BATCH`; step counts at most :data:`MAX_STEPS`; ``seed`` within
+  +-:data:`MAX_SEED`.
+* ``[data]``: ``num_workers`` at most :data:`MAX_WORKERS`, captions per item at most
+  :data:`MAX_CAPTIONS`.
+* ``[optim]``: ``decay_epochs`` and ``decay_every`` within ``[0, MAX_EPOCHS]``,
+  ``warmup_steps`` at most :data:`MAX_STEPS`.
+* ``[model]`` (read at any depth, e.g. ``model.text.word_dim``): a size (a key ending in
+  ``_dim`` or ``_size``, ``max_frames``, ``vlad_clusters``, the per-expert sizes of
+  ``experts``) is an integer in ``[1, MAX_DIM]`` (``vocab_size``: ``[1, MAX_VOCAB]``); a count
+  (``num_*``, ``*_layers``, ``*_heads``, ``*_steps``) an integer in ``[0, MAX_COUNT]``; and the
+  two largest sizes together, one weight matrix's elements, at most :data:`MAX_MATRIX`.
+  A float where an integer belongs is refused (``embed_dim = 1e8``); values that are no number
+  are left to the model's own checks.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .config_files import ConfigError
+
+#: Epochs (and epoch counts) of a run.
+MAX_EPOCHS = 100_000
+#: Items of a batch (training, evaluation, a gradient-cache chunk).
+MAX_BATCH = 2**20
+#: Steps (per epoch, warm-up, logging and checkpoint periods).
+MAX_STEPS = 10**9
+#: Absolute value of a seed (seeds + epochs stay within torch's 64-bit seeds).
+MAX_SEED = 2**62
+#: DataLoader workers.
+MAX_WORKERS = 1024
+#: Captions per image or video.
+MAX_CAPTIONS = 10_000
+#: A model size: an embedding width, an input or hidden dimension, frames, clusters.
+MAX_DIM = 65_536
+#: A vocabulary size.
+MAX_VOCAB = 2**24
+#: A count of layers, heads or steps inside the model.
+MAX_COUNT = 1024
+#: Elements of one weight matrix (the two largest sizes' product): 4 GiB of float32.
+MAX_MATRIX = 2**30
+
+#: ``section -> key -> (lowest, highest)`` of the integer settings (None is always allowed
+#: where the schema allows it; the lower bounds with their own reasons are checked in
+#: :func:`vlret.train.config.config_from_dict` first).
+INT_RANGES: dict[str, dict[str, tuple[int, int]]] = {
+    "data": {
+        "dev_max_images": (1, MAX_STEPS),
+        "captions_per_image": (1, MAX_CAPTIONS),
+        "captions_per_video": (1, MAX_CAPTIONS),
+        "min_count": (0, MAX_STEPS),
+        "num_workers": (0, MAX_WORKERS),
+    },
+    "optim": {
+        "decay_epochs": (0, MAX_EPOCHS),
+        "decay_every": (0, MAX_EPOCHS),
+        "warmup_steps": (0, MAX_STEPS),
+    },
+    "train": {
+        "epochs": (1, MAX_EPOCHS),
+        "batch_size": (2, MAX_BATCH),
+        "eval_batch_size": (1, MAX_BATCH),
+        "grad_cache_chunk": (1, MAX_BATCH),
+        "seed": (-MAX_SEED, MAX_SEED),
+        "log_every": (0, MAX_STEPS),
+        "checkpoint_every": (0, MAX_STEPS),
+        "max_steps_per_epoch": (1, MAX_STEPS),
+        "all_negatives_epochs": (0, MAX_EPOCHS),
+        "freeze_epochs": (0, MAX_EPOCHS),
+    },
+}
+
+_SIZE_KEY = re.compile(r"^(?:.*_)?dim$|_size$|^(?:experts|max_frames|vlad_clusters)$")
+_COUNT_KEY = re.compile(r"^num_|_layers$|_heads$|_steps$")
+
+
+def _out_of_range(source: str, key: str, value: int, low: int, high: int) -> ConfigError:
+    return ConfigError(source, key, f"expected an integer in [{low}, {high}], got {value!r}")
+
+
+def check_int_ranges(obj: Any, section: str, source: str) -> None:
+    """Each integer setting of the built section ``obj`` (a dataclass of
+    :mod:`vlret.train.config`) within :data:`INT_RANGES`."""
+    for name, (low, high) in INT_RANGES[section].items():
+        value = getattr(obj, name)
+        values = value if isinstance(value, list) else [value]
+        for i, v in enumerate(values):
+            if v is not None and not low <= v <= high:
+                key = f"{section}.{name}" + (f"[{i}]" if isinstance(value, list) else "")
+                raise _out_of_range(source, key, v, low, high)
+
+
+def check_model_sizes(model: dict[str, Any], source: str) -> None:
+    """The ``[model]`` section's sizes and counts (see the module docstring), before any
+    module is built."""
+    sizes: list[tuple[int, str]] = []
+
+    def visit(node: Any, prefix: str, kind: str | None) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                name = str(k)
+                here = kind  # a table under a size key (per-expert sizes) keeps its kind
+                if _SIZE_KEY.search(name):
+                    here = "vocab" if name == "vocab_size" else "size"
+                elif _COUNT_KEY.search(name):
+                    here = "count"
+                visit(v, f"{prefix}.{name}", here)
+            return
+        if kind is None or isinstance(node, bool) or not isinstance(node, (int, float)):
+            return  # not a size, or no number: the model's own checks say what is expected
+        if not isinstance(node, int):
+            raise ConfigError(source, prefix, f"expected an integer, got {node!r}")
+        low, high = {"size": (1, MAX_DIM), "vocab": (1, MAX_VOCAB), "count": (0, MAX_COUNT)}[kind]
+        if not low <= node <= high:
+            raise _out_of_range(source, prefix, node, low, high)
+        if kind != "count":
+            sizes.append((node, prefix))
+
+    visit(model, "model", None)
+    if len(sizes) >= 2:
+        (a, key_a), (b, key_b) = sorted(sizes, reverse=True)[:2]
+        if a * b > MAX_MATRIX:
+            raise ConfigError(
+                source,
+                key_a,
+                f"{a} x {key_b} {b} = {a * b} elements in one weight matrix (more than "
+                f"{MAX_MATRIX}, 4 GiB of float32); the model would not fit",
+            )
+
+
+__all__ = [
+    "INT_RANGES",
+    "MAX_BATCH",
+    "MAX_CAPTIONS",
+    "MAX_COUNT",
+    "MAX_DIM",
+    "MAX_EPOCHS",
+    "MAX_MATRIX",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_VOCAB",
+    "MAX_WORKERS",
+    "check_int_ranges",
+    "check_model_sizes",
+]
