@@ -102,8 +102,11 @@ def test_a_shipped_config_loads_by_name_and_a_local_file_wins(tmp_path, monkeypa
     from vlret.train import load_config
 
     monkeypatch.chdir(tmp_path)
-    for name in ("adacl_coco", "adacl_coco.toml", "configs/adacl_coco.toml"):
+    for name in ("adacl_coco", "adacl_coco.toml"):
         assert load_config(name).loss.name == "adacl"
+    # a path is only that file: a missing one never trains the shipped config of its stem
+    with pytest.raises(FileNotFoundError, match="give its bare name: adacl_coco"):
+        load_config("configs/adacl_coco.toml")
     local = tmp_path / "configs" / "adacl_coco.toml"
     local.parent.mkdir()
     text = (Path(__file__).parents[1] / "src/vlret/configs/adacl_coco.toml").read_text()

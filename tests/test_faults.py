@@ -338,7 +338,7 @@ def test_cli_refuses_an_empty_output_dir_and_another_runs_folder(tmp_path, data,
     err = capsys.readouterr().err.strip()
     assert "output_dir" in err and "\n" not in err
     assert main(["train", str(cfg), "--set", "train.epochs=1"]) == 0
-    assert "epoch 1/1: loss" in capsys.readouterr().out
+    assert "epoch 0 (1/1): loss" in capsys.readouterr().out
     assert main(["train", str(cfg), "--set", "train.epochs=1"]) == 2
     assert "holds another run" in capsys.readouterr().err
     assert main(["train", str(cfg), "--set", "train.epochs=1", "--overwrite"]) == 0
@@ -478,7 +478,7 @@ def test_cuda_device_without_cuda_is_one_line(tmp_path, data, capsys):
 def test_summary_line_per_epoch_without_progress_bar(tmp_path, data, capsys):
     Trainer(tiny_config(data, tmp_path / "run", ["train.epochs=2"])).fit()
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("epoch ")]
-    assert [x.split(":")[0] for x in lines] == ["epoch 1/2", "epoch 2/2"]
+    assert [x.split(":")[0] for x in lines] == ["epoch 0 (1/2)", "epoch 1 (2/2)"]
     assert all("loss" in x and "dev rsum" in x and "best" in x and x.endswith(" s") for x in lines)
 
 

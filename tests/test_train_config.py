@@ -391,6 +391,6 @@ def test_train_accepts_and_ignores_a_compare_section(tmp_path, tiny, capsys):
     cfg = tmp_path / "cmp.yaml"
     cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
     assert main(["train", str(cfg)]) == 0
-    assert "done: 1 epochs" in capsys.readouterr().out
+    assert "done: 1 epoch" in capsys.readouterr().out
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))
     assert "compare" not in saved and saved["loss"]["name"] == "triplet"
