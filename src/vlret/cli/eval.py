@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate, print the protocol's table and (``--json``) write its record."""
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
-    from ..metrics.rescore import make_rescoring
+    from ..metrics.rescore import RescoreParameterError, make_rescoring
     from ..train.evaluate import run_evaluation
 
     try:
@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
                 bank_size=args.bank_size,
             ),
         )
+    except RescoreParameterError as err:  # named by its flag: --dsl-temperature 1e-320 is ...
+        return fail(NAME, f"{RESCORE_FLAGS.get(err.param, err.param)} {err.detail}")
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         return fail(NAME, err)
     print(result.table())  # the Evaluation carries its protocol and split
