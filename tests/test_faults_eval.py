@@ -9,13 +9,33 @@ error or the held behaviour.
 from __future__ import annotations
 
 import decimal
+import json
 import math
+import sys
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from vlret.metrics import Rescoring, metrics_from_ranks, qb_norm, rescored_metrics
+import vlret.analysis.compare.report as compare_report
+import vlret.train.evaluate as evaluate_module
+from fault_helpers import read_only_folder
+from train_helpers import tiny_data, tiny_raw
+from vlret.cli import main
+from vlret.metrics import (
+    Rescoring,
+    coco_5fold_metrics,
+    extended_metrics,
+    metrics_from_ranks,
+    qb_norm,
+    rescored_metrics,
+    retrieval_metrics,
+    retrieval_metrics_from_similarity,
+    similarity_stats,
+    subset_recalls,
+)
 from vlret.metrics.rescore import RescoreParameterError, dual_softmax_rank_keys
 
 # -- DSL and QB-Norm at extreme settings, against exact (decimal) truth -------------------------
@@ -158,3 +178,176 @@ def test_qb_norm_beta_that_overflows_is_refused_in_one_line():
     sim, _ = scores(3, 1, seed=8)
     with pytest.raises(RescoreParameterError, match=r"^beta 1e\+305 is too large"):
         qb_norm(sim, sim, beta=1e305)
+
+
+# -- output paths before the work, Ctrl-C, missing extras --------------------------------------
+
+
+def run_cli(*args) -> int:
+    return main([str(a) for a in args])
+
+
+def one_line(err: str, start: str) -> str:
+    """The command's stderr: exactly one line, starting with ``start``, no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny precomp run (1 epoch) trained by ``vlret train``: ``(data, run folder)``."""
+    root = tmp_path_factory.mktemp("faults_eval")
+    data = tiny_data(root / "data")
+    raw = tiny_raw(data, root / "run")
+    raw["train"]["epochs"] = 1
+    (root / "run.yaml").write_text(yaml.safe_dump(raw))
+    assert run_cli("train", root / "run.yaml") == 0
+    return data, root / "run"
+
+
+def eval_args(trained, *extra) -> list:
+    data, run = trained
+    return [
+        "eval",
+        run / "best.pt",
+        "--data",
+        data,
+        "--split",
+        "test",
+        "--protocol",
+        "f30k",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def no_evaluation(monkeypatch):
+    """Fails the test if the evaluation starts (the refusal must come first)."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("the evaluation ran before the refusal")
+
+    monkeypatch.setattr(evaluate_module, "run_evaluation", started)
+
+
+def test_eval_json_into_a_read_only_folder_is_refused_before_the_evaluation(
+    trained, tmp_path, capsys, no_evaluation
+):
+    """Before (issue 26): a PermissionError traceback after the whole evaluation."""
+    with read_only_folder(tmp_path / "ro") as folder:
+        assert run_cli(*eval_args(trained, "--json", folder / "m.json")) == 2
+    line = one_line(capsys.readouterr().err, "vlret eval: ")
+    assert "--json" in line and "not writable" in line and str(folder) in line
+
+
+def test_ctrl_c_during_eval_is_one_line_and_status_130(trained, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "run_evaluation", interrupted)
+    assert run_cli(*eval_args(trained)) == 130
+    assert one_line(capsys.readouterr().err, "vlret eval: ") == "vlret eval: interrupted"
+
+
+def test_eval_dsl_temperature_below_float64_names_the_flag(trained, capsys):
+    assert run_cli(*eval_args(trained, "--rescore", "dsl", "--dsl-temperature", "1e-320")) == 2
+    line = one_line(capsys.readouterr().err, "vlret eval: --dsl-temperature 1e-320 is too small")
+    assert "float64" in line
+
+
+def test_eval_dsl_tiny_temperature_reports_real_ranks(trained, tmp_path):
+    """Before: on testall (5 images, 25 captions) T = 1e-6 tied every candidate at 0: R@1 0.0
+    both ways, i2t medr 21 = every other caption ahead (silent, also in the JSON)."""
+    data, run = trained
+    base = ["eval", run / "best.pt", "--data", data, "--split", "testall", "--protocol", "coco5k"]
+    found = {}
+    for t in ("1e-6", "1e-5"):
+        out = tmp_path / f"{t}.json"
+        args = [*base, "--rescore", "dsl", "--dsl-temperature", t, "--json", out]
+        assert run_cli(*args, "--no-progress") == 0
+        found[t] = json.loads(out.read_text())["metrics"]
+    # both temperatures are in the limit (every prior but the best is e^-1000 or less): the
+    # ranks are the same, and not the all-tied ones
+    assert found["1e-6"] == found["1e-5"]
+    assert found["1e-6"]["i2t_medr"] < 21 and found["1e-6"]["i2t_r1"] > 0
+
+
+def write_compare_config(tmp_path: Path, data: Path) -> Path:
+    raw = tiny_raw(data, tmp_path / "runs")
+    raw["train"]["epochs"] = 1
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    return cfg
+
+
+@pytest.mark.parametrize("where", ["--out", "output_dir"])
+def test_compare_output_folder_that_is_a_file_is_refused_before_training(
+    trained, tmp_path, capsys, monkeypatch, where
+):
+    """Before: a FileExistsError / NotADirectoryError traceback after planning the runs."""
+
+    def trains(*args, **kwargs):
+        raise AssertionError("a run trained before the refusal")
+
+    monkeypatch.setattr(compare_report, "run_all", trains)
+    data, _ = trained
+    cfg = write_compare_config(tmp_path, data)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    if where == "--out":
+        args = ["compare", cfg, "--losses", "triplet", "--out", blocker]
+    else:
+        args = ["compare", cfg, "--losses", "triplet", "--set", f"output_dir={blocker}"]
+        blocker = blocker / "compare"
+    assert run_cli(*args) == 2
+    line = one_line(capsys.readouterr().err, "vlret compare: ")
+    assert str(blocker) in line and where in line
+
+
+def test_plot_out_that_is_a_file_is_refused(tmp_path, capsys):
+    """Before: a FileExistsError traceback from mkdir, status 1."""
+    blocker = tmp_path / "plots"
+    blocker.write_text("x")
+    assert run_cli("plot", "goal-weights", "--out", blocker) == 2
+    line = one_line(capsys.readouterr().err, "vlret plot: ")
+    assert str(blocker) in line and "--out" in line
+
+
+def test_plot_adacl_margins_without_stats_exits_2(tmp_path, capsys):
+    assert run_cli("plot", "adacl-margins", "--out", tmp_path) == 2
+    assert "--stats" in one_line(capsys.readouterr().err, "vlret plot: ")
+
+
+@pytest.mark.parametrize("what", ["goal-weights", "adacl-margins"])
+def test_plot_without_matplotlib_is_one_line_status_2(tmp_path, capsys, monkeypatch, what):
+    """Before: an ImportError traceback, status 1 (the README promises one line, status 2)."""
+    stats = tmp_path / "stats.jsonl"
+    stats.write_text('{"step": 0, "m1": 1.0, "m2": 0.0, "anchor": 0.5}\n')
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    assert run_cli("plot", what, "--out", tmp_path / "out", "--stats", stats) == 2
+    line = one_line(capsys.readouterr().err, "vlret plot needs matplotlib")
+    assert line == "vlret plot needs matplotlib: pip install 'vlret[plot]'"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda e: retrieval_metrics(e, e, torch.zeros(0, dtype=torch.long)), "img_emb"),
+        (lambda e: retrieval_metrics(torch.ones(2, 4), e, []), "txt_emb"),
+        (lambda e: coco_5fold_metrics(e, e, torch.zeros(0, dtype=torch.long)), "img_emb"),
+        (lambda e: retrieval_metrics_from_similarity(torch.zeros(0, 3), []), "sim"),
+        (lambda e: subset_recalls(e, e, txt_to_img=[]), "img_emb"),
+        (lambda e: extended_metrics(e, e, torch.zeros(0, 0)), "img_emb"),
+        (lambda e: similarity_stats(torch.zeros(0, 0), txt_to_img=[]), "sim"),
+    ],
+)
+def test_metrics_on_empty_input_name_the_argument(call, name):
+    """Before: "max() arg is an empty sequence" (retrieval_metrics, subset_recalls) or an
+    IndexError from amax (similarity_stats)."""
+    with pytest.raises(ValueError, match=rf"^{name} is empty \(shape \(0, \d+\)\)"):
+        call(torch.zeros(0, 4))

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._extras import MissingExtra
 from .._files import atomic_write_text
 
 #: File names written by the functions of this module.
@@ -35,12 +36,25 @@ SIMILARITY_FIGURE = "curves_similarity.png"
 GOAL_HEATMAP_FIGURE = "goal_grid_heatmap.png"
 
 
-def _figure(figsize: tuple[float, float]):
+def require_matplotlib(what: str = "plotting") -> None:
+    """Refuse, before any work, when matplotlib (the ``plot`` extra) cannot be imported:
+    :class:`~vlret._extras.MissingExtra` (an ``ImportError``), one line naming ``what`` needs
+    it and the install command (the command line prints it and exits with status 2).
+
+    Raises:
+        MissingExtra: matplotlib is not installed.
+    """
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("plotting needs matplotlib: pip install 'vlret[plot]'") from err
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtra("matplotlib", "plot", what) from None
+
+
+def _figure(figsize: tuple[float, float]):
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig

@@ -21,8 +21,8 @@ from .runner import RunOutcome, run_all
 from .spec import (
     EvalSettings,
     RunSpec,
-    default_out,
     eval_settings,
+    output_folder,
     plan_runs,
     read_compare_config,
     resolve_variants,
@@ -163,7 +163,7 @@ def compare(
     settings = eval_settings(raw, section)
     variants = resolve_variants(raw, section, losses, goal_grid=goal_grid)
     n_seeds = seeds if seeds is not None else section.get("seeds", 1)
-    out_dir = Path(out) if out is not None else default_out(raw, section, "compare")
+    out_dir = output_folder(out, raw, section, "compare")
     specs = plan_runs(raw, variants, n_seeds, out_dir)
     outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
     title = f"{Path(config).stem}: {settings.protocol} {settings.split}"
