@@ -11,10 +11,12 @@ from __future__ import annotations
 import decimal
 import json
 import math
+import shutil
 import sys
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -22,7 +24,7 @@ import yaml
 import vlret.analysis.compare.report as compare_report
 import vlret.train.evaluate as evaluate_module
 from fault_helpers import read_only_folder
-from train_helpers import tiny_data, tiny_raw
+from train_helpers import tiny_data, tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.metrics import (
     Rescoring,
@@ -351,3 +353,45 @@ def test_metrics_on_empty_input_name_the_argument(call, name):
     IndexError from amax (similarity_stats)."""
     with pytest.raises(ValueError, match=rf"^{name} is empty \(shape \(0, \d+\)\)"):
         call(torch.zeros(0, 4))
+
+
+# -- non-finite test features: the file and row, before encoding --------------------------------
+
+
+@pytest.fixture(scope="module")
+def msrvtt_run(tmp_path_factory):
+    """A tiny MSR-VTT run (3 test videos x 4 captions) trained by ``vlret train``:
+    ``(data root, run folder)``."""
+    root = tmp_path_factory.mktemp("faults_msrvtt")
+    data, cfg = tiny_msrvtt_run_config(root)
+    assert run_cli("train", cfg) == 0
+    return data, root / "run"
+
+
+def test_eval_nan_in_precomp_test_features_names_file_and_row(trained, tmp_path, capsys):
+    """Before: "img_emb contains NaN or inf values" after encoding (no file, no row)."""
+    data, run = trained
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    feats = np.load(copy / "test_ims.npy")
+    feats[1, 2, 3] = np.nan
+    np.save(copy / "test_ims.npy", feats)
+    args = ["eval", run / "best.pt", "--data", copy, "--split", "test", "--protocol", "f30k"]
+    assert run_cli(*args) == 2
+    line = one_line(capsys.readouterr().err, "vlret eval: ")
+    assert f"{copy / 'test_ims.npy'}, row 1: image 1, region 2, dimension 3: NaN" in line
+
+
+def test_eval_inf_in_msrvtt_test_features_names_file_and_video(msrvtt_run, tmp_path, capsys):
+    data, run = msrvtt_run
+    copy = tmp_path / "msrvtt"
+    shutil.copytree(data, copy)
+    ids = (copy / "video_ids.txt").read_text().split()
+    row = ids.index("video8")  # a test video (MSRVTT_JSFUSION_test.csv)
+    feats = np.load(copy / "video_feats.npy")
+    feats[row, 0, 1] = np.inf
+    np.save(copy / "video_feats.npy", feats)
+    args = ["eval", run / "last.pt", "--data", copy, "--split", "test", "--protocol", "msrvtt-full"]
+    assert run_cli(*args) == 2
+    line = one_line(capsys.readouterr().err, "vlret eval: ")
+    assert f"{copy / 'video_feats.npy'}, row {row}" in line and "inf" in line

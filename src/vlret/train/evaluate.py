@@ -54,7 +54,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from .._moved import renamed_names
-from ..data import RetrievalDataset
+from ..data import RetrievalDataset, check_features
 from ..eval import (
     EnsembleScorer,
     EnsembleSplit,
@@ -325,13 +325,18 @@ def _eval_dataset(
 ) -> RetrievalDataset:
     model, run, encoder = member
     transform = getattr(model, "image_transform", None)
-    return build_dataset(
+    dataset = build_dataset(
         eval_data_config(run.data, data),
         split,
         encoder,
         protocol=protocol.data_protocol,
         image_transform=transform,
     )
+    # NaN / inf or another feature size: the file and row now (DataFormatError), as training
+    # checks its splits, not "img_emb contains NaN or inf values" after encoding
+    in_dim = getattr(getattr(model, "image_encoder", None), "in_dim", None)
+    check_features(dataset, in_dim=in_dim if isinstance(in_dim, int) else None)
+    return dataset
 
 
 def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: RetrievalDataset, split):
