@@ -26,6 +26,7 @@ import vlret.train.evaluate as evaluate_module
 from fault_helpers import read_only_folder
 from train_helpers import tiny_data, tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
+from vlret.eval import get_protocol
 from vlret.metrics import (
     Rescoring,
     coco_5fold_metrics,
@@ -395,3 +396,74 @@ def test_eval_inf_in_msrvtt_test_features_names_file_and_video(msrvtt_run, tmp_p
     assert run_cli(*args) == 2
     line = one_line(capsys.readouterr().err, "vlret eval: ")
     assert f"{copy / 'video_feats.npy'}, row {row}" in line and "inf" in line
+
+
+# -- titles and caption counts -------------------------------------------------------------------
+
+
+def test_compare_titles_a_small_split_as_eval_does(trained, tmp_path, capsys):
+    """Before: table.md said "cmp: f30k test" for a 2-image split that eval titles as not the
+    paper's test set."""
+    data, _ = trained
+    cfg = write_compare_config(tmp_path, data)
+    out = tmp_path / "cmp"
+    assert run_cli("compare", cfg, "--losses", "triplet", "--out", out, "--no-progress") == 0
+    capsys.readouterr()
+    title = (out / "table.md").read_text(encoding="utf-8").splitlines()[0]
+    want = get_protocol("f30k").title_for("test", 2, 10)
+    assert want.startswith("Flickr30K 1K protocol on test split of 2 images x 10 texts (not")
+    assert want in title and "f30k test" not in title
+    assert run_cli(*eval_args(trained)) == 0
+    assert want in capsys.readouterr().out  # the same words as vlret eval's table
+
+
+def test_msrvtt_titles_count_videos(msrvtt_run, tmp_path, capsys):
+    """Before: "MSR-VTT full protocol on test split of 3 images x 12 texts"."""
+    data, run = msrvtt_run
+    args = ["eval", run / "last.pt", "--data", data, "--split", "test", "--protocol", "msrvtt-full"]
+    assert run_cli(*args) == 0
+    printed = capsys.readouterr().out
+    assert "MSR-VTT full protocol on test split of 3 videos x 12 texts" in printed
+    assert "images" not in printed.splitlines()[0]
+
+
+def one_caption_copy(data: Path, dest: Path) -> Path:
+    """``data`` with only the first caption of each image in every split."""
+    shutil.copytree(data, dest)
+    for caps in dest.glob("*_caps.txt"):
+        ids = caps.with_name(caps.name.replace("_caps.txt", "_ids.txt"))
+        lines, id_lines = caps.read_text().splitlines(), ids.read_text().splitlines()
+        caps.write_text("\n".join(lines[::5]) + "\n")
+        if len(id_lines) == len(lines):  # one id per caption
+            ids.write_text("\n".join(id_lines[::5]) + "\n")
+    return dest
+
+
+def test_eval_captions_per_image_overrides_the_stored_count(trained, tmp_path, capsys):
+    """Before: a model trained with 5 captions per image could not be tested on 1-caption data
+    (nor 1 on 5): eval read the count from the checkpoint and had no option."""
+    data, run = trained
+    copy = one_caption_copy(data, tmp_path / "one")
+    base = ["eval", run / "best.pt", "--data", copy, "--split", "test", "--protocol", "f30k"]
+    assert run_cli(*base) == 2
+    assert "5 per image" in one_line(capsys.readouterr().err, "vlret eval: ")
+    out = tmp_path / "m.json"
+    assert run_cli(*base, "--captions-per-image", "1", "--json", out) == 0
+    record = json.loads(out.read_text())
+    assert (record["n_images"], record["n_texts"]) == (2, 2)
+
+
+def test_eval_captions_per_video_overrides_the_stored_count(msrvtt_run, tmp_path, capsys):
+    data, run = msrvtt_run
+    out = tmp_path / "m.json"
+    args = ["eval", run / "last.pt", "--data", data, "--split", "test", "--protocol", "msrvtt-full"]
+    assert run_cli(*args, "--captions-per-video", "2", "--json", out) == 0
+    record = json.loads(out.read_text())
+    assert (record["n_images"], record["n_texts"]) == (3, 6)
+    assert "3 videos x 6 texts" in record["title"]
+
+
+def test_eval_caption_count_of_another_format_is_refused(trained, capsys):
+    assert run_cli(*eval_args(trained, "--captions-per-video", "2")) == 2
+    line = one_line(capsys.readouterr().err, "vlret eval: captions_per_video: only used with")
+    assert "precomp data" in line

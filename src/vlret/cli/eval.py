@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_OK, fail, require_train_extra
+from ._common import EXIT_OK, fail, positive_int, require_train_extra
 
 NAME = "eval"
 
@@ -102,6 +102,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--bank-size", type=int, metavar="N", help="qbnorm: train captions in the bank (5000)"
     )
+    p.add_argument(
+        "--captions-per-image",
+        type=positive_int,
+        metavar="N",
+        help="precomp / Karpathy data: captions per test image, replacing the checkpoint's "
+        "data.captions_per_image (a model trained on 1 caption per image, tested on 5)",
+    )
+    p.add_argument(
+        "--captions-per-video",
+        type=positive_int,
+        metavar="N",
+        help="MSR-VTT data: captions per test video, replacing data.captions_per_video",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.set_defaults(func=run)
     return p
@@ -127,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             shortlist=args.shortlist,
             shortlist_from=args.shortlist_from,
             progress=not args.no_progress,
+            captions_per_image=args.captions_per_image,
+            captions_per_video=args.captions_per_video,
             rescore=make_rescoring(
                 args.rescore,
                 names=RESCORE_FLAGS,

@@ -74,6 +74,16 @@ def add_plot(report: ComparisonReport, what: str, fn: Callable[[], Any]) -> None
     report.plots.extend(made if isinstance(made, list) else [made])
 
 
+def evaluation_title(outcomes: Sequence[RunOutcome], settings: EvalSettings) -> str:
+    """What the runs were tested on, titled as ``vlret eval`` titles it (the protocol's paper
+    label only on the paper's test set, else the split and its sizes); the protocol and split
+    names when no run recorded a title (results written before titles were recorded)."""
+    for outcome in outcomes:
+        if outcome.result.title:
+            return outcome.result.title
+    return f"{settings.protocol} {settings.split}"
+
+
 def write_report(
     outcomes: Sequence[RunOutcome],
     out_dir: Path,
@@ -166,7 +176,7 @@ def compare(
     out_dir = output_folder(out, raw, section, "compare")
     specs = plan_runs(raw, variants, n_seeds, out_dir)
     outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
-    title = f"{Path(config).stem}: {settings.protocol} {settings.split}"
+    title = f"{Path(config).stem}: {evaluation_title(outcomes, settings)}"
     return write_report(
         outcomes,
         out_dir,
@@ -181,5 +191,6 @@ __all__ = [
     "ComparisonReport",
     "add_plot",
     "compare",
+    "evaluation_title",
     "write_report",
 ]

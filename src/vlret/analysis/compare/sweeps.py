@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...train.config_files import parse_value
-from .report import ComparisonReport, add_plot, write_report
+from .report import ComparisonReport, add_plot, evaluation_title, write_report
 from .runner import run_all
 from .spec import (
     CompareError,
@@ -91,7 +91,7 @@ def sweep(
     out_dir = output_folder(out, raw, section, "sweep")
     specs = plan_runs(raw, variants, n_seeds, out_dir)
     outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
-    title = f"{Path(config).stem}: {base.label} sweep, {settings.protocol} {settings.split}"
+    title = f"{Path(config).stem}: {base.label} sweep, {evaluation_title(outcomes, settings)}"
     report = write_report(
         outcomes,
         out_dir,
