@@ -11,20 +11,25 @@ from __future__ import annotations
 import decimal
 import json
 import math
+import os
 import shutil
+import signal
+import socket
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 import yaml
 
 import vlret.analysis.compare.report as compare_report
 import vlret.train.evaluate as evaluate_module
 from fault_helpers import read_only_folder
-from train_helpers import tiny_data, tiny_msrvtt_run_config, tiny_raw
+from train_helpers import tiny_config, tiny_data, tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.eval import get_protocol
 from vlret.metrics import (
@@ -40,6 +45,14 @@ from vlret.metrics import (
     subset_recalls,
 )
 from vlret.metrics.rescore import RescoreParameterError, dual_softmax_rank_keys
+from vlret.train import ConfigError
+from vlret.train.distributed import (
+    DIST_TIMEOUT,
+    DistributedTimeout,
+    explain_timeout,
+    gather_with_grad,
+    init_distributed,
+)
 
 # -- DSL and QB-Norm at extreme settings, against exact (decimal) truth -------------------------
 
@@ -467,3 +480,80 @@ def test_eval_caption_count_of_another_format_is_refused(trained, capsys):
     assert run_cli(*eval_args(trained, "--captions-per-video", "2")) == 2
     line = one_line(capsys.readouterr().err, "vlret eval: captions_per_video: only used with")
     assert "precomp data" in line
+
+
+# -- a stalled torchrun rank ---------------------------------------------------------------------
+
+#: train.dist_timeout of the stall test (seconds): short, but above a loaded CI machine's jitter
+STALL_TIMEOUT = 3.0
+
+
+def stall_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 joins the group and stops itself (SIGSTOP); rank 0 all-gathers and records what
+    happened. Rank 0 leaves with ``os._exit``: a clean shutdown would wait for the stopped rank."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    init_distributed(backend="gloo", timeout=STALL_TIMEOUT)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    start = time.monotonic()
+    try:
+        gather_with_grad(torch.ones(2, 3))
+        outcome = "returned"
+    except DistributedTimeout as err:
+        outcome = str(err)
+    except BaseException as err:  # noqa: BLE001 - recorded for the assertion
+        outcome = f"{type(err).__name__}: {err}"
+    waited = time.monotonic() - start
+    Path(out, "rank0.txt").write_text(f"{waited}\n{outcome}", encoding="utf-8")
+    os._exit(0)
+
+
+def test_a_stopped_rank_ends_the_others_with_one_line_after_dist_timeout(tmp_path):
+    """Before: rank 0 waited in the all-gather forever (torch's gloo default: 30 minutes, and
+    train.dist_timeout did not exist)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.start_processes(
+        stall_worker, args=(port, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    rank0, rank1 = context.processes
+    try:
+        rank0.join(timeout=120)  # the guard of a regression (a wait without end), not a timing
+        assert rank0.exitcode == 0, "rank 0 did not end: the stalled rank still blocks it"
+    finally:
+        for p in (rank0, rank1):
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+            p.join()
+    waited, message = (tmp_path / "rank0.txt").read_text(encoding="utf-8").split("\n", 1)
+    assert float(waited) >= 0.9 * STALL_TIMEOUT  # it waited for the rank, then gave up
+    assert "\n" not in message
+    assert message.startswith("rank 0: all_gather waited 3 s for rank 1, which stopped or is")
+    assert "train.dist_timeout = 3 s" in message
+
+
+def test_dist_timeout_is_a_checked_config_key(tmp_path):
+    data = tiny_data(tmp_path / "data")
+    assert tiny_config(data, tmp_path / "run").train.dist_timeout == DIST_TIMEOUT == 600.0
+    assert tiny_config(data, tmp_path / "run", ["train.dist_timeout=5"]).train.dist_timeout == 5.0
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ConfigError, match=r"train\.dist_timeout: expected"):
+            tiny_config(data, tmp_path / "run", [f"train.dist_timeout={bad}"])
+
+
+def test_explain_timeout_words_a_backend_timeout_and_leaves_other_errors():
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:598] Timed out waiting 3000ms for recv")
+    explained = explain_timeout(gloo, "DDP's gradient all-reduce")
+    assert isinstance(explained, DistributedTimeout)
+    assert "train.dist_timeout" in str(explained) and "DDP's gradient all-reduce" in str(explained)
+    other = RuntimeError("CUDA out of memory")
+    assert explain_timeout(other) is other

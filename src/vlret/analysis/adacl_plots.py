@@ -156,7 +156,7 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
         ValueError: The log is invalid (:func:`load_stats`).
     """
     records = load_stats(stats_file)
-    from .curves import require_matplotlib
+    from ._plotting import require_matplotlib
 
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -27,27 +27,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._extras import MissingExtra
 from .._files import atomic_write_text
+from ._plotting import require_matplotlib
 
 #: File names written by the functions of this module.
 TRAINING_FIGURE = "curves_loss_rsum.png"
 SIMILARITY_FIGURE = "curves_similarity.png"
 GOAL_HEATMAP_FIGURE = "goal_grid_heatmap.png"
-
-
-def require_matplotlib(what: str = "plotting") -> None:
-    """Refuse, before any work, when matplotlib (the ``plot`` extra) cannot be imported:
-    :class:`~vlret._extras.MissingExtra` (an ``ImportError``), one line naming ``what`` needs
-    it and the install command (the command line prints it and exits with status 2).
-
-    Raises:
-        MissingExtra: matplotlib is not installed.
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise MissingExtra("matplotlib", "plot", what) from None
 
 
 def _figure(figsize: tuple[float, float]):

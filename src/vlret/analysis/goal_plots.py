@@ -85,7 +85,7 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
     Raises:
         MissingExtra: matplotlib is not installed (``pip install vlret[plot]``).
     """
-    from .curves import require_matplotlib
+    from ._plotting import require_matplotlib
 
     require_matplotlib()
     import matplotlib

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     a folder, a missing matplotlib (the ``plot`` extra, :class:`~vlret._extras.MissingExtra`
     printed by :func:`vlret.cli.main`, status 2)."""
     from .._files import check_output_dir
-    from ..analysis.curves import require_matplotlib
+    from ..analysis._plotting import require_matplotlib
 
     if args.what == "adacl-margins" and args.stats is None:
         return fail(NAME, "adacl-margins needs --stats FILE (the AdaCL stats JSON-lines log)")
