@@ -557,3 +557,19 @@ def test_explain_timeout_words_a_backend_timeout_and_leaves_other_errors():
     assert "train.dist_timeout" in str(explained) and "DDP's gradient all-reduce" in str(explained)
     other = RuntimeError("CUDA out of memory")
     assert explain_timeout(other) is other
+
+
+def test_vlret_train_prints_a_collective_timeout_in_one_line(tmp_path, capsys, monkeypatch):
+    """What rank 0 of ``torchrun ... vlret train`` prints when its collective times out."""
+    import vlret.train as train_package
+
+    def stalled(*args, **kwargs):
+        raise explain_timeout(RuntimeError("Timed out waiting 3000ms for recv"), "all_gather")
+
+    monkeypatch.setattr(train_package, "train", stalled)
+    data = tiny_data(tmp_path / "data")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw(data, tmp_path / "run")))
+    assert run_cli("train", cfg) == 2
+    line = one_line(capsys.readouterr().err, "vlret train: rank 0: all_gather waited 600 s for")
+    assert "train.dist_timeout = 600 s" in line and "the other ranks, which stopped" in line

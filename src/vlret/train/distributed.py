@@ -138,9 +138,13 @@ TIMEOUT_KEY = "train.dist_timeout"
 _TIMEOUT = DIST_TIMEOUT
 
 
-class DistributedTimeout(RuntimeError):
+class DistributedTimeout(RuntimeError, ValueError):
     """A collective waited longer than ``train.dist_timeout`` for another rank: one line naming
-    this rank, the rank(s) it waited for, the timeout and the key (:func:`timeout_message`)."""
+    this rank, the rank(s) it waited for, the timeout and the key (:func:`timeout_message`).
+
+    A ``RuntimeError`` (what the backends raise) and a ``ValueError``, so that the commands,
+    which print a ``ValueError`` as one line (``vlret train: rank 0: all_gather waited ...``,
+    status 2), end the rank with that line rather than a traceback."""
 
 
 def check_timeout(timeout: object) -> float:
@@ -189,7 +193,10 @@ def timeout_message(operation: str, timeout: float | None = None) -> str:
     long, and the key that sets it."""
     me, world = rank(), world_size()
     others = [r for r in range(world) if r != me]
-    who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
+    if len(others) == 1:
+        who = f"rank {others[0]}"
+    else:  # the backends do not say which peer stopped answering
+        who = f"one of ranks {others}" if others else "the other ranks"
     seconds = _TIMEOUT if timeout is None else timeout
     return (
         f"rank {me}: {operation} waited {seconds:g} s for {who}, which stopped or is stuck "
