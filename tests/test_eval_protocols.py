@@ -60,9 +60,10 @@ def test_titles_are_the_old_ones(name, split, sizes):
     if split in splits and sizes == (n_img, n_txt):
         want = OLD_TITLES[name]
     else:
+        items = "videos" if name.startswith("msrvtt") else "images"  # MSR-VTT: videos
         folds = f", 5 folds of {sizes[0] // 5} images" if name == "coco1k" else ""
         want = (
-            f"{paper} protocol on {split or 'a'} split of {sizes[0]} images x {sizes[1]} texts"
+            f"{paper} protocol on {split or 'a'} split of {sizes[0]} {items} x {sizes[1]} texts"
             f"{folds} (not the paper's test set: {'/'.join(splits)}, {n_img} x {n_txt})"
         )
     assert get_protocol(name).title_for(split, *sizes) == want

@@ -22,6 +22,7 @@ from vlret.metrics import (
     retrieval_metrics_from_similarity,
     retrieval_ranks_from_similarity,
 )
+from vlret.metrics import _blocks as blocks_module
 from vlret.metrics import rescore as rescore_module
 
 # float32 scores re-scored in float64 against the float64 oracle on the same float32 values: the
@@ -126,7 +127,7 @@ def test_dual_softmax_float32_input_at_the_default_temperature_does_not_underflo
 def test_dual_softmax_row_blocks_equal_one_block(monkeypatch):
     sim = cosines(13, 11, seed=4)
     whole = dual_softmax(sim, temperature=0.1)
-    monkeypatch.setattr(rescore_module, "_BLOCK_SCORES", 25)  # 2 rows a block
+    monkeypatch.setattr(blocks_module, "_BLOCK_SCORES", 25)  # 2 rows a block
     blocked = dual_softmax(sim, temperature=0.1)
     for a, b in zip(whole, blocked, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=0)
@@ -199,7 +200,7 @@ def test_qb_norm_float32_input_against_float64_truth():
 def test_qb_norm_blocks_equal_one_block(monkeypatch):
     sim, bank = cosines(11, 7, seed=12), cosines(9, 7, seed=13)
     whole = qb_norm(sim, bank, k=2)
-    monkeypatch.setattr(rescore_module, "_BLOCK_SCORES", 10)
+    monkeypatch.setattr(blocks_module, "_BLOCK_SCORES", 10)
     torch.testing.assert_close(qb_norm(sim, bank, k=2), whole, rtol=1e-13, atol=0)
 
 

@@ -29,6 +29,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "scipy": ("SciPy", "vsl"),
     "transformers": ("transformers", "hf"),
     "PIL": ("Pillow", "hf"),
+    "matplotlib": ("matplotlib", "plot"),
 }
 
 

@@ -151,16 +151,16 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
         The files written (``out_dir/adacl_margins.png``).
 
     Raises:
-        ImportError: matplotlib is not installed (the ``plot`` extra).
+        MissingExtra: matplotlib is not installed (the ``plot`` extra).
         FileNotFoundError: ``stats_file`` is missing.
         ValueError: The log is invalid (:func:`load_stats`).
     """
     records = load_stats(stats_file)
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("plotting needs matplotlib: pip install 'vlret[plot]'") from err
+    from ._plotting import require_matplotlib
+
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     steps = [r["step"] for r in records]
     panels: list[tuple[str, str]] = [("m1", "m1 (scale)"), ("m2", "m2 (shift)")]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
+from ._plotting import require_matplotlib
 
 #: File names written by the functions of this module.
 TRAINING_FIGURE = "curves_loss_rsum.png"
@@ -36,11 +37,10 @@ GOAL_HEATMAP_FIGURE = "goal_grid_heatmap.png"
 
 
 def _figure(figsize: tuple[float, float]):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("plotting needs matplotlib: pip install 'vlret[plot]'") from err
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig

@@ -83,12 +83,13 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
         The paths of ``goal_triplet_weights.png`` and ``goal_pair_weights.png``.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install vlret[plot]``).
+        MissingExtra: matplotlib is not installed (``pip install vlret[plot]``).
     """
-    try:
-        import matplotlib
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("plotting needs matplotlib: pip install 'vlret[plot]'") from exc
+    from ._plotting import require_matplotlib
+
+    require_matplotlib()
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -89,6 +89,8 @@ class RunResult:
         metrics: Metric name -> value (:data:`METRIC_KEYS`, :data:`SYNTHETIC_KEYS`).
         params: The loss parameters.
         run_dir: The run's folder.
+        title: The evaluation's table title (:meth:`vlret.eval.EvalProtocol.title_for`: the
+            paper's label only on the paper's test set); empty when unknown.
     """
 
     label: str
@@ -97,6 +99,7 @@ class RunResult:
     metrics: Mapping[str, float]
     params: Mapping[str, Any] = field(default_factory=dict)
     run_dir: str = ""
+    title: str = ""
 
 
 @dataclass(frozen=True)

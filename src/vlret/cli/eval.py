@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_OK, fail, require_train_extra
+from ._common import EXIT_OK, fail, positive_int, require_train_extra
 
 NAME = "eval"
 
@@ -102,6 +102,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--bank-size", type=int, metavar="N", help="qbnorm: train captions in the bank (5000)"
     )
+    p.add_argument(
+        "--captions-per-image",
+        type=positive_int,
+        metavar="N",
+        help="precomp / Karpathy data: captions per test image, replacing the checkpoint's "
+        "data.captions_per_image (a model trained on 1 caption per image, tested on 5)",
+    )
+    p.add_argument(
+        "--captions-per-video",
+        type=positive_int,
+        metavar="N",
+        help="MSR-VTT data: captions per test video, replacing data.captions_per_video",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.set_defaults(func=run)
     return p
@@ -111,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate, print the protocol's table and (``--json``) write its record."""
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
-    from ..metrics.rescore import make_rescoring
+    from ..metrics.rescore import RescoreParameterError, make_rescoring
     from ..train.evaluate import run_evaluation
 
     try:
@@ -127,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             shortlist=args.shortlist,
             shortlist_from=args.shortlist_from,
             progress=not args.no_progress,
+            captions_per_image=args.captions_per_image,
+            captions_per_video=args.captions_per_video,
             rescore=make_rescoring(
                 args.rescore,
                 names=RESCORE_FLAGS,
@@ -137,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
                 bank_size=args.bank_size,
             ),
         )
+    except RescoreParameterError as err:  # named by its flag: --dsl-temperature 1e-320 is ...
+        return fail(NAME, f"{RESCORE_FLAGS.get(err.param, err.param)} {err.detail}")
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         return fail(NAME, err)
     print(result.table())  # the Evaluation carries its protocol and split

@@ -22,14 +22,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the figures, print their paths."""
+    """Write the figures, print their paths. Everything that would make the command fail after
+    drawing is refused first, in one line: a missing ``--stats``, an ``--out`` that cannot be
+    a folder, a missing matplotlib (the ``plot`` extra, :class:`~vlret._extras.MissingExtra`
+    printed by :func:`vlret.cli.main`, status 2)."""
+    from .._files import check_output_dir
+    from ..analysis._plotting import require_matplotlib
+
+    if args.what == "adacl-margins" and args.stats is None:
+        return fail(NAME, "adacl-margins needs --stats FILE (the AdaCL stats JSON-lines log)")
+    try:
+        check_output_dir(args.out, "--out")
+    except ValueError as err:  # OutputPathError
+        return fail(NAME, err)
+    require_matplotlib(f"vlret {NAME}")
     if args.what == "goal-weights":
         from ..analysis.goal_plots import plot_goal_weights
 
         paths = plot_goal_weights(args.out)
     else:
-        if args.stats is None:
-            raise SystemExit("vlret plot adacl-margins: --stats FILE is required")
         from ..analysis.adacl_plots import plot_adacl_margins
 
         # A missing file or one without AdaCL margins: one line naming the file, exit 2.

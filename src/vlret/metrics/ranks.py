@@ -105,6 +105,15 @@ def _check_txt_to_img(txt_to_img, n_img: int, n_txt: int, device: torch.device) 
     return t2i
 
 
+def check_not_empty(t: torch.Tensor, name: str, what: str, dim: int = 0) -> None:
+    """Refuse a matrix without ``what`` (its ``dim`` has size 0): one line naming ``name`` and
+    its shape, not a reduction's error ("max() arg is an empty sequence") from deep inside."""
+    if t.shape[dim] == 0:
+        raise ValueError(
+            f"{name} is empty (shape {tuple(t.shape)}): retrieval metrics need at least one {what}"
+        )
+
+
 def _check_finite(t: torch.Tensor, name: str) -> None:
     # A row's sum is finite only if the row is (NaN and inf propagate), and BLAS sums rows
     # vectorised on any CPU; isfinite(t).all() took a fifth of the COCO-5K matmul time. A sum
@@ -210,6 +219,8 @@ def retrieval_ranks_from_similarity(
     _check_chunk(chunk_size)
     if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
         raise ValueError("sim must be a 2-D floating-point tensor (N_img, N_txt)")
+    check_not_empty(sim, "sim", "image (row)", 0)
+    check_not_empty(sim, "sim", "text (column)", 1)
     _check_finite(sim, "sim")
     n_img, n_txt = sim.shape
     t2i = _check_txt_to_img(txt_to_img, n_img, n_txt, sim.device)
@@ -248,6 +259,7 @@ def retrieval_ranks(
     for name, t in (("img_emb", img_emb), ("txt_emb", txt_emb)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.dtype.is_floating_point:
             raise ValueError(f"{name} must be a 2-D floating-point tensor (N, D)")
+        check_not_empty(t, name, "image" if name == "img_emb" else "text")
         _check_finite(t, name)
     if img_emb.shape[1] != txt_emb.shape[1]:
         raise ValueError(
@@ -438,6 +450,10 @@ def coco_5fold_metrics(
     """
     if not isinstance(img_emb, torch.Tensor) or img_emb.dim() != 2:
         raise ValueError("img_emb must be a 2-D tensor (N_img, D)")
+    if not isinstance(txt_emb, torch.Tensor) or txt_emb.dim() != 2:
+        raise ValueError("txt_emb must be a 2-D tensor (N_txt, D)")
+    check_not_empty(img_emb, "img_emb", "image")
+    check_not_empty(txt_emb, "txt_emb", "text")
     n_img = img_emb.shape[0]
     t2i = _check_txt_to_img(txt_to_img, n_img, txt_emb.shape[0], img_emb.device)
     folds = []

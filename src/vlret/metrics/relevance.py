@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .ranks import check_not_empty
+
 
 @dataclass(frozen=True)
 class ExtendedMetrics:
@@ -132,6 +134,8 @@ def extended_metrics(
     ``(N_txt, N_img)`` boolean ``relevance``; with ``txt_to_img``, also the ambiguity rates
     (otherwise NaN). Memory is bounded by ``chunk_size x max(N_img, N_txt)`` scores."""
     img, txt = _as_matrix(img_emb, "img_emb"), _as_matrix(txt_emb, "txt_emb")
+    check_not_empty(img, "img_emb", "image")
+    check_not_empty(txt, "txt_emb", "text")
     rel = _as_matrix(relevance, "relevance").to(torch.bool)
     if rel.shape != (len(txt), len(img)):
         raise ValueError(

@@ -30,7 +30,15 @@ from typing import Any
 
 import torch
 
-from .._checks import check_finite
+from ._blocks import (
+    RescoreParameterError,
+    _check_logits,
+    _describe,
+    _matrix,
+    _positive,
+    _positive_int,
+    _row_spans,
+)
 from .ranks import (
     RetrievalMetrics,
     average_metrics,
@@ -49,42 +57,19 @@ QB_BANK_SIZE = 5000
 #: seed of the draw of the querybank from the training captions.
 QB_BANK_SEED = 0
 
-#: scores per row block of the chunked computations (float64: 128 MiB)
-_BLOCK_SCORES = 1 << 24
 
-
-def _matrix(sim: Any, name: str) -> torch.Tensor:
-    if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
-        raise ValueError(f"{name} must be a 2-D floating-point tensor, got {_describe(sim)}")
-    if 0 in sim.shape:
-        raise ValueError(f"{name} must not be empty, got shape {tuple(sim.shape)}")
-    check_finite(sim, name)
-    return sim
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a {x.dim()}-D {x.dtype} tensor"
-    return type(x).__name__
-
-
-def _positive(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _row_spans(n_rows: int, n_cols: int) -> list[tuple[int, int]]:
-    step = max(1, _BLOCK_SCORES // max(n_cols, 1))
-    return [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
+def _dsl_lse(sim: torch.Tensor, t: float, spans: list[tuple[int, int]]):
+    """``logsumexp`` of ``sim / T`` along each row and each column, in float64 by row blocks;
+    ``sim / T`` must be finite, else the temperature is refused."""
+    n_img, n_txt = sim.shape
+    _check_logits(float(sim.abs().max().double()) / t, "temperature", t, "too small")
+    row_lse = torch.empty(n_img, dtype=torch.float64, device=sim.device)
+    col_lse = torch.full((n_txt,), -math.inf, dtype=torch.float64, device=sim.device)
+    for r0, r1 in spans:
+        z = sim[r0:r1].double() / t
+        row_lse[r0:r1] = torch.logsumexp(z, dim=1)
+        col_lse = torch.logaddexp(col_lse, torch.logsumexp(z, dim=0))
+    return row_lse, col_lse
 
 
 @torch.no_grad()
@@ -105,7 +90,9 @@ def dual_softmax(
     CAMoE's constant factor ``N`` does not change a rank and is left out. The priors use every
     test query at once: the result depends on the whole test set (NON-STANDARD). Computed in
     float64, because the priors of low scores at ``T = 0.01`` underflow float32 (to exact
-    ties at 0), and returned in float64.
+    ties at 0), and returned in float64. At small temperatures (``(s_max - s) / T`` above
+    ~708) priors underflow float64 too: the values are then the nearest float64 (0), and
+    ranking them ties; :func:`dual_softmax_rank_keys` ranks without underflow.
 
     Args:
         sim: ``(N_img, N_txt)`` finite scores (cosines for two-tower models).
@@ -117,26 +104,109 @@ def dual_softmax(
         (image queries), the second along its columns (text queries).
 
     Raises:
-        ValueError: ``sim`` is not a non-empty finite 2-D float tensor, or ``temperature`` is
-            not a positive finite number.
+        ValueError: ``sim`` is not a non-empty finite 2-D float tensor, ``temperature`` is
+            not a positive finite number, or ``sim / temperature`` overflows float64.
     """
     sim = _matrix(sim, "sim")
     t = _positive(temperature, "temperature")
-    n_img, n_txt = sim.shape
-    spans = _row_spans(n_img, n_txt)
-    row_lse = torch.empty(n_img, dtype=torch.float64, device=sim.device)
-    col_lse = torch.full((n_txt,), -math.inf, dtype=torch.float64, device=sim.device)
-    for r0, r1 in spans:
-        z = sim[r0:r1].double() / t
-        row_lse[r0:r1] = torch.logsumexp(z, dim=1)
-        col_lse = torch.logaddexp(col_lse, torch.logsumexp(z, dim=0))
-    i2t = torch.empty(n_img, n_txt, dtype=torch.float64, device=sim.device)
+    spans = _row_spans(*sim.shape)
+    row_lse, col_lse = _dsl_lse(sim, t, spans)
+    i2t = torch.empty(sim.shape, dtype=torch.float64, device=sim.device)
     t2i = torch.empty_like(i2t)
     for r0, r1 in spans:
         s = sim[r0:r1].double()
         z = s / t
         torch.mul(s, torch.exp(z - col_lse[None, :]), out=i2t[r0:r1])
         torch.mul(s, torch.exp(z - row_lse[r0:r1, None]), out=t2i[r0:r1])
+    return i2t, t2i
+
+
+def _log_terms(s: torch.Tensor, log_prior: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``log |s| + log_prior`` (the log of the product's magnitude) and the masks of the
+    positive and negative scores."""
+    return torch.log(s.abs()) + log_prior, s > 0, s < 0
+
+
+def _extreme(values: torch.Tensor, mask: torch.Tensor, dim: int, high: bool) -> torch.Tensor:
+    """The largest (``high``) or smallest of ``values`` under ``mask`` along ``dim``; -inf /
+    inf where the mask is empty."""
+    if high:
+        return torch.where(mask, values, -math.inf).amax(dim=dim, keepdim=True)
+    return torch.where(mask, values, math.inf).amin(dim=dim, keepdim=True)
+
+
+def _tiered_key(log_mag, pos, neg, high_pos, low_pos, low_neg) -> torch.Tensor:
+    """Positive products above zeros above negative products, in one float64 per entry.
+
+    Positive products are keyed ``log_mag - high_pos`` (``<= 0``: the line's best ones keep
+    every bit), zero scores ``2 x (low_pos - high_pos) - 1`` (below every positive one), and
+    negative products below that by ``1 + log_mag - low_neg`` (the smallest magnitude
+    highest). A per-line shift keeps the line's order.
+    """
+    span = torch.where(torch.isfinite(low_pos), low_pos - high_pos, 0.0)
+    zero = 2.0 * span - 1.0
+    key = torch.where(pos, log_mag - high_pos, zero)
+    return torch.where(neg, zero - 1.0 - (log_mag - low_neg), key)
+
+
+def _underflowed(s: torch.Tensor, rescored: torch.Tensor) -> bool:
+    """Whether a non-zero score's re-scored value fell below float64's normal range (a zero
+    or a subnormal with few significant bits), where ranks on the values would tie."""
+    tiny = torch.finfo(torch.float64).tiny
+    return bool(((rescored.abs() < tiny) & (s != 0)).any())
+
+
+@torch.no_grad()
+def dual_softmax_rank_keys(
+    sim: torch.Tensor, *, temperature: float = DSL_TEMPERATURE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Matrices that rank as :func:`dual_softmax`'s exact ``(i2t, t2i)`` products do, also
+    where those underflow float64 (small temperatures).
+
+    A direction none of whose values underflows is returned as :func:`dual_softmax` computes
+    it (exact values). Otherwise the direction is an order-preserving key computed in log space
+    (log-softmax priors, ``log |s| + log prior``: nothing underflows): positive products above
+    zero scores above negative products, each tier ordered by its logs and shifted along the
+    ranked line (a per-line shift keeps the line's order). ``i2t``'s keys order each row (image
+    queries), ``t2i``'s each column (text queries); only those orders are meaningful.
+
+    Args:
+        sim: ``(N_img, N_txt)`` finite scores.
+        temperature: ``T`` of the priors.
+
+    Returns:
+        ``(i2t, t2i)`` float64 ``(N_img, N_txt)``: rank ``i2t`` along rows, ``t2i`` along
+        columns.
+
+    Raises:
+        ValueError: as :func:`dual_softmax`.
+    """
+    i2t, t2i = dual_softmax(sim, temperature=temperature)
+    redo_i2t, redo_t2i = _underflowed(sim, i2t), _underflowed(sim, t2i)
+    if not (redo_i2t or redo_t2i):
+        return i2t, t2i
+    t = float(temperature)
+    spans = _row_spans(*sim.shape)
+    row_lse, col_lse = _dsl_lse(sim, t, spans)
+    # t2i's lines are columns: their extremes per tier need every row block first
+    inf = torch.full((1, sim.shape[1]), math.inf, dtype=torch.float64, device=sim.device)
+    high_pos, low_pos, low_neg = -inf, inf, inf
+    if redo_t2i:
+        for r0, r1 in spans:
+            s = sim[r0:r1].double()
+            log_mag, pos, neg = _log_terms(s, s / t - row_lse[r0:r1, None])
+            high_pos = torch.maximum(high_pos, _extreme(log_mag, pos, 0, True))
+            low_pos = torch.minimum(low_pos, _extreme(log_mag, pos, 0, False))
+            low_neg = torch.minimum(low_neg, _extreme(log_mag, neg, 0, False))
+    for r0, r1 in spans:
+        s = sim[r0:r1].double()
+        if redo_i2t:
+            log_mag, pos, neg = _log_terms(s, s / t - col_lse[None, :])
+            ends = (_extreme(log_mag, pos, 1, True), _extreme(log_mag, pos, 1, False))
+            i2t[r0:r1] = _tiered_key(log_mag, pos, neg, *ends, _extreme(log_mag, neg, 1, False))
+        if redo_t2i:
+            log_mag, pos, neg = _log_terms(s, s / t - row_lse[r0:r1, None])
+            t2i[r0:r1] = _tiered_key(log_mag, pos, neg, high_pos, low_pos, low_neg)
     return i2t, t2i
 
 
@@ -252,6 +322,8 @@ def _qb_norm_rows(
             "querybank must be scored against the same gallery"
         )
     beta = _positive(beta, "beta")
+    _check_logits(beta * float(bank_sim.abs().max().double()), "beta", beta, "too large")
+    _check_logits(beta * float(sim.abs().max().double()), "beta", beta, "too large")
     if not isinstance(dynamic, bool):
         raise ValueError(f"dynamic must be a bool, got {dynamic!r}")
     bank_sim = bank_sim.to(sim.device)
@@ -265,9 +337,8 @@ def _qb_norm_rows(
         rows = torch.ones(sim.shape[0], dtype=torch.bool, device=sim.device)
     out = sim.to(torch.float64, copy=True)
     idx = torch.nonzero(rows).squeeze(1)
-    step = max(1, _BLOCK_SCORES // sim.shape[1])
-    for a in range(0, idx.numel(), step):
-        pick = idx[a : a + step]
+    for a, b in _row_spans(idx.numel(), sim.shape[1]):
+        pick = idx[a:b]
         out[pick] = beta * out[pick] - lse[None, :]
     return out, rows
 
@@ -464,7 +535,7 @@ def rescored_metrics(
     for i0, i1, t0, t1 in spans:
         block, local = sim[i0:i1, t0:t1], t2i[t0:t1] - i0
         if rescoring.method == "dsl":
-            by_img, by_txt = dual_softmax(block, temperature=rescoring.temperature)
+            by_img, by_txt = dual_softmax_rank_keys(block, temperature=rescoring.temperature)
         else:
             bank = bank_sim[:, i0:i1]  # type: ignore[index]
             by_img = block
@@ -492,9 +563,11 @@ __all__ = [
     "QB_BETA",
     "QB_K",
     "RESCORE_METHODS",
+    "RescoreParameterError",
     "Rescoring",
     "draw_bank",
     "dual_softmax",
+    "dual_softmax_rank_keys",
     "make_rescoring",
     "normalised_queries",
     "qb_norm",

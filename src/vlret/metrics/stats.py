@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from .ranks import check_not_empty
+
 
 def similarity_stats(
     sim: torch.Tensor, *, txt_to_img: Any, pos_mask: torch.Tensor | None = None
@@ -22,6 +24,8 @@ def similarity_stats(
     """
     if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
         raise ValueError("sim must be a 2-D floating-point tensor (N_img, N_txt)")
+    check_not_empty(sim, "sim", "image (row)", 0)
+    check_not_empty(sim, "sim", "text (column)", 1)
     with torch.no_grad():
         sim = sim.float()
         t2i = torch.as_tensor(txt_to_img, dtype=torch.long, device=sim.device)

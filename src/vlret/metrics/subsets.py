@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .ranks import retrieval_ranks
+from .ranks import check_not_empty, retrieval_ranks
 from .relevance import _as_matrix
 
 
@@ -59,6 +59,8 @@ def subset_recalls(
     no query of that direction). Ranks follow :func:`~vlret.metrics.ranks.retrieval_ranks` (ties
     count against the query; an image's rank is that of its best caption)."""
     img, txt = _as_matrix(img_emb, "img_emb"), _as_matrix(txt_emb, "txt_emb")
+    check_not_empty(img, "img_emb", "image")
+    check_not_empty(txt, "txt_emb", "text")
     t2i_of = torch.as_tensor(txt_to_img, dtype=torch.long)
     cap = _subset_mask(caption_mask, txt.shape[0], "caption_mask")
     im = _subset_mask(image_mask, img.shape[0], "image_mask")

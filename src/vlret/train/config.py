@@ -56,7 +56,7 @@ from .._moved import moved_names
 from . import config_files
 from .config_checks import check_int_ranges, check_model_sizes
 from .config_files import ConfigError, check_tree
-from .distributed import parse_device
+from .distributed import DIST_TIMEOUT, check_timeout, parse_device
 from .warmup import warmup_refusal
 
 SECTIONS = ("data", "model", "loss", "optim", "train")
@@ -169,6 +169,9 @@ class TrainConfig:
     ``"image_encoder.backbone"``) that get no update for the first ``freeze_epochs`` epochs
     (:class:`vlret.train.hooks.FreezeModules`); a resumed run continues the phase. A name that
     is no module of the model is an error when the trainer is built.
+    ``dist_timeout``: under torchrun, seconds a rank waits in one collective for the others
+    before the job ends with a message naming the rank (a stopped or stuck rank; see
+    :mod:`vlret.train.distributed`, "A stalled rank").
     """
 
     epochs: int
@@ -190,6 +193,7 @@ class TrainConfig:
     progress: bool = True
     freeze: list[str] = field(default_factory=list)
     freeze_epochs: int = 0
+    dist_timeout: float = DIST_TIMEOUT
 
 
 @dataclass
@@ -441,6 +445,10 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     _check_at_least(
         train, "train", source, eval_batch_size=1, max_steps_per_epoch=1, grad_cache_chunk=1
     )
+    try:
+        check_timeout(train.dist_timeout)
+    except ValueError as err:
+        raise ConfigError(source, "train.dist_timeout", str(err).partition(": ")[2]) from None
     try:  # "auto" or a device name (whether it exists is checked when training starts)
         parse_device(train.device)
     except ValueError as err:

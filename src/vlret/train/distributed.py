@@ -58,6 +58,27 @@ with BatchNorm) and the random dropout masks.
 
 Only rank 0 writes files (:func:`is_main_process`).
 
+**A stalled rank** (a paused process, SIGSTOP, a data read that never returns) would leave the
+other ranks waiting in their next collective. :func:`init_distributed` creates the group with
+``timeout = train.dist_timeout`` seconds (default :data:`DIST_TIMEOUT`, 600 s; torch's own
+defaults are 30 minutes for gloo and 10 for NCCL), and the collectives of this module turn a
+timed-out wait into :class:`DistributedTimeout`, one line naming this rank, the rank(s) it
+waited for, the timeout and the key to raise (:func:`explain_timeout` words an error raised by
+any other collective, DistributedDataParallel's gradient all-reduce included, the same way).
+How each backend honours the timeout:
+
+* **gloo** (CPU): every collective and the store's rendezvous wait at most the timeout, then
+  raise in the waiting rank; the error ends that rank, and torchrun ends the others.
+* **NCCL** (GPU): collectives run asynchronously; NCCL's watchdog compares each one with the
+  same timeout. With ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (torch's default, 3: tear down) a
+  timed-out collective aborts the communicator and ends the process with the watchdog's own
+  log lines (the message is torch's, not vlret's); with ``TORCH_NCCL_BLOCKING_WAIT=1`` the
+  collective raises in the calling thread instead, and vlret's one line names the ranks. Set
+  neither to 0: NCCL then waits forever.
+* the timeout covers one collective, not a step: a step whose compute on one rank legitimately
+  takes longer than ``train.dist_timeout`` (a first CUDA compilation, a slow validation on rank
+  0 while the others wait at the barrier) needs a larger value.
+
 **Shutdown.** :meth:`Trainer.close` drops the DistributedDataParallel wrapper and
 :func:`shutdown_distributed` destroys the default group when :func:`init_distributed` created
 it (a group the caller initialised is left to the caller); :func:`vlret.train.train` does
@@ -69,6 +90,9 @@ in about one exit in 20), so a process that builds a :class:`Trainer` itself und
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -106,14 +130,44 @@ def env_from_torchrun() -> DistEnv:
 #: Whether :func:`init_distributed` created the default group (then :func:`shutdown_distributed`
 #: destroys it).
 _CREATED_GROUP = False
+#: Seconds a rank waits in one collective for the others (``train.dist_timeout``'s default).
+DIST_TIMEOUT = 600.0
+#: The config key that sets it, named in :class:`DistributedTimeout`'s message.
+TIMEOUT_KEY = "train.dist_timeout"
+#: The timeout of the group :func:`init_distributed` created or found (seconds).
+_TIMEOUT = DIST_TIMEOUT
 
 
-def init_distributed(*, backend: str | None = None) -> DistEnv:
+class DistributedTimeout(RuntimeError, ValueError):
+    """A collective waited longer than ``train.dist_timeout`` for another rank: one line naming
+    this rank, the rank(s) it waited for, the timeout and the key (:func:`timeout_message`).
+
+    A ``RuntimeError`` (what the backends raise) and a ``ValueError``, so that the commands,
+    which print a ``ValueError`` as one line (``vlret train: rank 0: all_gather waited ...``,
+    status 2), end the rank with that line rather than a traceback."""
+
+
+def check_timeout(timeout: object) -> float:
+    """``timeout`` as seconds: a finite number > 0 (``ValueError`` naming the key otherwise)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError(f"{TIMEOUT_KEY}: expected seconds (a number > 0), got {timeout!r}")
+    if not (math.isfinite(timeout) and 0 < timeout <= 10**9):
+        raise ValueError(f"{TIMEOUT_KEY}: expected seconds in (0, 1e9], got {timeout!r}")
+    return float(timeout)
+
+
+def init_distributed(*, backend: str | None = None, timeout: float | None = None) -> DistEnv:
     """Initialise the default process group from torchrun's environment when ``WORLD_SIZE > 1``.
 
-    Backend: NCCL when CUDA is available, else gloo. Already initialised groups are reused.
+    Backend: NCCL when CUDA is available, else gloo. Already initialised groups are reused
+    (with their own timeout). ``timeout``: seconds a collective waits for the other ranks
+    (``train.dist_timeout``; default :data:`DIST_TIMEOUT`), see "A stalled rank" above.
+
+    Raises:
+        ValueError: ``timeout`` is not a number of seconds > 0.
     """
-    global _CREATED_GROUP
+    global _CREATED_GROUP, _TIMEOUT
+    seconds = DIST_TIMEOUT if timeout is None else check_timeout(timeout)
     if dist.is_available() and dist.is_initialized():
         return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
     env = env_from_torchrun()
@@ -123,9 +177,59 @@ def init_distributed(*, backend: str | None = None) -> DistEnv:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank)
-    dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size)
+    dist.init_process_group(
+        backend=backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=seconds),
+    )
     _CREATED_GROUP = True
+    _TIMEOUT = seconds
     return env
+
+
+def timeout_message(operation: str, timeout: float | None = None) -> str:
+    """The one line of a collective that timed out on this rank: who waited, for whom, how
+    long, and the key that sets it."""
+    me, world = rank(), world_size()
+    others = [r for r in range(world) if r != me]
+    if len(others) == 1:
+        who = f"rank {others[0]}"
+    else:  # the backends do not say which peer stopped answering
+        who = f"one of ranks {others}" if others else "the other ranks"
+    seconds = _TIMEOUT if timeout is None else timeout
+    return (
+        f"rank {me}: {operation} waited {seconds:g} s for {who}, which stopped or is stuck "
+        f"(a paused process, a data read that never returns); the job ends after "
+        f"{TIMEOUT_KEY} = {seconds:g} s (raise it if a step legitimately takes longer)"
+    )
+
+
+def _timed_out(err: BaseException) -> bool:
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def explain_timeout(err: BaseException, operation: str = "a collective") -> BaseException:
+    """``err`` as :class:`DistributedTimeout` when it is a backend's timeout of a collective
+    (gloo's "Timed out waiting ...", NCCL's blocking-wait timeout), else ``err`` itself: for
+    errors of collectives outside this module (DistributedDataParallel's gradient
+    all-reduce in ``backward``)."""
+    if isinstance(err, DistributedTimeout) or not _timed_out(err):
+        return err
+    return DistributedTimeout(timeout_message(operation))
+
+
+@contextlib.contextmanager
+def collective(operation: str) -> Iterator[None]:
+    """Run a collective; a backend timeout becomes :class:`DistributedTimeout`."""
+    try:
+        yield
+    except RuntimeError as err:
+        explained = explain_timeout(err, operation)
+        if explained is err:
+            raise
+        raise explained from None
 
 
 def parse_device(name: str) -> torch.device | None:
@@ -189,7 +293,8 @@ def is_main_process() -> bool:
 
 def barrier() -> None:
     if world_size() > 1:
-        dist.barrier()
+        with collective("barrier"):
+            dist.barrier()
 
 
 def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
@@ -203,7 +308,8 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     if world == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(parts, local.detach().contiguous())
+    with collective("all_gather"):
+        dist.all_gather(parts, local.detach().contiguous())
     parts[rank()] = local
     return torch.cat(parts, dim=0)
 
@@ -213,14 +319,16 @@ class _GatherSumGrad(torch.autograd.Function):
     def forward(ctx, local: torch.Tensor) -> torch.Tensor:
         world = world_size()
         parts = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(parts, local.contiguous())
+        with collective("all_gather"):
+            dist.all_gather(parts, local.contiguous())
         ctx.rank, ctx.rows = rank(), local.shape[0]
         return torch.cat(parts, dim=0)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous()
-        dist.all_reduce(grad)  # gloo has no reduce_scatter; the sum over ranks, then our slice
+        with collective("all_reduce of the gathered gradient"):
+            dist.all_reduce(grad)  # gloo has no reduce_scatter; the sum over ranks, then our slice
         return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows]
 
 
@@ -246,7 +354,8 @@ def gather_tokens(words: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Ten
     if world_size() == 1:
         return words, lengths
     width = torch.tensor([words.shape[1]], dtype=torch.long, device=words.device)
-    dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    with collective("all_reduce"):
+        dist.all_reduce(width, op=dist.ReduceOp.MAX)
     words = torch.nn.functional.pad(words, (0, 0, 0, int(width) - words.shape[1]))
     return gather_sum_grad(words), gather_no_grad(lengths.to(words.device))
 
@@ -255,7 +364,8 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """The sum of ``value`` over ranks (a copy; no gradient)."""
     value = value.detach().clone()
     if world_size() > 1:
-        dist.all_reduce(value)
+        with collective("all_reduce"):
+            dist.all_reduce(value)
     return value
 
 
@@ -265,7 +375,8 @@ def gather_no_grad(local: torch.Tensor) -> torch.Tensor:
     if world == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(parts, local.contiguous())
+    with collective("all_gather"):
+        dist.all_gather(parts, local.contiguous())
     return torch.cat(parts, dim=0)
 
 
@@ -275,7 +386,8 @@ def any_rank(flag: bool, *, device: torch.device) -> bool:
     if world_size() == 1:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t)
+    with collective("all_reduce"):
+        dist.all_reduce(t)
     return bool(t.item() > 0)
 
 
@@ -286,7 +398,8 @@ def broadcast_from_main(tensors: Sequence[torch.Tensor]) -> None:
     if world_size() == 1 or not tensors:
         return
     packed = torch.stack(list(tensors))
-    dist.broadcast(packed, src=0)
+    with collective("broadcast"):
+        dist.broadcast(packed, src=0)
     for tensor, value in zip(tensors, packed, strict=True):
         tensor.copy_(value)
 

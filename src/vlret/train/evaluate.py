@@ -44,6 +44,7 @@ re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from .._moved import renamed_names
-from ..data import RetrievalDataset
+from ..data import RetrievalDataset, check_features
 from ..eval import (
     EnsembleScorer,
     EnsembleSplit,
@@ -193,6 +194,8 @@ def run_evaluation(
     shortlist_from: str | Path | None = None,
     progress: bool = False,
     rescore: Rescoring | str | None = None,
+    captions_per_image: int | None = None,
+    captions_per_video: int | None = None,
 ) -> Evaluation:
     """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``:
     the checkpoint(s) become a scorer (:mod:`vlret.eval.scorers`) measured by
@@ -206,7 +209,9 @@ def run_evaluation(
     ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``. ``shortlist``
     / ``shortlist_from``: the approximate protocol (module docstring); ``progress``: a tqdm bar
     while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
-    defaults; module docstring)."""
+    defaults; module docstring). ``captions_per_image`` (precomp, Karpathy) /
+    ``captions_per_video`` (MSR-VTT) replace the stored data config's count (a model trained
+    on 1 caption per image, evaluated on 5-caption data); ``None`` keeps the stored one."""
     chosen = get_protocol(protocol)
     splits = eval_splits()
     if split not in splits:
@@ -236,8 +241,16 @@ def run_evaluation(
         dev = resolve_device(device)
     except ValueError as err:
         raise ValueError(f"device: {err}") from None
+    counts = {"captions_per_image": captions_per_image, "captions_per_video": captions_per_video}
+    for key, value in counts.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{key}: expected a positive integer, got {value!r}")
     names = tuple(str(c) for c in checkpoints)
-    members = [_load_member(c, chosen, split, dev) for c in checkpoints]
+    members = [
+        _with_caption_counts(_load_member(c, chosen, split, dev), c, counts) for c in checkpoints
+    ]
     formats = {m[1].data.format for m in members}
     if len(formats) > 1:
         named = ", ".join(
@@ -263,7 +276,14 @@ def run_evaluation(
         source = None
         if shortlist_from is not None:
             source = _shortlist_source(
-                shortlist_from, data, formats, chosen, split, (names[0], datasets[0]), **options
+                shortlist_from,
+                data,
+                formats,
+                chosen,
+                split,
+                (names[0], datasets[0]),
+                counts=counts,
+                **options,
             )
         pairs = [s for s in scorers if isinstance(s, PairModelScorer)]
         scorer = ShortlistScorer(pairs, shortlist, source, str(shortlist_from), members=names)
@@ -293,10 +313,12 @@ def _shortlist_source(
     protocol: EvalProtocol,
     split: str,
     first: tuple[str, RetrievalDataset],
+    counts: dict[str, int | None],
     **options: Any,
 ) -> tuple[TwoTowerScorer, RetrievalDataset]:
     """The ``shortlist_from`` two-tower checkpoint's scorer and its copy of the split."""
     member = _load_member(checkpoint, protocol, split, options["device"])
+    member = _with_caption_counts(member, checkpoint, counts)
     if isinstance(member[0], PairScorer) or member[1].data.format not in formats:
         raise ValueError(
             f"shortlist_from: {checkpoint} must be a two-tower checkpoint trained on "
@@ -307,6 +329,28 @@ def _shortlist_source(
     scorer = _member_scorer(member, **options)
     assert isinstance(scorer, TwoTowerScorer)  # not a PairScorer (checked above)
     return scorer, ds
+
+
+#: the data formats whose captions each count applies to (:func:`_with_caption_counts`)
+_COUNT_FORMATS = {"captions_per_image": ("precomp", "karpathy"), "captions_per_video": ("msrvtt",)}
+
+
+def _with_caption_counts(
+    member: Member, checkpoint: str | Path, counts: dict[str, int | None]
+) -> Member:
+    """``member`` with its stored data config's caption counts replaced where given; a count
+    of another data format is refused, naming the checkpoint's format."""
+    model, run, encoder = member
+    given: dict[str, Any] = {k: v for k, v in counts.items() if v is not None}
+    for key in given:
+        if run.data.format not in _COUNT_FORMATS[key]:
+            raise ValueError(
+                f"{key}: only used with {' or '.join(_COUNT_FORMATS[key])} data; {checkpoint} "
+                f"was trained on {run.data.format} data"
+            )
+    if not given:
+        return member
+    return model, dataclasses.replace(run, data=dataclasses.replace(run.data, **given)), encoder
 
 
 def _load_member(
@@ -325,13 +369,18 @@ def _eval_dataset(
 ) -> RetrievalDataset:
     model, run, encoder = member
     transform = getattr(model, "image_transform", None)
-    return build_dataset(
+    dataset = build_dataset(
         eval_data_config(run.data, data),
         split,
         encoder,
         protocol=protocol.data_protocol,
         image_transform=transform,
     )
+    # NaN / inf or another feature size: the file and row now (DataFormatError), as training
+    # checks its splits, not "img_emb contains NaN or inf values" after encoding
+    in_dim = getattr(getattr(model, "image_encoder", None), "in_dim", None)
+    check_features(dataset, in_dim=in_dim if isinstance(in_dim, int) else None)
+    return dataset
 
 
 def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: RetrievalDataset, split):

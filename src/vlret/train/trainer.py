@@ -54,6 +54,7 @@ from .config import ConfigError, RunConfig, save_config
 from .distributed import (
     ShardedBatchSampler,
     any_rank,
+    collective,
     init_distributed,
     resolve_device,
     shutdown_distributed,
@@ -112,7 +113,7 @@ class Trainer:
         ``loss_step``: what a step computes (default :class:`.loss_step.LossStep`)."""
         self.config = config
         tc = config.train
-        self.env = init_distributed()
+        self.env = init_distributed(timeout=tc.dist_timeout)
         self.world = self.env.world_size
         self.is_main = self.env.is_main
         self.print_fn = print_fn if self.is_main else None
@@ -330,18 +331,21 @@ class Trainer:
         batch = batch.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
         scaled, loss, ctx = self.compute_loss(batch)
-        self.scaler.scale(scaled).backward()
-        del scaled  # the loss's graph and what it holds: gone before the chunks are re-encoded
-        if self.grad_cache:  # the cached embedding gradients into the encoders
-            self.grad_cache.backward()
-        if self.gather:
-            # Loss parameters (e.g. a learnable temperature) see the full global loss on every
-            # rank and are not averaged by DDP: undo the world-size factor.
-            for p in self.loss_params:
-                if p.grad is not None:
-                    if self.local_shards:  # each rank holds its own terms' share
-                        torch.distributed.all_reduce(p.grad)
-                    p.grad.div_(self.world)
+        # DDP's gradient all-reduce runs inside backward: a stalled rank ends it after
+        # train.dist_timeout with the same one line as vlret's own collectives
+        with collective("DDP's gradient all-reduce"):
+            self.scaler.scale(scaled).backward()
+            del scaled  # the loss's graph and what it holds: gone before re-encoding chunks
+            if self.grad_cache:  # the cached embedding gradients into the encoders
+                self.grad_cache.backward()
+            if self.gather:
+                # Loss parameters (e.g. a learnable temperature) see the full global loss on
+                # every rank and are not averaged by DDP: undo the world-size factor.
+                for p in self.loss_params:
+                    if p.grad is not None:
+                        if self.local_shards:  # each rank holds its own terms' share
+                            torch.distributed.all_reduce(p.grad)
+                        p.grad.div_(self.world)
         self.hooks.before_optimizer_step(self)
         self.scaler.unscale_(self.optimizer)
         if oc.grad_clip and oc.grad_clip > 0:

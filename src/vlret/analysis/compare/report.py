@@ -21,8 +21,8 @@ from .runner import RunOutcome, run_all
 from .spec import (
     EvalSettings,
     RunSpec,
-    default_out,
     eval_settings,
+    output_folder,
     plan_runs,
     read_compare_config,
     resolve_variants,
@@ -72,6 +72,16 @@ def add_plot(report: ComparisonReport, what: str, fn: Callable[[], Any]) -> None
         report.warnings.append(f"{what} skipped: {err}")
         return
     report.plots.extend(made if isinstance(made, list) else [made])
+
+
+def evaluation_title(outcomes: Sequence[RunOutcome], settings: EvalSettings) -> str:
+    """What the runs were tested on, titled as ``vlret eval`` titles it (the protocol's paper
+    label only on the paper's test set, else the split and its sizes); the protocol and split
+    names when no run recorded a title (results written before titles were recorded)."""
+    for outcome in outcomes:
+        if outcome.result.title:
+            return outcome.result.title
+    return f"{settings.protocol} {settings.split}"
 
 
 def write_report(
@@ -163,10 +173,10 @@ def compare(
     settings = eval_settings(raw, section)
     variants = resolve_variants(raw, section, losses, goal_grid=goal_grid)
     n_seeds = seeds if seeds is not None else section.get("seeds", 1)
-    out_dir = Path(out) if out is not None else default_out(raw, section, "compare")
+    out_dir = output_folder(out, raw, section, "compare")
     specs = plan_runs(raw, variants, n_seeds, out_dir)
     outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
-    title = f"{Path(config).stem}: {settings.protocol} {settings.split}"
+    title = f"{Path(config).stem}: {evaluation_title(outcomes, settings)}"
     return write_report(
         outcomes,
         out_dir,
@@ -181,5 +191,6 @@ __all__ = [
     "ComparisonReport",
     "add_plot",
     "compare",
+    "evaluation_title",
     "write_report",
 ]

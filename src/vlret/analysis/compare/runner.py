@@ -80,6 +80,7 @@ def _result_from_record(spec: RunSpec, record: dict[str, Any]) -> RunResult:
         metrics={k: float(v) for k, v in metrics.items() if v is not None},
         params=spec.variant.params,
         run_dir=str(spec.run_dir),
+        title=str(record.get("title", "")),
     )
 
 

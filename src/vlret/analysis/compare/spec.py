@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..._files import check_output_dir
 from ...losses import compared_losses, loss_capabilities
 from ...train.config import ConfigError, RunConfig, apply_overrides, config_from_dict
 from ...train.config_files import parse_value, read_config_file
@@ -276,6 +277,18 @@ def plan_runs(
     return specs
 
 
+def output_folder(
+    out: str | Path | None, raw: dict[str, Any], section: dict[str, Any], kind: str
+) -> Path:
+    """The report folder: ``out`` (``--out``), else :func:`default_out`; refused before any
+    run trains when it cannot hold the report (a file, under a file, not writable):
+    :class:`~vlret._files.OutputPathError`, naming the option or key it came from."""
+    if out is not None:
+        return check_output_dir(out, "--out")
+    flag = "[compare] output_dir" if section.get("output_dir") else "output_dir"
+    return check_output_dir(default_out(raw, section, kind), flag)
+
+
 def default_out(raw: dict[str, Any], section: dict[str, Any], kind: str) -> Path:
     """``[compare] output_dir``, else ``<output_dir>/{kind}`` of the run config."""
     if section.get("output_dir"):
@@ -294,6 +307,7 @@ __all__ = [
     "Variant",
     "check_params",
     "default_out",
+    "output_folder",
     "eval_settings",
     "goal_grid_variants",
     "make_variant",

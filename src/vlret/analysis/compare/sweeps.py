@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from ...train.config_files import parse_value
-from .report import ComparisonReport, add_plot, write_report
+from .report import ComparisonReport, add_plot, evaluation_title, write_report
 from .runner import run_all
 from .spec import (
     CompareError,
     RunSpec,
     Variant,
     check_params,
-    default_out,
     eval_settings,
     make_variant,
+    output_folder,
     plan_runs,
     read_compare_config,
 )
@@ -88,10 +88,10 @@ def sweep(
     check_params(base.label, base.loss, dict.fromkeys(grid), "--param")
     variants = sweep_variants(base, grid)
     n_seeds = seeds if seeds is not None else section.get("seeds", 1)
-    out_dir = Path(out) if out is not None else default_out(raw, section, "sweep")
+    out_dir = output_folder(out, raw, section, "sweep")
     specs = plan_runs(raw, variants, n_seeds, out_dir)
     outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
-    title = f"{Path(config).stem}: {base.label} sweep, {settings.protocol} {settings.split}"
+    title = f"{Path(config).stem}: {base.label} sweep, {evaluation_title(outcomes, settings)}"
     report = write_report(
         outcomes,
         out_dir,

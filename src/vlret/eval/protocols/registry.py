@@ -109,13 +109,17 @@ class EvalProtocol:
 
     def title_for(self, split: str | None, n_images: int, n_texts: int) -> str:
         """The table title: :attr:`title` only when ``split`` and the sizes are the paper's
-        test set; otherwise what was actually scored, marked as not the paper's set."""
+        test set; otherwise what was actually scored (``images`` or ``videos``, :attr:`visual`),
+        marked as not the paper's set. ``vlret eval`` and ``vlret compare`` both title by it."""
         paper = (self.paper_images, self.paper_texts)
         if split in self.paper_splits and (n_images, n_texts) == paper:
             return self.title
-        folds = f", {self.folds} folds of {n_images // self.folds} images" if self.folds > 1 else ""
+        items = f"{self.visual}s"  # images, or videos for MSR-VTT
+        folds = ""
+        if self.folds > 1:
+            folds = f", {self.folds} folds of {n_images // self.folds} {items}"
         return (
-            f"{self.paper_set} protocol on {split or 'a'} split of {n_images} images x "
+            f"{self.paper_set} protocol on {split or 'a'} split of {n_images} {items} x "
             f"{n_texts} texts{folds} (not the paper's test set: {'/'.join(self.paper_splits)}, "
             f"{self.paper_images} x {self.paper_texts})"
         )
