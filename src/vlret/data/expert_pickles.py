@@ -3,9 +3,14 @@
 A pickle can name any importable callable and call it while loading (``os.system`` included),
 so the released files are read with :class:`RestrictedUnpickler`: it resolves only what numpy
 arrays and builtin containers need and refuses every other ``module.name`` with a
-:class:`~vlret.data.checks.DataFormatError`, before anything is imported or called.
-:func:`read_released_experts` turns the two forms of the files into per-expert entries for
-:func:`vlret.data.experts.write_expert_features` (:func:`vlret.data.experts.convert_experts`).
+:class:`~vlret.data.checks.DataFormatError`, before anything is imported or called. What it
+admits is bounded while loading (``numpy.ndarray`` only as ``_reconstruct``'s argument,
+``_reconstruct`` only of the empty array numpy pickles, containers only from containers: no
+view of a few bytes as a huge array) and after (at most :data:`MAX_NESTING` levels and
+:data:`MAX_ELEMENTS` elements counted through shared references, no container holding
+itself). :func:`read_released_experts` turns the two forms of the files into per-expert
+entries for :func:`vlret.data.experts.write_expert_features`
+(:func:`vlret.data.experts.convert_experts`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,16 @@ refused, naming the global it tried to load, before anything in it runs. SCAN's 
 code is Python 2; a byte string there that is not UTF-8 (a path in ``opt``) is read again with
 ``encoding="latin1"``, which maps every byte to one character.
 
+**Bounds.** Nothing in the file is expanded or built before it is bounded: its containers
+(``opt`` values included) nest at most :data:`MAX_NESTING` levels and hold at most
+:data:`MAX_ELEMENTS` elements counted through shared references (a list of a list ... shared at
+each level is tiny saved and exponential walked); every option the builder uses is in a sane
+range and agrees with the shapes of the state's own tensors, and the state holds at most
+:data:`~vlret.train.import_options.MAX_WEIGHTS` values, before any module is built
+(:mod:`vlret.train.import_options`). Each refusal is one line naming the file, the option and
+its value, e.g. ``ckpt.pth.tar: opt.num_layers = 1000000000 is outside 1..64 (--arch scan)``.
+A truncated or foreign file is named as such with its size.
+
 **Names** (reference -> vlret): ``img_enc`` ``fc.*`` -> ``image_encoder.fc.*``; ``txt_enc``
 ``embed.weight`` -> ``text_encoder.embed.weight`` and the GRU ``rnn.*`` (SGRAF: ``cap_rnn.*``)
 -> ``text_encoder.rnn.*`` (same suffixes, ``_reverse`` and ``_l<k>`` included); ``sim_enc``
