@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import collections
 import pickle
+import reprlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,15 @@ MAX_NESTING = 32
 MAX_ELEMENTS = 50_000_000
 
 _CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
+
+
+def _shown(value: Any) -> str:
+    """A short repr of a value from a pickle (bounded however deep or wide it is)."""
+    return _REPR.repr(value)
 
 
 class _Refused(pickle.UnpicklingError):
@@ -123,8 +133,9 @@ _NDARRAY = _NdarrayType()
 
 def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     """``_codecs.encode`` as pickles of bytes (protocols 0-2) use it: latin-1 only."""
-    if encoding.replace("-", "").replace("_", "").lower() != "latin1" or not isinstance(text, str):
-        raise _Refused(f"refuses _codecs.encode with encoding {encoding!r:.40}")
+    name = encoding.replace("-", "").replace("_", "").lower() if isinstance(encoding, str) else ""
+    if name != "latin1" or not isinstance(text, str):
+        raise _Refused(f"refuses _codecs.encode with encoding {_shown(encoding)}")
     return codecs.encode(text, "latin1")
 
 
@@ -146,7 +157,7 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         # numpy pickles an array as _reconstruct(ndarray, (0,), b"b") and its data as state
         if subtype is not _NDARRAY or tuple(shape) != (0,):
             raise _Refused(
-                f"refuses _reconstruct of shape {shape!r:.60}: numpy pickles an empty array and "
+                f"refuses _reconstruct of shape {_shown(shape)}: numpy pickles an empty array and "
                 "its data, never an array of a given shape without its data"
             )
         return multiarray._reconstruct(np.ndarray, shape, dtype)
@@ -200,7 +211,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         """Refuse persistent ids (no released feature file uses them)."""
-        raise DataFormatError(self.path, f"refuses a persistent id {pid!r:.60}: {_ALLOWED_WHAT}")
+        raise DataFormatError(self.path, f"refuses a persistent id {_shown(pid)}: {_ALLOWED_WHAT}")
 
 
 def load_pickle(path: str | Path) -> Any:
@@ -287,7 +298,7 @@ def _table(data: Any, path: Path, name: str, key: Any = None) -> dict[str, np.nd
     out: dict[str, np.ndarray | None] = {}
     for vid, value in data.items():
         if not isinstance(vid, str) or not vid.strip() or vid != vid.strip():
-            raise DataFormatError(path, f"key {vid!r:.60}; expected video ids (non-empty str)")
+            raise DataFormatError(path, f"key {_shown(vid)}; expected video ids (non-empty str)")
         if key is not None:
             if not isinstance(value, dict):
                 raise DataFormatError(
@@ -376,7 +387,7 @@ def _checked_name(name: Any, path: Path, what: str, flags: Mapping[str, str] | N
         hint = {**API_FLAGS, **(flags or {})}["experts"]
         raise DataFormatError(
             path,
-            f"{what} {name!r:.60} is not an expert name ([A-Za-z0-9_-]+); pass {hint}",
+            f"{what} {_shown(name)} is not an expert name ([A-Za-z0-9_-]+); pass {hint}",
         )
     return name
 
@@ -433,7 +444,7 @@ def _per_video_keys(
         if not isinstance(value, dict):
             raise DataFormatError(
                 path,
-                f"video {vid!r:.60}: a {type(value).__name__}; expected {{expert: array}} (a "
+                f"video {_shown(vid)}: a {type(value).__name__}; expected {{expert: array}} (a "
                 "per-expert file {video: array} goes in a folder given as SRC)",
             )
         known.update(dict.fromkeys(value))
