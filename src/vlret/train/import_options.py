@@ -47,8 +47,8 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "grad_clip": (-1e12, 1e12),
 }
 #: the most weight values a reference state may hold (the released SCAN models hold about
-#: 12 million); the model built holds as many
-MAX_WEIGHTS = 500_000_000
+#: 13 million, two-layer ones about 32 million); the model built holds as many
+MAX_WEIGHTS = 100_000_000
 
 _MISSING = object()
 _SHOWN = reprlib.Repr()
