@@ -120,7 +120,7 @@ def test_a_deeply_nested_option_is_refused(tmp_path, no_build):
         ("scan", "embed_size", 200_000, "opt.embed_size = 200000 is outside 1..8192"),
         # before: a MemoryError traceback (list(range(1, 10**15)): the learning-rate decay epochs)
         ("scan", "num_epochs", 10**15, "opt.num_epochs = 1000000000000000 is outside 1..10000"),
-        # before: a million reasoning steps built, then a missing-key error
+        # before: a clear error too, from the run config (model.sgr_steps in [0, 1024])
         ("sgraf", "sgr_step", 10**6, "opt.sgr_step = 1000000 is outside 1..64"),
         # before: accepted silently (a softmax of 1e300 * cosine in every attention)
         ("scan", "lambda_softmax", 1e300, r"opt.lambda_softmax = 1e\+300 is outside"),
