@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import reprlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -251,13 +252,11 @@ def run_config_from_opt(
     opt: argparse.Namespace,
     model: dict[str, Any],
     *,
-    vocab: Any,
+    vocab: str | Path,
     output_dir: str,
 ) -> dict[str, Any]:
     """A vlret run config (file layout) with ``model`` and the reference training settings
     (each checked: type and range)."""
-    from pathlib import Path
-
     data_path = getattr(opt, "data_path", None)
     data_name = getattr(opt, "data_name", None)
     name = data_name if isinstance(data_name, str) and data_name else "precomp"
