@@ -489,7 +489,9 @@ def test_restricted_unpickler_refuses_other_codecs(tmp_path):
             return (codecs.encode, ("x", "zlib"))
 
     _dump(tmp_path / "src" / "a.pkl", {"v0": _Codec()}, 2)
-    with pytest.raises(DataFormatError, match=r"refuses to load _codecs.encode|not a readable"):
+    with pytest.raises(
+        DataFormatError, match=r"a.pkl: refuses _codecs.encode with encoding 'zlib'"
+    ):
         convert_experts(tmp_path / "src", tmp_path / "out")
 
 

@@ -10,13 +10,28 @@ from typing import Any
 from ._common import EXIT_OK, fail
 
 NAME = "convert-experts"
+#: how the conversion's errors name what to change: this command's options
+FLAGS = {
+    "experts": "--experts NAME=PATH,... (a pickle under SRC, or a key of its per-video dicts)",
+    "experts_paths": "--experts NAME=PATH,... (PATH relative to SRC)",
+    "overwrite": "--overwrite",
+    "out": "--out",
+}
 
 
-def _expert_list(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",")]
-    if not all(names):
+def _expert_list(text: str) -> list[str] | dict[str, str]:
+    """``NAME,...`` (experts by file stem or key) or ``NAME=PATH,...`` (named explicitly)."""
+    items = [n.strip() for n in text.split(",")]
+    if not all(items):
         raise argparse.ArgumentTypeError(f"expected NAME,NAME,... with no empty name, got {text!r}")
-    return names
+    pairs = [item.partition("=") for item in items]
+    if not any(sep for _, sep, _ in pairs):
+        return items
+    if not all(sep and name.strip() and path.strip() for name, sep, path in pairs):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME,... or NAME=PATH,... (every entry with a name and a path), got {text!r}"
+        )
+    return {name.strip(): path.strip() for name, _, path in pairs}
 
 
 def _max_frames(text: str) -> tuple[str, int]:
@@ -48,8 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--experts",
         type=_expert_list,
-        metavar="NAME,...",
-        help="only these experts (file stems in SRC; default: every one found)",
+        metavar="NAME,...|NAME=PATH,...",
+        help=(
+            "only these experts (file stems in SRC, or keys of its per-video dicts; default: "
+            "every one found); NAME=PATH names each: PATH a pickle relative to the SRC folder, "
+            "or a key of the per-video dicts of the SRC pickle"
+        ),
     )
     p.add_argument(
         "--max-frames",
@@ -65,16 +84,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Convert, print the written folder."""
+    from .._files import check_output_dir
     from ..data.checks import DataFormatError
     from ..data.experts import convert_experts
 
     try:
+        check_output_dir(args.out, "--out")
         out = convert_experts(
             args.src,
             args.out,
             experts=args.experts,
             max_frames=dict(args.max_frames) if args.max_frames else None,
             overwrite=args.overwrite,
+            flags=FLAGS,
         )
     except (FileNotFoundError, FileExistsError, DataFormatError, ValueError) as err:
         return fail(NAME, err)

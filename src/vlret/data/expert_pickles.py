@@ -3,9 +3,14 @@
 A pickle can name any importable callable and call it while loading (``os.system`` included),
 so the released files are read with :class:`RestrictedUnpickler`: it resolves only what numpy
 arrays and builtin containers need and refuses every other ``module.name`` with a
-:class:`~vlret.data.checks.DataFormatError`, before anything is imported or called.
-:func:`read_released_experts` turns the two forms of the files into per-expert entries for
-:func:`vlret.data.experts.write_expert_features` (:func:`vlret.data.experts.convert_experts`).
+:class:`~vlret.data.checks.DataFormatError`, before anything is imported or called. What it
+admits is bounded while loading (``numpy.ndarray`` only as ``_reconstruct``'s argument,
+``_reconstruct`` only of the empty array numpy pickles, containers only from containers: no
+view of a few bytes as a huge array) and after (at most :data:`MAX_NESTING` levels and
+:data:`MAX_ELEMENTS` elements counted through shared references, no container holding
+itself). :func:`read_released_experts` turns the two forms of the files into per-expert
+entries for :func:`vlret.data.experts.write_expert_features`
+(:func:`vlret.data.experts.convert_experts`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import codecs
 import collections
 import pickle
+import reprlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,19 +33,116 @@ _ALLOWED_WHAT = (
     "only numpy arrays, numpy scalars and builtin containers (dict, list, tuple, set, "
     "frozenset, OrderedDict) are loaded"
 )
+#: the most containers a released pickle nests (video -> expert -> array is 2)
+MAX_NESTING = 32
+#: the most container elements a released pickle holds, a shared container counted each time
+#: it is reached (what a walk or a copy would visit)
+MAX_ELEMENTS = 50_000_000
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
+
+
+def _shown(value: Any) -> str:
+    """A short repr of a value from a pickle (bounded however deep or wide it is)."""
+    return _REPR.repr(value)
+
+
+class _Refused(pickle.UnpicklingError):
+    """A call the restricted unpickler refuses (the message says which)."""
+
+
+def _children(node: Any) -> Any:
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    if isinstance(node, _CONTAINERS):
+        return node
+    return vars(node).values()  # an argparse.Namespace (reference checkpoints)
+
+
+def container_bounds_problem(
+    obj: Any, *, max_nesting: int, max_elements: int, walk: tuple[type, ...] = ()
+) -> str | None:
+    """Why the containers of a loaded pickle are out of bounds, or None: nested deeper than
+    ``max_nesting``, holding more than ``max_elements`` elements counted through shared
+    references (a list of a list of ... shared at each level is tiny pickled and exponential
+    when walked), or holding itself. Containers are dicts, lists, tuples, sets and the
+    ``walk`` types (their ``vars``); one pass over the distinct containers, without recursion.
+    """
+    kinds = _CONTAINERS + walk
+    if not isinstance(obj, kinds):
+        return None
+    expanded: dict[int, int] = {}  # id -> elements reached from it; id -> nesting below
+    nesting: dict[int, int] = {}
+    entered: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(obj, False)]
+    while stack:
+        node, leaving = stack.pop()
+        key = id(node)
+        if leaving:
+            kids = [k for k in _children(node) if isinstance(k, kinds)]
+            expanded[key] = len(_children(node)) + sum(expanded[id(k)] for k in kids)
+            nesting[key] = 1 + max((nesting[id(k)] for k in kids), default=0)
+            if nesting[key] > max_nesting:
+                return f"nests containers more than {max_nesting} levels deep"
+            if expanded[key] > max_elements:
+                return (
+                    f"holds more than {max_elements} container elements counted through shared "
+                    f"references (a {type(node).__name__} in it reaches {expanded[key]})"
+                )
+            continue
+        if key in expanded:
+            continue
+        if key in entered:  # entered and not left: reached from its own contents
+            return f"holds a {type(node).__name__} that contains itself"
+        entered.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if isinstance(k, kinds))
+    return None
+
+
+def _container(kind: type) -> Any:
+    """``kind`` as a pickle may call it: nothing, or one builtin container to copy."""
+
+    def make(*args: Any) -> Any:
+        if len(args) > 1 or (args and not isinstance(args[0], _CONTAINERS)):
+            shown = ", ".join(type(a).__name__ for a in args)
+            raise _Refused(f"refuses {kind.__name__}({shown}): {_ALLOWED_WHAT}")
+        return kind(*args)
+
+    return make
+
+
+class _NdarrayType:
+    """``numpy.ndarray`` as the first argument of ``_reconstruct``, the one use a pickle of
+    arrays makes of it; called directly (a view of any shape and strides over a few bytes) it
+    is refused."""
+
+    def __call__(self, *args: Any) -> Any:
+        raise _Refused(
+            "refuses a direct call of numpy.ndarray (an array built around other data, not "
+            "a pickled array)"
+        )
+
+
+_NDARRAY = _NdarrayType()
 
 
 def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     """``_codecs.encode`` as pickles of bytes (protocols 0-2) use it: latin-1 only."""
-    if encoding.replace("-", "").replace("_", "").lower() != "latin1" or not isinstance(text, str):
-        raise pickle.UnpicklingError(f"_codecs.encode with encoding {encoding!r} is refused")
+    name = encoding.replace("-", "").replace("_", "").lower() if isinstance(encoding, str) else ""
+    if name != "latin1" or not isinstance(text, str):
+        raise _Refused(f"refuses _codecs.encode with encoding {_shown(encoding)}")
     return codecs.encode(text, "latin1")
 
 
 def _bytes(*args: Any) -> bytes:
     """``bytes`` as pickles of empty bytes (protocols 0-2) use it: no size argument."""
     if args and not isinstance(args[0], str | bytes):
-        raise pickle.UnpicklingError(f"bytes({type(args[0]).__name__}) is refused")
+        raise _Refused(f"refuses bytes({type(args[0]).__name__})")
     return bytes(*args)
 
 
@@ -49,22 +152,32 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         from numpy._core import multiarray, numeric
     except ImportError:  # numpy < 2
         from numpy.core import multiarray, numeric  # type: ignore[no-redef]
+
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
+        # numpy pickles an array as _reconstruct(ndarray, (0,), b"b") and its data as state
+        if subtype is not _NDARRAY or tuple(shape) != (0,):
+            raise _Refused(
+                f"refuses _reconstruct of shape {_shown(shape)}: numpy pickles an empty array and "
+                "its data, never an array of a given shape without its data"
+            )
+        return multiarray._reconstruct(np.ndarray, shape, dtype)
+
     table: dict[tuple[str, str], Any] = {
-        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "ndarray"): _NDARRAY,
         ("numpy", "dtype"): np.dtype,
         ("_codecs", "encode"): _latin1_encode,
         ("builtins", "bytes"): _bytes,
         ("__builtin__", "bytes"): _bytes,
-        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("collections", "OrderedDict"): _container(collections.OrderedDict),
     }
     for core in ("numpy.core", "numpy._core"):  # numpy 1 and numpy 2 write different names
-        table[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        table[(f"{core}.multiarray", "_reconstruct")] = reconstruct
         table[(f"{core}.multiarray", "scalar")] = multiarray.scalar
         # private numpy, absent from its stubs
         table[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer  # type: ignore[attr-defined]
     for kind in (dict, list, tuple, set, frozenset):
         for module in ("builtins", "__builtin__"):  # Python 3 and Python 2 pickles
-            table[(module, kind.__name__)] = kind
+            table[(module, kind.__name__)] = _container(kind)
     return table
 
 
@@ -98,27 +211,37 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         """Refuse persistent ids (no released feature file uses them)."""
-        raise DataFormatError(self.path, f"refuses a persistent id {pid!r:.60}: {_ALLOWED_WHAT}")
+        raise DataFormatError(self.path, f"refuses a persistent id {_shown(pid)}: {_ALLOWED_WHAT}")
 
 
 def load_pickle(path: str | Path) -> Any:
-    """Load a pickle with :class:`RestrictedUnpickler`.
+    """Load a pickle with :class:`RestrictedUnpickler`; its containers are bounded
+    (:data:`MAX_NESTING` levels, :data:`MAX_ELEMENTS` elements counted through shared
+    references, no container holding itself).
 
     Raises:
         FileNotFoundError: The file is missing.
-        DataFormatError: A refused global, or not a readable pickle.
+        DataFormatError: A refused global or call, containers out of bounds, or not a
+            readable pickle.
     """
     path = Path(path)
     require_file(path, "a pickle of numpy arrays")
     with path.open("rb") as f:
         try:
-            return RestrictedUnpickler(f, path).load()
+            data = RestrictedUnpickler(f, path).load()
         except DataFormatError:
             raise
+        except _Refused as err:
+            raise DataFormatError(path, str(err)) from None
         except Exception as err:  # a corrupt pickle raises almost anything
+            first = (str(err).strip().splitlines() or [""])[0][:200]
             raise DataFormatError(
-                path, f"not a readable pickle ({type(err).__name__}: {err}); {_ALLOWED_WHAT}"
+                path, f"not a readable pickle ({type(err).__name__}: {first}); {_ALLOWED_WHAT}"
             ) from None
+    problem = container_bounds_problem(data, max_nesting=MAX_NESTING, max_elements=MAX_ELEMENTS)
+    if problem:
+        raise DataFormatError(path, f"refused: the pickle {problem}")
+    return data
 
 
 def missing(value: Any) -> bool:
@@ -175,7 +298,7 @@ def _table(data: Any, path: Path, name: str, key: Any = None) -> dict[str, np.nd
     out: dict[str, np.ndarray | None] = {}
     for vid, value in data.items():
         if not isinstance(vid, str) or not vid.strip() or vid != vid.strip():
-            raise DataFormatError(path, f"key {vid!r:.60}; expected video ids (non-empty str)")
+            raise DataFormatError(path, f"key {_shown(vid)}; expected video ids (non-empty str)")
         if key is not None:
             if not isinstance(value, dict):
                 raise DataFormatError(
@@ -207,7 +330,10 @@ def _check_shapes(table: dict[str, np.ndarray | None], path: Path, name: str) ->
 
 
 def read_released_experts(
-    src: str | Path, *, experts: Sequence[str] | Mapping[str, str] | None = None
+    src: str | Path,
+    *,
+    experts: Sequence[str] | Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, list[np.ndarray | None]]]:
     """Read released expert pickles (the forms of :func:`vlret.data.experts.convert_experts`).
 
@@ -216,6 +342,8 @@ def read_released_experts(
         experts: None: every expert (every ``.pkl``/``.pickle`` file under the folder, named
             by its stem; every key of the per-video dicts). A list: those names. A mapping:
             expert name -> file path relative to the folder, or -> key of the per-video dicts.
+        flags: How errors name the arguments to change (:data:`API_FLAGS`' keys); a command
+            passes its own options.
 
     Returns:
         The video ids (first appearance, expert by expert) and, per expert, one entry per
@@ -231,10 +359,11 @@ def read_released_experts(
     if isinstance(experts, str):
         raise ValueError(f"experts must be a list or a mapping of names, got {experts!r}")
     if src.is_dir():
-        tables = {n: _table(load_pickle(p), p, n) for n, p in _expert_files(src, experts).items()}
+        files = _expert_files(src, experts, flags=flags)
+        tables = {n: _table(load_pickle(p), p, n) for n, p in files.items()}
     elif src.is_file():
         data = load_pickle(src)
-        keys = _per_video_keys(data, src, experts)
+        keys = _per_video_keys(data, src, experts, flags=flags)
         tables = {name: _table(data, src, name, key) for name, key in keys.items()}
     else:
         raise FileNotFoundError(f"{src}: missing; expected a folder of pickles or a pickle")
@@ -244,20 +373,37 @@ def read_released_experts(
     return list(ids), {n: [t.get(v) for v in ids] for n, t in tables.items()}
 
 
-def _checked_name(name: Any, path: Path, what: str) -> str:
+#: how the errors of :func:`read_released_experts` name what to pass (the Python arguments)
+API_FLAGS = {
+    "experts": "experts={name: ...}",
+    "experts_paths": "experts={name: relative path}",
+    "overwrite": "overwrite=True",
+    "out": "out",
+}
+
+
+def _checked_name(name: Any, path: Path, what: str, flags: Mapping[str, str] | None) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        hint = {**API_FLAGS, **(flags or {})}["experts"]
         raise DataFormatError(
             path,
-            f"{what} {name!r} is not an expert name ([A-Za-z0-9_-]+); pass experts={{name: ...}}",
+            f"{what} {_shown(name)} is not an expert name ([A-Za-z0-9_-]+); pass {hint}",
         )
     return name
 
 
-def _expert_files(src: Path, experts: Sequence[str] | Mapping[str, str] | None) -> dict[str, Path]:
+def _expert_files(
+    src: Path,
+    experts: Sequence[str] | Mapping[str, str] | None,
+    *,
+    flags: Mapping[str, str] | None = None,
+) -> dict[str, Path]:
     """Expert name -> pickle of a folder (form a)."""
     if isinstance(experts, Mapping):
         return {
-            _checked_name(n, src, "the name"): require_file(src / p, f"the pickle of expert {n}")
+            _checked_name(n, src, "the name", flags): require_file(
+                src / p, f"the pickle of expert {n}"
+            )
             for n, p in experts.items()
         }
     files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
@@ -266,24 +412,27 @@ def _expert_files(src: Path, experts: Sequence[str] | Mapping[str, str] | None) 
     by_stem: dict[str, Path] = {}
     for path in files:
         if path.stem in by_stem:
+            hint = {**API_FLAGS, **(flags or {})}["experts_paths"]
             raise DataFormatError(
-                path,
-                f"has the name of {by_stem[path.stem]}; name the experts with "
-                "experts={name: relative path}",
+                path, f"has the name of {by_stem[path.stem]}; name the experts with {hint}"
             )
         by_stem[path.stem] = path
     if experts is None:
-        return {_checked_name(s, p, "the file stem"): p for s, p in by_stem.items()}
+        return {_checked_name(s, p, "the file stem", flags): p for s, p in by_stem.items()}
     unknown = [n for n in experts if n not in by_stem]
     if unknown:
         raise DataFormatError(
             src, f"has no pickle for expert {unknown[0]!r}; it has {list(by_stem)}"
         )
-    return {_checked_name(n, by_stem[n], "the file stem"): by_stem[n] for n in experts}
+    return {_checked_name(n, by_stem[n], "the file stem", flags): by_stem[n] for n in experts}
 
 
 def _per_video_keys(
-    data: Any, path: Path, experts: Sequence[str] | Mapping[str, str] | None
+    data: Any,
+    path: Path,
+    experts: Sequence[str] | Mapping[str, str] | None,
+    *,
+    flags: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Expert name -> key of the per-video dicts (form b)."""
     if not isinstance(data, dict):
@@ -295,7 +444,7 @@ def _per_video_keys(
         if not isinstance(value, dict):
             raise DataFormatError(
                 path,
-                f"video {vid!r:.60}: a {type(value).__name__}; expected {{expert: array}} (a "
+                f"video {_shown(vid)}: a {type(value).__name__}; expected {{expert: array}} (a "
                 "per-expert file {video: array} goes in a folder given as SRC)",
             )
         known.update(dict.fromkeys(value))
@@ -306,7 +455,7 @@ def _per_video_keys(
     else:
         pairs = {n: n for n in experts}
     for name, key in pairs.items():
-        _checked_name(name, path, "the expert")
+        _checked_name(name, path, "the expert", flags)
         if key not in known:
             raise DataFormatError(path, f"no video has expert {key!r}; they have {list(known)}")
     if not pairs:
@@ -315,7 +464,11 @@ def _per_video_keys(
 
 
 __all__ = [
+    "API_FLAGS",
+    "MAX_ELEMENTS",
+    "MAX_NESTING",
     "PICKLE_SUFFIXES",
+    "container_bounds_problem",
     "RestrictedUnpickler",
     "load_pickle",
     "missing",

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._files import check_output_dir
 from .checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
@@ -55,7 +56,7 @@ from .expert_layout import (
     read_expert_specs,
     write_expert_features,
 )
-from .expert_pickles import read_released_experts
+from .expert_pickles import API_FLAGS, read_released_experts
 
 #: The single-stream frame layout of :mod:`vlret.data.msrvtt` (``experts=None``).
 FEATURES_NPY = "video_feats.npy"
@@ -415,6 +416,7 @@ def convert_experts(
     experts: Sequence[str] | Mapping[str, str] | None = None,
     max_frames: Mapping[str, int] | None = None,
     overwrite: bool = False,
+    flags: Mapping[str, str] | None = None,
 ) -> Path:
     """Convert the expert features the CE and MMT authors released to this module's layout.
 
@@ -452,21 +454,28 @@ def convert_experts(
             path relative to ``src`` (a) / key of the per-video dicts (b).
         max_frames: Temporal expert -> the most frames kept per video.
         overwrite: Replace an existing ``out/experts.json``.
+        flags: How errors name the arguments to change (keys of
+            :data:`vlret.data.expert_pickles.API_FLAGS`: ``experts``, ``experts_paths``,
+            ``overwrite``, ``out``); ``vlret convert-experts`` passes its options.
 
     Returns:
         ``out``.
 
     Raises:
+        OutputPathError: ``out`` is a file or cannot be written (checked before reading).
         FileExistsError: ``out`` holds ``experts.json`` and not ``overwrite``.
         FileNotFoundError: ``src`` or a named file is missing.
         DataFormatError: A refused or malformed pickle (the file, and where it applies the
             video, expert and refused ``module.name``, are named).
         ValueError: Bad ``experts`` or ``max_frames``.
     """
-    out = Path(out)
+    names = {**API_FLAGS, **(flags or {})}
+    out = check_output_dir(out, names["out"])
     if (out / EXPERTS_JSON).exists() and not overwrite:
-        raise FileExistsError(f"{out / EXPERTS_JSON}: exists; pass overwrite=True to replace it")
-    video_ids, entries = read_released_experts(src, experts=experts)
+        raise FileExistsError(
+            f"{out / EXPERTS_JSON}: exists; pass {names['overwrite']} to replace it"
+        )
+    video_ids, entries = read_released_experts(src, experts=experts, flags=flags)
     return write_expert_features(
         out, video_ids, entries, max_frames=max_frames, overwrite=overwrite
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from .._files import atomic_write
+from ..data.expert_pickles import container_bounds_problem
 
 CHECKPOINT_VERSION = 1
 
@@ -32,25 +34,76 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     return atomic_write(path, lambda fh: torch.save(state, fh))
 
 
+#: the first bytes of a zip archive (PyTorch >= 1.6 checkpoints)
+ZIP_MAGIC = b"PK\x03\x04"
+#: the pickle protocols that exist (a legacy checkpoint is a pickle of protocol 2)
+PICKLE_PROTOCOLS = range(6)
+#: torch's warnings while reading a foreign file: the one-line error says what is wrong
+_TORCH_LOAD_WARNINGS = ("Detected pickle protocol", "pickle_load_args only works")
+#: the bounds of a checkpoint's containers (a config nests a few levels; a vocabulary is one
+#: list): a shared list of a shared list ... is tiny saved and exponential when walked
+MAX_NESTING, MAX_ELEMENTS = 64, 50_000_000
+
+
+def checkpoint_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a PyTorch checkpoint, seen from its first bytes and its zip
+    directory (a truncated copy, another kind of file), or None; no reading beyond that."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head == ZIP_MAGIC and not zipfile.is_zipfile(path):
+        return (
+            f"a truncated copy or damaged zip archive (the PyTorch checkpoint format, {size} "
+            "bytes): the directory at its end is missing"
+        )
+    if zipfile.is_zipfile(path):
+        return None
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] not in PICKLE_PROTOCOLS:
+        return (
+            f"not a PyTorch checkpoint ({size} bytes, neither a zip archive nor a pickle: it "
+            f"starts as a pickle of protocol {head[1]}, which does not exist)"
+        )
+    if head[:1] != b"\x80":
+        return f"not a PyTorch checkpoint ({size} bytes, neither a zip archive nor a pickle)"
+    return None
+
+
+def torch_load_quietly(path: Path, **kwargs: Any) -> Any:
+    """``torch.load(path, weights_only=True, **kwargs)`` without torch's warnings about the
+    pickle's protocol or arguments (the caller's error names what is wrong)."""
+    with warnings.catch_warnings():
+        for message in _TORCH_LOAD_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        return torch.load(path, weights_only=True, **kwargs)
+
+
+def load_error_reason(path: Path, err: BaseException) -> str:
+    """One line saying why ``torch.load`` failed on a file that looked like a checkpoint."""
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    detail = f"{type(err).__name__}: {first}" if first else type(err).__name__
+    if zipfile.is_zipfile(path):
+        return f"a damaged PyTorch checkpoint ({path.stat().st_size} bytes; {detail})"
+    return (
+        f"a damaged legacy PyTorch checkpoint or another pickle ({path.stat().st_size} bytes; "
+        f"reading it stopped at {detail})"
+    )
+
+
 def _unreadable_reason(path: Path, err: BaseException) -> str:
     """One line saying why ``torch.load`` failed, without torch's advice to unpickle unsafely."""
-    if not zipfile.is_zipfile(path):
-        return (
-            f"not a complete PyTorch checkpoint ({path.stat().st_size} bytes, no zip archive "
-            "directory at its end: another kind of file, or a truncated copy)"
-        )
-    if isinstance(err, pickle.UnpicklingError):
+    if isinstance(err, pickle.UnpicklingError) and zipfile.is_zipfile(path):
         return (
             "holds objects that the safe loader (weights_only=True) refuses; vlret checkpoints "
             "hold only tensors and plain values"
         )
-    first = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {first[0]}" if first else type(err).__name__
+    return load_error_reason(path, err)
 
 
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint with the safe unpickler (``weights_only=True``); a missing, empty,
-    truncated or foreign file raises an error naming the file and what is wrong with it."""
+    truncated or foreign file, and containers out of bounds (:data:`MAX_NESTING` levels,
+    :data:`MAX_ELEMENTS` elements counted through shared references), raise an error naming
+    the file and what is wrong with it."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; expected a vlret checkpoint (.pt)")
@@ -58,14 +111,22 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         raise ValueError(f"{path}: is a folder; expected a vlret checkpoint file (.pt)")
     if path.stat().st_size == 0:
         raise ValueError(f"{path}: empty file (0 bytes); not a vlret checkpoint")
+    problem = checkpoint_file_problem(path)
+    if problem and problem.startswith("not a PyTorch"):  # the words CI's fault tests know
+        problem = "not a complete PyTorch checkpoint" + problem[len("not a PyTorch checkpoint") :]
+    if problem:
+        raise ValueError(f"{path}: not a readable vlret checkpoint: {problem}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch_load_quietly(path, map_location=map_location)
     except Exception as err:
         raise ValueError(
             f"{path}: not a readable vlret checkpoint: {_unreadable_reason(path, err)}"
         ) from None
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path}: not a vlret checkpoint (expected a dict with 'model')")
+    bounds = container_bounds_problem(state, max_nesting=MAX_NESTING, max_elements=MAX_ELEMENTS)
+    if bounds:
+        raise ValueError(f"{path}: refused: the checkpoint {bounds}")
     return state
 
 

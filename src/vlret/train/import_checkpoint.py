@@ -14,6 +14,16 @@ refused, naming the global it tried to load, before anything in it runs. SCAN's 
 code is Python 2; a byte string there that is not UTF-8 (a path in ``opt``) is read again with
 ``encoding="latin1"``, which maps every byte to one character.
 
+**Bounds.** Nothing in the file is expanded or built before it is bounded: its containers
+(``opt`` values included) nest at most :data:`MAX_NESTING` levels and hold at most
+:data:`MAX_ELEMENTS` elements counted through shared references (a list of a list ... shared at
+each level is tiny saved and exponential walked); every option the builder uses is in a sane
+range and agrees with the shapes of the state's own tensors, and the state holds at most
+:data:`~vlret.train.import_options.MAX_WEIGHTS` values, before any module is built
+(:mod:`vlret.train.import_options`). Each refusal is one line naming the file, the option and
+its value, e.g. ``ckpt.pth.tar: opt.num_layers = 1000000000 is outside 1..64 (--arch scan)``.
+A truncated or foreign file is named as such with its size.
+
 **Names** (reference -> vlret): ``img_enc`` ``fc.*`` -> ``image_encoder.fc.*``; ``txt_enc``
 ``embed.weight`` -> ``text_encoder.embed.weight`` and the GRU ``rnn.*`` (SGRAF: ``cap_rnn.*``)
 -> ``text_encoder.rnn.*`` (same suffixes, ``_reverse`` and ``_l<k>`` included); ``sim_enc``
@@ -48,23 +58,41 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import pickle
 import re
-import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._files import check_output_file
 from .._moved import moved_names
+from ..data.expert_pickles import container_bounds_problem
 from ..data.vocab import Vocabulary
-from .checkpoint import CHECKPOINT_VERSION, save_checkpoint
+from .checkpoint import (
+    CHECKPOINT_VERSION,
+    checkpoint_file_problem,
+    load_error_reason,
+    save_checkpoint,
+    torch_load_quietly,
+)
 from .config import config_from_dict
+from .import_options import (
+    AGGREGATIONS,
+    ARCHS,
+    CheckpointImportError,
+    OptionError,
+    check_arch,
+    check_opt_against_state,
+    model_config_from_opt,
+    near_keys,
+    plain,
+    plain_opt,
+    run_config_from_opt,
+    shown,
+)
 
-ARCHS = ("scan", "bfan", "sgraf")
 #: the repository whose ``train.py`` wrote each architecture's checkpoints
 REFERENCE_CODE = dict(scan="kuanghuei/SCAN", bfan="CrossmodalGroup/BFAN", sgraf="Paranioar/SGRAF")
 #: ``checkpoint["model"]``: the state dicts the reference ``state_dict()`` returns, in order
@@ -74,17 +102,8 @@ STATE_PARTS: dict[str, tuple[str, ...]] = dict(
 STATE_PARTS["sgraf"] = ("img_enc", "txt_enc", "sim_enc")
 #: the reference text encoder's GRU attribute
 REFERENCE_RNN = {"scan": "rnn", "bfan": "rnn", "sgraf": "cap_rnn"}
-AGGREGATIONS = {"LogSumExp": "lse", "Mean": "mean", "Max": "max", "Sum": "sum"}
-SGRAF_MODULES = {"SGR": "sgr", "SAF": "saf"}
-#: what SGRAF's code fixes rather than reads from ``opt``: attention lambda, dropout
-SGRAF_LAMBDA_SOFTMAX, SGRAF_DROPOUT = 9.0, 0.4
 #: the encoder-state name of the reference caption tokeniser (see the module docstring)
 REFERENCE_TOKENIZER = "nltk_word_tokenize"
-
-
-class CheckpointImportError(ValueError):
-    """A reference checkpoint or vocabulary that cannot be imported; the message names the
-    file and the key or option at fault."""
 
 
 def _refusal(path: Path, err: BaseException) -> str:
@@ -110,19 +129,14 @@ def load_reference_checkpoint(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: missing; expected a reference model_best.pth.tar")
     if not path.is_file():
         raise CheckpointImportError(f"{path}: is a folder; expected a checkpoint file")
-    with open(path, "rb") as fh:
-        head = fh.read(2)
-    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":  # zip, or a legacy pickle
-        raise CheckpointImportError(
-            f"{path}: not a PyTorch checkpoint ({path.stat().st_size} bytes, neither a zip "
-            "archive nor a pickle)"
-        )
+    problem = checkpoint_file_problem(path)
+    if problem:
+        raise CheckpointImportError(f"{path}: {problem}")
 
     def load(**kwargs: Any) -> Any:
-        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
-            # torch warns that ``encoding`` needs weights_only=False; the safe unpickler uses it
-            warnings.filterwarnings("ignore", message="pickle_load_args only works")
-            return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            # ``encoding``: torch warns it needs weights_only=False; the safe unpickler uses it
+            return torch_load_quietly(path, map_location="cpu", **kwargs)
 
     try:
         try:
@@ -131,17 +145,41 @@ def load_reference_checkpoint(path: str | Path) -> dict[str, Any]:
             state = load(encoding="latin1")
     except pickle.UnpicklingError as err:
         raise CheckpointImportError(_refusal(path, err)) from None
-    except Exception as err:  # not a torch file, truncated, ...
-        first = (str(err).strip().splitlines() or [""])[0]
+    except Exception as err:  # a damaged archive, a pickle cut short, ...
         raise CheckpointImportError(
-            f"{path}: not a readable PyTorch checkpoint ({type(err).__name__}: {first})"
+            f"{path}: not a readable PyTorch checkpoint: {load_error_reason(path, err)}"
         ) from None
+    _check_bounds(state, path)
     if not isinstance(state, dict):
         raise CheckpointImportError(
             f"{path}: top level is {type(state).__name__}; expected the dict of a reference "
             "train.py ({'model': [...], 'opt': Namespace, ...})"
         )
     return state
+
+
+#: the bounds of a reference checkpoint's containers: its opt holds plain values, its state
+#: dicts a few hundred tensors; a shared list of a shared list ... (tiny saved, exponential
+#: walked or copied) or a deep nesting is refused before anything reads it
+MAX_NESTING, MAX_ELEMENTS = 32, 1_000_000
+
+
+def _check_bounds(state: Any, path: Path) -> None:
+    """Refuse containers out of bounds (:data:`MAX_NESTING`, :data:`MAX_ELEMENTS`), naming the
+    ``opt`` option that holds them where one does."""
+    opt = state.get("opt") if isinstance(state, dict) else None
+    if isinstance(opt, argparse.Namespace):
+        for name, value in vars(opt).items():
+            problem = container_bounds_problem(
+                value, max_nesting=MAX_NESTING, max_elements=MAX_ELEMENTS
+            )
+            if problem:
+                raise CheckpointImportError(f"{path}: refused: opt.{name} {problem}")
+    problem = container_bounds_problem(
+        state, max_nesting=MAX_NESTING, max_elements=MAX_ELEMENTS, walk=(argparse.Namespace,)
+    )
+    if problem:
+        raise CheckpointImportError(f"{path}: refused: the checkpoint {problem}")
 
 
 def check_reference_layout(
@@ -186,156 +224,6 @@ def check_reference_layout(
                     f"{path}: {name}.{key} is {type(value).__name__}; expected a tensor"
                 )
     return [dict(p) for p in model], opt
-
-
-def check_arch(arch: str) -> str:
-    if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
-    return arch
-
-
-_MISSING = object()
-
-
-_KINDS: dict[type, Any] = {  # every integer option read here is a positive size or count
-    bool: lambda v: isinstance(v, bool) or (type(v) is int and v in (0, 1)),
-    int: lambda v: type(v) is int and v >= 1,
-    float: lambda v: type(v) in (int, float) and math.isfinite(v),
-    str: lambda v: isinstance(v, str),
-}
-
-
-def _opt(opt: argparse.Namespace, name: str, kind: type, *, default: Any = _MISSING) -> Any:
-    """``opt.<name>`` checked against ``kind`` (bool, positive int, finite float or str)."""
-    value = getattr(opt, name, _MISSING)
-    if value is _MISSING:
-        if default is _MISSING:
-            found = ", ".join(sorted(vars(opt))) or "nothing"
-            raise CheckpointImportError(f"opt.{name}: missing (opt has {found})")
-        return default
-    if not _KINDS[kind](value):
-        what = "a positive int" if kind is int else kind.__name__
-        raise CheckpointImportError(f"opt.{name}: expected {what}, got {value!r}")
-    return kind(value)
-
-
-def _choice(opt: argparse.Namespace, name: str, choices: Any, *, default: Any = _MISSING) -> str:
-    value = _opt(opt, name, str, default=default)
-    if value not in choices:
-        raise CheckpointImportError(
-            f"opt.{name} = {value!r}: vlret implements {', '.join(map(repr, choices))}"
-        )
-    return value
-
-
-def _refuse_unsupported(opt: argparse.Namespace, arch: str) -> None:
-    """Settings of the reference code that vlret does not implement, each named."""
-    if arch == "scan":
-        _choice(opt, "raw_feature_norm", ("clipped_l2norm",), default="clipped_l2norm")
-    if arch in ("scan", "bfan"):
-        _choice(opt, "precomp_enc_type", ("basic",), default="basic")
-    for flag in ("no_imgnorm", "no_txtnorm"):
-        if _opt(opt, flag, bool, default=False):
-            raise CheckpointImportError(
-                f"opt.{flag} = True: vlret's encoders always L2-normalise their outputs"
-            )
-
-
-def model_config_from_opt(
-    opt: argparse.Namespace, *, arch: str, bidirectional: bool | None = None
-) -> dict[str, Any]:
-    """The vlret ``[model]`` section of a reference ``opt`` (see the module docstring).
-
-    ``bidirectional`` is used where ``opt`` has no ``bi_gru`` (the state's ``_reverse``
-    weights tell); BFAN's GRU is bidirectional whatever ``opt`` says."""
-    arch = check_arch(arch)
-    _refuse_unsupported(opt, arch)
-    if arch == "bfan":
-        bi = True
-    else:
-        bi = _opt(opt, "bi_gru", bool, default=_MISSING if bidirectional is None else bidirectional)
-    text = {
-        "word_dim": _opt(opt, "word_dim", int),
-        "num_layers": _opt(opt, "num_layers", int),
-        "bidirectional": bi,
-    }
-    cfg: dict[str, Any] = {"kind": arch, "embed_dim": _opt(opt, "embed_size", int)}
-    if arch == "scan":
-        agg = _choice(opt, "agg_func", tuple(AGGREGATIONS))
-        cfg.update(
-            direction=_choice(opt, "cross_attn", ("t2i", "i2t")),
-            lambda_softmax=_opt(opt, "lambda_softmax", float),
-            aggregation=AGGREGATIONS[agg],
-            lambda_lse=_opt(opt, "lambda_lse", float),
-        )
-    elif arch == "bfan":
-        cfg.update(
-            focal=_choice(opt, "focal_type", ("equal", "prob")),
-            lambda_softmax=_opt(opt, "lambda_softmax", float),
-        )
-    else:
-        module = _choice(opt, "module_name", tuple(SGRAF_MODULES))
-        cfg.update(
-            module=SGRAF_MODULES[module],
-            sim_dim=_opt(opt, "sim_dim", int),
-            sgr_steps=_opt(opt, "sgr_step", int) if hasattr(opt, "sgr_step") else 3,
-            lambda_softmax=SGRAF_LAMBDA_SOFTMAX,
-            dropout=SGRAF_DROPOUT,
-        )
-    cfg["image"] = {"in_dim": _opt(opt, "img_dim", int)}
-    cfg["text"] = text
-    return cfg
-
-
-def run_config_from_opt(
-    opt: argparse.Namespace,
-    model: dict[str, Any],
-    *,
-    vocab: str | Path,
-    output_dir: str,
-) -> dict[str, Any]:
-    """A vlret run config (file layout) with ``model`` and the reference training settings."""
-    data_path = getattr(opt, "data_path", None)
-    data_name = getattr(opt, "data_name", None)
-    name = data_name if isinstance(data_name, str) and data_name else "precomp"
-    root = str(Path(data_path) / name) if isinstance(data_path, str) and data_path else name
-    epochs = _opt(opt, "num_epochs", int, default=30)
-    lr_update = _opt(opt, "lr_update", int, default=0)
-    grad_clip = _opt(opt, "grad_clip", float, default=2.0)
-    return {
-        "output_dir": output_dir,
-        "data": {"root": root, "format": "precomp", "vocab": str(vocab)},
-        "model": model,
-        "loss": {
-            "name": "triplet",
-            "margin": _opt(opt, "margin", float, default=0.2),
-            "hardest": _opt(opt, "max_violation", bool, default=False),
-        },
-        "optim": {
-            "name": "adam",
-            "lr": _opt(opt, "learning_rate", float, default=2e-4),
-            # the reference multiplies lr by 0.1 ** (epoch // lr_update)
-            "decay_epochs": list(range(lr_update, epochs, lr_update)) if lr_update > 0 else [],
-            "decay_factor": 0.1,
-            "grad_clip": grad_clip if grad_clip > 0 else None,
-        },
-        "train": {
-            "epochs": max(1, epochs),
-            "batch_size": max(2, _opt(opt, "batch_size", int, default=128)),
-        },
-    }
-
-
-_PLAIN = (type(None), bool, int, float, str)
-
-
-def _plain(value: Any) -> Any:
-    return value if isinstance(value, _PLAIN) else repr(value)
-
-
-def plain_opt(opt: argparse.Namespace) -> dict[str, Any]:
-    """``opt`` as plain values (anything else as its ``repr``) for ``imported_from``."""
-    return {str(k): _plain(v) for k, v in sorted(vars(opt).items())}
 
 
 def reference_key_map(
@@ -391,7 +279,7 @@ def convert_state(
             if ref.rsplit(".", 1)[-1] == "num_batches_tracked":  # PyTorch < 0.4.1 had no counter
                 out[key] = own[key].clone()
                 continue
-            near = _near_keys(ref, states[part])
+            near = near_keys(ref, states[part])
             raise CheckpointImportError(
                 f"{path}: missing {where} (for vlret {key}); --arch {arch} with this opt "
                 f"expects it{near}"
@@ -415,12 +303,6 @@ def convert_state(
                 "with this opt has no such parameter"
             )
     return out
-
-
-def _near_keys(ref: str, state: dict[str, torch.Tensor]) -> str:
-    keys = sorted(state)
-    shown = [k for k in keys if k.split(".", 1)[0] == ref.split(".", 1)[0]] or keys
-    return f"; found {', '.join(shown[:4])}{' ...' if len(shown) > 4 else ''}" if keys else ""
 
 
 def load_reference_vocab(path: str | Path) -> Vocabulary:
@@ -465,8 +347,7 @@ def import_reference_checkpoint(
     key or option for everything else (see the module docstring)."""
     arch = check_arch(arch)
     path, vocab_path, out = Path(path), Path(vocab), Path(out)
-    if out.is_dir():
-        raise CheckpointImportError(f"{out}: --out is a folder; expected a file such as model.pt")
+    check_output_file(out, "--out", "model.pt")
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists; pass --overwrite to replace it")
     state = load_reference_checkpoint(path)
@@ -475,19 +356,20 @@ def import_reference_checkpoint(
 
     rnn = REFERENCE_RNN[arch]
     has_reverse = any(k.startswith(f"{rnn}.") and k.endswith("_reverse") for k in states[1])
-    try:
+    output_dir = str(out.parent / out.stem)
+    try:  # every option checked, and against the tensors, before any module is built
         model_cfg = model_config_from_opt(opt, arch=arch, bidirectional=has_reverse)
-    except CheckpointImportError as err:
+        check_opt_against_state(model_cfg, states, arch=arch, parts=STATE_PARTS[arch], rnn=rnn)
+        raw_config = run_config_from_opt(
+            opt, model_cfg, vocab=vocab_path.resolve(), output_dir=output_dir
+        )
+    except OptionError as err:
         raise CheckpointImportError(f"{path}: {err} (--arch {arch})") from None
     _check_vocab_size(states[1], opt, len(words), path, vocab_path)
     if arch == "sgraf":  # VisualSA's BatchNorm1d over the region slots (36 in the reference)
         slots = states[2].get("v_global_w.embedding_local.1.weight")
         model_cfg["num_regions"] = int(slots.shape[0]) if slots is not None and slots.dim() else 36
 
-    output_dir = str(out.parent / out.stem)
-    raw_config = run_config_from_opt(
-        opt, model_cfg, vocab=vocab_path.resolve(), output_dir=output_dir
-    )
     config = config_from_dict(raw_config, source=f"{path} (opt)")
     from ..models import build_model
 
@@ -510,7 +392,7 @@ def import_reference_checkpoint(
         "sha256": _sha256(path),
         "arch": arch,
         "code": REFERENCE_CODE[arch],
-        **{k: _plain(state.get(k)) for k in ("epoch", "best_rsum", "Eiters")},
+        **{k: plain(state.get(k)) for k in ("epoch", "best_rsum", "Eiters")},
         "opt": plain_opt(opt),
         "vocab": str(vocab_path.resolve()),
         "vocab_sha256": _sha256(vocab_path),
@@ -534,8 +416,8 @@ def _check_vocab_size(txt: dict, opt: argparse.Namespace, n: int, path: Path, vo
     if rows != n or size != n:
         where = "txt_enc.embed.weight has" if rows != n else "opt.vocab_size says"
         raise CheckpointImportError(
-            f"{vocab}: {n} words but {path} {where} {rows if rows != n else size}; pass the "
-            "vocabulary the model was trained with"
+            f"{vocab}: {n} words but {path} {where} {rows if rows != n else shown(size)}; pass "
+            "the vocabulary the model was trained with"
         )
 
 
