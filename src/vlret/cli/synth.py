@@ -52,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
     to train on it."""
     try:
         from ..data.synthetic import synth_main
-        from ..data.synthetic.hint import RANDOM_BERT_DIR
     except ImportError as err:
         return fail(NAME, f"the synthetic world is not available: {err}")
     from .._extras import MissingExtra
@@ -64,12 +63,16 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.overwrite:
         options["overwrite"] = True
+    if args.random_bert:
+        options["random_bert"] = True
     try:
-        path = synth_main(args.preset, args.out, random_bert=args.random_bert, **options)
+        path = synth_main(args.preset, args.out, **options)
     except (ValueError, FileExistsError, MissingExtra) as err:
         return fail(NAME, err)
     print(path)
     if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
+        from ..data.synthetic.hint import RANDOM_BERT_DIR
+
         print(Path(path) / RANDOM_BERT_DIR)
     from ..data.synthetic import train_hint_lines
 
