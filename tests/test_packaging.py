@@ -229,7 +229,7 @@ def test_the_extras_carry_the_harness_and_dev_installs_them_all():
     # every package an extra names is known to vlret._extras or imported lazily elsewhere
     from vlret._extras import EXTRAS
 
-    assert {extra for _, extra in EXTRAS.values()} == {"train", "vsl", "hf"}
+    assert {extra for _, extra in EXTRAS.values()} == {"train", "vsl", "hf", "plot"}
     assert all(extra in extras for _, extra in EXTRAS.values())
 
 
