@@ -9,7 +9,6 @@ test_train_resume.py.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 import vlret.train.checkpoint as checkpoint_module
 import vlret.train.trainer as trainer_module
+from fault_helpers import read_only_folder
 from train_helpers import assert_same_params, model_params, tiny_config, tiny_data
 from vlret._files import atomic_write_text, remove_stale_temporaries
 from vlret.cli import main
@@ -323,13 +323,13 @@ def test_output_dir_that_is_a_file_fails_before_data_loading(tmp_path, data, mon
         Trainer(tiny_config(data, tmp_path / "taken" / "run"))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_unwritable_output_dir_fails_before_data_loading(tmp_path, data, monkeypatch):
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
     _no_data_loading(monkeypatch)
-    with pytest.raises(RunFolderError, match="cannot write"):
-        Trainer(tiny_config(data, locked))
+    with read_only_folder(tmp_path / "locked") as locked:  # as root too (a read-only mount)
+        with pytest.raises(RunFolderError, match="cannot write"):
+            Trainer(tiny_config(data, locked))
+        with pytest.raises(RunFolderError, match="cannot write"):
+            Trainer(tiny_config(data, locked / "run"))
 
 
 def test_cli_refuses_an_empty_output_dir_and_another_runs_folder(tmp_path, data, capsys):

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .._files import atomic_write, remove_stale_temporaries
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, torch_load_quietly
 from .config import ConfigError, config_from_dict
 
 RUN_FILES = ("config.yaml", "vocab.json", "metrics.jsonl", "last.pt", "best.pt")
@@ -219,7 +219,7 @@ def _best_epoch_in(path: Path) -> int | None:
     if not path.is_file():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch_load_quietly(path, map_location="cpu", mmap=True)
     except Exception:
         return None
     value = state.get("best_epoch") if isinstance(state, dict) else None
