@@ -322,6 +322,33 @@ def test_compare_output_folder_that_is_a_file_is_refused_before_training(
     assert str(blocker) in line and where in line
 
 
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_a_report_folder_in_use_is_refused_naming_the_holder(
+    trained, tmp_path, capsys, monkeypatch, command
+):
+    """Before: two comparisons into one --out raced on spec.json, result.json and the tables
+    (each run folder was locked by its trainer, the report folder by nothing)."""
+    from vlret.train.run_lock import acquire_run_lock
+
+    def trains(*args, **kwargs):
+        raise AssertionError("a run trained in a folder another comparison holds")
+
+    monkeypatch.setattr(compare_report, "run_all", trains)
+    monkeypatch.setattr("vlret.analysis.compare.sweeps.run_all", trains)
+    data, _ = trained
+    cfg = write_compare_config(tmp_path, data)
+    out = tmp_path / "report"
+    out.mkdir()
+    extra = ["--losses", "triplet"] if command == "compare" else ["--param", "margin=0.1,0.2"]
+    holder = acquire_run_lock(out)
+    try:
+        assert run_cli(command, cfg, *extra, "--out", out) == 2
+    finally:
+        holder.release()
+    line = one_line(capsys.readouterr().err, f"vlret {command}: ")
+    assert str(out) in line and "in use by another run" in line and f"pid {os.getpid()}" in line
+
+
 def test_plot_out_that_is_a_file_is_refused(tmp_path, capsys):
     """Before: a FileExistsError traceback from mkdir, status 1."""
     blocker = tmp_path / "plots"

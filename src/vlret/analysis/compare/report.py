@@ -22,6 +22,7 @@ from .spec import (
     EvalSettings,
     RunSpec,
     eval_settings,
+    locked_output,
     output_folder,
     plan_runs,
     read_compare_config,
@@ -173,18 +174,18 @@ def compare(
     settings = eval_settings(raw, section)
     variants = resolve_variants(raw, section, losses, goal_grid=goal_grid)
     n_seeds = seeds if seeds is not None else section.get("seeds", 1)
-    out_dir = output_folder(out, raw, section, "compare")
-    specs = plan_runs(raw, variants, n_seeds, out_dir)
-    outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
-    title = f"{Path(config).stem}: {evaluation_title(outcomes, settings)}"
-    return write_report(
-        outcomes,
-        out_dir,
-        settings,
-        title=title,
-        goal_grid=goal_grid,
-        extra={"config": str(config), "seeds": n_seeds},
-    )
+    with locked_output(output_folder(out, raw, section, "compare")) as out_dir:
+        specs = plan_runs(raw, variants, n_seeds, out_dir)
+        outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
+        title = f"{Path(config).stem}: {evaluation_title(outcomes, settings)}"
+        return write_report(
+            outcomes,
+            out_dir,
+            settings,
+            title=title,
+            goal_grid=goal_grid,
+            extra={"config": str(config), "seeds": n_seeds},
+        )
 
 
 __all__ = [

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from ..._files import check_output_dir
 from ...losses import compared_losses, loss_capabilities
 from ...train.config import ConfigError, RunConfig, apply_overrides, config_from_dict
 from ...train.config_files import parse_value, read_config_file
+from ...train.run_lock import acquire_run_lock
 
 #: The losses of the four papers, compared by default: the registry's losses that declare
 #: ``paper_comparison``, in their declared order (:func:`vlret.losses.compared_losses`).
@@ -289,6 +292,20 @@ def output_folder(
     return check_output_dir(default_out(raw, section, kind), flag)
 
 
+@contextlib.contextmanager
+def locked_output(out_dir: Path) -> Iterator[Path]:
+    """Hold ``out_dir`` (created) for one comparison or sweep: the run-folder lock
+    (:mod:`vlret.train.run_lock`) on the report folder, so a second ``vlret compare`` /
+    ``sweep`` into it is refused naming the holder instead of racing on ``spec.json``,
+    ``result.json`` and the tables (each run's own folder is locked by its trainer)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = acquire_run_lock(out_dir, notify=lambda line: print(line, file=sys.stderr))
+    try:
+        yield out_dir
+    finally:
+        lock.release()
+
+
 def default_out(raw: dict[str, Any], section: dict[str, Any], kind: str) -> Path:
     """``[compare] output_dir``, else ``<output_dir>/{kind}`` of the run config."""
     if section.get("output_dir"):
@@ -307,6 +324,7 @@ __all__ = [
     "Variant",
     "check_params",
     "default_out",
+    "locked_output",
     "output_folder",
     "eval_settings",
     "goal_grid_variants",

@@ -20,6 +20,7 @@ from .spec import (
     Variant,
     check_params,
     eval_settings,
+    locked_output,
     make_variant,
     output_folder,
     plan_runs,
@@ -88,28 +89,29 @@ def sweep(
     check_params(base.label, base.loss, dict.fromkeys(grid), "--param")
     variants = sweep_variants(base, grid)
     n_seeds = seeds if seeds is not None else section.get("seeds", 1)
-    out_dir = output_folder(out, raw, section, "sweep")
-    specs = plan_runs(raw, variants, n_seeds, out_dir)
-    outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
-    title = f"{Path(config).stem}: {base.label} sweep, {evaluation_title(outcomes, settings)}"
-    report = write_report(
-        outcomes,
-        out_dir,
-        settings,
-        title=title,
-        extra={"config": str(config), "seeds": n_seeds, "sweep": grid, "loss": base.loss},
-    )
-    from ..curves import plot_sweep_curves
+    with locked_output(output_folder(out, raw, section, "sweep")) as out_dir:
+        specs = plan_runs(raw, variants, n_seeds, out_dir)
+        outcomes = run_all(specs, settings, progress=progress, on_epoch=on_epoch)
+        title = f"{Path(config).stem}: {base.label} sweep, {evaluation_title(outcomes, settings)}"
+        report = write_report(
+            outcomes,
+            out_dir,
+            settings,
+            title=title,
+            extra={"config": str(config), "seeds": n_seeds, "sweep": grid, "loss": base.loss},
+        )
+        from ..curves import plot_sweep_curves
 
-    points = [
-        ({n: s.params[n] for n in grid}, s.mean["rsum"], s.std["rsum"]) for s in report.summaries
-    ]
-    add_plot(
-        report,
-        "sweep curves",
-        lambda: plot_sweep_curves(points, list(grid), out_dir / "plots", loss=base.label),
-    )
-    return report
+        points = [
+            ({n: s.params[n] for n in grid}, s.mean["rsum"], s.std["rsum"])
+            for s in report.summaries
+        ]
+        add_plot(
+            report,
+            "sweep curves",
+            lambda: plot_sweep_curves(points, list(grid), out_dir / "plots", loss=base.label),
+        )
+        return report
 
 
 __all__ = [
