@@ -222,14 +222,14 @@ def test_the_extras_carry_the_harness_and_dev_installs_them_all():
     assert _names(extras["train"]) == {"pyyaml", "tqdm"}
     assert _names(extras["vsl"]) == {"scikit-learn", "scipy"}
     others = sorted(set(extras) - {"all", "dev"})
-    assert extras["all"] == [f"vlret[{','.join(['train', 'vsl', 'plot', 'hf', 'nltk'])}]"]
-    assert set(others) == {"train", "vsl", "plot", "hf", "nltk"}
+    assert extras["all"] == [f"vlret[{','.join(['train', 'vsl', 'plot', 'hf', 'pixels', 'nltk'])}]"]
+    assert set(others) == {"train", "vsl", "plot", "hf", "pixels", "nltk"}
     assert "vlret[all]" in extras["dev"]
     assert {"build", "twine", "pytest"} <= _names(extras["dev"])
     # every package an extra names is known to vlret._extras or imported lazily elsewhere
     from vlret._extras import EXTRAS
 
-    assert {extra for _, extra in EXTRAS.values()} == {"train", "vsl", "hf", "plot"}
+    assert {extra for _, extra in EXTRAS.values()} == {"train", "vsl", "hf", "plot", "pixels"}
     assert all(extra in extras for _, extra in EXTRAS.values())
 
 

@@ -30,6 +30,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "transformers": ("transformers", "hf"),
     "PIL": ("Pillow", "hf"),
     "matplotlib": ("matplotlib", "plot"),
+    "webdataset": ("webdataset", "pixels"),
 }
 
 
