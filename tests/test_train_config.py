@@ -394,3 +394,34 @@ def test_train_accepts_and_ignores_a_compare_section(tmp_path, tiny, capsys):
     assert "done: 1 epoch" in capsys.readouterr().out
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))
     assert "compare" not in saved and saved["loss"]["name"] == "triplet"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "scan_t2i_f30k_unified",
+        "scan_i2t_f30k_unified",
+        "scan_t2i_coco_unified",
+        "scan_i2t_coco_unified",
+    ],
+)
+def test_scan_unified_configs_use_the_schedule_of_unified_b13(name):
+    """Unified appendix B.1.3: SCAN "is trained using Adam for 30 epochs, with a batch size of 128
+    for both datasets. The initial learning rate ... 0.0005 for first 15 epochs, and then decays
+    by a factor of 10" (the configs used SCAN's own 2e-4, saying the paper gave no schedule)."""
+    from vlret.train import load_config
+
+    config = load_config(name)
+    optim, train = config.optim, config.train
+    assert (optim.name, optim.lr, optim.decay_epochs, optim.decay_factor) == (
+        "adam",
+        5e-4,
+        [15],
+        0.1,
+    )
+    assert (train.epochs, train.batch_size) == (30, 128)
+    assert (config.loss.name, config.loss.params["margin"], config.loss.params["gamma"]) == (
+        "unified",
+        0.2,
+        50.0,
+    )
