@@ -195,6 +195,21 @@ def test_train_shards_of_one_sample_per_image(tmp_path):
     for r, i in zip(rows, order, strict=True):
         assert r["txt"].decode() == raws[i * K]
     assert meta["webdataset_config_hint"]["data"]["train_num_samples"] == 30
+    assert all("clean" not in json.loads(r["json"]) for r in rows)  # no noise, no mask
+
+
+def test_noisy_train_shards_carry_the_clean_mask(tmp_path):
+    noise = "permute_captions:0.3"
+    root = _write(tmp_path / "n", noise=noise, imagefolder=False)
+    world = generate_world("tiny", seed=4, splits=SIZES, features=False, noise=noise)
+    rows = [json.loads(r["json"]) for r in _read(str(root / "webdataset" / "train" / "00000.tar"))]
+    clean = {(r["image_index"], r["caption_index"]): r["clean"] for r in rows}
+    assert clean == {(j // K, j % K): bool(world["train"].clean[j]) for j in range(30 * K)}
+    assert not all(clean.values())
+    raws = world["train"].captions("raw")  # the moved captions, as the Karpathy JSON has them
+    assert all(r["caption"] == raws[r["image_index"] * K + r["caption_index"]] for r in rows)
+    dev = _read(str(root / "webdataset" / "dev" / "00000.tar"))
+    assert all("clean" not in json.loads(r["json"]) for r in dev)
 
 
 def test_hint_lines_train_on_the_shards_and_classify_the_folders(written):

@@ -14,10 +14,11 @@ image folder.
   the natural reading of CLIP-style pre-training on a K-caption world) or one per image with
   its first caption (``"images"``, img2dataset's one caption per image), in an order shuffled
   with the world's seed (web shards are not grouped by image; clone siblings are contiguous in
-  the world). Dev and test hold one sample per image in world order, the first caption in
-  ``KEY.txt`` and all of them in the json's ``captions`` (a retrieval set with one caption per
-  image, as the shard reader's ``dev_shards`` expects). Member times are 0 and owners fixed, so
-  a seed gives byte-identical tars.
+  the world); with noise, a train sample's json says whether its caption is ``clean``. Dev
+  and test hold one sample per image in world order, the first caption in ``KEY.txt`` and all
+  of them in the json's ``captions`` (a retrieval set with one caption per image, as the shard
+  reader's ``dev_shards`` expects). Member times are 0 and owners fixed, so a seed gives
+  byte-identical tars.
 * **Image folders** ``imagefolder/<kind>/<split>/<class>/<imgid>.jpg``, one folder per class
   present in the split, for the label kinds of :data:`LABEL_KINDS`: the primary object's
   ``category`` and its ``colour`` (canonical names: ``square``, ``red``, ...).
@@ -137,6 +138,7 @@ def _write_shards(
     jpegs: list[bytes],
     captions: list[str],
     *,
+    clean: np.ndarray | None,
     k: int,
     first_imgid: int,
     split: str,
@@ -184,6 +186,8 @@ def _write_shards(
                     record["captions"] = own
                 else:
                     record["caption_index"] = caption
+                if clean is not None:  # a noisy world's train split: is the caption right?
+                    record["clean"] = bool(clean[image * k + (caption or 0)])
                 writer.write(
                     {
                         "__key__": key,
@@ -269,6 +273,7 @@ def write_pixels(
                 samples,
                 jpegs,
                 split.captions("raw"),
+                clean=split.clean if world.noise is not None and name == "train" else None,
                 k=k,
                 first_imgid=firsts[name],
                 split=name,
