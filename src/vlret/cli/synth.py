@@ -4,6 +4,7 @@ a real data format, with the ``--set`` overrides a shipped config needs to train
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(MMT's text encoder for the synthetic runs; needs transformers)",
     )
     p.add_argument(
+        "--webdataset",
+        action="store_true",
+        help="also write the rendered pictures as webdataset shards in the img2dataset layout, "
+        "OUT/webdataset/{train,dev,test}/00000.tar ... (needs webdataset and Pillow: the pixels "
+        "extra)",
+    )
+    p.add_argument(
+        "--imagefolder",
+        action="store_true",
+        help="also write classification sets, one folder per class: "
+        "OUT/imagefolder/{category,colour}/{train,dev,test}/CLASS/*.jpg, labelled by the primary "
+        "object's category or colour (needs Pillow)",
+    )
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        metavar="N",
+        help="samples per shard with --webdataset (1..10000, default 1000)",
+    )
+    p.add_argument(
+        "--shard-samples",
+        choices=["pairs", "images"],
+        help="the train shards' samples: one per (image, caption) pair (pairs, the default) or "
+        "one per image with its first caption (images, img2dataset's one caption per image); "
+        "dev and test shards hold one per image",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an existing world (or write into a non-empty folder); without it the "
@@ -65,6 +93,17 @@ def run(args: argparse.Namespace) -> int:
         options["overwrite"] = True
     if args.random_bert:
         options["random_bert"] = True
+    for key, flag in (("shard_size", "--shard-size"), ("shard_samples", "--shard-samples")):
+        if getattr(args, key) is not None and not args.webdataset:
+            return fail(NAME, f"{flag} {getattr(args, key)}: shards are written with --webdataset")
+    for flag in ("webdataset", "imagefolder"):
+        if getattr(args, flag):
+            options[flag] = True
+    for key in ("shard_size", "shard_samples"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    if args.webdataset or args.imagefolder:  # a line per shard and per folder, on stderr
+        options["progress"] = lambda line: print(line, file=sys.stderr, flush=True)
     try:
         path = synth_main(args.preset, args.out, **options)
     except (ValueError, FileExistsError, MissingExtra) as err:

@@ -32,7 +32,8 @@ Modules, in the order a world is made: :mod:`~.config` (sizes, presets, noise),
 :mod:`~.splits` (captions, clone groups, noise), :mod:`~.features` (region and frame
 features), :mod:`~.video_experts` (the multi-expert features), :mod:`~.world` (all splits in
 memory), :mod:`~.io` (the on-disk formats and side files; :mod:`~.render` draws the pictures,
-:mod:`~.hint` the ``vlret train`` settings),
+:mod:`~.pixels` writes them as webdataset shards and image folders, :mod:`~.hint` the
+``vlret train`` settings),
 :mod:`~.relevance` (exhaustive relevance, clone forced choice) and :mod:`~.evaluation`
 (reading a split back and scoring embeddings on it).
 """
@@ -53,6 +54,7 @@ from .evaluation import SyntheticAnnotations, evaluate_synthetic, load_synthetic
 from .features import FeatureSpace, frame_features, make_feature_space, region_features
 from .hint import META_FILE, train_hint_lines, train_overrides
 from .io import check_out_dir, synth_main, write_synthetic
+from .pixels import LABEL_KINDS, SHARD_SAMPLES, render_jpeg, write_pixels
 from .relevance import (
     CloneChoice,
     FactSets,
@@ -74,8 +76,10 @@ __all__ = [
     "CAPTION_FORMS",
     "EDIT_KINDS",
     "FORMATS",
+    "LABEL_KINDS",
     "NOISE_MODES",
     "PRESETS",
+    "SHARD_SAMPLES",
     "CloneChoice",
     "Edit",
     "ExtendedMetrics",
@@ -109,11 +113,13 @@ __all__ = [
     "region_features",
     "relevance_matrix",
     "relevance_pairs",
+    "render_jpeg",
     "sample_edit",
     "sample_scene",
     "subset_recalls",
     "synth_main",
     "train_hint_lines",
     "train_overrides",
+    "write_pixels",
     "write_synthetic",
 ]

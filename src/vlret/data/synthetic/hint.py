@@ -37,6 +37,9 @@ EXPERTS_CONFIG = "synth_video_experts_ce"
 MMT_CONFIG = "synth_video_experts_mmt"
 #: The folder inside a world where ``vlret synth --random-bert`` writes MMT's text encoder.
 RANDOM_BERT_DIR = "random-bert"
+#: The shipped config that pre-trains a small CLIP from scratch on a world's shards
+#: (``vlret synth --webdataset``).
+SHARDS_CONFIG = "synth_clip_pretrain"
 
 
 def config_hint(
@@ -83,6 +86,31 @@ def config_hint(
     if experts is not None:
         return {"data": data, "image_in_dim": None, "experts": dict(experts)}
     return {"data": data, "image_in_dim": feature_dim}
+
+
+def shard_hint(root: Path, shards: Mapping[str, Any]) -> dict[str, Any]:
+    """``webdataset_config_hint`` of ``synthetic.json``: the ``data`` section that trains on
+    the world's shards (``data.format = "webdataset"``, ``shards`` and ``dev_shards`` as brace
+    patterns under ``root``, ``train_num_samples``, the train shards' sample count, which no
+    file of the img2dataset layout gives).
+
+    Args:
+        root: The world's folder.
+        shards: The ``webdataset`` entry of ``synthetic.json``
+            (:func:`~vlret.data.synthetic.pixels.write_pixels`).
+
+    Returns:
+        ``{"data": {...}}``.
+    """
+    splits = shards["splits"]
+    data: dict[str, Any] = {"format": "webdataset"}
+    if "train" in splits:
+        data["shards"] = str(root / splits["train"]["pattern"])
+    if "dev" in splits:
+        data["dev_shards"] = str(root / splits["dev"]["pattern"])
+    if "train" in splits:
+        data["train_num_samples"] = int(splits["train"]["samples"])
+    return {"data": data}
 
 
 def _reads_back(text: str) -> bool:
@@ -138,14 +166,47 @@ def _command(config: str, overrides: list[str]) -> str:
     return f"vlret train {config} {sets}"
 
 
+def pixel_hint_lines(root: str | Path, meta: Mapping[str, Any]) -> list[str]:
+    """The lines of :func:`train_hint_lines` for a world's pictures: a ``vlret train`` command
+    that pre-trains :data:`SHARDS_CONFIG` on its shards, and the ``vlret zeroshot`` command
+    that classifies its test image folder (empty when neither was written)."""
+    lines = []
+    if meta.get("webdataset_config_hint"):
+        data = meta["webdataset_config_hint"]["data"]
+        overrides = [f"data.{key}={_value(value)}" for key, value in data.items()]
+        lines.append(f"train CLIP on the shards: {_command(SHARDS_CONFIG, overrides)}")
+    folders = (meta.get("imagefolder") or {}).get("kinds") or {}
+    if folders:
+        base = Path(root) / meta["imagefolder"]["folder"]
+        split = "test" if any("test" in splits for splits in folders.values()) else None
+        split = split or next(iter(next(iter(folders.values()))), None)
+        if split is not None:
+            first, *others = list(folders)
+            line = (
+                f"vlret zeroshot --model PATH --dataset imagefolder --data-root "
+                f"{shlex.quote(str(base / first / split))}"
+            )
+            lines.append(f"zero-shot classification: {line}")
+            for kind in others:
+                lines.append(f"  (by {kind}: --data-root {shlex.quote(str(base / kind / split))})")
+            lines.append("  (PATH: a vlret checkpoint or a local Hugging Face CLIP folder)")
+    return lines
+
+
 def train_hint_lines(root: str | Path) -> list[str]:
     """What ``vlret synth`` prints after writing ``root``: a ``vlret train`` command line that
-    runs a shipped config on the world (for a multi-expert world, one for CE and one for MMT).
+    runs a shipped config on the world (for a multi-expert world, one for CE and one for MMT),
+    and for its pictures (``--webdataset``, ``--imagefolder``) :func:`pixel_hint_lines`.
     Empty when ``root`` holds no ``synthetic.json``."""
     path = Path(root) / META_FILE
     if not path.is_file():
         return []
     meta = json.loads(path.read_text(encoding="utf-8"))
+    return [*_format_hint_lines(root, meta), *pixel_hint_lines(root, meta)]
+
+
+def _format_hint_lines(root: str | Path, meta: Mapping[str, Any]) -> list[str]:
+    """The ``vlret train`` lines for the world's own format (:func:`train_hint_lines`)."""
     fmt = meta["train_config_hint"]["data"].get("format", "precomp")
     if meta["train_config_hint"].get("experts"):
         lines = [

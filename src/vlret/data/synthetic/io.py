@@ -11,7 +11,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
@@ -31,8 +31,16 @@ from ..writers import (
     write_video_features,
 )
 from .config import CAPTION_FORMS, EDIT_KINDS, FORMATS, NoiseSpec, SyntheticConfig, get_preset
-from .hint import META_FILE, RANDOM_BERT_DIR, config_hint
+from .hint import META_FILE, RANDOM_BERT_DIR, config_hint, shard_hint
 from .language import N_FACTS, fact_names
+from .pixels import (
+    DEFAULT_SHARD_SIZE,
+    IMAGEFOLDER,
+    SHARD_FOLDER,
+    check_pixel_options,
+    render_jpeg,
+    write_pixels,
+)
 from .relevance import relevance_pairs
 from .scenes import Scene
 from .splits import SyntheticSplit
@@ -115,11 +123,11 @@ def _world_writes(root: Path) -> Iterator[None]:
         raise WorldWriteFailed(root, cause, err.errno or errno.EIO) from err
 
 
-def _require_pillow() -> None:
+def _require_pillow(what: str = "rendering the karpathy format's images") -> None:
     """Refuse (:class:`~vlret._extras.MissingExtra`) a rendered-image world without Pillow."""
     from ..._extras import require
 
-    require("PIL", "rendering the karpathy format's images")
+    require("PIL", what)
 
 
 def _image_ids(world: SyntheticWorld) -> dict[str, list[int]]:
@@ -184,15 +192,11 @@ def _write_karpathy(world: SyntheticWorld, root: Path, *, render_images: bool) -
     json_path = write_karpathy_json(root / f"dataset_{dataset}.json", images, dataset=dataset)
     out: dict[str, Any] = {"json": json_path.name}
     if render_images:
-        from .render import render_scene
-
         image_root = root / "images"
         for im, scene in zip(images, scenes, strict=True):
             path = im.path(image_root)
             path.parent.mkdir(parents=True, exist_ok=True)
-            render_scene(scene, seed=world.seed * 1_000_003 + im.imgid).save(
-                path, format="JPEG", quality=90
-            )
+            path.write_bytes(render_jpeg(scene, seed=world.seed, imgid=im.imgid))
         out["image_root"] = "images"
     return out
 
@@ -325,9 +329,11 @@ def _write_world(
     relevance_splits: Sequence[str] | None,
     *,
     render_images: bool,
+    pixels: Mapping[str, Any],
 ) -> None:
     """Write ``world`` into ``root``, marked unfinished from the first file on, in ``format``
-    with its side files, ``synthetic.json`` last (:func:`write_synthetic`)."""
+    with its side files and the pictures ``pixels`` asks for (:func:`~.pixels.write_pixels`'
+    options), ``synthetic.json`` last (:func:`write_synthetic`)."""
     _mark_unfinished(root)
     if format == "precomp":
         format_files = _write_precomp(world, root)
@@ -338,6 +344,7 @@ def _write_world(
     if relevance_splits is None:
         relevance_splits = [s for s in world.splits if s != "train"]
     side = _write_side_files(world, root, relevance_splits=relevance_splits)
+    pictures = write_pixels(world, root, **pixels) if pixels else {}
     config = world.config
     meta = {
         "vlret_synthetic": 1,
@@ -358,6 +365,12 @@ def _write_world(
             has_dev="dev" in world.splits,
             experts=expert_dims() if config.multi_expert else None,
         ),
+        **pictures,
+        **(
+            {"webdataset_config_hint": shard_hint(root, pictures["webdataset"])}
+            if "webdataset" in pictures
+            else {}
+        ),
         "n_facts": N_FACTS,
         "facts": fact_names(),
         "edit_kinds": list(EDIT_KINDS),
@@ -376,6 +389,11 @@ def write_synthetic(
     noise: str | NoiseSpec | Mapping[str, Any] | None = None,
     relevance_splits: Sequence[str] | None = None,
     render_images: bool = True,
+    webdataset: bool = False,
+    imagefolder: bool = False,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_samples: str = "pairs",
+    progress: Callable[[str], None] | None = None,
     overwrite: bool = False,
     finish: bool = True,
     **overrides: Any,
@@ -396,6 +414,13 @@ def write_synthetic(
       ``experts.json``, ``video_ids.txt`` and ``<expert>.npy`` / ``.present.npy`` /
       ``.frames.npy``, :func:`vlret.data.experts.write_expert_features`).
 
+    With ``webdataset`` and ``imagefolder`` (Pillow; webdataset for the shards), the rendered
+    pictures too (:mod:`~.pixels`): shards of ``shard_size`` samples in the img2dataset
+    layout under ``webdataset/<split>/`` (train: one sample per (image, caption) pair, or per
+    image with ``shard_samples="images"``; dev and test: one per image), and one folder per
+    class under ``imagefolder/<category|colour>/<split>/``; ``progress`` is called with a line
+    per shard and per folder written.
+
     Side files (any format): ``synthetic.json`` (config, counts, fact names, a config hint
     for ``vlret train``), ``{split}_synth.npz`` (facts, scenes, edits), ``{split}_groups.npy``,
     ``{split}_relevance.npz`` for ``relevance_splits`` (default: every split but train) and
@@ -406,7 +431,8 @@ def write_synthetic(
     writing stopped half-way (:data:`UNFINISHED_FILE`, written before the first file and
     removed after the last one; ``finish=False`` leaves it for the caller to remove with
     :func:`finish_world`). Everything is checked, and the world generated, before the first
-    file is written: a missing extra (Pillow for rendered images) writes nothing.
+    file is written: a missing extra (Pillow for rendered images, webdataset for the shards)
+    writes nothing.
     """
     multi_expert = get_preset(preset, **overrides).multi_expert
     if format is None:
@@ -418,16 +444,35 @@ def write_synthetic(
             f"format {format!r}: a multi-expert world (video-experts) is written in the msrvtt "
             "format only (its experts have the MSR-VTT multi-expert layout)"
         )
+    pixels: dict[str, Any] = {}
+    if webdataset or imagefolder:
+        check_pixel_options(shard_size=shard_size, shard_samples=shard_samples)
+        pixels = {
+            "webdataset": webdataset,
+            "imagefolder": imagefolder,
+            "shard_size": shard_size,
+            "shard_samples": shard_samples,
+            "progress": progress,
+        }
     root = check_output_dir(out_dir, "out_dir")
     check_out_dir(root, overwrite=overwrite)
     if render_images and format == "karpathy":
         _require_pillow()
+    if webdataset:
+        from ..._extras import require
+
+        require("webdataset", "writing webdataset shards (--webdataset)")
+    if pixels:
+        _require_pillow("rendering the pictures (--webdataset, --imagefolder)")
     world = generate_world(preset, seed=seed, noise=noise, **overrides)
     earlier = (root / META_FILE).is_file() or is_unfinished(root)
-    if format == "karpathy" and earlier and (root / "images").is_dir():
-        shutil.rmtree(root / "images")  # stale renders of an earlier synthetic world
+    for folder in ("images", SHARD_FOLDER, IMAGEFOLDER):
+        if earlier and (root / folder).is_dir():
+            shutil.rmtree(root / folder)  # stale pictures of an earlier synthetic world
     with _world_writes(root):
-        _write_world(world, root, format, relevance_splits, render_images=render_images)
+        _write_world(
+            world, root, format, relevance_splits, render_images=render_images, pixels=pixels
+        )
     if finish:
         finish_world(root)
     return root
@@ -464,7 +509,8 @@ _CONFIG_FIELDS = frozenset(SyntheticConfig.__dataclass_fields__)
 def synth_main(preset: str, out: str | Path, *, random_bert: bool = False, **options: Any) -> Path:
     """Entry point of ``vlret synth PRESET --out DIR``: :func:`write_synthetic` with
     ``options`` (``format``, ``seed``, ``noise`` as ``"MODE:RATE"``, ``relevance_splits``,
-    ``render_images``, ``overwrite`` and :class:`SyntheticConfig` fields such as
+    ``render_images``, the pictures' ``webdataset``, ``imagefolder``, ``shard_size``,
+    ``shard_samples`` and ``progress``, ``overwrite`` and :class:`SyntheticConfig` fields such as
     ``feature_dim``, ``regions``, ``frames``, ``captions_per_image``); ``None`` values mean
     the preset's default. With ``random_bert`` (``--random-bert``), also
     ``DIR/random-bert``, a small random BERT on the world's words
@@ -472,10 +518,10 @@ def synth_main(preset: str, out: str | Path, *, random_bert: bool = False, **opt
 
     Everything the world needs is checked before anything is written: an MSR-VTT-format world
     and transformers for ``random_bert`` (:class:`~vlret._extras.MissingExtra` naming the
-    extra), Pillow for rendered images, and the folder: a non-empty ``out`` (an earlier world
-    included) is refused unless ``overwrite`` (``--overwrite``) or it holds a world whose
-    writing stopped half-way (:data:`UNFINISHED_FILE`; the folder stays marked until the
-    BERT is written too)."""
+    extra), Pillow for rendered images, webdataset for shards, and the folder: a non-empty
+    ``out`` (an earlier world included) is refused unless ``overwrite`` (``--overwrite``) or
+    it holds a world whose writing stopped half-way (:data:`UNFINISHED_FILE`; the folder
+    stays marked until the BERT is written too)."""
     from ..._extras import require
 
     options = {k: v for k, v in options.items() if v is not None}
