@@ -488,3 +488,15 @@ def test_bad_name_root_split_and_classnames_count(tmp_path):
     names.write_text("".join(f"thing {i}\n" for i in range(10)))
     ds = load_classification("cifar10", tmp_path, classnames=names)
     assert isinstance(ds, ClassificationSet) and ds.classnames[9] == "thing 9"
+
+
+def test_sets_pickle_for_dataloader_workers(tmp_path):
+    written = _cifar10(tmp_path)
+    for split in ("test", "train"):
+        ds = load_classification("cifar10", tmp_path, split=split)
+        back = pickle.loads(pickle.dumps(ds))
+        assert back.labels == ds.labels and back.describe(4) == ds.describe(4)
+        assert np.array_equal(
+            np.asarray(back.image(4 % len(ds))), np.asarray(ds.image(4 % len(ds)))
+        )
+    assert len(written) == 6
