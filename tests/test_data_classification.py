@@ -23,6 +23,7 @@ from vlret.data.classification import (
     ClassificationSet,
     default_templates,
     load_caltech101,
+    load_cifar,
     load_classification,
     load_templates,
     read_classnames,
@@ -135,6 +136,8 @@ def test_cifar100_bytes_keys_fine_labels_and_spaced_names(tmp_path):
     assert ds.labels == [99, 0, 5, 99]  # the fine labels, not the coarse
     assert ds.classnames[99] == "aquarium fish" and ds.classnames[3] == "class 3"
     assert np.array_equal(np.asarray(ds.image(3)), _pixels(data[3]))
+    raw = load_cifar("cifar100", top, keep_underscores=True)  # CLIP_benchmark's prompts
+    assert raw.classnames[99] == "aquarium_fish" and raw.labels == ds.labels
 
 
 class Payload:

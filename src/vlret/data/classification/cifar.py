@@ -58,13 +58,14 @@ def _load_dict(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _names(path: Path, key: str, count: int) -> list[str]:
+def _names(path: Path, key: str, count: int, keep_underscores: bool) -> list[str]:
     raw = _load_dict(path, (key,))[key]
     if not isinstance(raw, list | tuple) or not all(isinstance(_text(n), str) for n in raw):
         raise DataFormatError(path, f"{key!r} is not a list of names")
     if len(raw) != count:
         raise DataFormatError(path, f"{key!r} holds {len(raw)} names; expected {count}")
-    return [_text(n).replace("_", " ") for n in raw]
+    names = [_text(n) for n in raw]
+    return names if keep_underscores else [n.replace("_", " ") for n in names]
 
 
 def _batch(path: Path, key: str, count: int) -> tuple[np.ndarray, list[int]]:
@@ -85,17 +86,20 @@ def _batch(path: Path, key: str, count: int) -> tuple[np.ndarray, list[int]]:
     return data, labels
 
 
-def load_cifar(name: str, root: str | Path, *, split: str = "test") -> ClassificationSet:
+def load_cifar(
+    name: str, root: str | Path, *, split: str = "test", keep_underscores: bool = False
+) -> ClassificationSet:
     """Read CIFAR-10 or CIFAR-100 (python version) from its released folder.
 
     Class names come from the release's meta file with ``_`` replaced by a space, which is
     CLIP's own CIFAR-100 list (``aquarium fish``; CLIP_benchmark keeps torchvision's
-    underscores). CIFAR-100 is scored on its 100 fine labels.
+    underscores: ``keep_underscores=True``). CIFAR-100 is scored on its 100 fine labels.
 
     Args:
         name: ``"cifar10"`` or ``"cifar100"``.
         root: ``cifar-10-batches-py`` / ``cifar-100-python`` or the folder holding it.
         split: ``"test"`` (``test_batch`` / ``test``, the official test set) or ``"train"``.
+        keep_underscores: Keep the meta file's names as they are (CLIP_benchmark's prompts).
 
     Raises:
         FileNotFoundError: No release under ``root`` or a missing batch.
@@ -110,7 +114,7 @@ def load_cifar(name: str, root: str | Path, *, split: str = "test") -> Classific
         layout["meta"],
         f"CIFAR's python batches ({layout['top']}/{layout['meta']}, ...)",
     )
-    classes = _names(top / layout["meta"], layout["names"], layout["classes"])
+    classes = _names(top / layout["meta"], layout["names"], layout["classes"], keep_underscores)
     datas, labels, files = [], [], []
     for batch in layout["splits"][split]:
         path = top / batch
