@@ -1,0 +1,311 @@
+"""Zero-shot classification: the metrics against a naive float64 loop, the classifier and the
+logits against their definitions (CLIP_benchmark's), a tiny Hugging Face CLIP end to end, the
+protocol record and ``vlret zeroshot``."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from vlret.cli import main
+from vlret.eval import get_protocol, protocol_names
+from vlret.eval.protocols import EvalProtocol
+from vlret.eval.zeroshot import (
+    ZeroShotResult,
+    evaluate_zeroshot,
+    fill_template,
+    zeroshot_classifier,
+    zeroshot_logits,
+)
+from vlret.metrics import ZEROSHOT_METRICS, zeroshot_classification_metrics
+from vlret.metrics import zeroshot as zs_metrics
+
+Image = pytest.importorskip("PIL.Image")
+
+# ------------------------------------------------------------------------------------------
+# The metrics
+# ------------------------------------------------------------------------------------------
+
+
+def naive_metrics(logits, labels, ties="against"):
+    """acc1, acc5 and balanced accuracy by loops over float64 values."""
+    rows = logits.double().tolist()
+    ranks = []
+    for row, y in zip(rows, labels, strict=True):
+        rank = 0
+        for c, v in enumerate(row):
+            if c == y:
+                continue
+            if v > row[y] or (v == row[y] and (ties == "against" or c < y)):
+                rank += 1
+        ranks.append(rank)
+    n, n_classes = len(rows), len(rows[0])
+    acc1 = sum(r < 1 for r in ranks) / n
+    acc5 = sum(r < 5 for r in ranks) / n if n_classes >= 5 else math.nan
+    recalls = []
+    for c in range(n_classes):
+        mine = [r for r, y in zip(ranks, labels, strict=True) if y == c]
+        if mine:
+            recalls.append(sum(r < 1 for r in mine) / len(mine))
+    return {"acc1": acc1, "acc5": acc5, "mean_per_class_recall": sum(recalls) / len(recalls)}
+
+
+def same(got, want):
+    assert set(got) == set(ZEROSHOT_METRICS)
+    for k in ZEROSHOT_METRICS:
+        if math.isnan(want[k]):
+            assert math.isnan(got[k]), k
+        else:  # counts over N: the float64 quotients are the same numbers
+            assert got[k] == pytest.approx(want[k], abs=1e-12), k
+
+
+@pytest.mark.parametrize("n_classes", [3, 7])
+@pytest.mark.parametrize("ties", ["against", "index"])
+def test_metrics_equal_a_naive_loop_with_ties(n_classes, ties, monkeypatch):
+    gen = torch.Generator().manual_seed(n_classes)
+    logits = torch.randint(0, 4, (40, n_classes), generator=gen).float()  # many ties
+    labels = torch.randint(0, n_classes, (40,), generator=gen)
+    want = naive_metrics(logits, labels.tolist(), ties)
+    same(zeroshot_classification_metrics(logits, labels, ties=ties), want)
+    monkeypatch.setattr(zs_metrics, "_BLOCK_ENTRIES", 2 * n_classes)  # blocks of 2 rows
+    same(zeroshot_classification_metrics(logits.numpy(), labels.tolist(), ties=ties), want)
+
+
+def test_collapsed_logits_are_never_right_unless_ties_go_by_index():
+    logits = torch.zeros(6, 5)
+    labels = [0, 0, 1, 2, 3, 4]
+    got = zeroshot_classification_metrics(logits, labels)
+    assert got == {"acc1": 0.0, "acc5": 1.0, "mean_per_class_recall": 0.0}
+    by_index = zeroshot_classification_metrics(logits, labels, ties="index")
+    assert by_index["acc1"] == pytest.approx(2 / 6)  # class 0 wins every tie
+    assert by_index["mean_per_class_recall"] == pytest.approx(1 / 5)
+
+
+def test_acc5_is_nan_below_five_classes_and_absent_classes_are_left_out():
+    logits = torch.tensor([[3.0, 1.0, 0.0, 2.0], [0.0, 1.0, 2.0, 0.5], [1.0, 0.0, 0.5, 3.0]])
+    got = zeroshot_classification_metrics(logits, [0, 0, 2])  # classes 1 and 3 have no image
+    assert math.isnan(got["acc5"])
+    assert got["acc1"] == pytest.approx(1 / 3)
+    assert got["mean_per_class_recall"] == pytest.approx((1 / 2 + 0 / 1) / 2)
+
+
+def test_mean_per_class_recall_is_sklearn_balanced_accuracy_without_ties():
+    metrics = pytest.importorskip("sklearn.metrics")
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(60, 9, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 6, (60,), generator=gen)  # classes 6..8 absent; may be predicted
+    with pytest.warns(UserWarning, match="classes not in y_true"):  # absent classes predicted
+        want = metrics.balanced_accuracy_score(labels.numpy(), logits.argmax(1).numpy())
+    got = zeroshot_classification_metrics(logits, labels)["mean_per_class_recall"]
+    assert got == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("logits", "labels", "match"),
+    [
+        (torch.zeros(4), [0], "logits must be a 2-D floating-point"),
+        (torch.zeros(2, 3, dtype=torch.long), [0, 1], "logits must be a 2-D floating-point"),
+        (torch.zeros(0, 3), [], "logits is empty"),
+        (torch.tensor([[0.0, math.nan]]), [0], "logits contains NaN"),
+        (torch.zeros(2, 3), [0], r"one entry per row of logits \(2\), got 1"),
+        (torch.zeros(2, 3), [0, 3], r"labels must lie in \[0, 3\).*got 3"),
+        (torch.zeros(2, 3), [0.0, 1.0], "labels must be a 1-D integer"),
+        (torch.zeros(2, 3), "01", "labels must be a 1-D integer"),
+    ],
+)
+def test_metric_inputs_are_refused_naming_the_argument(logits, labels, match):
+    with pytest.raises(ValueError, match=match):
+        zeroshot_classification_metrics(logits, labels)
+
+
+def test_unknown_tie_rule_is_refused():
+    with pytest.raises(ValueError, match="ties must be one of against, index"):
+        zeroshot_classification_metrics(torch.zeros(1, 2), [0], ties="topk")
+
+
+# ------------------------------------------------------------------------------------------
+# The classifier and the logits, on a toy two-tower model
+# ------------------------------------------------------------------------------------------
+
+
+class CharTokenizer:
+    pad_id = 0
+
+    def encode(self, text):
+        return [1, *(2 + ord(ch) % 37 for ch in text)]
+
+
+def to_pixels(image):
+    return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(
+        2, 0, 1
+    )
+
+
+class Toy(nn.Module):
+    """Text: the sum of its tokens' embeddings; image: a linear map of its pixels."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.words = nn.Embedding(40, 6)
+        self.pixels = nn.Linear(3 * 4 * 4, 6)
+        self.image_transform = to_pixels
+
+    def encode_texts(self, ids, lengths):
+        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+        return (self.words(ids) * mask[..., None]).sum(1)
+
+    def encode_images(self, pixels):
+        return self.pixels(pixels.flatten(1))
+
+
+def oracle_classifier(model, classnames, templates):
+    rows = []
+    for c in classnames:
+        embs = []
+        for t in templates:
+            ids = CharTokenizer().encode(t.replace("{c}", c))
+            e = model.words.weight.double()[ids].sum(0)
+            embs.append(e / e.norm())
+        mean = torch.stack(embs).mean(0)
+        rows.append(mean / mean.norm())
+    return torch.stack(rows)
+
+
+@dataclass(frozen=True)
+class ToySet:
+    """A ClassificationSet-like object: name, split, classnames, labels, image(i)."""
+
+    name: str
+    split: str
+    classnames: list[str]
+    labels: list[int]
+    images: list = field(repr=False)
+    root: Path = Path(".")
+
+    def __len__(self):
+        return len(self.labels)
+
+    def image(self, i):
+        return self.images[i]
+
+    def describe(self, i):
+        return f"image {i}"
+
+
+def toy_set(n=11, classes=("cat", "dog", "red car")):
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)) for _ in range(n)]
+    labels = [i % len(classes) for i in range(n)]
+    return ToySet("toy", "test", list(classes), labels, images)
+
+
+TEMPLATES = ["a photo of a {c}.", "{c}", "a blurry {}"]
+
+
+def test_fill_template_takes_both_placeholders():
+    assert fill_template("a {c} and a {c}", "dog") == "a dog and a dog"
+    assert fill_template("a {}.", "dog") == "a dog."
+    with pytest.raises(ValueError, match="has no {c} placeholder"):
+        fill_template("a photo", "dog")
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 256])
+def test_classifier_is_the_normalised_mean_of_normalised_prompts(batch_size):
+    model = Toy()
+    got = zeroshot_classifier(
+        model,
+        ["cat", "dog", "red car"],
+        TEMPLATES,
+        tokenizer=CharTokenizer(),
+        batch_size=batch_size,
+    )
+    want = oracle_classifier(
+        model, ["cat", "dog", "red car"], [t.replace("{}", "{c}") for t in TEMPLATES]
+    )
+    assert got.dtype == torch.float32 and got.shape == (3, 6)
+    assert torch.allclose(got.double(), want, atol=1e-6)  # float32 sums of 6-d unit vectors
+
+
+def test_classifier_refuses_empty_or_bad_names():
+    model, tok = Toy(), CharTokenizer()
+    with pytest.raises(ValueError, match="classnames must be a non-empty list"):
+        zeroshot_classifier(model, [], TEMPLATES, tokenizer=tok)
+    with pytest.raises(ValueError, match=r"templates\[1\] must be a non-empty string"):
+        zeroshot_classifier(model, ["a"], ["{c}", " "], tokenizer=tok)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        zeroshot_classifier(model, ["a"], ["{c}"], tokenizer=tok, batch_size=0)
+
+
+def test_evaluation_logits_are_100_cosines_and_leave_the_model_and_rng_alone():
+    model, data = Toy(), toy_set()
+    model.train()
+    rng = torch.get_rng_state()
+    result = evaluate_zeroshot(model, data, TEMPLATES, tokenizer=CharTokenizer(), batch_size=4)
+    assert model.training and torch.equal(torch.get_rng_state(), rng)
+    classifier = oracle_classifier(
+        model, data.classnames, [t.replace("{}", "{c}") for t in TEMPLATES]
+    )
+    with torch.no_grad():
+        img = torch.stack(
+            [model.pixels.weight.double() @ to_pixels(im).double().flatten() for im in data.images]
+        )
+        img = img + model.pixels.bias.double()
+    want = 100 * (img / img.norm(dim=1, keepdim=True)) @ classifier.T
+    assert result.logits.shape == (11, 3)
+    assert torch.allclose(result.logits.double(), want, atol=1e-4)  # 100 x float32 cosines
+    same(result.metrics, zeroshot_classification_metrics(result.logits, data.labels))
+    assert (result.num_images, result.num_classes, result.num_templates) == (11, 3, 3)
+    assert math.isnan(result.metrics["acc5"])
+
+
+def test_evaluation_refuses_a_model_without_pixels_and_an_empty_set():
+    model = Toy()
+    model.image_transform = None
+    with pytest.raises(ValueError, match="model has no image_transform"):
+        zeroshot_logits(model, toy_set(), torch.zeros(3, 6))
+    with pytest.raises(ValueError, match="toy test: no images"):
+        evaluate_zeroshot(Toy(), toy_set(n=0), TEMPLATES, tokenizer=CharTokenizer())
+
+
+def test_record_is_clip_benchmark_schema_and_table_is_percent():
+    result = ZeroShotResult("cifar10", "test", {"acc1": 0.5, "acc5": math.nan,
+                            "mean_per_class_recall": 0.25}, 8, 4, 2)  # fmt: skip
+    rec = result.record(model="m.pt", pretrained="vlret")
+    assert {k: rec[k] for k in ("dataset", "model", "pretrained", "task", "language")} == {
+        "dataset": "cifar10",
+        "model": "m.pt",
+        "pretrained": "vlret",
+        "task": "zeroshot_classification",
+        "language": "en",
+    }
+    assert rec["metrics"] == {"acc1": 0.5, "acc5": None, "mean_per_class_recall": 0.25}
+    json.dumps(rec, allow_nan=False)
+    table = result.table().splitlines()
+    assert table[0] == "Zero-shot classification: cifar10 test (8 images, 4 classes, 2 templates)"
+    assert table[2].split() == ["50.00", "-", "25.00"]
+
+
+# ------------------------------------------------------------------------------------------
+# The protocol
+# ------------------------------------------------------------------------------------------
+
+
+def test_protocol_is_registered_with_class_relevance_and_classification_metrics(capsys):
+    p = get_protocol("zeroshot-classification")
+    assert p.relevance == "class-label" and p.metrics == ZEROSHOT_METRICS
+    assert protocol_names()[-1] == "zeroshot-classification"
+    with pytest.raises(ValueError, match="unknown metrics"):
+        EvalProtocol(**{**p.__dict__, "name": "t", "metrics": ("rsum",)})
+    with pytest.raises(ValueError, match="unknown metrics"):
+        EvalProtocol(**{**get_protocol("f30k").__dict__, "name": "t", "metrics": ("acc1",)})
+    assert main(["protocols"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("zeroshot-classification ")
