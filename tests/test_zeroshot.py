@@ -309,3 +309,68 @@ def test_protocol_is_registered_with_class_relevance_and_classification_metrics(
         EvalProtocol(**{**get_protocol("f30k").__dict__, "name": "t", "metrics": ("acc1",)})
     assert main(["protocols"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("zeroshot-classification ")
+
+
+# ------------------------------------------------------------------------------------------
+# The training hook and its config keys
+# ------------------------------------------------------------------------------------------
+
+
+def test_config_keys_default_off_and_are_checked(tmp_path):
+    from train_helpers import tiny_raw
+
+    from vlret.train.config import ConfigError, config_from_dict
+
+    raw = tiny_raw(tmp_path, tmp_path / "run")
+    train = config_from_dict(raw).train
+    assert (train.zeroshot_every, train.zeroshot_split, train.zeroshot_templates) == (0, "test", "")
+    raw["train"]["zeroshot_every"] = -1
+    with pytest.raises(ConfigError, match="train.zeroshot_every.*>= 0"):
+        config_from_dict(raw)
+    raw["train"].update(zeroshot_every=2, zeroshot_dataset="cifar10")
+    with pytest.raises(ConfigError, match="train.zeroshot_root.*required when zeroshot_every = 2"):
+        config_from_dict(raw)
+    raw["train"]["zeroshot_root"] = str(tmp_path)
+    assert config_from_dict(raw).train.zeroshot_every == 2
+
+
+def test_the_hook_refuses_a_model_without_pixels(tmp_path):
+    from train_helpers import tiny_config, tiny_data
+
+    from vlret.train import Trainer
+    from vlret.train.config import ConfigError
+
+    data = tiny_data(tmp_path / "data")
+    sets = [
+        "train.zeroshot_every=1",
+        "train.zeroshot_dataset=cifar10",
+        f"train.zeroshot_root={data}",
+    ]
+    config = tiny_config(data, tmp_path / "run", sets)
+    with pytest.raises(ConfigError, match="train.zeroshot_every.*reads images"):
+        Trainer(config, print_fn=None)
+
+
+def test_the_hook_logs_every_nth_and_the_last_epoch(tmp_path):
+    from vlret.train.zeroshot_hook import ZeroShotEvery
+
+    model, data, lines = Toy(), toy_set(), []
+    trainer = types.SimpleNamespace(
+        is_main=True, model=model, encoder=CharTokenizer(), device=torch.device("cpu"),
+        output_dir=tmp_path, print_fn=lines.append, step=0, epoch=0,
+        config=types.SimpleNamespace(train=types.SimpleNamespace(epochs=5)),
+    )  # fmt: skip
+    hook = ZeroShotEvery(data, TEMPLATES, every=2, batch_size=4)
+    for epoch in range(5):
+        trainer.epoch, trainer.step = epoch + 1, 10 * (epoch + 1)
+        hook.after_epoch(trainer, {"kind": "epoch", "epoch": epoch})
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["step"]) for r in records] == [(1, 20), (3, 40), (4, 50)]
+    want = evaluate_zeroshot(model, data, TEMPLATES, tokenizer=CharTokenizer())
+    assert records[0]["kind"] == "zeroshot" and records[0]["dataset"] == "toy"
+    assert records[0]["zeroshot_acc1"] == want.metrics["acc1"]
+    assert records[0]["zeroshot_acc5"] is None  # NaN (3 classes) is null in the log
+    assert lines[0].startswith("epoch 1: zero-shot toy test: acc1 ")
+    trainer.is_main = False  # other ranks never evaluate
+    hook.after_epoch(trainer, {"epoch": 5})
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3

@@ -194,6 +194,16 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)
     freeze_epochs: int = 0
     dist_timeout: float = DIST_TIMEOUT
+    #: zero-shot classification every N epochs (0: off; open_clip's --zeroshot-frequency) of
+    #: the set ``zeroshot_dataset`` (a vlret.data.classification name) read from
+    #: ``zeroshot_root``, its ``zeroshot_split``, with ``zeroshot_templates`` (openai, a data
+    #: set's name or a file; "": the data set's own), logged to metrics.jsonl
+    #: (:class:`vlret.train.zeroshot_hook.ZeroShotEvery`)
+    zeroshot_every: int = 0
+    zeroshot_dataset: str = ""
+    zeroshot_root: str = ""
+    zeroshot_split: str = "test"
+    zeroshot_templates: str = ""
 
 
 @dataclass
@@ -461,6 +471,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
     _check_freeze(train, source)
+    _check_zeroshot(train, source)
     for section, built in (("data", data), ("optim", optim), ("train", train)):
         check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(
@@ -530,6 +541,19 @@ def _check_freeze(train: TrainConfig, source: str) -> None:
     if train.freeze_epochs and not train.freeze:
         why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
         raise ConfigError(source, "train.freeze", why)
+
+
+def _check_zeroshot(train: TrainConfig, source: str) -> None:
+    """``zeroshot_every >= 0``; when on, a data set name, its folder and a split."""
+    if train.zeroshot_every < 0:
+        why = f"expected an integer >= 0 (0: no zero-shot check), got {train.zeroshot_every}"
+        raise ConfigError(source, "train.zeroshot_every", why)
+    if not train.zeroshot_every:
+        return
+    for key in ("zeroshot_dataset", "zeroshot_root", "zeroshot_split"):
+        if not getattr(train, key).strip():
+            why = f"required when zeroshot_every = {train.zeroshot_every} (the classification set)"
+            raise ConfigError(source, f"train.{key}", why)
 
 
 def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:

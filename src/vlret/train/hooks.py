@@ -397,6 +397,10 @@ def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
         hooks.append(LrMultipliers(oc.lr_multipliers, source=config.source))
     if world > 1 and isinstance(loss_fn, SyncedBuffers) and loss_fn.synced_buffers():
         hooks.append(SyncLossBuffers(loss_fn.synced_buffers()))
+    if tc.zeroshot_every > 0:  # imported here: zeroshot_hook imports this module
+        from .zeroshot_hook import ZeroShotEvery
+
+        hooks.append(ZeroShotEvery.from_config(trainer))
     return hooks
 
 
