@@ -318,7 +318,6 @@ def test_protocol_is_registered_with_class_relevance_and_classification_metrics(
 
 def test_config_keys_default_off_and_are_checked(tmp_path):
     from train_helpers import tiny_raw
-
     from vlret.train.config import ConfigError, config_from_dict
 
     raw = tiny_raw(tmp_path, tmp_path / "run")
@@ -336,7 +335,6 @@ def test_config_keys_default_off_and_are_checked(tmp_path):
 
 def test_the_hook_refuses_a_model_without_pixels(tmp_path):
     from train_helpers import tiny_config, tiny_data
-
     from vlret.train import Trainer
     from vlret.train.config import ConfigError
 

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -128,7 +128,7 @@ def encode_prompts(
             for t in texts[a : a + batch_size]
         ]
         caps, lengths = pad_captions(ids, pad_id=pad_id)
-        emb = model.encode_texts(caps.to(device), lengths.to(device))
+        emb = cast(Any, model).encode_texts(caps.to(device), lengths.to(device))
         out.append(F.normalize(emb.float(), dim=-1).cpu())
     return torch.cat(out)
 
@@ -272,7 +272,7 @@ def zeroshot_logits(
     out = []
     with _EvalMode(inner) as m:
         for pixels, _ in _bar(loader, progress, desc=f"{data.name} images", unit="batch"):
-            emb = F.normalize(m.encode_images(pixels.to(device)).float(), dim=-1)
+            emb = F.normalize(cast(Any, m).encode_images(pixels.to(device)).float(), dim=-1)
             out.append((LOGIT_SCALE * emb @ weights.T).cpu())
     return torch.cat(out) if out else torch.zeros(0, classifier.shape[0])
 

@@ -89,9 +89,7 @@ class ZeroShotEvery(TrainHook):
                 raise ConfigError(source, "train.zeroshot_root", str(err)) from None
             try:
                 spec = tc.zeroshot_templates
-                templates = (
-                    sets.load_templates(spec) if spec else sets.default_templates(data.name)
-                )
+                templates = sets.load_templates(spec) if spec else sets.default_templates(data.name)
             except (FileNotFoundError, ValueError) as err:
                 raise ConfigError(source, "train.zeroshot_templates", str(err)) from None
         return cls(
