@@ -372,3 +372,167 @@ def test_the_hook_logs_every_nth_and_the_last_epoch(tmp_path):
     trainer.is_main = False  # other ranks never evaluate
     hook.after_epoch(trainer, {"epoch": 5})
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+# ------------------------------------------------------------------------------------------
+# A tiny Hugging Face CLIP and vlret zeroshot
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny_clip")
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab.update({ch: 2 + i for i, ch in enumerate(letters)})
+    vocab.update({ch + "</w>": 28 + i for i, ch in enumerate(letters)})
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    (path / "merges.txt").write_text("#version: 0.2\n")
+    tok = transformers.CLIPTokenizer(str(path / "vocab.json"), str(path / "merges.txt"))
+    tok.model_max_length = 64
+    tok.save_pretrained(str(path))
+    config = transformers.CLIPConfig(
+        text_config=dict(
+            vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1,
+            pad_token_id=1,
+        ),
+        vision_config=dict(
+            image_size=32, patch_size=16, hidden_size=32, intermediate_size=37,
+            num_hidden_layers=2, num_attention_heads=2,
+        ),
+        projection_dim=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.CLIPModel(config).save_pretrained(str(path))
+    return path
+
+
+def _pooled(output):
+    return output if isinstance(output, torch.Tensor) else output.pooler_output
+
+
+def test_hf_clip_classifier_and_logits_match_clipmodel(clip_dir):
+    from vlret.eval.zeroshot import load_hf_clip
+    from vlret.models.clip import CLIPImageTransform
+
+    transformers = pytest.importorskip("transformers")
+    model, tokenizer = load_hf_clip(clip_dir)
+    reference = transformers.CLIPModel.from_pretrained(str(clip_dir), local_files_only=True)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(clip_dir), local_files_only=True)
+    data = toy_set(n=5, classes=("cat", "dog"))
+    templates = ["a photo of a {c}", "a {c}"]
+    result = evaluate_zeroshot(model, data, templates, tokenizer=tokenizer, batch_size=2)
+    with torch.no_grad():
+        rows = []
+        for c in data.classnames:  # each prompt alone: no padding in the reference
+            embs = [
+                _pooled(
+                    reference.get_text_features(**hf_tok(t.replace("{c}", c), return_tensors="pt"))
+                )
+                for t in templates
+            ]
+            e = torch.nn.functional.normalize(torch.cat(embs).double(), dim=-1).mean(0)
+            rows.append(e / e.norm())
+        transform = CLIPImageTransform.from_pretrained(clip_dir)
+        pixels = torch.stack([transform(im) for im in data.images])
+        img = torch.nn.functional.normalize(
+            _pooled(reference.get_image_features(pixel_values=pixels)).double(), dim=-1
+        )
+    want = 100 * img @ torch.stack(rows).T
+    assert torch.allclose(result.logits.double(), want, atol=1e-3)  # 100 x float32 cosines
+
+
+def fake_classification(data, templates):
+    """A stand-in for vlret.data.classification: load_classification returns ``data``."""
+    calls = {}
+
+    def load_classification(name, root, *, split="test", classnames=None):
+        calls.update(name=name, root=Path(root), split=split, classnames=classnames)
+        if not Path(root).is_dir():
+            raise FileNotFoundError(f"{root}: missing; expected the {name} folder")
+        return data
+
+    return types.SimpleNamespace(
+        load_classification=load_classification,
+        default_templates=lambda name: list(templates),
+        load_templates=lambda spec: ["{c}"],
+        read_classnames=lambda path: Path(path).read_text().split("\n"),
+        calls=calls,
+    )
+
+
+def test_cli_writes_clip_benchmark_json_for_a_hf_clip(clip_dir, tmp_path, monkeypatch, capsys):
+    from vlret.cli import zeroshot as command
+    from vlret.eval.zeroshot import load_hf_clip
+
+    data = toy_set(n=6, classes=("cat", "dog"))
+    fake = fake_classification(data, ["a photo of a {c}"])
+    monkeypatch.setattr(command, "_classification", lambda: fake)
+    out = tmp_path / "res" / "zs.json"
+    argv = ["zeroshot", "--model", str(clip_dir), "--dataset", "toy", "--data-root", str(tmp_path)]
+    assert main([*argv, "--json", str(out), "--device", "cpu", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Zero-shot classification: toy test (6 images, 2 classes, 1 templates)" in printed
+    record = json.loads(out.read_text())
+    model, tok = load_hf_clip(clip_dir)
+    want = evaluate_zeroshot(model, data, ["a photo of a {c}"], tokenizer=tok).metrics
+    assert record["metrics"]["acc1"] == pytest.approx(want["acc1"], abs=1e-12)
+    assert record["metrics"]["acc5"] is None
+    assert (record["dataset"], record["model"], record["pretrained"]) == (
+        "toy", str(clip_dir), "hf-clip",
+    )  # fmt: skip
+    assert record["task"] == "zeroshot_classification" and record["language"] == "en"
+    assert fake.calls == {"name": "toy", "root": tmp_path, "split": "test", "classnames": None}
+
+
+def test_cli_errors_are_one_line(clip_dir, tmp_path, monkeypatch, capsys):
+    from vlret.cli import zeroshot as command
+    from vlret.train.checkpoint import save_checkpoint
+
+    monkeypatch.setattr(command, "_classification", lambda: fake_classification(toy_set(), ["{c}"]))
+    base = ["zeroshot", "--dataset", "toy", "--data-root", str(tmp_path), "--no-progress"]
+
+    def error(*extra):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("vlret zeroshot: ") and "\n" not in err
+        return err
+
+    assert "is a folder" in error("--model", str(clip_dir), "--json", str(tmp_path))
+    assert "missing; expected a vlret checkpoint (.pt) or a local" in error("--model", "nope.pt")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    assert "not a Hugging Face CLIP directory" in error("--model", str(tmp_path / "bert"))
+    assert "not a readable vlret checkpoint" in error("--model", str(clip_dir / "config.json"))
+    assert "--device" in error("--model", str(clip_dir), "--device", "tpu")
+    from train_helpers import tiny_config, tiny_data
+    from vlret.models import build_model
+
+    config = tiny_config(tiny_data(tmp_path / "data"), tmp_path / "run")
+    model = build_model(config.model, vocab_size=12)
+    state = {"config": config.to_dict(), "encoder": {"kind": "vocab", "idx2word": ["<pad>", "<start>", "<end>", "<unk>", *"abcdefgh"]},
+             "vocab_size": 12, "model": model.state_dict()}  # fmt: skip
+    save_checkpoint(state, tmp_path / "precomp.pt")
+    assert "encodes precomputed features, not pixels" in error(
+        "--model", str(tmp_path / "precomp.pt")
+    )
+
+
+def test_cli_on_a_real_imagefolder(clip_dir, tmp_path, capsys):
+    pytest.importorskip(
+        "vlret.data.classification", reason="vlret.data.classification (the data sets) not here"
+    )
+    for k, name in enumerate(("cat", "dog", "fish")):
+        folder = tmp_path / "folder" / name
+        folder.mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (40, 36), (80 * k, 30 * i, 200)).save(folder / f"{i}.jpg")
+    out = tmp_path / "zs.json"
+    argv = ["zeroshot", "--model", str(clip_dir), "--dataset", "imagefolder", "--data-root"]
+    argv += [str(tmp_path / "folder"), "--json", str(out), "--no-progress", "--device", "cpu"]
+    assert main(argv) == 0
+    record = json.loads(out.read_text())
+    assert record["dataset"] == "imagefolder" and set(record["metrics"]) == set(ZEROSHOT_METRICS)
+    assert "(6 images, 3 classes" in capsys.readouterr().out
