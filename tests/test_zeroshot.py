@@ -512,7 +512,8 @@ def test_cli_errors_are_one_line(clip_dir, tmp_path, monkeypatch, capsys):
 
     config = tiny_config(tiny_data(tmp_path / "data"), tmp_path / "run")
     model = build_model(config.model, vocab_size=12)
-    state = {"config": config.to_dict(), "encoder": {"kind": "vocab", "idx2word": ["<pad>", "<start>", "<end>", "<unk>", *"abcdefgh"]},
+    words = ["<pad>", "<start>", "<end>", "<unk>", *"abcdefgh"]
+    state = {"config": config.to_dict(), "encoder": {"kind": "vocab", "idx2word": words},
              "vocab_size": 12, "model": model.state_dict()}  # fmt: skip
     save_checkpoint(state, tmp_path / "precomp.pt")
     assert "encodes precomputed features, not pixels" in error(

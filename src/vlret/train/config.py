@@ -194,11 +194,7 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)
     freeze_epochs: int = 0
     dist_timeout: float = DIST_TIMEOUT
-    #: zero-shot classification every N epochs (0: off; open_clip's --zeroshot-frequency) of
-    #: the set ``zeroshot_dataset`` (a vlret.data.classification name) read from
-    #: ``zeroshot_root``, its ``zeroshot_split``, with ``zeroshot_templates`` (openai, a data
-    #: set's name or a file; "": the data set's own), logged to metrics.jsonl
-    #: (:class:`vlret.train.zeroshot_hook.ZeroShotEvery`)
+    #: zero-shot classification every N epochs (0: off), :mod:`vlret.train.zeroshot_hook`
     zeroshot_every: int = 0
     zeroshot_dataset: str = ""
     zeroshot_root: str = ""
@@ -544,15 +540,12 @@ def _check_freeze(train: TrainConfig, source: str) -> None:
 
 
 def _check_zeroshot(train: TrainConfig, source: str) -> None:
-    """``zeroshot_every >= 0``; when on, a data set name, its folder and a split."""
+    """``zeroshot_every >= 0``; when on, the set's name, folder and split are given."""
     if train.zeroshot_every < 0:
-        why = f"expected an integer >= 0 (0: no zero-shot check), got {train.zeroshot_every}"
-        raise ConfigError(source, "train.zeroshot_every", why)
-    if not train.zeroshot_every:
-        return
+        raise ConfigError(source, "train.zeroshot_every", "expected an integer >= 0 (0: off)")
     for key in ("zeroshot_dataset", "zeroshot_root", "zeroshot_split"):
-        if not getattr(train, key).strip():
-            why = f"required when zeroshot_every = {train.zeroshot_every} (the classification set)"
+        if train.zeroshot_every and not getattr(train, key).strip():
+            why = f"required when zeroshot_every = {train.zeroshot_every}"
             raise ConfigError(source, f"train.{key}", why)
 
 

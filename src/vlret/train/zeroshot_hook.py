@@ -1,6 +1,12 @@
 """A zero-shot classification check during training (``[train] zeroshot_every``, open_clip's
 ``--zeroshot-frequency``).
 
+Its ``[train]`` keys: ``zeroshot_every`` (epochs between checks; 0, the default: off),
+``zeroshot_dataset`` (a :mod:`vlret.data.classification` name: ``cifar10``, ``imagefolder``,
+...), ``zeroshot_root`` (its folder), ``zeroshot_split`` (default ``test``) and
+``zeroshot_templates`` (``openai``, a data set's name or a file; ``""``, the default: the data
+set's own list). The model must read pixels (kind ``clip``).
+
 :class:`ZeroShotEvery` classifies a class-labelled set (:mod:`vlret.data.classification`)
 with the model being trained, as ``vlret zeroshot`` does (:func:`vlret.eval.zeroshot.
 evaluate_zeroshot`), after every ``every``-th epoch and after the last one (open_clip's rule),
