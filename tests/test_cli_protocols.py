@@ -27,7 +27,11 @@ def test_protocols_lists_one_line_per_registered_protocol(capsys):
         "f30k         Flickr30K test: 1000 images x 5000 captions "
         "[precomp test/dev; karpathy test/dev]"
     )
-    assert lines[-1].startswith("msrvtt-1ka") and lines[-1].endswith("[msrvtt test]")
+    assert lines[4].startswith("msrvtt-1ka") and lines[4].endswith("[msrvtt test]")
+    assert lines[-1] == (
+        "zeroshot-classification zero-shot classification (vlret zeroshot): acc1, acc5, "
+        "mean per-class recall [classification test]"
+    )
 
 
 def test_a_registered_protocol_reaches_both_commands(monkeypatch, capsys):

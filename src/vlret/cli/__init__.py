@@ -29,6 +29,7 @@ from . import (
     sweep,
     synth,
     train,
+    zeroshot,
 )
 from . import eval as eval_command
 from ._common import EXIT_ERROR, EXIT_INTERRUPTED
@@ -37,6 +38,7 @@ from ._common import EXIT_ERROR, EXIT_INTERRUPTED
 COMMANDS: tuple[ModuleType, ...] = (
     train,
     eval_command,
+    zeroshot,
     import_checkpoint,
     convert_experts,
     compare,

@@ -7,6 +7,8 @@ need a full relevance matrix.
 * :mod:`~vlret.metrics.relevance`: R-Precision and mAP@R in both directions and the ambiguity
   rate, from an ``(N_txt, N_img)`` relevance matrix.
 * :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
+* :mod:`~vlret.metrics.zeroshot`: zero-shot classification accuracy (top-1, top-5) and mean
+  per-class recall, CLIP_benchmark's metrics.
 * :mod:`~vlret.metrics.rescore`: NON-STANDARD inference re-scoring of a score matrix (dual
   softmax, QB-Norm), never to be mixed with standard results.
 
@@ -41,9 +43,11 @@ from .rescore import (
 )
 from .stats import similarity_stats
 from .subsets import SubsetRecall, subset_recalls
+from .zeroshot import ZEROSHOT_METRICS, zeroshot_classification_metrics
 
 __all__ = [
     "RECALL_KEYS",
+    "ZEROSHOT_METRICS",
     "ExtendedMetrics",
     "Fold",
     "Rescoring",
@@ -71,4 +75,5 @@ __all__ = [
     "rprecision_map_at_r",
     "similarity_stats",
     "subset_recalls",
+    "zeroshot_classification_metrics",
 ]

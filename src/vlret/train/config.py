@@ -194,6 +194,12 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)
     freeze_epochs: int = 0
     dist_timeout: float = DIST_TIMEOUT
+    #: zero-shot classification every N epochs (0: off), :mod:`vlret.train.zeroshot_hook`
+    zeroshot_every: int = 0
+    zeroshot_dataset: str = ""
+    zeroshot_root: str = ""
+    zeroshot_split: str = "test"
+    zeroshot_templates: str = ""
 
 
 @dataclass
@@ -461,6 +467,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
     _check_freeze(train, source)
+    _check_zeroshot(train, source)
     for section, built in (("data", data), ("optim", optim), ("train", train)):
         check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(
@@ -530,6 +537,16 @@ def _check_freeze(train: TrainConfig, source: str) -> None:
     if train.freeze_epochs and not train.freeze:
         why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
         raise ConfigError(source, "train.freeze", why)
+
+
+def _check_zeroshot(train: TrainConfig, source: str) -> None:
+    """``zeroshot_every >= 0``; when on, the set's name, folder and split are given."""
+    if train.zeroshot_every < 0:
+        raise ConfigError(source, "train.zeroshot_every", "expected an integer >= 0 (0: off)")
+    for key in ("zeroshot_dataset", "zeroshot_root", "zeroshot_split"):
+        if train.zeroshot_every and not getattr(train, key).strip():
+            why = f"required when zeroshot_every = {train.zeroshot_every}"
+            raise ConfigError(source, f"train.{key}", why)
 
 
 def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -397,6 +398,10 @@ def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
         hooks.append(LrMultipliers(oc.lr_multipliers, source=config.source))
     if world > 1 and isinstance(loss_fn, SyncedBuffers) and loss_fn.synced_buffers():
         hooks.append(SyncLossBuffers(loss_fn.synced_buffers()))
+    if tc.zeroshot_every > 0:  # by name, when asked for: zeroshot_hook subclasses TrainHook
+        hooks.append(
+            import_module(f"{__package__}.zeroshot_hook").ZeroShotEvery.from_config(trainer)
+        )
     return hooks
 
 

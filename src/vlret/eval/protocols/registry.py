@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ...metrics import RetrievalMetrics
+from ...metrics import ZEROSHOT_METRICS, RetrievalMetrics
 
 #: What counts as relevant to a query. The retrieval protocols of today use the first two
 #: (their ranks are the same computation: an image's rank is its best caption's); identity
@@ -22,6 +22,8 @@ RELEVANCE_KINDS = ("image-of-caption", "any-caption-of-video", "same-identity", 
 _VISUAL = {"image-of-caption": "image", "any-caption-of-video": "video"}
 #: The metrics a retrieval protocol reports by default: the recalls, rsum and ranks.
 RETRIEVAL_METRICS = tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k != "folds")
+#: The metrics a class-label protocol may report (:mod:`vlret.metrics.zeroshot`).
+CLASSIFICATION_METRICS = ZEROSHOT_METRICS
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class EvalProtocol:
     fold_set: str = ""
     unfolded: str | None = None
     relevance: str = "image-of-caption"
-    #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`)
+    #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`; of
+    #: :data:`CLASSIFICATION_METRICS` for ``class-label`` relevance)
     metrics: tuple[str, ...] = RETRIEVAL_METRICS
     #: the data set's own protocol option (MSR-VTT's caption set: ``full`` or ``1k-A``)
     data_protocol: str | None = None
@@ -62,7 +65,8 @@ class EvalProtocol:
                 f"protocol {self.name}: relevance must be one of {', '.join(RELEVANCE_KINDS)}, "
                 f"got {self.relevance!r}"
             )
-        unknown = [m for m in self.metrics if m not in RETRIEVAL_METRICS]
+        known = CLASSIFICATION_METRICS if self.relevance == "class-label" else RETRIEVAL_METRICS
+        unknown = [m for m in self.metrics if m not in known]
         if unknown:
             raise ValueError(f"protocol {self.name}: unknown metrics {unknown}")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 1:

@@ -1,0 +1,153 @@
+"""``vlret zeroshot --model PATH --dataset NAME --data-root DIR``: zero-shot classification of
+a class-labelled image set by a vlret checkpoint or a local Hugging Face CLIP, as
+CLIP_benchmark does it (:mod:`vlret.eval.zeroshot`); prints a table and, with ``--json``,
+writes CLIP_benchmark's record."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+from ._common import EXIT_OK, fail, positive_int, require_train_extra
+
+NAME = "zeroshot"
+
+#: The ``pretrained`` tag of the JSON record, per kind of ``--model``.
+PRETRAINED_TAGS = {"checkpoint": "vlret", "hf": "hf-clip"}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``zeroshot`` on the ``vlret`` sub-command parsers."""
+    p = subparsers.add_parser(
+        NAME,
+        help="zero-shot classification (CLIP_benchmark's protocol) of an image set",
+        description="Each class's prompts (every template filled with the class name) are "
+        "encoded and normalised, averaged and renormalised; each image is classified by 100 x "
+        "its cosine with each class. Reports acc1, acc5 and mean per-class recall.",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="a checkpoint written by vlret train (a model that reads pixels), or a local "
+        "Hugging Face CLIP directory (config.json with model_type clip)",
+    )
+    p.add_argument(
+        "--dataset",
+        required=True,
+        metavar="NAME",
+        help="imagenet1k, cifar10, cifar100, caltech101, food101, flowers102, pets, "
+        "fgvc_aircraft (each in its released layout) or imagefolder (one folder per class)",
+    )
+    p.add_argument(
+        "--data-root", type=Path, required=True, metavar="DIR", help="the data set's folder"
+    )
+    p.add_argument("--split", default="test", help="the split to classify (default test)")
+    p.add_argument(
+        "--templates",
+        metavar="openai|NAME|FILE",
+        help="prompt templates: openai (OpenAI's 80 ImageNet templates), a data set's NAME, or "
+        "a FILE with one template per line using {c} (default: the data set's own list)",
+    )
+    p.add_argument(
+        "--classnames",
+        type=Path,
+        metavar="FILE",
+        help="class names, one per line in label order (default: the data set's own)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=64, help="images (prompts) per batch")
+    p.add_argument(
+        "--num-workers", type=int, default=0, help="DataLoader workers decoding the images"
+    )
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write CLIP_benchmark's JSON")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.set_defaults(func=run)
+    return p
+
+
+def load_zeroshot_model(path: str | Path, *, device: Any = "cpu") -> tuple[Any, Any, str]:
+    """``(model, tokenizer, pretrained tag)`` of ``--model``: a local Hugging Face CLIP
+    directory (:func:`vlret.eval.zeroshot.load_hf_clip`) or a ``vlret train`` checkpoint
+    (:func:`vlret.train.builders.load_trained_model`), which must read pixels.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: Not a CLIP directory nor a readable checkpoint, or a checkpoint whose
+            model encodes precomputed features.
+    """
+    from ..eval.zeroshot import load_hf_clip
+    from ..train.builders import load_trained_model
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: missing; expected a vlret checkpoint (.pt) or a local Hugging Face CLIP "
+            "directory"
+        )
+    if path.is_dir():
+        model, tokenizer = load_hf_clip(path, device=device)
+        return model, tokenizer, PRETRAINED_TAGS["hf"]
+    model, run, encoder = load_trained_model(path, device=device)
+    if getattr(model, "image_transform", None) is None:
+        raise ValueError(
+            f"{path}: its model (kind {run.model.get('kind', 'vse')!r}) encodes precomputed "
+            "features, not pixels; zero-shot classification needs a model that reads images "
+            "(kind clip)"
+        )
+    return model, encoder, PRETRAINED_TAGS["checkpoint"]
+
+
+def _classification() -> Any:
+    """:mod:`vlret.data.classification` (the data sets, class names and templates), imported
+    when the command runs."""
+    return importlib.import_module("vlret.data.classification")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Classify, print the table and (``--json``) write CLIP_benchmark's record."""
+    if not args.no_progress:
+        require_train_extra(NAME)
+    from .._files import check_json_path, write_metrics_json
+    from ..eval.zeroshot import evaluate_zeroshot
+    from ..train.distributed import resolve_device
+
+    try:
+        if args.json is not None:  # before the (slow) evaluation, not after the table
+            check_json_path(args.json)
+        if args.num_workers < 0:
+            raise ValueError(f"--num-workers must be >= 0, got {args.num_workers}")
+        try:
+            device = resolve_device(args.device)
+        except ValueError as err:
+            raise ValueError(f"--device: {err}") from None
+        sets = _classification()
+        names = sets.read_classnames(args.classnames) if args.classnames is not None else None
+        data = sets.load_classification(
+            args.dataset, args.data_root, split=args.split, classnames=names
+        )
+        if args.templates is not None:
+            templates = sets.load_templates(args.templates)
+        else:
+            templates = sets.default_templates(args.dataset)
+        model, tokenizer, pretrained = load_zeroshot_model(args.model, device=device)
+        result = evaluate_zeroshot(
+            model,
+            data,
+            templates,
+            tokenizer=tokenizer,
+            batch_size=args.batch_size,
+            device=device,
+            num_workers=args.num_workers,
+            progress=not args.no_progress,
+        )
+    except (FileNotFoundError, ValueError) as err:  # DataFormatError, ConfigError included
+        return fail(NAME, err)
+    print(result.table())
+    if args.json is not None:
+        record = result.record(model=str(args.model), pretrained=pretrained)
+        print(write_metrics_json(record, args.json))
+    return EXIT_OK
