@@ -364,8 +364,9 @@ def clip_preset_config(
     """The ``CLIPConfig`` keyword arguments of ``preset`` with ``overrides`` merged in.
 
     ``overrides`` is a ``CLIPConfig`` table: top-level keys (``projection_dim``, ...) replace
-    the preset's; ``text_config`` / ``vision_config`` are merged key by key, e.g. ``{"vision_config":
-    {"hidden_size": 32, "num_hidden_layers": 2, "image_size": 32, "patch_size": 8}}``. Keys are
+    the preset's; ``text_config`` / ``vision_config`` are merged key by key, e.g.
+    ``{"vision_config": {"hidden_size": 32, "num_hidden_layers": 2, "image_size": 32,
+    "patch_size": 8}}``. Keys are
     checked against ``transformers``' configs when the model is built (:func:`build_clip`).
 
     Args:
@@ -405,7 +406,9 @@ def _check_config_keys(transformers: Any, kwargs: Mapping[str, Any]) -> None:
         known = set(kind().to_dict()) | (set(_TOWERS) if where == "config" else set())
         unknown = sorted(set(table) - known)
         if unknown:
-            raise ValueError(f"{where}: unknown key {unknown[0]!r} of transformers' {kind.__name__}")
+            raise ValueError(
+                f"{where}: unknown key {unknown[0]!r} of transformers' {kind.__name__}"
+            )
 
 
 def build_clip(
@@ -476,9 +479,7 @@ class CLIPByteTokenizer:
         self.pad_id = int(pad_id)
 
     @classmethod
-    def for_preset(
-        cls, preset: str, config: Mapping[str, Any] | None = None
-    ) -> CLIPByteTokenizer:
+    def for_preset(cls, preset: str, config: Mapping[str, Any] | None = None) -> CLIPByteTokenizer:
         """The tokenizer of a preset's text tower (:func:`clip_preset_config`).
 
         Raises:

@@ -455,9 +455,7 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
         image, text, transform = load_clip(path, proj_dim=top["proj_dim"])
         top["path"] = str(path)
     else:
-        image, text, transform = build_clip(
-            preset, config=top["config"], proj_dim=top["proj_dim"]
-        )
+        image, text, transform = build_clip(preset, config=top["config"], proj_dim=top["proj_dim"])
     return RetrievalModel(
         image,
         text,
