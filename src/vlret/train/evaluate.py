@@ -50,7 +50,7 @@ re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +238,7 @@ def run_evaluation(
         checkpoints = []
     else:
         checkpoints = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
-    load = _load_member
+    load: Callable[..., Member] = _load_member
     if model_dir is not None:
         if checkpoints:
             raise ValueError(
