@@ -326,3 +326,42 @@ def test_backbone_directories_load_locally_and_wrong_ones_are_named(tmp_path):
         build_model({"image": {"kind": "vit", "path": tmp_path / "empty"}}, vocab_size=9)
     with pytest.raises(FileNotFoundError, match=r"absent: missing.*never downloads"):
         build_model({"kind": "clip", "path": tmp_path / "absent"})
+
+
+def test_preset_clip_trains_and_evaluates_from_its_checkpoint(tmp_path):
+    """vlret train of a tiny preset CLIP with byte captions, then its checkpoint alone (no
+    directory) rebuilds the model and the tokenizer that vlret eval scores with."""
+    yaml = pytest.importorskip("yaml")
+    from vlret.cli import main
+    from vlret.data.writers import make_tiny_karpathy
+    from vlret.train.builders import load_trained_model
+
+    data = tmp_path / "d"
+    splits = {"train": 4, "val": 2, "test": 2}
+    make_tiny_karpathy(
+        data / "dataset_f30k.json", dataset="f30k", splits=splits, image_root=data / "images"
+    )
+    model = {"kind": "clip", "preset": "ViT-B-32", "config": TINY_CLIP, "tokenizer": "bytes"}
+    config = {
+        "output_dir": str(tmp_path / "run"),
+        "data": {
+            "root": str(data),
+            "format": "karpathy",
+            "karpathy_json": str(data / "dataset_f30k.json"),
+            "image_root": str(data / "images"),
+            "dev_split": "val",
+        },
+        "model": model,
+        "loss": {"name": "infonce"},
+        "optim": {"name": "adamw", "lr": 1e-3},
+        "train": {"epochs": 1, "batch_size": 5, "seed": 0, "progress": False},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", str(tmp_path / "run.yaml")]) == 0
+    trained, run, encoder = load_trained_model(tmp_path / "run" / "best.pt")
+    assert encoder == CLIPByteTokenizer(bos_id=256, eos_id=257, context_length=10)
+    assert trained.config["path"] is None and trained.config["preset"] == "ViT-B-32"
+    out = tmp_path / "m.json"
+    argv = ["eval", str(tmp_path / "run" / "best.pt"), "--data", str(data), "--split", "test"]
+    assert main([*argv, "--protocol", "f30k", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["protocol"] == "f30k"
