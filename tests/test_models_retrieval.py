@@ -119,7 +119,7 @@ def test_video_kind():
         ({"text": {"bidirectional": "yes"}}, {}, r"text.bidirectional must be true or false"),
         ({}, {"vocab_size": None}, r"text.vocab_size.*build_model\(config, vocab_size"),
         ({"text": {"vocab_size": 5}}, {"vocab_size": 6}, r"disagrees"),
-        ({"kind": "clip"}, {}, r"model: key 'path' is required"),
+        ({"kind": "clip"}, {}, r"model: a CLIP takes exactly one of 'path'"),
         ({"text": {"kind": "bert"}}, {}, r"text: key 'path' is required"),
         ({"kind": "clip", "path": "x", "image": {}}, {}, r"unknown key 'image'"),
         ([("kind", "vse")], {}, r"config must be a dict"),

@@ -40,9 +40,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "checkpoint",
         type=Path,
-        nargs="+",
+        nargs="*",
         help="checkpoint(s) written by vlret train (or vlret import-checkpoint); several: "
         "an ensemble averaging their score matrices",
+    )
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        metavar="DIR",
+        help="instead of checkpoints: a local pretrained Hugging Face CLIP directory "
+        "(save_pretrained output with its tokenizer) evaluated zero-shot with its own "
+        "projections and cosine scores, on Karpathy JSON + image data",
     )
     p.add_argument(
         "--data",
@@ -127,11 +135,19 @@ def run(args: argparse.Namespace) -> int:
     from ..metrics.rescore import RescoreParameterError, make_rescoring
     from ..train.evaluate import run_evaluation
 
+    if args.model_dir is not None and args.checkpoint:
+        return fail(
+            NAME,
+            "--model-dir evaluates a local CLIP without a checkpoint; give "
+            f"checkpoints or --model-dir, not both (got {args.checkpoint[0]})",
+        )
+    if args.model_dir is None and not args.checkpoint:
+        return fail(NAME, "give a checkpoint (or several), or --model-dir DIR (a local CLIP)")
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json)
         result = run_evaluation(
-            args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint,
+            args.checkpoint[0] if len(args.checkpoint) == 1 else (args.checkpoint or None),
             data=args.data,
             split=args.split,
             protocol=args.protocol,
@@ -142,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             captions_per_image=args.captions_per_image,
             captions_per_video=args.captions_per_video,
+            model_dir=args.model_dir,
             rescore=make_rescoring(
                 args.rescore,
                 names=RESCORE_FLAGS,

@@ -5,7 +5,10 @@
 * :mod:`~vlret.models.text`: word embeddings + (bi-)GRU, or a local Hugging Face BERT.
 * :mod:`~vlret.models.video`: frame features with the same poolings.
 * :mod:`~vlret.models.clip`: a local ``CLIPModel`` with added embedding layers (Unified paper
-  B.1.2) and CLIP preprocessing with PIL and numpy.
+  B.1.2), a randomly initialised one from a preset (``ViT-B-32``) with its byte tokenizer, and
+  CLIP preprocessing with PIL and numpy.
+* :mod:`~vlret.models.backbones`: ResNet / ViT image towers (``transformers``) from local
+  directories or presets (``resnet-152``, ``vit-b-16``), then an FC (VSE++ from pixels).
 * :mod:`~vlret.models.cross_attention`, :mod:`~vlret.models.sgraf`: the pair scorers of SCAN,
   BFAN and SGRAF; :mod:`~vlret.models.cross_model`: the models around them (reference region
   and word encoders), which return a score matrix (:class:`~vlret.models.pair_scorer.PairScorer`;
@@ -19,12 +22,16 @@ Models never import losses; embeddings are not normalised by default (the losses
 CLIP encoder is built or an image is preprocessed.
 """
 
+from .backbones import BACKBONE_PRESETS, BackboneImageEncoder, build_backbone_encoder
 from .clip import (
     CLIP_MEAN,
+    CLIP_PRESETS,
     CLIP_STD,
+    CLIPByteTokenizer,
     CLIPImageEncoder,
     CLIPImageTransform,
     CLIPTextEncoder,
+    build_clip,
     load_clip,
 )
 from .cross_model import (
@@ -49,6 +56,12 @@ from .video_experts import (
 )
 
 __all__ = [
+    "BACKBONE_PRESETS",
+    "CLIP_PRESETS",
+    "BackboneImageEncoder",
+    "CLIPByteTokenizer",
+    "build_backbone_encoder",
+    "build_clip",
     "PairScorer",
     "PairScoringModel",
     "BFAN",

@@ -13,13 +13,20 @@ temperature, and every kept parameter receives a gradient (DistributedDataParall
 Preprocessing follows the original CLIP pipeline: bicubic resize of the shorter side to the
 model's image size, a center crop to ``image_size x image_size``, scaling to ``[0, 1]`` and
 normalisation by the CLIP mean and standard deviation per channel.
+
+Pre-training from scratch (AdaCL Table 2): :func:`build_clip` builds a named architecture
+(:data:`CLIP_PRESETS`, ``"ViT-B-32"``) with random weights, with ``CLIPConfig`` overrides (a tiny
+one for tests and the synthetic world). Its captions are tokenised by a local CLIP tokenizer
+directory (``data.tokenizer``) or, when asked for (``model.tokenizer = "bytes"``), by
+:class:`CLIPByteTokenizer`: UTF-8 bytes, no download, no vocabulary file.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,8 @@ from .text import check_captions, check_local_dir, import_transformers
 #: Per-channel RGB mean and std of the original CLIP preprocessing.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+#: PIL resampling filters :class:`CLIPImageTransform` accepts.
+RESAMPLES = ("bicubic", "bilinear")
 
 
 def _import_pil() -> Any:
@@ -81,10 +90,12 @@ class CLIPImageTransform:
         resize: Length of the shorter side after resizing; None uses the crop's longer side.
         mean: Per-channel RGB mean.
         std: Per-channel RGB standard deviation (positive).
+        resample: PIL's filter for the resize, ``"bicubic"`` (CLIP, timm's ViT) or
+            ``"bilinear"`` (torchvision's default, VSE++'s ResNet).
 
     Raises:
-        ValueError: A size is not positive, ``resize`` is smaller than the crop, or ``mean`` /
-            ``std`` do not hold three values.
+        ValueError: A size is not positive, ``resize`` is smaller than the crop, ``mean`` /
+            ``std`` do not hold three values, or ``resample`` is unknown.
     """
 
     def __init__(
@@ -94,7 +105,10 @@ class CLIPImageTransform:
         resize: int | None = None,
         mean: Sequence[float] = CLIP_MEAN,
         std: Sequence[float] = CLIP_STD,
+        resample: str = "bicubic",
     ) -> None:
+        if resample not in RESAMPLES:
+            raise ValueError(f"resample must be one of {RESAMPLES}, got {resample!r}")
         crop = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         if len(crop) != 2 or min(crop) < 1:
             raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
@@ -107,6 +121,7 @@ class CLIPImageTransform:
         self.resize = resize
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
+        self.resample = resample
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> CLIPImageTransform:
@@ -172,7 +187,8 @@ class CLIPImageTransform:
         else:
             new_w, new_h = int(self.resize * w / h), self.resize
         if (new_w, new_h) != (w, h):
-            image = image.resize((new_w, new_h), resample=getattr(pil, "Resampling", pil).BICUBIC)
+            filters = getattr(pil, "Resampling", pil)
+            image = image.resize((new_w, new_h), resample=getattr(filters, self.resample.upper()))
         ch, cw = self.crop
         top = int(round((new_h - ch) / 2.0))
         left = int(round((new_w - cw) / 2.0))
@@ -182,7 +198,8 @@ class CLIPImageTransform:
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
     def __repr__(self) -> str:
-        return f"CLIPImageTransform(crop={self.crop}, resize={self.resize})"
+        extra = "" if self.resample == "bicubic" else f", resample={self.resample!r}"
+        return f"CLIPImageTransform(crop={self.crop}, resize={self.resize}{extra})"
 
 
 def _added_layer(in_dim: int, proj_dim: int | None) -> nn.Module:
@@ -307,11 +324,218 @@ def load_clip(
     return image, text, CLIPImageTransform.from_pretrained(path)
 
 
+#: The CLIP architectures a ``preset`` names: ``CLIPConfig`` keyword arguments. ``ViT-B-32``
+#: is OpenAI's / open_clip's ViT-B/32 (vision 768 wide, 12 layers, 12 heads, patch 32, 224 px;
+#: text 512 wide, 12 layers, 8 heads, 77 tokens, vocabulary 49408; 512-d joint space) with
+#: plain GELU as open_clip trains it (``hidden_act="gelu"``; Hugging Face's CLIPConfig defaults
+#: to OpenAI's ``quick_gelu``, which open_clip keeps only for OpenAI's own weights).
+CLIP_PRESETS: dict[str, dict[str, Any]] = {
+    "ViT-B-32": {
+        "projection_dim": 512,
+        "text_config": {
+            "vocab_size": 49408,
+            "hidden_size": 512,
+            "intermediate_size": 2048,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 8,
+            "max_position_embeddings": 77,
+            "hidden_act": "gelu",
+            "bos_token_id": 49406,
+            "eos_token_id": 49407,
+            "pad_token_id": 1,
+        },
+        "vision_config": {
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "image_size": 224,
+            "patch_size": 32,
+            "hidden_act": "gelu",
+        },
+    },
+}
+_TOWERS = ("text_config", "vision_config")
+
+
+def clip_preset_config(
+    preset: str, overrides: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The ``CLIPConfig`` keyword arguments of ``preset`` with ``overrides`` merged in.
+
+    ``overrides`` is a ``CLIPConfig`` table: top-level keys (``projection_dim``, ...) replace
+    the preset's; ``text_config`` / ``vision_config`` are merged key by key, e.g.
+    ``{"vision_config": {"hidden_size": 32, "num_hidden_layers": 2, "image_size": 32,
+    "patch_size": 8}}``. Keys are
+    checked against ``transformers``' configs when the model is built (:func:`build_clip`).
+
+    Args:
+        preset: A name in :data:`CLIP_PRESETS`.
+        overrides: The overrides (``model.config``); None for none.
+
+    Returns:
+        A new dict (``text_config`` and ``vision_config`` always present).
+
+    Raises:
+        ValueError: An unknown preset, or ``overrides`` (or one of its towers) not a table.
+    """
+    if preset not in CLIP_PRESETS:
+        raise ValueError(f"preset: unknown CLIP preset {preset!r}; valid: {sorted(CLIP_PRESETS)}")
+    overrides = {} if overrides is None else overrides
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"config: expected a table of CLIPConfig overrides, got {overrides!r}")
+    out = copy.deepcopy(CLIP_PRESETS[preset])
+    for key, value in overrides.items():
+        if key in _TOWERS:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"config.{key}: expected a table, got {value!r}")
+            out[key].update(copy.deepcopy(dict(value)))
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _check_config_keys(transformers: Any, kwargs: Mapping[str, Any]) -> None:
+    """Refuse keys the ``transformers`` configs do not have (CLIPConfig accepts any silently)."""
+    tables = (
+        ("config", kwargs, transformers.CLIPConfig),
+        ("config.text_config", kwargs["text_config"], transformers.CLIPTextConfig),
+        ("config.vision_config", kwargs["vision_config"], transformers.CLIPVisionConfig),
+    )
+    for where, table, kind in tables:
+        known = set(kind().to_dict()) | (set(_TOWERS) if where == "config" else set())
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown key {unknown[0]!r} of transformers' {kind.__name__}"
+            )
+
+
+def build_clip(
+    preset: str, *, config: Mapping[str, Any] | None = None, proj_dim: int | None = None
+) -> tuple[CLIPImageEncoder, CLIPTextEncoder, CLIPImageTransform]:
+    """Image encoder, text encoder and transform of a randomly initialised CLIP.
+
+    ``CLIPModel(CLIPConfig(**clip_preset_config(preset, config)))`` in float32, initialised by
+    ``transformers`` from torch's global generator (seed it first); nothing is read from disk.
+    The transform is CLIP's (bicubic, CLIP mean and std) at the vision tower's ``image_size``.
+
+    Args:
+        preset: A name in :data:`CLIP_PRESETS`.
+        config: ``CLIPConfig`` overrides (:func:`clip_preset_config`).
+        proj_dim: Width of an added embedding layer; None (pre-training) keeps CLIP's own
+            projection.
+
+    Returns:
+        ``(image_encoder, text_encoder, image_transform)``.
+
+    Raises:
+        ImportError: ``transformers`` is not installed.
+        ValueError: An unknown preset or config key.
+    """
+    kwargs = clip_preset_config(preset, config)
+    transformers = import_transformers("a CLIP preset")
+    _check_config_keys(transformers, kwargs)
+    clip = transformers.CLIPModel(transformers.CLIPConfig(**kwargs)).float()
+    image = CLIPImageEncoder(clip.vision_model, clip.visual_projection, proj_dim=proj_dim)
+    text = CLIPTextEncoder(clip.text_model, clip.text_projection, proj_dim=proj_dim)
+    return image, text, CLIPImageTransform(int(clip.config.vision_config.image_size))
+
+
+class CLIPByteTokenizer:
+    """Captions as UTF-8 bytes, for a CLIP trained from scratch without a tokenizer directory.
+
+    A caption is lower-cased with its whitespace collapsed (as CLIP's tokenizer cleans text),
+    then encoded as ``[bos, byte_1, ..., byte_n, eos]``: byte ``b`` is token id ``b`` (0-255),
+    ``bos`` / ``eos`` are the text config's ``bos_token_id`` / ``eos_token_id``, and a caption
+    longer than ``context_length`` keeps its first ``context_length - 2`` bytes and its
+    ``eos`` (CLIP pools at the end-of-text token). It is not OpenAI's BPE: a model trained on
+    it needs it at evaluation (a checkpoint stores it) and its captions are about 4 times
+    longer in tokens; use ``data.tokenizer`` (a local CLIP tokenizer directory) to train with
+    the BPE.
+
+    Args:
+        bos_id: Start-of-text id (>= 256).
+        eos_id: End-of-text id (>= 256, not ``bos_id``).
+        context_length: Most ids per caption (the text tower's ``max_position_embeddings``).
+        pad_id: The id written into padding (masked by ``lengths``).
+
+    Raises:
+        ValueError: An id collides with the bytes or the other, or ``context_length`` < 3.
+    """
+
+    def __init__(
+        self, *, bos_id: int, eos_id: int, context_length: int = 77, pad_id: int = 0
+    ) -> None:
+        for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 256:
+                raise ValueError(f"{name} must be an int >= 256 (0-255 are bytes), got {value!r}")
+        if bos_id == eos_id:
+            raise ValueError(f"bos_id and eos_id must differ, both are {bos_id}")
+        if not isinstance(context_length, int) or context_length < 3:
+            raise ValueError(f"context_length must be an int >= 3, got {context_length!r}")
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.context_length = context_length
+        self.pad_id = int(pad_id)
+
+    @classmethod
+    def for_preset(cls, preset: str, config: Mapping[str, Any] | None = None) -> CLIPByteTokenizer:
+        """The tokenizer of a preset's text tower (:func:`clip_preset_config`).
+
+        Raises:
+            ValueError: The text config's ``vocab_size`` does not cover the bytes and the
+                ``bos`` / ``eos`` ids (the message names ``config.text_config``).
+        """
+        text = clip_preset_config(preset, config)["text_config"]
+        bos, eos = text["bos_token_id"], text["eos_token_id"]
+        vocab, length = text["vocab_size"], text["max_position_embeddings"]
+        if not isinstance(vocab, int) or vocab <= max(255, bos, eos):
+            raise ValueError(
+                f"config.text_config: vocab_size {vocab!r} does not cover the byte tokenizer's "
+                f"ids (bytes 0-255, bos_token_id {bos}, eos_token_id {eos})"
+            )
+        try:
+            return cls(bos_id=bos, eos_id=eos, context_length=length)
+        except ValueError as err:
+            raise ValueError(f"config.text_config: {err}") from None
+
+    def encode(self, text: str) -> list[int]:
+        """``[bos, bytes..., eos]`` of the cleaned caption, at most ``context_length`` ids."""
+        data = " ".join(text.lower().split()).encode("utf-8")
+        return [self.bos_id, *data[: self.context_length - 2], self.eos_id]
+
+    def state(self) -> dict[str, Any]:
+        """What rebuilds it: ``CLIPByteTokenizer(**state)``."""
+        return {
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "context_length": self.context_length,
+            "pad_id": self.pad_id,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CLIPByteTokenizer) and self.state() == other.state()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.state().items()))
+
+    def __repr__(self) -> str:
+        return (
+            f"CLIPByteTokenizer(bos_id={self.bos_id}, eos_id={self.eos_id}, "
+            f"context_length={self.context_length})"
+        )
+
+
 __all__ = [
     "CLIP_MEAN",
+    "CLIP_PRESETS",
     "CLIP_STD",
+    "RESAMPLES",
+    "CLIPByteTokenizer",
     "CLIPImageEncoder",
     "CLIPImageTransform",
     "CLIPTextEncoder",
+    "build_clip",
+    "clip_preset_config",
     "load_clip",
 ]

@@ -12,6 +12,9 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
                "region_dropout": 0.0,
                "gpo_pe_dim": 32, "gpo_hidden": 32, "gpo_temperature": 0.1},
            # or {"kind": "video", "in_dim": 2048, "pooling": "mean", "frame_dropout": 0.0, gpo_*}
+           # or pixels through a backbone (vlret.models.backbones), exactly one of path / preset:
+           # {"kind": "resnet", "path": DIR | "preset": "resnet-152", "config": {},
+           #  "image_size": None}     # or "kind": "vit", "preset": "vit-b-16"
      "text": {"kind": "gru", "vocab_size": <from build_model(vocab_size=...)>,
               "word_dim": 300, "bidirectional": False, "num_layers": 1,
               "pooling": "last",                                      # last | mean | max | gpo
@@ -19,8 +22,9 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
            # or {"kind": "bert", "path": DIR (required), "pooling": "cls", gpo_*}
     }
     # shorthand for BERT text: {"kind": "bert", "path": DIR, "image": {...}, "embed_dim": 1024}
-    # CLIP fine-tuning (Unified paper B.1.2):
-    {"kind": "clip", "path": DIR (required), "proj_dim": 768, "normalize": False}
+    # CLIP fine-tuning (Unified paper B.1.2), or pre-training from random weights:
+    {"kind": "clip", "path": DIR | "preset": "ViT-B-32", "config": {}, "tokenizer": None,
+     "proj_dim": 768 (None with a preset), "normalize": False}
     # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
     # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
     # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
@@ -29,6 +33,18 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
 Every kind also takes ``"scoring": "cosine"`` (or ``"dot"``): how evaluation compares a
 two-tower model's embeddings (``model.scoring``; the trainer writes it from the loss's
 ``normalize``, so a checkpoint evaluates without its loss). Pair scorers score themselves.
+
+A CLIP takes exactly one of ``path`` (a local ``CLIPModel``, :func:`vlret.models.clip.load_clip`)
+or ``preset`` (random weights, :func:`vlret.models.clip.build_clip`; ``config``: ``CLIPConfig``
+overrides, only with a preset). ``proj_dim`` defaults to 768 with a path (Unified B.1.2) and to
+None with a preset (pre-training adds no layer); ``0`` also means None (TOML has no null).
+``tokenizer = "bytes"`` (only with a preset) tokenises captions with
+:class:`~vlret.models.clip.CLIPByteTokenizer`; otherwise a preset CLIP needs
+``data.tokenizer``, a local CLIP tokenizer directory (:func:`vlret.train.builders.build_encoder`).
+Parameter names: ``image_encoder.vision_model`` / ``.visual_projection`` / ``.embed_proj`` and
+``text_encoder.text_model`` / ``.text_projection`` / ``.embed_proj``; a backbone's are
+``image_encoder.backbone`` and ``image_encoder.fc`` (``train.freeze``,
+``optim.lr_multipliers``).
 
 Unknown keys and kinds raise ``ValueError`` naming the key and listing the valid ones.
 ``model.config`` holds the resolved config (defaults filled in, ``vocab_size`` included), which
@@ -46,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .backbones import BACKBONE_KINDS, build_backbone_encoder
 from .cross_model import CROSS_KINDS, CROSS_MODEL_DEFAULTS, CrossAttentionModel, build_cross_model
 from .image import POOLINGS, ImageEncoder
 from .text import (
@@ -77,7 +94,15 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "image": {},
         "text": {},
     },
-    "clip": {"kind": "clip", "path": ..., "proj_dim": 768, "normalize": False},
+    "clip": {
+        "kind": "clip",
+        "path": None,
+        "preset": None,
+        "config": {},
+        "tokenizer": None,
+        "proj_dim": 768,
+        "normalize": False,
+    },
     **CROSS_MODEL_DEFAULTS,
     **VIDEO_EXPERT_MODEL_DEFAULTS,
 }
@@ -95,6 +120,10 @@ IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
         "pooling": "mean",
         "frame_dropout": 0.0,
         **_GPO_DEFAULTS,
+    },
+    **{
+        kind: {"kind": kind, "path": None, "preset": None, "config": {}, "image_size": None}
+        for kind in BACKBONE_KINDS
     },
 }
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -254,7 +283,7 @@ def _check_types(section: str, cfg: dict, pooling_choices: tuple[str, ...] | Non
     for key, value in cfg.items():
         if key in ("normalize", "bidirectional") and not isinstance(value, bool):
             raise ValueError(f"{section}.{key} must be true or false, got {value!r}")
-        if key == "path" and not isinstance(value, (str, Path)):
+        if key == "path" and value is not None and not isinstance(value, (str, Path)):
             raise ValueError(f"{section}.path must be a directory path, got {value!r}")
     if pooling_choices is not None and cfg.get("pooling") not in pooling_choices:
         raise ValueError(
@@ -268,6 +297,17 @@ def _gpo(cfg: dict) -> dict:
 
 
 def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
+    if cfg["kind"] in BACKBONE_KINDS:
+        if cfg["path"] is not None:
+            cfg["path"] = str(cfg["path"])
+        return build_backbone_encoder(
+            cfg["kind"],
+            embed_dim=embed_dim,
+            path=cfg["path"],
+            preset=cfg["preset"],
+            config=cfg["config"],
+            image_size=cfg["image_size"],
+        )
     common = dict(in_dim=cfg["in_dim"], embed_dim=embed_dim, pooling=cfg["pooling"], **_gpo(cfg))
     if cfg["kind"] == "video":
         return VideoEncoder(frame_dropout=float(cfg["frame_dropout"]), **common)
@@ -337,22 +377,11 @@ def build_model_of(
     image: nn.Module
     text: nn.Module
     if kind == "clip":
-        from .clip import load_clip
-
-        image, text, transform = load_clip(top["path"], proj_dim=top["proj_dim"])
-        top["path"] = str(top["path"])
-        return RetrievalModel(
-            image,
-            text,
-            normalize=top["normalize"],
-            image_transform=transform,
-            tokenizer_path=top["path"],
-            config=top,
-        )
+        return _build_clip(top, given_proj_dim="proj_dim" in config)
 
     embed_dim = top["embed_dim"]
     image_cfg = _resolve("image", top["image"], IMAGE_DEFAULTS, "precomp")
-    _check_types("image", image_cfg, POOLINGS)
+    _check_types("image", image_cfg, None if image_cfg["kind"] in BACKBONE_KINDS else POOLINGS)
     text_given = dict(top["text"]) if isinstance(top["text"], Mapping) else top["text"]
     if kind == "bert":
         if isinstance(text_given, dict):
@@ -393,7 +422,46 @@ def build_model_of(
         image,
         text,
         normalize=top["normalize"],
+        image_transform=getattr(image, "transform", None),
         tokenizer_path=tokenizer_path,
+        config=top,
+    )
+
+
+def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
+    """A CLIP from its local directory or its preset (module docstring)."""
+    from .clip import build_clip, load_clip
+
+    path, preset = top["path"], top["preset"]
+    if (path is None) == (preset is None):
+        raise ValueError(
+            "model: a CLIP takes exactly one of 'path' (a local CLIP directory) or 'preset' "
+            f"(random weights, e.g. 'ViT-B-32'), got {'both' if path is not None else 'neither'}"
+        )
+    if path is not None and top["config"]:
+        raise ValueError(
+            "config: CLIPConfig overrides apply to a preset; a local CLIP's config is its "
+            "config.json"
+        )
+    if top["tokenizer"] not in (None, "bytes"):
+        raise ValueError(f"tokenizer: expected 'bytes' or none, got {top['tokenizer']!r}")
+    if path is not None and top["tokenizer"] is not None:
+        raise ValueError("tokenizer: 'bytes' is for a preset; a local CLIP uses its tokenizer")
+    if preset is not None and not given_proj_dim:
+        top["proj_dim"] = None  # pre-training from scratch adds no layer
+    if top["proj_dim"] == 0 and not isinstance(top["proj_dim"], bool):
+        top["proj_dim"] = None
+    if path is not None:
+        image, text, transform = load_clip(path, proj_dim=top["proj_dim"])
+        top["path"] = str(path)
+    else:
+        image, text, transform = build_clip(preset, config=top["config"], proj_dim=top["proj_dim"])
+    return RetrievalModel(
+        image,
+        text,
+        normalize=top["normalize"],
+        image_transform=transform,
+        tokenizer_path=top["path"],
         config=top,
     )
 

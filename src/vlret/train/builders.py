@@ -48,9 +48,10 @@ if TYPE_CHECKING:
 
 
 def model_tokenizer_path(model: dict[str, Any]) -> str | None:
-    """The local Hugging Face directory whose tokenizer a BERT or CLIP model config expects."""
+    """The local Hugging Face directory whose tokenizer a BERT or CLIP model config expects
+    (None for a CLIP built from a ``preset``, which has no directory)."""
     if model.get("kind") in ("bert", "clip"):
-        return str(model["path"]) if "path" in model else None
+        return str(model["path"]) if model.get("path") is not None else None
     text = model.get("text")
     bert = model.get("kind") == "mmt" or (isinstance(text, dict) and text.get("kind") == "bert")
     if isinstance(text, dict) and bert and "path" in text:
@@ -58,13 +59,68 @@ def model_tokenizer_path(model: dict[str, Any]) -> str | None:
     return None
 
 
+def _clip_preset_encoder(data: DataConfig, model: dict[str, Any], source: str) -> Any:
+    """A CLIP built from ``model.preset`` has no tokenizer directory: its captions go through
+    ``data.tokenizer`` (a local CLIP tokenizer directory, e.g. the 49408-token BPE saved with
+    any Hugging Face CLIP; returns None, the caller loads it) or, with ``model.tokenizer =
+    "bytes"``, :class:`~vlret.models.clip.CLIPByteTokenizer`; neither is a one-line error."""
+    choice = model.get("tokenizer")
+    if data.tokenizer is not None:
+        if choice is not None:
+            raise ConfigError(
+                source, "model.tokenizer", f"{choice!r} and data.tokenizer both given; keep one"
+            )
+        return None
+    if choice != "bytes":
+        raise ConfigError(
+            source,
+            "data.tokenizer",
+            "a CLIP built from model.preset has no tokenizer directory: set data.tokenizer to "
+            "a local CLIP tokenizer directory (tokenizer.save_pretrained of a Hugging Face CLIP) "
+            'or model.tokenizer = "bytes" (UTF-8 bytes; vlret never downloads)',
+        )
+    from ..models.clip import CLIPByteTokenizer
+
+    try:
+        return CLIPByteTokenizer.for_preset(str(model["preset"]), model.get("config"))
+    except ValueError as err:
+        raise _model_error(source, err) from None
+
+
+def _checked_clip_tokenizer(encoder: Any, model: dict[str, Any], source: str) -> Any:
+    """``encoder`` unless its ids overflow the preset CLIP's token embeddings (an index error
+    at the first step otherwise)."""
+    from ..models.clip import clip_preset_config
+
+    try:
+        text = clip_preset_config(str(model["preset"]), model.get("config"))["text_config"]
+    except ValueError as err:
+        raise _model_error(source, err) from None
+    size = len(encoder.tokenizer)
+    if isinstance(text.get("vocab_size"), int) and size > text["vocab_size"]:
+        raise ConfigError(
+            source,
+            "data.tokenizer",
+            f"its {size} tokens overflow the CLIP text tower's vocab_size {text['vocab_size']} "
+            "(model.config.text_config.vocab_size)",
+        )
+    return encoder
+
+
 def build_encoder(
     data: DataConfig, *, model: dict[str, Any] | None = None, source: str = "<config>"
 ) -> Any:
     """The caption encoder: ``data.tokenizer`` (a local HF tokenizer directory), the tokenizer
     of a BERT / CLIP model's directory, ``data.vocab`` (a vocab JSON), or a vocabulary built
-    from the train (+dev) captions."""
-    tokenizer = data.tokenizer or model_tokenizer_path(model or {})
+    from the train (+dev) captions. A CLIP built from a ``preset``: ``data.tokenizer`` or, with
+    ``model.tokenizer = "bytes"``, :class:`~vlret.models.clip.CLIPByteTokenizer`."""
+    model = model or {}
+    if model.get("kind") == "clip" and model.get("preset") is not None:
+        byte_level = _clip_preset_encoder(data, model, source)
+        if byte_level is not None:
+            return byte_level
+        return _checked_clip_tokenizer(load_hf_tokenizer(str(data.tokenizer)), model, source)
+    tokenizer = data.tokenizer or model_tokenizer_path(model)
     if tokenizer is not None:
         return load_hf_tokenizer(tokenizer)
     if data.vocab is not None:
@@ -87,6 +143,10 @@ def encoder_state(encoder: Any, config: RunConfig) -> dict[str, Any]:
     """What a checkpoint stores to rebuild the encoder without the training data."""
     if isinstance(encoder, Vocabulary):
         return {"kind": "vocab", "idx2word": list(encoder.idx2word), "tokenizer": encoder.tokenizer}
+    from ..models.clip import CLIPByteTokenizer
+
+    if isinstance(encoder, CLIPByteTokenizer):
+        return {"kind": "clip_bytes", **encoder.state()}
     return {"kind": "hf", "path": config.data.tokenizer or model_tokenizer_path(config.model)}
 
 
@@ -106,6 +166,10 @@ def encoder_from_state(state: dict[str, Any]) -> Any:
                 f"{sorted(_STATE_TOKENIZERS)}"
             )
         return Vocabulary(state["idx2word"], tokenizer=_STATE_TOKENIZERS[name])
+    if state["kind"] == "clip_bytes":
+        from ..models.clip import CLIPByteTokenizer
+
+        return CLIPByteTokenizer(**{k: v for k, v in state.items() if k != "kind"})
     return load_hf_tokenizer(state["path"])
 
 
@@ -293,7 +357,11 @@ def check_model_config(config: RunConfig) -> None:
     model = config.model
     text = model.get("text")
     text_kind = text.get("kind", "gru") if isinstance(text, dict) else None
+    image = model.get("image")
+    image_kind = image.get("kind") if isinstance(image, dict) else None
     if model.get("kind", "vse") in ("bert", "clip", "mmt") or text_kind == "bert":
+        return
+    if image_kind in ("resnet", "vit"):  # a backbone reads a directory or builds a large tower
         return
     size = text.get("vocab_size") if isinstance(text, dict) else None
     if scores_pairs(build_run_model(config, None if size is not None else 8)):
@@ -358,6 +426,44 @@ def load_trained_model(
     except (ValueError, TypeError) as err:
         raise _model_error(run.source, err) from None
     model.load_state_dict(state["model"])
+    return model.to(device).eval(), run, encoder
+
+
+def load_pretrained_clip(
+    model_dir: str | Path, *, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, StoredRun, Any]:
+    """``(model, stored run, caption encoder)`` of a local pretrained Hugging Face CLIP that
+    vlret never trained (zero-shot retrieval, ``vlret eval --model-dir``): CLIP's own towers
+    and projections (``proj_dim = None``, no added layer), its tokenizer, cosine scoring, and a
+    stand-in run whose data is Karpathy JSON + images (the data folder's ``images/``, else the
+    folder itself; :func:`eval_data_config`).
+
+    Raises:
+        FileNotFoundError: ``model_dir`` is not a directory.
+        DataFormatError: It holds no loadable tokenizer.
+        ValueError: It holds no loadable CLIP (the message names the directory).
+    """
+    from ..models import build_model
+
+    source = str(model_dir)
+    try:
+        model = build_model({"kind": "clip", "path": source, "proj_dim": None})
+    except (OSError, ValueError, TypeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(
+            f"{source}: not a loadable Hugging Face CLIP directory ({first})"
+        ) from None
+    encoder = load_hf_tokenizer(source)
+    data = DataConfig(root=source, format="karpathy", image_root="images", tokenizer=source)
+    run = StoredRun(
+        data=data,
+        model=dict(getattr(model, "config", None) or {}),
+        scoring="cosine",
+        loss=LossConfig("", {}),
+        source=source,
+    )
     return model.to(device).eval(), run, encoder
 
 

@@ -34,6 +34,11 @@ pair-scoring model's own mean-pooled region and word features (for an ensemble, 
 members' cosines). Results say "approximate" and report the fraction of queries whose ground
 truth was shortlisted, per direction. The default is always the exact protocol.
 
+``model_dir`` (``vlret eval --model-dir DIR``) evaluates a local pretrained Hugging Face CLIP
+that vlret never trained, zero-shot (no checkpoint): CLIP's own towers and projections, no
+added layer, its own tokenizer and image preprocessing, cosine scores, on Karpathy JSON + image
+data (:func:`~vlret.train.builders.load_pretrained_clip`); exclusive with checkpoints.
+
 ``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
 matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models
 and ensembles (of the mean matrix), not with ``shortlist``. Dual softmax uses the test matrix's
@@ -45,7 +50,7 @@ re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +83,13 @@ from ..eval import (
 from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics, similarity_stats
 from ..metrics.rescore import Rescoring, draw_bank
 from ..models import PairScorer
-from .builders import StoredRun, build_dataset, eval_data_config, load_trained_model
+from .builders import (
+    StoredRun,
+    build_dataset,
+    eval_data_config,
+    load_pretrained_clip,
+    load_trained_model,
+)
 from .distributed import resolve_device
 
 _deprecated = renamed_names(
@@ -183,7 +194,7 @@ Member = tuple[nn.Module, StoredRun, Any]
 
 
 def run_evaluation(
-    checkpoint: str | Path | Sequence[str | Path],
+    checkpoint: str | Path | Sequence[str | Path] | None,
     *,
     data: str | Path,
     split: str,
@@ -196,6 +207,7 @@ def run_evaluation(
     rescore: Rescoring | str | None = None,
     captions_per_image: int | None = None,
     captions_per_video: int | None = None,
+    model_dir: str | Path | None = None,
 ) -> Evaluation:
     """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``:
     the checkpoint(s) become a scorer (:mod:`vlret.eval.scorers`) measured by
@@ -211,7 +223,9 @@ def run_evaluation(
     while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
     defaults; module docstring). ``captions_per_image`` (precomp, Karpathy) /
     ``captions_per_video`` (MSR-VTT) replace the stored data config's count (a model trained
-    on 1 caption per image, evaluated on 5-caption data); ``None`` keeps the stored one."""
+    on 1 caption per image, evaluated on 5-caption data); ``None`` keeps the stored one.
+    ``model_dir``: a local pretrained Hugging Face CLIP evaluated zero-shot instead of
+    checkpoints (pass ``checkpoint=None``; module docstring)."""
     chosen = get_protocol(protocol)
     splits = eval_splits()
     if split not in splits:
@@ -220,9 +234,20 @@ def run_evaluation(
         raise FileNotFoundError(f"{data}: missing; expected the data folder of the test split")
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
-    checkpoints = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+    if checkpoint is None:
+        checkpoints = []
+    else:
+        checkpoints = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+    load: Callable[..., Member] = _load_member
+    if model_dir is not None:
+        if checkpoints:
+            raise ValueError(
+                "model_dir: evaluates a local pretrained CLIP without a checkpoint; give "
+                "checkpoints or model_dir, not both"
+            )
+        checkpoints, load = [model_dir], _load_pretrained
     if not checkpoints:
-        raise ValueError("checkpoint: expected at least one checkpoint")
+        raise ValueError("checkpoint: expected at least one checkpoint (or model_dir)")
     if shortlist is not None and (
         isinstance(shortlist, bool) or not isinstance(shortlist, int) or shortlist < 1
     ):
@@ -248,9 +273,7 @@ def run_evaluation(
         ):
             raise ValueError(f"{key}: expected a positive integer, got {value!r}")
     names = tuple(str(c) for c in checkpoints)
-    members = [
-        _with_caption_counts(_load_member(c, chosen, split, dev), c, counts) for c in checkpoints
-    ]
+    members = [_with_caption_counts(load(c, chosen, split, dev), c, counts) for c in checkpoints]
     formats = {m[1].data.format for m in members}
     if len(formats) > 1:
         named = ", ".join(
@@ -362,6 +385,16 @@ def _load_member(
     except ValueError as err:
         raise ValueError(f"{checkpoint}: {err}") from None
     return model, run, encoder
+
+
+def _load_pretrained(
+    model_dir: str | Path, protocol: EvalProtocol, split: str, device: torch.device | str
+) -> Member:
+    try:
+        protocol.check_split(split, "karpathy")
+    except ValueError as err:
+        raise ValueError(f"{model_dir} (Karpathy JSON + images): {err}") from None
+    return load_pretrained_clip(model_dir, device=device)
 
 
 def _eval_dataset(
