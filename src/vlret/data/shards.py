@@ -89,6 +89,13 @@ class ShardFailure:
         self.message = message
 
 
+class _Skipped:
+    """A batch of a resumed epoch that was trained before the checkpoint."""
+
+
+_SKIPPED = _Skipped()
+
+
 def _wds(what: str = "reading webdataset shards") -> Any:
     return require("webdataset", what)
 
@@ -152,9 +159,8 @@ class _Counter:
     """The webdataset exception handler of one worker: counts and continues."""
 
     def __init__(self) -> None:
-        self.bad = 0
-        self.good = 0
-        self.raw = 0
+        self.bad = self.good = self.raw = 0
+        self.raw_before = self.good_before = 0  # at the start of the current pass
 
     def __call__(self, exn: BaseException) -> bool:
         self.bad += 1
@@ -286,33 +292,36 @@ class ShardStream(IterableDataset):
             mine = list(itertools.islice(order, self.rank, None, self.world_size))
             yield list(itertools.islice(mine, worker, None, workers))
 
-    def _raw(self, worker: int, workers: int, counter: _Counter) -> Iterator[dict[str, Any]]:
-        tar = _wds().tariterators
-        for urls in self._shard_passes(worker, workers):
-            before = counter.raw
-            for sample in tar.tarfile_samples([{"url": u} for u in urls], handler=counter):
-                counter.raw += 1
-                yield sample
-            if counter.raw == before:
+    def _passes(self, worker: int, workers: int, counter: _Counter) -> Iterator[Iterator[Any]]:
+        """The raw samples of each pass over this worker's shards, each pass shuffled in the
+        buffer and drained at its end (an epoch that reads one pass reads every sample once)."""
+        tar, shuffle = _wds().tariterators, _wds().filters._shuffle
+        for p, urls in enumerate(self._shard_passes(worker, workers)):
+            raw = iter(tar.tarfile_samples([{"url": u} for u in urls], handler=counter))
+            if self.shuffle_buffer > 1:
+                rng = random.Random(f"{self.seed}/{self.epoch}/{self.rank}/{worker}/buffer/{p}")
+                raw = iter(shuffle(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng))
+            yield raw
+            if counter.good == counter.good_before:  # another pass would loop for ever
+                read = counter.raw - counter.raw_before
                 raise ShardError(
-                    f"data.shards: worker {worker} of rank {self.rank} read no sample from its "
+                    f"data.shards: worker {worker} of rank {self.rank} read "
+                    f"{'no sample' if not read else f'{read} samples, none usable,'} from its "
                     f"{len(urls)} shards ({urls[0]}, ...)"
                 )
+            counter.raw_before, counter.good_before = counter.raw, counter.good
 
     def _samples(self, worker: int, workers: int, counter: _Counter) -> Iterator[Any]:
-        raw: Iterator[dict[str, Any]] = iter(self._raw(worker, workers, counter))
-        if self.shuffle_buffer > 1:
-            rng = random.Random(f"{self.seed}/{self.epoch}/{self.rank}/{worker}/buffer")
-            buffer = _wds().filters._shuffle
-            raw = iter(buffer(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng))
-        for sample in raw:
-            try:
-                image, caption = decode_sample(sample)
-            except BadSample:
-                counter.bad += 1
-                continue
-            counter.good += 1
-            yield image, caption, sample.get("__key__")
+        for raw in self._passes(worker, workers, counter):
+            for sample in raw:
+                counter.raw += 1
+                try:
+                    image, caption = decode_sample(sample)
+                except BadSample:
+                    counter.bad += 1
+                    continue
+                counter.good += 1
+                yield image, caption, sample.get("__key__")
 
     def _limit(self) -> float:
         """A worker's bad count that proves the epoch's fraction exceeded."""
@@ -320,7 +329,7 @@ class ShardStream(IterableDataset):
         total = self.steps * self.batch_size
         return total * f / (1.0 - f) if f < 1.0 else 10.0 * total
 
-    def __iter__(self) -> Iterator[RetrievalBatch | ShardFailure]:
+    def __iter__(self) -> Iterator[RetrievalBatch | ShardFailure | _Skipped]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         counter = _Counter()
@@ -334,7 +343,8 @@ class ShardStream(IterableDataset):
                         yield ShardFailure(bad_fraction_message(counter.bad, self, worker=worker))
                         return
                     items.append(next(samples))
-                if b < self.start_batch:
+                if b < self.start_batch:  # read, not handed over; the marker keeps the
+                    yield _SKIPPED  # DataLoader's round robin over the workers in step
                     continue
                 batch = self._collate(b, items)
                 batch.skipped = counter.bad - reported  # type: ignore[attr-defined]
@@ -421,6 +431,8 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[RetrievalBatch]:
         for batch in self.loader:
+            if batch is _SKIPPED or isinstance(batch, _Skipped):
+                continue
             if isinstance(batch, ShardFailure):
                 raise ShardError(batch.message)
             yield batch
