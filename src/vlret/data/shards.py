@@ -23,10 +23,9 @@ number of ranks and of DataLoader workers only:
 3. the samples pass through a shuffle buffer of ``data.shuffle_buffer`` samples (webdataset's
    ``shuffle``, filled completely before the first draw) seeded with ``(seed, epoch, rank,
    worker)``;
-4. worker ``w`` serves the global batches ``w, w + W, ...`` of the epoch, in the order the
-   DataLoader hands them over, so rank ``r``'s batch ``b`` is the same whichever process
-   reads it. A worker whose shards run out before its last batch reads them again (a new
-   pass, reshuffled with the pass number), so every rank runs exactly the epoch's steps.
+4. worker ``w`` serves the global batches ``w, w + W, ...``, in the DataLoader's round-robin
+   order. A worker whose shards run out reads them again (a new pass, reshuffled with the
+   pass number; the buffer drains at each pass's end), so every rank runs the epoch's steps.
 
 Sample ``j`` of global batch ``b`` on rank ``r`` gets the id ``b x batch_size + r x
 local_batch + j`` (its ``img_index`` and ``cap_index``: unique within the epoch, so each sample
@@ -34,10 +33,9 @@ is the positive of its own caption only) and, with augmentation, the key ``(seed
 id)`` (:mod:`vlret.data.transforms`).
 
 **Exact resume.** A run resumed at batch ``k`` of an epoch rebuilds the same stream and skips
-its first ``k`` batches: they are read and their images decoded (a bad sample must be found
-to be skipped the same way) but neither augmented nor handed over. The resumed run therefore
-trains on exactly the samples the uninterrupted run would have, in the same order, with the
-same crops; the price is re-reading the epoch's first ``k`` batches.
+its first ``k`` batches: read and decoded (a bad sample is found the same way), neither
+augmented nor handed over; so it trains on exactly the uninterrupted run's samples, order and
+crops, at the price of re-reading the epoch's first ``k`` batches (same ranks and workers).
 
 **Bad samples.** A corrupt image, a missing or empty caption, a sample without an image or a
 broken tar member (webdataset's handler for the tar reading) is skipped and counted, never
@@ -82,8 +80,8 @@ class BadSample(ValueError):
 
 
 class ShardFailure:
-    """What a worker hands over instead of a batch when the run must stop (a worker's
-    exception would reach the trainer wrapped in a traceback); :func:`iterate` raises it."""
+    """What a worker hands over instead of a batch when the run must stop (an exception would
+    reach the trainer wrapped in a traceback); :class:`ShardLoader` raises it in one line."""
 
     def __init__(self, message: str) -> None:
         self.message = message
@@ -242,10 +240,8 @@ class ShardStream(IterableDataset):
         self.start_batch = 0
         self.captions: list[str] = []  # no caption list: streamed (losses that need one refuse)
 
-    # What the trainer reads from its sampler and its training set.
     @property
-    def num_images(self) -> int:
-        """``train_num_samples`` (streamed: the nominal size)."""
+    def num_images(self) -> int:  # the nominal size: ``train_num_samples``
         return self.num_samples
 
     num_captions = num_images
@@ -431,7 +427,7 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[RetrievalBatch]:
         for batch in self.loader:
-            if batch is _SKIPPED or isinstance(batch, _Skipped):
+            if isinstance(batch, _Skipped):
                 continue
             if isinstance(batch, ShardFailure):
                 raise ShardError(batch.message)
@@ -540,20 +536,12 @@ def build_image_sets(
     dev: bool = True,
     other: Any = None,
 ) -> tuple[Any, Any]:
-    """``(train set, dev set or None)`` of a run config with ``data.format`` ``webdataset``
-    (a :class:`ShardStream` and ``data.dev_shards``) or ``csv`` (``data.csv`` and
-    ``data.dev_csv``); for another format ``(other(data, train_split, encoder,
-    image_transform=...), None)`` (the trainer's builder; it builds that format's dev set).
-    The train set is augmented as ``data.train_transform`` says.
-
-    Args:
-        config: The run config.
-        encoder: The caption encoder.
-        eval_transform: The model's image transform (None: the model reads no images).
-        env: The process's ``rank`` and ``world_size`` (None: one process).
-        dev: Whether this process evaluates (rank 0 with validation on).
-        other: The builder of the other formats' train split.
-    """
+    """``(train set, dev set or None)`` of a run ``config`` with ``data.format`` ``webdataset``
+    (a :class:`ShardStream` and ``data.dev_shards``) or ``csv`` (``data.csv``, ``data.dev_csv``),
+    the train set augmented as ``data.train_transform`` says (``eval_transform``: the model's;
+    ``env``: ``rank`` and ``world_size``, None for one process; ``dev``: whether this process
+    evaluates); for another format ``(other(data, train_split, encoder, image_transform=...),
+    None)``: the trainer's builder, which builds that format's dev set."""
     from .csv_pairs import build_csv_dataset
     from .transforms import build_train_transform
 
