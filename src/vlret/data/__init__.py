@@ -3,6 +3,9 @@
 * :mod:`~vlret.data.dataset`: the contract every format implements (one item per caption).
 * :mod:`~vlret.data.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
 * :mod:`~vlret.data.karpathy`: Karpathy split JSON plus an image folder.
+* :mod:`~vlret.data.shards`: img2dataset / webdataset tar shards, streamed (``pixels`` extra).
+* :mod:`~vlret.data.csv_pairs`: a CSV / TSV of image paths and captions (open_clip's).
+* :mod:`~vlret.data.transforms`: seeded training augmentation (random-resized crop, flip).
 * :mod:`~vlret.data.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
 * :mod:`~vlret.data.experts`: per-video multi-expert features (CE, MMT) and their converter.
 * :mod:`~vlret.data.vocab`: regex tokeniser, vocabulary JSON, local Hugging Face tokenizers.
@@ -15,6 +18,7 @@ features for NaN / inf and a size other than the model's ``in_dim`` before train
 """
 
 from .checks import DataFormatError
+from .csv_pairs import CsvPairsDataset, read_csv_pairs
 from .dataset import (
     CaptionEncoder,
     RetrievalBatch,
@@ -50,6 +54,8 @@ from .msrvtt import (
     read_train_csv,
 )
 from .precomp import SPLITS, PrecompDataset
+from .shards import ShardDevSet, ShardError, ShardStream, expand_shards
+from .transforms import RandomResizedCrop
 from .vocab import (
     SPECIAL_TOKENS,
     HFTokenizer,
@@ -66,6 +72,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "SPLITS",
     "CaptionEncoder",
+    "CsvPairsDataset",
     "DataFormatError",
     "ExpertBatch",
     "ExpertFeatures",
@@ -78,9 +85,13 @@ __all__ = [
     "KarpathySentence",
     "MSRVTTDataset",
     "PrecompDataset",
+    "RandomResizedCrop",
     "RetrievalBatch",
     "RetrievalDataset",
     "RetrievalItem",
+    "ShardDevSet",
+    "ShardError",
+    "ShardStream",
     "VideoFeatures",
     "Vocabulary",
     "build_karpathy_vocab",
@@ -90,8 +101,10 @@ __all__ = [
     "check_features",
     "collate_retrieval",
     "convert_experts",
+    "expand_shards",
     "load_hf_tokenizer",
     "pad_captions",
+    "read_csv_pairs",
     "read_jsfusion_csv",
     "read_karpathy_json",
     "read_msrvtt_json",

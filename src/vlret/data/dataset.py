@@ -162,6 +162,28 @@ class RetrievalDataset(Dataset):
     txt_to_img: torch.Tensor
     image_ids: list[Any]
     encoder: CaptionEncoder | None
+    #: Training augmentation (:class:`vlret.data.transforms.RandomResizedCrop`) that items
+    #: read through instead of :meth:`image` (:meth:`set_augment`); evaluation views
+    #: (:meth:`images`) always use :meth:`image`.
+    augment: Any = None
+    #: The run seed and the epoch of the augmentation's per-sample key
+    #: ``(augment_seed, epoch, caption index)``.
+    augment_seed: int = 0
+    epoch: int = 0
+
+    def set_augment(self, augment: Any, *, seed: int) -> None:
+        """Serve items through ``augment(image_source(img), key=(seed, epoch, index))``
+        (None: back to :meth:`image`)."""
+        self.augment, self.augment_seed = augment, int(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the augmentation's key (set before each epoch's DataLoader is made,
+        so its workers copy it)."""
+        self.epoch = int(epoch)
+
+    def image_source(self, index: int) -> Any:
+        """What the augmentation reads for image ``index`` (a file or PIL image)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no image files to augment")
 
     @property
     def num_images(self) -> int:
@@ -192,7 +214,12 @@ class RetrievalDataset(Dataset):
             raise IndexError(f"caption index {index} out of range for {len(self)} captions")
         index %= len(self)
         img = int(self.txt_to_img[index])
-        return RetrievalItem(self.image(img), self.caption(index), img, index)
+        if self.augment is not None:
+            key = (self.augment_seed, self.epoch, index)
+            features = self.augment(self.image_source(img), key=key)
+        else:
+            features = self.image(img)
+        return RetrievalItem(features, self.caption(index), img, index)
 
     @property
     def pad_id(self) -> int:

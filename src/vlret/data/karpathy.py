@@ -407,6 +407,12 @@ class KarpathyDataset(RetrievalDataset):
             ValueError: The dataset has no ``image_root``.
             FileNotFoundError: The image file is missing.
         """
+        path = self.image_source(index)
+        return self.image_transform(path) if self.image_transform is not None else path
+
+    def image_source(self, index: int) -> Path:
+        """The file of image ``index``, checked to exist (what training augmentation reads,
+        :meth:`RetrievalDataset.set_augment`; the train split's only)."""
         path = self.image_path(index)
         if not path.is_file():
             im = self.entries[index]
@@ -414,7 +420,7 @@ class KarpathyDataset(RetrievalDataset):
                 f"{path}: missing; expected the image file of imgid {im.imgid} listed in "
                 f"{self.data.path}"
             )
-        return self.image_transform(path) if self.image_transform is not None else path
+        return path
 
     def check_features(
         self, *, in_dim: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES

@@ -53,6 +53,7 @@ from typing import Any
 
 from .._files import atomic_write_text
 from .._moved import moved_names
+from ..data.transforms import image_data_problem
 from . import config_files
 from .config_checks import check_int_ranges, check_model_sizes
 from .config_files import ConfigError, check_tree
@@ -63,7 +64,7 @@ SECTIONS = ("data", "model", "loss", "optim", "train")
 #: Sections of a run config that training ignores: ``[compare]`` belongs to ``vlret compare``
 #: / ``vlret sweep`` (:mod:`vlret.analysis.compare`), so ``vlret train`` runs a compare config.
 IGNORED_SECTIONS = ("compare",)
-DATA_FORMATS = ("precomp", "msrvtt", "karpathy")
+DATA_FORMATS = ("precomp", "msrvtt", "karpathy", "webdataset", "csv")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
@@ -103,6 +104,24 @@ class DataConfig:
     min_count: int = 4
     num_workers: int = 0
     check_features: bool = True
+    # Pixels: format "webdataset" (vlret.data.shards) or "csv" (vlret.data.csv_pairs), and
+    # train_transform = "random_resized_crop" (vlret.data.transforms) for their train split.
+    train_transform: str = "none"
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    crop_ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333])
+    crop_interpolation: str = "bicubic"
+    hflip: bool = False
+    shards: str | list[str] | None = None
+    dev_shards: str | list[str] | None = None
+    train_num_samples: int | None = None
+    shuffle_buffer: int = 1000
+    resampled: bool = False
+    max_bad_fraction: float = 0.01
+    csv: str | None = None
+    dev_csv: str | None = None
+    csv_img_key: str = "filepath"
+    csv_caption_key: str = "title"
+    csv_separator: str = "\t"
 
 
 @dataclass
@@ -412,6 +431,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
     check_model_sizes(model, source)
+    if (problem := image_data_problem(data, model)) is not None:
+        raise ConfigError(source, f"data.{problem[0]}", problem[1])
     if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
         data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
     loss = _build_loss(raw["loss"], source, model)

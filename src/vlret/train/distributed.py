@@ -96,10 +96,11 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 
 @dataclass(frozen=True)
@@ -444,6 +445,18 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int, *, start_batch: int = 0) -> None:
         self.epoch, self.start_batch = epoch, start_batch
+
+    def loader(self, dataset: Any, *, num_workers: int, seed: int) -> DataLoader:
+        """The DataLoader of ``dataset``'s batches in this sampler's order, with its own
+        generator seeded with ``seed``: creating an iterator must not draw from the global
+        torch RNG, or a resumed epoch would shift the model's random stream."""
+        return DataLoader(
+            dataset,
+            batch_sampler=self,
+            collate_fn=dataset.collate,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(seed),
+        )
 
     def num_batches(self) -> int:
         full, rest = divmod(self.n, self.batch_size)

@@ -98,14 +98,18 @@ def epoch_summary(
     best_rsum: float | None,
     best_epoch: int | None,
     seconds: float,
+    skipped: int | None = None,
 ) -> str:
     """The line printed after each epoch: ``epoch 2 (3/5): ...``; ``epoch`` and
-    ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do."""
+    ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
+    the bad shard samples skipped in the epoch (shown for shards only)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"
     if dev_rsum is not None:
         best = f"{best_rsum:.2f}" if best_rsum is not None else "-"
         at = f" at epoch {best_epoch}" if best_epoch is not None else ""
         line += f", dev rsum {dev_rsum:.2f} (best {best}{at})"
+    if skipped is not None:
+        line += f", {_plural(skipped, 'bad sample')} skipped"
     return f"{line}, {seconds:.1f} s"
 
 
@@ -114,6 +118,9 @@ def _plural(n: int, word: str) -> str:
 
 
 def _sizes(dataset: Any) -> str:
+    if hasattr(dataset, "shards"):  # a shard stream (vlret.data.shards): no size on disk
+        shards = _plural(len(dataset.shards), "shard")
+        return f"{_plural(dataset.num_samples, 'sample')} (data.train_num_samples) from {shards}"
     return f"{_plural(dataset.num_images, 'image')} / {_plural(dataset.num_captions, 'caption')}"
 
 

@@ -27,10 +27,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
 
 from .._extras import progress_bar
 from .._modules import unwrap_model
+from ..data.shards import (
+    IMAGE_FORMATS,
+    ShardStream,
+    build_image_sets,
+    check_bad_fraction,
+    epoch_skipped,
+)
 from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
@@ -171,11 +177,11 @@ class Trainer:
         #: A score matrix instead of embeddings (SCAN, BFAN, SGRAF): see :mod:`.pair_scoring`.
         self.scores_pairs = scores_pairs(self.model)
         transform = getattr(self.model, "image_transform", None)
-        self.train_set = build_dataset(
-            config.data, config.data.train_split, self.encoder, image_transform=transform
+        validates = bool(tc.validate and config.data.dev_split and self.is_main)
+        self.train_set, self.dev_set = build_image_sets(  # webdataset / csv, augmentation
+            config, self.encoder, transform, env=self.env, dev=validates, other=build_dataset
         )
-        self.dev_set = None
-        if tc.validate and config.data.dev_split and self.is_main:
+        if validates and config.data.dev_split and config.data.format not in IMAGE_FORMATS:
             self.dev_set = build_dataset(
                 config.data,
                 config.data.dev_split,
@@ -228,7 +234,8 @@ class Trainer:
             decay_every=oc.decay_every,
         )
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
-        self.sampler = ShardedBatchSampler(
+        stream = self.train_set if isinstance(self.train_set, ShardStream) else None
+        self.sampler: ShardStream | ShardedBatchSampler = stream or ShardedBatchSampler(
             len(self.train_set),
             tc.batch_size,
             seed=tc.seed,
@@ -240,7 +247,7 @@ class Trainer:
         self.best_rsum: float | None = None
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
-        self.epoch_batches = 0
+        self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad shard samples
         if resume_state is not None:
             assert resume is not None  # resume_state was read from it
             self._load(resume, resume_state)
@@ -266,6 +273,7 @@ class Trainer:
             "best_epoch": self.best_epoch,
             "epoch_loss_sum": self.epoch_loss_sum,
             "epoch_batches": self.epoch_batches,
+            "epoch_skipped": self.epoch_skipped,
             "world_size": self.world,
             "config": self.config.to_dict(),
             "encoder": encoder_state(self.encoder, self.config),
@@ -295,6 +303,7 @@ class Trainer:
         self.best_epoch = state.get("best_epoch")
         self.epoch_loss_sum = float(state["epoch_loss_sum"])
         self.epoch_batches = int(state["epoch_batches"])
+        self.epoch_skipped = int(state.get("epoch_skipped", 0))
         if self.is_main:
             log = self.output_dir / LOG_FILE
             source_log = Path(path).parent / LOG_FILE
@@ -451,15 +460,10 @@ class Trainer:
     def _train_epoch(self, flag: dict[str, bool]) -> None:
         tc = self.config.train
         self.hooks.before_epoch(self)
+        self.train_set.set_epoch(self.epoch)  # augmentation keys (seed, epoch, index)
         self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
-        loader = DataLoader(
-            self.train_set,
-            batch_sampler=self.sampler,
-            collate_fn=self.train_set.collate,
-            num_workers=self.config.data.num_workers,
-            # Its own generator: creating an iterator must not draw from the global
-            # torch RNG, or a resumed epoch would shift the model's random stream.
-            generator=torch.Generator().manual_seed(tc.seed + self.epoch),
+        loader = self.sampler.loader(
+            self.train_set, num_workers=self.config.data.num_workers, seed=tc.seed + self.epoch
         )
         self.ddp_model.train()
         self.loss_fn.train()
@@ -467,6 +471,7 @@ class Trainer:
         t_saved = time.monotonic()
         bar = self._progress(loader)
         for batch in bar:
+            self.epoch_skipped += getattr(batch, "skipped", 0)
             loss, ctx = self.train_step(batch)
             self.batch_in_epoch += 1
             self.epoch_loss_sum += loss
@@ -500,9 +505,10 @@ class Trainer:
         if dev is not None and (self.best_rsum is None or dev["rsum"] > self.best_rsum):
             self.best_rsum, self.best_epoch, improved = dev["rsum"], self.epoch, True
         finished_epoch = self.epoch
+        skipped = epoch_skipped(self.sampler, self.epoch_skipped, device=self.device)  # all ranks
         self.epoch += 1
         self.batch_in_epoch = 0
-        self.epoch_loss_sum, self.epoch_batches = 0.0, 0
+        self.epoch_loss_sum, self.epoch_batches, self.epoch_skipped = 0.0, 0, 0
         seconds = time.perf_counter() - started  # training and validation
         record = {
             "kind": "epoch",
@@ -514,6 +520,7 @@ class Trainer:
             "best_rsum": self.best_rsum,
             "best_epoch": self.best_epoch,
             **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
+            **({"skipped": skipped} if skipped is not None else {}),
         }
         self._log(record)
         if self.print_fn is not None:
@@ -526,8 +533,10 @@ class Trainer:
                     best_rsum=self.best_rsum,
                     best_epoch=self.best_epoch,
                     seconds=seconds,
+                    skipped=skipped,
                 )
             )
+        check_bad_fraction(skipped, self.sampler)  # shards: after the record and the line
         if self.dev_set is None and self.epoch == tc.epochs:
             self.best_epoch, improved = finished_epoch, True
         if improved:
@@ -547,7 +556,7 @@ class Trainer:
             flag["saving"] = False
         raise TrainingInterrupted(path)
 
-    def _progress(self, loader: DataLoader):
+    def _progress(self, loader: Any):
         if not (self.config.train.progress and self.is_main):
             return loader
         desc = f"epoch {self.epoch} ({self.epoch + 1}/{self.config.train.epochs})"

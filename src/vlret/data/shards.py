@@ -1,0 +1,599 @@
+"""Web-scale image-caption shards (img2dataset / webdataset tar files), streamed.
+
+A shard is a tar file of samples ``KEY.jpg|png|jpeg|webp``, ``KEY.txt`` (the caption) and
+optionally ``KEY.json``; img2dataset names keys with 9 digits (shard id x 10^4 + index). The tar
+members are read and grouped into samples by the ``webdataset`` package (the ``pixels`` extra;
+a key is the file name up to its first dot, extensions lower-cased); the image is the first of
+``jpg``, ``png``, ``jpeg``, ``webp`` (open_clip's choice), the caption ``txt``.
+
+``data.shards`` is a brace pattern (``"cc3m/{00000..00331}.tar"``) or a list of paths and
+patterns; relative ones start from ``data.root``. No file gives the dataset's size, so
+``data.train_num_samples`` sets the epoch: ``train_num_samples // train.batch_size`` global
+batches (capped by ``train.max_steps_per_epoch``).
+
+**The order of an epoch** (:class:`ShardStream`), a function of the run seed, the epoch, the
+number of ranks and of DataLoader workers only:
+
+1. the shard list is shuffled with ``(seed, epoch)`` (the same permutation on every rank);
+2. rank ``r`` of ``R`` takes shards ``r, r + R, ...``, then its worker ``w`` of ``W`` takes
+   every ``W``-th of those (webdataset's ``split_by_node`` then ``split_by_worker``, with the
+   rank passed explicitly); fewer shards than ``R x W`` readers is refused unless
+   ``data.resampled``, which instead draws each worker's shards with replacement from the
+   whole list with ``(seed, epoch, rank, worker)``;
+3. the samples pass through a shuffle buffer of ``data.shuffle_buffer`` samples (webdataset's
+   ``shuffle``, filled completely before the first draw) seeded with ``(seed, epoch, rank,
+   worker)``;
+4. worker ``w`` serves the global batches ``w, w + W, ...``, in the DataLoader's round-robin
+   order. A worker whose shards run out reads them again (a new pass, reshuffled with the
+   pass number; the buffer drains at each pass's end), so every rank runs the epoch's steps.
+
+Sample ``j`` of global batch ``b`` on rank ``r`` gets the id ``b x batch_size + r x
+local_batch + j`` (its ``img_index`` and ``cap_index``: unique within the epoch, so each sample
+is the positive of its own caption only) and, with augmentation, the key ``(seed, epoch,
+id)`` (:mod:`vlret.data.transforms`).
+
+**Exact resume.** A run resumed at batch ``k`` of an epoch rebuilds the same stream and skips
+its first ``k`` batches: read and decoded (a bad sample is found the same way), neither
+augmented nor handed over; so it trains on exactly the uninterrupted run's samples, order and
+crops, at the price of re-reading the epoch's first ``k`` batches (same ranks and workers).
+
+**Bad samples.** A corrupt image, a missing or empty caption, a sample without an image or a
+broken tar member (webdataset's handler for the tar reading) is skipped and counted, never
+raised and never slept on (webdataset's own ``warn_and_continue`` sleeps 0.5 s per error).
+Each batch carries ``skipped``: the bad samples its worker met since its previous batch; the
+trainer adds them up (over ranks) into the epoch record's ``skipped`` and stops the run
+(:func:`check_bad_fraction`) when more than ``data.max_bad_fraction`` of the epoch's samples
+were bad. A worker stops by itself (one line, through the trainer) once its own count proves
+the fraction exceeded, or when a whole pass over its shards held no sample at all, so a broken
+data set never stalls the loop.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .._extras import require
+from .checks import DataFormatError
+from .dataset import RetrievalBatch, RetrievalDataset, collate_retrieval
+
+#: The image members a sample is read from, in order of preference (open_clip's).
+IMAGE_EXTENSIONS = ("jpg", "png", "jpeg", "webp")
+#: The ``data.format`` values :func:`build_image_sets` builds (the others: the trainer's own).
+IMAGE_FORMATS = ("webdataset", "csv")
+
+
+class ShardError(ValueError):
+    """Shards that cannot feed a run: too many bad samples, no readable sample, too few
+    shards for the readers (one line)."""
+
+
+class BadSample(ValueError):
+    """A sample that is skipped and counted (its reason in the message)."""
+
+
+class ShardFailure:
+    """What a worker hands over instead of a batch when the run must stop (an exception would
+    reach the trainer wrapped in a traceback); :class:`ShardLoader` raises it in one line."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class _Skipped:
+    """A batch of a resumed epoch that was trained before the checkpoint."""
+
+
+_SKIPPED = _Skipped()
+
+
+def _wds(what: str = "reading webdataset shards") -> Any:
+    return require("webdataset", what)
+
+
+def expand_shards(spec: str | Sequence[str], *, root: str | Path = ".", key: str = "data.shards"):
+    """The shard files of a brace pattern or a list of paths / patterns, in the given order.
+
+    Args:
+        spec: ``"cc3m/{00000..00331}.tar"`` or a list of such strings.
+        root: The folder relative paths start from.
+        key: The config key named in errors.
+
+    Returns:
+        The files as strings.
+
+    Raises:
+        ValueError: The spec is empty.
+        FileNotFoundError: A listed shard is missing (naming it and its pattern).
+    """
+    wds = _wds()
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    out: list[str] = []
+    for pattern in specs:
+        for name in wds.shardlists.expand_urls(pattern):
+            path = Path(name) if Path(name).is_absolute() else Path(root) / name
+            if not path.is_file():
+                raise FileNotFoundError(f"{key}: {path}: missing (from {pattern!r})")
+            out.append(str(path))
+    if not out:
+        raise ValueError(f"{key}: {spec!r} names no shard")
+    return out
+
+
+def decode_sample(sample: dict[str, Any]) -> tuple[Any, str]:
+    """The RGB PIL image and the caption of a webdataset sample.
+
+    Raises:
+        BadSample: No image member, an image PIL cannot decode, no or an empty caption.
+    """
+    pil = require("PIL.Image", "decoding shard images")
+    ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+    key = sample.get("__key__")
+    if ext is None:
+        raise BadSample(f"sample {key}: no image ({'/'.join(IMAGE_EXTENSIONS)})")
+    text = sample.get("txt")
+    try:
+        caption = text.decode("utf-8").strip() if isinstance(text, bytes) else ""
+    except UnicodeDecodeError:
+        raise BadSample(f"sample {key}: caption is not UTF-8") from None
+    if not caption:
+        raise BadSample(f"sample {key}: {'empty' if text is not None else 'no'} caption")
+    try:
+        with pil.open(io.BytesIO(sample[ext])) as opened:
+            image = opened.convert("RGB")
+    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise BadSample(f"sample {key}: {ext} does not decode ({type(err).__name__})") from None
+    return image, caption
+
+
+class _Counter:
+    """The webdataset exception handler of one worker: counts and continues."""
+
+    def __init__(self) -> None:
+        self.bad = self.good = self.raw = 0
+        self.raw_before = self.good_before = 0  # at the start of the current pass
+
+    def __call__(self, exn: BaseException) -> bool:
+        self.bad += 1
+        return True
+
+
+class ShardStream(IterableDataset):
+    """One rank's training batches from shards (the module docstring gives the order).
+
+    Also what the trainer asks its sampler for: :meth:`set_epoch` and :meth:`num_batches`.
+
+    Args:
+        shards: The shard files (:func:`expand_shards`).
+        num_samples: ``data.train_num_samples``.
+        batch_size: The global batch.
+        seed: The run seed.
+        rank: This process's rank.
+        world_size: The number of ranks.
+        num_workers: DataLoader workers per rank (0: read in the main process).
+        shuffle_buffer: Samples in the shuffle buffer (0 or 1: no shuffling within shards).
+        resampled: Draw shards with replacement.
+        max_bad_fraction: The fraction of bad samples that stops a run.
+        max_batches: Cap on the batches of an epoch.
+        image_transform: Maps a PIL image to the model's input (the evaluation transform).
+        augment: Training augmentation used instead (``augment(image, key=...)``).
+        encoder: Turns captions into token ids (None: texts).
+
+    Raises:
+        ShardError: Fewer shards than readers (without ``resampled``), or fewer samples
+            than one batch.
+        ValueError: A batch that does not divide over the ranks.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[str],
+        *,
+        num_samples: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        shuffle_buffer: int = 1000,
+        resampled: bool = False,
+        max_bad_fraction: float = 0.01,
+        max_batches: int | None = None,
+        image_transform: Any = None,
+        augment: Any = None,
+        encoder: Any = None,
+    ) -> None:
+        if batch_size % world_size:
+            raise ValueError(
+                f"train.batch_size ({batch_size}) must be a multiple of the number of ranks "
+                f"({world_size}); it is the global batch"
+            )
+        readers = world_size * max(num_workers, 1)
+        if not resampled and len(shards) < readers:
+            raise ShardError(
+                f"data.shards: {len(shards)} shards for {world_size} ranks x "
+                f"{max(num_workers, 1)} workers = {readers} readers; each reader needs a shard "
+                "of its own (fewer data.num_workers, or data.resampled = true)"
+            )
+        steps = num_samples // batch_size
+        if steps < 1:
+            raise ShardError(
+                f"data.train_num_samples = {num_samples} is less than one batch of {batch_size}"
+            )
+        self.shards = list(shards)
+        self.num_samples = num_samples
+        self.batch_size, self.seed = batch_size, seed
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.local_batch = batch_size // world_size
+        self.shuffle_buffer, self.resampled = shuffle_buffer, resampled
+        self.max_bad_fraction = max_bad_fraction
+        self.steps = steps if max_batches is None else min(steps, max_batches)
+        self.image_transform, self.augment, self.encoder = image_transform, augment, encoder
+        self.epoch = 0
+        self.start_batch = 0
+        self.captions: list[str] = []  # no caption list: streamed (losses that need one refuse)
+
+    @property
+    def num_images(self) -> int:  # the nominal size: ``train_num_samples``
+        return self.num_samples
+
+    num_captions = num_images
+
+    def set_epoch(self, epoch: int, *, start_batch: int = 0) -> None:
+        """The epoch to stream next, from its batch ``start_batch`` (a resumed run)."""
+        self.epoch, self.start_batch = int(epoch), int(start_batch)
+
+    def num_batches(self) -> int:
+        """Global batches (steps) per epoch."""
+        return self.steps
+
+    def __len__(self) -> int:
+        return max(0, self.steps - self.start_batch)
+
+    @property
+    def pad_id(self) -> int:
+        """The encoder's padding id (0 without an encoder)."""
+        return 0 if self.encoder is None else int(self.encoder.pad_id)
+
+    def check_features(self, *, in_dim: int | None = None, chunk_bytes: int = 0) -> None:
+        """Nothing to check before training: a streamed sample is checked when it is read."""
+
+    def loader(self, dataset: Any = None, *, num_workers: int, seed: int) -> ShardLoader:
+        """This epoch's batches through a DataLoader with ``num_workers`` workers (its own
+        generator, so making it draws nothing from the global torch RNG); ``dataset`` is
+        this stream (the sampler's signature)."""
+        return ShardLoader(self, num_workers=num_workers, seed=seed)
+
+    def __bool__(self) -> bool:  # a stream is there even when no batch is left
+        return True
+
+    # -- the stream ------------------------------------------------------------------------
+
+    def _shard_passes(self, worker: int, workers: int) -> Iterator[list[str]]:
+        tag = f"{self.seed}/{self.epoch}"
+        for p in itertools.count():
+            if self.resampled:
+                rng = random.Random(f"{tag}/{self.rank}/{worker}/resample/{p}")
+                yield [rng.choice(self.shards) for _ in range(len(self.shards))]
+                continue
+            order = list(self.shards)
+            random.Random(f"{tag}/shards/{p}").shuffle(order)
+            mine = list(itertools.islice(order, self.rank, None, self.world_size))
+            yield list(itertools.islice(mine, worker, None, workers))
+
+    def _passes(self, worker: int, workers: int, counter: _Counter) -> Iterator[Iterator[Any]]:
+        """The raw samples of each pass over this worker's shards, each pass shuffled in the
+        buffer and drained at its end (an epoch that reads one pass reads every sample once)."""
+        tar, shuffle = _wds().tariterators, _wds().filters._shuffle
+        for p, urls in enumerate(self._shard_passes(worker, workers)):
+            raw = iter(tar.tarfile_samples([{"url": u} for u in urls], handler=counter))
+            if self.shuffle_buffer > 1:
+                rng = random.Random(f"{self.seed}/{self.epoch}/{self.rank}/{worker}/buffer/{p}")
+                raw = iter(shuffle(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng))
+            yield raw
+            if counter.good == counter.good_before:  # another pass would loop for ever
+                read = counter.raw - counter.raw_before
+                raise ShardError(
+                    f"data.shards: worker {worker} of rank {self.rank} read "
+                    f"{'no sample' if not read else f'{read} samples, none usable,'} from its "
+                    f"{len(urls)} shards ({urls[0]}, ...)"
+                )
+            counter.raw_before, counter.good_before = counter.raw, counter.good
+
+    def _samples(self, worker: int, workers: int, counter: _Counter) -> Iterator[Any]:
+        for raw in self._passes(worker, workers, counter):
+            for sample in raw:
+                counter.raw += 1
+                try:
+                    image, caption = decode_sample(sample)
+                except BadSample:
+                    counter.bad += 1
+                    continue
+                counter.good += 1
+                yield image, caption, sample.get("__key__")
+
+    def _limit(self) -> float:
+        """A worker's bad count that proves the epoch's fraction exceeded."""
+        f = self.max_bad_fraction
+        total = self.steps * self.batch_size
+        return total * f / (1.0 - f) if f < 1.0 else 10.0 * total
+
+    def __iter__(self) -> Iterator[RetrievalBatch | ShardFailure | _Skipped]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        counter = _Counter()
+        reported = 0
+        try:
+            samples = self._samples(worker, workers, counter)
+            for b in range(worker, self.steps, workers):
+                items: list[tuple[Any, str, Any]] = []
+                while len(items) < self.local_batch:
+                    if counter.bad > self._limit():
+                        yield ShardFailure(bad_fraction_message(counter.bad, self, worker=worker))
+                        return
+                    items.append(next(samples))
+                if b < self.start_batch:  # read, not handed over; the marker keeps the
+                    yield _SKIPPED  # DataLoader's round robin over the workers in step
+                    continue
+                batch = self._collate(b, items)
+                batch.skipped = counter.bad - reported  # type: ignore[attr-defined]
+                reported = counter.bad
+                yield batch
+        except ShardError as err:
+            yield ShardFailure(str(err))
+
+    def _collate(self, b: int, items: list[tuple[Any, str, Any]]) -> RetrievalBatch:
+        first = b * self.batch_size + self.rank * self.local_batch
+        rows = []
+        for j, (image, caption, _) in enumerate(items):
+            sid = first + j
+            if self.augment is not None:
+                feats = self.augment(image, key=(self.seed, self.epoch, sid))
+            elif self.image_transform is not None:
+                feats = self.image_transform(image)
+            else:
+                feats = image
+            cap: Any = caption
+            if self.encoder is not None:
+                cap = torch.tensor(self.encoder.encode(caption), dtype=torch.long)
+            rows.append((feats, cap, sid, sid))
+        batch = collate_retrieval(rows, pad_id=self.pad_id)  # type: ignore[arg-type]
+        batch.keys = [key for _, _, key in items]  # type: ignore[attr-defined]
+        return batch
+
+
+def bad_fraction_message(bad: int, stream: ShardStream, *, worker: int | None = None) -> str:
+    """The line a run stops with when too many samples were bad."""
+    good = stream.steps * stream.batch_size
+    who = f" (worker {worker} of rank {stream.rank} alone)" if worker is not None else ""
+    return (
+        f"data.shards: {bad} bad samples{who} against {good} used in epoch {stream.epoch}: "
+        f"more than data.max_bad_fraction = {stream.max_bad_fraction:g} of the epoch's samples "
+        "(corrupt images, empty captions or broken tar members)"
+    )
+
+
+def epoch_skipped(sampler: Any, count: int, *, device: Any = "cpu") -> int | None:
+    """The bad samples of an epoch over every rank (``count``: this rank's; summed with an
+    all-reduce under torch.distributed), or None when ``sampler`` is not a :class:`ShardStream`
+    (every rank must call it)."""
+    if not isinstance(sampler, ShardStream):
+        return None
+    total = torch.tensor([count], dtype=torch.long, device=device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(total)
+    return int(total.item())
+
+
+def check_bad_fraction(skipped: int | None, stream: Any) -> None:
+    """Stop a run whose epoch had more than ``max_bad_fraction`` bad samples.
+
+    Args:
+        skipped: The epoch's bad samples over every rank (None: not streamed, nothing to do).
+        stream: The epoch's :class:`ShardStream` (its steps, batch and threshold).
+
+    Raises:
+        ShardError: ``skipped / (skipped + used) > max_bad_fraction``.
+    """
+    if skipped is None or not isinstance(stream, ShardStream):
+        return
+    used = stream.steps * stream.batch_size
+    if skipped and skipped / (skipped + used) > stream.max_bad_fraction:
+        raise ShardError(bad_fraction_message(skipped, stream))
+
+
+class ShardLoader:
+    """The batches of a DataLoader over a :class:`ShardStream` (with a length, for progress
+    bars); a worker's :class:`ShardFailure` is raised as a one-line :class:`ShardError`."""
+
+    def __init__(self, stream: ShardStream, *, num_workers: int, seed: int) -> None:
+        self.stream = stream
+        self.loader = DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self) -> Iterator[RetrievalBatch]:
+        for batch in self.loader:
+            if isinstance(batch, _Skipped):
+                continue
+            if isinstance(batch, ShardFailure):
+                raise ShardError(batch.message)
+            yield batch
+
+
+class ShardDevSet(RetrievalDataset):
+    """A small dev retrieval set from shards, one caption per image, read whole in shard
+    order (no shuffling); bad samples are left out and counted in ``skipped``.
+
+    Args:
+        shards: The shard files.
+        image_transform: Maps a PIL image to the model's input (None: PIL images).
+        encoder: Turns captions into token ids.
+        max_images: Keep the first ones only.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[str],
+        *,
+        image_transform: Any = None,
+        encoder: Any = None,
+        max_images: int | None = None,
+    ) -> None:
+        counter = _Counter()
+        self._images: list[bytes] = []
+        self.captions, self.image_ids = [], []
+        tar = _wds().tariterators
+        for sample in tar.tarfile_samples([{"url": u} for u in shards], handler=counter):
+            if max_images is not None and len(self.image_ids) >= max_images:
+                break
+            try:
+                image, caption = decode_sample(sample)
+            except BadSample:
+                counter.bad += 1
+                continue
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")  # decoded once here; lossless
+            self._images.append(buf.getvalue())
+            self.captions.append(caption)
+            self.image_ids.append(sample.get("__key__"))
+        if not self.image_ids:
+            raise DataFormatError(shards[0], "data.dev_shards hold no readable sample")
+        self.skipped = counter.bad
+        self.txt_to_img = torch.arange(len(self.image_ids))
+        self.image_transform, self.encoder = image_transform, encoder
+
+    def image_source(self, index: int) -> Any:
+        pil = require("PIL.Image", "decoding shard images")
+        with pil.open(io.BytesIO(self._images[index])) as opened:
+            return opened.convert("RGB")
+
+    def image(self, index: int) -> Any:
+        image = self.image_source(index)
+        return self.image_transform(image) if self.image_transform is not None else image
+
+
+def build_shard_source(
+    data: Any,
+    *,
+    batch_size: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    max_batches: int | None = None,
+    image_transform: Any = None,
+    augment: Any = None,
+    encoder: Any = None,
+) -> ShardStream:
+    """The :class:`ShardStream` of a ``[data]`` section with ``format = "webdataset"``."""
+    return ShardStream(
+        expand_shards(data.shards, root=data.root),
+        num_samples=data.train_num_samples,
+        batch_size=batch_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        num_workers=data.num_workers,
+        shuffle_buffer=data.shuffle_buffer,
+        resampled=data.resampled,
+        max_bad_fraction=data.max_bad_fraction,
+        max_batches=max_batches,
+        image_transform=image_transform,
+        augment=augment,
+        encoder=encoder,
+    )
+
+
+def build_shard_dev_set(
+    data: Any, *, image_transform: Any = None, encoder: Any = None, max_images: int | None = None
+) -> ShardDevSet:
+    """The dev set ``data.dev_shards`` of a ``[data]`` section."""
+    shards = expand_shards(data.dev_shards, root=data.root, key="data.dev_shards")
+    return ShardDevSet(
+        shards, image_transform=image_transform, encoder=encoder, max_images=max_images
+    )
+
+
+def build_image_sets(
+    config: Any,
+    encoder: Any,
+    eval_transform: Any,
+    *,
+    env: Any = None,
+    dev: bool = True,
+    other: Any = None,
+) -> tuple[Any, Any]:
+    """``(train set, dev set or None)`` of a run ``config`` with ``data.format`` ``webdataset``
+    (a :class:`ShardStream` and ``data.dev_shards``) or ``csv`` (``data.csv``, ``data.dev_csv``),
+    the train set augmented as ``data.train_transform`` says (``eval_transform``: the model's;
+    ``env``: ``rank`` and ``world_size``, None for one process; ``dev``: whether this process
+    evaluates); for another format ``(other(data, train_split, encoder, image_transform=...),
+    None)``: the trainer's builder, which builds that format's dev set."""
+    from .csv_pairs import build_csv_dataset
+    from .transforms import build_train_transform
+
+    data, tc = config.data, config.train
+    augment = build_train_transform(data, eval_transform)
+    dev_set: Any = None
+    if data.format not in IMAGE_FORMATS:
+        assert other is not None, "the builder of the other formats"
+        train = other(data, data.train_split, encoder, image_transform=eval_transform)
+        if augment is not None:
+            train.set_augment(augment, seed=tc.seed)
+        return train, None
+    if data.format == "csv":
+        train = build_csv_dataset(data, "train", encoder, image_transform=eval_transform)
+        if augment is not None:
+            train.set_augment(augment, seed=tc.seed)
+        if dev and data.dev_csv:
+            dev_set = build_csv_dataset(data, "dev", encoder, image_transform=eval_transform)
+        return train, dev_set
+    stream = build_shard_source(
+        data,
+        batch_size=tc.batch_size,
+        seed=tc.seed,
+        rank=env.rank if env is not None else 0,
+        world_size=env.world_size if env is not None else 1,
+        max_batches=tc.max_steps_per_epoch,
+        image_transform=eval_transform,
+        augment=augment,
+        encoder=encoder,
+    )
+    if dev and data.dev_shards:
+        dev_set = build_shard_dev_set(
+            data, image_transform=eval_transform, encoder=encoder, max_images=data.dev_max_images
+        )
+    return stream, dev_set
+
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "IMAGE_FORMATS",
+    "BadSample",
+    "ShardDevSet",
+    "ShardError",
+    "ShardFailure",
+    "ShardStream",
+    "bad_fraction_message",
+    "build_shard_dev_set",
+    "build_shard_source",
+    "check_bad_fraction",
+    "decode_sample",
+    "expand_shards",
+    "ShardLoader",
+    "epoch_skipped",
+    "build_image_sets",
+]
