@@ -57,6 +57,7 @@ from . import config_files
 from .config_checks import check_int_ranges, check_model_sizes
 from .config_files import ConfigError, check_tree
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
+from .train_checks import check_loop_settings
 from .warmup import warmup_refusal
 
 SECTIONS = ("data", "model", "loss", "optim", "train")
@@ -128,6 +129,10 @@ class OptimConfig:
     parameters); the longest matching prefix wins, warm-up and decay scale every group alike
     (:class:`vlret.train.hooks.LrMultipliers`). A nested table is read as dotted prefixes. A
     prefix that names no trainable parameter is an error when the trainer is built.
+    ``schedule``: ``"step"`` (the above) or ``"cosine"`` (open_clip's, over the run's steps:
+    :class:`vlret.train.schedule.CosineWarmup`). ``no_decay``: patterns of the parameters without
+    weight decay; ``None``: open_clip's rule with ``adamw``, none otherwise
+    (:mod:`vlret.train.optim_groups`).
     """
 
     name: str = "adam"
@@ -141,6 +146,8 @@ class OptimConfig:
     warmup_steps: int = 0
     grad_clip: float | None = 2.0
     lr_multipliers: dict[str, float] = field(default_factory=dict)
+    schedule: str = "step"
+    no_decay: list[str] | None = None
 
 
 @dataclass
@@ -172,13 +179,18 @@ class TrainConfig:
     ``dist_timeout``: under torchrun, seconds a rank waits in one collective for the others
     before the job ends with a message naming the rank (a stopped or stuck rank; see
     :mod:`vlret.train.distributed`, "A stalled rank").
+    ``amp``: ``false``, ``true`` (float16 on CUDA only), ``"fp16"`` or ``"bf16"`` (CPU too):
+    :func:`vlret.train.schedule.amp_dtype`. ``freeze_bn``: ``"eval"`` or ``"train"`` (VSE++'s
+    quirk): the mode of the ``freeze`` modules while frozen. ``lock``: LiT-style locked towers
+    (:class:`vlret.train.hooks.LockModules`). ``compile`` (``true`` or a backend name) and
+    ``activation_checkpointing``: :func:`vlret.train.schedule.prepare_model`.
     """
 
     epochs: int
     batch_size: int
     seed: int = 0
     device: str = "auto"
-    amp: bool = True
+    amp: bool | str = True
     deterministic: bool = True
     drop_last: bool = True
     log_every: int = 10
@@ -194,6 +206,10 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)
     freeze_epochs: int = 0
     dist_timeout: float = DIST_TIMEOUT
+    freeze_bn: str = "eval"
+    lock: list[str] = field(default_factory=list)
+    compile: bool | str = False
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -460,7 +476,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
-    _check_freeze(train, source)
+    check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
     for section, built in (("data", data), ("optim", optim), ("train", train)):
         check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(
@@ -514,22 +530,6 @@ def _lr_multipliers(raw: dict[str, Any], source: str, prefix: str = "") -> dict[
         else:
             out[dotted] = float(value)
     return out
-
-
-def _check_freeze(train: TrainConfig, source: str) -> None:
-    """``freeze`` names modules (each once) exactly when ``freeze_epochs`` is positive."""
-    if train.freeze_epochs < 0:
-        raise ConfigError(source, "train.freeze_epochs", "expected an integer >= 0")
-    for i, name in enumerate(train.freeze):
-        if not name.strip() or name in train.freeze[:i]:
-            why = "empty module name" if not name.strip() else f"{name!r} is listed twice"
-            raise ConfigError(source, f"train.freeze[{i}]", why)
-    if train.freeze and not train.freeze_epochs:
-        why = "train.freeze lists modules: give freeze_epochs >= 1 (the epochs they stay frozen)"
-        raise ConfigError(source, "train.freeze_epochs", why)
-    if train.freeze_epochs and not train.freeze:
-        why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
-        raise ConfigError(source, "train.freeze", why)
 
 
 def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:

@@ -63,6 +63,7 @@ from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
 from .hooks import HookList, StepOutput, TrainHook, TrainResult, config_hooks, param_groups
 from .loss_step import LossStep, StepLoss
+from .optim_groups import set_group_weight_decay
 from .pair_scoring import pair_dev_metrics, score_stats, scores_pairs
 from .run_folder import (
     RunFolderError,
@@ -81,7 +82,8 @@ from .run_log import (
     run_summary,
     truncate_log,
 )
-from .schedule import StepDecayWarmup, interrupt_flag, seed_everything
+from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
+from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -158,7 +160,7 @@ class Trainer:
         if resume is not None:
             resume_state = read_state(resume, self.device)
             check_resume_config(resume_state.get("config"), config.to_dict(), resume)
-        self.amp = bool(tc.amp and self.device.type == "cuda")
+        self.amp_dtype = amp_dtype(tc.amp, self.device, source=config.source)  # None: off
         if tc.deterministic and self.device.type == "cuda":
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
@@ -201,6 +203,7 @@ class Trainer:
         self.momentum_encoder = None
         if tc.momentum_encoder is not None:  # the config checked the loss takes its keys
             self.momentum_encoder = MomentumEncoder(self.model, momentum=tc.momentum_encoder)
+        prepare_model(self.model, tc, source=config.source)  # lock, checkpointing, compile
         if self.world > 1:
             ddp_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp_model: nn.Module = nn.parallel.DistributedDataParallel(
@@ -218,16 +221,15 @@ class Trainer:
         self.step = 0
         #: The config's hooks (:func:`.hooks.config_hooks`), then the caller's, in call order.
         self.hooks = HookList([*config_hooks(self), *hooks])
-        self.optimizer = build_optimizer(config.optim, param_groups(self, self.hooks))
-        oc = config.optim
-        self.scheduler = StepDecayWarmup(
+        groups = param_groups(self, self.hooks)
+        optimizer = build_optimizer(config.optim, groups)
+        self.optimizer = set_group_weight_decay(optimizer, groups)  # optim.no_decay's groups
+        self.scheduler = build_schedule(  # a cosine's total steps are read at the first step
             self.optimizer,
-            decay_epochs=oc.decay_epochs,
-            decay_factor=oc.decay_factor,
-            warmup_steps=oc.warmup_steps,
-            decay_every=oc.decay_every,
+            config.optim,
+            total_steps=lambda: tc.epochs * self.sampler.num_batches(),  # type: ignore[has-type]
         )
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.sampler = ShardedBatchSampler(
             len(self.train_set),
             tc.batch_size,
@@ -321,7 +323,8 @@ class Trainer:
         return self.loss_step(self, batch)
 
     def _autocast(self) -> torch.autocast:
-        return torch.autocast(device_type=self.device.type, enabled=self.amp)
+        on = self.amp_dtype is not None
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype, enabled=on)
 
     def train_step(self, batch) -> tuple[float, dict[str, Any]]:
         """One optimisation step on a local batch; returns the (global) loss value."""
