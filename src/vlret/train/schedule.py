@@ -11,7 +11,7 @@ import random
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -130,9 +130,10 @@ class CosineWarmup:
         return self._total
 
     def factor(self, *, epoch: int, step: int) -> float:  # noqa: ARG002 (same call as step decay)
+        total = self.total_steps  # checked at the first step, warm-up or not
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
-        span = self.total_steps - self.warmup_steps
+        span = total - self.warmup_steps
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - self.warmup_steps) / span)))
 
     def apply(self, *, epoch: int, step: int) -> float:
@@ -207,6 +208,10 @@ def amp_dtype(
     return torch.float16
 
 
+#: torch.utils.checkpoint's mode for Hugging Face modules: non-reentrant.
+NON_REENTRANT = {"use_reentrant": False}
+
+
 def hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The outermost Hugging Face models inside ``model`` that support gradient checkpointing
     (a ``BertModel``, a ``CLIPModel``, ...), named."""
@@ -214,8 +219,9 @@ def hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     for name, module in model.named_modules():
         if any(name == n or name.startswith(n + ".") for n, _ in found if n):
             continue
-        if getattr(module, "supports_gradient_checkpointing", False) and hasattr(
-            module, "gradient_checkpointing_enable"
+        methods = ("activation_checkpointing_enable", "gradient_checkpointing_enable")
+        if getattr(module, "supports_gradient_checkpointing", False) and any(
+            hasattr(module, m) for m in methods
         ):
             found.append((name, module))
     return found
@@ -223,7 +229,8 @@ def hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def enable_activation_checkpointing(model: nn.Module, *, source: str = "<config>") -> list[str]:
     """``train.activation_checkpointing``: each Hugging Face submodule's
-    ``gradient_checkpointing_enable`` (non-reentrant: it works with frozen inputs, under DDP and
+    ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` before transformers
+    5), non-reentrant ( it works with frozen inputs, under DDP and
     with gradient caching; the RNG is replayed, so dropout gives the same gradients). The
     other towers (GRU, FC, precomputed features) are left as they are: their activations are
     small next to a transformer's. Returns the names of the checkpointed modules.
@@ -239,8 +246,11 @@ def enable_activation_checkpointing(model: nn.Module, *, source: str = "<config>
         )
         raise ConfigError(source, "train.activation_checkpointing", why)
     for _, module in found:
-        enable = cast("Any", module).gradient_checkpointing_enable  # a PreTrainedModel's
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf: Any = module  # a PreTrainedModel: transformers 5 renamed the method
+        if hasattr(hf, "activation_checkpointing_enable"):
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT)
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT)
     return [name or "<model>" for name, _ in found]
 
 
