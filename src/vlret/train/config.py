@@ -55,9 +55,10 @@ from .._files import atomic_write_text
 from .._moved import moved_names
 from ..data.transforms import image_data_problem
 from . import config_files
-from .config_checks import check_int_ranges, check_model_sizes
+from .config_checks import check_int_ranges, check_model_sizes, check_msrvtt
 from .config_files import ConfigError, check_tree
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
+from .train_checks import check_loop_settings, check_zeroshot
 from .warmup import warmup_refusal
 
 SECTIONS = ("data", "model", "loss", "optim", "train")
@@ -147,6 +148,10 @@ class OptimConfig:
     parameters); the longest matching prefix wins, warm-up and decay scale every group alike
     (:class:`vlret.train.hooks.LrMultipliers`). A nested table is read as dotted prefixes. A
     prefix that names no trainable parameter is an error when the trainer is built.
+    ``schedule``: ``"step"`` (the above) or ``"cosine"`` (open_clip's, over the run's steps:
+    :class:`vlret.train.schedule.CosineWarmup`). ``no_decay``: patterns of the parameters without
+    weight decay; ``None``: open_clip's rule with ``adamw``, none otherwise
+    (:mod:`vlret.train.optim_groups`).
     """
 
     name: str = "adam"
@@ -160,6 +165,8 @@ class OptimConfig:
     warmup_steps: int = 0
     grad_clip: float | None = 2.0
     lr_multipliers: dict[str, float] = field(default_factory=dict)
+    schedule: str = "step"
+    no_decay: list[str] | None = None
 
 
 @dataclass
@@ -191,13 +198,18 @@ class TrainConfig:
     ``dist_timeout``: under torchrun, seconds a rank waits in one collective for the others
     before the job ends with a message naming the rank (a stopped or stuck rank; see
     :mod:`vlret.train.distributed`, "A stalled rank").
+    ``amp``: ``false``, ``true`` (float16 on CUDA only), ``"fp16"`` or ``"bf16"`` (CPU too):
+    :func:`vlret.train.schedule.amp_dtype`. ``freeze_bn``: ``"eval"`` or ``"train"`` (VSE++'s
+    quirk): the mode of the ``freeze`` modules while frozen. ``lock``: LiT-style locked towers
+    (:class:`vlret.train.hooks.LockModules`). ``compile`` (``true`` or a backend name) and
+    ``activation_checkpointing``: :func:`vlret.train.schedule.prepare_model`.
     """
 
     epochs: int
     batch_size: int
     seed: int = 0
     device: str = "auto"
-    amp: bool = True
+    amp: bool | str = True
     deterministic: bool = True
     drop_last: bool = True
     log_every: int = 10
@@ -219,6 +231,10 @@ class TrainConfig:
     zeroshot_root: str = ""
     zeroshot_split: str = "test"
     zeroshot_templates: str = ""
+    freeze_bn: str = "eval"
+    lock: list[str] = field(default_factory=list)
+    compile: bool | str = False
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -426,7 +442,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     data = _build(DataConfig, raw["data"], source, "data")
     _check_choice(data.format, DATA_FORMATS, source, "data.format")
     train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
-    _check_msrvtt(data, raw["data"], train_raw.get("validate", True), source)
+    check_msrvtt(data, raw["data"], train_raw.get("validate", True), source)
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
@@ -487,8 +503,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
     if train.momentum_encoder is not None:
         _check_momentum_encoder(train.momentum_encoder, loss, source)
-    _check_freeze(train, source)
-    _check_zeroshot(train, source)
+    check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
+    check_zeroshot(train, source)
     for section, built in (("data", data), ("optim", optim), ("train", train)):
         check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(
@@ -544,68 +560,11 @@ def _lr_multipliers(raw: dict[str, Any], source: str, prefix: str = "") -> dict[
     return out
 
 
-def _check_freeze(train: TrainConfig, source: str) -> None:
-    """``freeze`` names modules (each once) exactly when ``freeze_epochs`` is positive."""
-    if train.freeze_epochs < 0:
-        raise ConfigError(source, "train.freeze_epochs", "expected an integer >= 0")
-    for i, name in enumerate(train.freeze):
-        if not name.strip() or name in train.freeze[:i]:
-            why = "empty module name" if not name.strip() else f"{name!r} is listed twice"
-            raise ConfigError(source, f"train.freeze[{i}]", why)
-    if train.freeze and not train.freeze_epochs:
-        why = "train.freeze lists modules: give freeze_epochs >= 1 (the epochs they stay frozen)"
-        raise ConfigError(source, "train.freeze_epochs", why)
-    if train.freeze_epochs and not train.freeze:
-        why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
-        raise ConfigError(source, "train.freeze", why)
-
-
-def _check_zeroshot(train: TrainConfig, source: str) -> None:
-    """``zeroshot_every >= 0``; when on, the set's name, folder and split are given."""
-    if train.zeroshot_every < 0:
-        raise ConfigError(source, "train.zeroshot_every", "expected an integer >= 0 (0: off)")
-    for key in ("zeroshot_dataset", "zeroshot_root", "zeroshot_split"):
-        if train.zeroshot_every and not getattr(train, key).strip():
-            why = f"required when zeroshot_every = {train.zeroshot_every}"
-            raise ConfigError(source, f"train.{key}", why)
-
-
 def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:
     for key, minimum in minimums.items():
         value = getattr(obj, key)
         if value is not None and value < minimum:
             raise ConfigError(source, f"{section}.{key}", f"expected >= {minimum}, got {value!r}")
-
-
-def _check_msrvtt(data: DataConfig, raw_data: dict[str, Any], validate: Any, source: str) -> None:
-    """MSR-VTT: ``experts`` is "all" or names (no other format has experts); 1k-A has only
-    train and test: no validation unless ``dev_split`` says test."""
-    experts = data.experts
-    if experts is not None and data.format != "msrvtt":
-        raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
-    names = ["all"] if experts == "all" else experts if isinstance(experts, list) else [None]
-    if experts is not None and (not names or not all(isinstance(n, str) and n for n in names)):
-        why = f'expected "all" or a non-empty list of expert names, got {experts!r}'
-        raise ConfigError(source, "data.experts", why)
-    if data.format != "msrvtt":
-        return
-    from ..data.msrvtt import normalise_protocol
-
-    try:
-        protocol = normalise_protocol(data.protocol)
-    except ValueError as err:
-        raise ConfigError(source, "data.protocol", str(err)) from None
-    if protocol != "1k-A":
-        return
-    if "dev_split" not in raw_data:
-        data.dev_split = None
-    elif data.dev_split not in (None, "test") and validate is not False:
-        raise ConfigError(
-            source,
-            "data.dev_split",
-            f"MSR-VTT 1k-A has no {data.dev_split!r} split (only train and test); set "
-            "data.dev_split = null (no validation; best.pt is the last epoch)",
-        )
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

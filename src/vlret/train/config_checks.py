@@ -138,6 +138,38 @@ def check_model_sizes(model: dict[str, Any], source: str) -> None:
             )
 
 
+def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
+    """MSR-VTT (``data`` a :class:`~vlret.train.config.DataConfig`, whose ``dev_split`` this
+    may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
+    train and test: no validation unless ``dev_split`` says test."""
+    experts = data.experts
+    if experts is not None and data.format != "msrvtt":
+        raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
+    names = ["all"] if experts == "all" else experts if isinstance(experts, list) else [None]
+    if experts is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+        why = f'expected "all" or a non-empty list of expert names, got {experts!r}'
+        raise ConfigError(source, "data.experts", why)
+    if data.format != "msrvtt":
+        return
+    from ..data.msrvtt import normalise_protocol
+
+    try:
+        protocol = normalise_protocol(data.protocol)
+    except ValueError as err:
+        raise ConfigError(source, "data.protocol", str(err)) from None
+    if protocol != "1k-A":
+        return
+    if "dev_split" not in raw_data:
+        data.dev_split = None
+    elif data.dev_split not in (None, "test") and validate is not False:
+        raise ConfigError(
+            source,
+            "data.dev_split",
+            f"MSR-VTT 1k-A has no {data.dev_split!r} split (only train and test); set "
+            "data.dev_split = null (no validation; best.pt is the last epoch)",
+        )
+
+
 __all__ = [
     "INT_RANGES",
     "MAX_BATCH",
@@ -152,4 +184,5 @@ __all__ = [
     "MAX_WORKERS",
     "check_int_ranges",
     "check_model_sizes",
+    "check_msrvtt",
 ]

@@ -18,19 +18,20 @@ calls every hook's methods in the order of its hook list, at fixed points:
    ``after_epoch(trainer, record)``; ``trainer.epoch`` is then the number of epochs done.
 5. ``on_fit_end(trainer, result)`` when the last epoch is done (not after an interrupt).
 
-The hooks built from the config (:func:`config_hooks`) come first, in the order
-:class:`AllNegativesWarmup`, :class:`FreezeModules`, :class:`LrMultipliers`,
-:class:`SyncLossBuffers`; the hooks given to ``Trainer(..., hooks=...)`` follow in their
-order. Every hook method runs on every rank. A hook reads the trainer's state (``epoch``,
-``step``, ``model``, ``loss_fn``, ``optimizer``, ``world``) and keeps none of its own that a
-resume would need: what it does is a function of that state, so ``--resume`` stays exact.
+The hooks built from the config (:mod:`vlret.train.config_hooks`) come first, in the order
+:class:`AllNegativesWarmup`, :class:`FreezeModules`, :class:`LockModules`,
+:class:`LrMultipliers`, :class:`NoWeightDecay`, :class:`SyncLossBuffers`, then the zero-shot
+check (:class:`vlret.train.zeroshot_hook.ZeroShotEvery`); the hooks given to
+``Trainer(..., hooks=...)`` follow in their order. Every hook method runs on every rank. A
+hook reads the trainer's state (``epoch``, ``step``, ``model``, ``loss_fn``, ``optimizer``,
+``world``) and keeps none of its own that a resume would need: what it does is a function of
+that state, so ``--resume`` stays exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -39,6 +40,7 @@ from torch import nn
 
 from .config import ConfigError, RunConfig
 from .distributed import broadcast_from_main
+from .optim_groups import exempt_from_decay
 
 if TYPE_CHECKING:
     from ..data.dataset import RetrievalBatch
@@ -76,15 +78,18 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class ParamGroup:
-    """One optimiser parameter group: its parameters, their names and a learning-rate factor.
+    """One optimiser parameter group: its parameters, their names, a learning-rate factor and
+    its weight decay.
 
     The group's learning rate is ``optim.lr * lr_scale`` times the schedule's factor (warm-up
-    and decay multiply every group alike).
+    and decay multiply every group alike); its weight decay is ``weight_decay``, or
+    ``optim.weight_decay`` when that is None (:class:`NoWeightDecay` sets 0).
     """
 
     names: tuple[str, ...]
     params: tuple[nn.Parameter, ...]
     lr_scale: float = 1.0
+    weight_decay: float | None = None
 
 
 @dataclass(frozen=True)
@@ -194,12 +199,13 @@ def named_trainable(model: nn.Module, loss_fn: nn.Module) -> list[tuple[str, nn.
 
 def param_groups(trainer: HookedTrainer, hooks: TrainHook) -> list[nn.Parameter] | list[ParamGroup]:
     """The optimiser's parameters: one group of :func:`named_trainable` refined by each hook's
-    :meth:`~TrainHook.param_groups` in turn; a single group at factor 1 comes back as the plain
-    parameter list (the optimiser built exactly as without hooks)."""
+    :meth:`~TrainHook.param_groups` in turn; a single group at factor 1 and the optimiser's
+    weight decay comes back as the plain parameter list (the optimiser built exactly as without
+    hooks)."""
     named = named_trainable(trainer.model, trainer.loss_fn)
     groups = [ParamGroup(tuple(n for n, _ in named), tuple(p for _, p in named))]
     groups = hooks.param_groups(trainer, groups)
-    if len(groups) == 1 and groups[0].lr_scale == 1.0:
+    if len(groups) == 1 and groups[0].lr_scale == 1.0 and groups[0].weight_decay is None:
         return list(groups[0].params)
     return groups
 
@@ -239,17 +245,19 @@ class LrMultipliers(TrainHook):
 
     def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
         names = [n for g in groups for n in g.names]
-        by_prefix: dict[str, list[tuple[str, nn.Parameter, float]]] = {
+        # keyed by an incoming group's (lr_scale, weight_decay)
+        by_prefix: dict[str, list[tuple[str, nn.Parameter, tuple[float, float | None]]]] = {
             p: [] for p in self.multipliers
         }
-        rest: dict[float, list[tuple[str, nn.Parameter]]] = {}
+        rest: dict[tuple[float, float | None], list[tuple[str, nn.Parameter]]] = {}
         for group in groups:
+            key = (group.lr_scale, group.weight_decay)
             for name, param in zip(group.names, group.params, strict=True):
                 matches = [p for p in self.multipliers if _under(name, p)]
                 if matches:
-                    by_prefix[max(matches, key=len)].append((name, param, group.lr_scale))
+                    by_prefix[max(matches, key=len)].append((name, param, key))
                 else:
-                    rest.setdefault(group.lr_scale, []).append((name, param))
+                    rest.setdefault(key, []).append((name, param))
         for prefix in by_prefix:
             if not any(_under(n, prefix) for n in names):
                 raise ConfigError(
@@ -258,24 +266,43 @@ class LrMultipliers(TrainHook):
                     f"matches no trainable parameter; parameter names begin with {_nearby(names)}",
                 )
         out = [
-            ParamGroup(tuple(n for n, _ in m), tuple(p for _, p in m), s) for s, m in rest.items()
+            ParamGroup(tuple(n for n, _ in m), tuple(p for _, p in m), s, wd)
+            for (s, wd), m in rest.items()
         ]
         for prefix, members in by_prefix.items():
-            scales = dict.fromkeys(s for _, _, s in members)
-            for scale in scales:  # one group per incoming factor (several hooks compose)
-                kept = [(n, p) for n, p, s in members if s == scale]
+            keys = dict.fromkeys(k for _, _, k in members)
+            for scale, decay in keys:  # one group per incoming group kind (hooks compose)
+                kept = [(n, p) for n, p, k in members if k == (scale, decay)]
                 out.append(
                     ParamGroup(
                         tuple(n for n, _ in kept),
                         tuple(p for _, p in kept),
                         scale * self.multipliers[prefix],
+                        decay,
                     )
                 )
         return [g for g in out if g.params]
 
 
+def _modules(
+    model: nn.Module, names: Sequence[str], key: str, source: str
+) -> list[tuple[str, nn.Module]]:
+    """The named modules of ``model`` (``model.named_modules()`` names); a name that is none is
+    a ConfigError keyed ``key[i]``, listing the model's top-level modules."""
+    modules = dict(model.named_modules())
+    out = []
+    for i, name in enumerate(names):
+        if name not in modules or not name:
+            children = ", ".join(n for n, _ in model.named_children())
+            why = f"{name!r} is not a module of the model (its top-level modules: {children})"
+            raise ConfigError(source, f"{key}[{i}]", why)
+        out.append((name, modules[name]))
+    return out
+
+
 class FreezeModules(TrainHook):
-    """Modules frozen for the first ``epochs`` epochs (``[train] freeze``, ``freeze_epochs``).
+    """Modules frozen for the first ``epochs`` epochs (``[train] freeze``, ``freeze_epochs``,
+    ``freeze_bn``): VSE++'s step 1 (the backbone fixed while the rest trains) then step 2.
 
     In epochs ``< epochs`` the modules' parameters get no update: their gradients are dropped
     before the optimiser step (the optimiser then skips them: no step, no weight decay, no
@@ -283,31 +310,40 @@ class FreezeModules(TrainHook):
     not compute them. DistributedDataParallel fixes at construction which parameters it
     reduces, so under torchrun they stay differentiable and only the update is skipped. From
     epoch ``epochs`` on they train. The phase is read from ``trainer.epoch`` at each epoch
-    start, so a run resumed inside the frozen phase continues identically. Normalisation
-    layers' running statistics still update in training mode.
+    start, so a run resumed inside the frozen phase continues identically.
+
+    ``bn``: the modules' mode while frozen. ``"eval"`` (default): put in eval mode before every
+    step, so BatchNorm running statistics stay fixed and dropout is off: the frozen module is a
+    fixed function. ``"train"``: left in train mode like the rest of the model, so BatchNorm
+    layers keep updating their running statistics from the training batches although their
+    weights do not move. That is VSE++'s step 1 (its backbone is left out of the optimiser but
+    the model is in train mode): set it to reproduce VSE++, not by accident. (VSE-infinity's
+    WSL backbone instead keeps BatchNorm in eval mode for the whole run.)
 
     Raises:
         ConfigError: A name that is no module of the model (``train.freeze``).
     """
 
     def __init__(
-        self, model: nn.Module, names: Sequence[str], *, epochs: int, source: str = "<hooks>"
+        self,
+        model: nn.Module,
+        names: Sequence[str],
+        *,
+        epochs: int,
+        bn: str = "eval",
+        source: str = "<hooks>",
     ) -> None:
-        modules = dict(model.named_modules())
+        if bn not in ("eval", "train"):
+            raise ConfigError(source, "train.freeze_bn", f"expected eval or train, got {bn!r}")
+        self.modules = [m for _, m in _modules(model, names, "train.freeze", source)]
         params: dict[int, nn.Parameter] = {}
-        for i, name in enumerate(names):
-            if name not in modules or not name:
-                children = ", ".join(n for n, _ in model.named_children())
-                raise ConfigError(
-                    source,
-                    f"train.freeze[{i}]",
-                    f"{name!r} is not a module of the model (its top-level modules: {children})",
-                )
-            for p in modules[name].parameters():
+        for module in self.modules:
+            for p in module.parameters():
                 if p.requires_grad:  # a parameter the model keeps fixed anyway stays fixed
                     params[id(p)] = p
         self.params = list(params.values())
         self.epochs = int(epochs)
+        self.bn = bn
         self.frozen = False
 
     def before_epoch(self, trainer: HookedTrainer) -> None:
@@ -315,6 +351,11 @@ class FreezeModules(TrainHook):
         if trainer.world == 1:
             for p in self.params:
                 p.requires_grad_(not self.frozen)
+
+    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+        if self.frozen and self.bn == "eval":  # after the epoch's model.train()
+            for module in self.modules:
+                module.eval()
 
     def before_optimizer_step(self, trainer: HookedTrainer) -> None:
         if self.frozen:
@@ -324,6 +365,68 @@ class FreezeModules(TrainHook):
     def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
         for p in self.params:  # a run shorter than the phase leaves the model trainable
             p.requires_grad_(True)
+
+
+def lock_modules(
+    model: nn.Module, names: Sequence[str], *, source: str = "<hooks>"
+) -> list[nn.Module]:
+    """The ``train.lock`` modules of ``model``, their parameters made not to require gradients
+    (idempotent). The trainer calls it before DistributedDataParallel wraps the model
+    (:func:`vlret.train.schedule.prepare_model`), which then never reduces them.
+
+    Raises:
+        ConfigError: A name that is no module of the model (``train.lock``).
+    """
+    modules = [m for _, m in _modules(model, names, "train.lock", source)]
+    for module in modules:
+        module.requires_grad_(False)
+    return modules
+
+
+class LockModules(TrainHook):
+    """LiT-style locked towers (``[train] lock``): modules frozen for the whole run.
+
+    Their parameters never require gradients (:func:`lock_modules`, so the backward pass stops
+    at them and DistributedDataParallel leaves them out), they are in no optimiser group (no
+    optimiser state, no weight decay) and they are put in eval mode before every step (BatchNorm
+    statistics fixed, dropout off): the locked tower is a fixed function of its input, as in
+    LiT. A checkpoint still holds their weights (the model's ``state_dict``).
+
+    Raises:
+        ConfigError: A name that is no module of the model (``train.lock``).
+    """
+
+    def __init__(self, model: nn.Module, names: Sequence[str], *, source: str = "<hooks>") -> None:
+        self.modules = lock_modules(model, names, source=source)
+
+    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+        for module in self.modules:
+            module.eval()
+
+
+class NoWeightDecay(TrainHook):
+    """Parameters without weight decay (``[optim] no_decay``, :mod:`vlret.train.optim_groups`):
+    each incoming group is split into the decayed parameters (as they came) then the exempt
+    ones at ``weight_decay = 0``, keeping the group's learning-rate factor; so it composes with
+    :class:`LrMultipliers` (which runs before it). No pattern: the groups unchanged."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = tuple(patterns)
+
+    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+        if not self.patterns:
+            return groups
+        out: list[ParamGroup] = []
+        for group in groups:
+            pairs = list(zip(group.names, group.params, strict=True))
+            free = [exempt_from_decay(n, p, self.patterns) for n, p in pairs]
+            for exempt, decay in ((False, group.weight_decay), (True, 0.0)):
+                kept = [pair for pair, f in zip(pairs, free, strict=True) if f == exempt]
+                if kept:
+                    names = tuple(n for n, _ in kept)
+                    params = tuple(p for _, p in kept)
+                    out.append(ParamGroup(names, params, group.lr_scale, decay))
+        return out
 
 
 class AllNegativesWarmup(TrainHook):
@@ -380,45 +483,22 @@ class EpochCallback(TrainHook):
             self.callback(trainer.epoch)
 
 
-def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
-    """The hooks ``trainer.config`` asks for, in their fixed order (see the module docstring),
-    for its model and loss (called before the optimiser exists).
-
-    Raises:
-        ConfigError: A ``train.freeze`` name that is no module of the model.
-    """
-    config, model, loss_fn, world = trainer.config, trainer.model, trainer.loss_fn, trainer.world
-    tc, oc = config.train, config.optim
-    hooks: list[TrainHook] = []
-    if tc.all_negatives_epochs:
-        hooks.append(AllNegativesWarmup(tc.all_negatives_epochs))
-    if tc.freeze:
-        hooks.append(FreezeModules(model, tc.freeze, epochs=tc.freeze_epochs, source=config.source))
-    if oc.lr_multipliers:
-        hooks.append(LrMultipliers(oc.lr_multipliers, source=config.source))
-    if world > 1 and isinstance(loss_fn, SyncedBuffers) and loss_fn.synced_buffers():
-        hooks.append(SyncLossBuffers(loss_fn.synced_buffers()))
-    if tc.zeroshot_every > 0:  # by name, when asked for: zeroshot_hook subclasses TrainHook
-        hooks.append(
-            import_module(f"{__package__}.zeroshot_hook").ZeroShotEvery.from_config(trainer)
-        )
-    return hooks
-
-
 __all__ = [
     "AllNegativesWarmup",
     "EpochCallback",
     "FreezeModules",
     "HookList",
     "HookedTrainer",
+    "LockModules",
     "LrMultipliers",
+    "NoWeightDecay",
     "ParamGroup",
     "StepOutput",
     "SyncLossBuffers",
     "SyncedBuffers",
     "TrainHook",
     "TrainResult",
-    "config_hooks",
+    "lock_modules",
     "warmup_end_note",
     "named_trainable",
     "param_groups",

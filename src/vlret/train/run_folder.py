@@ -52,6 +52,8 @@ FROZEN_KEYS = (
     "train.momentum_encoder",
     "train.freeze",
     "train.freeze_epochs",
+    "train.freeze_bn",
+    "train.lock",
     "train.drop_last",
     "data.format",
     "data.train_split",

@@ -89,6 +89,30 @@ def batch_similarity_stats(
     return similarity_stats(sim, txt_to_img=diagonal, pos_mask=ids[:, None] == ids[None, :])
 
 
+def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The ``kind: step`` record of ``metrics.jsonl``: loss, learning rate, pairs per second,
+    the positive and hardest-negative cosines of the batch (from the pair scorer's score
+    matrix when ``ctx`` holds one), the loss's own statistics and the AMP loss scale."""
+    from .pair_scoring import score_stats
+
+    record: dict[str, Any] = {
+        "kind": "step",
+        "epoch": trainer.epoch,
+        "step": trainer.step,
+        "loss": loss,
+        "lr": ctx["lr"],
+        "pairs_per_s": rate,
+    }
+    if "sim" in ctx:
+        record.update(score_stats(ctx["sim"], ctx["ids"]))
+    else:
+        record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
+    record.update({f"loss_{k}": v for k, v in trainer.loss_fn.last_stats.items()})
+    if trainer.scaler.is_enabled():
+        record["amp_scale"] = float(trainer.scaler.get_scale())
+    return record
+
+
 def epoch_summary(
     epoch: int,
     epochs: int,

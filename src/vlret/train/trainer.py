@@ -57,6 +57,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import ConfigError, RunConfig, save_config
+from .config_hooks import config_hooks
 from .distributed import (
     ShardedBatchSampler,
     any_rank,
@@ -67,9 +68,10 @@ from .distributed import (
 )
 from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
-from .hooks import HookList, StepOutput, TrainHook, TrainResult, config_hooks, param_groups
+from .hooks import HookList, StepOutput, TrainHook, TrainResult, param_groups
 from .loss_step import LossStep, StepLoss
-from .pair_scoring import pair_dev_metrics, score_stats, scores_pairs
+from .optim_groups import set_group_weight_decay
+from .pair_scoring import pair_dev_metrics, scores_pairs
 from .run_folder import (
     RunFolderError,
     check_resume_config,
@@ -81,13 +83,14 @@ from .run_lock import RunLock, acquire_run_lock
 from .run_log import (
     LOG_FILE,
     append_record,
-    batch_similarity_stats,
     copy_log,
     epoch_summary,
     run_summary,
+    step_record,
     truncate_log,
 )
-from .schedule import StepDecayWarmup, interrupt_flag, seed_everything
+from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
+from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -164,7 +167,7 @@ class Trainer:
         if resume is not None:
             resume_state = read_state(resume, self.device)
             check_resume_config(resume_state.get("config"), config.to_dict(), resume)
-        self.amp = bool(tc.amp and self.device.type == "cuda")
+        self.amp_dtype = amp_dtype(tc.amp, self.device, source=config.source)  # None: off
         if tc.deterministic and self.device.type == "cuda":
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
@@ -207,6 +210,7 @@ class Trainer:
         self.momentum_encoder = None
         if tc.momentum_encoder is not None:  # the config checked the loss takes its keys
             self.momentum_encoder = MomentumEncoder(self.model, momentum=tc.momentum_encoder)
+        prepare_model(self.model, tc, source=config.source)  # lock, checkpointing, compile
         if self.world > 1:
             ddp_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp_model: nn.Module = nn.parallel.DistributedDataParallel(
@@ -222,18 +226,17 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
-        #: The config's hooks (:func:`.hooks.config_hooks`), then the caller's, in call order.
+        #: The config's hooks (:mod:`.config_hooks`), then the caller's, in call order.
         self.hooks = HookList([*config_hooks(self), *hooks])
-        self.optimizer = build_optimizer(config.optim, param_groups(self, self.hooks))
-        oc = config.optim
-        self.scheduler = StepDecayWarmup(
+        groups = param_groups(self, self.hooks)
+        optimizer = build_optimizer(config.optim, groups)
+        self.optimizer = set_group_weight_decay(optimizer, groups)  # optim.no_decay's groups
+        self.scheduler = build_schedule(  # a cosine's total steps are read at the first step
             self.optimizer,
-            decay_epochs=oc.decay_epochs,
-            decay_factor=oc.decay_factor,
-            warmup_steps=oc.warmup_steps,
-            decay_every=oc.decay_every,
+            config.optim,
+            total_steps=lambda: tc.epochs * self.sampler.num_batches(),
         )
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         stream = self.train_set if isinstance(self.train_set, ShardStream) else None
         self.sampler: ShardStream | ShardedBatchSampler = stream or ShardedBatchSampler(
             len(self.train_set),
@@ -330,7 +333,8 @@ class Trainer:
         return self.loss_step(self, batch)
 
     def _autocast(self) -> torch.autocast:
-        return torch.autocast(device_type=self.device.type, enabled=self.amp)
+        on = self.amp_dtype is not None
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype, enabled=on)
 
     def train_step(self, batch) -> tuple[float, dict[str, Any]]:
         """One optimisation step on a local batch; returns the (global) loss value."""
@@ -563,22 +567,7 @@ class Trainer:
         return progress_bar(loader, desc=desc, unit="batch", dynamic_ncols=True, leave=False)
 
     def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
-        record: dict[str, Any] = {
-            "kind": "step",
-            "epoch": self.epoch,
-            "step": self.step,
-            "loss": loss,
-            "lr": ctx["lr"],
-            "pairs_per_s": rate,
-        }
-        if "sim" in ctx:
-            record.update(score_stats(ctx["sim"], ctx["ids"]))
-        else:
-            record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
-        record.update({f"loss_{k}": v for k, v in self.loss_fn.last_stats.items()})
-        if self.scaler.is_enabled():
-            record["amp_scale"] = float(self.scaler.get_scale())
-        self._log(record)
+        self._log(step_record(self, loss, ctx, rate))
 
 
 def train(

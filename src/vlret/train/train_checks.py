@@ -1,0 +1,120 @@
+"""Checks of the training-loop settings of a run config (:mod:`vlret.train.config`): the
+schedule and the no-decay rule of ``[optim]``; frozen and locked modules, mixed precision and
+compilation of ``[train]``.
+
+Whether a module name exists, or a backend, is checked when the trainer builds the model
+(:class:`vlret.train.hooks.FreezeModules`, :func:`vlret.train.schedule.prepare_model`); here
+only what the config alone decides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config_files import ConfigError
+
+# ``optim`` / ``train`` below are vlret.train.config's OptimConfig / TrainConfig (typed Any:
+# that module imports this one).
+
+#: ``optim.schedule`` values (:func:`vlret.train.schedule.build_schedule`).
+SCHEDULES = ("step", "cosine")
+#: ``train.amp`` strings; ``true`` / ``false`` keep their old meaning
+#: (:func:`vlret.train.schedule.amp_dtype`).
+AMP_MODES = ("bf16", "fp16")
+#: ``train.freeze_bn`` values (:class:`vlret.train.hooks.FreezeModules`).
+FREEZE_BN = ("eval", "train")
+
+
+def _choice(value: str, choices: tuple[str, ...], source: str, key: str) -> None:
+    if value not in choices:
+        raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {value!r}")
+
+
+def check_loop_settings(optim: Any, train: Any, source: str) -> None:
+    """Every check of this module, in the order of the keys."""
+    check_schedule(optim, source)
+    check_freeze(train, source)
+    check_lock(train, source)
+    check_precision(train, source)
+
+
+def check_schedule(optim: Any, source: str) -> None:
+    """``schedule`` is known (``cosine`` has no step decay); ``no_decay`` patterns are not
+    empty."""
+    _choice(optim.schedule, SCHEDULES, source, "optim.schedule")
+    if optim.schedule == "cosine":
+        for key in ("decay_epochs", "decay_every"):
+            if getattr(optim, key):
+                why = f"the cosine schedule has no step decay: drop {key} or use schedule = 'step'"
+                raise ConfigError(source, f"optim.{key}", why)
+    for i, pattern in enumerate(optim.no_decay or []):
+        if not pattern.strip():
+            raise ConfigError(source, f"optim.no_decay[{i}]", "empty pattern")
+
+
+def _names(names: list[str], key: str, source: str) -> None:
+    for i, name in enumerate(names):
+        if not name.strip() or name in names[:i]:
+            why = "empty module name" if not name.strip() else f"{name!r} is listed twice"
+            raise ConfigError(source, f"{key}[{i}]", why)
+
+
+def check_freeze(train: Any, source: str) -> None:
+    """``freeze`` names modules (each once) exactly when ``freeze_epochs`` is positive;
+    ``freeze_bn`` is ``eval`` or ``train``."""
+    if train.freeze_epochs < 0:
+        raise ConfigError(source, "train.freeze_epochs", "expected an integer >= 0")
+    _names(train.freeze, "train.freeze", source)
+    if train.freeze and not train.freeze_epochs:
+        why = "train.freeze lists modules: give freeze_epochs >= 1 (the epochs they stay frozen)"
+        raise ConfigError(source, "train.freeze_epochs", why)
+    if train.freeze_epochs and not train.freeze:
+        why = f"freeze_epochs = {train.freeze_epochs} but no module to freeze: list them here"
+        raise ConfigError(source, "train.freeze", why)
+    _choice(train.freeze_bn, FREEZE_BN, source, "train.freeze_bn")
+
+
+def check_lock(train: Any, source: str) -> None:
+    """``lock`` names distinct modules, none of them inside, around or equal to a ``freeze``
+    module (a module is locked for the run or frozen for some epochs, not both)."""
+    _names(train.lock, "train.lock", source)
+    for i, name in enumerate(train.lock):
+        for other in train.freeze:
+            if name == other or name.startswith(other + ".") or other.startswith(name + "."):
+                why = f"{name!r} overlaps train.freeze's {other!r}: lock a module or freeze it"
+                raise ConfigError(source, f"train.lock[{i}]", why)
+
+
+def check_precision(train: Any, source: str) -> None:
+    """``amp`` is true, false, ``"bf16"`` or ``"fp16"``; ``compile`` true, false or a backend
+    name."""
+    if isinstance(train.amp, str) and train.amp not in AMP_MODES:
+        why = f"expected true or false, or one of {', '.join(AMP_MODES)}, got {train.amp!r}"
+        raise ConfigError(source, "train.amp", why)
+    if isinstance(train.compile, str) and not train.compile.strip():
+        why = "expected true, false or a torch.compile backend name, got ''"
+        raise ConfigError(source, "train.compile", why)
+
+
+__all__ = [
+    "AMP_MODES",
+    "FREEZE_BN",
+    "SCHEDULES",
+    "check_freeze",
+    "check_lock",
+    "check_loop_settings",
+    "check_precision",
+    "check_schedule",
+    "check_zeroshot",
+]
+
+
+def check_zeroshot(train: Any, source: str) -> None:
+    """``zeroshot_every >= 0``; when on, the set's name, folder and split are given
+    (:mod:`vlret.train.zeroshot_hook`)."""
+    if train.zeroshot_every < 0:
+        raise ConfigError(source, "train.zeroshot_every", "expected an integer >= 0 (0: off)")
+    for key in ("zeroshot_dataset", "zeroshot_root", "zeroshot_split"):
+        if train.zeroshot_every and not getattr(train, key).strip():
+            why = f"required when zeroshot_every = {train.zeroshot_every}"
+            raise ConfigError(source, f"train.{key}", why)
