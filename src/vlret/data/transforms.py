@@ -272,11 +272,16 @@ def image_data_problem(data: Any, model: dict[str, Any]) -> tuple[str, str] | No
     if data.format != "csv" and (data.csv is not None or data.dev_csv is not None):
         return "csv", "only read with format 'csv'"
     text = model.get("text")
-    has_tokenizer = "path" in model or (isinstance(text, dict) and "path" in text)
+    has_tokenizer = (
+        bool(model.get("path"))
+        or model.get("tokenizer") == "bytes"  # a preset CLIP's byte tokenizer
+        or (isinstance(text, dict) and "path" in text)
+    )
     if data.format in ("webdataset", "csv") and not (data.vocab or data.tokenizer or has_tokenizer):
         return "tokenizer", (
             f"format {data.format!r} builds no vocabulary: give data.tokenizer (a local "
-            "Hugging Face tokenizer directory), data.vocab or a model directory"
+            'Hugging Face tokenizer directory), data.vocab, model.tokenizer = "bytes" (a '
+            "preset CLIP) or a model directory"
         )
     return None
 

@@ -90,6 +90,7 @@ from .builders import (
     load_pretrained_clip,
     load_trained_model,
 )
+from .config import DataConfig
 from .distributed import resolve_device
 
 _deprecated = renamed_names(
@@ -376,10 +377,36 @@ def _with_caption_counts(
     return model, dataclasses.replace(run, data=dataclasses.replace(run.data, **given)), encoder
 
 
+#: training formats that hold no evaluation split of a paper protocol: a model trained on them
+#: from pixels is evaluated on Karpathy JSON + images (zero-shot retrieval, AdaCL Table 2)
+STREAM_FORMATS = ("webdataset", "csv")
+
+
+def karpathy_eval_data(data: DataConfig) -> DataConfig:
+    """The data config of a model trained from pixels on shards or a CSV, read as Karpathy JSON +
+    images for evaluation (``vlret eval CKPT --data DIR``: ``DIR/dataset_*.json`` and
+    ``DIR/images/``, five captions per image); the caption encoder stays the checkpoint's."""
+    return dataclasses.replace(
+        data,
+        format="karpathy",
+        karpathy_json=None,
+        image_root="images",
+        captions_per_image=5,
+        shards=None,
+        dev_shards=None,
+        train_num_samples=None,
+        csv=None,
+        dev_csv=None,
+        train_transform="none",
+    )
+
+
 def _load_member(
     checkpoint: str | Path, protocol: EvalProtocol, split: str, device: torch.device | str
 ) -> Member:
     model, run, encoder = load_trained_model(checkpoint, device=device)
+    if run.data.format in STREAM_FORMATS:
+        run = dataclasses.replace(run, data=karpathy_eval_data(run.data))
     try:
         protocol.check_split(split, run.data.format)
     except ValueError as err:
