@@ -125,8 +125,12 @@ def check_protocol(protocol: str) -> str:
 
 
 def check_eval_split(protocol: str, split: str, data_format: str) -> None:
-    """Raise ``ValueError`` unless ``protocol`` evaluates ``split`` of ``data_format`` data."""
-    get_protocol(protocol).check_split(split, data_format)
+    """Raise ``ValueError`` unless ``protocol`` evaluates ``split`` of ``data_format`` data (a
+    run trained on shards or a CSV is evaluated on Karpathy JSON + images,
+    :func:`karpathy_eval_data`)."""
+    get_protocol(protocol).check_split(
+        split, "karpathy" if data_format in STREAM_FORMATS else data_format
+    )
 
 
 def dev_metrics(
