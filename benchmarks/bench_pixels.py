@@ -233,20 +233,29 @@ def run_bound(shards: list[str], workers: int) -> tuple[int, float]:
 
 
 def profile_worker(shards: list[str], images: int, args: argparse.Namespace, top: int = 12):
-    """One worker's share of the epoch in this process under cProfile: the top functions by
-    own time, and the share of the main stages (returned as text lines)."""
+    """One worker's share of the epoch in this process (one torch thread, as a DataLoader
+    worker has) under cProfile: the top functions by own time and the share of the main
+    stages, as text lines."""
     workers = max(args.workers, 1)
     mine = shards[::workers]  # worker 0's shards (the stream shuffles which ones; same count)
     share = (images // workers) // args.batch * args.batch
     stream = make_stream(
-        mine, num_samples=max(share, args.batch), batch=args.batch, workers=0,
+        mine,
+        num_samples=max(share, args.batch),
+        batch=args.batch,
+        workers=0,
         shuffle_buffer=args.shuffle_buffer,
     )
     profiler = cProfile.Profile()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker
     start = time.perf_counter()
     profiler.enable()
-    n = sum(int(len(b.img_index)) for b in stream.loader(num_workers=0, seed=0))
-    profiler.disable()
+    try:
+        n = sum(int(len(b.img_index)) for b in stream.loader(num_workers=0, seed=0))
+    finally:
+        profiler.disable()
+        torch.set_num_threads(threads)
     seconds = time.perf_counter() - start
     stats = pstats.Stats(profiler)
     total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
@@ -286,8 +295,10 @@ def part_pipeline(shards: list[str], args: argparse.Namespace) -> str:
         order = ("pipeline", "bound") if r % 2 == 0 else ("bound", "pipeline")
         got = {}
         for name in order:
-            n, s = run_pipeline(shards, images, args) if name == "pipeline" else run_bound(
-                shards, args.workers
+            n, s = (
+                run_pipeline(shards, images, args)
+                if name == "pipeline"
+                else run_bound(shards, args.workers)
             )
             got[name] = n / s
             rates[name].append(n / s)
@@ -314,7 +325,9 @@ def part_pipeline(shards: list[str], args: argparse.Namespace) -> str:
 
 
 def run_config(spec: dict, out: Path) -> dict:
-    """A CLIP pre-training run config (``synth_clip_pretrain``'s settings) on the shards."""
+    """A CLIP pre-training run config (``synth_clip_pretrain``'s settings) on the shards;
+    ``spec["vision"]`` / ``spec["text"]``: optional ``CLIPConfig`` tower overrides (the smoke
+    test's tiny widths)."""
     layers = spec["layers"]
     train = {
         "epochs": 1,
@@ -345,8 +358,8 @@ def run_config(spec: dict, out: Path) -> dict:
             "preset": "ViT-B-32",
             "tokenizer": "bytes",
             "config": {
-                "vision_config": {"num_hidden_layers": layers},
-                "text_config": {"num_hidden_layers": layers},
+                "vision_config": {"num_hidden_layers": layers, **spec.get("vision", {})},
+                "text_config": {"num_hidden_layers": layers, **spec.get("text", {})},
             },
         },
         "loss": {
