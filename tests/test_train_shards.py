@@ -43,8 +43,9 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(path: Path, shard_id: int, n: int) -> list[str]:
-    """An img2dataset shard of ``n`` samples (KEY.jpg, KEY.txt, KEY.json); returns the keys."""
+def write_shard(path: Path, shard_id: int, n: int, bad: int | None = None) -> list[str]:
+    """An img2dataset shard of ``n`` samples (KEY.jpg, KEY.txt, KEY.json) and, with ``bad``,
+    a sample of index ``bad`` whose JPEG is corrupt; returns the good keys."""
     keys = []
     with tarfile.open(path, "w") as tar:
         for i in range(n):
@@ -52,10 +53,11 @@ def write_shard(path: Path, shard_id: int, n: int) -> list[str]:
             rng = np.random.default_rng(shard_id * 100 + i)
             buf = io.BytesIO()
             Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(buf, "JPEG")
-            _add(tar, f"{key}.jpg", buf.getvalue())
+            _add(tar, f"{key}.jpg", buf.getvalue() if i != bad else b"\xff\xd8 not a jpeg")
             _add(tar, f"{key}.txt", f"a photo number {shard_id} {i}".encode())
             _add(tar, f"{key}.json", json.dumps({"key": key, "status": "success"}).encode())
-            keys.append(key)
+            if i != bad:
+                keys.append(key)
     return keys
 
 
@@ -77,6 +79,7 @@ def shard_config(root: Path, out: Path, overrides: list[str] = ()) -> Any:  # ty
     raw = {
         "output_dir": str(out),
         "data": {
+            "max_bad_fraction": 0.5,
             "root": str(root),
             "format": "webdataset",
             "shards": "{00000..00003}.tar",
@@ -123,7 +126,8 @@ class Record(TrainHook):
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
-    keys = [write_shard(root / f"{s:05d}.tar", s, 6) for s in range(4)]
+    # 6 good samples and first a corrupt JPEG (skipped and counted) in each shard
+    keys = [write_shard(root / f"{s:05d}.tar", s, 7, bad=0) for s in range(4)]
     return root, keys
 
 
@@ -136,8 +140,8 @@ def test_interrupted_mid_epoch_then_resumed_sees_the_same_samples_and_ends_ident
     full_log = Record()
     full = Trainer(shard_config(root, tmp_path / "full", overrides), hooks=[full_log])
     full.fit()
-    # 16 samples // batch 4 = 4 steps per epoch; 2 epochs. 4 shards of 6 = 24 samples: each
-    # epoch reads part of one pass, each sample at most once within it
+    # 16 samples // batch 4 = 4 steps per epoch; 2 epochs. 4 shards of 6 = 22 good samples:
+    # each epoch reads part of one pass, each sample at most once within it
     assert [s[:2] for s in full_log.steps] == [(k // 4, k) for k in range(8)]
     every_key = {k for shard in keys for k in shard}
     for epoch in (0, 1):
@@ -163,7 +167,10 @@ def test_interrupted_mid_epoch_then_resumed_sees_the_same_samples_and_ends_ident
     assert_same_params(resumed.loss_fn.state_dict(), full.loss_fn.state_dict())
     records = [json.loads(x) for x in (tmp_path / "cut/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, 9))
-    assert [r["skipped"] for r in records if r["kind"] == "epoch"] == [0, 0]
+    skipped = [r["skipped"] for r in records if r["kind"] == "epoch"]
+    full_records = (tmp_path / "full/metrics.jsonl").read_text().splitlines()
+    assert skipped == [r["skipped"] for r in map(json.loads, full_records) if r["kind"] == "epoch"]
+    assert state["epoch_skipped"] >= 1  # a bad sample before the cut: counted once, not again
 
 
 # -- a resume must keep the readers -------------------------------------------------------------
