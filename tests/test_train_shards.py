@@ -1,7 +1,8 @@
 """The trainer on webdataset shards (tests/test_data_shards.py tests the reading side): a run
 interrupted mid-epoch and resumed trains on exactly the uninterrupted run's samples and ends
-bit-identical; two gloo ranks read disjoint shards whose union is the epoch and, where the
-global order is fixed, equal one process on the union; a resume that changes the readers
+bit-identical (one process with 0 or 2 workers, and two gloo ranks); two gloo ranks read
+disjoint shards whose union is the epoch and, where the global order is fixed, equal one
+process on the union; a resume that changes the readers
 (``data.num_workers``, the world size) or the stream is refused.
 
 The model is the shipped ``synth_clip_pretrain`` CLIP (preset ViT-B-32, byte tokenizer),
@@ -255,6 +256,21 @@ def rank_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
         trainer.close()
         state = {"init": init, "params": model_params(trainer.model), "steps": log.steps}
         state["loss"] = {k: v.clone() for k, v in trainer.loss_fn.state_dict().items()}
+        # Ctrl-C on rank 0 after the first step, then both ranks resume
+        cfg = shard_config(Path(root), Path(out) / "cut", TWO_RANKS)
+        cut = Record(stop_after=1 if rank == 0 else None)
+        try:
+            Trainer(cfg, hooks=[cut]).fit()
+        except TrainingInterrupted:
+            pass
+        dist.barrier()  # rank 0 has written last.pt
+        resumed_log = Record()
+        resumed = Trainer(cfg, resume=Path(out) / "cut/last.pt", hooks=[resumed_log])
+        resumed.fit()
+        resumed.close()
+        state["resumed"] = {"params": model_params(resumed.model)}
+        state["resumed"]["steps"] = cut.steps + resumed_log.steps
+        state["resumed"]["cut_at"] = len(cut.steps)
         torch.save(state, Path(out) / f"rank{rank}.pt")
     finally:
         if dist.is_initialized():
@@ -326,6 +342,11 @@ def test_two_gloo_ranks_read_disjoint_shards_and_equal_one_process_on_the_union(
                 msg=lambda m, k=name: f"{k}: {m}",
             )
         assert_same_params(state["loss"], dict(single.loss_fn.state_dict()), atol=1e-6)
+    # interrupted after the first step on rank 0 and resumed on both: the same samples on each
+    # rank and the same weights, bit for bit, as the uninterrupted 2-rank run
+    for state in ranks:
+        assert state["resumed"]["cut_at"] == 1 and state["resumed"]["steps"] == state["steps"]
+        assert_same_params(state["resumed"]["params"], state["params"])
     # the test can fail: the steps moved the weights far more than the tolerance
     name = "text_encoder.text_projection.weight"
     change = (want[name] - init[name]).abs().max().item()
