@@ -28,6 +28,7 @@ pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
 from train_helpers import assert_same_params, model_params, rank_env  # noqa: E402
+from vlret.cli import main  # noqa: E402
 from vlret.train import Trainer, TrainingInterrupted  # noqa: E402
 from vlret.train.checkpoint import load_checkpoint  # noqa: E402
 from vlret.train.config import apply_overrides, config_from_dict  # noqa: E402
@@ -184,7 +185,7 @@ def test_interrupted_mid_epoch_then_resumed_sees_the_same_samples_and_ends_ident
 # -- a resume must keep the readers -------------------------------------------------------------
 
 
-def test_a_resume_that_changes_the_readers_or_the_stream_is_refused(shards, tmp_path):
+def test_a_resume_that_changes_the_readers_or_the_stream_is_refused(shards, tmp_path, capsys):
     root, _ = shards
     cfg = shard_config(root, tmp_path / "run", ["train.epochs=1"])
     Trainer(cfg).fit()
@@ -209,6 +210,13 @@ def test_a_resume_that_changes_the_readers_or_the_stream_is_refused(shards, tmp_
             shard_config(root, tmp_path / "run", ["train.epochs=2"]), resume=tmp_path / "run/two.pt"
         )
     assert "\n" not in str(err.value)
+    # the command line: one line, exit 2
+    (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
+    argv = ["train", str(tmp_path / "run.json"), "--set", "data.num_workers=2"]
+    assert main([*argv, "--resume", str(last)]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and err_lines[0].startswith("vlret train: ")
+    assert "data.num_workers: 0 -> 2" in err_lines[0]
     # what does not change the stream is allowed: more epochs, the data's location
     moved = tmp_path / "moved"
     moved.symlink_to(root)
