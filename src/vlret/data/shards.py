@@ -33,9 +33,9 @@ is the positive of its own caption only) and, with augmentation, the key ``(seed
 id)`` (:mod:`vlret.data.transforms`).
 
 **Exact resume.** A run resumed at batch ``k`` of an epoch rebuilds the same stream and skips
-its first ``k`` batches: read and decoded (a bad sample is found the same way), neither
-augmented nor handed over; so it trains on exactly the uninterrupted run's samples, order and
-crops, at the price of re-reading the epoch's first ``k`` batches (same ranks and workers).
+its first ``k`` batches: read and decoded (a bad sample is found the same way, and not counted
+again), neither augmented nor handed over; so it trains on exactly the uninterrupted run's
+samples, order and crops, re-reading the epoch's first ``k`` batches (same ranks and workers).
 
 **Bad samples.** A corrupt image, a missing or empty caption, a sample without an image or a
 broken tar member (webdataset's handler for the tar reading) is skipped and counted, never
@@ -71,8 +71,7 @@ IMAGE_FORMATS = ("webdataset", "csv")
 
 
 class ShardError(ValueError):
-    """Shards that cannot feed a run: too many bad samples, no readable sample, too few
-    shards for the readers (one line)."""
+    """Shards that cannot feed a run: too many bad or no readable samples, too few shards."""
 
 
 class BadSample(ValueError):
@@ -339,7 +338,8 @@ class ShardStream(IterableDataset):
                         yield ShardFailure(bad_fraction_message(counter.bad, self, worker=worker))
                         return
                     items.append(next(samples))
-                if b < self.start_batch:  # read, not handed over; the marker keeps the
+                if b < self.start_batch:  # read, not handed over (its bad samples are in
+                    reported = counter.bad  # the checkpoint's count); the marker keeps the
                     yield _SKIPPED  # DataLoader's round robin over the workers in step
                     continue
                 batch = self._collate(b, items)

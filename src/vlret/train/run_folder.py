@@ -13,7 +13,12 @@ A run folder (``output_dir``) holds :data:`RUN_FILES`. Rules:
   it is mixed into the new one);
 * temporary files left by a killed atomic write are removed;
 * a resumed run must have the checkpoint's model, loss, optimiser and batch schedule
-  (:data:`FROZEN_KEYS`); other keys (epochs, logging, device, data location) may change.
+  (:data:`FROZEN_KEYS`); other keys (epochs, logging, device, data location) may change;
+* a run on webdataset shards also keeps the keys its epoch order is a function of
+  (:data:`SHARD_FROZEN_KEYS`: the readers and the stream) and its number of ranks
+  (:func:`check_stream_resume`), since :mod:`vlret.data.shards` resumes by replaying the
+  epoch's stream; the shards' location may change (the files must be the same, in the same
+  order: not checked).
 
 Checkpoint order: at the end of an epoch that improves the dev rsum ``best.pt`` is written
 before ``last.pt``, and both record ``best_epoch``. A kill between the two leaves ``best.pt``
@@ -63,6 +68,15 @@ FROZEN_KEYS = (
     "data.captions_per_image",
     "data.captions_per_video",
     "data.protocol",
+)
+
+#: The keys of a ``data.format = "webdataset"`` run that its epoch order depends on (the
+#: number of ranks too): a resume replays the stream, so it needs the same ones.
+SHARD_FROZEN_KEYS = (
+    "data.num_workers",
+    "data.shuffle_buffer",
+    "data.resampled",
+    "data.train_num_samples",
 )
 
 
@@ -214,6 +228,53 @@ def check_resume_config(
         "resumed run must keep its model, loss, optimiser and batch schedule (start a new run "
         "in another output_dir instead)"
     )
+
+
+def check_stream_resume(
+    stored: dict[str, Any] | None,
+    current: dict[str, Any],
+    checkpoint: str | Path,
+    *,
+    stored_world: int | None,
+    world: int,
+) -> None:
+    """Refuse to resume a run on webdataset shards with other readers or another stream.
+
+    The order of a shard epoch is a function of the seed, the epoch, the number of ranks and
+    of DataLoader workers, the shuffle buffer, resampling and the epoch length
+    (:mod:`vlret.data.shards`); a resume skips the batches the checkpoint trained, so with
+    another of these it would repeat some samples and skip others. Nothing to check for the
+    other formats (their sampler's order does not depend on the workers).
+
+    Args:
+        stored: The checkpoint's run config (file layout).
+        current: This run's.
+        checkpoint: The checkpoint, named in the error.
+        stored_world: The checkpoint's number of ranks (None: not recorded, not checked).
+        world: This run's.
+
+    Raises:
+        RunFolderError: One line naming what changed.
+    """
+    if stored is None:
+        return
+    a = _flatten(_with_current_defaults(stored, checkpoint))
+    b = _flatten(current)
+    if b.get("data.format") != "webdataset" or a.get("data.format") != "webdataset":
+        return
+    changed = [
+        f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}"
+        for k in SHARD_FROZEN_KEYS
+        if a.get(k, "<unset>") != b.get(k)
+    ]
+    if stored_world is not None and int(stored_world) != world:
+        changed.append(f"written by a run of {int(stored_world)} ranks, resumed on {world}")
+    if changed:
+        raise RunFolderError(
+            f"{checkpoint}: {'; '.join(changed)}; a run on webdataset shards resumes exactly "
+            "only with the checkpoint's data.num_workers, data.shuffle_buffer, data.resampled, "
+            "data.train_num_samples and number of ranks (the epoch's order depends on them)"
+        )
 
 
 def _best_epoch_in(path: Path) -> int | None:

@@ -75,6 +75,7 @@ from .pair_scoring import pair_dev_metrics, scores_pairs
 from .run_folder import (
     RunFolderError,
     check_resume_config,
+    check_stream_resume,
     prepare_run_folder,
     read_state,
     restore_best,
@@ -167,6 +168,13 @@ class Trainer:
         if resume is not None:
             resume_state = read_state(resume, self.device)
             check_resume_config(resume_state.get("config"), config.to_dict(), resume)
+            check_stream_resume(  # shards: the same readers and stream
+                resume_state.get("config"),
+                config.to_dict(),
+                resume,
+                stored_world=resume_state.get("world_size"),
+                world=self.world,
+            )
         self.amp_dtype = amp_dtype(tc.amp, self.device, source=config.source)  # None: off
         if tc.deterministic and self.device.type == "cuda":
             torch.backends.cudnn.deterministic = True
