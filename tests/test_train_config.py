@@ -190,7 +190,9 @@ def test_shipped_configs_are_valid(path):
     cfg = load_config(path)
     assert cfg.loss.name in {"triplet", "infonce", "unified", "goal", "vsl", "adacl"}
     check_model_config(cfg)  # e.g. a pair-scoring model with a loss that needs embeddings
-    if cfg.model.get("kind") not in ("clip", "mmt"):  # CLIP, MMT's BERT: local directories
+    parts = (cfg.model, cfg.model.get("image"), cfg.model.get("text"))
+    local = any(isinstance(part, dict) and part.get("path") for part in parts)
+    if cfg.model.get("kind") not in ("clip", "mmt") and not local:  # local directories: not here
         model = build_model(cfg.model, vocab_size=20)
         assert model.embed_dim == cfg.model["embed_dim"]
 
@@ -425,3 +427,136 @@ def test_scan_unified_configs_use_the_schedule_of_unified_b13(name):
         0.2,
         50.0,
     )
+
+
+@pytest.mark.parametrize("data", ["cc3m", "cc12m"])
+def test_adacl_table2_configs_pretrain_clip_b32_with_open_clips_defaults(data):
+    """AdaCL Table 2: CLIP ViT-B/32 from scratch, 32 epochs, four V100s x 64; InfoNCE with a
+    learnable temperature from 0.07 against AdaCL (4.1's settings); open_clip's optimiser."""
+    from vlret.train import load_config
+
+    samples = {"cc3m": 2905954, "cc12m": 10968539}[data]
+    nce = load_config(f"adacl_clip_{data}_infonce")
+    ada = load_config(f"adacl_clip_{data}_adacl")
+    for c in (nce, ada):
+        assert (c.model["kind"], c.model["preset"], c.data.format) == (
+            "clip",
+            "ViT-B-32",
+            "webdataset",
+        )
+        assert (c.train.epochs, c.train.batch_size, c.data.train_num_samples) == (32, 256, samples)
+        o = c.optim
+        assert (o.name, o.lr, o.betas, o.weight_decay) == ("adamw", 5e-4, [0.9, 0.98], 0.2)
+        assert (o.schedule, o.warmup_steps, o.no_decay) == ("cosine", 10000, None)
+        assert (c.data.crop_scale, c.data.crop_interpolation) == ([0.9, 1.0], "bicubic")
+        assert c.data.tokenizer and c.train.amp == "fp16"
+        assert (c.train.zeroshot_every, c.train.zeroshot_dataset) == (2, "imagenet1k")
+        # only the loss (and AdaCL's momentum key encoder) differs between the two rows
+        assert {
+            k: v for k, v in c.to_dict().items() if k not in ("loss", "train", "output_dir")
+        } == {k: v for k, v in nce.to_dict().items() if k not in ("loss", "train", "output_dir")}
+    assert nce.loss.params == {"temperature": 0.07, "learnable_temperature": True}
+    p = ada.loss.params
+    assert (p["m1_init"], p["m2_init"], p["p_u"], p["queue_size"]) == (20.0, 0.1, 0.03, 4096)
+    assert p["embed_dim"] == 512 and ada.train.momentum_encoder == 0.99
+
+
+@pytest.mark.parametrize("data", ["f30k", "coco"])
+@pytest.mark.parametrize("backbone", ["resnet152", "vitb16"])
+def test_goal_vsepp_configs_run_vsepps_two_steps(backbone, data):
+    """GOAL Tables 3-4: VSE++ (its paper's settings) with a ResNet-152 / ViT-B/16 backbone in
+    two steps: 30 epochs with the backbone frozen (lr 2e-4, x0.1 at 15), then 15 fine-tuning
+    everything at 2e-5; triplet-HN m = 0.2 against GOAL cir x sig-ms."""
+    from vlret.train import load_config
+
+    kind = {"resnet152": "resnet", "vitb16": "vit"}[backbone]
+    by_loss = {k: load_config(f"goal_vsepp_{backbone}_{data}_{k}") for k in ("triplet", "goal")}
+    for c in by_loss.values():
+        assert (c.model["image"]["kind"], c.model["embed_dim"]) == (kind, 1024)
+        assert c.model["text"] == {
+            "kind": "gru",
+            "word_dim": 300,
+            "bidirectional": False,
+            "pooling": "last",
+        }
+        o, t = c.optim, c.train
+        assert (o.name, o.lr, o.decay_epochs, o.decay_factor, o.grad_clip) == (
+            "adam",
+            2e-4,
+            [15],
+            0.1,
+            2.0,
+        )
+        assert (t.batch_size, t.epochs, t.freeze, t.freeze_epochs) == (
+            128,
+            45,
+            ["image_encoder.backbone"],
+            30,
+        )
+        lr = [o.lr * o.decay_factor ** sum(e >= d for d in o.decay_epochs) for e in range(45)]
+        assert lr[t.freeze_epochs] == pytest.approx(2e-5, rel=1e-12)  # step 2's lr
+        assert (c.data.train_transform, c.data.hflip, c.train.freeze_bn) == (
+            "random_resized_crop",
+            True,
+            "train",
+        )
+    assert by_loss["triplet"].loss.params == {"margin": 0.2, "hardest": True}
+    assert by_loss["goal"].loss.params == {
+        "triplet_weight": "cir",
+        "pair_weight": "sig-ms",
+        "margin": 0.2,
+    }
+
+
+@pytest.mark.parametrize("name", ["f30k_triplet", "f30k_goal", "coco_triplet", "coco_goal"])
+def test_goal_vseinf_configs_train_bert_at_a_tenth_of_the_lr(name):
+    """GOAL Table 5 / VSE-infinity (BUTD): BERT-base + GPO text whose parameters train at 0.1x
+    the learning rate (lr 5e-4, AdamW weight decay 1e-4, 25 epochs, x0.1 at 15)."""
+    from vlret.train import load_config
+
+    c = load_config(f"goal_vseinf_{name}")
+    assert (c.model["text"]["kind"], c.model["text"]["pooling"]) == ("bert", "gpo")
+    assert c.model["image"]["pooling"] == "gpo" and c.model["image"]["region_dropout"] == 0.2
+    assert c.optim.lr_multipliers == {"text_encoder.bert": 0.1}
+    assert (c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.no_decay) == (
+        "adamw",
+        5e-4,
+        1e-4,
+        [],
+    )
+    assert (c.optim.decay_epochs, c.train.epochs, c.train.all_negatives_epochs) == ([15], 25, 1)
+
+
+@pytest.mark.parametrize("data", ["f30k", "coco"])
+def test_clip_vlc_configs_are_clip_unified_with_the_vlc_loss(data):
+    """Unified Table 2, CLIP + VLC: as clip_unified_* (B.1.2) but the VLC loss of Eq. (3), i.e.
+    InfoNCE at gamma = 50 (temperature 1/50), summed over the batch."""
+    from vlret.train import load_config
+
+    vlc, uni = (
+        load_config(f"clip_vlc_{data}").to_dict(),
+        load_config(f"clip_unified_{data}").to_dict(),
+    )
+    assert vlc["loss"] == {"name": "infonce", "temperature": 1 / 50, "reduction": "sum"}
+    for key in ("data", "model", "optim", "train"):
+        assert vlc[key] == uni[key], key
+
+
+def test_synth_vsepp_resnet_compare_is_a_small_two_step_resnet():
+    """docs/results.md (b): a random-init ResNet of the resnet-152 design, small enough to train
+    in about a minute on 2 CPU cores; two steps; triplet-HN against GOAL (cir, sig-ms)."""
+    import tomllib
+
+    from vlret.configs import shipped_config
+    from vlret.train import load_config
+
+    c = load_config("synth_vsepp_resnet_compare")
+    model = build_model(c.model, vocab_size=20)
+    assert sum(p.numel() for p in model.image_encoder.backbone.parameters()) < 100_000
+    assert c.train.freeze == ["image_encoder.backbone"] and c.optim.decay_epochs == [
+        c.train.freeze_epochs
+    ]
+    path = shipped_config("synth_vsepp_resnet_compare")
+    assert path is not None
+    compare = tomllib.loads(path.read_text(encoding="utf-8"))["compare"]
+    assert compare["seeds"] == 3 and set(compare["losses"]) == {"triplet-hn", "goal"}
