@@ -24,7 +24,23 @@ if TYPE_CHECKING:
     from .config import OptimConfig, TrainConfig
 
 
-class StepDecayWarmup:
+class _FactorSchedule:
+    """A schedule that sets every group's ``lr`` to its base rate times :meth:`factor`."""
+
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]
+
+    def factor(self, *, epoch: int, step: int) -> float:
+        raise NotImplementedError
+
+    def apply(self, *, epoch: int, step: int) -> float:
+        f = self.factor(epoch=epoch, step=step)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * f
+        return self.base_lrs[0] * f
+
+
+class StepDecayWarmup(_FactorSchedule):
     """Learning rate ``base * decay_factor ** n(epoch)``, times a linear warm-up
     ``min(1, (step + 1) / warmup_steps)`` over the first optimisation steps.
 
@@ -62,12 +78,6 @@ class StepDecayWarmup:
             f *= min(1.0, (step + 1) / self.warmup_steps)
         return f
 
-    def apply(self, *, epoch: int, step: int) -> float:
-        f = self.factor(epoch=epoch, step=step)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * f
-        return self.base_lrs[0] * f
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "base_lrs": list(self.base_lrs),
@@ -85,7 +95,7 @@ class StepDecayWarmup:
         self.decay_every = int(state.get("decay_every", 0))  # absent in older checkpoints
 
 
-class CosineWarmup:
+class CosineWarmup(_FactorSchedule):
     """open_clip's ``cosine_lr``, counted in optimisation steps: a linear warm-up
     ``base * (step + 1) / warmup_steps`` for ``step < warmup_steps``, then
     ``base * 0.5 * (1 + cos(pi * e / E))`` with ``e = step - warmup_steps`` and
@@ -135,12 +145,6 @@ class CosineWarmup:
             return (step + 1) / self.warmup_steps
         span = total - self.warmup_steps
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - self.warmup_steps) / span)))
-
-    def apply(self, *, epoch: int, step: int) -> float:
-        f = self.factor(epoch=epoch, step=step)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * f
-        return self.base_lrs[0] * f
 
     def state_dict(self) -> dict[str, Any]:
         return {
