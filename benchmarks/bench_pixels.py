@@ -55,7 +55,7 @@ Three measurements, each a ratio taken side by side in one run, the machine prin
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/bench_pixels.py [--quick | --full] [--parts 1 2 3]
-        [--images 2000] [--shards 4] [--size 256] [--workers 2] [--batch 50] [--rounds 3]
+        [--images 2000] [--shards 2 x workers] [--size 256] [--workers 2] [--batch 50] [--rounds 3]
         [--shuffle-buffer 1000] [--profile] [--layers 2] [--gc-batch 512] [--chunk 128]
         [--gpu-batch 256] [--gpu-steps 20] [--gpu-amp bf16|fp16|none] [--timeout 3600]
 """
@@ -552,7 +552,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     size.add_argument("--full", action="store_true", help="(2) at 12 layers, B=4096")
     parser.add_argument("--parts", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3])
     parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument(
+        "--shards", type=int, default=None, help="tar shards (default: 2 x --workers, at least 4)"
+    )
     parser.add_argument("--size", type=int, default=256, help="JPEG side in pixels")
     parser.add_argument("--workers", type=int, default=2, help="processes of (1), both sides")
     parser.add_argument("--batch", type=int, default=50, help="batch of the pipeline in (1)")
@@ -573,6 +575,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.layers = 12 if args.full else 2
     if args.gc_batch is None:
         args.gc_batch = 4096 if args.full else 512
+    if args.shards is None:
+        args.shards = max(4, 2 * args.workers)
+    if args.shards < args.workers:  # ShardStream gives every reader a shard of its own
+        parser.error(f"--shards {args.shards} is fewer than --workers {args.workers}")
     return args
 
 
