@@ -57,7 +57,9 @@ class RetrievalBatch:
     """A collated batch; ``captions`` is ``(B, L)`` padded ids with ``lengths`` ``(B,)``.
 
     Without an encoder, ``captions`` is the list of texts and ``lengths`` is ``None``.
-    ``img_index`` gives the in-batch positives (two captions of one image share it).
+    ``img_index`` gives the in-batch positives (two captions of one image share it), unless
+    ``identity`` is set: person-search data sets give each item its person's training identity
+    (``0..N-1``), and every pair of the same person is then a positive.
     """
 
     features: torch.Tensor | ExpertBatch | list[Any]
@@ -65,6 +67,7 @@ class RetrievalBatch:
     lengths: torch.Tensor | None
     img_index: torch.Tensor
     cap_index: torch.Tensor
+    identity: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> RetrievalBatch:
         """A copy with every tensor moved to ``device`` (lists stay as they are)."""
@@ -155,13 +158,17 @@ class RetrievalDataset(Dataset):
     Subclasses set ``captions`` (texts in caption order), ``txt_to_img`` (long tensor, image
     index of each caption), ``image_ids`` (external id of each image) and implement
     :meth:`image`. ``encoder`` (a :class:`CaptionEncoder`) turns texts into ids; without one the
-    items carry the raw text.
+    items carry the raw text. Person-search data sets also set ``image_identity``: the person
+    id of each image as the annotation file writes it (a caption's person is its image's).
     """
 
     captions: list[str]
     txt_to_img: torch.Tensor
     image_ids: list[Any]
     encoder: CaptionEncoder | None
+    #: Person-search data: the raw person id of each image, ``(n_images,)`` long; None elsewhere
+    #: (relevance is then the image of the caption).
+    image_identity: torch.Tensor | None = None
     #: Training augmentation (:class:`vlret.data.transforms.RandomResizedCrop`) that items
     #: read through instead of :meth:`image` (:meth:`set_augment`); evaluation views
     #: (:meth:`images`) always use :meth:`image`.
