@@ -12,8 +12,9 @@ Three measurements, each a ratio taken side by side in one run, the machine prin
       shuffle buffer of ``--shuffle-buffer``, ``train_transform = "random_resized_crop"`` as
       open_clip sets it (scale (0.9, 1.0), bicubic) on CLIP's eval transform
       ``CLIPImageTransform(224)`` and the preset's byte tokenizer: tar reading, grouping,
-      decoding, crop + resize, normalisation, tokenising, collating and the hand-over of the
-      float32 batches to the main process;
+      decoding, crop + resize, tokenising, collating and the hand-over of the uint8 batches to
+      the main process (the normalisation, two float32 operations per value, runs where the
+      batch goes: ``RetrievalBatch.to`` on the device);
     * bound: the same tar files read by a ``multiprocessing.Pool`` of as many processes
       (one task per shard), each JPEG opened, decoded, resized to 224 x 224 (bicubic) and
       turned into a uint8 array, nothing handed back but a count.
@@ -174,10 +175,16 @@ def make_stream(
     shuffle_buffer: int,
     seed: int = 0,
 ) -> ShardStream:
-    """The training stream of a CLIP run: open_clip's crop on CLIP's 224 px eval transform."""
+    """The training stream of a CLIP run: open_clip's crop on CLIP's 224 px eval transform,
+    handing uint8 pixels over as ``build_train_transform`` does (the normalisation runs where
+    the batch goes, in ``RetrievalBatch.to``)."""
     eval_transform = CLIPImageTransform(CROP)
     augment = RandomResizedCrop.from_eval(
-        eval_transform, scale=(0.9, 1.0), ratio=(3 / 4, 4 / 3), interpolation="bicubic"
+        eval_transform,
+        scale=(0.9, 1.0),
+        ratio=(3 / 4, 4 / 3),
+        interpolation="bicubic",
+        output="uint8",
     )
     return ShardStream(
         shards,

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from .checks import SCAN_CHUNK_BYTES, check_in_dim, load_feature_array
 from .expert_batch import ExpertBatch, ExpertSample
+from .pixel_batch import PixelBatch, PixelSample
 
 
 class CaptionEncoder(Protocol):
@@ -62,7 +63,7 @@ class RetrievalBatch:
     (``0..N-1``), and every pair of the same person is then a positive.
     """
 
-    features: torch.Tensor | ExpertBatch | list[Any]
+    features: torch.Tensor | ExpertBatch | PixelBatch | list[Any]
     captions: torch.Tensor | list[str]
     lengths: torch.Tensor | None
     img_index: torch.Tensor
@@ -70,9 +71,12 @@ class RetrievalBatch:
     identity: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> RetrievalBatch:
-        """A copy with every tensor moved to ``device`` (lists stay as they are)."""
+        """A copy with every tensor moved to ``device`` (lists stay as they are); uint8
+        images (a :class:`~vlret.data.pixel_batch.PixelBatch`) arrive normalised to float32."""
 
         def move(t):
+            if isinstance(t, PixelBatch):
+                return t.to(device, non_blocking=non_blocking).normalised()
             if isinstance(t, torch.Tensor | ExpertBatch):
                 return t.to(device, non_blocking=non_blocking)
             return t
@@ -116,11 +120,13 @@ def pad_captions(
     return out, lengths
 
 
-def stack_features(feats: Sequence[Any]) -> torch.Tensor | ExpertBatch | list[Any]:
-    """Stack tensors, collate videos' experts into an :class:`ExpertBatch`; anything else
-    (image paths, PIL images) stays a list."""
+def stack_features(feats: Sequence[Any]) -> torch.Tensor | ExpertBatch | PixelBatch | list[Any]:
+    """Stack tensors, collate videos' experts into an :class:`ExpertBatch` and uint8 images into
+    a :class:`PixelBatch`; anything else (image paths, PIL images) stays a list."""
     if isinstance(feats[0], ExpertSample):
         return ExpertBatch.collate(feats)
+    if isinstance(feats[0], PixelSample):
+        return PixelBatch.collate(feats)
     return torch.stack(list(feats)) if isinstance(feats[0], torch.Tensor) else list(feats)
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .._extras import require
+from .pixel_batch import PixelSample
 
 TRAIN_TRANSFORMS = ("none", "random_resized_crop")
 INTERPOLATIONS = ("bicubic", "bilinear")
@@ -112,6 +113,11 @@ class RandomResizedCrop:
         hflip: Mirror left-right with probability 1/2.
         mean: Per-channel RGB mean.
         std: Per-channel RGB standard deviation (positive).
+        output: ``"float"``: the normalised float32 tensor; ``"uint8"``: a
+            :class:`~vlret.data.pixel_batch.PixelSample` (the pixels and their normalisation,
+            applied on the device when the batch gets there: the same float32 values, a quarter
+            of the bytes through the data loader). Training pipelines use ``"uint8"``
+            (:func:`build_train_transform`).
 
     Raises:
         ValueError: An argument out of its range (named in the message).
@@ -127,6 +133,7 @@ class RandomResizedCrop:
         hflip: bool = False,
         mean: Sequence[float] = (0.0, 0.0, 0.0),
         std: Sequence[float] = (1.0, 1.0, 1.0),
+        output: str = "float",
     ) -> None:
         crop = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
         if len(crop) != 2 or min(crop) < 1:
@@ -140,6 +147,9 @@ class RandomResizedCrop:
             )
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError(f"mean and std need 3 values (std > 0), got {mean!r}, {std!r}")
+        if output not in ("float", "uint8"):
+            raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
+        self.output = output
         self.crop = (int(crop[0]), int(crop[1]))
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
@@ -147,10 +157,9 @@ class RandomResizedCrop:
         self.hflip = bool(hflip)
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
-        # (x / 255 - mean) / std as one multiply-add per channel, straight from the uint8
-        # pixels into the CHW output (one pass instead of five; bench_pixels.py part 1)
-        self._scale = (1.0 / (255.0 * self.std)).astype(np.float32)[:, None, None]
-        self._bias = (-self.mean / self.std).astype(np.float32)[:, None, None]
+        # (x / 255 - mean) / std as a multiply and an add per channel (pixel_batch.normalise)
+        self._scale = torch.from_numpy((1.0 / (255.0 * self.std)).astype(np.float32))
+        self._bias = torch.from_numpy((-self.mean / self.std).astype(np.float32))
 
     @classmethod
     def from_eval(cls, eval_transform: Any, **options: Any) -> RandomResizedCrop:
@@ -184,7 +193,8 @@ class RandomResizedCrop:
             key: The sample's seed key, e.g. ``(seed, epoch, index)``.
 
         Returns:
-            The normalised float32 ``(3, crop_h, crop_w)`` tensor.
+            The normalised float32 ``(3, crop_h, crop_w)`` tensor, or with ``output="uint8"``
+            its :class:`~vlret.data.pixel_batch.PixelSample`.
         """
         pil = require("PIL.Image", "training augmentation of images")
         if isinstance(image, (str, Path)):
@@ -200,10 +210,9 @@ class RandomResizedCrop:
         pixels = np.asarray(out)  # (H, W, 3) uint8
         if p.flip:
             pixels = pixels[:, ::-1]
-        chw = np.empty((3, ch, cw), dtype=np.float32)
-        np.multiply(pixels.transpose(2, 0, 1), self._scale, out=chw)
-        chw += self._bias
-        return torch.from_numpy(chw)
+        chw = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+        sample = PixelSample(chw, self._scale, self._bias)
+        return sample if self.output == "uint8" else sample.normalised()
 
     def __repr__(self) -> str:
         return (
@@ -242,6 +251,7 @@ def build_train_transform(data: Any, eval_transform: Any) -> RandomResizedCrop |
         ratio=data.crop_ratio,
         interpolation=data.crop_interpolation,
         hflip=data.hflip,
+        output="uint8",
     )
 
 
