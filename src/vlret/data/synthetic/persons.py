@@ -289,7 +289,9 @@ def _clauses(
             noun = ("shoes", "sneakers", "trainers")[int(rng.integers(3))]
             wear.append(_garment(rng, take("shoes_colour"), noun, True))
         elif group == "hat":
-            wear.append(_garment(rng, take("hat_colour"), ("hat", "cap")[int(rng.integers(2))], False))
+            wear.append(
+                _garment(rng, take("hat_colour"), ("hat", "cap")[int(rng.integers(2))], False)
+            )
         elif group == "hair":
             words = [take(f) for f in fs]
             hair = " ".join(words) + " hair"
@@ -383,7 +385,7 @@ def generate_persons(
         raise ValueError(f"sizes: unknown split {unknown[0]!r}; expected {', '.join(SPLITS)}")
     sizes = {s: (sizes or {}).get(s, DEFAULT_SIZES[s]) for s in SPLITS}
     for split in SPLITS:
-        _check_int(f"{split} identities", sizes[split], 0 if split == "val" else 1)
+        _check_int(f"{split} identities (--{split}-ids)", sizes[split], int(split != "val"))
     images_per_id = _check_int("images_per_id", images_per_id, 1)
     captions_per_image = _check_int("captions_per_image", captions_per_image, 1)
     height = _check_int("height", height, 24, 4096)

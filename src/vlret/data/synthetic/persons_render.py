@@ -190,7 +190,9 @@ def render_person(
             c.paint(hips | (legs & (c.fy < 0.62)), _LOWER, lower)
         else:  # skirt: a flared trapezoid over the thighs
             c.paint(c.trapezoid(0.46, 0.69, half, half * 1.45 + gap / 2), _LOWER, lower)
-    shoes = c.rect(0.93, 0.985, -gap - 0.08, -gap + 0.01) | c.rect(0.93, 0.985, gap - 0.01, gap + 0.08)
+    shoes = c.rect(0.93, 0.985, -gap - 0.08, -gap + 0.01) | c.rect(
+        0.93, 0.985, gap - 0.01, gap + 0.08
+    )
     c.paint(shoes, _SHOES, RGB[person["shoes_colour"]])
     # torso and arms
     bottom = 0.62 if upper_type == _COAT else 0.47
