@@ -173,6 +173,19 @@ def test_people_share_attributes_but_never_all(world_dir):
     }
     keys = {tuple(world_big.named(i).values()) for i in range(1, 301)}
     assert len(keys) == 300
+    # not trivial: an attribute oracle (the people whose attributes agree with everything a
+    # caption states) finds its own person always, but a share of test captions fit several
+    test_ids = [i for i in range(1, 301) if world_big.split_of[i - 1] == "test"]
+    fits = []
+    for raw_id, _serial, _pose, _captions, mentions in world_big.pictures:
+        if world_big.split_of[raw_id - 1] != "test":
+            continue
+        for stated in mentions:
+            ok = [j for j in test_ids if all(world_big.named(j)[f] == v for f, v in stated.items())]
+            assert raw_id in ok
+            fits.append(len(ok))
+    assert len(fits) == 50 * 4 * 2
+    assert 0.1 < np.mean(np.array(fits) > 1) < 0.5
 
 
 def _counts(world) -> dict:

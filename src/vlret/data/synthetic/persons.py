@@ -15,7 +15,7 @@ changed, so a caption must carry several attributes to single a person out; no t
 share every captioned attribute; and the train, val and test people are disjoint, so the test
 split measures generalisation to new combinations.
 
-On disk (``docs/synthetic.md``, "Persons")::
+On disk::
 
     DIR/reid_raw.json   [{"split", "captions", "file_path", "processed_tokens", "id"}, ...]
     DIR/imgs/persons/p00001_s000000.jpg ...
@@ -27,6 +27,12 @@ then test), ``file_path`` relative to ``DIR/imgs/`` (the folder is not the split
 ``t-shirt`` is ``["t", "shirt"]`` and punctuation is dropped; the released file's exact
 tokeniser is not published). A seed and the sizes give byte-identical files: streams are keyed
 by the seed, the purpose and the person.
+
+With the defaults (200 / 50 / 50 people, 4 pictures each, 2 captions per picture, 96 x 32
+JPEGs; about a second to write), an attribute oracle that ranks first the test people agreeing
+with everything a caption states finds a single candidate for about three test captions in
+four (``tests/test_synth_persons.py``): the rest fit two or more people, so text-to-image R@1
+is not saturated even by a perfect attribute reader.
 """
 
 from __future__ import annotations
