@@ -6,8 +6,9 @@ none) and a bag (none, a backpack or a handbag) with its colour; a skin tone is 
 never captioned. Each person gets several pictures (:mod:`~.persons_render`): the pose, the
 view, the background and the lighting change between pictures, the colours and shapes of the
 attribute-defined parts do not. Each picture gets captions from a grammar with synonyms
-(:mod:`~.persons_language`; the colour words of :mod:`~.language`) and varied clause order; most describe every attribute
-group, some only one to three of them, and a group may state only its colour or only its type.
+(:mod:`~.persons_language`; the colour words of :mod:`~.language`) and varied clause order;
+most describe every attribute group, some only one to three of them, and a group may state
+only its colour or only its type.
 
 The world is learnable but not trivial: a share of the people (``twin_rate``) are *near
 twins*, a copy of an earlier person of the same split with one or two captioned attributes
