@@ -1,5 +1,7 @@
 """``vlret synth PRESET --out DIR``: a synthetic world (:mod:`vlret.data.synthetic`) written in
-a real data format, with the ``--set`` overrides a shipped config needs to train on it."""
+a real data format, with the ``--set`` overrides a shipped config needs to train on it.
+``vlret synth persons --out DIR`` writes the person-search world
+(:mod:`vlret.data.synthetic.persons`, the CUHK-PEDES layout) and prints one summary line."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "preset",
         help="a preset (docs/synthetic.md): tiny, small (the worlds of `vlret demo --preset "
-        "tiny|small`), f30k-like, coco-like, video, video-experts",
+        "tiny|small`), f30k-like, coco-like, video, video-experts; or persons, the "
+        "person-search world in the CUHK-PEDES layout",
     )
     p.add_argument("--out", type=Path, required=True, help="output data folder")
     p.add_argument("--seed", type=int, help="world seed (default: the preset's)")
@@ -71,13 +74,95 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="replace an existing world (or write into a non-empty folder); without it the "
         "folder is refused, unless it holds a world whose writing stopped half-way",
     )
+    persons = p.add_argument_group("persons (vlret synth persons only)")
+    for flag, meta, what in (
+        ("--train-ids", "N", "train identities (default 200)"),
+        ("--val-ids", "N", "val identities (default 50; 0 writes no val split)"),
+        ("--test-ids", "N", "test identities (default 50)"),
+        ("--images-per-id", "N", "pictures per identity (default 4)"),
+        ("--captions-per-image", "N", "captions per picture (default 2, as CUHK-PEDES)"),
+    ):
+        persons.add_argument(flag, type=int, metavar=meta, help=what)
+    persons.add_argument(
+        "--image-size", metavar="HxW", help="picture height x width in pixels (default 96x32)"
+    )
+    persons.add_argument(
+        "--image-format", choices=["jpg", "png"], help="picture files (default jpg, quality 90)"
+    )
     p.set_defaults(func=run)
     return p
+
+
+#: The options of ``vlret synth persons`` (argparse dest, flag).
+_PERSONS_OPTIONS = (
+    ("train_ids", "--train-ids"),
+    ("val_ids", "--val-ids"),
+    ("test_ids", "--test-ids"),
+    ("images_per_id", "--images-per-id"),
+    ("captions_per_image", "--captions-per-image"),
+    ("image_size", "--image-size"),
+    ("image_format", "--image-format"),
+)
+#: The options of the retrieval presets, refused with ``persons`` (dest, flag, unset value).
+_PRESET_OPTIONS = (
+    ("format", "--format", None),
+    ("noise", "--noise", None),
+    ("random_bert", "--random-bert", False),
+    ("webdataset", "--webdataset", False),
+    ("imagefolder", "--imagefolder", False),
+    ("shard_size", "--shard-size", None),
+    ("shard_samples", "--shard-samples", None),
+)
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    height, sep, width = text.lower().partition("x")
+    if not sep or not height.strip().isdigit() or not width.strip().isdigit():
+        raise ValueError(f"--image-size {text}: expected HEIGHTxWIDTH in pixels, e.g. 96x32")
+    return int(height), int(width)
+
+
+def run_persons(args: argparse.Namespace) -> int:
+    """``vlret synth persons``: write the world, print its summary line."""
+    from .._extras import MissingExtra
+    from ..data.synthetic.persons import summary_line, write_persons
+
+    for key, flag, unset in _PRESET_OPTIONS:
+        if getattr(args, key) != unset:
+            return fail(NAME, f"{flag}: not an option of the persons world")
+    options: dict[str, Any] = {"overwrite": args.overwrite}
+    if args.seed is not None:
+        options["seed"] = args.seed
+    sizes = {
+        split: value
+        for split, value in (
+            ("train", args.train_ids),
+            ("val", args.val_ids),
+            ("test", args.test_ids),
+        )
+        if value is not None
+    }
+    try:
+        if args.image_size is not None:
+            options["height"], options["width"] = _image_size(args.image_size)
+        for key in ("images_per_id", "captions_per_image", "image_format"):
+            if getattr(args, key) is not None:
+                options[key] = getattr(args, key)
+        world = write_persons(args.out, sizes=sizes, **options)
+    except (ValueError, FileExistsError, MissingExtra) as err:
+        return fail(NAME, err)
+    print(summary_line(world, args.out))
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the world (everything it needs checked first), print its folder and the overrides
     to train on it."""
+    if args.preset == "persons":
+        return run_persons(args)
+    for key, flag in _PERSONS_OPTIONS:
+        if getattr(args, key) is not None:
+            return fail(NAME, f"{flag}: an option of `vlret synth persons` only")
     try:
         from ..data.synthetic import synth_main
     except ImportError as err:

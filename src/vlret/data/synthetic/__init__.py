@@ -54,6 +54,7 @@ from .evaluation import SyntheticAnnotations, evaluate_synthetic, load_synthetic
 from .features import FeatureSpace, frame_features, make_feature_space, region_features
 from .hint import META_FILE, train_hint_lines, train_overrides
 from .io import check_out_dir, synth_main, write_synthetic
+from .persons import PersonsWorld, generate_persons, write_persons
 from .pixels import LABEL_KINDS, SHARD_SAMPLES, render_jpeg, write_pixels
 from .relevance import (
     CloneChoice,
@@ -71,6 +72,9 @@ from .video_experts import EXPERTS, SyntheticExperts, expert_dims, expert_featur
 from .world import SyntheticWorld, generate_world
 
 __all__ = [
+    "PersonsWorld",
+    "generate_persons",
+    "write_persons",
     "EXPERTS",
     "META_FILE",
     "CAPTION_FORMS",
