@@ -245,6 +245,14 @@ class RSTPReidDataset(PersonSearchDataset):
         super().__init__(source, split, format="rstpreid", **options)
 
 
+#: The data set class of each format.
+DATASETS: dict[str, type[PersonSearchDataset]] = {
+    "cuhk-pedes": CUHKPedesDataset,
+    "icfg-pedes": ICFGPedesDataset,
+    "rstpreid": RSTPReidDataset,
+}
+
+
 def open_person_search(
     format: str,
     root: str | Path,
@@ -265,12 +273,13 @@ def open_person_search(
             defaults to ``root/imgs``).
 
     Returns:
-        The split.
+        The split, as the format's class (e.g. :class:`CUHKPedesDataset`).
     """
     path = Path(annotations) if annotations is not None else default_annotations(format, root)
     if options.get("image_root") is None:
         options["image_root"] = Path(root) / IMAGE_FOLDER
-    return PersonSearchDataset(path, split, format=format, **options)
+    layout_of(format)  # an unknown format named before the file is read
+    return DATASETS[format](path, split, **options)
 
 
 def person_search_vocab_captions(format: str, root: str | Path, **kwargs: Any) -> list[str]:
