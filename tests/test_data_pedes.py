@@ -277,3 +277,50 @@ def test_builders_open_the_splits_and_build_the_vocabulary_without_test(cuhk, tm
 
     moved = eval_data_config(_config(cuhk, annotations=str(cuhk / "ann.json")).data, renamed)
     assert moved.annotations == str(renamed / "ann.json") and moved.image_root is None
+
+
+# -- vlret train on a CUHK-PEDES folder --------------------------------------------------------
+
+TINY_CLIP = (
+    "{ projection_dim = 16, vision_config = { hidden_size = 16, intermediate_size = 32, "
+    "num_hidden_layers = 1, num_attention_heads = 2, image_size = 16, patch_size = 8 }, "
+    "text_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, "
+    "num_attention_heads = 2, max_position_embeddings = 77 } }"
+)
+
+
+def test_vlret_train_on_a_cuhk_pedes_folder_with_irras_augmentation(cuhk, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from vlret.cli import main
+    from vlret.data.pedes import IRRAAugment
+
+    seen = []
+    collate = PersonSearchDataset.collate
+
+    def recording(self, items):
+        batch = collate(self, items)
+        seen.append((self.split, type(self.augment), batch.features.shape, batch))
+        return batch
+
+    monkeypatch.setattr(PersonSearchDataset, "collate", recording)
+    out = tmp_path / "run"
+    config = tmp_path / "pedes.toml"
+    config.write_text(
+        f'output_dir = "{out}"\n[data]\nroot = "{cuhk}"\nformat = "cuhk-pedes"\n'
+        'train_transform = "irra"\n'
+        f'[model]\nkind = "clip"\npreset = "ViT-B-32"\ntokenizer = "bytes"\nconfig = {TINY_CLIP}\n'
+        '[loss]\nname = "infonce"\n[optim]\nlr = 1e-4\n'
+        "[train]\nepochs = 1\nbatch_size = 4\nprogress = false\neval_batch_size = 8\n"
+    )
+    assert main(["train", str(config)]) == 0
+    train = [s for s in seen if s[0] == "train"]
+    assert len(train) == 2  # 10 captions, batch 4, drop_last
+    for _, augment, shape, batch in train:
+        assert augment is IRRAAugment and shape == (4, 3, 16, 16)
+        ds = CUHKPedesDataset(cuhk / "reid_raw.json", "train", check_images=False)
+        want = [int(ds.image_identity[i]) - 1 for i in batch.img_index]
+        assert batch.identity.tolist() == want
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    epoch = next(r for r in records if r["kind"] == "epoch")
+    assert epoch["step"] == 2 and np.isfinite(epoch["dev_rsum"])
+    assert (out / "best.pt").is_file()
