@@ -6,6 +6,7 @@
 * :mod:`~vlret.data.shards`: img2dataset / webdataset tar shards, streamed (``pixels`` extra).
 * :mod:`~vlret.data.csv_pairs`: a CSV / TSV of image paths and captions (open_clip's).
 * :mod:`~vlret.data.transforms`: seeded training augmentation (random-resized crop, flip).
+* :mod:`~vlret.data.pedes`: person search (CUHK-PEDES, ICFG-PEDES, RSTPReid), IRRA's augmentation.
 * :mod:`~vlret.data.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
 * :mod:`~vlret.data.experts`: per-video multi-expert features (CE, MMT) and their converter.
 * :mod:`~vlret.data.vocab`: regex tokeniser, vocabulary JSON, local Hugging Face tokenizers.
@@ -53,6 +54,15 @@ from .msrvtt import (
     read_msrvtt_json,
     read_train_csv,
 )
+from .pedes import (
+    PEDES_FORMATS,
+    CUHKPedesDataset,
+    ICFGPedesDataset,
+    IRRAAugment,
+    PersonSearchDataset,
+    RSTPReidDataset,
+    read_pedes_json,
+)
 from .precomp import SPLITS, PrecompDataset
 from .shards import ShardDevSet, ShardError, ShardStream, expand_shards
 from .transforms import RandomResizedCrop
@@ -69,8 +79,10 @@ from .vocab import (
 __all__ = [
     "FULL_SPLIT_SIZES",
     "ONE_K_A_SIZES",
+    "PEDES_FORMATS",
     "SPECIAL_TOKENS",
     "SPLITS",
+    "CUHKPedesDataset",
     "CaptionEncoder",
     "CsvPairsDataset",
     "DataFormatError",
@@ -79,12 +91,16 @@ __all__ = [
     "ExpertSample",
     "ExpertSpec",
     "HFTokenizer",
+    "ICFGPedesDataset",
+    "IRRAAugment",
     "KarpathyData",
     "KarpathyDataset",
     "KarpathyImage",
     "KarpathySentence",
     "MSRVTTDataset",
+    "PersonSearchDataset",
     "PrecompDataset",
+    "RSTPReidDataset",
     "RandomResizedCrop",
     "RetrievalBatch",
     "RetrievalDataset",
@@ -108,6 +124,7 @@ __all__ = [
     "read_jsfusion_csv",
     "read_karpathy_json",
     "read_msrvtt_json",
+    "read_pedes_json",
     "read_train_csv",
     "tokenize",
     "write_expert_features",

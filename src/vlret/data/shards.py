@@ -543,10 +543,10 @@ def build_image_sets(
     evaluates); for another format ``(other(data, train_split, encoder, image_transform=...),
     None)``: the trainer's builder, which builds that format's dev set."""
     from .csv_pairs import build_csv_dataset
-    from .transforms import build_train_transform
+    from .pedes.augment import build_augment
 
     data, tc = config.data, config.train
-    augment = build_train_transform(data, eval_transform)
+    augment = build_augment(data, eval_transform)  # data.train_transform's
     dev_set: Any = None
     if data.format not in IMAGE_FORMATS:
         assert other is not None, "the builder of the other formats"

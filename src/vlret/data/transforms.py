@@ -40,7 +40,8 @@ import torch
 from .._extras import require
 from .pixel_batch import PixelSample
 
-TRAIN_TRANSFORMS = ("none", "random_resized_crop")
+#: "irra": IRRA's person-search augmentation (vlret.data.pedes.augment)
+TRAIN_TRANSFORMS = ("none", "random_resized_crop", "irra")
 INTERPOLATIONS = ("bicubic", "bilinear")
 
 
@@ -267,8 +268,12 @@ def image_data_problem(data: Any, model: dict[str, Any]) -> tuple[str, str] | No
         return problem.partition(" ")[0], problem.partition(" ")[2]
     if data.crop_interpolation not in INTERPOLATIONS:
         return "crop_interpolation", f"expected one of {', '.join(INTERPOLATIONS)}"
-    if data.train_transform != "none" and data.format not in ("karpathy", "csv", "webdataset"):
+    pedes = data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid")
+    images = ("karpathy", "csv", "webdataset", "cuhk-pedes", "icfg-pedes", "rstpreid")
+    if data.train_transform != "none" and data.format not in images:
         return "train_transform", f"format {data.format!r} serves no images to augment"
+    if data.train_transform != "none" and pedes and data.features_dir is not None:
+        return "train_transform", "data.features_dir serves precomputed features, no images"
     if not 0.0 <= data.max_bad_fraction <= 1.0:
         return "max_bad_fraction", f"expected a fraction in [0, 1], got {data.max_bad_fraction!r}"
     if data.shuffle_buffer < 0:

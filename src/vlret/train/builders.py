@@ -134,6 +134,11 @@ def build_encoder(
         return build_vocab(captions, min_count=data.min_count)
     if data.format == "msrvtt":
         return build_msrvtt_vocab(root, protocol=data.protocol, min_count=data.min_count)
+    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # train + val captions
+        from ..data.pedes import person_search_vocab_captions
+
+        captions = person_search_vocab_captions(data.format, root, annotations=data.annotations)
+        return build_vocab(captions, min_count=data.min_count)
     if data.karpathy_json is None:
         raise ConfigError(source, "data.karpathy_json", "required for format 'karpathy'")
     return build_karpathy_vocab(data.karpathy_json, min_count=data.min_count)
@@ -190,6 +195,22 @@ def build_dataset(
 ) -> RetrievalDataset:
     """One split in the configured format (``root`` and ``protocol`` override the config)."""
     root = Path(root if root is not None else data.root)
+    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):
+        from ..data.pedes import build_irra_transforms, open_person_search
+
+        if data.train_transform == "irra" and data.features_dir is None:
+            image_transform = build_irra_transforms(image_transform)[1]  # IRRA's resize
+        return open_person_search(
+            data.format,
+            root,
+            split,
+            annotations=data.annotations,
+            image_root=data.image_root,
+            image_transform=image_transform,
+            encoder=encoder,
+            features_dir=data.features_dir,
+            max_images=max_images,
+        )
     if data.format == "precomp":
         return PrecompDataset(
             root,
@@ -482,6 +503,18 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"{root}: missing; expected the data folder of the test split")
+    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # the run's file names in root
+        named = {
+            key: root / Path(name).name
+            for key, name in (("annotations", data.annotations), ("image_root", data.image_root))
+            if name is not None
+        }
+        return dataclasses.replace(
+            data,
+            root=str(root),
+            annotations=str(named["annotations"]) if "annotations" in named else None,
+            image_root=str(named["image_root"]) if "image_root" in named else None,
+        )
     if data.format != "karpathy":
         return dataclasses.replace(data, root=str(root))
     if root.is_file():

@@ -65,7 +65,8 @@ SECTIONS = ("data", "model", "loss", "optim", "train")
 #: Sections of a run config that training ignores: ``[compare]`` belongs to ``vlret compare``
 #: / ``vlret sweep`` (:mod:`vlret.analysis.compare`), so ``vlret train`` runs a compare config.
 IGNORED_SECTIONS = ("compare",)
-DATA_FORMATS = ("precomp", "msrvtt", "karpathy", "webdataset", "csv")
+PERSON_SEARCH = ("cuhk-pedes", "icfg-pedes", "rstpreid")  # vlret.data.pedes
+DATA_FORMATS = ("precomp", "msrvtt", "karpathy", "webdataset", "csv", *PERSON_SEARCH)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
@@ -123,6 +124,9 @@ class DataConfig:
     csv_img_key: str = "filepath"
     csv_caption_key: str = "title"
     csv_separator: str = "\t"
+    # Person search (vlret.data.pedes): the annotation JSON, default the format's file in root;
+    # images under image_root (default root/imgs), or features_dir/{split}_ims.npy
+    annotations: str | None = None
 
 
 @dataclass

@@ -138,10 +138,45 @@ def check_model_sizes(model: dict[str, Any], source: str) -> None:
             )
 
 
+PEDES_FORMATS = ("cuhk-pedes", "icfg-pedes", "rstpreid")
+
+
+def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
+    """Person search (:mod:`vlret.data.pedes`): ``annotations`` is only read by its formats;
+    model selection reads the whole validation split unless ``dev_max_images`` is given (as
+    IRRA); ICFG-PEDES has no validation split: without ``dev_split`` it trains without
+    validation (``best.pt`` is the last epoch), ``val`` / ``dev`` is an error, and checkpoints
+    are selected on the test split only when ``dev_split = "test"`` says so by name."""
+    if data.format not in PEDES_FORMATS:
+        if data.annotations is not None:
+            why = f"only read with formats {', '.join(PEDES_FORMATS)}"
+            raise ConfigError(source, "data.annotations", why)
+        return
+    if "dev_max_images" not in raw_data:
+        data.dev_max_images = None
+    if data.format != "icfg-pedes":
+        if data.dev_split not in (None, "val", "dev", "test"):
+            why = f'expected "val" (or "dev"), "test" or null, got {data.dev_split!r}'
+            raise ConfigError(source, "data.dev_split", why)
+        return
+    if "dev_split" not in raw_data:
+        data.dev_split = None
+    elif data.dev_split not in (None, "test") and validate is not False:
+        raise ConfigError(
+            source,
+            "data.dev_split",
+            f"ICFG-PEDES has no {data.dev_split!r} split (only train and test): set "
+            "data.dev_split = null (no validation; best.pt is the last epoch) or "
+            '"test" (checkpoints selected on the test split)',
+        )
+
+
 def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
     """MSR-VTT (``data`` a :class:`~vlret.train.config.DataConfig`, whose ``dev_split`` this
     may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
-    train and test: no validation unless ``dev_split`` says test."""
+    train and test: no validation unless ``dev_split`` says test. Person search first
+    (:func:`check_person_search`)."""
+    check_person_search(data, raw_data, validate, source)
     experts = data.experts
     if experts is not None and data.format != "msrvtt":
         raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
