@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -173,6 +173,10 @@ class CombinedLoss(PairLoss):
         #: The weight of each part.
         self.weights = {p: float(given.get(p, 1.0)) for p in self.part_names}
 
+    def named_parts(self) -> list[tuple[str, PairLoss]]:
+        """``(name, module)`` of each part, in order."""
+        return [(name, cast(PairLoss, part)) for name, part in self.parts.items()]
+
     # -- what the combination needs and offers ---------------------------------------------
 
     @classmethod
@@ -187,13 +191,13 @@ class CombinedLoss(PairLoss):
         return _union(caps)
 
     def current_capabilities(self) -> LossCapabilities:
-        return _union([loss_capabilities(part) for part in self.parts.values()])
+        return _union([loss_capabilities(part) for _, part in self.named_parts()])
 
     @property
     def reduction(self) -> str:
         """``"none"`` when the parts return per-index terms, else ``"mean"`` or ``"sum"`` when
         they all reduce so, else ``"mixed"``."""
-        found = {part.reduction for part in self.parts.values()}
+        found = {part.reduction for _, part in self.named_parts()}
         return found.pop() if len(found) == 1 else "mixed"
 
     @property
@@ -202,7 +206,7 @@ class CombinedLoss(PairLoss):
         one (the trainer then hands out local shards), else ``None``."""
         tiles = [
             part.chunk_size
-            for part in self.parts.values()
+            for _, part in self.named_parts()
             if "chunk_size" in type(part).Params.names()
         ]
         if not tiles or any(t is None for t in tiles):
@@ -212,7 +216,7 @@ class CombinedLoss(PairLoss):
     def step_inputs(self) -> frozenset[str]:
         """Every input some part declares."""
         out: frozenset[str] = frozenset()
-        for part in self.parts.values():
+        for _, part in self.named_parts():
             out |= part.step_inputs()
         return out
 
@@ -246,7 +250,7 @@ class CombinedLoss(PairLoss):
         if unused:
             raise ValueError(f"loss {self.registry_name!r}: no part takes {unused}")
         values = {}
-        for name, part in self.parts.items():
+        for name, part in self.named_parts():
             kw = {k: v for k, v in inputs.items() if k in part.step_inputs()}
             if shard is not None:
                 kw["shard"] = shard
@@ -265,7 +269,7 @@ class CombinedLoss(PairLoss):
         """Each part's :meth:`PairLoss.forward_step` (it takes the inputs it declared),
         weighted and summed."""
         values = {}
-        for name, part in self.parts.items():
+        for name, part in self.named_parts():
             try:
                 values[name] = part.forward_step(img_emb, txt_emb, inputs)
             except ValueError as err:
@@ -276,7 +280,7 @@ class CombinedLoss(PairLoss):
         """Each part's :meth:`PairLoss.similarity_step`, weighted and summed (a part that needs
         embeddings, such as ``id``, raises)."""
         values = {}
-        for name, part in self.parts.items():
+        for name, part in self.named_parts():
             try:
                 values[name] = part.similarity_step(sim, inputs)
             except ValueError as err:
@@ -292,7 +296,7 @@ class CombinedLoss(PairLoss):
             ValueError: A part that needs embeddings (``id``), naming it.
         """
         values = {}
-        for name, part in self.parts.items():
+        for name, part in self.named_parts():
             try:
                 values[name] = part.from_similarity(sim, pos_mask, **inputs)
             except ValueError as err:
@@ -307,7 +311,7 @@ class CombinedLoss(PairLoss):
         Raises:
             ValueError: No part has one.
         """
-        warm = [p for p in self.parts.values() if loss_capabilities(p).all_negatives_warmup]
+        warm = [p for _, p in self.named_parts() if loss_capabilities(p).all_negatives_warmup]
         if not warm:
             super().set_all_negatives(all_negatives)
         for part in warm:
@@ -316,7 +320,7 @@ class CombinedLoss(PairLoss):
     @property
     def last_stats(self) -> dict[str, Any]:
         """The parts' statistics (a key two parts share is prefixed with ``<part>_``)."""
-        stats = [(n, part.last_stats) for n, part in self.parts.items()]
+        stats = [(n, part.last_stats) for n, part in self.named_parts()]
         seen: dict[str, int] = {}
         for _, s in stats:
             for key in s:
@@ -326,7 +330,7 @@ class CombinedLoss(PairLoss):
     def synced_buffers(self) -> tuple[torch.Tensor, ...]:
         """The buffers every rank must hold equal, of every part that has them (AdaCL)."""
         out: tuple[torch.Tensor, ...] = ()
-        for part in self.parts.values():
+        for _, part in self.named_parts():
             synced = getattr(part, "synced_buffers", None)
             if callable(synced):
                 out += tuple(synced())
@@ -377,10 +381,13 @@ def combined_class(name: str) -> type[CombinedLoss]:
             kw_only=True,
             namespace={"part_names": parts},
         )
-        made = type(
-            f"CombinedLoss[{joined}]",
-            (CombinedLoss,),
-            {"Params": params, "part_names": parts, "__module__": __name__},
+        made = cast(
+            "type[CombinedLoss]",
+            type(
+                f"CombinedLoss[{joined}]",
+                (CombinedLoss,),
+                {"Params": params, "part_names": parts, "__module__": __name__},
+            ),
         )
         made.registry_name = joined
         made.paper = " + ".join(loss_class(p).paper or p for p in parts)
