@@ -97,7 +97,8 @@ def test_shards_add_up_and_capabilities():
     whole = loss(img, txt, labels)
     parts = [loss(img, txt, labels, shard=s) for s in ((0, 2), (2, 6))]
     torch.testing.assert_close(parts[0] + parts[1], whole, rtol=1e-12, atol=0)
-    assert loss_capabilities("id").local_shards
+    assert not loss_capabilities("id").local_shards  # no tiled form of its own
+    assert loss_capabilities("sdm+id").local_shards  # but it takes a combination's shard
 
 
 def test_gradients_reach_the_classifier_and_both_embeddings():
@@ -109,12 +110,14 @@ def test_gradients_reach_the_classifier_and_both_embeddings():
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="needs num_classes and dim"):
-        build_loss("id")
+    img, txt = _batch()
+    with pytest.raises(ValueError, match="built without num_classes and dim"):
+        build_loss("id")(img, txt, [0] * 6)
+    with pytest.raises(ValueError, match="built without dim"):
+        build_loss("id", num_classes=3)(img, txt, [0] * 6)
     with pytest.raises(ParamError, match="num_classes must be"):
         build_loss("id", num_classes=0, dim=4)
     loss = IdentityLoss(num_classes=3, dim=5)
-    img, txt = _batch()
     with pytest.raises(ValueError, match=r"img_ids must be training identities in \[0, 3\).*got 3"):
         loss(img, txt, [0, 1, 2, 3, 0, 1])
     with pytest.raises(ValueError, match="needs img_ids"):

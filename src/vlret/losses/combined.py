@@ -31,7 +31,8 @@ The parts' reductions must agree on ``"none"`` (all or none of them; a weighted 
 in its own table, never at the top. What the combination needs and offers
 (:class:`~vlret.losses.LossCapabilities`) is the union of what its parts need (semantics, an
 embedding width, a queue, momentum keys, a warm-up) and, for local shards, what all of them
-offer. The module holds its parts in ``parts`` (an ``nn.ModuleDict``), so their parameters
+offer (a part whose terms are per pair, the ID loss, takes a shard without tiles). The
+module holds its parts in ``parts`` (an ``nn.ModuleDict``), so their parameters
 (an ID classifier, a learnable scale) and buffers (AdaCL's margins) train and checkpoint with
 it under ``parts.<name>.``.
 """
@@ -188,10 +189,11 @@ class CombinedLoss(PairLoss):
         for p in cls.part_names:
             part = given.get(p)
             caps.append(loss_capabilities(p, part if isinstance(part, Mapping) else {}))
-        return _union(caps)
+        return _union(caps, [loss_class(p) for p in cls.part_names])
 
     def current_capabilities(self) -> LossCapabilities:
-        return _union([loss_capabilities(part) for _, part in self.named_parts()])
+        parts = [part for _, part in self.named_parts()]
+        return _union([loss_capabilities(part) for part in parts], [type(p) for p in parts])
 
     @property
     def reduction(self) -> str:
@@ -340,9 +342,13 @@ class CombinedLoss(PairLoss):
         return "weights={" + ", ".join(f"{k}: {v:g}" for k, v in self.weights.items()) + "}"
 
 
-def _union(caps: list[LossCapabilities]) -> LossCapabilities:
+def _union(caps: list[LossCapabilities], classes: list[type]) -> LossCapabilities:
+    """What the parts need, together; local shards when some part takes them and every other
+    part's terms are per pair (``pairwise_terms``: the ID loss)."""
+    pairwise = [getattr(cls, "pairwise_terms", False) for cls in classes]
     return LossCapabilities(
-        local_shards=all(c.local_shards for c in caps),
+        local_shards=any(c.local_shards for c in caps)
+        and all(c.local_shards or p for c, p in zip(caps, pairwise, strict=True)),
         all_negatives_warmup=any(c.all_negatives_warmup for c in caps),
         needs_semantics=any(c.needs_semantics for c in caps),
         needs_embed_dim=any(c.needs_embed_dim for c in caps),

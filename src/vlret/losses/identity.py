@@ -125,13 +125,17 @@ class IdentityLoss(PairLoss):
     training identities (``txt_ids`` defaults to them). The module holds ``classifier``, an
     ``nn.Linear(dim, num_classes)``. ``shard=(start, stop)`` computes only those pairs' terms
     (``"mean"`` still divides by the whole batch), so the loss joins a combination whose other
-    parts take local shards.
+    parts take local shards (alone it has no tiled form, hence no local shards).
 
-    Raises:
-        ValueError: ``num_classes`` or ``dim`` is not given.
+    Built without ``num_classes`` or ``dim`` it has no classifier and its forward raises a
+    ``ValueError`` saying which is missing (a training run fills both).
     """
 
-    declared = LossCapabilities(local_shards=True)
+    # no tiled form, so no local shards of its own; its terms are per pair, so it takes a
+    # shard inside a combination whose other parts do (``pairwise_terms``)
+    declared = LossCapabilities()
+    #: Each pair's term depends on that pair only: ``shard=`` works without tiles.
+    pairwise_terms = True
     paper = "ID loss / IRRA (Jiang & Ye 2023), CMPC"
     equation = "IRRA Sec. 3.4 (L_id)"
     Params = IdentityParams
@@ -140,16 +144,24 @@ class IdentityLoss(PairLoss):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         c = self.config
-        if c.num_classes is None or c.dim is None:
+        #: ``nn.Linear(dim, num_classes)``; ``None`` until both sizes are given.
+        self.classifier: nn.Linear | None = None
+        if c.num_classes is not None and c.dim is not None:
+            self.classifier = nn.Linear(c.dim, c.num_classes, bias=c.bias)
+            nn.init.normal_(self.classifier.weight, std=c.init_std)
+            if self.classifier.bias is not None:
+                nn.init.zeros_(self.classifier.bias)
+
+    def _classifier(self) -> nn.Linear:
+        if self.classifier is None:
+            c = self.config
             missing = " and ".join(n for n in ("num_classes", "dim") if getattr(c, n) is None)
             raise ValueError(
-                f"loss 'id' needs {missing} (the number of training identities, the embedding "
-                "width); a training run fills them from the training set and the model"
+                f"loss 'id' was built without {missing} (the number of training identities, "
+                "the embedding width): it has no classifier; a training run fills them from "
+                "the training set and the model"
             )
-        self.classifier = nn.Linear(c.dim, c.num_classes, bias=c.bias)
-        nn.init.normal_(self.classifier.weight, std=c.init_std)
-        if self.classifier.bias is not None:
-            nn.init.zeros_(self.classifier.bias)
+        return self.classifier
 
     def check_shard(self, shard: tuple[int, int] | None) -> None:
         """Any ``(start, stop)`` inside the batch (the loss has no tiles: each pair's term is
@@ -162,10 +174,9 @@ class IdentityLoss(PairLoss):
         x = emb.to(dtype)
         if self.normalize:
             x = F.normalize(x, dim=1, eps=1e-8)
-        bias = self.classifier.bias
-        return F.linear(
-            x, self.classifier.weight.to(dtype), None if bias is None else bias.to(dtype)
-        )
+        classifier = self._classifier()
+        bias = classifier.bias
+        return F.linear(x, classifier.weight.to(dtype), None if bias is None else bias.to(dtype))
 
     def forward(
         self,
@@ -186,6 +197,7 @@ class IdentityLoss(PairLoss):
         if inputs:
             raise ValueError(f"loss 'id' takes no further inputs, got {sorted(inputs)}")
         check_embeddings(img_emb, txt_emb)
+        self._classifier()
         batch, width = img_emb.shape
         if width != self.config.dim:
             raise ValueError(f"img_emb must have dim={self.config.dim} columns, got {width}")
