@@ -15,6 +15,7 @@ import pkgutil
 from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
 from .cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
+from .combined import CombinedLoss, CombinedParams
 from .dcl import DCLLoss, dcl_loss, tiled_dcl_loss
 from .dml import (
     BinomialDevianceLoss,
@@ -38,6 +39,7 @@ from .goal import (
     tiled_goal_objective,
 )
 from .hn_nce import HNNCELoss, hn_nce_loss, tiled_hn_nce_loss
+from .identity import IdentityLoss, identity_loss
 from .infonce import InfoNCELoss, infonce_loss, tiled_infonce_loss
 from .params import LossParams, TiledLossParams, param
 from .registry import (
@@ -53,6 +55,7 @@ from .registry import (
 from .sdm import SDMLoss, sdm_loss, tiled_sdm_loss
 from .siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
 from .step import StepInputs
+from .tal import TALLoss, tal_loss, tiled_tal_loss
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
 from .unified import UnifiedLoss, tiled_unified_loss, unified_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
@@ -68,6 +71,13 @@ __all__ = [
     "CMPMLoss",
     "cmpm_loss",
     "tiled_cmpm_loss",
+    "CombinedLoss",
+    "CombinedParams",
+    "IdentityLoss",
+    "identity_loss",
+    "TALLoss",
+    "tal_loss",
+    "tiled_tal_loss",
     "DCLLoss",
     "dcl_loss",
     "tiled_dcl_loss",

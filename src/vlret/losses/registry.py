@@ -2,7 +2,9 @@
 ``check_loss_params(name, params)`` and ``loss_capabilities(name, params)``.
 
 Loss families register themselves with :func:`register_loss`; ``vlret.losses`` imports every
-public module of the package, so a new family file needs no other edit.
+public module of the package, so a new family file needs no other edit. A name that joins
+registered names with ``+`` (``"sdm+id"``) is a weighted combination of those losses, built by
+the combiner :mod:`vlret.losses.combined` registers with :func:`register_combiner`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ if TYPE_CHECKING:
 
 _REGISTRY: dict[str, type[PairLoss]] = {}
 _Loss = TypeVar("_Loss", bound="type[PairLoss]")
+#: Builds the class of a ``"a+b"`` name (set by :mod:`vlret.losses.combined`).
+_COMBINER: list[Callable[[str], type[PairLoss]]] = []
+
+
+def register_combiner(combiner: Callable[[str], type[PairLoss]]) -> None:
+    """Set the function that turns a name joining registered losses with ``+`` into the class
+    of their weighted combination (:func:`vlret.losses.combined.combined_class`)."""
+    _COMBINER[:] = [combiner]
 
 
 def register_loss(name: str) -> Callable[[_Loss], _Loss]:
@@ -48,11 +58,15 @@ def available_losses() -> list[str]:
 
 
 def loss_class(name: str) -> type[PairLoss]:
-    """The class registered as ``name``.
+    """The class registered as ``name``, or for ``"a+b"`` the class of the weighted
+    combination of the registered losses ``a`` and ``b`` (:mod:`vlret.losses.combined`).
 
     Raises:
-        ValueError: ``name`` is not registered; the message lists the registered names.
+        ValueError: ``name`` is not registered (nor a combination of registered names); the
+            message lists the registered names.
     """
+    if isinstance(name, str) and "+" in name and _COMBINER:
+        return _COMBINER[0](name)
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown loss {name!r}; available losses: {', '.join(available_losses())}"
@@ -96,8 +110,10 @@ def build_loss(name: str, **params: Any) -> PairLoss:
     """Instantiate the registered loss ``name`` with keyword ``params``.
 
     Args:
-        name: A registered loss name.
-        **params: Its constructor parameters.
+        name: A registered loss name, or registered names joined by ``+`` (``"sdm+id"``: the
+            weighted sum of the parts, :class:`vlret.losses.combined.CombinedLoss`).
+        **params: Its constructor parameters (a combination: ``weights`` and one dict of
+            parameters per part, keyed by the part's name).
 
     Returns:
         The loss module.

@@ -385,13 +385,21 @@ def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
     if "name" not in raw:
         raise ConfigError(source, "loss.name", "required key is missing")
     name = raw["name"]
-    if name not in available_losses():
+    if isinstance(name, list):  # the list form of a combination: ["sdm", "id"] is "sdm+id"
+        if not name or not all(isinstance(n, str) and "+" not in n for n in name):
+            raise ConfigError(source, "loss.name", f"expected loss names, got {name!r}")
+        name = "+".join(name)
+    if not isinstance(name, str) or (name not in available_losses() and "+" not in name):
         raise ConfigError(
             source,
             "loss.name",
             f"unknown loss {name!r}; available: {', '.join(available_losses())}",
         )
-    declaration = loss_class(name).Params
+    try:  # a combination "a+b" of registered losses (vlret.losses.combined)
+        declaration = loss_class(name).Params
+    except ValueError as err:
+        raise ConfigError(source, "loss.name", str(err)) from None
+    name = getattr(loss_class(name), "registry_name", name)  # "sdm + id" -> "sdm+id"
     try:
         params = declaration.canonical({k: v for k, v in raw.items() if k != "name"})
     except ParamError as err:

@@ -2,7 +2,8 @@
 
 :class:`LossStep` is the procedure :meth:`vlret.train.Trainer.compute_loss` runs: encode the
 batch (or score its pairs), gather it across ranks, fill one :class:`~vlret.losses.StepInputs`
-with what the loss declares (ids, a rank's shard, momentum keys, the gathered flag, the
+with what the loss declares (ids: the batch's person identities when set, else its image
+indices, :func:`pair_ids`; a rank's shard, momentum keys, the gathered flag, the
 columns' caption strings) and hand it to the loss: ``forward_step`` on embeddings,
 ``similarity_step`` on a pair scorer's score matrix. It holds no state of its own (the trainer
 checkpoints everything a step reads); a training procedure that computes its loss differently
@@ -92,7 +93,7 @@ class LossStep:
         elif trainer.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
             keys = [gather_no_grad(k) for k in keys]
-        ids = gather_no_grad(batch.img_index)  # the local ids in a single process
+        ids = gather_no_grad(pair_ids(batch))  # the local ids in a single process
         inputs = StepInputs(
             img_ids=ids,
             txt_ids=ids,
@@ -119,7 +120,7 @@ class LossStep:
         the global score matrix (:mod:`.distributed`, "Pair scorers")."""
         with trainer._autocast():
             sim = trainer.ddp_model(batch, gather_texts=gather_tokens if trainer.gather else None)
-        sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), batch.img_index
+        sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), pair_ids(batch)
         if trainer.gather:
             sim, ids = gather_with_grad(sim), gather_no_grad(ids)
         inputs = StepInputs(
@@ -198,6 +199,15 @@ class LossStep:
         return loss * trainer.world if trainer.gather else loss
 
 
+def pair_ids(batch: Any) -> torch.Tensor:
+    """The ids a loss gets for a batch's pairs: equal ids are positives. Person-search data
+    sets ``RetrievalBatch.identity`` (the training identity, ``0..N-1``): every pair of the
+    same person is a positive, and an identity classifier's labels are these ids. Elsewhere the
+    image index (two captions of one image are positives)."""
+    identity = getattr(batch, "identity", None)
+    return batch.img_index if identity is None else identity
+
+
 class NonFiniteFeatures(ValueError):
     """A training step met NaN / inf in a batch's features or embeddings (rows named)."""
 
@@ -223,4 +233,4 @@ def _rows(ids: torch.Tensor, positions: list[int], side: str) -> str:
     return f"{kind} row{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
-__all__ = ["LossStep", "NonFiniteFeatures", "StepLoss"]
+__all__ = ["LossStep", "NonFiniteFeatures", "StepLoss", "pair_ids"]
