@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .losses import available_losses, build_loss, loss_capabilities, loss_class
+from .losses import available_losses, build_loss, loss_capabilities, loss_class, loss_parameters
 from .metrics import coco_5fold_metrics, retrieval_metrics
 
 _OBJECTS = ("dog", "cat", "horse", "bicycle", "kite", "boat", "pizza", "train", "clock", "bench")
@@ -47,13 +47,16 @@ def demo_captions(img_ids: torch.Tensor, seed: int) -> dict[int, list[str]]:
     return captions
 
 
-def build_demo_loss(name: str, img_ids: torch.Tensor, seed: int) -> nn.Module:
+def build_demo_loss(name: str, img_ids: torch.Tensor, seed: int, dim: int) -> nn.Module:
     """The registered loss with its defaults; a loss that ``needs_semantics`` (VSL) gets a
-    TF-IDF fitted on the demo captions."""
+    TF-IDF fitted on the demo captions, and one that classifies identities (``id``) a
+    classifier over the batch's ids on ``dim``-wide embeddings."""
     if loss_capabilities(name).needs_semantics:
         from .semantic import CaptionTfidf  # the ``vsl`` extra
 
         return build_loss(name, semantic=CaptionTfidf().fit(demo_captions(img_ids, seed)))
+    if "num_classes" in loss_parameters(name):
+        return build_loss(name, num_classes=int(img_ids.max()) + 1, dim=dim)
     return build_loss(name)
 
 
@@ -66,7 +69,7 @@ def loss_rows(
         img, txt, img_ids = demo_batch(batch_size, dim, seed)
         img.requires_grad_(True)
         txt.requires_grad_(True)
-        loss = build_demo_loss(name, img_ids, seed)
+        loss = build_demo_loss(name, img_ids, seed, dim)
         loss.train()
         value = loss(img, txt, img_ids=img_ids)
         value.backward()

@@ -204,7 +204,7 @@ class Trainer:
             in_dim = getattr(getattr(self.model, "image_encoder", None), "in_dim", None)
             sets = (self.train_set, self.dev_set) if self.is_main else ()
             check_split_features(sets, in_dim=in_dim, world=self.world, device=self.device)
-        self.loss_fn = build_run_loss(config, self.train_set).to(self.device)
+        self.loss_fn = build_run_loss(config, self.train_set, model=self.model).to(self.device)
         #: What the loss needs and offers as built (:class:`vlret.losses.LossCapabilities`).
         self.loss_caps = loss_capabilities(self.loss_fn)
         # Every loss sees the global batch; a loss's queue is then told (gathered=True) that its
