@@ -14,7 +14,7 @@ from vlret.losses import build_loss, loss_capabilities
 from vlret.losses.cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
 from vlret.losses.registry import check_loss_params
 from vlret.similarity import cosine_similarity, positive_mask
-from vlret.train.builders import build_run_loss
+from vlret.train.loss_builder import build_run_loss
 
 IDS = [0, 1, 1, 2, 3, 4, 4, 4, 5, 6]
 

@@ -12,7 +12,7 @@ from vlret.losses import build_loss, dcl_loss, infonce_loss, loss_capabilities
 from vlret.losses.hn_nce import HNNCELoss, hn_nce_loss, tiled_hn_nce_loss
 from vlret.losses.registry import check_loss_params
 from vlret.similarity import cosine_similarity, positive_mask
-from vlret.train.builders import build_run_loss
+from vlret.train.loss_builder import build_run_loss
 
 IDS = [0, 1, 1, 2, 3, 4, 4, 4, 5, 6]
 #: (alpha, beta1, beta2): the defaults, unequal betas, the decoupled form, a partial positive.

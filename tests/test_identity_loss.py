@@ -16,8 +16,8 @@ from vlret._checks import ParamError
 from vlret.data.dataset import RetrievalBatch
 from vlret.losses import IdentityLoss, build_loss, loss_capabilities
 from vlret.train import Trainer
-from vlret.train.builders import build_run_loss
 from vlret.train.checkpoint import load_checkpoint
+from vlret.train.loss_builder import build_run_loss
 from vlret.train.loss_step import LossStep, pair_ids
 
 

@@ -13,7 +13,7 @@ from vlret.losses import build_loss, loss_capabilities
 from vlret.losses.registry import check_loss_params
 from vlret.losses.siglip import SigLIPLoss, siglip_loss, tiled_siglip_loss
 from vlret.similarity import cosine_similarity, positive_mask
-from vlret.train.builders import build_run_loss
+from vlret.train.loss_builder import build_run_loss
 
 IDS = [0, 1, 1, 2, 3, 4, 4, 4, 5, 6]
 

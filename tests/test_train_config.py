@@ -12,7 +12,7 @@ from vlret.configs import shipped_configs
 from vlret.data.writers import make_tiny_msrvtt
 from vlret.models import build_model
 from vlret.train import Trainer
-from vlret.train.builders import build_run_loss, check_model_config
+from vlret.train.builders import check_model_config
 from vlret.train.checkpoint import load_checkpoint
 from vlret.train.config import (
     ConfigError,
@@ -22,6 +22,7 @@ from vlret.train.config import (
     save_config,
 )
 from vlret.train.config_files import parse_value
+from vlret.train.loss_builder import build_run_loss
 
 #: Every run config the package ships: `vlret configs` lists each as one `vlret train NAME`
 #: trains (a comparison config, the demo's included, its [loss]; test_demo runs their

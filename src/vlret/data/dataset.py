@@ -302,7 +302,7 @@ class ImageView(Dataset):
     @staticmethod
     def collate(
         items: Sequence[tuple[Any, int]],
-    ) -> tuple[torch.Tensor | ExpertBatch | list[Any], torch.Tensor]:
+    ) -> tuple[torch.Tensor | ExpertBatch | PixelBatch | list[Any], torch.Tensor]:
         """``(features, img_index)`` of a batch of images."""
         feats = stack_features([it[0] for it in items])
         return feats, torch.tensor([it[1] for it in items], dtype=torch.long)

@@ -186,7 +186,7 @@ class RandomResizedCrop:
         flip = bool(self.hflip and rng.random() < 0.5)
         return CropParams(left, top, w, h, flip)
 
-    def __call__(self, image: Any, *, key: Sequence[int]) -> torch.Tensor:
+    def __call__(self, image: Any, *, key: Sequence[int]) -> torch.Tensor | PixelSample:
         """Augment one image.
 
         Args:

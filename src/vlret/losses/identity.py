@@ -27,7 +27,7 @@ state. The ids are the training identities: the trainer passes ``RetrievalBatch.
 (person-search data, relabelled ``0..N-1``) or, without identities, the image index (each
 training image its own class, as CMPC on Flickr30K). When the config gives neither
 ``num_classes`` nor ``dim``, the harness fills them from the training set and the model
-(:func:`vlret.train.builders.build_run_loss`).
+(:func:`vlret.train.loss_builder.build_run_loss`).
 """
 
 from __future__ import annotations

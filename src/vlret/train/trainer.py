@@ -43,7 +43,6 @@ from .builders import (
     build_dataset,
     build_encoder,
     build_optimizer,
-    build_run_loss,
     build_run_model,
     check_model_config,
     check_split_features,
@@ -69,6 +68,7 @@ from .distributed import (
 from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
 from .hooks import HookList, StepOutput, TrainHook, TrainResult, param_groups
+from .loss_builder import build_run_loss
 from .loss_step import LossStep, StepLoss
 from .optim_groups import set_group_weight_decay
 from .pair_scoring import pair_dev_metrics, scores_pairs
