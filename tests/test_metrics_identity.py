@@ -10,7 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlret.metrics import IDENTITY_KEYS, identity_retrieval_metrics
+from vlret.metrics import (
+    IDENTITY_KEYS,
+    IdentityMetrics,
+    identity_retrieval_metrics,
+    identity_retrieval_metrics_from_embeddings,
+)
 from vlret.metrics import identity as identity_module
 
 TOL = 1e-9  # percent; both sides sum float64 fractions of a few hundred queries
@@ -221,3 +226,41 @@ def test_bad_input_names_the_argument(args, match):
 def test_bad_chunk_size():
     with pytest.raises(ValueError, match="chunk_size"):
         identity_retrieval_metrics(torch.rand(2, 2), [1, 2], [1, 2], chunk_size=0)
+
+
+def test_from_embeddings_equals_the_matrix_form_exactly():
+    # small integer embeddings: every dot product is exact in float64, ties included
+    g = torch.Generator().manual_seed(6)
+    img = torch.randint(-2, 3, (18, 4), generator=g).double()
+    txt = torch.randint(-2, 3, (30, 4), generator=g).double()
+    img_ids = torch.arange(9).repeat(2)
+    txt_ids = img_ids[torch.randint(18, (30,), generator=g)]
+    sim = txt @ img.t()
+    assert len(torch.unique(sim)) < sim.numel() // 4  # many ties
+    for chunk in (1, 4, 1024):
+        out = identity_retrieval_metrics_from_embeddings(
+            txt, img, txt_ids, img_ids, chunk_size=chunk
+        )
+        assert out == identity_retrieval_metrics(sim, txt_ids, img_ids)
+        assert close(out, naive(sim, txt_ids, img_ids))
+
+
+def test_from_embeddings_bad_input():
+    with pytest.raises(ValueError, match="query_emb and gallery_emb must share their width"):
+        identity_retrieval_metrics_from_embeddings(
+            torch.rand(2, 3), torch.rand(2, 4), [0, 1], [0, 1]
+        )
+    with pytest.raises(ValueError, match="gallery_emb contains NaN"):
+        bad = torch.tensor([[0.0, float("inf")], [1.0, 0.0]])
+        identity_retrieval_metrics_from_embeddings(torch.rand(2, 2), bad, [0, 1], [0, 1])
+
+
+def test_identity_metrics_record_and_table():
+    t2i = dict(zip(IDENTITY_KEYS, (10.0, 20.0, 30.0, 40.0, 50.0), strict=True))
+    i2t = dict(zip(IDENTITY_KEYS, (1.0, 2.0, 3.0, 4.0, 5.0), strict=True))
+    m = IdentityMetrics(t2i, i2t, identities=7)
+    assert m.as_dict()["t2i_mAP"] == 40.0 and m["i2t_R10"] == 3.0 and len(m.as_dict()) == 10
+    rows = m.format_table("title").splitlines()
+    assert rows[0] == "title" and rows[1].split() == ["task", *IDENTITY_KEYS]
+    assert rows[2].split() == ["t2i", "10.00", "20.00", "30.00", "40.00", "50.00"]
+    assert rows[3].split()[0] == "i2t"

@@ -17,7 +17,12 @@ need a full relevance matrix.
 This package is core: it imports no data format, model, trainer or analysis code.
 """
 
-from .identity import IDENTITY_KEYS, identity_retrieval_metrics
+from .identity import (
+    IDENTITY_KEYS,
+    IdentityMetrics,
+    identity_retrieval_metrics,
+    identity_retrieval_metrics_from_embeddings,
+)
 from .ranks import (
     RECALL_KEYS,
     Fold,
@@ -54,6 +59,7 @@ __all__ = [
     "IDENTITY_KEYS",
     "ExtendedMetrics",
     "Fold",
+    "IdentityMetrics",
     "Rescoring",
     "RetrievalMetrics",
     "SubsetRecall",
@@ -67,6 +73,7 @@ __all__ = [
     "extended_metrics",
     "fold_blocks",
     "identity_retrieval_metrics",
+    "identity_retrieval_metrics_from_embeddings",
     "make_rescoring",
     "metrics_from_ranks",
     "normalised_queries",

@@ -26,17 +26,22 @@ Nothing is sorted along the gallery: for each query, each relevant item's ``c_k`
 a ``searchsorted`` of every score into the query's few relevant scores), in blocks of queries,
 so the cost is a few passes over the score matrix, not a ``Q x G`` argsort.
 
-This module is core: it imports torch and :mod:`vlret.metrics.ranks` only.
+:func:`identity_retrieval_metrics_from_embeddings` scores each block of queries from the
+embeddings when it ranks it, so no full score matrix is held (ICFG-PEDES: 19,873 x 19,848).
+
+This module is core: it imports torch, :mod:`vlret._checks` and :mod:`vlret.metrics.ranks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._checks import check_finite
 from .ranks import _check_chunk, _check_finite, _eval_dtype, check_not_empty
 
 #: The keys of :func:`identity_retrieval_metrics`, in the order IRRA's table prints them.
@@ -116,6 +121,55 @@ def _block_sums(
     return hits, ap, inp
 
 
+def _check_sim(sim: Any, name: str) -> None:
+    if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
+        got = f"shape {tuple(sim.shape)} dtype {sim.dtype}" if isinstance(sim, torch.Tensor) else ""
+        raise ValueError(
+            f"{name} must be a 2-D floating-point tensor, got {got or type(sim).__name__}"
+        )
+
+
+def _ranked(
+    n_q: int, query_ids, gallery_ids, n_g: int, dev: torch.device, chunk_size: int, block_of
+) -> dict[str, float]:
+    """The metrics of ``n_q`` queries whose scores against the ``n_g`` gallery items
+    ``block_of(idx)`` gives for a 1-D index of queries (a ``(len(idx), n_g)`` float tensor)."""
+    q_ids = _ids(query_ids, "query_ids", n_q, "query (row)", dev)
+    g_ids = _ids(gallery_ids, "gallery_ids", n_g, "gallery item (column)", dev)
+    # the gallery grouped by id: item order[start[u] : start[u] + count[u]] has id uniq[u]
+    order = torch.argsort(g_ids, stable=True)
+    uniq, count = torch.unique_consecutive(g_ids[order], return_counts=True)
+    start = torch.cumsum(count, 0) - count
+    slot = torch.searchsorted(uniq, q_ids).clamp(max=len(uniq) - 1)
+    missing = uniq[slot] != q_ids
+    if bool(missing.any()):
+        i = int(torch.nonzero(missing)[0])
+        raise ValueError(
+            f"query_ids[{i}] = {int(q_ids[i])}: no gallery item has this id (gallery_ids); "
+            "every query needs at least one relevant gallery item"
+        )
+    r_all = count[slot]
+    q_start = start[slot]
+    rows = max(1, min(chunk_size, _BLOCK_SCORES // n_g))
+    by_r = torch.argsort(r_all, stable=True)  # a block's width is close to each row's R
+    hits = [0.0] * len(_KS)
+    ap_sum = inp_sum = 0.0
+    for a in range(0, n_q, rows):
+        idx = by_r[a : a + rows]
+        r = r_all[idx]
+        k = torch.arange(int(r.max()), device=dev)
+        offset = torch.minimum(k[None, :], (r - 1)[:, None])  # padding repeats the last one
+        rel_index = order[q_start[idx][:, None] + offset]
+        block_hits, ap, inp = _block_sums(block_of(idx), rel_index, r)
+        hits = [h + bh for h, bh in zip(hits, block_hits, strict=True)]
+        ap_sum += ap
+        inp_sum += inp
+    out = {f"R{cut}": 100.0 * h / n_q for cut, h in zip(_KS, hits, strict=True)}
+    out["mAP"] = 100.0 * ap_sum / n_q
+    out["mINP"] = 100.0 * inp_sum / n_q
+    return out
+
+
 def identity_retrieval_metrics(
     sim: torch.Tensor, query_ids, gallery_ids, *, chunk_size: int = 1024
 ) -> dict[str, float]:
@@ -131,55 +185,95 @@ def identity_retrieval_metrics(
     ``ValueError`` naming its index and id.
     """
     _check_chunk(chunk_size)
-    if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
-        got = f"shape {tuple(sim.shape)} dtype {sim.dtype}" if isinstance(sim, torch.Tensor) else ""
-        raise ValueError(
-            f"sim must be a 2-D floating-point tensor (queries, gallery), got "
-            f"{got or type(sim).__name__}"
-        )
+    _check_sim(sim, "sim")
     check_not_empty(sim, "sim", "query (row)", 0)
     check_not_empty(sim, "sim", "gallery item (column)", 1)
     n_q, n_g = sim.shape
-    dev = sim.device
-    q_ids = _ids(query_ids, "query_ids", n_q, "query (row)", dev)
-    g_ids = _ids(gallery_ids, "gallery_ids", n_g, "gallery item (column)", dev)
-    _check_finite(sim, "sim")
-
-    # the gallery grouped by id: item order[start[u] : start[u] + count[u]] has id uniq[u]
-    order = torch.argsort(g_ids, stable=True)
-    uniq, count = torch.unique_consecutive(g_ids[order], return_counts=True)
-    start = torch.cumsum(count, 0) - count
-    slot = torch.searchsorted(uniq, q_ids).clamp(max=len(uniq) - 1)
-    missing = uniq[slot] != q_ids
-    if bool(missing.any()):
-        i = int(torch.nonzero(missing)[0])
-        raise ValueError(
-            f"query_ids[{i}] = {int(q_ids[i])}: no gallery item has this id (gallery_ids); "
-            "every query needs at least one relevant gallery item"
-        )
-    r_all = count[slot]
-    q_start = start[slot]
     dtype = _eval_dtype(sim.dtype)
-    rows = max(1, min(chunk_size, _BLOCK_SCORES // n_g))
-    by_r = torch.argsort(r_all, stable=True)  # a block's width is close to each row's R
-    hits = [0.0] * len(_KS)
-    ap_sum = inp_sum = 0.0
-    for a in range(0, n_q, rows):
-        idx = by_r[a : a + rows]
-        r = r_all[idx]
-        w = int(r.max())
-        k = torch.arange(w, device=dev)
-        offset = torch.minimum(k[None, :], (r - 1)[:, None])  # padding repeats the last one
-        rel_index = order[q_start[idx][:, None] + offset]
-        block = sim.index_select(0, idx).to(dtype)
-        block_hits, ap, inp = _block_sums(block, rel_index, r)
-        hits = [h + bh for h, bh in zip(hits, block_hits, strict=True)]
-        ap_sum += ap
-        inp_sum += inp
-    out = {f"R{cut}": 100.0 * h / n_q for cut, h in zip(_KS, hits, strict=True)}
-    out["mAP"] = 100.0 * ap_sum / n_q
-    out["mINP"] = 100.0 * inp_sum / n_q
-    return out
+    _ids(query_ids, "query_ids", n_q, "query (row)", sim.device)  # shapes before the values
+    _ids(gallery_ids, "gallery_ids", n_g, "gallery item (column)", sim.device)
+    _check_finite(sim, "sim")
+    return _ranked(
+        n_q,
+        query_ids,
+        gallery_ids,
+        n_g,
+        sim.device,
+        chunk_size,
+        lambda idx: sim.index_select(0, idx).to(dtype),
+    )
 
 
-__all__ = ["IDENTITY_KEYS", "identity_retrieval_metrics"]
+def identity_retrieval_metrics_from_embeddings(
+    query_emb: torch.Tensor,
+    gallery_emb: torch.Tensor,
+    query_ids,
+    gallery_ids,
+    *,
+    chunk_size: int = 1024,
+) -> dict[str, float]:
+    """:func:`identity_retrieval_metrics` of the dot products ``query_emb @ gallery_emb.T``
+    (cosines when both are normalised), each block of queries scored when it is ranked: no
+    ``(queries, gallery)`` matrix is held, at most ``chunk_size`` rows of it. Scores are
+    computed in float32 at least (float64 embeddings in float64)."""
+    _check_chunk(chunk_size)
+    for name, t in (("query_emb", query_emb), ("gallery_emb", gallery_emb)):
+        _check_sim(t, name)
+        check_not_empty(t, name, "embedding", 0)
+        check_finite(t, name)
+    if query_emb.shape[1] != gallery_emb.shape[1] or query_emb.device != gallery_emb.device:
+        raise ValueError(
+            f"query_emb and gallery_emb must share their width and device, got "
+            f"{tuple(query_emb.shape)} on {query_emb.device} and {tuple(gallery_emb.shape)} on "
+            f"{gallery_emb.device}"
+        )
+    dtype = torch.promote_types(
+        torch.promote_types(query_emb.dtype, gallery_emb.dtype), torch.float32
+    )
+    q, g = query_emb.to(dtype), gallery_emb.to(dtype)
+    g_t = g.t()
+    return _ranked(
+        len(q),
+        query_ids,
+        gallery_ids,
+        len(g),
+        q.device,
+        chunk_size,
+        lambda idx: q.index_select(0, idx) @ g_t,
+    )
+
+
+@dataclass(frozen=True)
+class IdentityMetrics:
+    """Both directions of a person-search evaluation: text-to-image (caption queries, image
+    gallery) and image-to-text (image queries, caption gallery), each a dict with the keys
+    :data:`IDENTITY_KEYS` (percent)."""
+
+    t2i: dict[str, float]
+    i2t: dict[str, float]
+    #: the persons of the evaluated split (the distinct ids of its images)
+    identities: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        """``{"t2i_R1": ..., "i2t_mINP": ...}``: the protocol's metric names."""
+        return {f"{d}_{k}": getattr(self, d)[k] for d in ("t2i", "i2t") for k in IDENTITY_KEYS}
+
+    def __getitem__(self, key: str) -> float:
+        return self.as_dict()[key]
+
+    def format_table(self, title: str = "") -> str:
+        """IRRA's table: one row per direction, R1 R5 R10 mAP mINP."""
+        lines = [title] if title else []
+        lines.append("task " + "".join(f"{k:>8}" for k in IDENTITY_KEYS))
+        for d in ("t2i", "i2t"):
+            values = getattr(self, d)
+            lines.append(f"{d:<5}" + "".join(f"{values[k]:8.2f}" for k in IDENTITY_KEYS))
+        return "\n".join(lines)
+
+
+__all__ = [
+    "IDENTITY_KEYS",
+    "IdentityMetrics",
+    "identity_retrieval_metrics",
+    "identity_retrieval_metrics_from_embeddings",
+]
