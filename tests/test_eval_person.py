@@ -199,3 +199,17 @@ def test_selection_split_errors_say_why():
     assert 'data.dev_split = "test"' in str(err.value) and "on purpose" in str(err.value)
     with pytest.raises(ValueError, match="cuhk-pedes validates on its 'val' split"):
         selection_split("cuhk-pedes", "dev", named=True)
+
+
+@pytest.mark.parametrize(("option", "value"), [("rescore", "dsl"), ("shortlist", 5)])
+def test_run_evaluation_refuses_rescore_and_shortlist_under_identity(tmp_path, option, value):
+    from vlret.train.evaluate import run_evaluation
+
+    with pytest.raises(ValueError, match=f"{option}: protocol rstpreid ranks by person identity"):
+        run_evaluation(
+            tmp_path / "missing.pt",
+            data=tmp_path,
+            split="test",
+            protocol="rstpreid",
+            **{option: value},
+        )

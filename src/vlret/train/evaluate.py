@@ -39,6 +39,14 @@ that vlret never trained, zero-shot (no checkpoint): CLIP's own towers and proje
 added layer, its own tokenizer and image preprocessing, cosine scores, on Karpathy JSON + image
 data (:func:`~vlret.train.builders.load_pretrained_clip`); exclusive with checkpoints.
 
+Person search (``cuhk-pedes``, ``icfg-pedes``, ``rstpreid``; relevance ``same-identity``):
+every image of the caption's person is a correct answer; :func:`vlret.eval.evaluate` ranks the
+data set's captions against its images (and images against captions) by
+:func:`~vlret.metrics.identity_retrieval_metrics` with its ``image_identity``, R@1/5/10, mAP
+and mINP per direction. It takes neither ``shortlist`` nor ``rescore``. ICFG-PEDES has no
+validation split: checkpoints are selected on its test split only when the user names it
+(:func:`vlret.eval.protocols.person.selection_split`).
+
 ``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
 matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models
 and ensembles (of the mean matrix), not with ``shortlist``. Dual softmax uses the test matrix's
