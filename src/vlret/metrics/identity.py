@@ -50,7 +50,7 @@ IDENTITY_KEYS = ("R1", "R5", "R10", "mAP", "mINP")
 _KS = (1, 5, 10)
 #: Scores per block of queries (a block is ``chunk_size`` queries, fewer on a wide gallery):
 #: 4 MiB of float32, so that the passes over a block find it in cache. On one EPYC core, the
-#: CUHK-PEDES-sized evaluation (bench_person_search.py) took 1.04x / 1.15x the matmul (t2i /
+#: CUHK-PEDES-sized evaluation (bench_person_search.py) took 1.06x / 1.19x the matmul (t2i /
 #: i2t) with such blocks, 1.39x / 1.53x with blocks of 2**25 scores.
 _BLOCK_SCORES = 1 << 20
 #: Up to this many relevant items in a block, one ``>=`` pass per relevant item (over the rows
