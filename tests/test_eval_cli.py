@@ -308,7 +308,7 @@ def test_a_protocol_registered_in_one_module_runs_eval_and_compare(
             splits={"precomp": ("train", "dev")},
         )
     )
-    assert eval_splits() == ("test", "testall", "train", "dev")
+    assert eval_splits() == ("test", "testall", "train", "dev", "val")  # val: person search
     out = tmp_path / "m.json"
     args = ["eval", run / "best.pt", "--data", data, "--split", "train"]
     assert run_cli([*args, "--protocol", "f30k-dev-like", "--json", out]) == 0

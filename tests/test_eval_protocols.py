@@ -162,13 +162,18 @@ def test_a_new_protocol_is_one_record(monkeypatch):
 
 
 def test_evaluate_refuses_a_relevance_it_does_not_rank(monkeypatch):
+    # (same-identity is ranked since the person-search protocols: tests/test_eval_person.py)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_protocol(
         dataclasses.replace(
-            get_protocol("f30k"), name="ids", relevance="same-identity", default_for=()
+            get_protocol("f30k"),
+            name="ids",
+            relevance="class-label",
+            metrics=("acc1",),
+            default_for=(),
         )
     )
-    with pytest.raises(ValueError, match="relevance 'same-identity' is not ranked"):
+    with pytest.raises(ValueError, match="relevance 'class-label' is not ranked"):
         evaluate(_MatrixOf(torch.eye(2)), _Split(torch.tensor([0, 1]), 2), "ids")
 
 
@@ -178,7 +183,8 @@ def test_splits_and_defaults_are_read_from_the_registry(monkeypatch):
     from vlret.eval import default_protocol, eval_splits
     from vlret.train import evaluate as old
 
-    assert eval_splits() == ("test", "testall", "dev") == old.EVAL_SPLITS
+    # val: the person-search protocols' validation split
+    assert eval_splits() == ("test", "testall", "dev", "val") == old.EVAL_SPLITS
     assert [default_protocol(f).name for f in ("precomp", "karpathy", "msrvtt")] == [
         "f30k",
         "f30k",
@@ -196,10 +202,10 @@ def test_splits_and_defaults_are_read_from_the_registry(monkeypatch):
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     late = dataclasses.replace(
-        get_protocol("coco5k"), name="late", splits={"odd": ("val",)}, default_for=("odd",)
+        get_protocol("coco5k"), name="late", splits={"odd": ("holdout",)}, default_for=("odd",)
     )
     register_protocol(late)  # registered after the import of every module above
-    assert eval_splits()[-1] == "val" and old.EVAL_SPLITS[-1] == "val"
+    assert eval_splits()[-1] == "holdout" and old.EVAL_SPLITS[-1] == "holdout"
     assert eval_settings({"data": {"format": "odd"}}, {}).protocol == "late"
     with pytest.warns(DeprecationWarning):
         assert old.PROTOCOLS[-1] == "late"

@@ -63,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         required=True,
         choices=eval_splits(),
         help="; ".join(f"{'/'.join(names)}: {splits}" for splits, names in by_splits.items())
-        + " (dev: model-selection checks; papers report the test splits)",
+        + " (dev, val: model-selection checks; papers report the test splits)",
     )
     p.add_argument(
         "--protocol",

@@ -9,8 +9,16 @@ trainer or a loss.
 """
 
 from .encode import TextTokens, encode_dataset, encode_tokens, pack_words
-from .pipeline import Evaluation, evaluate, format_table, metrics_record
+from .pipeline import (
+    Evaluation,
+    evaluate,
+    format_table,
+    identity_ids,
+    identity_metrics,
+    metrics_record,
+)
 from .protocols import (
+    IDENTITY_METRICS,
     RELEVANCE_KINDS,
     EvalProtocol,
     default_protocol,
@@ -35,6 +43,7 @@ from .scores import embedding_scores, mean_pooled_scores, metrics_from_scores, s
 from .shortlist import ShortlistResult, shortlist_metrics
 
 __all__ = [
+    "IDENTITY_METRICS",
     "RELEVANCE_KINDS",
     "SCORINGS",
     "EnsembleScorer",
@@ -58,6 +67,8 @@ __all__ = [
     "evaluate",
     "format_table",
     "get_protocol",
+    "identity_ids",
+    "identity_metrics",
     "mean_pooled_scores",
     "metrics_from_scores",
     "metrics_record",

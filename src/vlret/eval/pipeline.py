@@ -1,6 +1,11 @@
 """The evaluation pipeline: :func:`evaluate` measures a scorer on a split under a protocol and
 returns an :class:`Evaluation`, which knows its protocol, split and sizes and renders its own
-table (:meth:`Evaluation.table`) and JSON record (:meth:`Evaluation.record`)."""
+table (:meth:`Evaluation.table`) and JSON record (:meth:`Evaluation.record`).
+
+A ``same-identity`` protocol (person search: ``cuhk-pedes``, ``icfg-pedes``, ``rstpreid``) is
+ranked by :func:`~vlret.metrics.identity_retrieval_metrics` in both directions, with the data
+set's ``image_identity`` as each image's person and ``image_identity[txt_to_img]`` as each
+caption's; its :class:`Evaluation` holds an :class:`~vlret.metrics.IdentityMetrics`."""
 
 from __future__ import annotations
 
@@ -9,9 +14,14 @@ from typing import Any
 
 import torch
 
-from ..metrics import RetrievalMetrics
+from ..metrics import (
+    IdentityMetrics,
+    RetrievalMetrics,
+    identity_retrieval_metrics,
+    identity_retrieval_metrics_from_embeddings,
+)
 from .protocols import EvalProtocol, get_protocol
-from .scorers import Scorer
+from .scorers import EnsembleSplit, MatrixScorer, Scorer, TwoTowerScorer
 
 #: The relevance kinds whose ranks the retrieval pipeline counts (an image's or video's rank is
 #: its best caption's, a caption's its own image's).
@@ -22,7 +32,9 @@ _RETRIEVAL_RELEVANCE = ("image-of-caption", "any-caption-of-video")
 class Evaluation:
     """What :func:`evaluate` measured: the metrics, the protocol and split, their sizes."""
 
-    metrics: RetrievalMetrics
+    #: the retrieval metrics; an :class:`~vlret.metrics.IdentityMetrics` (both directions) under
+    #: a ``same-identity`` protocol
+    metrics: RetrievalMetrics | IdentityMetrics
     n_images: int
     n_texts: int
     #: the checkpoints whose score matrices were averaged (empty or one: a single model)
@@ -119,11 +131,17 @@ class Evaluation:
 
 
 def format_table(
-    metrics: RetrievalMetrics, protocol: str | EvalProtocol, *, title: str | None = None
+    metrics: RetrievalMetrics | IdentityMetrics,
+    protocol: str | EvalProtocol,
+    *,
+    title: str | None = None,
 ) -> str:
-    """The paper-style table: R@1/5/10 both directions, rsum, medr (and each fold);
-    ``title`` defaults to the protocol's paper label."""
+    """The paper-style table: R@1/5/10 both directions, rsum, medr (and each fold); person
+    search (:class:`~vlret.metrics.IdentityMetrics`): IRRA's rows t2i and i2t of R1 R5 R10 mAP
+    mINP. ``title`` defaults to the protocol's paper label."""
     chosen = get_protocol(protocol)
+    if isinstance(metrics, IdentityMetrics):
+        return metrics.format_table(title if title is not None else chosen.title)
     lines = [
         metrics.format_table(title if title is not None else chosen.title, visual=chosen.visual)
     ]
@@ -134,12 +152,15 @@ def format_table(
 
 
 def metrics_record(
-    metrics: RetrievalMetrics, *, protocol: str, split: str, **extra: Any
+    metrics: RetrievalMetrics | IdentityMetrics, *, protocol: str, split: str, **extra: Any
 ) -> dict[str, Any]:
-    """JSON record: the metrics' key names under ``metrics`` (and per fold under ``folds``)."""
+    """JSON record: the metrics' key names under ``metrics`` (and per fold under ``folds``;
+    person search: ``t2i_R1`` ... ``i2t_mINP`` and the split's ``n_identities``)."""
     out: dict[str, Any] = {"protocol": protocol, "split": split, **extra}
     out["metrics"] = metrics.as_dict()
-    if metrics.folds:
+    if isinstance(metrics, IdentityMetrics):
+        out["n_identities"] = metrics.identities
+    elif metrics.folds:
         out["folds"] = [f.as_dict() for f in metrics.folds]
     return out
 
@@ -152,6 +173,8 @@ def evaluate(
     ``protocol`` (a registered name or record); ``split`` names the split in the title and
     record."""
     chosen = get_protocol(protocol)
+    if chosen.relevance == "same-identity":
+        return _identity_evaluation(scorer, data, chosen, split)
     if chosen.relevance not in _RETRIEVAL_RELEVANCE:
         raise ValueError(
             f"protocol {chosen.name}: relevance {chosen.relevance!r} is not ranked by the "
@@ -178,4 +201,79 @@ def evaluate(
     )
 
 
-__all__ = ["Evaluation", "evaluate", "format_table", "metrics_record"]
+def identity_ids(data: Any, protocol: EvalProtocol) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(caption ids, image ids)``: the person of each caption (its image's,
+    ``image_identity[txt_to_img]``) and of each image, from ``data`` (a dataset with
+    ``image_identity``; an ensemble's first part). A data set without identities is refused in
+    ``protocol``'s words."""
+    first = data.parts[0] if isinstance(data, EnsembleSplit) else data
+    ids = getattr(first, "image_identity", None)
+    if ids is None:
+        raise ValueError(
+            f"protocol {protocol.name} ranks by person identity, and this "
+            f"{type(first).__name__} has none (image_identity is None): evaluate "
+            f"{' or '.join(protocol.splits)} data"
+        )
+    img_ids = torch.as_tensor(ids)
+    if img_ids.dim() != 1 or img_ids.numel() != int(data.num_images):
+        raise ValueError(
+            f"image_identity must hold one id per image ({int(data.num_images)}), got shape "
+            f"{tuple(img_ids.shape)}"
+        )
+    img_ids = img_ids.to(torch.long)
+    return img_ids[torch.as_tensor(data.txt_to_img, dtype=torch.long)], img_ids
+
+
+def identity_metrics(
+    scorer: Scorer, data: Any, protocol: EvalProtocol
+) -> tuple[IdentityMetrics, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+    """Both directions of a same-identity protocol: ``(metrics, embeddings, scores)``. A
+    two-tower scorer's embeddings are scored block by block as they are ranked (no full
+    matrix); another :class:`~vlret.eval.scorers.MatrixScorer`'s ``(N_img, N_txt)`` matrix is
+    ranked as it is (captions x images through its transpose)."""
+    txt_ids, img_ids = identity_ids(data, protocol)
+    if isinstance(scorer, TwoTowerScorer):
+        img, txt = scorer.embeddings(data)
+        t2i = identity_retrieval_metrics_from_embeddings(txt, img, txt_ids, img_ids)
+        i2t = identity_retrieval_metrics_from_embeddings(img, txt, img_ids, txt_ids)
+        n = len(torch.unique(img_ids))
+        return IdentityMetrics(t2i, i2t, identities=n), (img, txt), None
+    if not isinstance(scorer, MatrixScorer):
+        raise ValueError(
+            f"protocol {protocol.name}: {type(scorer).__name__} has no exact score matrix to "
+            "rank by identity (a two-tower, pair-scoring or ensemble scorer has)"
+        )
+    sim = scorer.scores(data)
+    t2i = identity_retrieval_metrics(sim.t(), txt_ids, img_ids)
+    i2t = identity_retrieval_metrics(sim, img_ids, txt_ids)
+    return IdentityMetrics(t2i, i2t, identities=len(torch.unique(img_ids))), None, sim
+
+
+def _identity_evaluation(
+    scorer: Scorer, data: Any, protocol: EvalProtocol, split: str | None
+) -> Evaluation:
+    if not isinstance(scorer, Scorer):
+        raise ValueError(f"scorer: expected a vlret.eval Scorer, got {type(scorer).__name__}")
+    metrics, embeddings, scores = identity_metrics(scorer, data, protocol)
+    return Evaluation(
+        metrics,
+        n_images=int(data.num_images),
+        n_texts=int(data.num_captions),
+        members=scorer.members,
+        scores=scores,
+        protocol=protocol,
+        split=split,
+        embeddings=embeddings,
+        scorer=scorer,
+        data=data,
+    )
+
+
+__all__ = [
+    "Evaluation",
+    "evaluate",
+    "format_table",
+    "identity_ids",
+    "identity_metrics",
+    "metrics_record",
+]

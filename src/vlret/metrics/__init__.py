@@ -6,6 +6,8 @@ need a full relevance matrix.
 * :mod:`~vlret.metrics.stats`: the positive and hardest-negative score statistics.
 * :mod:`~vlret.metrics.relevance`: R-Precision and mAP@R in both directions and the ambiguity
   rate, from an ``(N_txt, N_img)`` relevance matrix.
+* :mod:`~vlret.metrics.identity`: identity-level retrieval (person search): R@1/5/10, mAP and
+  mINP when every gallery item of the query's identity is relevant.
 * :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
 * :mod:`~vlret.metrics.zeroshot`: zero-shot classification accuracy (top-1, top-5) and mean
   per-class recall, CLIP_benchmark's metrics.
@@ -15,6 +17,12 @@ need a full relevance matrix.
 This package is core: it imports no data format, model, trainer or analysis code.
 """
 
+from .identity import (
+    IDENTITY_KEYS,
+    IdentityMetrics,
+    identity_retrieval_metrics,
+    identity_retrieval_metrics_from_embeddings,
+)
 from .ranks import (
     RECALL_KEYS,
     Fold,
@@ -48,8 +56,10 @@ from .zeroshot import ZEROSHOT_METRICS, zeroshot_classification_metrics
 __all__ = [
     "RECALL_KEYS",
     "ZEROSHOT_METRICS",
+    "IDENTITY_KEYS",
     "ExtendedMetrics",
     "Fold",
+    "IdentityMetrics",
     "Rescoring",
     "RetrievalMetrics",
     "SubsetRecall",
@@ -62,6 +72,8 @@ __all__ = [
     "dual_softmax_rank_keys",
     "extended_metrics",
     "fold_blocks",
+    "identity_retrieval_metrics",
+    "identity_retrieval_metrics_from_embeddings",
     "make_rescoring",
     "metrics_from_ranks",
     "normalised_queries",

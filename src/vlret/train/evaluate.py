@@ -39,6 +39,14 @@ that vlret never trained, zero-shot (no checkpoint): CLIP's own towers and proje
 added layer, its own tokenizer and image preprocessing, cosine scores, on Karpathy JSON + image
 data (:func:`~vlret.train.builders.load_pretrained_clip`); exclusive with checkpoints.
 
+Person search (``cuhk-pedes``, ``icfg-pedes``, ``rstpreid``; relevance ``same-identity``):
+every image of the caption's person is a correct answer; :func:`vlret.eval.evaluate` ranks the
+data set's captions against its images (and images against captions) by
+:func:`~vlret.metrics.identity_retrieval_metrics` with its ``image_identity``, R@1/5/10, mAP
+and mINP per direction. It takes neither ``shortlist`` nor ``rescore``. ICFG-PEDES has no
+validation split: checkpoints are selected on its test split only when the user names it
+(:func:`vlret.eval.protocols.person.selection_split`).
+
 ``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
 matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models
 and ensembles (of the mean matrix), not with ``shortlist``. Dual softmax uses the test matrix's
@@ -80,7 +88,14 @@ from ..eval import (
     metrics_record,
     protocol_names,
 )
-from ..metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics, similarity_stats
+from ..metrics import (
+    IdentityMetrics,
+    RetrievalMetrics,
+    coco_5fold_metrics,
+    identity_retrieval_metrics_from_embeddings,
+    retrieval_metrics,
+    similarity_stats,
+)
 from ..metrics.rescore import Rescoring, draw_bank
 from ..models import PairScorer
 from .builders import (
@@ -134,13 +149,31 @@ def check_eval_split(protocol: str, split: str, data_format: str) -> None:
 
 
 def dev_metrics(
-    img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    txt_to_img: torch.Tensor,
+    *,
+    image_identity: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Model-selection metrics: the retrieval metrics of the model's own scores, plus
     ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
     ``hardest_neg_sim``, the mean over every image and caption query of its hardest
-    non-matching cosine (Unified Fig. 4; :func:`vlret.metrics.similarity_stats`)."""
+    non-matching cosine (Unified Fig. 4; :func:`vlret.metrics.similarity_stats`).
+
+    ``image_identity`` (person search: the dev set's
+    :attr:`~vlret.data.dataset.RetrievalDataset.image_identity`) adds the identity-level
+    metrics of the person-search protocols, ``t2i_R1`` ... ``i2t_mINP``
+    (:func:`vlret.metrics.identity_retrieval_metrics`; ``t2i_R1`` is what IRRA selects on)."""
     out = retrieval_metrics(img_emb, txt_emb, txt_to_img).as_dict()
+    if image_identity is not None:
+        img_ids = torch.as_tensor(image_identity, dtype=torch.long)
+        txt_ids = img_ids[torch.as_tensor(txt_to_img, dtype=torch.long)]
+        for d, (q, g, qi, gi) in {
+            "t2i": (txt_emb, img_emb, txt_ids, img_ids),
+            "i2t": (img_emb, txt_emb, img_ids, txt_ids),
+        }.items():
+            found = identity_retrieval_metrics_from_embeddings(q, g, qi, gi)
+            out.update({f"{d}_{k}": v for k, v in found.items()})
     # Cosines whatever the model's scoring; the scores above are the model's own.
     sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
     out.update(similarity_stats(sim, txt_to_img=txt_to_img))
@@ -150,8 +183,15 @@ def dev_metrics(
 def protocol_metrics(
     img_emb: torch.Tensor, txt_emb: torch.Tensor, txt_to_img: torch.Tensor, protocol: str
 ) -> RetrievalMetrics:
-    """Metrics of ``protocol`` from a two-tower model's embeddings (its folds averaged)."""
+    """Metrics of ``protocol`` from a two-tower model's embeddings (its folds averaged); a
+    person-search protocol needs the identities, :func:`vlret.eval.evaluate` (a
+    ``ValueError`` here)."""
     chosen = get_protocol(protocol)
+    if chosen.relevance != "image-of-caption" and chosen.relevance != "any-caption-of-video":
+        raise ValueError(
+            f"protocol {chosen.name}: relevance {chosen.relevance!r} is not ranked from "
+            "embeddings and txt_to_img alone (use vlret.eval.evaluate on the data set)"
+        )
     folds = chosen.folds
     if folds > 1:
         chosen.check_folds(int(img_emb.shape[0]))
@@ -182,8 +222,9 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     device: str = "auto",
     **options: Any,
-) -> RetrievalMetrics:
-    """The metrics of :func:`run_evaluation` (``options``: its ``shortlist``, ...)."""
+) -> RetrievalMetrics | IdentityMetrics:
+    """The metrics of :func:`run_evaluation` (``options``: its ``shortlist``, ...); person
+    search: an :class:`~vlret.metrics.IdentityMetrics`."""
     return run_evaluation(
         checkpoint,
         data=data,
@@ -266,6 +307,12 @@ def run_evaluation(
     if rescore is not None and shortlist is not None:
         raise ValueError(
             "rescore re-scores the full score matrix; it does not combine with shortlist"
+        )
+    if chosen.relevance == "same-identity" and (rescore is not None or shortlist is not None):
+        which = "rescore" if rescore is not None else "shortlist"
+        raise ValueError(
+            f"{which}: protocol {chosen.name} ranks by person identity on the exact scores; "
+            f"it does not combine with {which}"
         )
     try:
         dev = resolve_device(device)

@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 
 from .registry import (
+    IDENTITY_METRICS,
     RELEVANCE_KINDS,
     RETRIEVAL_METRICS,
     EvalProtocol,
@@ -27,6 +28,7 @@ for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
+    "IDENTITY_METRICS",
     "RELEVANCE_KINDS",
     "RETRIEVAL_METRICS",
     "EvalProtocol",

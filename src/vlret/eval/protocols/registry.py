@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ...metrics import ZEROSHOT_METRICS, RetrievalMetrics
+from ...metrics import IDENTITY_KEYS, ZEROSHOT_METRICS, RetrievalMetrics
 
 #: What counts as relevant to a query. The retrieval protocols of today use the first two
 #: (their ranks are the same computation: an image's rank is its best caption's); identity
@@ -24,6 +24,11 @@ _VISUAL = {"image-of-caption": "image", "any-caption-of-video": "video"}
 RETRIEVAL_METRICS = tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k != "folds")
 #: The metrics a class-label protocol may report (:mod:`vlret.metrics.zeroshot`).
 CLASSIFICATION_METRICS = ZEROSHOT_METRICS
+#: The metrics a same-identity protocol may report: each direction's
+#: :func:`~vlret.metrics.identity_retrieval_metrics` (``t2i_R1`` ... ``i2t_mINP``).
+IDENTITY_METRICS = tuple(f"{d}_{k}" for d in ("t2i", "i2t") for k in IDENTITY_KEYS)
+#: The metrics each relevance kind may report (the retrieval ones by default).
+_KNOWN_METRICS = {"class-label": CLASSIFICATION_METRICS, "same-identity": IDENTITY_METRICS}
 
 
 @dataclass(frozen=True)
@@ -51,13 +56,18 @@ class EvalProtocol:
     unfolded: str | None = None
     relevance: str = "image-of-caption"
     #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`; of
-    #: :data:`CLASSIFICATION_METRICS` for ``class-label`` relevance)
+    #: :data:`CLASSIFICATION_METRICS` for ``class-label`` relevance, of
+    #: :data:`IDENTITY_METRICS` for ``same-identity`` relevance)
     metrics: tuple[str, ...] = RETRIEVAL_METRICS
     #: the data set's own protocol option (MSR-VTT's caption set: ``full`` or ``1k-A``)
     data_protocol: str | None = None
     #: the data formats whose comparisons (``vlret compare``) use this protocol unless they
     #: name one (:func:`default_protocol`; at most one protocol per format)
     default_for: tuple[str, ...] = ()
+    #: identity-level protocols: the persons of the paper's test set (0 = not given)
+    paper_identities: int = 0
+    #: what the protocol must say besides its summary (ICFG-PEDES: no validation split)
+    note: str = ""
 
     def __post_init__(self) -> None:
         if self.relevance not in RELEVANCE_KINDS:
@@ -65,7 +75,7 @@ class EvalProtocol:
                 f"protocol {self.name}: relevance must be one of {', '.join(RELEVANCE_KINDS)}, "
                 f"got {self.relevance!r}"
             )
-        known = CLASSIFICATION_METRICS if self.relevance == "class-label" else RETRIEVAL_METRICS
+        known = _KNOWN_METRICS.get(self.relevance, RETRIEVAL_METRICS)
         unknown = [m for m in self.metrics if m not in known]
         if unknown:
             raise ValueError(f"protocol {self.name}: unknown metrics {unknown}")
@@ -134,7 +144,8 @@ class EvalProtocol:
 
     def line(self) -> str:
         """One line for ``vlret protocols``: name, summary and the accepted splits."""
-        return f"{self.name:<12} {self.summary} [{self.accepted()}]"
+        note = f" ({self.note})" if self.note else ""
+        return f"{self.name:<12} {self.summary} [{self.accepted()}]{note}"
 
 
 _REGISTRY: dict[str, EvalProtocol] = {}
@@ -186,6 +197,7 @@ def default_protocol(data_format: str) -> EvalProtocol | None:
 
 
 __all__ = [
+    "IDENTITY_METRICS",
     "RELEVANCE_KINDS",
     "RETRIEVAL_METRICS",
     "EvalProtocol",
