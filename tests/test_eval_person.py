@@ -21,7 +21,7 @@ from vlret.eval import (
     protocol_names,
 )
 from vlret.eval.protocols import IDENTITY_METRICS, default_protocol
-from vlret.eval.protocols.person import PERSON_SPLITS, selection_split
+from vlret.eval.protocols.person import PERSON_SPLITS
 from vlret.metrics import IdentityMetrics
 from vlret.models import build_model
 from vlret.train.evaluate import dev_metrics, protocol_metrics
@@ -174,31 +174,6 @@ def test_dev_metrics_add_the_identity_metrics():
 def test_protocol_metrics_refuses_identity_protocols():
     with pytest.raises(ValueError, match="protocol cuhk-pedes: relevance 'same-identity'"):
         protocol_metrics(torch.rand(2, 4), torch.rand(2, 4), torch.tensor([0, 1]), "cuhk-pedes")
-
-
-@pytest.mark.parametrize(
-    ("fmt", "dev_split", "named", "expected"),
-    [
-        ("cuhk-pedes", "dev", False, "val"),  # the config's default becomes the val split
-        ("rstpreid", "dev", False, "val"),
-        ("icfg-pedes", "dev", False, None),  # no val split: no validation, never test
-        ("icfg-pedes", "test", True, "test"),  # named on purpose
-        ("icfg-pedes", None, True, None),
-        ("cuhk-pedes", "test", True, "test"),
-        ("cuhk-pedes", "val", True, "val"),
-        ("precomp", "dev", False, "dev"),  # not person search: unchanged
-    ],
-)
-def test_selection_split(fmt, dev_split, named, expected):
-    assert selection_split(fmt, dev_split, named=named) == expected
-
-
-def test_selection_split_errors_say_why():
-    with pytest.raises(ValueError, match="icfg-pedes has no validation split") as err:
-        selection_split("icfg-pedes", "val", named=True)
-    assert 'data.dev_split = "test"' in str(err.value) and "on purpose" in str(err.value)
-    with pytest.raises(ValueError, match="cuhk-pedes validates on its 'val' split"):
-        selection_split("cuhk-pedes", "dev", named=True)
 
 
 @pytest.mark.parametrize(("option", "value"), [("rescore", "dsl"), ("shortlist", 5)])

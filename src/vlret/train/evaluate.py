@@ -45,7 +45,7 @@ data set's captions against its images (and images against captions) by
 :func:`~vlret.metrics.identity_retrieval_metrics` with its ``image_identity``, R@1/5/10, mAP
 and mINP per direction. It takes neither ``shortlist`` nor ``rescore``. ICFG-PEDES has no
 validation split: checkpoints are selected on its test split only when the user names it
-(:func:`vlret.eval.protocols.person.selection_split`).
+(:func:`vlret.train.config_checks.check_person_search`).
 
 ``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
 matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models

@@ -402,7 +402,12 @@ class Trainer:
             device=self.device,
             normalize=unwrap_model(self.model).scoring == "cosine",  # the model's own scoring
         )
-        return dev_metrics(img, txt, torch.as_tensor(self.dev_set.txt_to_img))
+        return dev_metrics(
+            img,
+            txt,
+            torch.as_tensor(self.dev_set.txt_to_img),
+            image_identity=self.dev_set.image_identity,  # person search: t2i_R1 ... i2t_mINP
+        )
 
     # -- the loop ----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ images, 6,156 captions; ICFG-PEDES 1,000 identities, 19,848 images, 19,873 capti
 Checkpoint selection: IRRA selects checkpoints on the test split by default
 (``--val_dataset test``), one reason its reproductions fall short of the paper (IRRA#45). Here a
 run selects on ``val``; on ICFG-PEDES, which has none, only a ``test`` the user names
-(:func:`selection_split`).
+(``data.dev_split = "test"``; :func:`vlret.train.config_checks.check_person_search`).
 """
 
 from __future__ import annotations
@@ -72,35 +72,4 @@ ICFG_PEDES = _person(
 RSTPREID = _person("rstpreid", "RSTPReid", (200, 1000, 2000), ("test", "val"))
 
 
-def selection_split(data_format: str, dev_split: str | None, *, named: bool) -> str | None:
-    """The split a person-search run validates (selects checkpoints) on.
-
-    ``dev_split`` is the config's ``data.dev_split``; ``named`` says whether the user wrote it
-    (``False``: the config's default). Unnamed, it is ``val`` (ICFG-PEDES: ``None``, no
-    validation and ``best.pt`` is the last epoch: it has no validation split, and the test split
-    is never chosen for the user). Named, ``None`` and ``test`` (selection on the test split, on
-    purpose) are taken as they are; ``val`` on ICFG-PEDES, or a split the format does not have,
-    is a ``ValueError`` saying what to write instead. Another format's ``dev_split`` is returned
-    unchanged."""
-    splits = PERSON_SPLITS.get(data_format)
-    if splits is None:
-        return dev_split
-    has_val = "val" in splits
-    if not named:
-        return "val" if has_val else None
-    if dev_split is None or dev_split == "test" or (dev_split == "val" and has_val):
-        return dev_split
-    if not has_val:
-        raise ValueError(
-            f"data.dev_split: {data_format} has no validation split (only "
-            f"{' and '.join(splits)}), got {dev_split!r}; set data.dev_split = null (no "
-            'validation; best.pt is the last epoch), or data.dev_split = "test" to select '
-            "checkpoints on the test split on purpose"
-        )
-    raise ValueError(
-        f"data.dev_split: {data_format} validates on its 'val' split (or 'test' named on "
-        f"purpose, or null), got {dev_split!r}"
-    )
-
-
-__all__ = ["CUHK_PEDES", "ICFG_PEDES", "PERSON_SPLITS", "RSTPREID", "selection_split"]
+__all__ = ["CUHK_PEDES", "ICFG_PEDES", "PERSON_SPLITS", "RSTPREID"]
