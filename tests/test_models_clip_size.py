@@ -140,7 +140,9 @@ def test_load_clip_at_24x8_resamples_once_as_irra(clip_dir):
     want = naive_resize(weight, (4, 4), (6, 2), "bilinear")  # IRRA's resize_pos_embed
     got = emb.position_embedding.weight.detach().double()
     assert torch.allclose(got, want, rtol=0, atol=tolerance(weight))
-    pixels = torch.stack([transform(Image.new("RGB", (20 + k, 48), (40 * k, 90, 200))) for k in range(3)])
+    pixels = torch.stack(
+        [transform(Image.new("RGB", (20 + k, 48), (40 * k, 90, 200))) for k in range(3)]
+    )
     assert pixels.shape == (3, 3, 24, 8)
     out = image_enc(pixels)
     assert out.shape == (3, 12) and torch.isfinite(out).all()
@@ -198,8 +200,13 @@ TINY = {
 def test_a_preset_gets_random_embeddings_on_the_new_grid():
     torch.manual_seed(0)
     model = build_model(
-        {"kind": "clip", "preset": "ViT-B-32", "config": TINY, "tokenizer": "bytes",
-         "image_size": [24, 8]}
+        {
+            "kind": "clip",
+            "preset": "ViT-B-32",
+            "config": TINY,
+            "tokenizer": "bytes",
+            "image_size": [24, 8],
+        }
     )
     emb = model.image_encoder.vision_model.embeddings
     weight = emb.position_embedding.weight.detach()

@@ -347,7 +347,8 @@ def load_clip(
     transform = CLIPImageTransform.from_pretrained(path)
     if image_size is not None:
         size = set_image_size(clip.vision_model, image_size, pretrained=True)
-        transform = CLIPImageTransform(size, mean=transform.mean, std=transform.std)
+        mean, std = transform.mean.tolist(), transform.std.tolist()
+        transform = CLIPImageTransform(size, mean=mean, std=std)
     image = CLIPImageEncoder(clip.vision_model, clip.visual_projection, proj_dim=proj_dim)
     text = CLIPTextEncoder(clip.text_model, clip.text_projection, proj_dim=proj_dim)
     return image, text, transform

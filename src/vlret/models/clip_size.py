@@ -215,7 +215,7 @@ def set_image_size(
     )
     if mode not in POS_MODES:
         raise ValueError(f"mode must be one of {POS_MODES}, got {mode!r}")
-    emb = vision_model.embeddings
+    emb: Any = vision_model.embeddings
     patch = int(emb.patch_size)
     if height % patch or width % patch:
         raise ValueError(
