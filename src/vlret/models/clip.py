@@ -12,7 +12,9 @@ temperature, and every kept parameter receives a gradient (DistributedDataParall
 
 Preprocessing follows the original CLIP pipeline: bicubic resize of the shorter side to the
 model's image size, a center crop to ``image_size x image_size``, scaling to ``[0, 1]`` and
-normalisation by the CLIP mean and standard deviation per channel.
+normalisation by the CLIP mean and standard deviation per channel. A non-square input
+(``image_size = [384, 128]``, IRRA's person-search CLIP; :mod:`vlret.models.clip_size`) is
+resized to ``(height, width)`` directly, as IRRA's evaluation transform does.
 
 Pre-training from scratch (AdaCL Table 2): :func:`build_clip` builds a named architecture
 (:data:`CLIP_PRESETS`, ``"ViT-B-32"``) with random weights, with ``CLIPConfig`` overrides (a tiny
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .clip_size import set_image_size
 from .text import check_captions, check_local_dir, import_transformers
 
 #: Per-channel RGB mean and std of the original CLIP preprocessing.
@@ -83,6 +86,10 @@ class CLIPImageTransform:
     2. center crop, offsets ``round((H - crop_h) / 2)`` and ``round((W - crop_w) / 2)``;
     3. ``(pixel / 255 - mean[c]) / std[c]`` per channel, channels first.
 
+    With ``stretch`` (the default for a non-square crop) steps 1-2 are one resize to
+    ``(crop_h, crop_w)``, the aspect ratio not kept: IRRA's ``Resize((384, 128))`` for
+    pedestrian pictures, where a centre crop of the shorter side would cut off heads and feet.
+
     Pass an instance as ``image_transform`` to :class:`vlret.data.KarpathyDataset`.
 
     Args:
@@ -92,6 +99,8 @@ class CLIPImageTransform:
         std: Per-channel RGB standard deviation (positive).
         resample: PIL's filter for the resize, ``"bicubic"`` (CLIP, timm's ViT) or
             ``"bilinear"`` (torchvision's default, VSE++'s ResNet).
+        stretch: Resize to the crop directly (``resize`` unused); None: only for a non-square
+            crop.
 
     Raises:
         ValueError: A size is not positive, ``resize`` is smaller than the crop, ``mean`` /
@@ -106,6 +115,7 @@ class CLIPImageTransform:
         mean: Sequence[float] = CLIP_MEAN,
         std: Sequence[float] = CLIP_STD,
         resample: str = "bicubic",
+        stretch: bool | None = None,
     ) -> None:
         if resample not in RESAMPLES:
             raise ValueError(f"resample must be one of {RESAMPLES}, got {resample!r}")
@@ -122,6 +132,7 @@ class CLIPImageTransform:
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
         self.resample = resample
+        self.stretch = self.crop[0] != self.crop[1] if stretch is None else bool(stretch)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> CLIPImageTransform:
@@ -182,23 +193,32 @@ class CLIPImageTransform:
         else:
             raise ValueError(f"image must be a PIL image or a path, got {type(image).__name__}")
         w, h = image.size
+        filters = getattr(pil, "Resampling", pil)
+        if self.stretch:
+            if (w, h) != (self.crop[1], self.crop[0]):
+                resample = getattr(filters, self.resample.upper())
+                image = image.resize((self.crop[1], self.crop[0]), resample=resample)
+            return self._normalise(image)
         if w <= h:
             new_w, new_h = self.resize, int(self.resize * h / w)
         else:
             new_w, new_h = int(self.resize * w / h), self.resize
         if (new_w, new_h) != (w, h):
-            filters = getattr(pil, "Resampling", pil)
             image = image.resize((new_w, new_h), resample=getattr(filters, self.resample.upper()))
         ch, cw = self.crop
         top = int(round((new_h - ch) / 2.0))
         left = int(round((new_w - cw) / 2.0))
-        image = image.crop((left, top, left + cw, top + ch))
+        return self._normalise(image.crop((left, top, left + cw, top + ch)))
+
+    def _normalise(self, image: Any) -> torch.Tensor:
         pixels = np.asarray(image, dtype=np.float32) / 255.0
         pixels = (pixels - self.mean) / self.std
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
     def __repr__(self) -> str:
         extra = "" if self.resample == "bicubic" else f", resample={self.resample!r}"
+        if self.stretch != (self.crop[0] != self.crop[1]):
+            extra += f", stretch={self.stretch}"
         return f"CLIPImageTransform(crop={self.crop}, resize={self.resize}{extra})"
 
 
@@ -297,7 +317,7 @@ class CLIPTextEncoder(nn.Module):
 
 
 def load_clip(
-    path: str | Path, *, proj_dim: int | None = 768
+    path: str | Path, *, proj_dim: int | None = 768, image_size: int | Sequence[int] | None = None
 ) -> tuple[CLIPImageEncoder, CLIPTextEncoder, CLIPImageTransform]:
     """Image encoder, text encoder and image transform from a local CLIP directory.
 
@@ -308,6 +328,10 @@ def load_clip(
         path: The local CLIP directory (``save_pretrained`` output).
         proj_dim: Width of the added embedding layers (Unified B.1.2: 768); None keeps CLIP's
             projection output.
+        image_size: ``(height, width)`` (or an int) of the input when it is not the model's
+            own: the position embeddings are resampled once to the new patch grid
+            (:func:`~vlret.models.clip_size.set_image_size`, IRRA's bilinear) and the
+            transform resizes to it; None keeps the model's size.
 
     Returns:
         ``(image_encoder, text_encoder, image_transform)``.
@@ -315,13 +339,19 @@ def load_clip(
     Raises:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError: ``path`` is not a directory.
+        ValueError: ``image_size`` is not positive ints that are multiples of the patch size.
     """
     transformers = import_transformers("CLIP fine-tuning")
     path = check_local_dir(path, "a CLIP model")
     clip = transformers.CLIPModel.from_pretrained(str(path), local_files_only=True).float()
+    transform = CLIPImageTransform.from_pretrained(path)
+    if image_size is not None:
+        size = set_image_size(clip.vision_model, image_size, pretrained=True)
+        mean, std = transform.mean.tolist(), transform.std.tolist()
+        transform = CLIPImageTransform(size, mean=mean, std=std)
     image = CLIPImageEncoder(clip.vision_model, clip.visual_projection, proj_dim=proj_dim)
     text = CLIPTextEncoder(clip.text_model, clip.text_projection, proj_dim=proj_dim)
-    return image, text, CLIPImageTransform.from_pretrained(path)
+    return image, text, transform
 
 
 #: The CLIP architectures a ``preset`` names: ``CLIPConfig`` keyword arguments. ``ViT-B-32``
@@ -412,7 +442,11 @@ def _check_config_keys(transformers: Any, kwargs: Mapping[str, Any]) -> None:
 
 
 def build_clip(
-    preset: str, *, config: Mapping[str, Any] | None = None, proj_dim: int | None = None
+    preset: str,
+    *,
+    config: Mapping[str, Any] | None = None,
+    proj_dim: int | None = None,
+    image_size: int | Sequence[int] | None = None,
 ) -> tuple[CLIPImageEncoder, CLIPTextEncoder, CLIPImageTransform]:
     """Image encoder, text encoder and transform of a randomly initialised CLIP.
 
@@ -425,21 +459,28 @@ def build_clip(
         config: ``CLIPConfig`` overrides (:func:`clip_preset_config`).
         proj_dim: Width of an added embedding layer; None (pre-training) keeps CLIP's own
             projection.
+        image_size: ``(height, width)`` (or an int) of the input instead of the vision
+            config's square ``image_size``: random position embeddings on its patch grid
+            (:func:`~vlret.models.clip_size.set_image_size`); None keeps the square.
 
     Returns:
         ``(image_encoder, text_encoder, image_transform)``.
 
     Raises:
         ImportError: ``transformers`` is not installed.
-        ValueError: An unknown preset or config key.
+        ValueError: An unknown preset or config key, or an ``image_size`` that is not
+            positive ints that are multiples of the patch size.
     """
     kwargs = clip_preset_config(preset, config)
     transformers = import_transformers("a CLIP preset")
     _check_config_keys(transformers, kwargs)
     clip = transformers.CLIPModel(transformers.CLIPConfig(**kwargs)).float()
+    size: int | tuple[int, int] = int(clip.config.vision_config.image_size)
+    if image_size is not None:
+        size = set_image_size(clip.vision_model, image_size, pretrained=False)
     image = CLIPImageEncoder(clip.vision_model, clip.visual_projection, proj_dim=proj_dim)
     text = CLIPTextEncoder(clip.text_model, clip.text_projection, proj_dim=proj_dim)
-    return image, text, CLIPImageTransform(int(clip.config.vision_config.image_size))
+    return image, text, CLIPImageTransform(size)
 
 
 class CLIPByteTokenizer:

@@ -24,7 +24,7 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
     # shorthand for BERT text: {"kind": "bert", "path": DIR, "image": {...}, "embed_dim": 1024}
     # CLIP fine-tuning (Unified paper B.1.2), or pre-training from random weights:
     {"kind": "clip", "path": DIR | "preset": "ViT-B-32", "config": {}, "tokenizer": None,
-     "proj_dim": 768 (None with a preset), "normalize": False}
+     "proj_dim": 768 (None with a preset), "normalize": False, "image_size": None}
     # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
     # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
     # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
@@ -41,6 +41,9 @@ None with a preset (pre-training adds no layer); ``0`` also means None (TOML has
 ``tokenizer = "bytes"`` (only with a preset) tokenises captions with
 :class:`~vlret.models.clip.CLIPByteTokenizer`; otherwise a preset CLIP needs
 ``data.tokenizer``, a local CLIP tokenizer directory (:func:`vlret.train.builders.build_encoder`).
+``image_size = [height, width]`` (or an int) trains and evaluates the CLIP at that input (IRRA's
+person-search ``[384, 128]``): the position embeddings are resampled once to the new patch grid
+(random ones for a preset; :mod:`vlret.models.clip_size`); ``None`` keeps the model's square.
 Parameter names: ``image_encoder.vision_model`` / ``.visual_projection`` / ``.embed_proj`` and
 ``text_encoder.text_model`` / ``.text_projection`` / ``.embed_proj``; a backbone's are
 ``image_encoder.backbone`` and ``image_encoder.fc`` (``train.freeze``,
@@ -102,6 +105,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "tokenizer": None,
         "proj_dim": 768,
         "normalize": False,
+        "image_size": None,
     },
     **CROSS_MODEL_DEFAULTS,
     **VIDEO_EXPERT_MODEL_DEFAULTS,
@@ -431,6 +435,7 @@ def build_model_of(
 def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
     """A CLIP from its local directory or its preset (module docstring)."""
     from .clip import build_clip, load_clip
+    from .clip_size import image_size_pair
 
     path, preset = top["path"], top["preset"]
     if (path is None) == (preset is None):
@@ -451,11 +456,16 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
         top["proj_dim"] = None  # pre-training from scratch adds no layer
     if top["proj_dim"] == 0 and not isinstance(top["proj_dim"], bool):
         top["proj_dim"] = None
+    size = top["image_size"]
+    if size is not None:
+        top["image_size"] = size = list(image_size_pair(size))
     if path is not None:
-        image, text, transform = load_clip(path, proj_dim=top["proj_dim"])
+        image, text, transform = load_clip(path, proj_dim=top["proj_dim"], image_size=size)
         top["path"] = str(path)
     else:
-        image, text, transform = build_clip(preset, config=top["config"], proj_dim=top["proj_dim"])
+        image, text, transform = build_clip(
+            preset, config=top["config"], proj_dim=top["proj_dim"], image_size=size
+        )
     return RetrievalModel(
         image,
         text,

@@ -488,3 +488,25 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     return dataclasses.replace(
         data, root=str(folder), karpathy_json=str(json_path), image_root=image_root
     )
+
+
+def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
+    """The data config of a model trained on other data (Karpathy, precomp, shards, CSV) read as
+    the person-search format ``data_format`` for evaluation without fine-tuning (``vlret eval
+    CKPT --data DIR --protocol cuhk-pedes``: DIR holds the format's annotation file and
+    ``imgs/``); the caption encoder and the model's image transform stay the checkpoint's (a
+    224 x 224 CLIP sees its own preprocessing, not IRRA's 384 x 128 resize)."""
+    return dataclasses.replace(
+        data,
+        format=data_format,
+        karpathy_json=None,
+        image_root=None,
+        annotations=None,
+        features_dir=None,
+        shards=None,
+        dev_shards=None,
+        train_num_samples=None,
+        csv=None,
+        dev_csv=None,
+        train_transform="none",
+    )

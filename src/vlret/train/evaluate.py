@@ -45,7 +45,11 @@ data set's captions against its images (and images against captions) by
 :func:`~vlret.metrics.identity_retrieval_metrics` with its ``image_identity``, R@1/5/10, mAP
 and mINP per direction. It takes neither ``shortlist`` nor ``rescore``. ICFG-PEDES has no
 validation split: checkpoints are selected on its test split only when the user names it
-(:func:`vlret.train.config_checks.check_person_search`).
+(:func:`vlret.train.config_checks.check_person_search`). A checkpoint trained on other data
+(Flickr30K: AdaCL Table 7's domain generalisation) is evaluated on a person-search folder
+without fine-tuning: its data config is read as the protocol's format
+(:func:`~vlret.train.builders.person_search_eval_data`); its caption encoder and image
+transform stay its own.
 
 ``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
 matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models
@@ -104,6 +108,7 @@ from .builders import (
     eval_data_config,
     load_pretrained_clip,
     load_trained_model,
+    person_search_eval_data,
 )
 from .config import DataConfig
 from .distributed import resolve_device
@@ -456,7 +461,11 @@ def _load_member(
     checkpoint: str | Path, protocol: EvalProtocol, split: str, device: torch.device | str
 ) -> Member:
     model, run, encoder = load_trained_model(checkpoint, device=device)
-    if run.data.format in STREAM_FORMATS:
+    if protocol.relevance == "same-identity" and run.data.format not in protocol.splits:
+        # domain generalisation: trained elsewhere, evaluated on the protocol's data set
+        (person_format,) = protocol.splits
+        run = dataclasses.replace(run, data=person_search_eval_data(run.data, person_format))
+    elif run.data.format in STREAM_FORMATS:
         run = dataclasses.replace(run, data=karpathy_eval_data(run.data))
     try:
         protocol.check_split(split, run.data.format)
