@@ -6,6 +6,7 @@ optimiser and schedule, the ICFG-PEDES no-validation rule, the losses they build
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -72,8 +73,8 @@ def test_icfg_configs_refuse_a_val_split_and_take_test_only_by_name():
     with pytest.raises(ConfigError, match="data.dev_split.*no 'val' split"):
         load_config(path, overrides=["data.dev_split=val"])
     assert load_config(path, overrides=["data.dev_split=test"]).data.dev_split == "test"
-    # IRRA's exact model (no added layer) from the command line
-    assert load_config(path, overrides=["model.proj_dim=null"]).model["proj_dim"] is None
+    # IRRA's exact model: no layer added after CLIP's projections (0, TOML has no null)
+    assert load_config(path).model["proj_dim"] == 0
 
 
 @pytest.mark.parametrize("name", DG)
@@ -101,7 +102,8 @@ def test_the_configs_losses_build_on_a_person_search_training_set(name, tmp_path
 
     cfg = load_config(shipped_configs()[name])
     train = CUHKPedesDataset(write_pedes(tmp_path / "cuhk"), "train", check_images=False)
-    loss = build_run_loss(cfg, train)
+    # CLIP ViT-B/16's own 512-d projections (proj_dim = 0): the built model gives the width
+    loss = build_run_loss(cfg, train, model=SimpleNamespace(embed_dim=512))
     if "id" in cfg.loss.name.split("+"):  # the classifier: 3 training persons x 512-d
         classifier = loss.parts["id"].classifier
         assert tuple(classifier.weight.shape) == (3, 512)

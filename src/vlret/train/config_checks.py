@@ -120,6 +120,8 @@ def check_model_sizes(model: dict[str, Any], source: str) -> None:
             return  # not a size, or no number: the model's own checks say what is expected
         if not isinstance(node, int):
             raise ConfigError(source, prefix, f"expected an integer, got {node!r}")
+        if prefix == "model.proj_dim" and node == 0:
+            return  # CLIP without an added layer (TOML has no null; models.retrieval)
         low, high = {"size": (1, MAX_DIM), "vocab": (1, MAX_VOCAB), "count": (0, MAX_COUNT)}[kind]
         if not low <= node <= high:
             raise _out_of_range(source, prefix, node, low, high)

@@ -114,7 +114,10 @@ def _filled_loss_params(
             config.model.get("embed_dim"),
             config.model.get("proj_dim"),
         )
-        dim = next((d for d in dims if isinstance(d, int) and not isinstance(d, bool)), None)
+        # proj_dim = 0: no added layer, the width is the model's own (known once it is built)
+        dim = next(
+            (d for d in dims if isinstance(d, int) and not isinstance(d, bool) and d > 0), None
+        )
         if dim is None:
             raise ConfigError(
                 config.source,
