@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -44,6 +44,9 @@ import torch
 import torch.nn.functional as F
 
 from vlret.models.cross_attention import bfan_scores, block_plan, scan_scores
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, spread  # noqa: E402
 
 R, D, SHARD = 36, 1024, 128
 
@@ -175,22 +178,6 @@ def ref_sgraf(scorer, regions, words, lengths) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def spread(values: list[float], unit: str = "x", digits: int = 2) -> str:
-    med, lo, hi = (f"{v:.{digits}f}" for v in (statistics.median(values), min(values), max(values)))
-    return f"{med}{unit} ({lo}-{hi})"
 
 
 def make_data(n_img: int, n_cap: int, device: torch.device, seed: int = 0):

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import time
+import sys
 
 import numpy as np
 import torch
 
 from vlret.metrics import metrics_from_ranks, retrieval_metrics
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, load_average, spread, timed  # noqa: E402
 
 
 def argsort_loop_eval(img64: np.ndarray, txt64: np.ndarray, per_image: int):
@@ -53,33 +55,6 @@ def argsort_loop_eval(img64: np.ndarray, txt64: np.ndarray, per_image: int):
             inds = np.argsort(sims[per_image * index + i])[::-1]
             t2i[per_image * index + i] = np.where(inds == index)[0][0]
     return metrics_from_ranks(torch.from_numpy(i2t), torch.from_numpy(t2i))
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average() -> str:
-    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
-
-
-def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
-def spread(values: list[float], unit: str, digits: int = 2) -> str:
-    """Median, then the range over repeats."""
-    med, lo, hi = (f"{v:.{digits}f}" for v in (statistics.median(values), min(values), max(values)))
-    return f"{med}{unit} ({lo}-{hi})"
 
 
 def main() -> None:

@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import time
+import sys
 
 import torch
 
 from vlret.metrics import identity_retrieval_metrics_from_embeddings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, load_average, spread, timed  # noqa: E402
 
 
 def irra_rank(similarity, q_pids, g_pids, max_rank=10):
@@ -70,33 +72,6 @@ def irra_rank(similarity, q_pids, g_pids, max_rank=10):
         "mAP": float(m_ap),
         "mINP": float(m_inp),
     }
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average() -> str:
-    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
-
-
-def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
-def spread(values: list[float], unit: str, digits: int = 2) -> str:
-    """Median, then the range over repeats."""
-    med, lo, hi = (f"{v:.{digits}f}" for v in (statistics.median(values), min(values), max(values)))
-    return f"{med}{unit} ({lo}-{hi})"
 
 
 def person_features(n_txt: int, n_img: int, n_ids: int, dim: int, seed: int = 0):

@@ -86,6 +86,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_losses  # noqa: E402  (the memory probes)
 from bench_grad_cache import release_free_heap  # noqa: E402
+from machine import cpu_name  # noqa: E402
 from vlret.data.shards import ShardStream  # noqa: E402
 from vlret.data.transforms import RandomResizedCrop  # noqa: E402
 from vlret.models.clip import CLIPByteTokenizer, CLIPImageTransform  # noqa: E402
@@ -98,17 +99,6 @@ WORDS = "a red blue green small large dog cat car tree house on the in near with
 
 
 # ----------------------------------------------------------------------------- the machine
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_line() -> str:
