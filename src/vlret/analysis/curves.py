@@ -1,10 +1,12 @@
 """Figures of a loss comparison, drawn from the runs' ``metrics.jsonl`` logs.
 
-* :func:`plot_training_curves`: training loss and dev rsum against epochs, one line per loss
-  (Unified paper Fig. 3); the mean over seeds with a min-max band. A loss that changes
-  definition during the run (the all-negatives warm-up of ``train.all_negatives_epochs``) is
-  drawn as one segment per definition, each relative to its own first epoch, and the switch
-  is marked (:func:`loss_definition_starts`, :func:`relative_loss_segments`).
+* :func:`plot_training_curves`: training loss and the dev metric the runs select ``best.pt``
+  on (``train.select_on``: rsum, or T->I R@1 on person search as AdaCL Fig. 7 plots it;
+  :func:`selection_key`) against epochs, one line per loss (Unified paper Fig. 3); the mean
+  over seeds with a min-max band. A loss that changes definition during the run (the
+  all-negatives warm-up of ``train.all_negatives_epochs``) is drawn as one segment per
+  definition, each relative to its own first epoch, and the switch is marked
+  (:func:`loss_definition_starts`, :func:`relative_loss_segments`).
 * :func:`plot_similarity_curves`: mean positive and mean hardest-negative cosine on dev against
   epochs (Unified Fig. 4); runs logged without dev similarities fall back to the training
   batches' ``pos_sim`` / ``hardest_neg_sim`` step records, and the panel title says so.
@@ -96,6 +98,18 @@ def epoch_series(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, fl
         if rec.get("kind") == "epoch" and isinstance(value, (int, float)):
             out[int(rec["epoch"]) + 1] = float(value)
     return out
+
+
+def selection_key(records: Sequence[Mapping[str, Any]]) -> str:
+    """The epoch-record key of the dev metric a run selected ``best.pt`` on:
+    ``dev_<select_on>`` as its epoch records name it (``dev_t2i_R1`` on person search), or
+    ``dev_rsum`` for a log written before ``train.select_on`` existed (those runs selected on
+    rsum)."""
+    for rec in records:
+        name = rec.get("select_on")
+        if rec.get("kind") == "epoch" and isinstance(name, str) and name:
+            return f"dev_{name}"
+    return "dev_rsum"
 
 
 def step_epoch_means(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
@@ -206,8 +220,10 @@ def epoch_curve_markdown(
 
 
 def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """Write ``curves.md`` atomically: :func:`epoch_curve_markdown` of each :data:`CURVE_KEYS`
-    key that some run logged (rsum with one decimal, cosines with three).
+    """Write ``curves.md`` atomically: :func:`epoch_curve_markdown` of the metric the runs
+    selected on (:func:`selection_key`, e.g. ``dev_t2i_R1`` on person search) first, then of
+    each :data:`CURVE_KEYS` key that some run logged (metrics with one decimal, cosines with
+    three).
 
     Args:
         runs: Label -> the run folders of its seeds.
@@ -220,9 +236,12 @@ def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | 
         FileNotFoundError: A run folder has no ``metrics.jsonl``.
     """
     logs = [read_metrics_log(Path(d) / "metrics.jsonl") for dirs in runs.values() for d in dirs]
+    keys = dict.fromkeys(selection_key(r) for r in logs)
+    titled = [(k, f"Dev {k[len('dev_') :]} (selects best.pt)") for k in keys]
+    titled += [(k, title) for k, title in CURVE_KEYS if k not in keys]
     parts = [
-        epoch_curve_markdown(runs, key, title=title, digits=1 if key == "dev_rsum" else 3)
-        for key, title in CURVE_KEYS
+        epoch_curve_markdown(runs, key, title=title, digits=3 if key.endswith("_sim") else 1)
+        for key, title in titled
         if any(epoch_series(r, key) for r in logs)
     ]
     path = Path(out_dir) / CURVES_TABLE
@@ -286,7 +305,9 @@ def relative_loss_segments(
 
 
 def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """Draw training loss and dev rsum against epochs (Unified loss paper Fig. 3).
+    """Draw training loss and the dev selection metric against epochs (Unified loss paper
+    Fig. 3; AdaCL Fig. 7 plots R@1 against epochs on person search): each label's runs'
+    :func:`selection_key`, ``dev_rsum`` unless ``train.select_on`` named another metric.
 
     Each loss definition is drawn relative to its first epoch
     (:func:`relative_loss_segments`); the mean over seeds with a min-max band. A run whose loss
@@ -309,6 +330,7 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
     fig = _figure((12.0, 4.4))
     ax_loss, ax_rsum = fig.subplots(1, 2)
     switches: dict[int, list[str]] = {}
+    selected: set[str] = set()
     for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
         phases = max((len(s) for s in starts[label]), default=1)
         segments: list[list[dict[int, float]]] = [[] for _ in range(phases)]
@@ -323,21 +345,24 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
         drawn = False
         for phase in segments:
             drawn |= _draw(ax_loss, phase, label=label if not drawn else None, color=color)
-        _draw(ax_rsum, [epoch_series(r, "dev_rsum") for r in recs], label=label, color=color)
+        key = selection_key(recs[0]) if recs else "dev_rsum"
+        selected.add(key[len("dev_") :])
+        _draw(ax_rsum, [epoch_series(r, key) for r in recs], label=label, color=color)
     for start, labels in sorted(switches.items()):
         text = f"all-negatives warm-up ends ({', '.join(labels)})"
         for ax in (ax_loss, ax_rsum):
             ax.axvline(start - 0.5, color="0.4", linestyle=":", linewidth=1.2, label=text)
     ax_loss.set_title("training loss (÷ |first epoch of each loss definition|)")
     ax_loss.set_ylabel("relative training loss")
-    ax_rsum.set_title("dev rsum")
-    ax_rsum.set_ylabel("rsum")
+    name = selected.pop() if len(selected) == 1 else "selection metric"
+    ax_rsum.set_title(f"dev {name}")
+    ax_rsum.set_ylabel(name)
     for ax in (ax_loss, ax_rsum):
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle("Loss and dev rsum against epochs (cf. Unified loss Fig. 3)")
+    fig.suptitle(f"Loss and dev {name} against epochs (cf. Unified loss Fig. 3)")
     fig.tight_layout()
     return _save(fig, Path(out_dir) / TRAINING_FIGURE)
 

@@ -6,6 +6,12 @@ variant into :class:`VariantSummary` (mean and sample standard deviation over se
 text, R@1/5/10 text to image, rsum, each cell ``mean +- std``, the best mean of each column in
 bold (every variant whose mean rounds to the best shown value, so visible ties are all bold).
 
+Runs tested under a person-search protocol (``cuhk-pedes``, ``icfg-pedes``, ``rstpreid``: an
+:class:`~vlret.metrics.IdentityMetrics`, every image of the person relevant) carry the
+identity-level metrics instead (:data:`IDENTITY_COLUMNS`: T→I then I→T R@1, R@5, R@10, mAP and
+mINP, IRRA's order); :func:`markdown_table` then renders those columns, and ``results.csv`` /
+``results.json`` hold those keys.
+
 Runs tested on a synthetic world (:mod:`vlret.data.synthetic`) also carry the metrics of
 :data:`SYNTHETIC_COLUMNS` (clone forced choice, R-Precision / mAP@R on the exhaustive
 relevance, text-to-image R@1 of the secondary-content captions); they get the same treatment
@@ -76,6 +82,21 @@ SUBSET_COLUMNS: tuple[tuple[str, str], ...] = (
     ("no_clone_i2t_r1", "No-clone I→T R@1"),
 )
 SYNTHETIC_KEYS: tuple[str, ...] = tuple(k for k, _ in SYNTHETIC_COLUMNS + SUBSET_COLUMNS)
+#: The identity-level metrics of the person-search protocols (percent, higher is better; the
+#: keys of :meth:`vlret.metrics.IdentityMetrics.as_dict`), text to image first as IRRA
+#: reports them, with their header labels.
+IDENTITY_COLUMNS: tuple[tuple[str, str], ...] = tuple(
+    (f"{d}_{k}", f"{arrow} {label}")
+    for d, arrow in (("t2i", "T→I"), ("i2t", "I→T"))
+    for k, label in (
+        ("R1", "R@1"),
+        ("R5", "R@5"),
+        ("R10", "R@10"),
+        ("mAP", "mAP"),
+        ("mINP", "mINP"),
+    )
+)
+IDENTITY_KEYS: tuple[str, ...] = tuple(k for k, _ in IDENTITY_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -86,7 +107,8 @@ class RunResult:
         label: The variant's label (a loss with its parameters).
         loss: The registered loss name.
         seed: The run's seed.
-        metrics: Metric name -> value (:data:`METRIC_KEYS`, :data:`SYNTHETIC_KEYS`).
+        metrics: Metric name -> value (:data:`METRIC_KEYS`, :data:`SYNTHETIC_KEYS`; person
+            search: :data:`IDENTITY_KEYS`).
         params: The loss parameters.
         run_dir: The run's folder.
         title: The evaluation's table title (:meth:`vlret.eval.EvalProtocol.title_for`: the
@@ -156,7 +178,8 @@ def summarize(results: Iterable[RunResult]) -> list[VariantSummary]:
     out = []
     for label, runs in groups.items():
         runs = sorted(runs, key=lambda r: r.seed)
-        keys = [k for k in METRIC_KEYS + SYNTHETIC_KEYS if all(k in r.metrics for r in runs)]
+        known = METRIC_KEYS + IDENTITY_KEYS + SYNTHETIC_KEYS
+        keys = [k for k in known if all(k in r.metrics for r in runs)]
         stats = {k: mean_std([float(r.metrics[k]) for r in runs]) for k in keys}
         out.append(
             VariantSummary(
@@ -227,8 +250,23 @@ def _table_rows(
     return lines
 
 
+def has_identity_metrics(summaries: Sequence[VariantSummary]) -> bool:
+    """Whether the runs of ``summaries`` were tested under a person-search protocol (any run
+    carries an identity-level metric, :data:`IDENTITY_KEYS`)."""
+    return any(k in r.metrics for s in summaries for r in s.runs for k in IDENTITY_KEYS)
+
+
+def metric_keys(summaries: Sequence[VariantSummary]) -> tuple[str, ...]:
+    """The test metrics of ``summaries``' runs: :data:`IDENTITY_KEYS` for person search, else
+    :data:`METRIC_KEYS`; then :data:`SYNTHETIC_KEYS` when any run has a synthetic-world metric."""
+    keys = IDENTITY_KEYS if has_identity_metrics(summaries) else METRIC_KEYS
+    return keys + (SYNTHETIC_KEYS if has_synthetic_metrics(summaries) else ())
+
+
 def markdown_table(summaries: Sequence[VariantSummary], *, title: str = "", digits: int = 1) -> str:
-    """The paper-style markdown table (see the module docstring).
+    """The paper-style markdown table (see the module docstring): the caption-level recalls
+    and rsum, or for runs tested under a person-search protocol the identity-level
+    :data:`IDENTITY_COLUMNS`.
 
     Args:
         summaries: The variants, one row each.
@@ -246,6 +284,15 @@ def markdown_table(summaries: Sequence[VariantSummary], *, title: str = "", digi
     lines = []
     if title:
         lines += [f"### {title}", ""]
+    if has_identity_metrics(summaries):
+        lines.append(
+            "Text → Image: columns 2-6; Image → Text: columns 7-11; identity level (every "
+            f"image of the person is relevant), percent; {_seeds_note(summaries)}."
+        )
+        lines.append("")
+        header = [h for _, h in IDENTITY_COLUMNS]
+        lines += _table_rows(summaries, IDENTITY_COLUMNS, header, digits)
+        return "\n".join(lines) + "\n"
     lines.append(f"Image → Text: columns 2-4; Text → Image: columns 5-7; {_seeds_note(summaries)}.")
     lines.append("")
     header = [
@@ -423,8 +470,9 @@ def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> 
     """Write ``results.csv`` (atomically).
 
     One row per run (``seed`` = the seed) then a ``mean`` and a ``std`` row per variant;
-    columns: label, loss, seed, params (JSON), then :data:`METRIC_KEYS` (and
-    :data:`SYNTHETIC_KEYS` when any run has a synthetic-world metric).
+    columns: label, loss, seed, params (JSON), then :func:`metric_keys`: :data:`METRIC_KEYS`
+    (person search: :data:`IDENTITY_KEYS`), and :data:`SYNTHETIC_KEYS` when any run has a
+    synthetic-world metric.
 
     Args:
         summaries: The variants.
@@ -433,7 +481,7 @@ def write_results_csv(summaries: Sequence[VariantSummary], path: str | Path) -> 
     Returns:
         ``path``.
     """
-    keys = METRIC_KEYS + (SYNTHETIC_KEYS if has_synthetic_metrics(summaries) else ())
+    keys = metric_keys(summaries)
     fh = io.StringIO(newline="")
     writer = csv.writer(fh)
     writer.writerow(["label", "loss", "seed", "params", *keys])

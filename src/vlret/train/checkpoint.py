@@ -4,9 +4,15 @@ A training checkpoint is a plain dict of tensors and Python primitives (so the s
 ``weights_only`` unpickler reads it): ``model``, ``optimizer``, ``scheduler``, ``scaler``,
 ``loss`` (the loss module's ``state_dict``: AdaCL margins, extra state and memory queues),
 ``momentum_encoder``, ``rng`` (see :func:`capture_rng_state`), ``epoch``, ``batch_in_epoch``,
-``step``, ``best_rsum``, ``best_epoch`` (the epoch ``best.pt`` holds), ``config`` (the resolved
-run config; its ``model`` section carries the model's ``scoring``, so evaluation needs no
-loss: :func:`~vlret.train.builders.load_trained_model`) and ``vocab`` (its words).
+``step``, ``select_on`` (the dev metric ``best.pt`` maximises, ``train.select_on`` resolved),
+``best_metric`` (its best value so far), ``best_epoch`` (the epoch ``best.pt`` holds),
+``best_rsum`` (``best_metric`` when ``select_on`` is ``"rsum"``, else ``None``: still written
+so that scripts reading it keep working on rsum-selected runs), ``config`` (the resolved run
+config; its ``model`` section carries the model's ``scoring``, so evaluation needs no loss:
+:func:`~vlret.train.builders.load_trained_model`) and ``vocab`` (its words).
+
+A checkpoint written before ``train.select_on`` existed has no ``select_on`` and selected on
+the dev rsum, which it stores as ``best_rsum``: :func:`best_selection` reads both kinds.
 """
 
 from __future__ import annotations
@@ -128,6 +134,17 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
     if bounds:
         raise ValueError(f"{path}: refused: the checkpoint {bounds}")
     return state
+
+
+def best_selection(state: dict[str, Any]) -> tuple[str, float | None]:
+    """``(select_on, best value)`` of a training checkpoint: its ``select_on`` and
+    ``best_metric``, or for a checkpoint written before ``train.select_on`` existed
+    ``("rsum", best_rsum)`` (those runs selected on the dev rsum)."""
+    if state.get("select_on") is None:
+        best = state.get("best_rsum")
+        return "rsum", None if best is None else float(best)
+    best = state.get("best_metric")
+    return str(state["select_on"]), None if best is None else float(best)
 
 
 # --------------------------------------------------------------------------------------------

@@ -239,6 +239,11 @@ class TrainConfig:
     lock: list[str] = field(default_factory=list)
     compile: bool | str = False
     activation_checkpointing: bool = False
+    #: The dev metric ``best.pt`` maximises, a "higher is better" key of the trainer's dev
+    #: metrics (:func:`vlret.train.config_checks.selection_metric` lists them); ``None``: the
+    #: format's default, ``"t2i_R1"`` on the person-search formats (IRRA selects on R@1),
+    #: ``"rsum"`` otherwise. A resumed run keeps the checkpoint's.
+    select_on: str | None = None
 
 
 @dataclass

@@ -207,6 +207,45 @@ def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str
         )
 
 
+#: The dev metrics ``best.pt`` may maximise on every format (``train.select_on``): the
+#: caption-level recalls of :func:`vlret.metrics.retrieval_metrics` and their sum. Left out:
+#: the ranks (``*_medr``, ``*_meanr``) and ``hardest_neg_sim`` (lower is better) and
+#: ``pos_sim`` (a collapsed model has the highest), which no paper selects on.
+SELECT_ON_RETRIEVAL = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
+#: On the person-search formats also the identity-level metrics the trainer logs there
+#: (:func:`vlret.train.evaluate.dev_metrics` with ``image_identity``), in percent.
+SELECT_ON_IDENTITY = tuple(
+    f"{d}_{k}" for d in ("t2i", "i2t") for k in ("R1", "R5", "R10", "mAP", "mINP")
+)
+
+
+def selectable_metrics(data_format: str) -> tuple[str, ...]:
+    """The values ``train.select_on`` may take with ``data.format = data_format``."""
+    identity = SELECT_ON_IDENTITY if data_format in PEDES_FORMATS else ()
+    return (*identity, *SELECT_ON_RETRIEVAL)
+
+
+def selection_metric(config: Any) -> str:
+    """The dev metric ``best.pt`` maximises for the run config ``config`` (a
+    :class:`~vlret.train.config.RunConfig`): ``train.select_on``, or when it is ``None``
+    ``"t2i_R1"`` on the person-search formats (as IRRA) and ``"rsum"`` otherwise. An epoch
+    improves on the best only when strictly higher (the first of equal epochs is kept).
+
+    Raises:
+        ConfigError: ``train.select_on`` names no metric of :func:`selectable_metrics`
+            (naming the key and listing the valid ones).
+    """
+    fmt, chosen = config.data.format, config.train.select_on
+    if chosen is None:
+        return "t2i_R1" if fmt in PEDES_FORMATS else "rsum"
+    valid = selectable_metrics(fmt)
+    if chosen not in valid:
+        where = "" if fmt in PEDES_FORMATS else f" (data.format {fmt!r}: not person search)"
+        why = f"unknown dev metric {chosen!r}{where}; expected one of {', '.join(valid)}"
+        raise ConfigError(config.source, "train.select_on", why)
+    return str(chosen)
+
+
 __all__ = [
     "INT_RANGES",
     "MAX_BATCH",

@@ -66,7 +66,11 @@ class HookedTrainer(Protocol):
 
 @dataclass
 class TrainResult:
-    """What :meth:`vlret.train.Trainer.fit` returns (and :meth:`TrainHook.on_fit_end` sees)."""
+    """What :meth:`vlret.train.Trainer.fit` returns (and :meth:`TrainHook.on_fit_end` sees).
+
+    ``best_metric`` is the best dev value of ``select_on``, the metric ``best.pt`` maximises
+    (``train.select_on``); ``best_rsum`` is the same value when that metric is ``"rsum"`` and
+    ``None`` otherwise (``None`` too without validation)."""
 
     output_dir: Path
     epochs_done: int
@@ -74,6 +78,8 @@ class TrainResult:
     best_rsum: float | None
     last_checkpoint: Path
     best_checkpoint: Path | None
+    best_metric: float | None = None
+    select_on: str = "rsum"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ A run folder (``output_dir``) holds :data:`RUN_FILES`. Rules:
   epoch's stream; the shards' location may change (the files must be the same, in the same
   order: not checked).
 
-Checkpoint order: at the end of an epoch that improves the dev rsum ``best.pt`` is written
+Checkpoint order: at the end of an epoch that improves the selection metric
+(``train.select_on``: the dev rsum, or T->I R@1 on person search) ``best.pt`` is written
 before ``last.pt``, and both record ``best_epoch``. A kill between the two leaves ``best.pt``
 ahead of ``last.pt``; the resumed run repeats the epoch exactly and writes it again. A
 ``best.pt`` that is missing or behind the checkpoint's ``best_epoch`` (resuming into another
@@ -314,8 +315,23 @@ def restore_best(checkpoint: str | Path, state: dict[str, Any], folder: str | Pa
         return f"best.pt (epoch {best_epoch}) restored from {checkpoint}"
     return (
         f"best.pt of epoch {best_epoch} is missing and cannot be restored from {checkpoint}; "
-        "the next epoch that improves the dev rsum writes it"
+        "the next epoch that improves the selection metric writes it"
     )
+
+
+def check_select_on(state: dict[str, Any], select_on: str, checkpoint: str | Path) -> None:
+    """Refuse to resume ``checkpoint`` (its ``state``) with another selection metric than the
+    one its ``best.pt`` was chosen on (a checkpoint without ``select_on`` chose on rsum):
+    the best value it carries would be compared with another metric's."""
+    from .checkpoint import best_selection
+
+    stored = best_selection(state)[0]
+    if stored != select_on:
+        raise RunFolderError(
+            f"{checkpoint}: its best.pt is selected on dev {stored} and this run's "
+            f"train.select_on is {select_on!r}; a resumed run keeps its selection metric (set "
+            f'train.select_on = "{stored}", or start a new run in another output_dir)'
+        )
 
 
 def _copy_atomic(source: Path, target: Path) -> None:

@@ -113,25 +113,87 @@ def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> 
     return record
 
 
+def epoch_record(
+    trainer: Any,
+    epoch: int,
+    *,
+    train_loss: float,
+    seconds: float,
+    dev: dict[str, float] | None,
+    skipped: int | None,
+) -> dict[str, Any]:
+    """The ``kind: epoch`` record of ``metrics.jsonl``: the training loss, the learning rate,
+    the time, the selection (``select_on``, the dev metric ``best.pt`` maximises; its best
+    value as ``best_metric`` and again as ``best_<select_on>``, e.g. ``best_rsum`` or
+    ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix and (shards) the
+    bad samples skipped."""
+    name = trainer.select_on
+    return {
+        "kind": "epoch",
+        "epoch": epoch,
+        "step": trainer.step,
+        "train_loss": train_loss,
+        "lr": trainer.optimizer.param_groups[0]["lr"],
+        "time_s": seconds,
+        "select_on": name,
+        "best_metric": trainer.best_metric,
+        f"best_{name}": trainer.best_metric,
+        "best_epoch": trainer.best_epoch,
+        **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
+        **({"skipped": skipped} if skipped is not None else {}),
+    }
+
+
+def selected_value(dev: dict[str, float] | None, select_on: str) -> float | None:
+    """The dev value of ``select_on`` (None without validation); a dev record without that
+    key (a model whose validation does not compute it) is an error naming it."""
+    if dev is None:
+        return None
+    if select_on not in dev:
+        raise ValueError(
+            f"train.select_on = {select_on!r}: the dev metrics hold no such key (they hold "
+            f"{', '.join(sorted(dev))})"
+        )
+    return float(dev[select_on])
+
+
+def epoch_line(trainer: Any, record: dict[str, Any], *, dev_value: float | None) -> str:
+    """:func:`epoch_summary` of the epoch ``record`` (:func:`epoch_record`) of ``trainer``."""
+    return epoch_summary(
+        record["epoch"],
+        trainer.config.train.epochs,
+        train_loss=record["train_loss"],
+        dev_value=dev_value,
+        best_value=record["best_metric"],
+        best_epoch=record["best_epoch"],
+        seconds=record["time_s"],
+        skipped=record.get("skipped"),
+        select_on=record["select_on"],
+    )
+
+
 def epoch_summary(
     epoch: int,
     epochs: int,
     *,
     train_loss: float,
-    dev_rsum: float | None,
-    best_rsum: float | None,
+    dev_value: float | None,
+    best_value: float | None,
     best_epoch: int | None,
     seconds: float,
     skipped: int | None = None,
+    select_on: str = "rsum",
 ) -> str:
-    """The line printed after each epoch: ``epoch 2 (3/5): ...``; ``epoch`` and
+    """The line printed after each epoch: ``epoch 2 (3/5): loss 0.81, dev t2i_R1 31.20 (best
+    31.20 at epoch 2), 4.1 s``; ``dev_value`` / ``best_value``: this epoch's and the best
+    dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
     ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
     the bad shard samples skipped in the epoch (shown for shards only)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"
-    if dev_rsum is not None:
-        best = f"{best_rsum:.2f}" if best_rsum is not None else "-"
+    if dev_value is not None:
+        best = f"{best_value:.2f}" if best_value is not None else "-"
         at = f" at epoch {best_epoch}" if best_epoch is not None else ""
-        line += f", dev rsum {dev_rsum:.2f} (best {best}{at})"
+        line += f", dev {select_on} {dev_value:.2f} (best {best}{at})"
     if skipped is not None:
         line += f", {_plural(skipped, 'bad sample')} skipped"
     return f"{line}, {seconds:.1f} s"

@@ -5,7 +5,8 @@ loss ``config.loss.name`` (a model that scores pairs itself, SCAN, BFAN or SGRAF
 loss's ``from_similarity``: :mod:`.pair_scoring`); the output folder receives ``config.yaml``
 (resolved config), ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every
 ``checkpoint_every`` steps, every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and
-``best.pt`` (best dev rsum on the first 1000 images / 5000 captions, written before
+``best.pt`` (the best dev value of ``train.select_on``: rsum on the first 1000 images / 5000
+captions, T->I R@1 over the whole validation split on person search; written before
 ``last.pt``). The folder rules (no training into another run's folder, what a resumed config
 may change) are in :mod:`.run_folder`.
 
@@ -51,11 +52,13 @@ from .builders import (
 )
 from .checkpoint import (
     CHECKPOINT_VERSION,
+    best_selection,
     capture_rng_state,
     restore_rng_state,
     save_checkpoint,
 )
 from .config import ConfigError, RunConfig, save_config
+from .config_checks import selection_metric
 from .config_hooks import config_hooks
 from .distributed import (
     ShardedBatchSampler,
@@ -75,6 +78,7 @@ from .pair_scoring import pair_dev_metrics, scores_pairs
 from .run_folder import (
     RunFolderError,
     check_resume_config,
+    check_select_on,
     check_stream_resume,
     prepare_run_folder,
     read_state,
@@ -85,8 +89,10 @@ from .run_log import (
     LOG_FILE,
     append_record,
     copy_log,
-    epoch_summary,
+    epoch_line,
+    epoch_record,
     run_summary,
+    selected_value,
     step_record,
     truncate_log,
 )
@@ -123,6 +129,8 @@ class Trainer:
         ``loss_step``: what a step computes (default :class:`.loss_step.LossStep`)."""
         self.config = config
         tc = config.train
+        #: The dev metric ``best.pt`` maximises (``train.select_on`` resolved).
+        self.select_on = selection_metric(config)
         self.env = init_distributed(timeout=tc.dist_timeout)
         self.world = self.env.world_size
         self.is_main = self.env.is_main
@@ -168,6 +176,7 @@ class Trainer:
         if resume is not None:
             resume_state = read_state(resume, self.device)
             check_resume_config(resume_state.get("config"), config.to_dict(), resume)
+            check_select_on(resume_state, self.select_on, resume)
             check_stream_resume(  # shards: the same readers and stream
                 resume_state.get("config"),
                 config.to_dict(),
@@ -255,7 +264,7 @@ class Trainer:
             drop_last=tc.drop_last,
             max_batches=tc.max_steps_per_epoch,
         )
-        self.best_rsum: float | None = None
+        self.best_metric: float | None = None  # the best dev value of select_on
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
         self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad shard samples
@@ -280,6 +289,8 @@ class Trainer:
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "step": self.step,
+            "select_on": self.select_on,
+            "best_metric": self.best_metric,
             "best_rsum": self.best_rsum,
             "best_epoch": self.best_epoch,
             "epoch_loss_sum": self.epoch_loss_sum,
@@ -310,7 +321,7 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
         self.step = int(state["step"])
-        self.best_rsum = state["best_rsum"]
+        self.best_metric = best_selection(state)[1]  # check_select_on: the same metric
         self.best_epoch = state.get("best_epoch")
         self.epoch_loss_sum = float(state["epoch_loss_sum"])
         self.epoch_batches = int(state["epoch_batches"])
@@ -324,6 +335,11 @@ class Trainer:
             note = restore_best(path, state, self.output_dir)
             if note and self.print_fn is not None:
                 self.print_fn(note)
+
+    @property
+    def best_rsum(self) -> float | None:
+        """The best dev rsum when ``best.pt`` is selected on rsum, else ``None``."""
+        return self.best_metric if self.select_on == "rsum" else None
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:
@@ -470,6 +486,8 @@ class Trainer:
             best_rsum=self.best_rsum,
             last_checkpoint=last,
             best_checkpoint=best_path,
+            best_metric=self.best_metric,
+            select_on=self.select_on,
         )
         self.hooks.on_fit_end(self, result)
         return result
@@ -513,46 +531,27 @@ class Trainer:
 
     def _end_epoch(self, *, started: float) -> None:
         """Validate, log, print the summary line and write the checkpoints: ``best.pt`` (when
-        the dev rsum improved) before ``last.pt``, so a kill between the two never leaves a
-        ``last.pt`` that claims a best epoch ``best.pt`` does not hold."""
+        the dev value of ``train.select_on`` improved) before ``last.pt``, so a kill between
+        the two never leaves a ``last.pt`` that claims a best epoch ``best.pt`` does not hold."""
         tc = self.config.train
         train_loss = self.epoch_loss_sum / max(self.epoch_batches, 1)
         dev = self.validate() if self.is_main else None
+        value = selected_value(dev, self.select_on)
         improved = False
-        if dev is not None and (self.best_rsum is None or dev["rsum"] > self.best_rsum):
-            self.best_rsum, self.best_epoch, improved = dev["rsum"], self.epoch, True
+        if value is not None and (self.best_metric is None or value > self.best_metric):
+            self.best_metric, self.best_epoch, improved = float(value), self.epoch, True
         finished_epoch = self.epoch
         skipped = epoch_skipped(self.sampler, self.epoch_skipped, device=self.device)  # all ranks
         self.epoch += 1
         self.batch_in_epoch = 0
         self.epoch_loss_sum, self.epoch_batches, self.epoch_skipped = 0.0, 0, 0
         seconds = time.perf_counter() - started  # training and validation
-        record = {
-            "kind": "epoch",
-            "epoch": finished_epoch,
-            "step": self.step,
-            "train_loss": train_loss,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "time_s": seconds,
-            "best_rsum": self.best_rsum,
-            "best_epoch": self.best_epoch,
-            **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
-            **({"skipped": skipped} if skipped is not None else {}),
-        }
+        record = epoch_record(
+            self, finished_epoch, train_loss=train_loss, seconds=seconds, dev=dev, skipped=skipped
+        )
         self._log(record)
         if self.print_fn is not None:
-            self.print_fn(
-                epoch_summary(
-                    finished_epoch,
-                    tc.epochs,
-                    train_loss=train_loss,
-                    dev_rsum=dev["rsum"] if dev else None,
-                    best_rsum=self.best_rsum,
-                    best_epoch=self.best_epoch,
-                    seconds=seconds,
-                    skipped=skipped,
-                )
-            )
+            self.print_fn(epoch_line(self, record, dev_value=value))
         check_bad_fraction(skipped, self.sampler)  # shards: after the record and the line
         if self.dev_set is None and self.epoch == tc.epochs:
             self.best_epoch, improved = finished_epoch, True

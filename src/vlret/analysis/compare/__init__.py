@@ -40,8 +40,9 @@ apply to the run config as in ``vlret train``.
 Layout of OUT: ``runs/{label}/seed{seed}/`` (the trainer's folder plus ``spec.json``, the
 resolved settings of the run, and ``result.json``, its test evaluation's own record,
 :meth:`vlret.eval.Evaluation.record`, with the run's label, loss, seed and epochs), ``table.md``,
-``results.csv``, ``results.json``, ``curves.md`` (dev rsum and dev similarities against
-epochs, mean +- std over seeds), ``goal_grid.md`` (with ``--goal-grid``) and ``plots/*.png``.
+``results.csv``, ``results.json``, ``curves.md`` (the dev selection metric, rsum unless
+``train.select_on`` names another, and dev similarities against epochs, mean +- std over
+seeds), ``goal_grid.md`` (with ``--goal-grid``) and ``plots/*.png``.
 The dev similarity curves read ``dev_pos_sim`` / ``dev_hardest_neg_sim``, which the trainer
 logs in each epoch record of ``metrics.jsonl``.
 
@@ -53,6 +54,17 @@ R-Precision / mAP@R on the exhaustive relevance and T->I R@1 of the secondary-co
 (``result.json`` key ``synthetic``; extra columns of ``results.csv`` / ``results.json`` and a
 second table in ``table.md``), from the run's :class:`~vlret.eval.Evaluation`: its split, its
 two-tower embeddings or its score matrix (:func:`synthetic_extras`).
+
+Person search: with person-search data (``data.format`` ``cuhk-pedes``, ``icfg-pedes`` or
+``rstpreid``) the protocol defaults to the one the registry declares for the format
+(``compare.protocol = "cuhk-pedes"`` ... names it) and each run's ``best.pt`` is the epoch of
+the best dev T->I R@1 (``train.select_on``; :mod:`vlret.train.config_checks`). ``table.md`` then
+has the identity-level columns, T->I then I->T R@1, R@5, R@10, mAP and mINP (mean +- sample std
+over seeds, the best in bold), ``results.csv`` / ``results.json`` those keys (``t2i_R1`` ...
+``i2t_mINP``, each run's ``vlret eval`` record), and ``curves.md`` and the training-curves plot
+the dev metric the runs select on (``dev_t2i_R1``) against epochs, as AdaCL Fig. 7 plots R@1.
+The synthetic world's extras do not apply and are skipped. Variants may be weighted
+combinations: ``[compare.losses."sdm+id"]`` (or ``name = "sdm+id"``).
 
 Resume: a run is finished when its ``result.json`` exists, and is then read, not retrained; a
 run with a ``last.pt`` continues from it through the trainer's exact resume; any other run

@@ -15,7 +15,7 @@ from ...train.config import RunConfig
 from ...train.hooks import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult
-from .scoring import evaluate_run, synthetic_extras, synthetic_root
+from .scoring import evaluate_run, extras_world, synthetic_extras
 from .spec import CompareError, EvalSettings, RunSpec
 
 RESULT_FILE = "result.json"
@@ -138,7 +138,7 @@ def execute_run(
     else:
         _write_json(spec_path, fingerprint)
     result_path = run_dir / RESULT_FILE
-    world = synthetic_root(settings.data or spec.config.data.root)
+    world = extras_world(settings, spec)  # None under a person-search protocol
     if result_path.is_file():
         record = json.loads(result_path.read_text(encoding="utf-8"))
         tested = run_dir / str(record.get("checkpoint", ""))

@@ -42,6 +42,18 @@ def synthetic_root(data: str | Path) -> Path | None:
     return folder if (folder / META_FILE).is_file() else None
 
 
+def extras_world(settings: EvalSettings, spec: RunSpec) -> Path | None:
+    """The synthetic world whose extras (:func:`synthetic_extras`) score the runs: the test
+    data folder's (:func:`synthetic_root`), or ``None`` under a person-search protocol, whose
+    identity-level metrics are the whole report (the extras score caption-level relevance of
+    the retrieval worlds; ``vlret synth persons`` writes none of their side files)."""
+    from ...eval import get_protocol
+
+    if get_protocol(settings.protocol).relevance == "same-identity":
+        return None
+    return synthetic_root(settings.data or spec.config.data.root)
+
+
 def _synthetic_split(root: Path, split: str) -> str | None:
     """Our split name of the evaluated ``split``: the same, or COCO's test / testall twin."""
     twins = {"test": ("test", "testall"), "testall": ("testall", "test")}
@@ -147,6 +159,7 @@ def synthetic_extras(
 
 __all__ = [
     "evaluate_run",
+    "extras_world",
     "synthetic_extras",
     "synthetic_root",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 from ..._files import check_output_dir
 from ...losses import compared_losses, loss_capabilities
 from ...train.config import ConfigError, RunConfig, apply_overrides, config_from_dict
+from ...train.config_checks import selection_metric
 from ...train.config_files import parse_value, read_config_file
 from ...train.run_lock import acquire_run_lock
 
@@ -165,7 +166,7 @@ def check_params(label: str, loss: str, params: dict[str, Any], where: str) -> N
 
 def make_variant(label: str, table: dict[str, Any], raw: dict[str, Any]) -> Variant:
     """Resolve one variant (see the module docstring for the layering of parameters)."""
-    from ...losses import available_losses
+    from ...losses import available_losses, loss_class
 
     if not _LABEL.match(label):
         raise CompareError(
@@ -180,7 +181,14 @@ def make_variant(label: str, table: dict[str, Any], raw: dict[str, Any]) -> Vari
         overrides = [overrides]
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise CompareError(f"[compare.losses.{label}] set: expected a list of 'key=value' strings")
-    if loss not in available_losses():
+    if isinstance(loss, list):  # the list form of a combination: ["sdm", "id"] is "sdm+id"
+        loss = "+".join(str(n) for n in loss)
+    if isinstance(loss, str) and "+" in loss:  # a weighted combination (vlret.losses.combined)
+        try:
+            loss = getattr(loss_class(loss), "registry_name", loss)
+        except ValueError as err:
+            raise CompareError(f"[compare.losses.{label}] name: {err}") from None
+    elif loss not in available_losses():
         raise CompareError(
             f"unknown loss or variant {label!r}: neither a registered loss "
             f"({', '.join(available_losses())}) nor a [compare.losses.{label}] table with `name`"
@@ -255,7 +263,9 @@ def run_config(raw: dict[str, Any], variant: Variant, seed: int, run_dir: Path) 
     if not (caps.owns_queue and caps.momentum_keys):
         train.pop("momentum_encoder", None)
     r = apply_overrides(r, list(variant.overrides))
-    return config_from_dict(r, source=f"{variant.label} seed {seed}")
+    config = config_from_dict(r, source=f"{variant.label} seed {seed}")
+    selection_metric(config)  # train.select_on: before any run trains
+    return config
 
 
 def plan_runs(
