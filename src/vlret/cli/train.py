@@ -67,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
             raise
         return fail(NAME, line)
     if main:
-        best = f", best dev rsum {result.best_rsum:.2f}" if result.best_rsum is not None else ""
+        best = (
+            f", best dev {result.select_on} {result.best_metric:.2f}"
+            if result.best_metric is not None
+            else ""
+        )
         epochs = _plural(result.epochs_done, "epoch")
         steps = _plural(result.steps, "step")
         print(f"done: {epochs}, {steps}{best}; {result.output_dir}")
