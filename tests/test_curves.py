@@ -13,13 +13,13 @@ from vlret.analysis.curves import (  # noqa: E402
     adacl_stats_from_log,
     epoch_series,
     plot_adacl_trajectories,
-    plot_goal_heatmap,
     plot_similarity_curves,
     plot_sweep_curves,
     plot_training_curves,
     read_metrics_log,
     step_epoch_means,
 )
+from vlret.analysis.goal_plots import plot_goal_heatmap  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -170,7 +170,7 @@ def test_loss_plot_normalises_each_loss_definition_separately(tmp_path, monkeypa
     from vlret.analysis import curves
 
     figures = []
-    monkeypatch.setattr(curves, "_save", lambda fig, path: figures.append(fig) or path)
+    monkeypatch.setattr(curves, "save_figure", lambda fig, path: figures.append(fig) or path)
     runs = {
         "triplet-hn": [
             _warmup_run(tmp_path / "t0", [100.0, 80.0, 4.0, 3.0, 2.0], all_negatives_epochs=2),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from .._extras import require
 
 
@@ -16,4 +19,22 @@ def require_matplotlib(what: str = "plotting") -> None:
     require("matplotlib", what)
 
 
-__all__ = ["require_matplotlib"]
+def new_figure(figsize: tuple[float, float]) -> Any:
+    """A matplotlib ``Figure`` on the Agg canvas (no display, no global pyplot state)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (its folder made), 110 dpi; returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+__all__ = ["new_figure", "require_matplotlib", "save_figure"]

@@ -30,28 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
-from ._plotting import require_matplotlib
+from ._plotting import new_figure, save_figure
 
 #: File names written by the functions of this module.
 TRAINING_FIGURE = "curves_loss_rsum.png"
 SIMILARITY_FIGURE = "curves_similarity.png"
-GOAL_HEATMAP_FIGURE = "goal_grid_heatmap.png"
-
-
-def _figure(figsize: tuple[float, float]):
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
 
 
 def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
@@ -327,7 +310,7 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
     """
     logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
     starts = {label: [loss_definition_starts(d) for d in dirs] for label, dirs in runs.items()}
-    fig = _figure((12.0, 4.4))
+    fig = new_figure((12.0, 4.4))
     ax_loss, ax_rsum = fig.subplots(1, 2)
     switches: dict[int, list[str]] = {}
     selected: set[str] = set()
@@ -364,7 +347,7 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
             ax.legend(fontsize=8)
     fig.suptitle(f"Loss and dev {name} against epochs (cf. Unified loss Fig. 3)")
     fig.tight_layout()
-    return _save(fig, Path(out_dir) / TRAINING_FIGURE)
+    return save_figure(fig, Path(out_dir) / TRAINING_FIGURE)
 
 
 def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
@@ -390,7 +373,7 @@ def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: st
     n = max(len(logs), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig = _figure((4.6 * cols, 3.6 * rows + 0.5))
+    fig = new_figure((4.6 * cols, 3.6 * rows + 0.5))
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
     for ax, (label, recs) in zip(axes, logs.items(), strict=False):
         pos = [epoch_series(r, "dev_pos_sim") for r in recs]
@@ -412,7 +395,7 @@ def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: st
         ax.set_visible(False)
     fig.suptitle("Positive and hardest-negative similarity against epochs (cf. Unified Fig. 4)")
     fig.tight_layout()
-    return _save(fig, Path(out_dir) / SIMILARITY_FIGURE)
+    return save_figure(fig, Path(out_dir) / SIMILARITY_FIGURE)
 
 
 def _value_key(v: Any) -> tuple:
@@ -450,7 +433,7 @@ def plot_sweep_curves(
         for values, mean, std in points:
             key = tuple((p, values[p]) for p in others)
             lines.setdefault(key, []).append((values[param], mean, std))
-        fig = _figure((6.4, 4.4))
+        fig = new_figure((6.4, 4.4))
         ax = fig.subplots()
         numeric = all(
             isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -479,7 +462,7 @@ def plot_sweep_curves(
         ax.set_title(f"{name}{metric} against {param} (cf. Unified Fig. 5)")
         fig.tight_layout()
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in param)
-        paths.append(_save(fig, Path(out_dir) / f"sweep_{safe}.png"))
+        paths.append(save_figure(fig, Path(out_dir) / f"sweep_{safe}.png"))
     return paths
 
 
@@ -547,63 +530,3 @@ def plot_adacl_trajectories(
             paths.append(target)
             break
     return paths
-
-
-def plot_goal_heatmap(
-    cells: Mapping[tuple[str, str], Mapping[str, float]],
-    out_dir: str | Path,
-    *,
-    triplet_weights: Sequence[str],
-    pair_weights: Sequence[str],
-) -> Path:
-    """Draw the GOAL grid (GOAL paper Tables 3-5) as three heatmaps: I->T R@1, T->I R@1 and
-    rsum; rows are triplet weights, columns pair weights, the best cell in bold.
-
-    Args:
-        cells: ``(triplet_weight, pair_weight)`` -> the mean metrics of that combination
-            (``i2t_r1``, ``t2i_r1``, ``rsum``); a missing combination or metric is left blank.
-        out_dir: The folder of the figure.
-        triplet_weights: The row order.
-        pair_weights: The column order.
-
-    Returns:
-        The path of ``goal_grid_heatmap.png``.
-
-    Raises:
-        ImportError: matplotlib is not installed.
-    """
-    import numpy as np
-
-    keys = (("i2t_r1", "I→T R@1"), ("t2i_r1", "T→I R@1"), ("rsum", "rsum"))
-    fig = _figure((4.4 * len(keys) + 0.6, 3.4))
-    axes = fig.subplots(1, len(keys))
-    for ax, (key, title) in zip(axes, keys, strict=True):
-        grid = np.full((len(triplet_weights), len(pair_weights)), np.nan)
-        for i, t in enumerate(triplet_weights):
-            for j, p in enumerate(pair_weights):
-                value = cells.get((t, p), {}).get(key)
-                if value is not None:
-                    grid[i, j] = value
-        image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", aspect="auto")
-        finite = grid[np.isfinite(grid)]
-        best = finite.max() if finite.size else None
-        for i in range(grid.shape[0]):
-            for j in range(grid.shape[1]):
-                if np.isfinite(grid[i, j]):
-                    ax.text(
-                        j,
-                        i,
-                        f"{grid[i, j]:.1f}",
-                        ha="center",
-                        va="center",
-                        fontsize=8,
-                        fontweight="bold" if grid[i, j] == best else "normal",
-                        color="white" if grid[i, j] < np.nanmean(grid) else "black",
-                    )
-        ax.set_xticks(range(len(pair_weights)), [f"$P^{{{p}}}$" for p in pair_weights])
-        ax.set_yticks(range(len(triplet_weights)), [f"$T^{{{t}}}$" for t in triplet_weights])
-        ax.set_title(title)
-        fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle("GOAL gradient combinations (cf. GOAL Tables 3-5)")
-    fig.tight_layout()
-    return _save(fig, Path(out_dir) / GOAL_HEATMAP_FIGURE)

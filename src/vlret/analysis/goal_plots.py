@@ -6,11 +6,13 @@ extra (``pip install vlret[plot]``); it is imported inside the function with the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from ..losses.goal import goal_pair_weights, goal_triplet_weight
+from ._plotting import new_figure, save_figure
 
 #: Settings of the figures: Fig. 2 uses m = 0.2 and tau = 10; Fig. 3 alpha = 2, beta = 10,
 #: lambda = 0.5 and relative terms m = 0.1 for the MS weights. circle_offset: our default.
@@ -142,3 +144,67 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
     plt.close(fig)
     paths.append(path)
     return paths
+
+
+#: The file name of :func:`plot_goal_heatmap`'s figure.
+GOAL_HEATMAP_FIGURE = "goal_grid_heatmap.png"
+
+
+def plot_goal_heatmap(
+    cells: Mapping[tuple[str, str], Mapping[str, float]],
+    out_dir: str | Path,
+    *,
+    triplet_weights: Sequence[str],
+    pair_weights: Sequence[str],
+) -> Path:
+    """Draw the GOAL grid (GOAL paper Tables 3-5) as three heatmaps: I->T R@1, T->I R@1 and
+    rsum; rows are triplet weights, columns pair weights, the best cell in bold.
+
+    Args:
+        cells: ``(triplet_weight, pair_weight)`` -> the mean metrics of that combination
+            (``i2t_r1``, ``t2i_r1``, ``rsum``); a missing combination or metric is left blank.
+        out_dir: The folder of the figure.
+        triplet_weights: The row order.
+        pair_weights: The column order.
+
+    Returns:
+        The path of ``goal_grid_heatmap.png``.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import numpy as np
+
+    keys = (("i2t_r1", "I→T R@1"), ("t2i_r1", "T→I R@1"), ("rsum", "rsum"))
+    fig = new_figure((4.4 * len(keys) + 0.6, 3.4))
+    axes = fig.subplots(1, len(keys))
+    for ax, (key, title) in zip(axes, keys, strict=True):
+        grid = np.full((len(triplet_weights), len(pair_weights)), np.nan)
+        for i, t in enumerate(triplet_weights):
+            for j, p in enumerate(pair_weights):
+                value = cells.get((t, p), {}).get(key)
+                if value is not None:
+                    grid[i, j] = value
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", aspect="auto")
+        finite = grid[np.isfinite(grid)]
+        best = finite.max() if finite.size else None
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if np.isfinite(grid[i, j]):
+                    ax.text(
+                        j,
+                        i,
+                        f"{grid[i, j]:.1f}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        fontweight="bold" if grid[i, j] == best else "normal",
+                        color="white" if grid[i, j] < np.nanmean(grid) else "black",
+                    )
+        ax.set_xticks(range(len(pair_weights)), [f"$P^{{{p}}}$" for p in pair_weights])
+        ax.set_yticks(range(len(triplet_weights)), [f"$T^{{{t}}}$" for t in triplet_weights])
+        ax.set_title(title)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle("GOAL gradient combinations (cf. GOAL Tables 3-5)")
+    fig.tight_layout()
+    return save_figure(fig, Path(out_dir) / GOAL_HEATMAP_FIGURE)

@@ -99,11 +99,11 @@ def write_report(
     under ``plots/``."""
     from ..curves import (
         plot_adacl_trajectories,
-        plot_goal_heatmap,
         plot_similarity_curves,
         plot_training_curves,
         write_epoch_curves,
     )
+    from ..goal_plots import plot_goal_heatmap
 
     summaries = summarize(o.result for o in outcomes)
     report = ComparisonReport(
