@@ -10,7 +10,6 @@ from .checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, s
 from .config import (
     ConfigError,
     DataConfig,
-    LossConfig,
     OptimConfig,
     RunConfig,
     TrainConfig,
@@ -35,6 +34,7 @@ from .evaluate import (
 )
 from .grad_cache import GradCache, split_batch
 from .hooks import ParamGroup, StepOutput, TrainHook
+from .loss_config import LossConfig
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
 # vlret.train.PROTOCOLS: the registry's names now

@@ -34,13 +34,13 @@ from .config import (
     DATA_FORMATS,
     ConfigError,
     DataConfig,
-    LossConfig,
     OptimConfig,
     RunConfig,
     _build,
     _check_choice,
 )
 from .hooks import ParamGroup
+from .loss_config import LossConfig
 from .pair_scoring import check_pair_scoring, scores_pairs
 
 

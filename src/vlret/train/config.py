@@ -58,6 +58,7 @@ from . import config_files
 from .config_checks import check_int_ranges, check_model_sizes, check_msrvtt
 from .config_files import ConfigError, check_tree
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
+from .loss_config import LossConfig, check_momentum_encoder, loss_config, model_with_scoring
 from .train_checks import check_loop_settings, check_zeroshot
 from .warmup import warmup_refusal
 
@@ -127,14 +128,6 @@ class DataConfig:
     # Person search (vlret.data.pedes): the annotation JSON, default the format's file in root;
     # images under image_root (default root/imgs), or features_dir/{split}_ims.npy
     annotations: str | None = None
-
-
-@dataclass
-class LossConfig:
-    """``name`` of a registered loss and its constructor ``params``."""
-
-    name: str
-    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -380,55 +373,6 @@ def _check_choice(value: str, choices: tuple[str, ...], source: str, key: str) -
         raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {value!r}")
 
 
-def _build_loss(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
-    from .._checks import ParamError
-    from ..losses import available_losses, loss_class
-    from ..losses.params import info
-
-    if not isinstance(raw, dict):
-        raise ConfigError(source, "loss", f"expected a table/mapping, got {raw!r}")
-    if "name" not in raw:
-        raise ConfigError(source, "loss.name", "required key is missing")
-    name = raw["name"]
-    if isinstance(name, list):  # the list form of a combination: ["sdm", "id"] is "sdm+id"
-        if not name or not all(isinstance(n, str) and "+" not in n for n in name):
-            raise ConfigError(source, "loss.name", f"expected loss names, got {name!r}")
-        name = "+".join(name)
-    if not isinstance(name, str) or (name not in available_losses() and "+" not in name):
-        raise ConfigError(
-            source,
-            "loss.name",
-            f"unknown loss {name!r}; available: {', '.join(available_losses())}",
-        )
-    try:  # a combination "a+b" of registered losses (vlret.losses.combined)
-        declaration = loss_class(name).Params
-    except ValueError as err:
-        raise ConfigError(source, "loss.name", str(err)) from None
-    name = getattr(loss_class(name), "registry_name", name)  # "sdm + id" -> "sdm+id"
-    try:
-        params = declaration.canonical({k: v for k, v in raw.items() if k != "name"})
-    except ParamError as err:
-        raise ConfigError(source, f"loss.{err.param}", str(err)) from None
-    fields = {f.name: f for f in declaration.fields() if info(f).config}
-    for k in params:
-        if k not in fields:
-            raise ConfigError(
-                source, f"loss.{k}", f"not a parameter of loss {name!r}; valid: {', '.join(fields)}"
-            )
-    for k, v in params.items():
-        spec = info(fields[k]).spec  # the type in a config file's words; ranges below
-        if spec is not None and (problem := spec.type_mismatch(v)) is not None:
-            raise ConfigError(source, f"loss.{k}", f"{problem}, got {v!r}")
-    checked = dict(params)
-    if "embed_dim" in fields and "embed_dim" not in params and "embed_dim" in model:
-        checked["embed_dim"] = model["embed_dim"]  # what the trainer passes (builders.py)
-    try:  # each loss's declared ranges (a negative margin, a zero temperature, ...)
-        declaration.build(checked, owner=f"loss {name!r}")
-    except ParamError as err:
-        raise ConfigError(source, f"loss.{err.param}", str(err)) from None
-    return LossConfig(name=name, params=params)
-
-
 def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
     """Validate a raw mapping (file layout) into a :class:`RunConfig`."""
     source = str(source)
@@ -468,7 +412,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         raise ConfigError(source, f"data.{problem[0]}", problem[1])
     if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
         data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
-    loss = _build_loss(raw["loss"], source, model)
+    loss = loss_config(raw["loss"], source, model)
     optim = _build(OptimConfig, raw.get("optim", {}), source, "optim")
     _check_choice(optim.name, OPTIMIZERS, source, "optim.name")
     if optim.lr <= 0:
@@ -519,44 +463,20 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if refusal:
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
     if train.momentum_encoder is not None:
-        _check_momentum_encoder(train.momentum_encoder, loss, source)
+        check_momentum_encoder(train.momentum_encoder, loss, source)
     check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
     check_zeroshot(train, source)
     for section, built in (("data", data), ("optim", optim), ("train", train)):
         check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(
         data=data,
-        model=_with_scoring(model, loss),
+        model=model_with_scoring(model, loss),
         loss=loss,
         optim=optim,
         train=train,
         output_dir=output_dir,
         source=source,
     )
-
-
-def _with_scoring(model: dict[str, Any], loss: LossConfig) -> dict[str, Any]:
-    """The model section with its evaluation ``scoring`` (``cosine`` unless the loss sets
-    ``normalize = false``), stored with the model so a checkpoint evaluates without its loss."""
-    out = copy.deepcopy(model)
-    out.setdefault("scoring", "cosine" if loss.params.get("normalize", True) else "dot")
-    return out
-
-
-def _check_momentum_encoder(momentum: float, loss: LossConfig, source: str) -> None:
-    """A momentum in [0, 1], for a loss whose memory queue takes momentum keys."""
-    from ..losses import loss_capabilities
-
-    if not 0.0 <= momentum <= 1.0:
-        raise ConfigError(source, "train.momentum_encoder", "expected a momentum in [0, 1]")
-    caps = loss_capabilities(loss.name, loss.params)
-    if not (caps.owns_queue and caps.momentum_keys):
-        raise ConfigError(
-            source,
-            "train.momentum_encoder",
-            f"only used to fill a memory queue; loss {loss.name!r} with these parameters owns "
-            "none that takes momentum keys (LossCapabilities.owns_queue, momentum_keys)",
-        )
 
 
 def _lr_multipliers(raw: dict[str, Any], source: str, prefix: str = "") -> dict[str, float]:
