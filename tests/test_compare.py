@@ -603,3 +603,26 @@ def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, 
         direct["extended"].t2i_map_at_r, abs=1e-6
     )
     assert compare_module.synthetic_root(world) is not None
+
+
+def test_a_run_finished_before_a_config_key_existed_is_reused(tmp_path, two_by_two):
+    """An upgrade that adds a config key (here train.select_on, as vlret 0.x did) must not
+    orphan finished runs: the key, absent from their spec.json, ran at its default; a key
+    absent there but set to something else is another run."""
+    cfg, out, _ = two_by_two
+    spec_path = out / "runs/triplet/seed0/spec.json"
+    stored = json.loads(spec_path.read_text())
+    assert "select_on" in stored["config"]["train"]  # today's fingerprint has the key
+    del stored["config"]["train"]["select_on"]
+    spec_path.write_text(json.dumps(stored))
+    report = compare(cfg, losses=["triplet"], seeds=1, out=out, progress=False)
+    assert report.count("cached") == 1
+    with pytest.raises(CompareError, match="other settings"):
+        compare(
+            cfg,
+            losses=["triplet"],
+            seeds=1,
+            out=out,
+            progress=False,
+            overrides=["train.select_on=t2i_r1"],
+        )

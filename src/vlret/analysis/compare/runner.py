@@ -4,6 +4,7 @@ next to it (see :mod:`vlret.analysis.compare` for the resume rules).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._files import atomic_write_text
-from ...train.config import RunConfig
+from ...train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from ...train.hooks import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult
@@ -67,6 +68,47 @@ def run_fingerprint(spec: RunSpec, settings: EvalSettings) -> dict[str, Any]:
             "eval": settings.__dict__,
         }
     )
+
+
+def _section_defaults() -> dict[str, dict[str, Any]]:
+    """Each dataclass section's field defaults (``data``, ``optim``, ``train``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for section, cls in (("data", DataConfig), ("optim", OptimConfig), ("train", TrainConfig)):
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+        out[section] = values
+    return out
+
+
+def same_run(stored: dict[str, Any], fingerprint: dict[str, Any]) -> bool:
+    """Whether a run folder's ``spec.json`` (``stored``) is this comparison's run
+    (``fingerprint``, :func:`run_fingerprint`). A config key a later vlret added, absent from
+    ``stored``, matches when it holds its default here (``None`` in the ``model`` table): the
+    finished run trained as that default says, so an upgrade does not orphan finished runs; any
+    other difference is another run."""
+    if stored == fingerprint:
+        return True
+    old, new = stored.get("config"), fingerprint.get("config")
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    defaults = _section_defaults()
+    adjusted = dict(new)
+    for section, values in new.items():
+        before = old.get(section)
+        if not isinstance(values, dict) or not isinstance(before, dict):
+            continue
+        keep = {}
+        for key, value in values.items():
+            default = defaults.get(section, {}).get(key) if section != "model" else None
+            if key not in before and _json_roundtrip(default) == value:
+                continue  # added since the run, at its default
+            keep[key] = value
+        adjusted[section] = keep
+    return stored == {**fingerprint, "config": adjusted}
 
 
 def _result_from_record(spec: RunSpec, record: dict[str, Any]) -> RunResult:
@@ -130,7 +172,7 @@ def execute_run(
     spec_path = run_dir / SPEC_FILE
     if spec_path.is_file():
         stored = json.loads(spec_path.read_text(encoding="utf-8"))
-        if stored != fingerprint:
+        if not same_run(stored, fingerprint):
             raise CompareError(
                 f"{run_dir} holds a run with other settings than this comparison's "
                 f"({spec_path}); use another --out or delete that folder"
