@@ -185,6 +185,31 @@ def timed_phases(trainer: Trainer) -> dict[str, float]:
     return phases
 
 
+def peak_of_step(trainer, batch) -> dict:
+    """Peak memory (bytes) of one ``train_step`` beyond the state before it, its time and
+    loss: on CUDA ``max_memory_allocated`` minus the allocated bytes before; on CPU the peak RSS
+    (``VmHWM``, reset) minus the RSS before, the heap's free pages handed back first."""
+    device = trainer.device
+    gc.collect()
+    release_free_heap()
+    bench_losses.sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    else:
+        base = bench_losses._status_kb("VmRSS") * 1024
+        bench_losses._reset_peak_rss()
+    start = time.perf_counter()
+    loss, _ = trainer.train_step(batch)
+    bench_losses.sync(device)
+    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = bench_losses._status_kb("VmHWM") * 1024 - base
+    return {"peak": peak, "seconds": seconds, "loss": loss, "base": base}
+
+
 def worker_memory(spec: dict) -> dict:
     """Fresh process: peak memory and time of one step of one form at one B."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,28 +219,9 @@ def worker_memory(spec: dict) -> dict:
         batch = bench_train.batches(trainer, 1)[0]
         trainer.train_step(batch.chunks(min(WARMUP_ITEMS, spec["batch"]))[0])  # warm-up
         phases = timed_phases(trainer)
-        gc.collect()
-        release_free_heap()
-        bench_losses.sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-        else:
-            base = bench_losses._status_kb("VmRSS") * 1024
-            bench_losses._reset_peak_rss()
-        start = time.perf_counter()
-        loss, _ = trainer.train_step(batch)
-        bench_losses.sync(device)
-        seconds = time.perf_counter() - start
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device) - base
-        else:
-            peak = bench_losses._status_kb("VmHWM") * 1024 - base
+        step = peak_of_step(trainer, batch)
         return {
-            "peak": peak,
-            "seconds": seconds,
-            "loss": loss,
-            "base": base,
+            **step,
             "params": n_params(trainer),
             "device": str(device),
             "phases": phases,

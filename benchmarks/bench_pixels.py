@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import io
 import json
 import multiprocessing
@@ -84,8 +83,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_losses  # noqa: E402  (the memory probes)
-from bench_grad_cache import release_free_heap  # noqa: E402
+from bench_grad_cache import peak_of_step  # noqa: E402
 from machine import cpu_name  # noqa: E402
 from vlret.data.shards import ShardStream  # noqa: E402
 from vlret.data.transforms import RandomResizedCrop  # noqa: E402
@@ -394,28 +392,11 @@ def worker_memory(spec: dict) -> dict:
     """Fresh process: the peak of one step of one form (gc at B, or plain at C) beyond set-up."""
     with tempfile.TemporaryDirectory() as tmp:
         trainer = make_trainer(spec, Path(tmp) / "run")
-        device = trainer.device
         batch = first_batch(trainer)
         trainer.train_step(batch.chunks(spec["chunk"])[0])  # warm-up: AdamW's state exists
-        gc.collect()
-        release_free_heap()
-        bench_losses.sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-        else:
-            base = bench_losses._status_kb("VmRSS") * 1024
-            bench_losses._reset_peak_rss()
-        start = time.perf_counter()
-        loss, _ = trainer.train_step(batch)
-        bench_losses.sync(device)
-        seconds = time.perf_counter() - start
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device) - base
-        else:
-            peak = bench_losses._status_kb("VmHWM") * 1024 - base
+        step = peak_of_step(trainer, batch)
         params = sum(p.numel() for p in trainer.model.parameters())
-        return {"peak": peak, "seconds": seconds, "loss": loss, "base": base, "params": params}
+        return {**step, "params": params}
 
 
 def worker_gpu(spec: dict) -> dict:

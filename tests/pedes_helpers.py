@@ -72,3 +72,35 @@ def write_pedes(
     out = root / (name or default)
     out.write_text(json.dumps(records, indent=1))
     return out
+
+
+#: The tiny random CLIP the person-search tests train (preset ViT-B-32's shape, 16 px, width 16).
+TINY_CLIP = {
+    "projection_dim": 16,
+    "vision_config": {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 16,
+        "patch_size": 8,
+    },
+    "text_config": {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 77,
+    },
+}
+
+
+def toml_inline(value) -> str:
+    """``value`` (a dict of numbers and dicts) as a TOML inline table."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_inline(v)}" for k, v in value.items()) + " }"
+    return repr(value)
+
+
+#: :data:`TINY_CLIP` as a config file writes it (``config = ...`` of ``[model]``).
+TINY_CLIP_TOML = toml_inline(TINY_CLIP)

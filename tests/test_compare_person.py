@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pedes_helpers import TINY_CLIP
 from vlret.analysis.compare import CompareError, compare
 from vlret.analysis.tables import IDENTITY_COLUMNS, IDENTITY_KEYS
 from vlret.cli import main
@@ -20,24 +21,6 @@ from vlret.data.synthetic.persons import write_persons
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-TINY_CLIP = {
-    "projection_dim": 16,
-    "vision_config": {
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "image_size": 16,
-        "patch_size": 8,
-    },
-    "text_config": {
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "max_position_embeddings": 77,
-    },
-}
 LOSSES = ["infonce", "sdm+id"]
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 pytest.importorskip("PIL")
 
-from pedes_helpers import CUHK_IMAGES, caption, write_pedes  # noqa: E402
+from pedes_helpers import CUHK_IMAGES, TINY_CLIP_TOML, caption, write_pedes  # noqa: E402
 from vlret.data import DataFormatError  # noqa: E402
 from vlret.data.pedes import (  # noqa: E402
     CUHKPedesDataset,
@@ -281,13 +281,6 @@ def test_builders_open_the_splits_and_build_the_vocabulary_without_test(cuhk, tm
 
 # -- vlret train on a CUHK-PEDES folder --------------------------------------------------------
 
-TINY_CLIP = (
-    "{ projection_dim = 16, vision_config = { hidden_size = 16, intermediate_size = 32, "
-    "num_hidden_layers = 1, num_attention_heads = 2, image_size = 16, patch_size = 8 }, "
-    "text_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, "
-    "num_attention_heads = 2, max_position_embeddings = 77 } }"
-)
-
 
 def test_vlret_train_on_a_cuhk_pedes_folder_with_irras_augmentation(cuhk, tmp_path, monkeypatch):
     pytest.importorskip("transformers")
@@ -308,7 +301,8 @@ def test_vlret_train_on_a_cuhk_pedes_folder_with_irras_augmentation(cuhk, tmp_pa
     config.write_text(
         f'output_dir = "{out}"\n[data]\nroot = "{cuhk}"\nformat = "cuhk-pedes"\n'
         'train_transform = "irra"\n'
-        f'[model]\nkind = "clip"\npreset = "ViT-B-32"\ntokenizer = "bytes"\nconfig = {TINY_CLIP}\n'
+        '[model]\nkind = "clip"\npreset = "ViT-B-32"\ntokenizer = "bytes"\n'
+        f"config = {TINY_CLIP_TOML}\n"
         '[loss]\nname = "infonce"\n[optim]\nlr = 1e-4\n'
         "[train]\nepochs = 1\nbatch_size = 4\nprogress = false\neval_batch_size = 8\n"
     )

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("PIL")
 
-from pedes_helpers import CUHK_IMAGES, caption, write_pedes  # noqa: E402
+from pedes_helpers import CUHK_IMAGES, TINY_CLIP_TOML, caption, write_pedes  # noqa: E402
 from vlret.configs import shipped_configs  # noqa: E402
 from vlret.train.config import ConfigError, load_config  # noqa: E402
 
@@ -116,12 +116,6 @@ def test_the_configs_losses_build_on_a_person_search_training_set(name, tmp_path
 
 # -- AdaCL Table 7: trained on Flickr30K (Karpathy), tested on person-search folders -------------
 
-TINY_CLIP = (
-    "{ projection_dim = 16, vision_config = { hidden_size = 16, intermediate_size = 32, "
-    "num_hidden_layers = 1, num_attention_heads = 2, image_size = 16, patch_size = 8 }, "
-    "text_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, "
-    "num_attention_heads = 2, max_position_embeddings = 77 } }"
-)
 ICFG_IMAGES = [x for x in CUHK_IMAGES if x[1] != "val"]
 
 
@@ -159,7 +153,8 @@ def test_a_flickr30k_checkpoint_evaluates_on_the_three_person_search_sets(tmp_pa
         f'output_dir = "{out}"\n[data]\nroot = "{f30k}"\nformat = "karpathy"\n'
         f'karpathy_json = "{f30k / "dataset_flickr30k.json"}"\nimage_root = "{f30k / "images"}"\n'
         'dev_split = "val"\n'
-        f'[model]\nkind = "clip"\npreset = "ViT-B-32"\ntokenizer = "bytes"\nconfig = {TINY_CLIP}\n'
+        '[model]\nkind = "clip"\npreset = "ViT-B-32"\ntokenizer = "bytes"\n'
+        f"config = {TINY_CLIP_TOML}\n"
         f'[loss]\nname = "{loss["name"]}"\nweights = {{ cmpm = 1.0, adacl = 1.0 }}\n'
         f"[loss.adacl]\n{adacl}"
         "[optim]\nlr = 1e-4\n[train]\nepochs = 1\nbatch_size = 8\nprogress = false\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pedes_helpers import write_pedes
+from pedes_helpers import TINY_CLIP, write_pedes
 from vlret.train import Trainer
 from vlret.train.checkpoint import best_selection, load_checkpoint, save_checkpoint
 from vlret.train.config import ConfigError, config_from_dict
@@ -29,24 +29,6 @@ from vlret.train.run_folder import RunFolderError
 
 pytest.importorskip("transformers")
 
-TINY_CLIP = {
-    "projection_dim": 16,
-    "vision_config": {
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "image_size": 16,
-        "patch_size": 8,
-    },
-    "text_config": {
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "max_position_embeddings": 77,
-    },
-}
 
 #: dev records of epochs 0, 1, 2: rsum is best at epoch 2, T->I R@1 at epoch 1, mAP at 0
 DEV = [
