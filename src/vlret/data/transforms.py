@@ -102,6 +102,33 @@ def crop_box(
     return (width - w) // 2, (height - h) // 2, w, h
 
 
+def open_rgb(image: Any, what: str) -> Any:
+    """A PIL image or an image file as an RGB PIL image (``what``: who needs PIL, for the
+    missing-extra message)."""
+    pil = require("PIL.Image", what)
+    if isinstance(image, (str, Path)):
+        with pil.open(image) as opened:
+            return opened.convert("RGB")
+    return image.convert("RGB")
+
+
+def eval_geometry(eval_transform: Any, needs: str) -> dict[str, Any]:
+    """The ``crop`` (size), ``mean`` and ``std`` of a model's evaluation transform, what a
+    training transform built on it takes (``from_eval``); ``needs`` names that transform in
+    the error when one is missing."""
+    for name in ("crop", "mean", "std"):
+        if not hasattr(eval_transform, name):
+            raise ValueError(
+                f"the model's image transform {eval_transform!r} has no {name!r}; {needs} "
+                "needs crop, mean and std"
+            )
+    return {
+        "size": eval_transform.crop,
+        "mean": [float(m) for m in eval_transform.mean],
+        "std": [float(s) for s in eval_transform.std],
+    }
+
+
 class RandomResizedCrop:
     """A random-resized crop, an optional flip and the model's normalisation (module
     docstring), seeded per sample.
@@ -166,18 +193,7 @@ class RandomResizedCrop:
     def from_eval(cls, eval_transform: Any, **options: Any) -> RandomResizedCrop:
         """The training transform matching a model's evaluation transform: its ``crop``,
         ``mean`` and ``std`` (``options``: the other arguments of the constructor)."""
-        for name in ("crop", "mean", "std"):
-            if not hasattr(eval_transform, name):
-                raise ValueError(
-                    f"the model's image transform {eval_transform!r} has no {name!r}; a "
-                    "random-resized crop needs crop, mean and std"
-                )
-        return cls(
-            eval_transform.crop,
-            mean=[float(m) for m in eval_transform.mean],
-            std=[float(s) for s in eval_transform.std],
-            **options,
-        )
+        return cls(**eval_geometry(eval_transform, "a random-resized crop"), **options)
 
     def params(self, key: Sequence[int], width: int, height: int) -> CropParams:
         """The box and flip of the sample ``key`` on a ``width`` x ``height`` image."""
@@ -198,11 +214,7 @@ class RandomResizedCrop:
             its :class:`~vlret.data.pixel_batch.PixelSample`.
         """
         pil = require("PIL.Image", "training augmentation of images")
-        if isinstance(image, (str, Path)):
-            with pil.open(image) as opened:
-                image = opened.convert("RGB")
-        else:
-            image = image.convert("RGB")
+        image = open_rgb(image, "training augmentation of images")
         p = self.params(key, *image.size)
         resample = getattr(pil.Resampling, self.interpolation.upper())
         ch, cw = self.crop

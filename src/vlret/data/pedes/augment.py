@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ..._extras import require
-from ..transforms import build_train_transform, sample_generator
+from ..pixel_batch import normalise
+from ..transforms import build_train_transform, eval_geometry, open_rgb, sample_generator
 
 ERASE_FILLS = ("irra", "mean_colour")
 RESAMPLES = ("bilinear", "bicubic")
@@ -94,14 +94,6 @@ def _size(size: int | Sequence[int]) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _open_rgb(image: Any) -> Any:
-    pil = require("PIL.Image", "person-search images")
-    if isinstance(image, (str, Path)):
-        with pil.open(image) as opened:
-            return opened.convert("RGB")
-    return image.convert("RGB")
-
-
 class ResizeNormalize:
     """IRRA's evaluation transform: resize to ``(height, width)``, normalise.
 
@@ -131,43 +123,33 @@ class ResizeNormalize:
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
         self.interpolation = interpolation
-        self._scale = (1.0 / (255.0 * self.std)).astype(np.float32)[:, None, None]
-        self._bias = (-self.mean / self.std).astype(np.float32)[:, None, None]
+        self._scale = torch.from_numpy((1.0 / (255.0 * self.std)).astype(np.float32))
+        self._bias = torch.from_numpy((-self.mean / self.std).astype(np.float32))
 
     @classmethod
     def from_eval(cls, eval_transform: Any, **options: Any) -> Any:
         """This transform at a model's image transform's ``crop``, ``mean`` and ``std``
         (``options``: the other arguments of the constructor)."""
-        for name in ("crop", "mean", "std"):
-            if not hasattr(eval_transform, name):
-                raise ValueError(
-                    f"the model's image transform {eval_transform!r} has no {name!r}; IRRA's "
-                    "transforms need crop, mean and std"
-                )
-        return cls(
-            eval_transform.crop,
-            mean=[float(m) for m in eval_transform.mean],
-            std=[float(s) for s in eval_transform.std],
-            **options,
-        )
+        return cls(**eval_geometry(eval_transform, "IRRA's transforms"), **options)
 
     def resized(self, image: Any) -> np.ndarray:
         """The image resized to the output size, ``(H, W, 3)`` uint8."""
         pil = require("PIL.Image", "person-search images")
         resample = getattr(pil.Resampling, self.interpolation.upper())
         height, width = self.crop
-        return np.asarray(_open_rgb(image).resize((width, height), resample=resample))
+        return np.asarray(
+            open_rgb(image, "person-search images").resize((width, height), resample=resample)
+        )
 
-    def normalise(self, pixels: np.ndarray) -> np.ndarray:
-        """``(H, W, 3)`` uint8 -> normalised ``(3, H, W)`` float32."""
-        chw = np.empty((3, *pixels.shape[:2]), dtype=np.float32)
-        np.multiply(pixels.transpose(2, 0, 1), self._scale, out=chw)
-        chw += self._bias
-        return chw
+    def normalise(self, pixels: np.ndarray) -> torch.Tensor:
+        """``(H, W, 3)`` uint8 -> normalised ``(3, H, W)`` float32 (the training images'
+        normalisation, :func:`vlret.data.pixel_batch.normalise`)."""
+        chw = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+        return normalise(chw, self._scale, self._bias)
 
     def __call__(self, image: Any) -> torch.Tensor:
         """A PIL image or image file -> the normalised float32 ``(3, height, width)``."""
-        return torch.from_numpy(self.normalise(self.resized(image)))
+        return self.normalise(self.resized(image))
 
     def __repr__(self) -> str:
         return f"ResizeNormalize(crop={self.crop}, interpolation={self.interpolation!r})"
@@ -230,7 +212,7 @@ class IRRAAugment(ResizeNormalize):
         self.erase_ratio = (float(erase_ratio[0]), float(erase_ratio[1]))
         self.erase_fill = erase_fill
         fill = self.mean if erase_fill == "irra" else np.zeros(3, dtype=np.float32)
-        self._fill = fill.astype(np.float32)[:, None, None]
+        self._fill = torch.from_numpy(fill.astype(np.float32))[:, None, None]
 
     def params(self, key: Sequence[int]) -> IRRAParams:
         """The draw of the sample ``key`` (the output size fixes every range)."""
@@ -271,7 +253,7 @@ class IRRAAugment(ResizeNormalize):
         if p.erase is not None:
             top, left, eh, ew = p.erase
             chw[:, top : top + eh, left : left + ew] = self._fill
-        return torch.from_numpy(chw)
+        return chw
 
     def __repr__(self) -> str:
         return (
