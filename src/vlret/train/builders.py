@@ -490,6 +490,18 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     )
 
 
+#: what a training data source names that another format's evaluation data must not inherit
+#: (:func:`person_search_eval_data`, :func:`vlret.train.evaluate.karpathy_eval_data`)
+TRAINING_SOURCE_CLEARED: dict[str, Any] = {
+    "shards": None,
+    "dev_shards": None,
+    "train_num_samples": None,
+    "csv": None,
+    "dev_csv": None,
+    "train_transform": "none",
+}
+
+
 def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
     """The data config of a model trained on other data (Karpathy, precomp, shards, CSV) read as
     the person-search format ``data_format`` for evaluation without fine-tuning (``vlret eval
@@ -503,10 +515,5 @@ def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
         image_root=None,
         annotations=None,
         features_dir=None,
-        shards=None,
-        dev_shards=None,
-        train_num_samples=None,
-        csv=None,
-        dev_csv=None,
-        train_transform="none",
+        **TRAINING_SOURCE_CLEARED,
     )

@@ -103,6 +103,7 @@ from ..metrics import (
 from ..metrics.rescore import Rescoring, draw_bank
 from ..models import PairScorer
 from .builders import (
+    TRAINING_SOURCE_CLEARED,
     StoredRun,
     build_dataset,
     eval_data_config,
@@ -448,12 +449,7 @@ def karpathy_eval_data(data: DataConfig) -> DataConfig:
         karpathy_json=None,
         image_root="images",
         captions_per_image=5,
-        shards=None,
-        dev_shards=None,
-        train_num_samples=None,
-        csv=None,
-        dev_csv=None,
-        train_transform="none",
+        **TRAINING_SOURCE_CLEARED,
     )
 
 
