@@ -89,6 +89,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     persons.add_argument(
         "--image-format", choices=["jpg", "png"], help="picture files (default jpg, quality 90)"
     )
+    persons.add_argument(
+        "--domain",
+        type=int,
+        metavar="N",
+        help="camera network and annotators (default 0): another domain's captions prefer "
+        "other words and its pictures and features get its colour cast (domain generalisation: "
+        "train on one domain, test on another)",
+    )
+    persons.add_argument(
+        "--features",
+        action="store_true",
+        default=None,
+        help="also write precomputed region features, features/{train,val,test}_ims.npy "
+        "(data.features_dir; the same extractor for every world and domain)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -102,6 +117,8 @@ _PERSONS_OPTIONS = (
     ("captions_per_image", "--captions-per-image"),
     ("image_size", "--image-size"),
     ("image_format", "--image-format"),
+    ("domain", "--domain"),
+    ("features", "--features"),
 )
 #: The options of the retrieval presets, refused with ``persons`` (dest, flag, unset value).
 _PRESET_OPTIONS = (
@@ -145,7 +162,7 @@ def run_persons(args: argparse.Namespace) -> int:
     try:
         if args.image_size is not None:
             options["height"], options["width"] = _image_size(args.image_size)
-        for key in ("images_per_id", "captions_per_image", "image_format"):
+        for key in ("images_per_id", "captions_per_image", "image_format", "domain", "features"):
             if getattr(args, key) is not None:
                 options[key] = getattr(args, key)
         world = write_persons(args.out, sizes=sizes, **options)

@@ -439,7 +439,9 @@ def load_pretrained_clip(
 def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     """The training run's data config pointed at the data folder ``root`` (``vlret eval --data``).
 
-    ``precomp`` and ``msrvtt`` read their files from ``root`` itself. ``karpathy`` expects::
+    ``precomp`` and ``msrvtt`` read their files from ``root`` itself. Person-search data reads
+    the run's annotation file, image folder and feature folder (``data.features_dir``) by their
+    names in ``root``. ``karpathy`` expects::
 
         root/
           dataset_<name>.json     the Karpathy JSON: the training config's file name, else the
@@ -452,16 +454,16 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     if not root.exists():
         raise FileNotFoundError(f"{root}: missing; expected the data folder of the test split")
     if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # the run's file names in root
-        named = {
-            key: root / Path(name).name
-            for key, name in (("annotations", data.annotations), ("image_root", data.image_root))
-            if name is not None
-        }
+
+        def named(name: str | None) -> str | None:
+            return None if name is None else str(root / Path(name).name)
+
         return dataclasses.replace(
             data,
             root=str(root),
-            annotations=str(named["annotations"]) if "annotations" in named else None,
-            image_root=str(named["image_root"]) if "image_root" in named else None,
+            annotations=named(data.annotations),
+            image_root=named(data.image_root),
+            features_dir=named(data.features_dir),
         )
     if data.format != "karpathy":
         return dataclasses.replace(data, root=str(root))

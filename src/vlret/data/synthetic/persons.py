@@ -21,6 +21,8 @@ On disk::
     DIR/reid_raw.json   [{"split", "captions", "file_path", "processed_tokens", "id"}, ...]
     DIR/imgs/persons/p00001_s000000.jpg ...
     DIR/world.json      the generation: seed, sizes, vocabulary, people, poses, mentions
+    DIR/features/{train,val,test}_ims.npy   with ``--features``: region features per picture
+                        (:mod:`~.persons_features`, the same extractor for every world)
 
 as CUHK-PEDES writes it: one record per picture, ``id`` from 1 (train people first, then val,
 then test), ``file_path`` relative to ``DIR/imgs/`` (the folder is not the split),
@@ -50,6 +52,13 @@ import numpy as np
 from ..._files import atomic_write_text, check_output_dir
 from .io import UNFINISHED_FILE, _world_writes, finish_world, is_unfinished
 from .language import COLOURS
+from .persons_features import (
+    caption_style,
+    check_domain,
+    domain_lighting,
+    feature_space,
+    region_features,
+)
 from .persons_language import FIELDS, GROUPS, VOCABULARY, make_caption, processed_tokens
 from .persons_render import Pose, render_person, sample_pose
 
@@ -58,6 +67,8 @@ ANNOTATION_FILE = "reid_raw.json"
 IMAGE_FOLDER = "imgs"
 #: The side file describing the generation.
 WORLD_FILE = "world.json"
+#: The folder of the precomputed features (``--features``): ``{split}_ims.npy``.
+FEATURES_FOLDER = "features"
 #: The sub-folder of ``imgs/`` holding the pictures (CUHK-PEDES mixes source folders, none
 #: of them the split).
 PICTURE_FOLDER = "persons"
@@ -77,7 +88,7 @@ _ACCESSORY_COLOURS = (0, 1, 2, 3, 4, 5, 8, 9)
 _P_HAT, _P_BACKPACK, _P_HANDBAG = 0.3, 0.3, 0.25
 _N_SKIN = 3
 # Random-stream purposes (np.random.default_rng([seed, purpose, ...])).
-_PEOPLE, _PICTURES = 1, 2
+_PEOPLE, _PICTURES, _FEATURES = 1, 2, 3
 
 
 @dataclass
@@ -96,6 +107,7 @@ class PersonsWorld:
     width: int
     image_format: str
     twin_rate: float
+    domain: int = 0
     people: list[dict[str, int]] = field(default_factory=list)
     split_of: list[str] = field(default_factory=list)
     twin_of: list[int | None] = field(default_factory=list)
@@ -209,6 +221,7 @@ def generate_persons(
     width: int = DEFAULT_WIDTH,
     image_format: str = "jpg",
     twin_rate: float = DEFAULT_TWIN_RATE,
+    domain: int = 0,
 ) -> PersonsWorld:
     """The world in memory (nothing rendered): people, poses and captions.
 
@@ -223,8 +236,12 @@ def generate_persons(
         width: Picture width in pixels (8 or more).
         image_format: ``jpg`` (quality 90) or ``png``.
         twin_rate: The chance that a person is a near twin of an earlier one of its split.
+        domain: The camera network and annotators (:mod:`~.persons_features`): 0, the
+            default, or another domain, whose captions prefer other words and whose pictures
+            and features get the domain's cast.
     """
     seed = _check_int("seed", seed, 0)
+    domain = check_domain(domain)
     unknown = sorted(set(sizes or {}) - set(SPLITS))
     if unknown:
         raise ValueError(f"sizes: unknown split {unknown[0]!r}; expected {', '.join(SPLITS)}")
@@ -241,15 +258,16 @@ def generate_persons(
         raise ValueError(f"twin_rate must be in [0, 1), got {twin_rate}")
     world = PersonsWorld(
         seed, dict(sizes), images_per_id, captions_per_image, height, width, image_format,
-        float(twin_rate),
+        float(twin_rate), domain,
     )  # fmt: skip
     world.people, world.split_of, world.twin_of = sample_people(seed, sizes, twin_rate)
+    style = caption_style(domain)
     serial = 0
     for raw_id, person in enumerate(world.people, start=1):
         rng = np.random.default_rng([seed, _PICTURES, raw_id])
         for _ in range(images_per_id):
-            pose = sample_pose(rng)
-            made = [make_caption(rng, person) for _ in range(captions_per_image)]
+            pose = domain_lighting(sample_pose(rng), domain)
+            made = [make_caption(rng, person, style) for _ in range(captions_per_image)]
             world.pictures.append(
                 (raw_id, serial, pose, [c for c, _ in made], [m for _, m in made])
             )
@@ -284,6 +302,18 @@ def annotation_records(world: PersonsWorld) -> list[dict[str, Any]]:
     ]
 
 
+def split_features(world: PersonsWorld, split: str) -> np.ndarray:
+    """The precomputed region features of ``split``'s pictures in file order
+    (:func:`~.persons_features.region_features`; ``(images, REGIONS, FEATURE_DIM)``)."""
+    pictures = [
+        (world.people[raw_id - 1], pose)
+        for raw_id, _serial, pose, _captions, _mentions in world.pictures
+        if world.split_of[raw_id - 1] == split
+    ]
+    rng = np.random.default_rng([world.seed, _FEATURES, SPLITS.index(split)])
+    return region_features(feature_space(), pictures, domain=world.domain, rng=rng)
+
+
 def split_counts(world: PersonsWorld) -> dict[str, dict[str, int]]:
     """People, pictures and captions per split (splits with people only)."""
     out: dict[str, dict[str, int]] = {}
@@ -299,9 +329,10 @@ def split_counts(world: PersonsWorld) -> dict[str, dict[str, int]]:
     return out
 
 
-def world_record(world: PersonsWorld) -> dict[str, Any]:
-    """What ``world.json`` holds: the generation's settings and vocabulary, each person's
-    attributes and each picture's pose and per-caption mentions."""
+def world_record(world: PersonsWorld, *, features: bool = False) -> dict[str, Any]:
+    """What ``world.json`` holds: the generation's settings (``features``: whether
+    ``features/`` was written) and vocabulary, each person's attributes and each picture's pose
+    and per-caption mentions."""
     return {
         "generator": "vlret synth persons",
         "layout": "cuhk-pedes",
@@ -311,6 +342,8 @@ def world_record(world: PersonsWorld) -> dict[str, Any]:
         "captions_per_image": world.captions_per_image,
         "image": {"height": world.height, "width": world.width, "format": world.image_format},
         "twin_rate": world.twin_rate,
+        "domain": world.domain,
+        "features": features,
         "splits": split_counts(world),
         "vocabulary": {f: [list(v) for v in values] for f, values in VOCABULARY.items()},
         "groups": {g: list(fs) for g, fs in GROUPS.items()},
@@ -342,8 +375,9 @@ def summary_line(world: PersonsWorld, root: str | Path) -> str:
         f"{split} {c['identities']} identities, {c['images']} images, {c['captions']} captions"
         for split, c in split_counts(world).items()
     ]
+    domain = f", domain {world.domain}" if world.domain else ""
     return (
-        f"{root}: synthetic persons world (CUHK-PEDES layout, seed {world.seed}, "
+        f"{root}: synthetic persons world (CUHK-PEDES layout, seed {world.seed}{domain}, "
         f"{world.height}x{world.width} {world.image_format}): " + "; ".join(parts)
     )
 
@@ -374,9 +408,12 @@ def write_persons(
     width: int = DEFAULT_WIDTH,
     image_format: str = "jpg",
     twin_rate: float = DEFAULT_TWIN_RATE,
+    domain: int = 0,
+    features: bool = False,
 ) -> PersonsWorld:
     """Generate a world (:func:`generate_persons`, same arguments) and write it into ``out``
-    (the module's layout); returns the world.
+    (the module's layout); returns the world. ``features`` also writes the precomputed region
+    features, ``features/{split}_ims.npy`` (:func:`split_features`).
 
     Everything is checked before the first file: the arguments, Pillow, and the folder (a
     non-empty one is refused unless ``overwrite``; its earlier ``imgs/``, ``reid_raw.json``
@@ -389,7 +426,7 @@ def write_persons(
     world = generate_persons(
         seed=seed, sizes=sizes, images_per_id=images_per_id,
         captions_per_image=captions_per_image, height=height, width=width,
-        image_format=image_format, twin_rate=twin_rate,
+        image_format=image_format, twin_rate=twin_rate, domain=domain,
     )  # fmt: skip
     require("PIL", "rendering the persons world's pictures")
     root = check_output_dir(out, "--out")
@@ -403,8 +440,9 @@ def write_persons(
         )
         (root / WORLD_FILE).unlink(missing_ok=True)
         (root / ANNOTATION_FILE).unlink(missing_ok=True)
-        if (root / IMAGE_FOLDER).is_dir():
-            shutil.rmtree(root / IMAGE_FOLDER)
+        for folder_name in (IMAGE_FOLDER, FEATURES_FOLDER):
+            if (root / folder_name).is_dir():
+                shutil.rmtree(root / folder_name)
         folder = root / IMAGE_FOLDER / PICTURE_FOLDER
         folder.mkdir(parents=True)
         for raw_id, serial, pose, _captions, _mentions in world.pictures:
@@ -413,8 +451,13 @@ def write_persons(
             )
             path = root / IMAGE_FOLDER / world.file_path(raw_id, serial)
             path.write_bytes(encode_picture(world, pixels))
+        if features:
+            (root / FEATURES_FOLDER).mkdir()
+            for split in split_counts(world):
+                np.save(root / FEATURES_FOLDER / f"{split}_ims.npy", split_features(world, split))
         atomic_write_text(root / ANNOTATION_FILE, json.dumps(annotation_records(world)))
-        atomic_write_text(root / WORLD_FILE, json.dumps(world_record(world), indent=1) + "\n")
+        record = world_record(world, features=features)
+        atomic_write_text(root / WORLD_FILE, json.dumps(record, indent=1) + "\n")
         finish_world(root)
     return world
 
@@ -427,6 +470,7 @@ __all__ = [
     "DEFAULT_SIZES",
     "DEFAULT_TWIN_RATE",
     "DEFAULT_WIDTH",
+    "FEATURES_FOLDER",
     "FIELDS",
     "GROUPS",
     "IMAGE_FOLDER",
@@ -443,6 +487,7 @@ __all__ = [
     "processed_tokens",
     "sample_people",
     "split_counts",
+    "split_features",
     "summary_line",
     "world_record",
     "write_persons",

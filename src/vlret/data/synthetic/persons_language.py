@@ -13,6 +13,7 @@ coat", "a coat in red").
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,9 +68,32 @@ _SUBJECTS = ("a person", "the person", "a pedestrian", "this pedestrian", "someo
 _LATER = (("the person", False), ("this person", False), ("they", True), ("the pedestrian", False))
 
 
-def _word(rng: np.random.Generator, f: str, value: int) -> str:
+@dataclass(frozen=True)
+class CaptionStyle:
+    """How a domain's annotators write (:mod:`~.persons_features`): ``word_weights`` are the
+    relative chances of a value's synonyms in :data:`VOCABULARY` order, its last ``n`` for a
+    value of ``n`` synonyms (``None``: uniform, domain 0); ``subjects`` the phrases a caption
+    opens with (``None``: the grammar's own)."""
+
+    word_weights: tuple[float, ...] | None = None
+    subjects: tuple[str, ...] | None = None
+
+
+#: Domain 0's style: the grammar's uniform synonyms and its subjects.
+DEFAULT_STYLE = CaptionStyle()
+#: Another domain's style: the last synonyms first, other subjects.
+OTHER_STYLE = CaptionStyle(
+    word_weights=(0.1, 0.3, 0.6),
+    subjects=("an individual", "the individual", "a walker", "this figure"),
+)
+
+
+def _word(rng: np.random.Generator, f: str, value: int, style: CaptionStyle) -> str:
     words = VOCABULARY[f][value][1:]
-    return words[int(rng.integers(len(words)))]
+    if style.word_weights is None or len(words) == 1:
+        return words[int(rng.integers(len(words)))]
+    w = np.asarray(style.word_weights[-len(words) :], dtype=float)
+    return words[int(rng.choice(len(words), p=w / w.sum()))]
 
 
 def _article(phrase: str) -> str:
@@ -87,14 +111,18 @@ def _garment(rng, colour: str | None, noun: str, plural: bool) -> str:
 
 
 def _clauses(
-    rng: np.random.Generator, person: dict[str, int], groups: list[str], stated: dict[str, str]
+    rng: np.random.Generator,
+    person: dict[str, int],
+    groups: list[str],
+    stated: dict[str, str],
+    style: CaptionStyle,
 ) -> list[tuple[str, str, str]]:
     """``(participle, singular, plural)`` forms of each clause; records what each states in
     ``stated``."""
 
     def take(f: str) -> str:
         stated[f] = VOCABULARY[f][person[f]][0]
-        return _word(rng, f, person[f])
+        return _word(rng, f, person[f], style)
 
     def fields_of(group: str) -> tuple[str, ...]:
         fields = GROUPS[group]
@@ -149,8 +177,11 @@ def _sentence(words: str) -> str:
     return words[:1].upper() + words[1:] + "."
 
 
-def make_caption(rng: np.random.Generator, person: dict[str, int]) -> tuple[str, dict[str, str]]:
-    """One caption of ``person`` and what it states (field -> canonical value name).
+def make_caption(
+    rng: np.random.Generator, person: dict[str, int], style: CaptionStyle = DEFAULT_STYLE
+) -> tuple[str, dict[str, str]]:
+    """One caption of ``person`` and what it states (field -> canonical value name), in the
+    annotators' ``style`` (a domain's, :mod:`~.persons_features`).
 
     Most captions (60%) mention every attribute group the person has (a group may still state
     only its type or only its colour), the others one to three groups; the first sentence
@@ -163,9 +194,10 @@ def make_caption(rng: np.random.Generator, person: dict[str, int]) -> tuple[str,
     elif rng.random() < 0.5:
         groups = [groups[i] for i in rng.permutation(len(groups))]
     stated: dict[str, str] = {}
-    clauses = _clauses(rng, person, groups, stated)
+    clauses = _clauses(rng, person, groups, stated, style)
     first = 1 + int(rng.integers(len(clauses)))
-    subject = _SUBJECTS[int(rng.integers(len(_SUBJECTS)))]
+    subjects = style.subjects or _SUBJECTS
+    subject = subjects[int(rng.integers(len(subjects)))]
     finite = rng.random() < 0.5  # "A person wearing ..." or "A person is wearing ..."
     head = [c[1] if finite else c[0] for c in clauses[:first]]
     sentences = [_sentence(f"{subject} {_join(head)}")]
@@ -181,4 +213,13 @@ def processed_tokens(caption: str) -> list[str]:
     return re.findall("[a-z]+", caption.lower())
 
 
-__all__ = ["FIELDS", "GROUPS", "VOCABULARY", "make_caption", "processed_tokens"]
+__all__ = [
+    "DEFAULT_STYLE",
+    "FIELDS",
+    "GROUPS",
+    "OTHER_STYLE",
+    "VOCABULARY",
+    "CaptionStyle",
+    "make_caption",
+    "processed_tokens",
+]
