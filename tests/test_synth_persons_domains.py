@@ -123,10 +123,10 @@ def test_another_domains_annotators_prefer_other_words():
         opened = [any(c.startswith(s + " ") for s in subjects) for c in captions]
         assert all(opened) if domain else not any(opened)
         words[domain] = Counter(w for c in captions for w in processed_tokens(c))
-    # colour words: the last synonym is drawn with weight 0.6 against 0.3 and 0.1
-    # (COLOURS' "grey" value reads grey / gray; blond reads blond / blonde / fair)
-    assert words[1]["fair"] > 2 * words[1]["blond"]
-    assert words[0]["fair"] < 2 * words[0]["blond"]
+    # weights (0, 0.25, 0.75) on a value's last three synonyms: blond reads blond / blonde /
+    # fair, so the other annotators never write "blond" and mostly write "fair"
+    assert words[1]["blond"] == 0 and words[1]["fair"] > 2 * words[1]["blonde"] > 0
+    assert words[0]["blond"] > 0
 
 
 def test_feature_files_follow_each_splits_file_order(tmp_path):

@@ -40,7 +40,7 @@ REGIONS, FEATURE_DIM, CONCEPT_DIM, HIDDEN_DIM = 8, 64, 32, 128
 #: Standard deviations: the concept-space jitter (times 1/sqrt(CONCEPT_DIM)) and the output noise.
 JITTER, FEATURE_NOISE = 0.15, 0.1
 #: Weights of the nuisance concepts: the view, the lighting, the domain's camera.
-VIEW_WEIGHT, LIGHT_WEIGHT, CAMERA_WEIGHT = 0.4, 0.8, 0.6
+VIEW_WEIGHT, LIGHT_WEIGHT, CAMERA_WEIGHT = 0.4, 0.8, 1.5
 #: Background concepts (the kinds of non-person region).
 N_BACKGROUND = 12
 #: The captioned parts in region order before the shuffle, and the fields each region shows.

@@ -81,9 +81,10 @@ class CaptionStyle:
 
 #: Domain 0's style: the grammar's uniform synonyms and its subjects.
 DEFAULT_STYLE = CaptionStyle()
-#: Another domain's style: the last synonyms first, other subjects.
+#: Another domain's style: a value's first of three synonyms never, its last most often; other
+#: subjects.
 OTHER_STYLE = CaptionStyle(
-    word_weights=(0.1, 0.3, 0.6),
+    word_weights=(0.0, 0.25, 0.75),
     subjects=("an individual", "the individual", "a walker", "this figure"),
 )
 
