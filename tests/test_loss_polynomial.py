@@ -34,7 +34,7 @@ def _anchors(sim, pos):
     """Each anchor's positive and list of negatives, image anchors then text anchors."""
     s = sim.tolist()
     b = len(s)
-    for rows, match in ((s, pos), ([list(c) for c in zip(*s)], pos.t())):
+    for rows, match in ((s, pos), ([list(c) for c in zip(*s, strict=True)], pos.t())):
         for i in range(b):
             negs = [rows[i][j] for j in range(b) if j != i and not bool(match[i, j])]
             yield i, rows[i][i], negs
@@ -91,7 +91,8 @@ def naive_eq25(sim, *, c1, c2, margin, gamma):
 
 def _sim(b, seed, scale=0.6):
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(b, b, generator=g, dtype=F64) * 2 - 1) * scale + torch.eye(b, dtype=F64) * 0.3
+    noise = (torch.rand(b, b, generator=g, dtype=F64) * 2 - 1) * scale
+    return noise + torch.eye(b, dtype=F64) * 0.3
 
 
 # ----------------------------------------------------------------------------- SSP
@@ -112,8 +113,11 @@ def test_ssp_equals_the_released_loop(seed):
 def test_ssp_some_anchors_are_not_informative_in_the_random_cases():
     # the oracle comparisons above are not vacuous: rows are both kept and dropped
     sim = _sim(7, 0)
-    kept = [i for i, p, negs in _anchors(sim, torch.eye(7, dtype=torch.bool))
-            if any(n + 0.2 > p for n in negs)]
+    kept = [
+        i
+        for i, p, negs in _anchors(sim, torch.eye(7, dtype=torch.bool))
+        if any(n + 0.2 > p for n in negs)
+    ]
     assert 0 < len(kept) < 14
 
 
@@ -209,9 +213,7 @@ def test_rsp_equals_the_naive_loop(seed):
 
 def test_rsp_with_a_constant_weight_is_triplet_hn():
     sim = _sim(8, 5)
-    torch.testing.assert_close(
-        rsp_loss(sim, c1=1.0, c2=0.0), triplet_loss(sim), rtol=0, atol=1e-13
-    )
+    torch.testing.assert_close(rsp_loss(sim, c1=1.0, c2=0.0), triplet_loss(sim), rtol=0, atol=1e-13)
 
 
 def test_rsp_informative_edge():
@@ -227,6 +229,8 @@ def test_rsp_informative_edge():
 
 # ----------------------------------------------------------------------------- tiled == dense
 
+PAIRS = [(ssp_loss, tiled_ssp_loss), (rsp_loss, tiled_rsp_loss)]
+
 
 def _embeddings(b, d, seed):
     g = torch.Generator().manual_seed(seed)
@@ -235,7 +239,7 @@ def _embeddings(b, d, seed):
     return img, txt
 
 
-@pytest.mark.parametrize(("dense", "tiled"), [(ssp_loss, tiled_ssp_loss), (rsp_loss, tiled_rsp_loss)])
+@pytest.mark.parametrize(("dense", "tiled"), PAIRS)
 @pytest.mark.parametrize("chunk", [1, 3, 9])
 @pytest.mark.parametrize("ids", [None, [0, 1, 1, 2, 3, 4, 4, 5, 6]])
 def test_tiled_equals_dense_values_and_gradients(dense, tiled, chunk, ids):
@@ -261,7 +265,7 @@ def test_shards_add_up_to_the_batch(name):
     torch.testing.assert_close(whole, dense, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize(("dense", "tiled"), [(ssp_loss, tiled_ssp_loss), (rsp_loss, tiled_rsp_loss)])
+@pytest.mark.parametrize(("dense", "tiled"), PAIRS)
 def test_gradcheck(dense, tiled):
     sim = _sim(4, 9).requires_grad_(True)
     assert dense(sim.detach()).item() > 0
@@ -270,7 +274,7 @@ def test_gradcheck(dense, tiled):
     assert torch.autograd.gradcheck(lambda x, y: tiled(x, y, chunk_size=3), (img, txt))
 
 
-# ----------------------------------------------------------------------------- Unified Eq. (24)-(25)
+# ----------------------------------------------------------------------------- Unified Eq. 24-25
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -1,4 +1,4 @@
-r"""Polynomial losses of the universal weighting framework (Wei et al.): SSP and RSP, dense and tiled.
+r"""Polynomial losses of the universal weighting framework (Wei et al.): SSP and RSP, tiled too.
 
 **SSP**, the self-similarity polynomial loss (CVPR 2020), in the form its code released
 (wayne980/PolyLoss). Rows of ``sim`` are images. For each image anchor (row ``i``) and then each
