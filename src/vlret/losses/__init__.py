@@ -42,6 +42,16 @@ from .hn_nce import HNNCELoss, hn_nce_loss, tiled_hn_nce_loss
 from .identity import IdentityLoss, identity_loss
 from .infonce import InfoNCELoss, infonce_loss, tiled_infonce_loss
 from .params import LossParams, TiledLossParams, param
+from .polynomial import (
+    RSPLoss,
+    SSPLoss,
+    polynomial_weights,
+    rsp_loss,
+    rsp_unified_loss,
+    ssp_loss,
+    tiled_rsp_loss,
+    tiled_ssp_loss,
+)
 from .registry import (
     available_losses,
     build_loss,
@@ -124,6 +134,14 @@ __all__ = [
     "loss_class",
     "loss_parameters",
     "register_loss",
+    "RSPLoss",
+    "SSPLoss",
+    "polynomial_weights",
+    "rsp_loss",
+    "rsp_unified_loss",
+    "ssp_loss",
+    "tiled_rsp_loss",
+    "tiled_ssp_loss",
     "tiled_adacl_loss",
     "tiled_goal_objective",
     "tiled_infonce_loss",
