@@ -13,6 +13,7 @@ import importlib
 import pkgutil
 
 from ._base import LossCapabilities, PairLoss
+from .aoq import AOQLoss, aoq_loss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
 from .cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
 from .combined import CombinedLoss, CombinedParams
@@ -62,6 +63,8 @@ from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [
     "StepInputs",
+    "AOQLoss",
+    "aoq_loss",
     "AdaCLLoss",
     "adacl_anchor",
     "adacl_loss",
