@@ -140,7 +140,9 @@ class OfflineNegatives:
             ("txt_to_img", self.txt_to_img, n_img),
         ):
             if a.size and (int(a.min()) < 0 or int(a.max()) >= hi):
-                raise _fail(where, f"{name}: indices outside [0, {hi}) (min {a.min()}, max {a.max()})")
+                raise _fail(
+                    where, f"{name}: indices outside [0, {hi}) (min {a.min()}, max {a.max()})"
+                )
         own = np.nonzero(self.txt_to_img[self.i2t] == np.arange(n_img)[:, None])
         if own[0].size:
             i, c = int(own[0][0]), int(self.i2t[own][0])
@@ -213,8 +215,14 @@ class OfflineSampler:
         k = mined.k
         where = mined.path if mined.path is not None else "<offline negatives>"
         candidates = k if candidates is None else candidates
-        if isinstance(candidates, bool) or not isinstance(candidates, int) or not 1 <= candidates <= k:
-            raise ValueError(f"candidates: expected an integer in [1, {k}] ({where}), got {candidates!r}")
+        if (
+            isinstance(candidates, bool)
+            or not isinstance(candidates, int)
+            or not 1 <= candidates <= k
+        ):
+            raise ValueError(
+                f"candidates: expected an integer in [1, {k}] ({where}), got {candidates!r}"
+            )
         counts = np.bincount(mined.txt_to_img, minlength=mined.num_images)
         if captions_per_image is None:
             if counts.size == 0 or counts.min() != counts.max():
@@ -224,9 +232,13 @@ class OfflineSampler:
                 )
             captions_per_image = int(counts[0])
         if isinstance(captions_per_image, bool) or not isinstance(captions_per_image, int):
-            raise ValueError(f"captions_per_image: expected a positive integer, got {captions_per_image!r}")
+            raise ValueError(
+                f"captions_per_image: expected a positive integer, got {captions_per_image!r}"
+            )
         if captions_per_image < 1:
-            raise ValueError(f"captions_per_image: expected a positive integer, got {captions_per_image!r}")
+            raise ValueError(
+                f"captions_per_image: expected a positive integer, got {captions_per_image!r}"
+            )
         self.mined = mined
         self.candidates = candidates
         self.captions_per_image = captions_per_image

@@ -13,8 +13,8 @@ import importlib
 import pkgutil
 
 from ._base import LossCapabilities, PairLoss
-from .aoq import AOQLoss, aoq_loss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
+from .aoq import AOQLoss, aoq_loss
 from .cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
 from .combined import CombinedLoss, CombinedParams
 from .dcl import DCLLoss, dcl_loss, tiled_dcl_loss

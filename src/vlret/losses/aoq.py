@@ -19,7 +19,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._checks import FLAG, MARGIN, POSITIVE, REAL, check_finite, check_reduction
+from .._checks import (
+    FLAG,
+    MARGIN,
+    POSITIVE,
+    REAL,
+    check_embeddings,
+    check_finite,
+    check_reduction,
+)
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index
 from .params import LossParams, param, reduction_param
@@ -193,6 +201,7 @@ class AOQLoss(PairLoss):
             ValueError: A missing offline embedding (named), bad shapes or ids.
         """
         self.check_shard(shard)
+        check_embeddings(img_emb, txt_emb)  # an empty batch is named first, as every loss's
         given = (offline_txt_emb, offline_img_emb, quintuplet_img_emb, quintuplet_txt_emb)
         missing = [n for n, v in zip(OFFLINE_EMBEDDINGS, given, strict=True) if v is None]
         if missing:
@@ -205,18 +214,21 @@ class AOQLoss(PairLoss):
         for name, value in zip(OFFLINE_EMBEDDINGS, given, strict=True):
             if not isinstance(value, torch.Tensor) or value.shape != img_emb.shape:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else value
-                raise ValueError(f"{name}: expected the shape of img_emb {tuple(img_emb.shape)}, got {shape}")
+                raise ValueError(
+                    f"{name}: expected the shape of img_emb {tuple(img_emb.shape)}, got {shape}"
+                )
 
         def scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             if self.normalize:
                 a, b = F.normalize(a, dim=-1, eps=1e-8), F.normalize(b, dim=-1, eps=1e-8)
             return (a * b).sum(dim=-1)
 
+        off_t, off_i, q_i, q_t = (v for v in given if v is not None)  # all four, checked
         offline = {
-            "offline_txt_sim": scores(img_emb, offline_txt_emb),
-            "offline_img_sim": scores(offline_img_emb, txt_emb),
-            "offline_pair_sim": scores(offline_img_emb, offline_txt_emb),
-            "quintuplet_sim": scores(quintuplet_img_emb, quintuplet_txt_emb),
+            "offline_txt_sim": scores(img_emb, off_t),
+            "offline_img_sim": scores(off_i, txt_emb),
+            "offline_pair_sim": scores(off_i, off_t),
+            "quintuplet_sim": scores(q_i, q_t),
         }
         return self.from_similarity(sim, pos_mask=pos_mask, **offline, **inputs)
 

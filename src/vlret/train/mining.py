@@ -66,6 +66,51 @@ def top_k(values: torch.Tensor, k: int, ids: torch.Tensor | None = None):
     return v, out_ids
 
 
+def _padded(values: torch.Tensor, where: torch.Tensor, ids: torch.Tensor, sentinel: int):
+    """The entries ``where`` (``(n, 2)`` row-major (row, column) pairs of ``values``, grouped by
+    row) packed to the left of a ``(rows, widest)`` matrix, ``-inf`` / ``sentinel`` after."""
+    row = where[:, 0]
+    counts = torch.bincount(row, minlength=values.shape[0])
+    col = torch.arange(len(row), device=values.device) - (torch.cumsum(counts, 0) - counts)[row]
+    shape = (values.shape[0], int(counts.max()))
+    pad = torch.full(shape, float("-inf"), dtype=values.dtype, device=values.device)
+    pad_ids = torch.full(shape, sentinel, dtype=torch.long, device=values.device)
+    pad[row, col] = values[row, where[:, 1]]
+    pad_ids[row, col] = ids
+    return pad, pad_ids
+
+
+def rows_top_k(
+    values: torch.Tensor, k: int, ids: torch.Tensor | None = None, *, sample_rank: int = 8
+):
+    """:func:`top_k` of wide rows, exact, through a cheap filter: a threshold per
+    row from a strided sample of its columns (its ``sample_rank``-th best, about ``2k`` entries
+    expected at or above it); rows with at least ``k`` entries at or above their threshold keep
+    only those (every entry of the top ``k``, ties included, is among them), the others are
+    ranked whole."""
+    rows, width = values.shape
+    m = 2 * sample_rank * width // k
+    if m < sample_rank or 2 * m > width:
+        return top_k(values, k, ids)
+    thr = values[:, :: width // m].topk(sample_rank, dim=1).values[:, -1:]
+    passed = values >= thr
+    ok = passed.sum(dim=1) >= k
+    v = torch.empty(rows, k, dtype=values.dtype, device=values.device)
+    bad, good = (~ok).nonzero().squeeze(1), ok.nonzero().squeeze(1)
+    out = torch.empty(rows, k, dtype=torch.long, device=values.device)
+    if len(bad):
+        sub_ids = None if ids is None else ids.index_select(0, bad)
+        v[bad], out[bad] = top_k(values.index_select(0, bad), k, sub_ids)
+    if len(good):
+        sub = values.index_select(0, good)
+        where = passed.index_select(0, good).nonzero()
+        named = where[:, 1] if ids is None else ids.index_select(0, good)[where[:, 0], where[:, 1]]
+        sentinel = width if ids is None else int(ids.max()) + 1
+        pad, pad_ids = _padded(sub, where, named, sentinel)
+        v[good], out[good] = top_k(pad, k, pad_ids)
+    return v, out
+
+
 def check_k(k: int, n_images: int, txt_to_img: torch.Tensor) -> None:
     """``k`` must leave every caption ``k`` other images and every image ``k`` other captions."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -129,7 +174,9 @@ def mine_blocks(
                 )
             rows = torch.arange(t1 - t0, device=dev)
             s[rows, t2img_dev[t0:t1]] = neg_inf  # own positives, in both directions
-            v, ids = top_k(s, k)
+            if bool(torch.isnan(s).any()):
+                raise ValueError(f"the model's scores of captions {t0}:{t1} contain NaN")
+            v, ids = rows_top_k(s, k)
             t2i[t0:t1], t2i_scores[t0:t1] = ids.cpu(), v.cpu()
             _merge_images(best, best_ids, s, t0, n_txt)
             if bar is not None:
@@ -155,21 +202,22 @@ def _merge_images(
     caption id than every kept one, so it loses the tie). Padding is ``-inf`` with the id
     ``sentinel``, as the placeholders."""
     passed = s.t() > best[:, -1:]  # (n_images, c), strict: equal scores keep the earlier ids
-    where = passed.nonzero()  # row-major: grouped by image, captions ascending
-    if where.numel() == 0:
+    n_passed = int(passed.sum())
+    if n_passed == 0:
         return
-    img, cap = where[:, 0], where[:, 1]
-    counts = torch.bincount(img, minlength=best.shape[0])
-    active = counts.nonzero().squeeze(1)
-    slot = torch.empty_like(counts)
+    if n_passed * 8 > passed.numel():  # the first blocks: most entries pass, merge densely
+        ids = torch.arange(t0, t0 + s.shape[0], device=s.device).expand(best.shape[0], -1)
+        merged = torch.cat([best, s.t()], dim=1)
+        v, kept = rows_top_k(merged, best.shape[1], torch.cat([best_ids, ids], dim=1))
+        best.copy_(v)
+        best_ids.copy_(kept)
+        return
+    where = passed.nonzero()  # row-major: grouped by image, captions ascending
+    active = torch.unique_consecutive(where[:, 0])
+    slot = torch.empty(best.shape[0], dtype=torch.long, device=s.device)
     slot[active] = torch.arange(len(active), device=s.device)
-    start = torch.cumsum(counts, 0) - counts
-    col = torch.arange(len(img), device=s.device) - start[img]
-    width = int(counts.max())
-    pad = torch.full((len(active), width), float("-inf"), device=s.device)
-    pad_ids = torch.full((len(active), width), sentinel, dtype=torch.long, device=s.device)
-    pad[slot[img], col] = s[cap, img]
-    pad_ids[slot[img], col] = cap + t0
+    local = torch.stack([slot[where[:, 0]], where[:, 1]], dim=1)
+    pad, pad_ids = _padded(s.t().index_select(0, active), local, where[:, 1] + t0, sentinel)
     merged = torch.cat([best.index_select(0, active), pad], dim=1)
     merged_ids = torch.cat([best_ids.index_select(0, active), pad_ids], dim=1)
     v, ids = top_k(merged, best.shape[1], merged_ids)
