@@ -14,6 +14,7 @@ import pkgutil
 
 from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
+from .aoq import AOQLoss, aoq_loss
 from .cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
 from .combined import CombinedLoss, CombinedParams
 from .dcl import DCLLoss, dcl_loss, tiled_dcl_loss
@@ -72,6 +73,8 @@ from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [
     "StepInputs",
+    "AOQLoss",
+    "aoq_loss",
     "AdaCLLoss",
     "adacl_anchor",
     "adacl_loss",

@@ -1,0 +1,19 @@
+"""Smoke test of benchmarks/bench_mine_negatives.py: its main runs end to end at tiny sizes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mine_negatives.py"
+
+
+def test_bench_mine_negatives_runs_at_tiny_sizes():
+    cmd = [sys.executable, str(SCRIPT), "--images", "40", "--captions", "200", "--dim", "8"]
+    cmd += ["--k", "5", "--block", "64", "--repeats", "1", "--threads", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in ("40 images x 200 captions", "bare GEMM", "mine-negatives", "mining / GEMM rate"):
+        assert needle in out, out
