@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .losses import available_losses, build_loss, loss_capabilities, loss_class, loss_parameters
+from .losses.aoq import OFFLINE_EMBEDDINGS, OFFLINE_SCORES
 from .metrics import coco_5fold_metrics, retrieval_metrics
 
 _OBJECTS = ("dog", "cat", "horse", "bicycle", "kite", "boat", "pizza", "train", "clock", "bench")
@@ -60,6 +61,19 @@ def build_demo_loss(name: str, img_ids: torch.Tensor, seed: int, dim: int) -> nn
     return build_loss(name)
 
 
+def offline_stand_ins(name: str, img: torch.Tensor, txt: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A loss that takes offline negatives besides the batch (AOQ's mined captions and images):
+    the batch's own items shifted by 1-4 rows stand in for them (detached, as a separate encoder
+    pass would give them); no extra inputs for the others."""
+    if loss_capabilities(name).similarity_inputs != OFFLINE_SCORES:
+        return {}
+    sources = (txt, img, img, txt)  # OFFLINE_EMBEDDINGS' order: caption, image, image, caption
+    return {
+        key: torch.roll(emb, 1 + i, 0).detach()
+        for i, (key, emb) in enumerate(zip(OFFLINE_EMBEDDINGS, sources, strict=True))
+    }
+
+
 def loss_rows(
     batch_size: int = 64, dim: int = 128, seed: int = 0
 ) -> list[tuple[str, float, float]]:
@@ -71,7 +85,7 @@ def loss_rows(
         txt.requires_grad_(True)
         loss = build_demo_loss(name, img_ids, seed, dim)
         loss.train()
-        value = loss(img, txt, img_ids=img_ids)
+        value = loss(img, txt, img_ids=img_ids, **offline_stand_ins(name, img, txt))
         value.backward()
         grad_norm = torch.cat([img.grad.flatten(), txt.grad.flatten()]).norm()
         rows.append((name, float(value.detach()), float(grad_norm)))
