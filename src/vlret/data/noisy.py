@@ -5,16 +5,12 @@ The noisy-correspondence benchmarks (NCR, NeurIPS 2021, and its successors) re-p
 of the precomputed training captions with other images and publish the re-pairing as a ``.npy``
 index. Two layouts are released, told apart by their length:
 
-========  ==========================  =================================================
-format    length                      entry ``k``
-========  ==========================  =================================================
-``ncr``   training captions           the image caption ``k`` is paired with; caption
-          (145,000 F30K, 566,435      ``k`` is clean iff the entry is its own image
-          COCO)                       (``k // captions_per_image`` in a precomp folder)
-``decl``  training images             the image used in place of image ``k``: all of
-          (29,000 F30K)               image ``k``'s captions are paired with image
-                                      ``entry[k]``; clean iff ``entry[k] == k``
-========  ==========================  =================================================
+* ``ncr``, one entry per training caption (145,000 F30K, 566,435 COCO): entry ``k`` is the
+  image caption ``k`` is paired with; clean iff it is the caption's own image
+  (``k // captions_per_image`` in a precomp folder);
+* ``decl``, one entry per training image (29,000 F30K): entry ``k`` is the image used in place
+  of image ``k``, so all of image ``k``'s captions are paired with image ``entry[k]``; clean
+  iff ``entry[k] == k``.
 
 NCR's files move single captions (``f30k_precomp_0.2.npy``), DECL's move whole images with all
 their captions (``noise_inx_0.2.npy``): the two papers' "20% noise" are different corruptions
