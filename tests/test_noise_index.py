@@ -433,3 +433,21 @@ def test_validation_and_evaluation_read_the_clean_pairs(noisy_run):
     got = run_evaluation(run / "last.pt", data=root, split="test", protocol="f30k", device="cpu")
     for key, value in want.items():
         assert got.metrics.as_dict()[key] == pytest.approx(value, abs=1e-9), key
+
+
+def test_a_resume_refuses_a_replaced_index_file(tmp_path):
+    """A run resumed in its folder on a data.noise_index file whose content changed would train
+    on other pairs than its checkpoint: refused, naming the recorded file."""
+    root = write_folder(tmp_path / "data")
+    path = save_index(tmp_path / "noise.npy", [0, 2, 1, 3, 4, 5])  # DECL: images 1, 2 swap
+    config = config_from_dict(raw_config(root, tmp_path / "run", noise_index=str(path)))
+    Trainer(config).fit()
+    recorded = np.load(tmp_path / "run" / "noise_index.npy")
+    np.testing.assert_array_equal(recorded, [0, 2, 1, 3, 4, 5])
+    save_index(path, [0, 1, 2, 4, 3, 5])
+    resumed = Trainer(config, resume=tmp_path / "run" / "last.pt")
+    with pytest.raises(RunFolderError, match=r"run/noise_index\.npy: the run was trained with"):
+        resumed.fit()
+    np.testing.assert_array_equal(np.load(tmp_path / "run" / "noise_index.npy"), recorded)
+    save_index(path, [0, 2, 1, 3, 4, 5])  # the same pairs again: the resume goes on
+    Trainer(config, resume=tmp_path / "run" / "last.pt").fit()

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._files import atomic_write, remove_stale_temporaries
@@ -163,7 +164,24 @@ def save_run_files(config: Any, encoder: Any, train_set: Any, folder: Path) -> N
     resolved config), ``vocab.json`` (an encoder with a ``save``: a vocabulary) and, when the
     training pairs were re-paired, ``noise_index.npy`` + ``noise.json``
     (:func:`vlret.data.noisy.save_noise_record`: the applied index, reusable as
-    ``data.noise_index``, and which captions it corrupted)."""
+    ``data.noise_index``, and which captions it corrupted).
+
+    A run resumed in its folder must train on the pairs its checkpoint was trained on: a
+    ``noise_index.npy`` there that differs from the index now applied (the file behind
+    ``data.noise_index`` was replaced) is refused before anything is written."""
+    noise = getattr(train_set, "noise", None)
+    recorded = folder / NOISE_INDEX_FILE
+    if noise is not None and recorded.is_file():
+        try:
+            same = np.array_equal(np.load(recorded, allow_pickle=False), noise.index)
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise RunFolderError(
+                f"{recorded}: the run was trained with this noise index, and the one applied "
+                f"now ({noise.source or 'generated'}) re-pairs other captions; restore the file "
+                "or train into a new output_dir"
+            )
     save_config(config, folder / "config.yaml")
     if hasattr(encoder, "save"):
         encoder.save(folder / "vocab.json")
