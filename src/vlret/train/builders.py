@@ -29,6 +29,7 @@ from ..data import (
     check_features,
     load_hf_tokenizer,
 )
+from ..data.noisy import apply_noise_index, configured_noise
 from ..data.precomp import load_precomp_captions
 from .config import (
     DATA_FORMATS,
@@ -238,6 +239,25 @@ def build_dataset(
         captions_per_image=data.captions_per_image,
     )
     return _first_images(ds, max_images)
+
+
+def build_train_dataset(
+    data: DataConfig, split: str, encoder: Any, *, image_transform: Any = None
+) -> RetrievalDataset:
+    """The training split: :func:`build_dataset`, then the noisy correspondence the config asks
+    for (``data.noise_index`` or ``data.noise_ratio``: :mod:`vlret.data.noisy`). The only
+    builder that applies it, so validation, the test splits and ``vlret eval`` read the clean
+    pairs. The set carries ``corrupted``, ``original_txt_to_img`` and ``noise`` (all False,
+    the pairing itself and None for clean training)."""
+    dataset = build_dataset(data, split, encoder, image_transform=image_transform)
+    noise = configured_noise(
+        dataset,
+        index=data.noise_index,
+        noise_format=data.noise_format,
+        ratio=data.noise_ratio,
+        seed=data.noise_seed,
+    )
+    return apply_noise_index(dataset, noise)
 
 
 def _first_images(ds: RetrievalDataset, max_images: int | None) -> RetrievalDataset:

@@ -128,6 +128,15 @@ class DataConfig:
     # Person search (vlret.data.pedes): the annotation JSON, default the format's file in root;
     # images under image_root (default root/imgs), or features_dir/{split}_ims.npy
     annotations: str | None = None
+    # Noisy correspondence on the training split (vlret.data.noisy; precomp and karpathy only):
+    # noise_index, a released .npy index (NCR's one image per caption or DECL's one per image,
+    # told apart by length; noise_format "ncr" / "decl" where both lengths agree), or, without
+    # one, noise_ratio > 0 generates an index with noise_seed (noise_format "auto" = "ncr").
+    # Dev, test and `vlret eval` always read the clean pairs.
+    noise_index: str | None = None
+    noise_format: str = "auto"
+    noise_ratio: float = 0.0
+    noise_seed: int = 0
 
 
 @dataclass

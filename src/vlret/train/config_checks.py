@@ -177,8 +177,9 @@ def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str
     """MSR-VTT (``data`` a :class:`~vlret.train.config.DataConfig`, whose ``dev_split`` this
     may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
     train and test: no validation unless ``dev_split`` says test. Person search first
-    (:func:`check_person_search`)."""
+    (:func:`check_person_search`), and the noisy-correspondence keys (:func:`check_noise`)."""
     check_person_search(data, raw_data, validate, source)
+    check_noise(data, source)
     experts = data.experts
     if experts is not None and data.format != "msrvtt":
         raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
@@ -205,6 +206,39 @@ def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str
             f"MSR-VTT 1k-A has no {data.dev_split!r} split (only train and test); set "
             "data.dev_split = null (no validation; best.pt is the last epoch)",
         )
+
+
+def check_noise(data: Any, source: str) -> None:
+    """Noisy correspondence on the training split (:mod:`vlret.data.noisy`): ``noise_format``
+    is ``auto``, ``ncr`` or ``decl``; ``noise_ratio`` in ``[0, 1]``; ``noise_seed`` in ``[0,
+    2**32 - 1]`` (``numpy.random.RandomState``'s seeds); a file (``noise_index``) or a ratio,
+    not both; and only the formats with one image per training caption (precomp, karpathy).
+    The file itself is read and checked when the training split is built."""
+    from ..data.noisy import MAX_NOISE_SEED, NOISE_DATA_FORMATS, NOISE_FORMATS
+
+    if data.noise_format not in NOISE_FORMATS:
+        why = f"expected one of {', '.join(NOISE_FORMATS)}, got {data.noise_format!r}"
+        raise ConfigError(source, "data.noise_format", why)
+    if not 0.0 <= data.noise_ratio <= 1.0:
+        why = f"expected a fraction in [0, 1] (0: clean), got {data.noise_ratio!r}"
+        raise ConfigError(source, "data.noise_ratio", why)
+    if not 0 <= data.noise_seed <= MAX_NOISE_SEED:
+        raise _out_of_range(source, "data.noise_seed", data.noise_seed, 0, MAX_NOISE_SEED)
+    if data.noise_index is not None and not data.noise_index.strip():
+        raise ConfigError(source, "data.noise_index", "empty; expected a .npy noise index")
+    if data.noise_index is not None and data.noise_ratio > 0:
+        why = (
+            f"{data.noise_index!r} and data.noise_ratio {data.noise_ratio!r} both given; keep "
+            "one (a released index, or a ratio to generate one)"
+        )
+        raise ConfigError(source, "data.noise_index", why)
+    key = "data.noise_index" if data.noise_index is not None else "data.noise_ratio"
+    if (data.noise_index is not None or data.noise_ratio > 0) and (
+        data.format not in NOISE_DATA_FORMATS
+    ):
+        formats = " or ".join(NOISE_DATA_FORMATS)
+        why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
+        raise ConfigError(source, key, why)
 
 
 #: The dev metrics ``best.pt`` may maximise on every format (``train.select_on``): the
@@ -261,4 +295,5 @@ __all__ = [
     "check_int_ranges",
     "check_model_sizes",
     "check_msrvtt",
+    "check_noise",
 ]

@@ -1,6 +1,7 @@
 """The run folder: what may be written where, and what a resumed run must agree with.
 
-A run folder (``output_dir``) holds :data:`RUN_FILES`. Rules:
+A run folder (``output_dir``) holds :data:`RUN_FILES` (``noise_index.npy`` and ``noise.json``
+only with noisy correspondence: :func:`save_run_files`). Rules:
 
 * an empty ``output_dir``, a path that is a file, or a folder that cannot be written is refused
   before any data is read;
@@ -39,13 +40,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._files import atomic_write, remove_stale_temporaries
+from ..data.noisy import NOISE_INDEX_FILE, NOISE_SUMMARY_FILE, save_noise_record
 from .checkpoint import load_checkpoint, torch_load_quietly
-from .config import ConfigError, config_from_dict
+from .config import ConfigError, config_from_dict, save_config
 
-RUN_FILES = ("config.yaml", "vocab.json", "metrics.jsonl", "last.pt", "best.pt")
+RUN_FILES = (
+    "config.yaml",
+    "vocab.json",
+    NOISE_INDEX_FILE,
+    NOISE_SUMMARY_FILE,
+    "metrics.jsonl",
+    "last.pt",
+    "best.pt",
+)
 
 #: Dotted config keys (a section name covers all its keys) that a resumed run cannot change.
 FROZEN_KEYS = (
@@ -69,6 +80,10 @@ FROZEN_KEYS = (
     "data.captions_per_image",
     "data.captions_per_video",
     "data.protocol",
+    "data.noise_index",
+    "data.noise_format",
+    "data.noise_ratio",
+    "data.noise_seed",
 )
 
 #: The keys of a ``data.format = "webdataset"`` run that its epoch order depends on (the
@@ -142,6 +157,35 @@ def prepare_run_folder(
             (folder / name).unlink()
     remove_stale_temporaries(folder, RUN_FILES)
     return folder
+
+
+def save_run_files(config: Any, encoder: Any, train_set: Any, folder: Path) -> None:
+    """What a run folder records of the run's setup when training starts: ``config.yaml`` (the
+    resolved config), ``vocab.json`` (an encoder with a ``save``: a vocabulary) and, when the
+    training pairs were re-paired, ``noise_index.npy`` + ``noise.json``
+    (:func:`vlret.data.noisy.save_noise_record`: the applied index, reusable as
+    ``data.noise_index``, and which captions it corrupted).
+
+    A run resumed in its folder must train on the pairs its checkpoint was trained on: a
+    ``noise_index.npy`` there that differs from the index now applied (the file behind
+    ``data.noise_index`` was replaced) is refused before anything is written."""
+    noise = getattr(train_set, "noise", None)
+    recorded = folder / NOISE_INDEX_FILE
+    if noise is not None and recorded.is_file():
+        try:
+            same = np.array_equal(np.load(recorded, allow_pickle=False), noise.index)
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise RunFolderError(
+                f"{recorded}: the run was trained with this noise index, and the one applied "
+                f"now ({noise.source or 'generated'}) re-pairs other captions; restore the file "
+                "or train into a new output_dir"
+            )
+    save_config(config, folder / "config.yaml")
+    if hasattr(encoder, "save"):
+        encoder.save(folder / "vocab.json")
+    save_noise_record(train_set, folder)
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:

@@ -45,6 +45,7 @@ from .builders import (
     build_encoder,
     build_optimizer,
     build_run_model,
+    build_train_dataset,
     check_model_config,
     check_split_features,
     encoder_state,
@@ -57,7 +58,7 @@ from .checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from .config import ConfigError, RunConfig, save_config
+from .config import ConfigError, RunConfig
 from .config_checks import selection_metric
 from .config_hooks import config_hooks
 from .distributed import (
@@ -83,6 +84,7 @@ from .run_folder import (
     prepare_run_folder,
     read_state,
     restore_best,
+    save_run_files,
 )
 from .run_lock import RunLock, acquire_run_lock
 from .run_log import (
@@ -199,7 +201,7 @@ class Trainer:
         transform = getattr(self.model, "image_transform", None)
         validates = bool(tc.validate and config.data.dev_split and self.is_main)
         self.train_set, self.dev_set = build_image_sets(  # webdataset / csv, augmentation
-            config, self.encoder, transform, env=self.env, dev=validates, other=build_dataset
+            config, self.encoder, transform, env=self.env, dev=validates, other=build_train_dataset
         )
         if validates and config.data.dev_split and config.data.format not in IMAGE_FORMATS:
             self.dev_set = build_dataset(
@@ -463,9 +465,7 @@ class Trainer:
             self.print_fn(run_summary(self))
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.config, self.output_dir / "config.yaml")
-            if hasattr(self.encoder, "save"):
-                self.encoder.save(self.output_dir / "vocab.json")
+            save_run_files(self.config, self.encoder, self.train_set, self.output_dir)
         last = self.output_dir / "last.pt"
         # Without a dev set (validate off, dev_split null, MSR-VTT 1k-A) best.pt = last epoch.
         best_path: Path | None = self.output_dir / "best.pt"
