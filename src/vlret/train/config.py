@@ -246,6 +246,11 @@ class TrainConfig:
     #: format's default, ``"t2i_R1"`` on the person-search formats (IRRA selects on R@1),
     #: ``"rsum"`` otherwise. A resumed run keeps the checkpoint's.
     select_on: str | None = None
+    #: The training procedure (:mod:`vlret.train.procedures`): ``"standard"`` (one model, the
+    #: loss of each batch) or a registered one (two co-trained networks, a meta step, offline
+    #: negatives); ``procedure_options`` are its settings, checked by the procedure.
+    procedure: str = "standard"
+    procedure_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -61,6 +61,29 @@ StepLoss = tuple[torch.Tensor, torch.Tensor, dict[str, Any]]
 class LossStep:
     """The loss of one local batch on a :class:`~vlret.train.Trainer` (see the module doc)."""
 
+    #: The name :mod:`vlret.train.procedures` registers the procedure under.
+    name = "standard"
+
+    def hooks(self, trainer: Any) -> list[Any]:
+        """Training hooks the procedure needs (:class:`~vlret.train.hooks.TrainHook`; a
+        per-epoch pass over the training set, a second optimiser's step), added after the
+        config's hooks. The standard step needs none."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the procedure holds besides the trainer's own state (a checkpoint's
+        ``procedure``): a second network and its optimiser, a weighting network. ``{}`` for
+        the standard step, which holds nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` on a resume; the standard step accepts only ``{}``."""
+        if state:
+            raise ValueError(
+                f"the checkpoint holds the state of another training procedure "
+                f"({', '.join(sorted(state))}); this run's procedure is {self.name!r}"
+            )
+
     def __call__(self, trainer: Trainer, batch: Any) -> StepLoss:
         if trainer.scores_pairs:
             return self.pair_loss(trainer, batch)

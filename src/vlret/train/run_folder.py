@@ -72,6 +72,8 @@ FROZEN_KEYS = (
     "train.freeze_bn",
     "train.lock",
     "train.drop_last",
+    "train.procedure",
+    "train.procedure_options",
     "data.format",
     "data.train_split",
     "data.vocab",

@@ -48,16 +48,9 @@ from .builders import (
     build_train_dataset,
     check_model_config,
     check_split_features,
-    encoder_state,
     vocab_size,
 )
-from .checkpoint import (
-    CHECKPOINT_VERSION,
-    best_selection,
-    capture_rng_state,
-    restore_rng_state,
-    save_checkpoint,
-)
+from .checkpoint import save_checkpoint
 from .config import ConfigError, RunConfig
 from .config_checks import selection_metric
 from .config_hooks import config_hooks
@@ -76,30 +69,28 @@ from .loss_builder import build_run_loss
 from .loss_step import LossStep, StepLoss
 from .optim_groups import set_group_weight_decay
 from .pair_scoring import pair_dev_metrics, scores_pairs
+from .procedures import build_procedure
 from .run_folder import (
-    RunFolderError,
     check_resume_config,
     check_select_on,
     check_stream_resume,
     prepare_run_folder,
     read_state,
-    restore_best,
     save_run_files,
 )
 from .run_lock import RunLock, acquire_run_lock
 from .run_log import (
     LOG_FILE,
     append_record,
-    copy_log,
     epoch_line,
     epoch_record,
     run_summary,
     selected_value,
     step_record,
-    truncate_log,
 )
 from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
 from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
+from .trainer_state import TrainerState
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -110,7 +101,7 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.checkpoint = checkpoint
 
 
-class Trainer:
+class Trainer(TrainerState):
     """Builds everything from a :class:`RunConfig` and runs :meth:`fit`, calling its hooks
     (:mod:`.hooks`) at fixed points; a step hands the loss one :class:`~vlret.losses.StepInputs`."""
 
@@ -241,12 +232,12 @@ class Trainer:
             self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self._autocast
         )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self.loss_step = LossStep() if loss_step is None else loss_step
+        self.loss_step = build_procedure(config) if loss_step is None else loss_step
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
         #: The config's hooks (:mod:`.config_hooks`), then the caller's, in call order.
-        self.hooks = HookList([*config_hooks(self), *hooks])
+        self.hooks = HookList([*config_hooks(self), *self.loss_step.hooks(self), *hooks])
         groups = param_groups(self, self.hooks)
         optimizer = build_optimizer(config.optim, groups)
         self.optimizer = set_group_weight_decay(optimizer, groups)  # optim.no_decay's groups
@@ -274,74 +265,7 @@ class Trainer:
             assert resume is not None  # resume_state was read from it
             self._load(resume, resume_state)
 
-    # -- checkpoints -------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": CHECKPOINT_VERSION,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "loss": self.loss_fn.state_dict(),
-            "momentum_encoder": (
-                self.momentum_encoder.state_dict() if self.momentum_encoder is not None else None
-            ),
-            "rng": capture_rng_state(),
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "step": self.step,
-            "select_on": self.select_on,
-            "best_metric": self.best_metric,
-            "best_rsum": self.best_rsum,
-            "best_epoch": self.best_epoch,
-            "epoch_loss_sum": self.epoch_loss_sum,
-            "epoch_batches": self.epoch_batches,
-            "epoch_skipped": self.epoch_skipped,
-            "world_size": self.world,
-            "config": self.config.to_dict(),
-            "encoder": encoder_state(self.encoder, self.config),
-            "vocab_size": self.vocab_size,
-        }
-
-    def _load(self, path: str | Path, state: dict[str, Any]) -> None:
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            if state.get("scaler"):
-                self.scaler.load_state_dict(state["scaler"])
-            self.loss_fn.load_state_dict(state["loss"])
-        except (RuntimeError, KeyError, ValueError) as err:  # e.g. another vocabulary size
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RunFolderError(f"{path}: does not fit this run's model ({first})") from None
-        if self.momentum_encoder is not None:
-            if state.get("momentum_encoder") is None:
-                raise ValueError(f"{path}: holds no momentum encoder but the config uses one")
-            self.momentum_encoder.load_state_dict(state["momentum_encoder"])
-        restore_rng_state(state["rng"])
-        self.epoch = int(state["epoch"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
-        self.step = int(state["step"])
-        self.best_metric = best_selection(state)[1]  # check_select_on: the same metric
-        self.best_epoch = state.get("best_epoch")
-        self.epoch_loss_sum = float(state["epoch_loss_sum"])
-        self.epoch_batches = int(state["epoch_batches"])
-        self.epoch_skipped = int(state.get("epoch_skipped", 0))
-        if self.is_main:
-            log = self.output_dir / LOG_FILE
-            source_log = Path(path).parent / LOG_FILE
-            if not log.exists() and source_log.is_file():  # resumed into another folder
-                copy_log(source_log, log)
-            truncate_log(log, step=self.step, epoch=self.epoch)
-            note = restore_best(path, state, self.output_dir)
-            if note and self.print_fn is not None:
-                self.print_fn(note)
-
-    @property
-    def best_rsum(self) -> float | None:
-        """The best dev rsum when ``best.pt`` is selected on rsum, else ``None``."""
-        return self.best_metric if self.select_on == "rsum" else None
+    # -- checkpoints (state_dict and _load: TrainerState) ----------------------------------
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:
