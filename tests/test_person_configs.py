@@ -56,6 +56,7 @@ def test_fine_tuning_configs_carry_irras_settings(name):
         ["bias"],
     )
     assert (o.schedule, o.grad_clip, t.epochs, t.batch_size) == ("cosine", 0.0, 60, 64)
+    assert o.eps == 1e-3  # IRRA's solver/build.py: Adam(..., eps=1e-3)
     assert o.warmup_steps == 5 * (TRAIN_CAPTIONS[data] // 64)  # IRRA's 5 warm-up epochs
     assert o.lr_multipliers == ({"loss": 5.0} if "id" in cfg.loss.name.split("+") else {})
     # ICFG-PEDES has no validation split: no selection at all, never silently the test split

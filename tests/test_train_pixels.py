@@ -411,3 +411,15 @@ def test_compile_gives_the_same_loss_and_gradients():
     bad = SimpleNamespace(lock=[], activation_checkpointing=False, compile="nope")
     with pytest.raises(ConfigError, match=r"train\.compile: unknown torch\.compile backend"):
         prepare_model(nn.Linear(1, 1), bad)  # type: ignore[arg-type]
+
+
+def test_optim_eps_is_adams_denominator_term():
+    """Adam's first step is ``lr * g / (|g| + eps)``: IRRA's eps 1e-3 halves a 1e-3 gradient's
+    step, torch's default 1e-8 leaves it at ``lr``."""
+    for eps, want in ((1e-3, 0.5), (1e-8, 1e-3 / (1e-3 + 1e-8))):
+        p = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+        opt = build_optimizer(OptimConfig(name="adam", lr=0.1, eps=eps), [p])
+        assert opt.param_groups[0]["eps"] == eps
+        p.grad = torch.full_like(p, 1e-3)
+        opt.step()
+        torch.testing.assert_close(p.detach(), torch.full_like(p, -0.1 * want), rtol=1e-12, atol=0)

@@ -309,7 +309,9 @@ def build_optimizer(
     if optim.name in ("adam", "adamw"):
         kind = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
         betas = cast("tuple[float, float]", tuple(optim.betas))  # two (config_from_dict)
-        return kind(groups, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay)
+        return kind(
+            groups, lr=optim.lr, betas=betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
     return torch.optim.SGD(
         groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
     )

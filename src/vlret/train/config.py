@@ -157,7 +157,8 @@ class OptimConfig:
     ``schedule``: ``"step"`` (the above) or ``"cosine"`` (open_clip's, over the run's steps:
     :class:`vlret.train.schedule.CosineWarmup`). ``no_decay``: patterns of the parameters without
     weight decay; ``None``: open_clip's rule with ``adamw``, none otherwise
-    (:mod:`vlret.train.optim_groups`).
+    (:mod:`vlret.train.optim_groups`). ``eps``: Adam's / AdamW's denominator term (torch's
+    1e-8; IRRA's Adam uses 1e-3); unused by ``sgd``.
     """
 
     name: str = "adam"
@@ -173,6 +174,7 @@ class OptimConfig:
     lr_multipliers: dict[str, float] = field(default_factory=dict)
     schedule: str = "step"
     no_decay: list[str] | None = None
+    eps: float = 1e-8
 
 
 @dataclass
@@ -441,6 +443,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
         why = f"expected two numbers in [0, 1), got {optim.betas!r}"
         raise ConfigError(source, "optim.betas", why)
+    if not (isinstance(optim.eps, int | float) and 0.0 < float(optim.eps) < 1.0):
+        raise ConfigError(source, "optim.eps", f"expected a number in (0, 1), got {optim.eps!r}")
     _check_at_least(
         optim, "optim", source, weight_decay=0.0, momentum=0.0, warmup_steps=0, decay_every=0
     )
