@@ -26,7 +26,9 @@ def mined_file(tmp_path, *, k=4, seed=0, txt_to_img=None):
     """A mined .npz of the tiny train split from random embeddings (its own positives out)."""
     g = torch.Generator().manual_seed(seed)
     t2i = torch.arange(8).repeat_interleave(CPI) if txt_to_img is None else txt_to_img
-    mined = mine_embeddings(torch.randn(8, 6, generator=g), torch.randn(40, 6, generator=g), t2i, k=k)
+    mined = mine_embeddings(
+        torch.randn(8, 6, generator=g), torch.randn(40, 6, generator=g), t2i, k=k
+    )
     header = {**mined.header, "checkpoint": "first.pt", "split": "train"}
     arrays = (mined.i2t, mined.t2i, mined.i2t_scores, mined.t2i_scores, mined.txt_to_img)
     return OfflineNegatives(*arrays, header).save(tmp_path / f"neg{seed}.npz")
@@ -151,17 +153,26 @@ def test_the_pair_step_scores_the_offline_pairs_as_the_model_does():
     lengths = torch.tensor([4, 2, 5, 1, 3, 5, 2])
     words = model.encode_texts(torch.randint(1, 20, (7, 5)), lengths)
     full = model.score(regions, words, lengths).diagonal()
-    one = torch.stack([model.score(regions[i : i + 1], words[i : i + 1], lengths[i : i + 1])[0, 0] for i in range(7)])
+    one = torch.stack(
+        [
+            model.score(regions[i : i + 1], words[i : i + 1], lengths[i : i + 1])[0, 0]
+            for i in range(7)
+        ]
+    )
     torch.testing.assert_close(full, one, rtol=0, atol=1e-12)  # each pair alone
     for block in (1, 3, 16):
-        torch.testing.assert_close(aligned_scores(model, regions, words, lengths, block), one, rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            aligned_scores(model, regions, words, lengths, block), one, rtol=0, atol=1e-12
+        )
 
 
 # ------------------------------------------------------------------------- end to end
 
 
 def _params_moved(before, after):
-    return any(not torch.equal(before[k], after[k]) for k in before if before[k].is_floating_point())
+    return any(
+        not torch.equal(before[k], after[k]) for k in before if before[k].is_floating_point()
+    )
 
 
 def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_path, data):
@@ -204,7 +215,9 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
     assert set(seen[0][1]) == {"aoq_weight_txt", "aoq_weight_img", "aoq_weight_negative"}
     assert _params_moved(before, model_params(whole.model))
     state = torch.load(tmp_path / "whole" / "last.pt", weights_only=False)
-    assert state["procedure"] == {} and state["config"]["data"]["offline_negatives"] == str(negatives)
+    assert state["procedure"] == {} and state["config"]["data"]["offline_negatives"] == str(
+        negatives
+    )
 
     # killed mid-epoch 1 after a checkpoint at step 6, then resumed: the same weights
     class Kill(TrainHook):
@@ -216,7 +229,9 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         cut.fit()
     cut.close()
-    resumed = Trainer(config(tmp_path / "cut", "train.checkpoint_every=3"), resume=tmp_path / "cut" / "last.pt")
+    resumed = Trainer(
+        config(tmp_path / "cut", "train.checkpoint_every=3"), resume=tmp_path / "cut" / "last.pt"
+    )
     assert (resumed.epoch, resumed.batch_in_epoch) == (1, 1)
     resumed.fit()
     assert_same_params(model_params(resumed.model), model_params(whole.model))
@@ -224,12 +239,25 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
 
 def test_bfan_trains_one_aoq_epoch_with_its_pair_scores(tmp_path, data):
     raw = aoq_raw(data, tmp_path / "run", mined_file(tmp_path))
-    raw["model"] = {"kind": "bfan", "embed_dim": 8, "image": {"in_dim": 16}, "text": {"word_dim": 4}}
+    raw["model"] = {
+        "kind": "bfan",
+        "embed_dim": 8,
+        "image": {"in_dim": 16},
+        "text": {"word_dim": 4},
+    }
     raw["train"].update(epochs=1, validate=False, max_steps_per_epoch=2)
     raw["train"]["procedure_options"] = {"pair_block": 3}
     trainer = Trainer(config_from_dict(raw))
     trainer.train_set.set_seed(0)
-    batch = next(iter(DataLoader(trainer.train_set, batch_sampler=[list(range(8))], collate_fn=trainer.train_set.collate)))
+    batch = next(
+        iter(
+            DataLoader(
+                trainer.train_set,
+                batch_sampler=[list(range(8))],
+                collate_fn=trainer.train_set.collate,
+            )
+        )
+    )
     _, loss, ctx = trainer.compute_loss(batch)
     # the oracle: every score from full score matrices of separately encoded items, float64
     model = trainer.model
@@ -262,7 +290,11 @@ def test_bfan_trains_one_aoq_epoch_with_its_pair_scores(tmp_path, data):
     "change, key, words",
     [
         ({"loss": {"name": "triplet"}}, "data.offline_negatives", 'only read by loss.name = "aoq"'),
-        ({"data": {"offline_negatives": None}}, "data.offline_negatives", 'required by loss.name = "aoq"'),
+        (
+            {"data": {"offline_negatives": None}},
+            "data.offline_negatives",
+            'required by loss.name = "aoq"',
+        ),
         ({"data": {"offline_candidates": 0}}, "data.offline_candidates", "positive number"),
         ({"train": {"procedure": "ncr"}}, "train.procedure", 'trains with the "aoq" procedure'),
         ({"train": {"grad_cache_chunk": 2}}, "train.grad_cache_chunk", "one pass"),

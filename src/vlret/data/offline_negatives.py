@@ -34,9 +34,9 @@ offline image (``n2`` uniform over its captions) and the image of the offline ca
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -388,7 +388,9 @@ class OfflineNegativesDataset:
         index = int(item.cap_index)
         d = self.draw(index)
         base = self.base
-        offline = RetrievalItem(self._image(d.image, index, 1), base.caption(d.caption), d.image, d.caption)
+        offline = RetrievalItem(
+            self._image(d.image, index, 1), base.caption(d.caption), d.image, d.caption
+        )
         quint = RetrievalItem(
             self._image(d.caption_image, index, 2),
             base.caption(d.image_caption),
@@ -411,11 +413,17 @@ class OfflineNegativesDataset:
 
 def _rows(batch: RetrievalBatch, start: int, stop: int) -> RetrievalBatch:
     """Rows ``start:stop`` of a collated batch (captions keep its padded width)."""
+
+    def cut(value: Any) -> Any:
+        return None if value is None else value[start:stop]
+
     return RetrievalBatch(
-        *(
-            None if v is None else v[start:stop]
-            for v in (getattr(batch, f) for f in batch.__dataclass_fields__)
-        )
+        cut(batch.features),
+        cut(batch.captions),
+        cut(batch.lengths),
+        cut(batch.img_index),
+        cut(batch.cap_index),
+        cut(batch.identity),
     )
 
 

@@ -33,7 +33,7 @@ clamps nor detaches them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +86,7 @@ class AOQStep(LossStep):
             kind = trainer.config.model.get("kind")
             if kind not in OFFLINE_PAIR_KINDS:
                 raise ValueError(
-                    f'model.kind {kind!r}: AOQ scores the offline pairs of a pair-scoring '
+                    f"model.kind {kind!r}: AOQ scores the offline pairs of a pair-scoring "
                     f"model with {' or '.join(OFFLINE_PAIR_KINDS)} only"
                 )
             if trainer.world > 1:
@@ -147,7 +147,7 @@ class AOQStep(LossStep):
         matrix and the four aligned offline scores from the model's ``score``."""
         from ..models.text import check_captions
 
-        model = unwrap_model(trainer.ddp_model)
+        model: Any = unwrap_model(trainer.ddp_model)
         n = len(batch.img_index)
         offline = batch.offline
         assert offline is not None  # __call__ checked it
@@ -155,14 +155,14 @@ class AOQStep(LossStep):
         with trainer._autocast():
             if joined is not None:
                 regions = model.encode_images(joined.features)
-                caps, lengths = check_captions(joined.captions, joined.lengths)
+                caps, lengths = check_captions(cast(torch.Tensor, joined.captions), joined.lengths)
                 words = model.encode_texts(caps, lengths)
                 rows = model.token_lengths(lengths).to(words.device)
                 parts = [(regions[:n], words[:n], rows[:n]), (regions[n:], words[n:], rows[n:])]
             else:
                 parts = []
                 for b in (batch, offline):
-                    caps, lengths = check_captions(b.captions, b.lengths)
+                    caps, lengths = check_captions(cast(torch.Tensor, b.captions), b.lengths)
                     words = model.encode_texts(caps, lengths)
                     rows = model.token_lengths(lengths).to(words.device)
                     parts.append((model.encode_images(b.features), words, rows))

@@ -280,8 +280,11 @@ def with_offline_negatives(data: DataConfig, dataset: RetrievalDataset, split: s
     """
     from ..data.offline_negatives import OfflineNegativesDataset, load_offline_negatives
 
+    path = data.offline_negatives
+    if path is None:
+        raise ValueError("data.offline_negatives: not set")
     mined = load_offline_negatives(
-        data.offline_negatives,
+        path,
         num_images=dataset.num_images,
         num_captions=dataset.num_captions,
         txt_to_img=dataset.txt_to_img,
@@ -291,7 +294,7 @@ def with_offline_negatives(data: DataConfig, dataset: RetrievalDataset, split: s
     if n is not None and n > mined.k:
         raise ValueError(
             f"data.offline_candidates: {n} is more than the {mined.k} candidates per item of "
-            f"{data.offline_negatives} (set it to at most {mined.k}, or null for all)"
+            f"{path} (set it to at most {mined.k}, or null for all)"
         )
     counts = torch.bincount(torch.as_tensor(dataset.txt_to_img), minlength=dataset.num_images)
     per_image = data.captions_per_image if int(counts.min()) != int(counts.max()) else None

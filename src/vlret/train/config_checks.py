@@ -258,7 +258,9 @@ OFFLINE_REFUSED_KINDS = {
 }
 
 
-def check_offline_negatives(data: Any, loss: Any, model: dict[str, Any], train: Any, source: str) -> None:
+def check_offline_negatives(
+    data: Any, loss: Any, model: dict[str, Any], train: Any, source: str
+) -> None:
     """AOQ's keys (:mod:`vlret.data.offline_negatives`, docs/aoq.md): ``data.offline_negatives``
     and ``loss.name = "aoq"`` go together (each refused without the other, naming both keys);
     ``data.offline_candidates`` is a positive integer or None; the data format has one image
@@ -268,7 +270,7 @@ def check_offline_negatives(data: Any, loss: Any, model: dict[str, Any], train: 
     and checked against the training split when that split is built."""
     path, aoq = data.offline_negatives, loss.name == "aoq"
     if path is not None and not aoq:
-        why = f"{path!r} is only read by loss.name = \"aoq\" (the loss is {loss.name!r})"
+        why = f'{path!r} is only read by loss.name = "aoq" (the loss is {loss.name!r})'
         raise ConfigError(source, "data.offline_negatives", why)
     if path is None and aoq:
         why = (
