@@ -61,6 +61,10 @@ class RetrievalBatch:
     ``img_index`` gives the in-batch positives (two captions of one image share it), unless
     ``identity`` is set: person-search data sets give each item its person's training identity
     (``0..N-1``), and every pair of the same person is then a positive.
+    ``offline`` (AOQ's training set, :class:`vlret.data.offline_negatives.OfflineNegativesDataset`)
+    is the batch of each item's offline negatives, ``2B`` items interleaved: row ``2i`` pairs
+    item ``i``'s offline negative image ``I'_i`` with its offline negative caption ``T'_i``, row
+    ``2i + 1`` the quintuplet pair ``(I''_i, T''_i)``; ``None`` elsewhere.
     """
 
     features: torch.Tensor | ExpertBatch | PixelBatch | list[Any]
@@ -69,12 +73,15 @@ class RetrievalBatch:
     img_index: torch.Tensor
     cap_index: torch.Tensor
     identity: torch.Tensor | None = None
+    offline: RetrievalBatch | None = None
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> RetrievalBatch:
         """A copy with every tensor moved to ``device`` (lists stay as they are); uint8
         images (a :class:`~vlret.data.pixel_batch.PixelBatch`) arrive normalised to float32."""
 
         def move(t):
+            if isinstance(t, RetrievalBatch):  # AOQ's offline negatives
+                return t.to(device, non_blocking=non_blocking)
             if isinstance(t, PixelBatch):
                 return t.to(device, non_blocking=non_blocking).normalised()
             if isinstance(t, torch.Tensor | ExpertBatch):
@@ -86,16 +93,19 @@ class RetrievalBatch:
     def chunks(self, size: int) -> list[RetrievalBatch]:
         """Consecutive sub-batches of at most ``size`` items (gradient caching encodes them one
         at a time). Captions keep the batch's padded width, so a chunk encodes each item exactly
-        as the whole batch does."""
+        as the whole batch does; an ``offline`` batch is cut with its items (two rows each)."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
 
-        def part(value, i):
-            return None if value is None else value[i : i + size]
+        def part(value, start, stop):
+            if isinstance(value, RetrievalBatch):  # AOQ's offline negatives: two rows per item
+                rows = [getattr(value, f) for f in value.__dataclass_fields__]
+                return RetrievalBatch(*(part(v, 2 * start, 2 * stop) for v in rows))
+            return None if value is None else value[start:stop]
 
         fields = [getattr(self, f) for f in self.__dataclass_fields__]
         return [
-            RetrievalBatch(*(part(v, i) for v in fields))
+            RetrievalBatch(*(part(v, i, i + size) for v in fields))
             for i in range(0, len(self.img_index), size)
         ]
 

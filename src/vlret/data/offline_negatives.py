@@ -34,6 +34,7 @@ offline image (``n2`` uniform over its captions) and the image of the offline ca
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,6 +42,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._files import atomic_write
+from .dataset import RetrievalBatch, RetrievalItem
+from .transforms import sample_generator
 
 #: The ``format`` of the header, and the version of the layout above.
 FORMAT = "vlret-offline-negatives"
@@ -250,7 +253,9 @@ class OfflineSampler:
     def draw(self, index: int, rng: np.random.Generator) -> OfflineDraw:
         """The offline negatives of training caption ``index``: ``n = rng.integers(candidates)``
         picks the caption ``i2t[img][n]`` and the image ``t2i[index][n // captions_per_image]``;
-        then ``rng.integers(c)`` picks one of the offline image's ``c`` captions."""
+        then ``rng.integers(c)`` picks one of the offline image's ``c`` captions. An image
+        without a caption of its own (possible under a noisy pairing) takes the release's
+        ``image * captions_per_image + rng.integers(captions_per_image)``."""
         m = self.mined
         if not 0 <= index < m.num_captions:
             raise ValueError(f"index: expected a caption in [0, {m.num_captions}), got {index!r}")
@@ -259,8 +264,167 @@ class OfflineSampler:
         caption = int(m.i2t[img, n])
         image = int(m.t2i[index, n // self.captions_per_image])
         first, stop = int(self._first[image]), int(self._first[image + 1])
-        image_caption = int(self._captions[first + int(rng.integers(stop - first))])
+        if stop > first:
+            image_caption = int(self._captions[first + int(rng.integers(stop - first))])
+        else:  # no caption of its own (a noisy pairing): the release's image * cpi + n2
+            slot = image * self.captions_per_image + int(rng.integers(self.captions_per_image))
+            image_caption = min(slot, m.num_captions - 1)
         return OfflineDraw(caption, image, image_caption, int(m.txt_to_img[caption]))
+
+
+#: The last entry of a draw's seed key: keeps AOQ's draws apart from the augmentation's, whose
+#: key is ``(seed, epoch, index)`` (:mod:`vlret.data.transforms`).
+DRAW_STREAM = 0x414F51  # "AOQ"
+
+
+def draw_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of training caption ``index``'s draw in ``epoch`` of a run seeded ``seed``:
+    ``numpy.random.default_rng([seed, epoch, index, DRAW_STREAM])`` (each entry modulo
+    ``2**64``). A function of these three alone, so the draws are the same whatever the number
+    of DataLoader workers, the batch order or a resume."""
+    return sample_generator((seed, epoch, index, DRAW_STREAM))
+
+
+class OfflineItem(NamedTuple):
+    """A training item with its offline negatives (:class:`OfflineNegativesDataset`).
+
+    Attributes:
+        item: The caption's own item (image features, caption, indices).
+        offline: ``(I'_i, T'_i)``: the offline negative image and caption, as one item whose
+            ``img_index`` / ``cap_index`` are theirs (not a positive pair).
+        quintuplet: ``(I''_i, T''_i)``: the image of ``T'_i`` and a caption of ``I'_i``.
+        draw: The four indices (:class:`OfflineDraw`).
+    """
+
+    item: RetrievalItem
+    offline: RetrievalItem
+    quintuplet: RetrievalItem
+    draw: OfflineDraw
+
+
+class OfflineNegativesDataset:
+    """A training set whose items also carry their AOQ offline negatives.
+
+    Item ``index`` is the base set's item plus, from ``sampler``'s released draw
+    (:meth:`OfflineSampler.draw`) with the generator :func:`draw_generator` ``(seed, epoch,
+    index)``, the items ``(I'_i, T'_i)`` and ``(I''_i, T''_i)`` (:class:`OfflineItem`);
+    :meth:`collate` gives a :class:`~vlret.data.RetrievalBatch` of the items whose ``offline``
+    is the ``2B`` offline rows, interleaved (row ``2i``: ``(I'_i, T'_i)``, row ``2i + 1``:
+    ``(I''_i, T''_i)``). Every caption of the ``3B`` rows is padded to one width, so the two
+    batches concatenate into one forward. The base set's augmentation, when set, also serves
+    the offline images (keys ``(seed, epoch, index, 1)`` and ``(..., 2)``).
+
+    Everything else (``txt_to_img``, ``captions``, ``corrupted``, :meth:`images`, ...) is the
+    base set's: reading and setting an attribute reach it.
+
+    Args:
+        base: The training split (one item per caption, ``txt_to_img``).
+        sampler: The draw over a mined file checked against ``base``
+            (:func:`load_offline_negatives` with its sizes and ``txt_to_img``).
+        seed: The run's seed (``train.seed``); ``None`` until :meth:`set_seed`.
+
+    Raises:
+        ValueError: ``sampler`` was mined on another number of captions.
+    """
+
+    def __init__(self, base: Any, sampler: OfflineSampler, *, seed: int | None = None) -> None:
+        if sampler.mined.num_captions != len(base):
+            raise ValueError(
+                f"offline negatives of {sampler.mined.num_captions} captions for a training "
+                f"split of {len(base)}"
+            )
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "sampler", sampler)
+        object.__setattr__(self, "seed", seed)
+
+    _OWN = ("base", "sampler", "seed")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in self._OWN:  # pickling, or not yet initialised
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.base, name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def set_seed(self, seed: int) -> None:
+        """The run seed of the draws (the AOQ procedure sets ``train.seed`` before each epoch)."""
+        object.__setattr__(self, "seed", int(seed))
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the draws' (and the base set's augmentation's) keys."""
+        self.base.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _image(self, image: int, index: int, slot: int) -> Any:
+        base = self.base
+        if getattr(base, "augment", None) is not None:
+            key = (base.augment_seed, base.epoch, index, slot)
+            return base.augment(base.image_source(image), key=key)
+        return base.image(image)
+
+    def draw(self, index: int) -> OfflineDraw:
+        """Caption ``index``'s draw in the current epoch (:func:`draw_generator`)."""
+        if self.seed is None:
+            raise ValueError(
+                "the offline negatives' draw has no seed yet (set_seed: the AOQ procedure "
+                "gives it train.seed)"
+            )
+        return self.sampler.draw(index, draw_generator(self.seed, self.base.epoch, index))
+
+    def __getitem__(self, index: int) -> OfflineItem:
+        item = self.base[index]
+        index = int(item.cap_index)
+        d = self.draw(index)
+        base = self.base
+        offline = RetrievalItem(
+            self._image(d.image, index, 1), base.caption(d.caption), d.image, d.caption
+        )
+        quint = RetrievalItem(
+            self._image(d.caption_image, index, 2),
+            base.caption(d.image_caption),
+            d.caption_image,
+            d.image_caption,
+        )
+        return OfflineItem(item, offline, quint, d)
+
+    def collate(self, items: Sequence[OfflineItem]) -> RetrievalBatch:
+        """The items' batch with its ``offline`` rows (see the class docstring)."""
+        rows: list[RetrievalItem] = [it.item for it in items]
+        for it in items:
+            rows += [it.offline, it.quintuplet]
+        full = self.base.collate(rows)  # one caption width for the 3B rows
+        n = len(items)
+        main, extra = _rows(full, 0, n), _rows(full, n, 3 * n)
+        main.offline = extra
+        return main
+
+
+def _rows(batch: RetrievalBatch, start: int, stop: int) -> RetrievalBatch:
+    """Rows ``start:stop`` of a collated batch (captions keep its padded width)."""
+
+    def cut(value: Any) -> Any:
+        return None if value is None else value[start:stop]
+
+    return RetrievalBatch(
+        cut(batch.features),
+        cut(batch.captions),
+        cut(batch.lengths),
+        cut(batch.img_index),
+        cut(batch.cap_index),
+        cut(batch.identity),
+    )
 
 
 def load_offline_negatives(
@@ -314,8 +478,12 @@ __all__ = [
     "ARRAYS",
     "FORMAT",
     "VERSION",
+    "DRAW_STREAM",
     "OfflineDraw",
+    "OfflineItem",
     "OfflineNegatives",
+    "OfflineNegativesDataset",
     "OfflineSampler",
+    "draw_generator",
     "load_offline_negatives",
 ]

@@ -248,7 +248,12 @@ def build_train_dataset(
     for (``data.noise_index`` or ``data.noise_ratio``: :mod:`vlret.data.noisy`). The only
     builder that applies it, so validation, the test splits and ``vlret eval`` read the clean
     pairs. The set carries ``corrupted``, ``original_txt_to_img`` and ``noise`` (all False,
-    the pairing itself and None for clean training)."""
+    the pairing itself and None for clean training).
+
+    With ``data.offline_negatives`` (AOQ) the set is then wrapped so each item also yields its
+    offline negatives (:class:`~vlret.data.offline_negatives.OfflineNegativesDataset`, drawing
+    among the first ``data.offline_candidates``), after the file was checked against the set's
+    sizes and its training pairs (``txt_to_img``, the noisy ones under noise)."""
     dataset = build_dataset(data, split, encoder, image_transform=image_transform)
     noise = configured_noise(
         dataset,
@@ -257,7 +262,44 @@ def build_train_dataset(
         ratio=data.noise_ratio,
         seed=data.noise_seed,
     )
-    return apply_noise_index(dataset, noise)
+    dataset = apply_noise_index(dataset, noise)
+    if data.offline_negatives is None:
+        return dataset
+    return cast("RetrievalDataset", with_offline_negatives(data, dataset, split))
+
+
+def with_offline_negatives(data: DataConfig, dataset: RetrievalDataset, split: str) -> Any:
+    """``dataset`` wrapped with the draw over ``data.offline_negatives`` (see
+    :func:`build_train_dataset`); the seed is the run's, given by the AOQ procedure.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        ValueError: The file is no mined file, or was mined on another split or pairing (the
+            message names the file and both sizes or the first caption that differs), or
+            ``data.offline_candidates`` exceeds its ``K`` (named).
+    """
+    from ..data.offline_negatives import OfflineNegativesDataset, load_offline_negatives
+
+    path = data.offline_negatives
+    if path is None:
+        raise ValueError("data.offline_negatives: not set")
+    mined = load_offline_negatives(
+        path,
+        num_images=dataset.num_images,
+        num_captions=dataset.num_captions,
+        txt_to_img=dataset.txt_to_img,
+        split=split,
+    )
+    n = data.offline_candidates
+    if n is not None and n > mined.k:
+        raise ValueError(
+            f"data.offline_candidates: {n} is more than the {mined.k} candidates per item of "
+            f"{path} (set it to at most {mined.k}, or null for all)"
+        )
+    counts = torch.bincount(torch.as_tensor(dataset.txt_to_img), minlength=dataset.num_images)
+    per_image = data.captions_per_image if int(counts.min()) != int(counts.max()) else None
+    sampler = mined.sampler(candidates=n, captions_per_image=per_image)
+    return OfflineNegativesDataset(dataset, sampler)
 
 
 def _first_images(ds: RetrievalDataset, max_images: int | None) -> RetrievalDataset:

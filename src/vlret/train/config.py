@@ -55,7 +55,12 @@ from .._files import atomic_write_text
 from .._moved import moved_names
 from ..data.transforms import image_data_problem
 from . import config_files
-from .config_checks import check_int_ranges, check_model_sizes, check_msrvtt
+from .config_checks import (
+    check_int_ranges,
+    check_model_sizes,
+    check_msrvtt,
+    check_offline_negatives,
+)
 from .config_files import ConfigError, check_tree
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
 from .loss_config import LossConfig, check_momentum_encoder, loss_config, model_with_scoring
@@ -137,6 +142,11 @@ class DataConfig:
     noise_format: str = "auto"
     noise_ratio: float = 0.0
     noise_seed: int = 0
+    # AOQ (loss "aoq", docs/aoq.md): offline_negatives, the .npz `vlret mine-negatives` wrote
+    # for the training split; each caption item draws among the first offline_candidates of
+    # its K candidates (the release: 300; None = K).
+    offline_negatives: str | None = None
+    offline_candidates: int | None = 300
 
 
 @dataclass
@@ -484,6 +494,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         check_momentum_encoder(train.momentum_encoder, loss, source)
     check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
     check_zeroshot(train, source)
+    check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
     for section, built in (("data", data), ("optim", optim), ("train", train)):
         check_int_ranges(built, section, source)  # upper bounds: a run that can start
     return RunConfig(

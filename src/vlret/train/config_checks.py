@@ -241,6 +241,73 @@ def check_noise(data: Any, source: str) -> None:
         raise ConfigError(source, key, why)
 
 
+#: The data formats whose training split AOQ's offline negatives apply to (one image per
+#: caption, read as a map-style dataset: :func:`vlret.train.builders.build_train_dataset`).
+OFFLINE_DATA_FORMATS = ("precomp", "karpathy")
+#: The pair-scoring model kinds AOQ trains (each pair's score depends on that pair alone, so the
+#: offline pairs can be scored on their own); two-tower models are always accepted.
+OFFLINE_PAIR_KINDS = ("scan", "bfan")
+#: Pair-scoring kinds refused with AOQ, and why.
+OFFLINE_REFUSED_KINDS = {
+    "sgraf": "its BatchNorms normalise over the pairs of each scoring call, so an offline "
+    "pair's score would depend on the pairs scored with it",
+    "ce": "its offline pairs would need the videos' expert features (only scan and bfan "
+    "score pairs for AOQ)",
+    "mmt": "its offline pairs would need the videos' expert features (only scan and bfan "
+    "score pairs for AOQ)",
+}
+
+
+def check_offline_negatives(
+    data: Any, loss: Any, model: dict[str, Any], train: Any, source: str
+) -> None:
+    """AOQ's keys (:mod:`vlret.data.offline_negatives`, docs/aoq.md): ``data.offline_negatives``
+    and ``loss.name = "aoq"`` go together (each refused without the other, naming both keys);
+    ``data.offline_candidates`` is a positive integer or None; the data format has one image
+    per caption (:data:`OFFLINE_DATA_FORMATS`); the procedure is ``"aoq"`` (or ``"standard"``,
+    which :func:`vlret.train.procedures.build_procedure` turns into ``"aoq"``); a pair-scoring
+    model is one of :data:`OFFLINE_PAIR_KINDS`; no gradient caching. The file itself is read
+    and checked against the training split when that split is built."""
+    path, aoq = data.offline_negatives, loss.name == "aoq"
+    if path is not None and not aoq:
+        why = f'{path!r} is only read by loss.name = "aoq" (the loss is {loss.name!r})'
+        raise ConfigError(source, "data.offline_negatives", why)
+    if path is None and aoq:
+        why = (
+            'required by loss.name = "aoq": the .npz `vlret mine-negatives` writes for the '
+            "training split with a first-round model (docs/aoq.md)"
+        )
+        raise ConfigError(source, "data.offline_negatives", why)
+    if train.procedure == "aoq" and not aoq:
+        why = f'trains loss.name = "aoq" only (the loss is {loss.name!r})'
+        raise ConfigError(source, "train.procedure", why)
+    if not aoq:
+        return
+    if not path.strip():
+        raise ConfigError(source, "data.offline_negatives", "empty; expected a mined .npz file")
+    n = data.offline_candidates
+    if n is not None and n < 1:
+        why = f"expected a positive number of candidates (null: all K of the file), got {n!r}"
+        raise ConfigError(source, "data.offline_candidates", why)
+    if data.format not in OFFLINE_DATA_FORMATS:
+        formats = " or ".join(OFFLINE_DATA_FORMATS)
+        why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
+        raise ConfigError(source, "data.offline_negatives", why)
+    if train.procedure not in ("standard", "aoq"):
+        why = (
+            f'loss.name = "aoq" trains with the "aoq" procedure (its offline negatives), not '
+            f"{train.procedure!r}"
+        )
+        raise ConfigError(source, "train.procedure", why)
+    kind = model.get("kind")
+    if kind in OFFLINE_REFUSED_KINDS:
+        why = f'loss.name = "aoq" with model.kind {kind!r}: {OFFLINE_REFUSED_KINDS[kind]}'
+        raise ConfigError(source, "model.kind", why)
+    if train.grad_cache_chunk is not None:
+        why = 'loss.name = "aoq" encodes each batch with its offline negatives in one pass'
+        raise ConfigError(source, "train.grad_cache_chunk", why)
+
+
 #: The dev metrics ``best.pt`` may maximise on every format (``train.select_on``): the
 #: caption-level recalls of :func:`vlret.metrics.retrieval_metrics` and their sum. Left out:
 #: the ranks (``*_medr``, ``*_meanr``) and ``hardest_neg_sim`` (lower is better) and
@@ -296,4 +363,5 @@ __all__ = [
     "check_model_sizes",
     "check_msrvtt",
     "check_noise",
+    "check_offline_negatives",
 ]

@@ -27,6 +27,7 @@ from .loss_step import LossStep
 PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 #: name -> the module that registers it (imported on first use).
 MODULES: dict[str, str] = {}
+MODULES["aoq"] = "vlret.train.aoq_step"
 
 
 def register_procedure(
@@ -59,11 +60,16 @@ def procedure_names() -> list[str]:
 def build_procedure(config: RunConfig) -> LossStep:
     """The procedure ``config.train.procedure`` names, built from ``config``.
 
+    A config whose loss is ``aoq`` and whose procedure is ``"standard"`` (the default) gets
+    ``"aoq"``: AOQ's loss needs the offline negatives only that step encodes.
+
     Raises:
         ValueError: An unknown name (the error lists the known ones) or bad options (the
             procedure's own message).
     """
     name = config.train.procedure
+    if name == "standard" and config.loss.name == "aoq":
+        name = "aoq"
     if name not in PROCEDURES and name in MODULES:
         importlib.import_module(MODULES[name])
     if name not in PROCEDURES:
