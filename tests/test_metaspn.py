@@ -84,7 +84,9 @@ def test_weighted_triplet_loss_matches_a_naive_loop(hardest):
     got = weighted_triplet_loss(
         sim, w_i2t, w_t2i, margin=0.2, hardest=hardest, pos_mask=pos, reduction="none"
     )
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(
+        got, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=1e-14
+    )
     for reduction, value in (("sum", sum(expected)), ("mean", sum(expected) / 7)):
         out = weighted_triplet_loss(
             sim, w_i2t, w_t2i, hardest=hardest, pos_mask=pos, reduction=reduction
@@ -227,8 +229,11 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
         "loss.hardest=false",
         "train.procedure_options={hidden = [6], meta_lr = 0.01, meta_batch_size = 8}",
     ]
-    full = Trainer(tiny_config(data, tmp_path / "full", settings), print_fn=None,
-                   hooks=[CopyAfterEpoch(tmp_path / "epoch1.pt")])
+    full = Trainer(
+        tiny_config(data, tmp_path / "full", settings),
+        print_fn=None,
+        hooks=[CopyAfterEpoch(tmp_path / "epoch1.pt")],
+    )
     start = {k: v.clone() for k, v in full.loss_step.net.state_dict().items()}
     model_start = model_params(full.model)
     full.fit()
@@ -244,8 +249,11 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
     assert set(saved["procedure"]) == {"net", "optimizer", "dev"}
     assert saved["procedure"]["dev"] == {"cycle": 2, "offset": 8}
 
-    resumed = Trainer(tiny_config(data, tmp_path / "resumed", settings), print_fn=None,
-                      resume=tmp_path / "epoch1.pt")
+    resumed = Trainer(
+        tiny_config(data, tmp_path / "resumed", settings),
+        print_fn=None,
+        resume=tmp_path / "epoch1.pt",
+    )
     assert resumed.epoch == 1 and resumed.loss_step.dev.state_dict() == {"cycle": 2, "offset": 8}
     resumed.fit()
     assert_same_params(model_params(resumed.model), model_params(full.model))
@@ -259,12 +267,17 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
 
 
 def test_a_pair_scoring_model_trains_through_its_own_forward(data, tmp_path):
+    from train_helpers import tiny_raw
     from vlret.train import Trainer
     from vlret.train.config import apply_overrides, config_from_dict
-    from train_helpers import tiny_raw
 
     raw = tiny_raw(data, tmp_path / "scan")
-    raw["model"] = {"kind": "scan", "embed_dim": 8, "image": {"in_dim": 16}, "text": {"word_dim": 4}}
+    raw["model"] = {
+        "kind": "scan",
+        "embed_dim": 8,
+        "image": {"in_dim": 16},
+        "text": {"word_dim": 4},
+    }
     raw["train"].update(epochs=1, max_steps_per_epoch=2, procedure="metaspn")
     raw["train"]["procedure_options"] = {"hidden": [4], "meta_lr": 0.01}
     trainer = Trainer(config_from_dict(apply_overrides(raw, [])), print_fn=None)
@@ -294,7 +307,9 @@ def test_dev_batches_cycle_in_a_seeded_order_and_resume():
     later = DevBatches(dataset, 3, seed=5)
     later.load_state_dict({"cycle": 1, "offset": 3})
     assert later.next() == seen[3]
-    assert DevBatches(dataset, 3, seed=6).next() + DevBatches(dataset, 3, seed=6).next() != seen[0] * 2
+    assert (
+        DevBatches(dataset, 3, seed=6).next() + DevBatches(dataset, 3, seed=6).next() != seen[0] * 2
+    )
     assert sorted(DevBatches(Rows(range(2)), 8, seed=0).next()) == [0, 1]  # a smaller split
 
 

@@ -114,9 +114,7 @@ def metaspn_options(options: Mapping[str, Any], *, source: str = "<config>") -> 
     out: dict[str, Any] = {}
     if "hidden" in options:
         hidden = options["hidden"]
-        if not isinstance(hidden, list | tuple) or not all(
-            _integer(h) and h > 0 for h in hidden
-        ):
+        if not isinstance(hidden, list | tuple) or not all(_integer(h) and h > 0 for h in hidden):
             raise bad("hidden", f"expected a list of positive hidden sizes, got {hidden!r}")
         out["hidden"] = tuple(int(h) for h in hidden)
     for key in ("meta_lr", "virtual_lr"):
@@ -153,7 +151,7 @@ class WeightingNetwork(nn.Module):
 
     def forward(self, self_sim: torch.Tensor, relative_sim: torch.Tensor) -> torch.Tensor:
         """The weights of pairs with these similarities (any equal shapes, same shape out)."""
-        dtype = self.mlp[0].weight.dtype
+        dtype = next(self.mlp.parameters()).dtype
         x = torch.stack([self_sim, relative_sim], dim=-1).to(dtype)
         return torch.sigmoid(self.mlp(x).squeeze(-1)).to(self_sim.dtype)
 
@@ -445,8 +443,8 @@ class MetaSPNStep(LossStep):
         )
         net_params = list(self.net.parameters())
         grads = torch.autograd.grad(meta, net_params, allow_unused=True)
-        filled = [torch.zeros_like(p) if g is None else g for p, g in zip(net_params, grads)]
-        return meta.detach(), filled
+        pairs = zip(net_params, grads, strict=True)
+        return meta.detach(), [torch.zeros_like(p) if g is None else g for p, g in pairs]
 
 
 @register_procedure("metaspn")
@@ -460,7 +458,7 @@ def build_metaspn(config: RunConfig) -> MetaSPNStep:
         raise ConfigError(
             config.source,
             "loss.name",
-            f"Meta-SPN weighs the triplet loss's hinge terms; set name = \"triplet\" (its "
+            f'Meta-SPN weighs the triplet loss\'s hinge terms; set name = "triplet" (its '
             f"margin, hardest and reduction are used), got {config.loss.name!r}",
         )
     if config.loss.params.get("chunk_size") is not None:
