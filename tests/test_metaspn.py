@@ -109,13 +109,14 @@ def test_pair_weights_read_self_and_relative_similarity(float64):
     torch.manual_seed(0)
     net = WeightingNetwork([5, 3])
     sim = torch.rand(4, 4) * 2 - 1
-    w_i2t, w_t2i = pair_weights(net, sim)
-    for i in range(4):
-        for j in range(4):
-            row = net.mlp(torch.tensor([sim[i, i], sim[i, j] - sim[i, i]])).sigmoid()
-            col = net.mlp(torch.tensor([sim[j, j], sim[i, j] - sim[j, j]])).sigmoid()
-            assert float(w_i2t[i, j]) == pytest.approx(float(row), rel=1e-14)
-            assert float(w_t2i[i, j]) == pytest.approx(float(col), rel=1e-14)
+    with torch.no_grad():
+        w_i2t, w_t2i = pair_weights(net, sim)
+        for i in range(4):
+            for j in range(4):
+                row = net.mlp(torch.tensor([sim[i, i], sim[i, j] - sim[i, i]])).sigmoid()
+                col = net.mlp(torch.tensor([sim[j, j], sim[i, j] - sim[j, j]])).sigmoid()
+                assert float(w_i2t[i, j]) == pytest.approx(float(row), rel=1e-14)
+                assert float(w_t2i[i, j]) == pytest.approx(float(col), rel=1e-14)
     assert ((w_i2t > 0) & (w_i2t < 1)).all()
 
 
