@@ -227,6 +227,7 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
     settings = [
         "train.procedure=metaspn",
         "train.epochs=2",
+        "train.max_steps_per_epoch=3",
         "loss.hardest=false",
         "train.procedure_options={hidden = [6], meta_lr = 0.01, meta_batch_size = 8}",
     ]
@@ -239,23 +240,23 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
     model_start = model_params(full.model)
     full.fit()
     step = full.loss_step
-    assert isinstance(step, MetaSPNStep) and full.step == 10
+    assert isinstance(step, MetaSPNStep) and full.step == 6
     assert step.last_meta_loss is not None and 0 < step.last_mean_weight < 1
     for name, value in step.net.state_dict().items():  # the weighting network learned
         assert not torch.equal(value, start[name]), name
     assert any(not torch.equal(v, model_start[k]) for k, v in model_params(full.model).items())
-    # 20 dev captions, batches of 8: two per pass, so 10 meta steps end in pass 4
-    assert step.dev.state_dict() == {"cycle": 4, "offset": 16}
+    # 20 dev captions, batches of 8: two per pass, so 6 meta steps end in pass 2
+    assert step.dev.state_dict() == {"cycle": 2, "offset": 16}
     saved = torch.load(tmp_path / "epoch1.pt", weights_only=True)
     assert set(saved["procedure"]) == {"net", "optimizer", "dev"}
-    assert saved["procedure"]["dev"] == {"cycle": 2, "offset": 8}
+    assert saved["procedure"]["dev"] == {"cycle": 1, "offset": 8}
 
     resumed = Trainer(
         tiny_config(data, tmp_path / "resumed", settings),
         print_fn=None,
         resume=tmp_path / "epoch1.pt",
     )
-    assert resumed.epoch == 1 and resumed.loss_step.dev.state_dict() == {"cycle": 2, "offset": 8}
+    assert resumed.epoch == 1 and resumed.loss_step.dev.state_dict() == {"cycle": 1, "offset": 8}
     resumed.fit()
     assert_same_params(model_params(resumed.model), model_params(full.model))
     assert_same_params(resumed.loss_step.net.state_dict(), step.net.state_dict())
