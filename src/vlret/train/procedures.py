@@ -28,6 +28,7 @@ PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 #: name -> the module that registers it (imported on first use).
 MODULES: dict[str, str] = {}
 MODULES["aoq"] = "vlret.train.aoq_step"
+MODULES["metaspn"] = "vlret.train.metaspn"
 
 
 def register_procedure(
