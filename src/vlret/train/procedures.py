@@ -27,6 +27,7 @@ from .loss_step import LossStep
 PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 #: name -> the module that registers it (imported on first use).
 MODULES: dict[str, str] = {}
+MODULES["ncr"] = "vlret.train.ncr"
 
 
 def register_procedure(
