@@ -23,7 +23,8 @@ only), ranked by :func:`vlret.metrics.retrieval_metrics_from_similarity`.
 Several checkpoints (``vlret eval A.pt B.pt``) are an ensemble: the mean of their score matrices
 (cosine matrices for two-tower members), each member encoding the split with its own data
 settings and vocabulary; they must evaluate the same data format and split (same images and
-captions in the same order).
+captions in the same order). A checkpoint that holds two networks (NCR, ``train.procedure =
+"ncr"``) is two members (:mod:`.checkpoint_members`).
 
 ``shortlist=K`` (``--shortlist K``) is an opt-in, approximate protocol for pair-scoring models:
 each query keeps its top ``K`` candidates by a two-tower score, which are re-ranked by the exact
@@ -111,6 +112,7 @@ from .builders import (
     load_trained_model,
     person_search_eval_data,
 )
+from .checkpoint_members import checkpoint_members, member_names
 from .config import DataConfig
 from .distributed import resolve_device
 
@@ -330,13 +332,18 @@ def run_evaluation(
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise ValueError(f"{key}: expected a positive integer, got {value!r}")
-    names = tuple(str(c) for c in checkpoints)
-    members = [_with_caption_counts(load(c, chosen, split, dev), c, counts) for c in checkpoints]
+    members: list[Member] = []
+    sources: list[str | Path] = []  # each member's checkpoint (NCR's holds two networks)
+    named_members: list[str] = []
+    for c in checkpoints:
+        member = _with_caption_counts(load(c, chosen, split, dev), c, counts)
+        group = checkpoint_members(c, member) if load is _load_member else [member]
+        members, sources = members + group, sources + [c] * len(group)
+        named_members += member_names(c, len(group))
+    names = tuple(named_members)
     formats = {m[1].data.format for m in members}
     if len(formats) > 1:
-        named = ", ".join(
-            f"{c} {m[1].data.format}" for c, m in zip(checkpoints, members, strict=True)
-        )
+        named = ", ".join(f"{c} {m[1].data.format}" for c, m in zip(sources, members, strict=True))
         raise ValueError(f"the ensemble's checkpoints were trained on different data: {named}")
     if shortlist is not None and not all(isinstance(m[0], PairScorer) for m in members):
         two_tower = [
@@ -346,7 +353,11 @@ def run_evaluation(
             f"shortlist re-ranks pair scores; {', '.join(two_tower)} is a two-tower model, "
             "whose exact evaluation is already one matrix product (drop --shortlist)"
         )
-    datasets = [_eval_dataset(m, data, split, chosen) for m in members]
+    built: dict[str, RetrievalDataset] = {}  # a checkpoint's networks share its copy
+    for c, m in zip(sources, members, strict=True):
+        if str(c) not in built:
+            built[str(c)] = _eval_dataset(m, data, split, chosen)
+    datasets = [built[str(c)] for c in sources]
     for name, ds in zip(names[1:], datasets[1:], strict=True):
         _check_same_split(names[0], datasets[0], name, ds, split)
     split_data: Any = datasets[0] if len(datasets) == 1 else EnsembleSplit(tuple(datasets))

@@ -29,6 +29,7 @@ PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 MODULES: dict[str, str] = {}
 MODULES["aoq"] = "vlret.train.aoq_step"
 MODULES["metaspn"] = "vlret.train.metaspn"
+MODULES["ncr"] = "vlret.train.ncr"
 
 
 def register_procedure(
