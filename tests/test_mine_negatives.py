@@ -3,6 +3,8 @@ its checks, the loader's released draw, and `vlret mine-negatives` end to end.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -111,6 +113,9 @@ def test_sampled_thresholds_and_guessed_floors_are_exact(workers):
     mined.check()
 
 
+NO_BAR = SimpleNamespace(update=lambda n: None)
+
+
 def spy(monkeypatch, name):
     calls = []
     real = getattr(mining, name)
@@ -184,7 +189,7 @@ def test_negative_zero_ties_with_zero_and_infinities_are_ordered():
     for device_path in (False, True):
         if device_path:
             mined = mining._mine_on_device(
-                lambda t0, t1: sim[:, t0:t1].T, 4, t2img, 3, 2, torch.device("cpu"), None
+                lambda t0, t1: sim[:, t0:t1].T, 4, t2img, 3, 2, torch.device("cpu"), NO_BAR
             )
         else:
             mined = mine_blocks(
@@ -200,11 +205,12 @@ def test_negative_zero_ties_with_zero_and_infinities_are_ordered():
         assert mined.i2t[1].tolist() == [0, 3, 2] and mined.t2i[1].tolist() == [3, 0, 2]
 
 
-def test_the_accelerator_path_equals_the_cpu_path():
+def test_the_accelerator_path_equals_the_cpu_path(capsys):
     img, txt, t2img = integer_world(2, 50, 3)
-    cpu = mine_embeddings(img, txt, t2img, k=7, block_size=16)
+    cpu = mine_embeddings(img, txt, t2img, k=7, block_size=16, progress=True)
+    assert "150/150" in capsys.readouterr().err  # the bar counts captions
     dev = mining._mine_on_device(
-        lambda t0, t1: txt[t0:t1] @ img.T, 50, t2img, 7, 16, torch.device("cpu"), None
+        lambda t0, t1: txt[t0:t1] @ img.T, 50, t2img, 7, 16, torch.device("cpu"), NO_BAR
     )
     for name in ("i2t", "t2i", "i2t_scores", "t2i_scores"):
         np.testing.assert_array_equal(getattr(dev, name), getattr(cpu, name))

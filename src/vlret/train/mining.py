@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -59,26 +60,26 @@ _ROW_SLACK = 1.45
 _IMAGE_SLACK = 2.0
 
 
-def _flip_t(x: torch.Tensor) -> torch.Tensor:
+def _flip(x: Any) -> Any:  # int32 torch or numpy: negatives' magnitude bits turned over
     return x ^ (~(x >> 31) & _LOW31)
 
 
 def _desc_t(values: torch.Tensor) -> torch.Tensor:
     """Float32 scores as int64 in ``[0, 2**32)``, smaller for a higher score, in the scores'
     order (``-0.0`` as ``0.0``): the bits with the sign's meaning turned over."""
-    return _flip_t((values.float() + 0.0).view(torch.int32)).long() & 0xFFFFFFFF
+    return _flip((values.float() + 0.0).view(torch.int32)).long() & 0xFFFFFFFF
 
 
 def _undesc_t(desc: torch.Tensor) -> torch.Tensor:
-    return _flip_t(desc.int()).view(torch.float32)
+    return _flip(desc.int()).view(torch.float32)
 
 
-def _desc(v: np.ndarray) -> np.ndarray:
-    return _desc_t(torch.from_numpy(v)).numpy()
+def _desc(v: np.ndarray) -> np.ndarray:  # _desc_t in numpy
+    return _flip((v + np.float32(0.0)).view(np.int32)).view(np.uint32).astype(np.int64)
 
 
 def _undesc(desc: np.ndarray) -> np.ndarray:
-    return _undesc_t(torch.from_numpy(desc)).numpy()
+    return _flip(desc.astype(np.uint32).view(np.int32)).view(np.float32)
 
 
 def _bits(n: int) -> int:
@@ -130,8 +131,9 @@ def _first_k(f, row, desc, n_rows: int, width: int, k: int):
     key += f
     key |= desc << bw
     key.sort()
-    counts = np.bincount(row, minlength=n_rows)
-    at = np.minimum((np.cumsum(counts) - counts)[:, None] + np.arange(k), len(key) - 1)
+    starts = np.searchsorted(key, np.arange(n_rows + 1) << (32 + bw))
+    counts = np.diff(starts)
+    at = np.minimum(starts[:-1, None] + np.arange(k), len(key) - 1)
     best = key[at]
     return best & ((1 << bw) - 1), _undesc((best >> bw) & 0xFFFFFFFF), counts
 
@@ -182,16 +184,19 @@ class _Images:
         key.sort()  # by image, then best first
         image = key >> (32 + bc)
         counts = np.bincount(image, minlength=len(self.fill))
-        rank = np.arange(len(key)) - (np.cumsum(counts) - counts)[image]
+        starts = np.cumsum(counts) - counts
         if counts.max() > k:  # only a block's best k of an image can matter
-            keep = rank < k
-            key, image, rank = key[keep], image[keep], rank[keep]
+            keep = np.arange(len(key)) - starts[image] < k
+            key, image = key[keep], image[keep]
             counts = np.minimum(counts, k)
+            starts = np.cumsum(counts) - counts
         full = np.flatnonzero(self.fill + counts > 2 * k)
         if len(full):
             self.compact(full)
+        # the slots fill[image] + rank of each image's row, as flat positions
+        base = np.arange(len(self.fill)) * (2 * k) + self.fill - starts
         glob = (((key >> bc) & 0xFFFFFFFF) << 31) | captions[key & ((1 << bc) - 1)]
-        self.keys[image, self.fill[image] + rank] = glob
+        self.keys.reshape(-1)[base[image] + np.arange(len(key))] = glob
         self.fill += counts
 
     def compact(self, images: np.ndarray) -> None:
@@ -306,8 +311,7 @@ def _mine_on_device(score_block, n_images: int, t2img: torch.Tensor, k: int, blo
         keys = desc | (rows + t0)[:, None]
         keys[rows, own] = _NONE
         best = torch.cat([best, keys.t()], dim=1).topk(k, dim=1, largest=False).values
-        if bar is not None:
-            bar.update(t1 - t0)
+        bar.update(t1 - t0)
     best = best.cpu()
     return _result(best & _LOW31, _undesc_t(best >> 31), t2i, t2i_scores, t2img, k)
 
@@ -344,16 +348,15 @@ def mine_blocks(
             t1 = min(t0 + block, n_txt)
             s = np.ascontiguousarray(_scored(score_block, t0, t1, n_images, dev).numpy())
             _block(s, np.arange(t0, t1), t2img_np, k, images, t2i, check_nan=False)
-            if bar is not None:
-                bar.update(t1 - t0)
+            bar.update(t1 - t0)
         ids, scores, _ = _merge_images([images], k, np.full(n_images, -np.inf))
     return _result(ids, scores, *t2i, t2img_np, k)
 
 
 def _bar(progress: bool, total: int) -> Any:
-    """A progress bar in captions, or a context giving ``None``."""
+    """A progress bar in captions, or a context giving one that shows nothing."""
     if not progress:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
     return progress_bar(total=total, desc="mining", unit="caption", dynamic_ncols=True)
 
 
@@ -402,8 +405,7 @@ def _mine_cpu(
     kept = [_Images(n_images, k, guess) for _ in range(max(1, min(workers, len(blocks) - 1)))]
     _block(first, blocks[0], t2img, k, kept[0], t2i, check_nan)
     lock, todo, stop = threading.Lock(), iter(blocks[1:]), threading.Event()
-    if bar is not None:
-        bar.update(c)
+    bar.update(c)
 
     def work(images: _Images) -> None:
         while not stop.is_set():
@@ -416,9 +418,8 @@ def _mine_cpu(
             except BaseException:
                 stop.set()
                 raise
-            if bar is not None:
-                with lock:
-                    bar.update(len(ids))
+            with lock:
+                bar.update(len(ids))
 
     if len(kept) == 1:
         work(kept[0])
