@@ -18,10 +18,9 @@ blocks. On the CPU (numpy's vectorised sort and partition):
 * a two-tower model's blocks come in a fixed random order (the first is a fair sample) and
   ``workers`` threads score and select them side by side, one BLAS thread each.
 
-On an accelerator each block's keys go through ``topk``. A pair-scoring model (SCAN, BFAN,
-SGRAF, ...) is scored with the evaluation's own pair scorer (:func:`vlret.eval.score_matrix`),
-block by block, in order and with no guess. The release mined with a two-tower first-round
-model (VSRN's global similarity), also for BFAN.
+On an accelerator each block's keys go through ``topk``. A pair-scoring model is scored by the
+evaluation's pair scorer (:func:`vlret.eval.score_matrix`), block by block, in order, no guess.
+The release mined with a two-tower first-round model (VSRN's global similarity), also for BFAN.
 """
 
 from __future__ import annotations
@@ -52,6 +51,8 @@ BLOCK = 1024
 DEFAULT_K = 300
 
 _LOW31 = (1 << 31) - 1
+#: CPU blocks hold at most this many scores per worker (fewer captions for a large gallery).
+_BLOCK_ENTRIES = 1 << 24
 #: A key worse than every entry's (an empty slot, an excluded entry).
 _NONE = int(np.iinfo(np.int64).max)
 #: t2i: the sampled threshold leaves about this many times ``k`` entries per row.
@@ -165,15 +166,17 @@ def _thresholds(s: np.ndarray, k: int) -> np.ndarray:
 
 
 class _Images:
-    """One worker's kept captions of every image: up to ``2k`` keys ``desc << 31 | caption``
-    per image (unordered), and ``floor``, the score below which a caption cannot enter: the
-    ``k``-th best kept (a lower bound of the true ``k``-th best), or the first block's guess."""
+    """The kept captions of every image: up to ``2k`` keys ``desc << 31 | caption`` per image
+    (unordered), and ``floor``, the score below which a caption cannot enter: the ``k``-th
+    best kept (a lower bound of the true ``k``-th best), or the first block's guess. Workers
+    share it (``add`` holds a lock); a floor read while it rises is valid either way."""
 
     def __init__(self, n_images: int, k: int, floor: np.ndarray) -> None:
         self.k = k
         self.keys = np.full((n_images, 2 * k), _NONE, dtype=np.int64)
         self.fill = np.zeros(n_images, dtype=np.int64)
         self.floor = floor.astype(np.float32)
+        self.lock = threading.Lock()
 
     def add(self, image, desc, row, captions: np.ndarray) -> None:
         """Keep the entries ``(image, desc, row)`` of a block of ``captions`` (rows)."""
@@ -190,14 +193,15 @@ class _Images:
             key, image = key[keep], image[keep]
             counts = np.minimum(counts, k)
             starts = np.cumsum(counts) - counts
-        full = np.flatnonzero(self.fill + counts > 2 * k)
-        if len(full):
-            self.compact(full)
-        # the slots fill[image] + rank of each image's row, as flat positions
-        base = np.arange(len(self.fill)) * (2 * k) + self.fill - starts
         glob = (((key >> bc) & 0xFFFFFFFF) << 31) | captions[key & ((1 << bc) - 1)]
-        self.keys.reshape(-1)[base[image] + np.arange(len(key))] = glob
-        self.fill += counts
+        with self.lock:
+            full = np.flatnonzero(self.fill + counts > 2 * k)
+            if len(full):
+                self.compact(full)
+            # the slots fill[image] + rank of each image's row, as flat positions
+            base = np.arange(len(self.fill)) * (2 * k) + self.fill - starts
+            self.keys.reshape(-1)[base[image] + np.arange(len(key))] = glob
+            self.fill += counts
 
     def compact(self, images: np.ndarray) -> None:
         """Keep the best ``k`` of ``images`` (each holds more) and raise their floors."""
@@ -208,17 +212,15 @@ class _Images:
         self.floor[images] = np.maximum(self.floor[images], _undesc(part[:, k - 1] >> 31))
 
 
-def _merge_images(kept: list[_Images], k: int, guess: np.ndarray, chunk: int = 4096):
-    """Every image's best ``k`` over the workers' kept captions: ``(ids, scores, failed)``,
-    ``failed`` the images whose ``k``-th best is below their guess (a caption under the guess
-    was never kept, so it may belong) or that kept fewer than ``k``."""
+def _merge_images(images: _Images, k: int, guess: np.ndarray, chunk: int = 4096):
+    """Every image's best ``k`` kept captions: ``(ids, scores, failed)``, ``failed`` the images
+    whose ``k``-th best is below their guess (a caption under the guess was never kept, so it
+    may belong) or that kept fewer than ``k``."""
     n = len(guess)
     ids, scores = np.empty((n, k), np.int64), np.empty((n, k), np.float32)
     short = np.zeros(n, dtype=bool)
     for a in range(0, n, chunk):
-        parts = [part.keys[a : a + chunk] for part in kept]
-        keys = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-        best = np.sort(np.partition(keys, k - 1, axis=1)[:, :k], axis=1)
+        best = np.sort(np.partition(images.keys[a : a + chunk], k - 1, axis=1)[:, :k], axis=1)
         ids[a : a + chunk], scores[a : a + chunk] = best & _LOW31, _undesc(best >> 31)
         short[a : a + chunk] = best[:, -1] == _NONE
     return ids, scores, np.flatnonzero(short | (scores[:, -1] < guess))
@@ -258,8 +260,7 @@ def _block(
         cols[bad], scores[bad] = _exact_rows(s[bad], k, np.arange(len(bad)) * n + own[bad] % n)
     t2i[0][captions], t2i[1][captions] = cols, scores
     e = np.flatnonzero(enter[f])
-    row = row[e]
-    images.add(f[e] - row * n, desc[e], row, captions)
+    images.add(f[e] - row[e] * n, desc[e], row[e], captions)
 
 
 def _scored(score_block, t0: int, t1: int, n_images: int, dev: torch.device) -> torch.Tensor:
@@ -275,13 +276,10 @@ def _scored(score_block, t0: int, t1: int, n_images: int, dev: torch.device) -> 
 
 
 def _result(i2t, i2t_scores, t2i, t2i_scores, t2img, k: int) -> OfflineNegatives:
+    i2t, t2i, t2img = (np.asarray(a, dtype=np.int64) for a in (i2t, t2i, t2img))
+    i2t_scores, t2i_scores = (np.asarray(a, dtype=np.float32) for a in (i2t_scores, t2i_scores))
     return OfflineNegatives(
-        i2t=np.asarray(i2t, dtype=np.int64),
-        t2i=np.asarray(t2i, dtype=np.int64),
-        i2t_scores=np.asarray(i2t_scores, dtype=np.float32),
-        t2i_scores=np.asarray(t2i_scores, dtype=np.float32),
-        txt_to_img=np.asarray(t2img, dtype=np.int64),
-        header={"k": k, "ties": "lower index first"},
+        i2t, t2i, i2t_scores, t2i_scores, t2img, {"k": k, "ties": "lower index first"}
     )
 
 
@@ -293,12 +291,9 @@ def _checked_block_size(block_size: int, n_images: int) -> int:
 def _mine_on_device(score_block, n_images: int, t2img: torch.Tensor, k: int, block: int, dev, bar):
     """The accelerator's way (any device): integer keys and ``topk`` per block, each image's
     best merged with every block."""
-    n_txt = len(t2img)
-    t2img_dev = t2img.to(dev)
-    images = torch.arange(n_images, device=dev)
+    n_txt, t2img_dev, images = len(t2img), t2img.to(dev), torch.arange(n_images, device=dev)
     best = torch.full((n_images, k), _NONE, dtype=torch.long, device=dev)
-    t2i = torch.empty(n_txt, k, dtype=torch.long)
-    t2i_scores = torch.empty(n_txt, k)
+    t2i, t2i_scores = torch.empty(n_txt, k, dtype=torch.long), torch.empty(n_txt, k)
     for t0 in range(0, n_txt, block):
         t1 = min(t0 + block, n_txt)
         s = _scored(score_block, t0, t1, n_images, dev)
@@ -349,7 +344,7 @@ def mine_blocks(
             s = np.ascontiguousarray(_scored(score_block, t0, t1, n_images, dev).numpy())
             _block(s, np.arange(t0, t1), t2img_np, k, images, t2i, check_nan=False)
             bar.update(t1 - t0)
-        ids, scores, _ = _merge_images([images], k, np.full(n_images, -np.inf))
+        ids, scores, _ = _merge_images(images, k, np.full(n_images, -np.inf))
     return _result(ids, scores, *t2i, t2img_np, k)
 
 
@@ -384,8 +379,8 @@ def _mine_cpu(
     """Two-tower mining on the CPU: blocks of captions in a fixed random order, the first one
     giving each image a guess of its ``k``-th best (the ``r``-th best of the block, ``r`` for
     about ``_IMAGE_SLACK * k`` captions over the split); ``workers`` threads then score and
-    select the other blocks, one BLAS thread each, each keeping its own images' lists. Images
-    whose result falls below the guess are rescored whole (exact either way)."""
+    select the other blocks, one BLAS thread each, into shared image lists. Images whose
+    result falls below the guess are rescored whole (exact either way)."""
     n_txt, n_images = len(t2img), img.shape[0]
     order = torch.randperm(n_txt, generator=torch.Generator().manual_seed(0)).numpy()
     blocks = [np.sort(order[a : a + block]) for a in range(0, n_txt, block)]
@@ -397,17 +392,17 @@ def _mine_cpu(
 
     first = scores(blocks[0])
     c = len(blocks[0])
-    r = math.ceil(_IMAGE_SLACK * k * c / n_txt)
+    r = max(8, math.ceil(_IMAGE_SLACK * k * c / n_txt))
     guess = np.full(n_images, -np.inf, dtype=np.float32)
     if r <= c // 4:
         first.reshape(-1)[np.arange(c) * n_images + t2img[blocks[0]]] = -np.inf
         guess = np.partition(np.ascontiguousarray(first.T), c - r, axis=1)[:, c - r]
-    kept = [_Images(n_images, k, guess) for _ in range(max(1, min(workers, len(blocks) - 1)))]
-    _block(first, blocks[0], t2img, k, kept[0], t2i, check_nan)
+    images = _Images(n_images, k, guess)
+    _block(first, blocks[0], t2img, k, images, t2i, check_nan)
     lock, todo, stop = threading.Lock(), iter(blocks[1:]), threading.Event()
     bar.update(c)
 
-    def work(images: _Images) -> None:
+    def work() -> None:
         while not stop.is_set():
             with lock:
                 ids = next(todo, None)
@@ -421,18 +416,19 @@ def _mine_cpu(
             with lock:
                 bar.update(len(ids))
 
-    if len(kept) == 1:
-        work(kept[0])
+    workers = max(1, min(workers, len(blocks) - 1))
+    if workers == 1:
+        work()
     else:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with ThreadPoolExecutor(len(kept)) as pool:
-                for done in [pool.submit(work, images) for images in kept]:
+            with ThreadPoolExecutor(workers) as pool:
+                for done in [pool.submit(work) for _ in range(workers)]:
                     done.result()
         finally:
             torch.set_num_threads(threads)
-    ids, best, failed = _merge_images(kept, k, guess)
+    ids, best, failed = _merge_images(images, k, guess)
     rows = max(1, min(256, 1 << (31 - _bits(n_txt))))
     for a in range(0, len(failed), rows):  # rare: the guess was above the image's k-th best
         u = failed[a : a + rows]
@@ -455,8 +451,9 @@ def mine_embeddings(
 ) -> OfflineNegatives:
     """:func:`mine_blocks` of two-tower embeddings: scores are ``txt_emb @ img_emb.T`` as given
     (normalise them first for cosine scores), one block of captions at a time on ``device``.
-    On the CPU, ``workers`` threads (default ``torch.get_num_threads()``) score and select
-    blocks side by side, one BLAS thread each; the result does not depend on them."""
+    On the CPU, blocks hold at most ``2**24`` scores, and ``workers`` threads (default
+    ``torch.get_num_threads()``) score and select blocks side by side, one BLAS thread each;
+    the result does not depend on the blocks or the threads."""
     if img_emb.dim() != 2 or txt_emb.dim() != 2 or img_emb.shape[1] != txt_emb.shape[1]:
         raise ValueError(
             f"img_emb {tuple(img_emb.shape)} and txt_emb {tuple(txt_emb.shape)}: expected "
@@ -474,6 +471,7 @@ def mine_embeddings(
         t2img = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
         check_k(k, img.shape[0], t2img)
         block = _checked_block_size(block_size, img.shape[0])
+        block = min(block, max(1, _BLOCK_ENTRIES // img.shape[0]))
         txt = txt_emb.to(device="cpu", dtype=torch.float32)
         with _bar(progress, len(t2img)) as bar:
             return _mine_cpu(
