@@ -116,6 +116,13 @@ def test_sampled_thresholds_and_guessed_floors_are_exact(workers):
 NO_BAR = SimpleNamespace(update=lambda n: None)
 
 
+def test_large_galleries_get_smaller_blocks(monkeypatch):
+    # at most 200 scores per block: 4 captions of 50 images, no guess (too few per block)
+    monkeypatch.setattr(mining, "_BLOCK_ENTRIES", 200)
+    img, txt, t2img = integer_world(5, 50, 2)
+    assert_exact(mine_embeddings(img, txt, t2img, k=6, workers=2), img, txt, t2img, 6)
+
+
 def spy(monkeypatch, name):
     calls = []
     real = getattr(mining, name)

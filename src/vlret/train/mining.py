@@ -452,8 +452,8 @@ def mine_embeddings(
     """:func:`mine_blocks` of two-tower embeddings: scores are ``txt_emb @ img_emb.T`` as given
     (normalise them first for cosine scores), one block of captions at a time on ``device``.
     On the CPU, blocks hold at most ``2**24`` scores, and ``workers`` threads (default
-    ``torch.get_num_threads()``) score and select blocks side by side, one BLAS thread each;
-    the result does not depend on the blocks or the threads."""
+    ``torch.get_num_threads()``) score and select blocks side by side, one BLAS thread each
+    (torch's thread count is 1 meanwhile); the result does not depend on blocks or threads."""
     if img_emb.dim() != 2 or txt_emb.dim() != 2 or img_emb.shape[1] != txt_emb.shape[1]:
         raise ValueError(
             f"img_emb {tuple(img_emb.shape)} and txt_emb {tuple(txt_emb.shape)}: expected "
