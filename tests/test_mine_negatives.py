@@ -3,6 +3,8 @@ its checks, the loader's released draw, and `vlret mine-negatives` end to end.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,8 @@ import yaml
 from train_helpers import tiny_data, tiny_raw
 from vlret.cli import main
 from vlret.data.offline_negatives import OfflineNegatives, load_offline_negatives
-from vlret.train.mining import mine_embeddings, top_k
+from vlret.train import mining
+from vlret.train.mining import mine_blocks, mine_embeddings, top_k
 
 
 def naive_mine(sim: np.ndarray, t2img: list[int], k: int):
@@ -69,6 +72,178 @@ def test_k_larger_than_the_gallery_minus_the_positives_is_one_line():
     t2img = torch.tensor([0] * 10 + [1, 2])  # image 0 owns 10 of 12 captions
     with pytest.raises(ValueError, match=r"2 captions per image \(12 captions, up to 10 its"):
         mine_embeddings(img, txt, t2img, k=3)
+
+
+def fast_naive(sim: np.ndarray, t2img: np.ndarray, k: int):
+    """naive_mine by np.lexsort (score descending, index ascending), own excluded, float64."""
+    own = t2img[None, :] == np.arange(sim.shape[0])[:, None]
+
+    def rank(s, excluded):  # keys: excluded last, then score descending, then index
+        ids = np.broadcast_to(np.arange(s.shape[1]), s.shape)
+        return np.lexsort((ids, -s.astype(np.float64), excluded), axis=-1)[:, :k]
+
+    return rank(sim, own), rank(sim.T, own.T)
+
+
+def integer_world(seed, n_img, cpi, dim=4, lo=-2, hi=3):
+    """Integer embeddings: exact float32 scores with many ties, whatever the GEMM's blocking."""
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randint(lo, hi, (n_img, dim), generator=g).float()
+    txt = torch.randint(lo, hi, (n_img * cpi, dim), generator=g).float()
+    t2img = torch.arange(n_img).repeat_interleave(cpi)[torch.randperm(n_img * cpi, generator=g)]
+    return img, txt, t2img
+
+
+def assert_exact(mined, img, txt, t2img, k):
+    sim = (img.double() @ txt.double().T).numpy()
+    want_i2t, want_t2i = fast_naive(sim, t2img.numpy(), k)
+    np.testing.assert_array_equal(mined.i2t, want_i2t)
+    np.testing.assert_array_equal(mined.t2i, want_t2i)
+    np.testing.assert_array_equal(mined.i2t_scores, np.take_along_axis(sim, want_i2t, 1))
+    np.testing.assert_array_equal(mined.t2i_scores, np.take_along_axis(sim.T, want_t2i, 1))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_sampled_thresholds_and_guessed_floors_are_exact(workers):
+    # k = 70 of 400 images: rows are thresholded from a strided sample (step 2); the first of
+    # 10 blocks gives each image a guessed floor; heavy ties at every threshold
+    img, txt, t2img = integer_world(0, 400, 3, dim=5)
+    mined = mine_embeddings(img, txt, t2img, k=70, block_size=128, workers=workers)
+    assert_exact(mined, img, txt, t2img, 70)
+    mined.check()
+
+
+NO_BAR = SimpleNamespace(update=lambda n: None)
+
+
+def test_large_galleries_get_smaller_blocks(monkeypatch):
+    # at most 200 scores per block: 4 captions of 50 images, no guess (too few per block)
+    monkeypatch.setattr(mining, "_BLOCK_ENTRIES", 200)
+    img, txt, t2img = integer_world(5, 50, 2)
+    assert_exact(mine_embeddings(img, txt, t2img, k=6, workers=2), img, txt, t2img, 6)
+
+
+def spy(monkeypatch, name):
+    calls = []
+    real = getattr(mining, name)
+
+    def wrapped(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mining, name, wrapped)
+    return calls
+
+
+def test_a_too_high_row_threshold_or_image_guess_is_redone_exactly(monkeypatch):
+    img, txt, t2img = integer_world(1, 300, 4, dim=6, lo=-5, hi=6)
+    # thresholds that leave about 0.4 k per row and 0.2 k per image: most must be redone
+    monkeypatch.setattr(mining, "_ROW_SLACK", 0.4)
+    monkeypatch.setattr(mining, "_IMAGE_SLACK", 0.2)
+    calls = spy(monkeypatch, "_exact_rows")
+    mined = mine_embeddings(img, txt, t2img, k=100, block_size=100, workers=2)
+    assert_exact(mined, img, txt, t2img, 100)
+    assert any(shape[1] == 300 for shape in calls)  # caption rows redone
+    assert any(shape[1] == 1200 for shape in calls)  # images rescored over every caption
+
+
+def test_blocks_whose_entries_all_fall_below_the_image_floors():
+    # captions 0:8 score 100 + j with every image, the rest score below 10: once the lists hold
+    # the first block's captions, no later entry reaches an image's floor
+    n_img, n_txt, k = 5, 40, 3
+    t2img = torch.arange(n_txt) % n_img
+    sim = torch.randint(0, 10, (n_img, n_txt), generator=torch.Generator().manual_seed(0))
+    sim = sim.float()
+    sim[:, :8] = 100 + torch.arange(8.0)
+    mined = mine_blocks(
+        lambda t0, t1: sim[:, t0:t1].T.clone(), n_images=n_img, txt_to_img=t2img, k=k, block_size=8
+    )
+    want_i2t, want_t2i = fast_naive(sim.numpy(), t2img.numpy(), k)
+    np.testing.assert_array_equal(mined.i2t, want_i2t)
+    np.testing.assert_array_equal(mined.t2i, want_t2i)
+    assert (mined.i2t < 8).all()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_k_equal_to_the_gallery_minus_the_positives_with_every_score_tied(workers):
+    # every score equal: the lists are the other images / captions in index order
+    n_img, cpi = 9, 2
+    t2img = torch.arange(n_img).repeat_interleave(cpi)
+    img, txt = torch.ones(n_img, 3), torch.ones(n_img * cpi, 3)
+    mined = mine_embeddings(img, txt, t2img, k=n_img - 1, block_size=4, workers=workers)
+    for j, row in enumerate(mined.t2i):
+        assert row.tolist() == [i for i in range(n_img) if i != t2img[j]]
+    # 20 images, 10 captions on images 0-4: k = 8 leaves images 0-4 exactly their other captions
+    t2img = torch.arange(5).repeat_interleave(2)
+    img, txt = torch.ones(20, 3), torch.ones(10, 3)
+    mined = mine_embeddings(img, txt, t2img, k=8, block_size=3, workers=workers)
+    for i, row in enumerate(mined.i2t):
+        assert row.tolist() == [j for j in range(10) if t2img[j] != i][:8]
+    assert (mined.i2t_scores == 3.0).all()
+
+
+def test_negative_zero_ties_with_zero_and_infinities_are_ordered():
+    # the keys must order -0.0 as 0.0 (ties by index) and keep +-inf in place
+    t2img = torch.tensor([0, 1, 2, 3])
+    sim = torch.tensor(
+        [
+            [9.0, 0.0, -0.0, float("inf")],
+            [-0.0, 7.0, float("-inf"), 0.0],
+            [0.0, -0.0, 5.0, -1.0],
+            [float("-inf"), 2.0, -0.0, 1.0],
+        ]
+    )
+    for device_path in (False, True):
+        if device_path:
+            mined = mining._mine_on_device(
+                lambda t0, t1: sim[:, t0:t1].T, 4, t2img, 3, 2, torch.device("cpu"), NO_BAR
+            )
+        else:
+            mined = mine_blocks(
+                lambda t0, t1: sim[:, t0:t1].T.clone(),
+                n_images=4,
+                txt_to_img=t2img,
+                k=3,
+                block_size=2,
+            )
+        want_i2t, want_t2i = fast_naive(sim.numpy(), t2img.numpy(), 3)
+        np.testing.assert_array_equal(mined.i2t, want_i2t)
+        np.testing.assert_array_equal(mined.t2i, want_t2i)
+        assert mined.i2t[1].tolist() == [0, 3, 2] and mined.t2i[1].tolist() == [3, 0, 2]
+
+
+def test_the_accelerator_path_equals_the_cpu_path(capsys):
+    img, txt, t2img = integer_world(2, 50, 3)
+    cpu = mine_embeddings(img, txt, t2img, k=7, block_size=16, progress=True)
+    assert "150/150" in capsys.readouterr().err  # the bar counts captions
+    dev = mining._mine_on_device(
+        lambda t0, t1: txt[t0:t1] @ img.T, 50, t2img, 7, 16, torch.device("cpu"), NO_BAR
+    )
+    for name in ("i2t", "t2i", "i2t_scores", "t2i_scores"):
+        np.testing.assert_array_equal(getattr(dev, name), getattr(cpu, name))
+
+
+def test_nan_scores_and_bad_workers_are_refused():
+    img, txt, t2img = integer_world(3, 6, 2)
+    img[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        mine_embeddings(img, txt, t2img, k=2)
+    with pytest.raises(ValueError, match="NaN"):
+        mine_blocks(lambda t0, t1: txt[t0:t1] @ img.T, n_images=6, txt_to_img=t2img, k=2)
+    with pytest.raises(ValueError, match="workers: expected a positive integer, got 0"):
+        mine_embeddings(img, txt, t2img, k=2, workers=0)
+
+
+def test_huge_embeddings_are_checked_block_by_block():
+    # every product overflows to +inf: allowed, tied, so in index order
+    img, txt, t2img = integer_world(4, 8, 2, lo=1, hi=3)
+    mined = mine_embeddings(img * 1e20, txt * 1e20, t2img, k=3)
+    assert np.isposinf(mined.i2t_scores).all() and np.isposinf(mined.t2i_scores).all()
+    assert mined.t2i[0].tolist() == [i for i in range(8) if i != t2img[0]][:3]
+    # +inf and -inf partial sums: NaN scores, caught although the embeddings are finite
+    img, txt = torch.full((4, 2), 1e20), torch.tensor([[1e20, -1e20]]).repeat(4, 1)
+    with pytest.raises(ValueError, match="NaN"):
+        mine_embeddings(img, txt, torch.arange(4), k=2)
 
 
 def small_file(tmp_path, n_img=6, cpi=5, k=4, seed=0):
@@ -238,7 +413,7 @@ def test_a_pair_scoring_checkpoint_mines_with_the_evaluations_pair_scores(tmp_pa
 
     from vlret.eval import PairModelScorer, score_matrix
     from vlret.train.builders import build_dataset, eval_data_config, load_trained_model
-    from vlret.train.mining import mine_checkpoint
+    from vlret.train.mining_run import mine_checkpoint
 
     fixtures = Path(__file__).parent / "fixtures" / "prev_release"
     mined = mine_checkpoint(
@@ -252,3 +427,40 @@ def test_a_pair_scoring_checkpoint_mines_with_the_evaluations_pair_scores(tmp_pa
     np.testing.assert_array_equal(mined.i2t, i2t)
     np.testing.assert_array_equal(mined.t2i, t2i)
     assert mined.header["scoring"] == "pair scores"
+
+
+def test_a_noisy_runs_training_split_is_mined_on_its_noisy_pairs(tmp_path, capsys):
+    """A run trained on noisy pairs (``data.noise_ratio``) mines its training split with the
+    same pairing: the file's ``txt_to_img`` is the run's recorded noisy index, an item's own
+    (noisy) positives are never listed, and AOQ's loader check accepts it."""
+    from vlret.data.noisy import read_noise_index
+    from vlret.train.builders import build_train_dataset, load_trained_model
+
+    data = tiny_data(tmp_path / "data")
+    cfg = tmp_path / "run.yaml"
+    raw = tiny_raw(data, tmp_path / "run")
+    raw["data"].update(noise_ratio=0.5, noise_seed=3)
+    cfg.write_text(yaml.safe_dump(raw))
+    assert main(["train", str(cfg), "--set", "train.epochs=1"]) == 0
+    out = tmp_path / "neg.npz"
+    args = ["mine-negatives", str(tmp_path / "run" / "last.pt"), "--data", str(data)]
+    assert main([*args, "--out", str(out), "--k", "3", "--no-progress"]) == 0
+    capsys.readouterr()
+    _, run, encoder = load_trained_model(tmp_path / "run" / "last.pt")
+    noisy = build_train_dataset(run.data, "train", encoder)
+    assert bool(noisy.corrupted.any())  # the run did train on moved pairs
+    pairs = noisy.txt_to_img.numpy()
+    recorded = read_noise_index(
+        tmp_path / "run" / "noise_index.npy",
+        num_captions=noisy.num_captions,
+        num_images=noisy.num_images,
+    )
+    mined = load_offline_negatives(
+        out, num_images=noisy.num_images, num_captions=noisy.num_captions, txt_to_img=pairs
+    )
+    np.testing.assert_array_equal(mined.txt_to_img, pairs)
+    assert recorded.format == "ncr"  # one entry per caption: the image it is paired with
+    np.testing.assert_array_equal(recorded.index, pairs)
+    assert not (mined.t2i == pairs[:, None]).any()
+    for image in range(noisy.num_images):
+        assert not set(mined.i2t[image].tolist()) & set(np.flatnonzero(pairs == image).tolist())

@@ -1,7 +1,7 @@
 """``vlret mine-negatives CKPT --data DIR --out FILE``: AOQ's offline candidates of a split (each
 image's top-K captions, each caption's top-K images, own positives excluded) by a trained
 model's scores, written as one ``.npz`` (:mod:`vlret.data.offline_negatives`); a thin layer over
-:func:`vlret.train.mining.mine_checkpoint`."""
+:func:`vlret.train.mining_run.mine_checkpoint`."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Mine, write the file and print its path and sizes."""
     require_train_extra(NAME)
     from .._files import check_output_file
-    from ..train.mining import mine_checkpoint
+    from ..train.mining_run import mine_checkpoint
 
     try:
         check_output_file(args.out, "--out", "negatives.npz")  # before the (slow) scoring

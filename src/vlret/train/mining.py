@@ -2,113 +2,98 @@
 caption's top-K images over a whole split, by a trained model's scores, own positives excluded
 (``vlret mine-negatives``; the file format is :mod:`vlret.data.offline_negatives`).
 
-The split is scored in blocks of captions x all images, never as one ``(N_img, N_txt)`` matrix:
+The split is scored in blocks of captions x all images, never as one ``(N_img, N_txt)`` matrix.
+Selection is exact through integer keys: a float32 score maps to a 32-bit integer in the same
+order (``-0.0`` as ``0.0``) and an entry's key (score, then index) is unique, so one integer
+sort or partition orders by higher score then lower index, with no tie pass, whatever the
+blocks. On the CPU (numpy's vectorised sort and partition):
 
-* a caption's top-K images come from its row of the block (one ``topk``);
-* each image keeps its best K captions so far; a block's entries enter only when they beat the
-  image's K-th best (one comparison over the block, then a merge of the few that pass).
+* a caption's top K images: a threshold from a strided sample of its row (about 1.45 K entries
+  at or above it), one comparison pass, a sort of the keys of the entries that pass; a row left
+  with fewer than K is redone from a partition to its exact K-th best;
+* an image's top K captions: each image has a floor below which no caption can enter (a guess
+  from the first block, then its K-th best so far); a block's entries at or above it are kept
+  (up to 2K per image, then a partition back to K). An image whose K-th best ends below its
+  guess is rescored whole;
+* a two-tower model's blocks come in a fixed random order (the first is a fair sample) and
+  ``workers`` threads score and select them side by side, one BLAS thread each.
 
-Equal scores rank the lower index first (the same selection and order as a stable full sort),
-whatever the block size. A two-tower model is encoded once and scored by matrix products
-(cosine or dot, as its ``scoring``); a pair-scoring model (SCAN, BFAN, SGRAF, ...) is scored
-with the evaluation's own pair scorer (:func:`vlret.eval.score_matrix`), block by block. The
-release mined with a two-tower first-round model (VSRN's global similarity), also for BFAN.
+On an accelerator each block's keys go through ``topk``. A pair-scoring model is scored by the
+evaluation's pair scorer (:func:`vlret.eval.score_matrix`), block by block, in order, no guess.
+The release mined with a two-tower first-round model (VSRN's global similarity), also for BFAN.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
 from collections.abc import Callable
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
 from .._extras import progress_bar
-from ..data import check_features
 from ..data.offline_negatives import OfflineNegatives
-from ..eval import PairModelScorer, TextTokens, TwoTowerScorer, score_matrix
-from ..models import PairScorer
-from .builders import build_dataset, eval_data_config, load_trained_model
-from .distributed import resolve_device
+from ..eval import TextTokens, score_matrix
 
 #: Captions per scored block (a block is ``BLOCK x N_img`` float32 scores).
 BLOCK = 1024
 #: AOQ's default number of candidates (the release draws among the top 300).
 DEFAULT_K = 300
 
+_LOW31 = (1 << 31) - 1
+#: CPU blocks hold at most this many scores per worker (fewer captions for a large gallery).
+_BLOCK_ENTRIES = 1 << 24
+#: A key worse than every entry's (an empty slot, an excluded entry).
+_NONE = int(np.iinfo(np.int64).max)
+#: t2i: the sampled threshold leaves about this many times ``k`` entries per row.
+_ROW_SLACK = 1.45
+#: i2t: the first block's guess leaves about this many times ``k`` captions per image.
+_IMAGE_SLACK = 2.0
+
+
+def _flip(x: Any) -> Any:  # int32 torch or numpy: negatives' magnitude bits turned over
+    return x ^ (~(x >> 31) & _LOW31)
+
+
+def _desc_t(values: torch.Tensor) -> torch.Tensor:
+    """Float32 scores as int64 in ``[0, 2**32)``, smaller for a higher score, in the scores'
+    order (``-0.0`` as ``0.0``): the bits with the sign's meaning turned over."""
+    return _flip((values.float() + 0.0).view(torch.int32)).long() & 0xFFFFFFFF
+
+
+def _undesc_t(desc: torch.Tensor) -> torch.Tensor:
+    return _flip(desc.int()).view(torch.float32)
+
+
+def _desc(v: np.ndarray) -> np.ndarray:  # _desc_t in numpy
+    return _flip((v + np.float32(0.0)).view(np.int32)).view(np.uint32).astype(np.int64)
+
+
+def _undesc(desc: np.ndarray) -> np.ndarray:
+    return _flip(desc.astype(np.uint32).view(np.int32)).view(np.float32)
+
+
+def _bits(n: int) -> int:
+    return max(1, (n - 1).bit_length())
+
 
 def top_k(values: torch.Tensor, k: int, ids: torch.Tensor | None = None):
-    """``(scores, ids)`` of the ``k`` best entries of each row of ``values``, ordered by score
-    (descending) then id (ascending); ``ids`` (same shape, default the column positions) name
-    the entries. ``-inf`` entries are never told apart (they are padding or excluded)."""
-    rows, width = values.shape
-    take = min(k + 1, width)
-    v, pos = values.topk(take, dim=1)
-    if torch.isnan(v).any():
+    """``(scores, ids)`` of the ``k`` best entries of each row of ``values`` (at most its width),
+    ordered by score (descending) then id (ascending), ``-inf`` included; ``ids`` (same shape,
+    in ``[0, 2**31)``, default the column positions) name the entries. Each entry's key
+    ``desc(score) << 31 | id`` is unique, so one integer ``topk`` gives this order exactly."""
+    if bool(torch.isnan(values).any()):
         raise ValueError("the model's scores contain NaN")
-    finite = v > float("-inf")
-    tie = ((v[:, 1:] == v[:, :-1]) & finite[:, 1:]).any(1) if take > 1 else finite[:, 0] & False
-    v, pos = v[:, :k], pos[:, :k]
-    out_ids = pos if ids is None else ids.gather(1, pos)
-    if bool(tie.any()):  # rare: redo the rows with equal scores by a stable sort
-        bad = tie.nonzero().squeeze(1)
-        sub = values.index_select(0, bad)
-        sub_ids = (
-            torch.arange(width, device=values.device).expand(len(bad), width)
-            if ids is None
-            else ids.index_select(0, bad)
-        )
-        by_id = sub_ids.argsort(dim=1, stable=True)
-        sub, sub_ids = sub.gather(1, by_id), sub_ids.gather(1, by_id)
-        by_score = sub.argsort(dim=1, descending=True, stable=True)[:, :k]
-        v[bad], out_ids[bad] = sub.gather(1, by_score), sub_ids.gather(1, by_score)
-    return v, out_ids
-
-
-def _padded(values: torch.Tensor, where: torch.Tensor, ids: torch.Tensor, sentinel: int):
-    """The entries ``where`` (``(n, 2)`` row-major (row, column) pairs of ``values``, grouped by
-    row) packed to the left of a ``(rows, widest)`` matrix, ``-inf`` / ``sentinel`` after."""
-    row = where[:, 0]
-    counts = torch.bincount(row, minlength=values.shape[0])
-    col = torch.arange(len(row), device=values.device) - (torch.cumsum(counts, 0) - counts)[row]
-    shape = (values.shape[0], int(counts.max()))
-    pad = torch.full(shape, float("-inf"), dtype=values.dtype, device=values.device)
-    pad_ids = torch.full(shape, sentinel, dtype=torch.long, device=values.device)
-    pad[row, col] = values[row, where[:, 1]]
-    pad_ids[row, col] = ids
-    return pad, pad_ids
-
-
-def rows_top_k(
-    values: torch.Tensor, k: int, ids: torch.Tensor | None = None, *, sample_rank: int = 8
-):
-    """:func:`top_k` of wide rows, exact, through a cheap filter: a threshold per
-    row from a strided sample of its columns (its ``sample_rank``-th best, about ``2k`` entries
-    expected at or above it); rows with at least ``k`` entries at or above their threshold keep
-    only those (every entry of the top ``k``, ties included, is among them), the others are
-    ranked whole."""
-    rows, width = values.shape
-    m = 2 * sample_rank * width // k
-    if m < sample_rank or 2 * m > width:
-        return top_k(values, k, ids)
-    thr = values[:, :: width // m].topk(sample_rank, dim=1).values[:, -1:]
-    passed = values >= thr
-    ok = passed.sum(dim=1) >= k
-    v = torch.empty(rows, k, dtype=values.dtype, device=values.device)
-    bad, good = (~ok).nonzero().squeeze(1), ok.nonzero().squeeze(1)
-    out = torch.empty(rows, k, dtype=torch.long, device=values.device)
-    if len(bad):
-        sub_ids = None if ids is None else ids.index_select(0, bad)
-        v[bad], out[bad] = top_k(values.index_select(0, bad), k, sub_ids)
-    if len(good):
-        sub = values.index_select(0, good)
-        where = passed.index_select(0, good).nonzero()
-        named = where[:, 1] if ids is None else ids.index_select(0, good)[where[:, 0], where[:, 1]]
-        sentinel = width if ids is None else int(ids.max()) + 1
-        pad, pad_ids = _padded(sub, where, named, sentinel)
-        v[good], out[good] = top_k(pad, k, pad_ids)
-    return v, out
+    if ids is None:
+        ids = torch.arange(values.shape[1], device=values.device).expand(values.shape)
+    keys = (_desc_t(values) << 31) | ids
+    best = keys.topk(min(k, values.shape[1]), dim=1, largest=False).values
+    return _undesc_t(best >> 31), best & _LOW31
 
 
 def check_k(k: int, n_images: int, txt_to_img: torch.Tensor) -> None:
@@ -127,6 +112,198 @@ def check_k(k: int, n_images: int, txt_to_img: torch.Tensor) -> None:
             f"k: {k} is larger than the gallery minus the positives: {n_txt - own} captions per "
             f"image ({n_txt} captions, up to {own} its own)"
         )
+
+
+def _first_k(f, row, desc, n_rows: int, width: int, k: int):
+    """The best ``k`` entries (flat positions ``f`` in a C-order matrix of ``width`` columns,
+    their rows, ``desc``) of each of ``n_rows`` rows, as ``(columns, scores, entries per
+    row)``: one sort of the keys ``row | desc | col``. A row with fewer than ``k`` entries gets
+    others' (redo it)."""
+    if len(row) == 0:
+        zeros = np.zeros(n_rows, np.int64)
+        return np.zeros((n_rows, k), np.int64), np.zeros((n_rows, k), np.float32), zeros
+    bw = _bits(width)
+    key = row * ((1 << (32 + bw)) - width)  # + f: row << (32 + bw) | col
+    key += f
+    key |= desc << bw
+    key.sort()
+    starts = np.searchsorted(key, np.arange(n_rows + 1) << (32 + bw))
+    counts = np.diff(starts)
+    at = np.minimum(starts[:-1, None] + np.arange(k), len(key) - 1)
+    best = key[at]
+    return best & ((1 << bw) - 1), _undesc((best >> bw) & 0xFFFFFFFF), counts
+
+
+def _exact_rows(s: np.ndarray, k: int, own: np.ndarray):
+    """The best ``k`` of each row of ``s`` (float32, C order; set to ``-inf`` at the flat
+    positions ``own``, which are never chosen): a partition to each row's ``k``-th best score,
+    then :func:`_first_k` of the entries at or above it (at least ``k`` per row)."""
+    rows, width = s.shape
+    flat = s.reshape(-1)
+    flat[own] = -np.inf
+    thr = np.partition(s, width - k, axis=1)[:, width - k]
+    mask = s >= thr[:, None]
+    mask.reshape(-1)[own] = False
+    f = np.flatnonzero(mask)
+    return _first_k(f, f // width, _desc(flat[f]), rows, width, k)[:2]
+
+
+def _thresholds(s: np.ndarray, k: int) -> np.ndarray:
+    """Per row of ``s``, a score with about ``_ROW_SLACK * k`` of the row at or above it: the
+    ``r``-th best of every ``step``-th column (``r`` about 48, so fewer than ``k`` is rare; such
+    rows are redone exactly). With ``step`` 1 it is the ``r``-th best of the row, ``r >= k``."""
+    width = s.shape[1]
+    step = max(1, int(_ROW_SLACK * k / 48))
+    sample = s[:, ::step]
+    m = sample.shape[1]
+    r = min(m, max(1, round(_ROW_SLACK * k * m / width)))
+    return np.partition(sample, m - r, axis=1)[:, m - r]
+
+
+class _Images:
+    """The kept captions of every image: up to ``2k`` keys ``desc << 31 | caption`` per image
+    (unordered), and ``floor``, the score below which a caption cannot enter: the ``k``-th
+    best kept (a lower bound of the true ``k``-th best), or the first block's guess. Workers
+    share it (``add`` holds a lock); a floor read while it rises is valid either way."""
+
+    def __init__(self, n_images: int, k: int, floor: np.ndarray) -> None:
+        self.k = k
+        self.keys = np.full((n_images, 2 * k), _NONE, dtype=np.int64)
+        self.fill = np.zeros(n_images, dtype=np.int64)
+        self.floor = floor.astype(np.float32)
+        self.lock = threading.Lock()
+
+    def add(self, image, desc, row, captions: np.ndarray) -> None:
+        """Keep the entries ``(image, desc, row)`` of a block of ``captions`` (rows)."""
+        if len(image) == 0:
+            return
+        k, bc = self.k, _bits(len(captions))
+        key = (image << (32 + bc)) | (desc << bc) | row
+        key.sort()  # by image, then best first
+        image = key >> (32 + bc)
+        counts = np.bincount(image, minlength=len(self.fill))
+        starts = np.cumsum(counts) - counts
+        if counts.max() > k:  # only a block's best k of an image can matter
+            keep = np.arange(len(key)) - starts[image] < k
+            key, image = key[keep], image[keep]
+            counts = np.minimum(counts, k)
+            starts = np.cumsum(counts) - counts
+        glob = (((key >> bc) & 0xFFFFFFFF) << 31) | captions[key & ((1 << bc) - 1)]
+        with self.lock:
+            full = np.flatnonzero(self.fill + counts > 2 * k)
+            if len(full):
+                self.compact(full)
+            # the slots fill[image] + rank of each image's row, as flat positions
+            base = np.arange(len(self.fill)) * (2 * k) + self.fill - starts
+            self.keys.reshape(-1)[base[image] + np.arange(len(key))] = glob
+            self.fill += counts
+
+    def compact(self, images: np.ndarray) -> None:
+        """Keep the best ``k`` of ``images`` (each holds more) and raise their floors."""
+        k = self.k
+        part = np.partition(self.keys[images], k - 1, axis=1)
+        part[:, k:] = _NONE
+        self.keys[images], self.fill[images] = part, k
+        self.floor[images] = np.maximum(self.floor[images], _undesc(part[:, k - 1] >> 31))
+
+
+def _merge_images(images: _Images, k: int, guess: np.ndarray, chunk: int = 4096):
+    """Every image's best ``k`` kept captions: ``(ids, scores, failed)``, ``failed`` the images
+    whose ``k``-th best is below their guess (a caption under the guess was never kept, so it
+    may belong) or that kept fewer than ``k``."""
+    n = len(guess)
+    ids, scores = np.empty((n, k), np.int64), np.empty((n, k), np.float32)
+    short = np.zeros(n, dtype=bool)
+    for a in range(0, n, chunk):
+        best = np.sort(np.partition(images.keys[a : a + chunk], k - 1, axis=1)[:, :k], axis=1)
+        ids[a : a + chunk], scores[a : a + chunk] = best & _LOW31, _undesc(best >> 31)
+        short[a : a + chunk] = best[:, -1] == _NONE
+    return ids, scores, np.flatnonzero(short | (scores[:, -1] < guess))
+
+
+def _block(
+    s: np.ndarray,
+    captions: np.ndarray,
+    t2img: np.ndarray,
+    k: int,
+    images: _Images,
+    t2i: tuple[np.ndarray, np.ndarray],
+    check_nan: bool,
+) -> None:
+    """Mine one block: ``s`` (float32 ``(c, n_images)``, C order, modified) scores the
+    ``captions`` against every image. One comparison pass marks the entries at or above their
+    row's threshold or their image's floor; the marked ones (about ``_ROW_SLACK * k`` per row
+    plus the few that can enter an image's list) are the only ones sorted."""
+    c, n = s.shape
+    flat = s.reshape(-1)
+    if check_nan and bool(np.isnan(flat).any()):
+        raise ValueError("the model's scores contain NaN")
+    own = np.arange(c) * n + t2img[captions]
+    flat[own] = -np.inf
+    thr = _thresholds(s, k)
+    mask = np.greater_equal(s, thr[:, None])
+    enter = np.greater_equal(s, images.floor).reshape(-1)
+    mask.reshape(-1)[own] = enter[own] = False
+    mask |= enter.reshape(c, n)
+    f = np.flatnonzero(mask)
+    row = f // n
+    desc = _desc(flat[f])
+    cols, scores, counts = _first_k(f, row, desc, c, n, k)
+    # fewer than k at or above the sampled threshold: redo those rows exactly
+    bad = np.flatnonzero((counts < k) | (scores[:, -1] < thr))
+    if len(bad):
+        cols[bad], scores[bad] = _exact_rows(s[bad], k, np.arange(len(bad)) * n + own[bad] % n)
+    t2i[0][captions], t2i[1][captions] = cols, scores
+    e = np.flatnonzero(enter[f])
+    images.add(f[e] - row[e] * n, desc[e], row[e], captions)
+
+
+def _scored(score_block, t0: int, t1: int, n_images: int, dev: torch.device) -> torch.Tensor:
+    s = score_block(t0, t1)
+    if tuple(s.shape) != (t1 - t0, n_images):
+        raise ValueError(
+            f"score_block({t0}, {t1}): expected shape {(t1 - t0, n_images)}, got {tuple(s.shape)}"
+        )
+    s = s.detach().to(device=dev, dtype=torch.float32)
+    if bool(torch.isnan(s).any()):
+        raise ValueError(f"the model's scores of captions {t0}:{t1} contain NaN")
+    return s
+
+
+def _result(i2t, i2t_scores, t2i, t2i_scores, t2img, k: int) -> OfflineNegatives:
+    i2t, t2i, t2img = (np.asarray(a, dtype=np.int64) for a in (i2t, t2i, t2img))
+    i2t_scores, t2i_scores = (np.asarray(a, dtype=np.float32) for a in (i2t_scores, t2i_scores))
+    return OfflineNegatives(
+        i2t, t2i, i2t_scores, t2i_scores, t2img, {"k": k, "ties": "lower index first"}
+    )
+
+
+def _checked_block_size(block_size: int, n_images: int) -> int:
+    _positive("block_size", block_size)
+    return min(block_size, 1 << (31 - _bits(n_images)))  # keys: row | score | image in 63 bits
+
+
+def _mine_on_device(score_block, n_images: int, t2img: torch.Tensor, k: int, block: int, dev, bar):
+    """The accelerator's way (any device): integer keys and ``topk`` per block, each image's
+    best merged with every block."""
+    n_txt, t2img_dev, images = len(t2img), t2img.to(dev), torch.arange(n_images, device=dev)
+    best = torch.full((n_images, k), _NONE, dtype=torch.long, device=dev)
+    t2i, t2i_scores = torch.empty(n_txt, k, dtype=torch.long), torch.empty(n_txt, k)
+    for t0 in range(0, n_txt, block):
+        t1 = min(t0 + block, n_txt)
+        s = _scored(score_block, t0, t1, n_images, dev)
+        rows, own = torch.arange(t1 - t0, device=dev), t2img_dev[t0:t1]
+        desc = _desc_t(s) << 31
+        keys = desc | images
+        keys[rows, own] = _NONE
+        sel = keys.topk(k, dim=1, largest=False).values
+        t2i[t0:t1], t2i_scores[t0:t1] = (sel & _LOW31).cpu(), _undesc_t(sel >> 31).cpu()
+        keys = desc | (rows + t0)[:, None]
+        keys[rows, own] = _NONE
+        best = torch.cat([best, keys.t()], dim=1).topk(k, dim=1, largest=False).values
+        bar.update(t1 - t0)
+    best = best.cpu()
+    return _result(best & _LOW31, _undesc_t(best >> 31), t2i, t2i_scores, t2img, k)
 
 
 @torch.no_grad()
@@ -149,81 +326,113 @@ def mine_blocks(
     """
     t2img = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
     check_k(k, n_images, t2img)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size: expected a positive integer, got {block_size!r}")
-    n_txt = len(t2img)
-    dev = torch.device(device)
-    t2img_dev = t2img.to(dev)
-    neg_inf = float("-inf")
-    # each image's best k captions so far; placeholders: -inf, id n_txt (they lose every tie)
-    best = torch.full((n_images, k), neg_inf, device=dev)
-    best_ids = torch.full((n_images, k), n_txt, dtype=torch.long, device=dev)
-    t2i = torch.empty(n_txt, k, dtype=torch.long)
-    t2i_scores = torch.empty(n_txt, k)
-    bar = None
-    if progress:
-        bar = progress_bar(total=n_txt, desc="mining", unit="caption", dynamic_ncols=True)
-    try:
-        for t0 in range(0, n_txt, block_size):
-            t1 = min(t0 + block_size, n_txt)
-            s = score_block(t0, t1).to(device=dev, dtype=torch.float32)
-            if s.shape != (t1 - t0, n_images):
-                raise ValueError(
-                    f"score_block({t0}, {t1}): expected shape {(t1 - t0, n_images)}, got "
-                    f"{tuple(s.shape)}"
-                )
-            rows = torch.arange(t1 - t0, device=dev)
-            s[rows, t2img_dev[t0:t1]] = neg_inf  # own positives, in both directions
-            if bool(torch.isnan(s).any()):
-                raise ValueError(f"the model's scores of captions {t0}:{t1} contain NaN")
-            v, ids = rows_top_k(s, k)
-            t2i[t0:t1], t2i_scores[t0:t1] = ids.cpu(), v.cpu()
-            _merge_images(best, best_ids, s, t0, n_txt)
-            if bar is not None:
-                bar.update(t1 - t0)
-    finally:
-        if bar is not None:
-            bar.close()
-    return OfflineNegatives(
-        i2t=best_ids.cpu().numpy().astype(np.int64),
-        t2i=t2i.numpy().astype(np.int64),
-        i2t_scores=best.cpu().numpy().astype(np.float32),
-        t2i_scores=t2i_scores.numpy().astype(np.float32),
-        txt_to_img=t2img.numpy().astype(np.int64),
-        header={"k": k, "ties": "lower index first"},
-    )
+    block = _checked_block_size(block_size, n_images)
+    dev, n_txt = torch.device(device), len(t2img)
+    with _bar(progress, n_txt) as bar:
+        if dev.type != "cpu":
+            return _mine_on_device(score_block, n_images, t2img, k, block, dev, bar)
+        t2img_np = t2img.numpy()
+        images = _Images(n_images, k, np.full(n_images, -np.inf))
+        t2i = (np.empty((n_txt, k), np.int64), np.empty((n_txt, k), np.float32))
+        for t0 in range(0, n_txt, block):
+            t1 = min(t0 + block, n_txt)
+            s = np.ascontiguousarray(_scored(score_block, t0, t1, n_images, dev).numpy())
+            _block(s, np.arange(t0, t1), t2img_np, k, images, t2i, check_nan=False)
+            bar.update(t1 - t0)
+        ids, scores, _ = _merge_images(images, k, np.full(n_images, -np.inf))
+    return _result(ids, scores, *t2i, t2img_np, k)
 
 
-def _merge_images(
-    best: torch.Tensor, best_ids: torch.Tensor, s: torch.Tensor, t0: int, sentinel: int
-) -> None:
-    """Merge the block ``s`` (captions ``t0:`` x images) into each image's best captions, in
-    place: only entries above the image's current k-th best can enter (an equal one has a higher
-    caption id than every kept one, so it loses the tie). Padding is ``-inf`` with the id
-    ``sentinel``, as the placeholders."""
-    passed = s.t() > best[:, -1:]  # (n_images, c), strict: equal scores keep the earlier ids
-    n_passed = int(passed.sum())
-    if n_passed == 0:
-        return
-    if n_passed * 8 > passed.numel():  # the first blocks: most entries pass, merge densely
-        ids = torch.arange(t0, t0 + s.shape[0], device=s.device).expand(best.shape[0], -1)
-        merged = torch.cat([best, s.t()], dim=1)
-        v, kept = rows_top_k(merged, best.shape[1], torch.cat([best_ids, ids], dim=1))
-        best.copy_(v)
-        best_ids.copy_(kept)
-        return
-    where = passed.nonzero()  # row-major: grouped by image, captions ascending
-    active = torch.unique_consecutive(where[:, 0])
-    slot = torch.empty(best.shape[0], dtype=torch.long, device=s.device)
-    slot[active] = torch.arange(len(active), device=s.device)
-    local = torch.stack([slot[where[:, 0]], where[:, 1]], dim=1)
-    pad, pad_ids = _padded(s.t().index_select(0, active), local, where[:, 1] + t0, sentinel)
-    merged = torch.cat([best.index_select(0, active), pad], dim=1)
-    merged_ids = torch.cat([best_ids.index_select(0, active), pad_ids], dim=1)
-    v, ids = top_k(merged, best.shape[1], merged_ids)
-    best[active], best_ids[active] = v, ids
+def _bar(progress: bool, total: int) -> Any:
+    """A progress bar in captions, or a context giving one that shows nothing."""
+    if not progress:
+        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
+    return progress_bar(total=total, desc="mining", unit="caption", dynamic_ncols=True)
 
 
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def _finite_products(img: torch.Tensor, txt: torch.Tensor) -> bool:
+    """Whether no float32 product of a row of ``txt`` and one of ``img`` can be NaN or
+    infinite: finite entries, and ``D * max|img| * max|txt|`` far below float32's largest (no
+    partial sum of a dot product exceeds it)."""
+    if img.numel() == 0 or txt.numel() == 0:
+        return True
+    bound = float(img.shape[1])
+    for x in (img, txt):
+        lo, hi = torch.aminmax(x)
+        bound *= max(abs(float(lo)), abs(float(hi)))
+    return math.isfinite(bound) and bound < 1e37
+
+
+def _mine_cpu(
+    img: torch.Tensor, txt: torch.Tensor, t2img: np.ndarray, k: int, block: int, workers: int, bar
+) -> OfflineNegatives:
+    """Two-tower mining on the CPU: blocks of captions in a fixed random order, the first one
+    giving each image a guess of its ``k``-th best (the ``r``-th best of the block, ``r`` for
+    about ``_IMAGE_SLACK * k`` captions over the split); ``workers`` threads then score and
+    select the other blocks, one BLAS thread each, into shared image lists. Images whose
+    result falls below the guess are rescored whole (exact either way)."""
+    n_txt, n_images = len(t2img), img.shape[0]
+    order = torch.randperm(n_txt, generator=torch.Generator().manual_seed(0)).numpy()
+    blocks = [np.sort(order[a : a + block]) for a in range(0, n_txt, block)]
+    check_nan = not _finite_products(img, txt)
+    t2i = (np.empty((n_txt, k), np.int64), np.empty((n_txt, k), np.float32))
+
+    def scores(ids: np.ndarray) -> np.ndarray:
+        return (txt.index_select(0, torch.from_numpy(ids)) @ img.t()).numpy()
+
+    first = scores(blocks[0])
+    c = len(blocks[0])
+    r = max(8, math.ceil(_IMAGE_SLACK * k * c / n_txt))
+    guess = np.full(n_images, -np.inf, dtype=np.float32)
+    if r <= c // 4:
+        first.reshape(-1)[np.arange(c) * n_images + t2img[blocks[0]]] = -np.inf
+        guess = np.partition(np.ascontiguousarray(first.T), c - r, axis=1)[:, c - r]
+    images = _Images(n_images, k, guess)
+    _block(first, blocks[0], t2img, k, images, t2i, check_nan)
+    lock, todo, stop = threading.Lock(), iter(blocks[1:]), threading.Event()
+    bar.update(c)
+
+    def work() -> None:
+        while not stop.is_set():
+            with lock:
+                ids = next(todo, None)
+            if ids is None:
+                return
+            try:
+                _block(scores(ids), ids, t2img, k, images, t2i, check_nan)
+            except BaseException:
+                stop.set()
+                raise
+            with lock:
+                bar.update(len(ids))
+
+    workers = max(1, min(workers, len(blocks) - 1))
+    if workers == 1:
+        work()
+    else:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                for done in [pool.submit(work) for _ in range(workers)]:
+                    done.result()
+        finally:
+            torch.set_num_threads(threads)
+    ids, best, failed = _merge_images(images, k, guess)
+    rows = max(1, min(256, 1 << (31 - _bits(n_txt))))
+    for a in range(0, len(failed), rows):  # rare: the guess was above the image's k-th best
+        u = failed[a : a + rows]
+        s = (img.index_select(0, torch.from_numpy(u)) @ txt.t()).numpy()
+        ids[u], best[u] = _exact_rows(s, k, np.flatnonzero(t2img[None, :] == u[:, None]))
+    return _result(ids, best, *t2i, t2img, k)
+
+
+@torch.no_grad()
 def mine_embeddings(
     img_emb: torch.Tensor,
     txt_emb: torch.Tensor,
@@ -233,9 +442,13 @@ def mine_embeddings(
     block_size: int = BLOCK,
     device: torch.device | str = "cpu",
     progress: bool = False,
+    workers: int | None = None,
 ) -> OfflineNegatives:
     """:func:`mine_blocks` of two-tower embeddings: scores are ``txt_emb @ img_emb.T`` as given
-    (normalise them first for cosine scores), one block of captions at a time on ``device``."""
+    (normalise them first for cosine scores), one block of captions at a time on ``device``.
+    On the CPU, blocks hold at most ``2**24`` scores, and ``workers`` threads (default
+    ``torch.get_num_threads()``) score and select blocks side by side, one BLAS thread each
+    (torch's thread count is 1 meanwhile); the result does not depend on blocks or threads."""
     if img_emb.dim() != 2 or txt_emb.dim() != 2 or img_emb.shape[1] != txt_emb.shape[1]:
         raise ValueError(
             f"img_emb {tuple(img_emb.shape)} and txt_emb {tuple(txt_emb.shape)}: expected "
@@ -246,13 +459,25 @@ def mine_embeddings(
             f"txt_to_img: one image per caption expected ({txt_emb.shape[0]}), got "
             f"{len(torch.as_tensor(txt_to_img))}"
         )
+    if workers is not None:
+        _positive("workers", workers)
     img = img_emb.to(device=device, dtype=torch.float32)
+    if torch.device(device).type == "cpu":
+        t2img = torch.as_tensor(txt_to_img, dtype=torch.long).cpu()
+        check_k(k, img.shape[0], t2img)
+        block = _checked_block_size(block_size, img.shape[0])
+        block = min(block, max(1, _BLOCK_ENTRIES // img.shape[0]))
+        txt = txt_emb.to(device="cpu", dtype=torch.float32)
+        with _bar(progress, len(t2img)) as bar:
+            return _mine_cpu(
+                img, txt, t2img.numpy(), k, block, workers or torch.get_num_threads(), bar
+            )
 
-    def block(t0: int, t1: int) -> torch.Tensor:
+    def score(t0: int, t1: int) -> torch.Tensor:
         return txt_emb[t0:t1].to(device=device, dtype=torch.float32) @ img.t()
 
     return mine_blocks(
-        block,
+        score,
         n_images=img_emb.shape[0],
         txt_to_img=txt_to_img,
         k=k,
@@ -292,75 +517,11 @@ def mine_pair_model(
     )
 
 
-def mine_checkpoint(
-    checkpoint: str | Path,
-    *,
-    data: str | Path,
-    split: str = "train",
-    k: int = DEFAULT_K,
-    batch_size: int = 256,
-    device: str = "auto",
-    progress: bool = False,
-    block_size: int = BLOCK,
-) -> OfflineNegatives:
-    """Load a ``vlret train`` checkpoint, read ``split`` of the data folder ``data`` with the
-    checkpoint's data settings (:func:`~vlret.train.builders.eval_data_config`, as ``vlret
-    eval``) and mine it; the header records the checkpoint, split, scoring and model kind.
-
-    Raises:
-        FileNotFoundError: A missing checkpoint or data folder.
-        ValueError: An unreadable checkpoint, a bad split or ``k`` (named).
-    """
-    if not Path(data).exists():
-        raise FileNotFoundError(f"{data}: missing; expected the data folder of the {split} split")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
-    try:
-        dev = resolve_device(device)
-    except ValueError as err:
-        raise ValueError(f"device: {err}") from None
-    model, run, encoder = load_trained_model(checkpoint, device=dev)
-    dataset = build_dataset(
-        eval_data_config(run.data, data),
-        split,
-        encoder,
-        image_transform=getattr(model, "image_transform", None),
-    )
-    in_dim = getattr(getattr(model, "image_encoder", None), "in_dim", None)
-    check_features(dataset, in_dim=in_dim if isinstance(in_dim, int) else None)
-    check_k(k, dataset.num_images, torch.as_tensor(dataset.txt_to_img))  # before encoding
-    options: dict[str, Any] = {"k": k, "block_size": block_size, "device": dev}
-    if isinstance(model, PairScorer):
-        scorer = PairModelScorer(model, batch_size=batch_size, device=dev)
-        regions, texts = scorer.tokens(dataset)
-        mined = mine_pair_model(
-            model, regions, texts, dataset.txt_to_img, progress=progress, **options
-        )
-        scoring = "pair scores"
-    else:
-        tower = TwoTowerScorer(model, scoring=run.scoring, batch_size=batch_size, device=dev)
-        img, txt = tower.embeddings(dataset)
-        mined = mine_embeddings(img, txt, dataset.txt_to_img, progress=progress, **options)
-        scoring = str(tower.scoring)
-    kind = run.model.get("kind", type(model).__name__) if isinstance(run.model, dict) else None
-    header = {
-        **mined.header,
-        "checkpoint": str(checkpoint),
-        "split": split,
-        "scoring": scoring,
-        "model": kind or type(model).__name__,
-    }
-    return OfflineNegatives(
-        mined.i2t, mined.t2i, mined.i2t_scores, mined.t2i_scores, mined.txt_to_img, header
-    )
-
-
 __all__ = [
     "BLOCK",
     "DEFAULT_K",
     "check_k",
     "mine_blocks",
-    "mine_checkpoint",
     "mine_embeddings",
     "mine_pair_model",
     "top_k",
