@@ -254,7 +254,18 @@ def build_train_dataset(
     offline negatives (:class:`~vlret.data.offline_negatives.OfflineNegativesDataset`, drawing
     among the first ``data.offline_candidates``), after the file was checked against the set's
     sizes and its training pairs (``txt_to_img``, the noisy ones under noise)."""
-    dataset = build_dataset(data, split, encoder, image_transform=image_transform)
+    dataset = with_training_noise(
+        data, build_dataset(data, split, encoder, image_transform=image_transform)
+    )
+    if data.offline_negatives is None:
+        return dataset
+    return cast("RetrievalDataset", with_offline_negatives(data, dataset, split))
+
+
+def with_training_noise(data: DataConfig, dataset: RetrievalDataset) -> RetrievalDataset:
+    """The clean training split ``dataset`` with the run's noisy correspondence applied
+    (``data.noise_index`` or ``data.noise_ratio``; unchanged, with ``corrupted`` all False,
+    when clean): the pairs the run trains on."""
     noise = configured_noise(
         dataset,
         index=data.noise_index,
@@ -262,10 +273,7 @@ def build_train_dataset(
         ratio=data.noise_ratio,
         seed=data.noise_seed,
     )
-    dataset = apply_noise_index(dataset, noise)
-    if data.offline_negatives is None:
-        return dataset
-    return cast("RetrievalDataset", with_offline_negatives(data, dataset, split))
+    return apply_noise_index(dataset, noise)
 
 
 def with_offline_negatives(data: DataConfig, dataset: RetrievalDataset, split: str) -> Any:

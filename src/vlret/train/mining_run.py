@@ -13,11 +13,10 @@ from typing import Any
 import torch
 
 from ..data import check_features
-from ..data.noisy import apply_noise_index, configured_noise
 from ..data.offline_negatives import OfflineNegatives
 from ..eval import PairModelScorer, TwoTowerScorer
 from ..models import PairScorer
-from .builders import build_dataset, eval_data_config, load_trained_model
+from .builders import build_dataset, eval_data_config, load_trained_model, with_training_noise
 from .distributed import resolve_device
 from .mining import BLOCK, DEFAULT_K, _positive, check_k, mine_embeddings, mine_pair_model
 
@@ -57,14 +56,7 @@ def mine_checkpoint(
         settings, split, encoder, image_transform=getattr(model, "image_transform", None)
     )
     if split == settings.train_split:  # the run's training pairs: noisy ones stay noisy
-        noise = configured_noise(
-            dataset,
-            index=settings.noise_index,
-            noise_format=settings.noise_format,
-            ratio=settings.noise_ratio,
-            seed=settings.noise_seed,
-        )
-        dataset = apply_noise_index(dataset, noise)
+        dataset = with_training_noise(settings, dataset)
     in_dim = getattr(getattr(model, "image_encoder", None), "in_dim", None)
     check_features(dataset, in_dim=in_dim if isinstance(in_dim, int) else None)
     check_k(k, dataset.num_images, torch.as_tensor(dataset.txt_to_img))  # before encoding
