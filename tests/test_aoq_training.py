@@ -5,6 +5,8 @@ config refusals."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -201,7 +203,7 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
 
     class Record:
         def after_step(self, trainer, step):
-            seen.append((step.loss, {k: v for k, v in step.context.items() if k.startswith("aoq")}))
+            seen.append((step.loss, dict(step.context["stats"])))
 
     from vlret.train.hooks import TrainHook
 
@@ -213,6 +215,12 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
     whole.fit()
     assert whole.step == 10 and all(np.isfinite(loss) for loss, _ in seen)
     assert set(seen[0][1]) == {"aoq_weight_txt", "aoq_weight_img", "aoq_weight_negative"}
+    # and metrics.jsonl's step records carry them, as the step computed them
+    logged = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").open()]
+    steps = [r for r in logged if r["kind"] == "step"]
+    assert steps and all(
+        r["aoq_weight_txt"] == seen[r["step"] - 1][1]["aoq_weight_txt"] for r in steps
+    )
     assert _params_moved(before, model_params(whole.model))
     state = torch.load(tmp_path / "whole" / "last.pt", weights_only=False)
     assert state["procedure"] == {} and state["config"]["data"]["offline_negatives"] == str(
@@ -277,7 +285,7 @@ def test_bfan_trains_one_aoq_epoch_with_its_pair_scores(tmp_path, data):
     )
     # float32 scores of unit vectors, summed over 8 items and 6 terms: within 1e-4
     torch.testing.assert_close(loss.double(), want, rtol=0, atol=1e-4)
-    assert "aoq_weight_txt" in ctx
+    assert "aoq_weight_txt" in ctx["stats"]
     before = model_params(trainer.model)
     trainer.fit()
     assert trainer.step == 2 and _params_moved(before, model_params(trainer.model))

@@ -5,6 +5,7 @@ finite differences, an exact resume, a pair-scoring model, the shipped configs, 
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -228,6 +229,7 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
         "train.procedure=metaspn",
         "train.epochs=2",
         "train.max_steps_per_epoch=3",
+        "train.log_every=1",
         "loss.hardest=false",
         "train.procedure_options={hidden = [6], meta_lr = 0.01, meta_batch_size = 8}",
     ]
@@ -242,6 +244,10 @@ def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):
     step = full.loss_step
     assert isinstance(step, MetaSPNStep) and full.step == 6
     assert step.last_meta_loss is not None and 0 < step.last_mean_weight < 1
+    logged = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").open()]
+    last = [r for r in logged if r["kind"] == "step"][-1]
+    assert last["step"] == 6 and 0 < last["metaspn_mean_weight"] < 1
+    assert last["metaspn_meta_loss"] >= 0
     for name, value in step.net.state_dict().items():  # the weighting network learned
         assert not torch.equal(value, start[name]), name
     assert any(not torch.equal(v, model_start[k]) for k, v in model_params(full.model).items())

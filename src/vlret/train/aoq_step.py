@@ -136,7 +136,7 @@ class AOQStep(LossStep):
             loss = trainer.loss_fn(img, txt, ids, ids, **extra)
             logged = loss.detach()
             ctx: dict[str, Any] = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
-            ctx.update(self.embedding_weight_stats(trainer, img, txt, ids, extra))
+            ctx["stats"] = self.embedding_weight_stats(trainer, img, txt, ids, extra)
             return self.scaled(trainer, loss, logged), logged, ctx
         except (ValueError, FloatingPointError) as err:
             self.explain_non_finite(trainer, batch, img, txt, err)
@@ -183,7 +183,7 @@ class AOQStep(LossStep):
             pos_mask = positive_mask(ids, ids).to(sim.device)
             loss = trainer.loss_fn.from_similarity(sim, pos_mask, **scores)
             ctx: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
-            ctx.update(self.weight_stats(trainer, sim.detach(), pos_mask, scores))
+            ctx["stats"] = self.weight_stats(trainer, sim.detach(), pos_mask, scores)
             return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
         except (ValueError, FloatingPointError) as err:
             self.explain_non_finite(trainer, batch, None, None, err)
