@@ -11,9 +11,19 @@ from vlret.losses.aoq import OFFLINE_EMBEDDINGS, OFFLINE_SCORES
 
 
 def naive_aoq(
-    sim, off, *, margin=0.2, offline_margin=0.0, alpha=0.3, beta=1.5, pos=None, detach=False
+    sim,
+    off,
+    *,
+    margin=0.2,
+    offline_margin=0.0,
+    alpha=0.3,
+    beta=1.5,
+    pos=None,
+    detach=False,
+    hardest=True,
 ):
-    """The released ContrastiveLoss written anchor by anchor (float64, Python loops)."""
+    """The released ContrastiveLoss written anchor by anchor (float64, Python loops); with
+    ``hardest=False`` every negative's hinge, times the anchor's weight."""
     b = sim.shape[0]
     pos = torch.eye(b, dtype=torch.bool) if pos is None else pos | torch.eye(b, dtype=torch.bool)
     total = sim.new_zeros(())
@@ -27,7 +37,9 @@ def naive_aoq(
                 w = beta - (o - hard) / alpha
                 if detach:
                     w = w.detach()
-                total = total + w * torch.clamp(margin + hard - s_ii, min=0)
+                chosen = [hard] if hardest else negs
+                for n in chosen:
+                    total = total + w * torch.clamp(margin + n - s_ii, min=0)
         for o in off:
             total = total + torch.clamp(offline_margin + o[i] - s_ii, min=0)
     return total
@@ -183,11 +195,39 @@ def test_a_batch_without_its_offline_negatives_is_refused_by_name():
         call(sim, [*off[:3], off[3][:2]])
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_all_negatives_sums_every_hinge_with_the_hardest_weight(seed):
+    sim, off = batch(seed=seed)
+    pos = torch.zeros(6, 6, dtype=torch.bool)
+    pos[0, 1] = pos[1, 0] = True  # a further positive: never a negative, summed or not
+    got = call(sim, off, hardest=False, pos_mask=pos | torch.eye(6, dtype=torch.bool))
+    want = naive_aoq(sim, off, hardest=False, pos=pos)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert not torch.allclose(got, call(sim, off))  # the hardest-only value differs
+
+
+def test_the_all_negatives_warm_up_switches_the_online_hinge():
+    """VSE-infinity's warm-up (train.all_negatives_epochs) takes AOQ: the module sums the
+    online hinge while warming up, then returns to the hardest negative."""
+    loss = build_loss("aoq")
+    assert loss_capabilities("aoq").all_negatives_warmup
+    sim, off = batch(seed=9)
+    inputs = dict(zip(OFFLINE_SCORES, off, strict=True))
+    loss.set_all_negatives(True)
+    torch.testing.assert_close(
+        loss.from_similarity(sim, **inputs), naive_aoq(sim, off, hardest=False), rtol=0, atol=1e-12
+    )
+    loss.set_all_negatives(False)
+    torch.testing.assert_close(
+        loss.from_similarity(sim, **inputs), naive_aoq(sim, off), rtol=0, atol=1e-12
+    )
+
+
 def test_registered_with_the_released_defaults():
     loss = build_loss("aoq")
     assert isinstance(loss, AOQLoss)
     assert (loss.margin, loss.offline_margin, loss.alpha, loss.beta) == (0.2, 0.0, 0.3, 1.5)
-    assert loss.detach_weights is False and loss.reduction == "sum"
+    assert loss.detach_weights is False and loss.reduction == "sum" and loss.hardest is True
     assert loss_capabilities("aoq").similarity_inputs == OFFLINE_SCORES
     with pytest.raises(ValueError, match="alpha"):
         build_loss("aoq", alpha=0.0)

@@ -55,6 +55,9 @@ class AOQParams(LossParams):
     detach_weights: bool = param(
         False, FLAG, "no gradient through the adaptive weights (the release keeps it)"
     )
+    hardest: bool = param(
+        True, FLAG, "the online hinge on the hardest negative (False: summed over all of them)"
+    )
     reduction: str = reduction_param("sum")  # the release sums over the batch
 
 
@@ -83,6 +86,7 @@ def aoq_loss(
     alpha: float = 0.3,
     beta: float = 1.5,
     detach_weights: bool = False,
+    hardest: bool = True,
     pos_mask: torch.Tensor | None = None,
     reduction: str = "sum",
 ) -> torch.Tensor:
@@ -110,6 +114,14 @@ def aoq_loss(
     negatives; the release has no such mask (each batch item is a different caption, rarely of
     the same image). An anchor without any online negative contributes only its offline hinges.
     Sum reduction as in the release.
+
+    ``hardest=False`` sums the online hinge over every negative of the anchor,
+    :math:`w^t_i \sum_{j \ne i} [m + s_{ij} - s_{ii}]_+` (and likewise for captions), the weight
+    still taken from the hardest one: the release's ``max_violation`` off, and VSE-infinity's
+    all-negatives warm-up (``train.all_negatives_epochs``, :meth:`AOQLoss.set_all_negatives`).
+    The release multiplies its ``(B, B)`` hinge matrix by the ``(B,)`` weights, which
+    broadcasts along the columns (each caption's weight on every image's hinge with it); here
+    each anchor's hinges take the anchor's weight, as the paper writes it.
 
     Raises:
         ValueError: A missing offline score (named), bad shapes or parameters.
@@ -140,6 +152,10 @@ def aoq_loss(
         if detach_weights:
             weight = weight.detach()
         hinge = (margin + hard - pos).clamp(min=0)
+        if not hardest:  # every negative of the anchor: rows for images, columns for captions
+            dim = 1 if off is offline[0] else 0
+            every = (margin + s - pos.unsqueeze(dim)).clamp(min=0)
+            hinge = every.masked_fill(~negatives, 0.0).sum(dim=dim)
         terms.append(weight * torch.where(has, hinge, torch.zeros_like(hinge)))
     for off in offline:
         terms.append((offline_margin + off - pos).clamp(min=0))
@@ -159,12 +175,28 @@ class AOQLoss(PairLoss):
     batch without them.
     """
 
-    declared = LossCapabilities(similarity_inputs=OFFLINE_SCORES)
+    declared = LossCapabilities(similarity_inputs=OFFLINE_SCORES, all_negatives_warmup=True)
     paper = "AOQ (Chen et al. 2020)"
     equation = "AOQ Sec. 3, the released ContrastiveLoss"
     Params = AOQParams
     config: AOQParams
     dense = staticmethod(aoq_loss)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        #: In VSE-infinity's warm-up (:meth:`set_all_negatives`): the online hinge summed.
+        self.all_negatives = False
+
+    @property
+    def hardest(self) -> bool:
+        """The online mining in use now: the configured one, or all negatives in the warm-up."""
+        return self.config.hardest and not self.all_negatives
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        self.all_negatives = bool(all_negatives)
+
+    def arguments(self) -> dict[str, Any]:
+        return {**super().arguments(), "hardest": self.hardest}
 
     def forward(
         self,
