@@ -40,9 +40,12 @@ def _anchors(sim, pos):
             yield i, rows[i][i], negs
 
 
-def naive_ssp(sim, pos=None, *, margin=0.2, max_positive=1 - 1e-5, per_index=False, **c):
+def naive_ssp(
+    sim, pos=None, *, margin=0.2, max_positive=1 - 1e-5, per_index=False, hardest=True, **c
+):
     """The release's loop, read literally: per row then per column, the positive kept when
-    below the threshold, the informative negatives those with s + m > p, the largest of them."""
+    below the threshold, the informative negatives those with s + m > p, the largest of them
+    (``hardest=False``: every informative negative, vlret's all-negatives warm-up)."""
     c = {**SSP, **c}
     b = sim.shape[0]
     pos = torch.eye(b, dtype=torch.bool) if pos is None else pos
@@ -53,9 +56,9 @@ def naive_ssp(sim, pos=None, *, margin=0.2, max_positive=1 - 1e-5, per_index=Fal
         informative = [n for n in negs if n + margin > p]
         if not informative:
             continue
-        n = max(informative)
         out[i] += max(c["a2"] * p * p + c["a1"] * p + c["a0"], 0.0)
-        out[i] += max(c["b2"] * n * n + c["b1"] * n + c["b0"], 0.0)
+        for n in [max(informative)] if hardest else informative:
+            out[i] += max(c["b2"] * n * n + c["b1"] * n + c["b0"], 0.0)
     return out if per_index else sum(out) / b
 
 
@@ -253,6 +256,48 @@ def test_tiled_equals_dense_values_and_gradients(dense, tiled, chunk, ids):
     for a, b in zip(g_got, g_want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     assert want.abs().sum() > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("ids", [None, [0, 1, 1, 2, 3, 4, 4, 5, 6]])
+def test_ssp_all_negatives_against_the_loop_and_tiled(seed, ids):
+    """``hardest=False`` (the warm-up): every informative negative's polynomial, dense against
+    the naive loop, tiled (streamed rows, recomputed in the backward) against dense."""
+    img, txt = _embeddings(9, 6, seed)
+    mask = None if ids is None else positive_mask(ids, ids)
+    sim = cosine_similarity(img, txt)
+    want = ssp_loss(sim, pos_mask=mask, hardest=False, reduction="none")
+    loop = naive_ssp(sim.detach(), mask, per_index=True, hardest=False)
+    torch.testing.assert_close(want, torch.tensor(loop, dtype=F64), rtol=0, atol=1e-12)
+    assert not torch.allclose(want, ssp_loss(sim, pos_mask=mask, reduction="none"))
+    g_want = torch.autograd.grad(want.sum(), (img, txt))
+    for chunk in (1, 4):
+        got = tiled_ssp_loss(
+            img, txt, img_ids=ids, chunk_size=chunk, hardest=False, reduction="none"
+        )
+        g_got = torch.autograd.grad(got.sum(), (img, txt))
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        for a, b in zip(g_got, g_want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    parts = sum(
+        tiled_ssp_loss(img, txt, img_ids=ids, chunk_size=3, hardest=False, shard=s)
+        for s in ((0, 4), (4, 9))
+    )
+    torch.testing.assert_close(parts, want.sum() / 9, rtol=0, atol=1e-12)
+
+
+def test_ssp_takes_the_all_negatives_warm_up():
+    from vlret.losses import loss_capabilities
+
+    assert loss_capabilities("ssp").all_negatives_warmup
+    loss = build_loss("ssp")
+    img, txt = _embeddings(6, 4, 1)
+    loss.set_all_negatives(True)
+    warm = loss(img, txt)
+    loss.set_all_negatives(False)
+    sim = cosine_similarity(img, txt)
+    torch.testing.assert_close(warm, ssp_loss(sim, hardest=False), rtol=0, atol=1e-12)
+    torch.testing.assert_close(loss(img, txt), ssp_loss(sim), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["ssp", "rsp"])

@@ -50,10 +50,11 @@ carries both directions only when the positives are equal (then
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .._checks import MARGIN, POSITIVE, REAL, Choice, check_positive, check_reduction
+from .._checks import FLAG, MARGIN, POSITIVE, REAL, Choice, check_positive, check_reduction
 from ..similarity import Ids
 from ._base import (
     LossCapabilities,
@@ -63,7 +64,14 @@ from ._base import (
     reduce_per_index,
     reduce_terms,
 )
-from ._tiling import Embedded, hardest_negatives, prepare_embeddings, scores_at, shard_directions
+from ._tiling import (
+    Embedded,
+    hardest_negatives,
+    prepare_embeddings,
+    scores_at,
+    shard_directions,
+    tile_rows,
+)
 from .params import TiledLossParams, param, reduction_param
 from .registry import register_loss
 
@@ -85,6 +93,9 @@ class SSPParams(TiledLossParams):
     b0: float = param(0.03, REAL, "negative polynomial: b0")
     max_positive: float = param(
         MAX_POSITIVE, REAL, "an anchor whose positive is >= this contributes nothing"
+    )
+    hardest: bool = param(
+        True, FLAG, "the hardest informative negative (False: every informative negative)"
     )
     reduction: str = reduction_param("mean")  # the release divides the sum by B
 
@@ -139,6 +150,30 @@ def ssp_terms(
     keep = has_negative & (pos < max_positive) & (neg + margin > pos)
     term = _quadratic(pos, a2, a1, a0).clamp(min=0) + _quadratic(neg, b2, b1, b0).clamp(min=0)
     return torch.where(keep, term, 0.0)
+
+
+def ssp_all_terms(
+    pos: torch.Tensor,
+    scores: torch.Tensor,
+    negatives: torch.Tensor,
+    *,
+    margin: float,
+    a2: float,
+    a1: float,
+    a0: float,
+    b2: float,
+    b1: float,
+    b0: float,
+    max_positive: float,
+) -> torch.Tensor:
+    """SSP's term of each anchor (a row of ``scores``, ``negatives`` its candidate negatives)
+    with every informative negative (``hardest=False``, the all-negatives warm-up): the positive
+    polynomial once plus the negative polynomial summed over the negatives within the margin."""
+    informative = negatives & (scores + margin > pos.unsqueeze(1))
+    keep = informative.any(dim=1) & (pos < max_positive)
+    per_negative = _quadratic(scores, b2, b1, b0).clamp(min=0)
+    summed = torch.where(informative, per_negative, 0.0).sum(dim=1)
+    return torch.where(keep, _quadratic(pos, a2, a1, a0).clamp(min=0) + summed, 0.0)
 
 
 def rsp_terms(
@@ -199,6 +234,7 @@ def ssp_loss(
     b1: float = -0.4,
     b0: float = 0.03,
     max_positive: float = MAX_POSITIVE,
+    hardest: bool = True,
     pos_mask: torch.Tensor | None = None,
     reduction: str = "mean",
 ) -> torch.Tensor:
@@ -219,6 +255,9 @@ def ssp_loss(
         b1: Negative polynomial, ``n`` coefficient.
         b0: Negative polynomial, constant.
         max_positive: An anchor whose positive is ``>= max_positive`` contributes nothing.
+        hardest: The hardest informative negative (the release); ``False`` sums the negative
+            polynomial over every informative negative (the all-negatives warm-up,
+            :meth:`SSPLoss.set_all_negatives`; not in the release).
         pos_mask: Further true matches (never negatives).
         reduction: ``"mean"`` (the release: the sum over rows and columns divided by ``B``),
             ``"sum"`` or ``"none"``.
@@ -235,6 +274,14 @@ def ssp_loss(
     def term_fn(pos, neg, has):
         return ssp_terms(pos, neg, has, margin=margin, max_positive=max_positive, **coefficients)
 
+    if not hardest:
+        s, negatives = prepare(sim, pos_mask)
+        pos = s.diagonal()
+        rows, cols = (
+            ssp_all_terms(pos, x, m, margin=margin, max_positive=max_positive, **coefficients)
+            for x, m in ((s, negatives), (s.t(), negatives.t()))
+        )
+        return reduce_terms(rows, cols, reduction)
     return _dense_terms(sim, pos_mask, reduction, term_fn)
 
 
@@ -250,6 +297,7 @@ def tiled_ssp_loss(
     b1: float = -0.4,
     b0: float = 0.03,
     max_positive: float = MAX_POSITIVE,
+    hardest: bool = True,
     img_ids: Ids | None = None,
     txt_ids: Ids | None = None,
     chunk_size: int,
@@ -271,6 +319,8 @@ def tiled_ssp_loss(
         b1: Negative polynomial, ``n`` coefficient.
         b0: Negative polynomial, constant.
         max_positive: An anchor whose positive is ``>= max_positive`` contributes nothing.
+        hardest: As in :func:`ssp_loss`; ``False`` streams each direction's rows
+            (``tile_rows``, the tile recomputed in the backward pass).
 
     Returns:
         The dense form's value and gradient on the cosine matrix.
@@ -287,7 +337,21 @@ def tiled_ssp_loss(
     def term_fn(pos, neg, has):
         return ssp_terms(pos, neg, has, margin=margin, max_positive=max_positive, **coefficients)
 
-    return reduce_per_index(_tiled_terms(batch, shard, term_fn), reduction, batch.batch)
+    if hardest:
+        return reduce_per_index(_tiled_terms(batch, shard, term_fn), reduction, batch.batch)
+    terms = []
+    for d in shard_directions(batch, (0, batch.batch) if shard is None else shard):
+        # bound now: the backward pass calls it again after the loop has moved on
+        def rows(
+            scores: torch.Tensor, start: int, pos: torch.Tensor, exclusions: Any = d.exclusions
+        ) -> torch.Tensor:
+            negatives = ~exclusions.mask(start, start + scores.shape[0])
+            return ssp_all_terms(
+                pos, scores, negatives, margin=margin, max_positive=max_positive, **coefficients
+            )
+
+        terms.append(tile_rows(rows, d.rows, d.cands, batch.tile, d.positives))
+    return reduce_per_index(terms[0] + terms[1], reduction, batch.batch)
 
 
 def rsp_loss(
@@ -453,12 +517,29 @@ class SSPLoss(PairLoss):
     memory, same values and gradients).
     """
 
-    declared = LossCapabilities(local_shards=True)
+    declared = LossCapabilities(local_shards=True, all_negatives_warmup=True)
     paper = "SSP polynomial loss (Wei et al. CVPR 2020)"
     equation = "released PolyLoss form"
     Params = SSPParams
+    config: SSPParams
     dense = staticmethod(ssp_loss)
     tiled = staticmethod(tiled_ssp_loss)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        #: In VSE-infinity's warm-up (:meth:`set_all_negatives`): every informative negative.
+        self.all_negatives = False
+
+    @property
+    def hardest(self) -> bool:
+        """The mining in use now: the configured one, or all negatives in the warm-up."""
+        return self.config.hardest and not self.all_negatives
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        self.all_negatives = bool(all_negatives)
+
+    def arguments(self) -> dict[str, Any]:
+        return {**super().arguments(), "hardest": self.hardest}
 
 
 @register_loss("rsp")
