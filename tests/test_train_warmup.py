@@ -183,4 +183,4 @@ def test_refusal_names_the_losses_that_take_the_warmup():
     assert warmup_refusal("vsl", {"base": "triplet", "base_params": {"hardest": False}}) is None
     reason = warmup_refusal("infonce", {"temperature": 0.05})
     assert reason.startswith("loss 'infonce' with temperature=0.05 has no hardest-negative")
-    assert reason.endswith("applies to goal, triplet, vsl (with their defaults)")
+    assert reason.endswith("applies to aoq, goal, ssp, triplet, vsl (with their defaults)")

@@ -194,8 +194,8 @@ class TrainConfig:
     ``batch_size`` is the global batch (split evenly over ranks under torchrun).
     ``all_negatives_epochs``: VSE-infinity's warm-up (its ``vse_mean_warmup_epochs``) for that
     many first epochs (0: none), for the losses that declare
-    ``LossCapabilities.all_negatives_warmup`` (those built on the hardest-negative triplet:
-    triplet, GOAL, VSL with a triplet base); any other loss is an error. See
+    ``LossCapabilities.all_negatives_warmup`` (those with a hardest-negative phase: triplet,
+    GOAL, VSL with a triplet base, SSP, AOQ); any other loss is an error. See
     :mod:`vlret.train.warmup`. A resumed run continues the schedule from its epoch.
     ``momentum_encoder``: EMA momentum of a key encoder whose outputs fill the loss's memory
     queue (AdaCL: 0.99), for a loss that owns a queue and takes momentum keys
