@@ -420,3 +420,24 @@ class PairLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return self.config.describe()
+
+
+class HardestNegativeLoss(PairLoss):
+    """A loss with a ``hardest`` parameter and VSE-infinity's all-negatives warm-up: while
+    :meth:`set_all_negatives` is on, the loss runs with ``hardest=False`` (declare
+    ``LossCapabilities.all_negatives_warmup``); a loss configured with ``hardest=False`` stays
+    so. Triplet-HN, SSP and AOQ (``train.all_negatives_epochs``, :mod:`vlret.train.warmup`)."""
+
+    #: In the warm-up (:meth:`set_all_negatives`): the form over all negatives.
+    all_negatives: bool = False
+
+    @property
+    def hardest(self) -> bool:
+        """The mining in use now: the configured one, or all negatives in the warm-up."""
+        return bool(getattr(self.config, "hardest", True)) and not self.all_negatives
+
+    def set_all_negatives(self, all_negatives: bool) -> None:
+        self.all_negatives = bool(all_negatives)
+
+    def arguments(self) -> dict[str, Any]:
+        return {**super().arguments(), "hardest": self.hardest}

@@ -29,7 +29,7 @@ from .._checks import (
     check_reduction,
 )
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index
+from ._base import HardestNegativeLoss, LossCapabilities, prepare, reduce_per_index
 from .params import LossParams, param, reduction_param
 from .registry import register_loss
 
@@ -163,7 +163,7 @@ def aoq_loss(
 
 
 @register_loss("aoq")
-class AOQLoss(PairLoss):
+class AOQLoss(HardestNegativeLoss):
     """Module form of :func:`aoq_loss` (AOQ, ECCV 2020).
 
     ``loss(img_emb, txt_emb, img_ids=None, txt_ids=None, *, offline_txt_emb, offline_img_emb,
@@ -181,22 +181,6 @@ class AOQLoss(PairLoss):
     Params = AOQParams
     config: AOQParams
     dense = staticmethod(aoq_loss)
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        #: In VSE-infinity's warm-up (:meth:`set_all_negatives`): the online hinge summed.
-        self.all_negatives = False
-
-    @property
-    def hardest(self) -> bool:
-        """The online mining in use now: the configured one, or all negatives in the warm-up."""
-        return self.config.hardest and not self.all_negatives
-
-    def set_all_negatives(self, all_negatives: bool) -> None:
-        self.all_negatives = bool(all_negatives)
-
-    def arguments(self) -> dict[str, Any]:
-        return {**super().arguments(), "hardest": self.hardest}
 
     def forward(
         self,

@@ -57,6 +57,7 @@ import torch
 from .._checks import FLAG, MARGIN, POSITIVE, REAL, Choice, check_positive, check_reduction
 from ..similarity import Ids
 from ._base import (
+    HardestNegativeLoss,
     LossCapabilities,
     PairLoss,
     log1p_sum_exp,
@@ -510,7 +511,7 @@ def rsp_unified_loss(
 
 
 @register_loss("ssp")
-class SSPLoss(PairLoss):
+class SSPLoss(HardestNegativeLoss):
     """Module form of :func:`ssp_loss` (the released self-similarity polynomial loss).
 
     ``chunk_size=N`` makes the embedding entry point use :func:`tiled_ssp_loss` (O(N x B)
@@ -524,22 +525,6 @@ class SSPLoss(PairLoss):
     config: SSPParams
     dense = staticmethod(ssp_loss)
     tiled = staticmethod(tiled_ssp_loss)
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        #: In VSE-infinity's warm-up (:meth:`set_all_negatives`): every informative negative.
-        self.all_negatives = False
-
-    @property
-    def hardest(self) -> bool:
-        """The mining in use now: the configured one, or all negatives in the warm-up."""
-        return self.config.hardest and not self.all_negatives
-
-    def set_all_negatives(self, all_negatives: bool) -> None:
-        self.all_negatives = bool(all_negatives)
-
-    def arguments(self) -> dict[str, Any]:
-        return {**super().arguments(), "hardest": self.hardest}
 
 
 @register_loss("rsp")

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from .._checks import FLAG, MARGIN, check_reduction
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index, reduce_terms
+from ._base import (
+    HardestNegativeLoss,
+    LossCapabilities,
+    prepare,
+    reduce_per_index,
+    reduce_terms,
+)
 from ._tiling import (
     Embedded,
     hardest_negatives,
@@ -158,7 +163,7 @@ def tiled_triplet_loss(
 
 
 @register_loss("triplet")
-class TripletLoss(PairLoss):
+class TripletLoss(HardestNegativeLoss):
     """Module form of :func:`triplet_loss` (VSE++; Unified-loss paper Eq. 1-2).
 
     ``chunk_size=N`` makes the embedding entry point use :func:`tiled_triplet_loss`, which never
@@ -173,23 +178,3 @@ class TripletLoss(PairLoss):
     config: TripletParams
     dense = staticmethod(triplet_loss)
     tiled = staticmethod(tiled_triplet_loss)
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        #: In VSE-infinity's warm-up (:meth:`set_all_negatives`): the sum over all negatives.
-        self.all_negatives = False
-
-    @property
-    def hardest(self) -> bool:
-        """The mining in use now: the configured one, or all negatives in the warm-up."""
-        return self.config.hardest and not self.all_negatives
-
-    @property
-    def configured_hardest(self) -> bool:
-        return self.config.hardest
-
-    def set_all_negatives(self, all_negatives: bool) -> None:
-        self.all_negatives = bool(all_negatives)
-
-    def arguments(self) -> dict[str, Any]:
-        return {**super().arguments(), "hardest": self.hardest}
