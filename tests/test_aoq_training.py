@@ -203,7 +203,7 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
 
     class Record:
         def after_step(self, trainer, step):
-            seen.append((step.loss, dict(step.context["stats"])))
+            seen.append((step.loss, dict(step.context["stats"]())))
 
     from vlret.train.hooks import TrainHook
 
@@ -285,7 +285,7 @@ def test_bfan_trains_one_aoq_epoch_with_its_pair_scores(tmp_path, data):
     )
     # float32 scores of unit vectors, summed over 8 items and 6 terms: within 1e-4
     torch.testing.assert_close(loss.double(), want, rtol=0, atol=1e-4)
-    assert "aoq_weight_txt" in ctx["stats"]
+    assert "aoq_weight_txt" in ctx["stats"]()
     before = model_params(trainer.model)
     trainer.fit()
     assert trainer.step == 2 and _params_moved(before, model_params(trainer.model))

@@ -25,10 +25,11 @@ images and captions of a plain batch, as the release does.
 scores. The step holds no state of its own: the draws are a function of ``(train.seed, epoch,
 caption index)`` (:func:`~vlret.data.offline_negatives.draw_generator`), which a resume
 recomputes; the procedure's hook gives the training set ``train.seed`` before each epoch.
-Each step's context (``StepOutput.context``, what hooks see) carries the adaptive weights'
-statistics: ``aoq_weight_txt`` and ``aoq_weight_img`` (their means over the batch) and
-``aoq_weight_negative`` (the fraction of the ``2B`` weights below zero; the release neither
-clamps nor detaches them).
+Each step's context (``StepOutput.context``, what hooks see) carries ``stats``, a callable
+returning the adaptive weights' statistics: ``aoq_weight_txt`` and ``aoq_weight_img`` (their
+means over the batch) and ``aoq_weight_negative`` (the fraction of the ``2B`` weights below
+zero; the release neither clamps nor detaches them). ``metrics.jsonl``'s step records call it
+on the logging steps only, so the other steps pay nothing for it.
 """
 
 from __future__ import annotations
@@ -136,7 +137,9 @@ class AOQStep(LossStep):
             loss = trainer.loss_fn(img, txt, ids, ids, **extra)
             logged = loss.detach()
             ctx: dict[str, Any] = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
-            ctx["stats"] = self.embedding_weight_stats(trainer, img, txt, ids, extra)
+            held = (img.detach(), txt.detach(), {k: v.detach() for k, v in extra.items()})
+            # computed on logging steps only (run_log.step_record calls it)
+            ctx["stats"] = lambda: self.embedding_weight_stats(trainer, *held[:2], ids, held[2])
             return self.scaled(trainer, loss, logged), logged, ctx
         except (ValueError, FloatingPointError) as err:
             self.explain_non_finite(trainer, batch, img, txt, err)
@@ -183,7 +186,8 @@ class AOQStep(LossStep):
             pos_mask = positive_mask(ids, ids).to(sim.device)
             loss = trainer.loss_fn.from_similarity(sim, pos_mask, **scores)
             ctx: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
-            ctx["stats"] = self.weight_stats(trainer, sim.detach(), pos_mask, scores)
+            held_scores = {k: v.detach() for k, v in scores.items()}
+            ctx["stats"] = lambda: self.weight_stats(trainer, sim.detach(), pos_mask, held_scores)
             return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
         except (ValueError, FloatingPointError) as err:
             self.explain_non_finite(trainer, batch, None, None, err)

@@ -378,9 +378,10 @@ class MetaSPNStep(LossStep):
             ctx: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
         else:
             ctx = {"img": out[0].detach(), "txt": out[1].detach(), "ids": ids}
-        ctx["stats"] = {"metaspn_mean_weight": self.last_mean_weight}
+        stats = {"metaspn_mean_weight": self.last_mean_weight}
         if self.last_meta_loss is not None:
-            ctx["stats"]["metaspn_meta_loss"] = self.last_meta_loss
+            stats["metaspn_meta_loss"] = self.last_meta_loss
+        ctx["stats"] = lambda: stats
         return self.scaled(trainer, loss, logged), logged, ctx
 
     @staticmethod

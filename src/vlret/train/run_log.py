@@ -93,8 +93,8 @@ def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> 
     """The ``kind: step`` record of ``metrics.jsonl``: loss, learning rate, pairs per second,
     the positive and hardest-negative cosines of the batch (from the pair scorer's score
     matrix when ``ctx`` holds one), the loss's own statistics, the training procedure's
-    (``ctx["stats"]``: AOQ's ``aoq_weight_*``, Meta-SPN's ``metaspn_*``) and the AMP loss
-    scale."""
+    (``ctx["stats"]``, a callable returning them, called only on the logging steps: AOQ's
+    ``aoq_weight_*``, Meta-SPN's ``metaspn_*``) and the AMP loss scale."""
     from .pair_scoring import score_stats
 
     record: dict[str, Any] = {
@@ -110,7 +110,8 @@ def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> 
     else:
         record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
     record.update({f"loss_{k}": v for k, v in trainer.loss_fn.last_stats.items()})
-    record.update(ctx.get("stats", {}))
+    if "stats" in ctx:
+        record.update(ctx["stats"]())
     if trainer.scaler.is_enabled():
         record["amp_scale"] = float(trainer.scaler.get_scale())
     return record
