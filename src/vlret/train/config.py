@@ -59,7 +59,9 @@ from .config_checks import (
     check_int_ranges,
     check_model_sizes,
     check_msrvtt,
+    check_noise,
     check_offline_negatives,
+    check_person_search,
 )
 from .config_files import ConfigError, check_tree
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
@@ -429,7 +431,10 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     data = _build(DataConfig, raw["data"], source, "data")
     _check_choice(data.format, DATA_FORMATS, source, "data.format")
     train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
-    check_msrvtt(data, raw["data"], train_raw.get("validate", True), source)
+    validate = train_raw.get("validate", True)
+    check_person_search(data, raw["data"], validate, source)
+    check_msrvtt(data, raw["data"], validate, source)
+    check_noise(data, source)
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")

@@ -176,10 +176,7 @@ def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, sour
 def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
     """MSR-VTT (``data`` a :class:`~vlret.train.config.DataConfig`, whose ``dev_split`` this
     may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
-    train and test: no validation unless ``dev_split`` says test. Person search first
-    (:func:`check_person_search`), and the noisy-correspondence keys (:func:`check_noise`)."""
-    check_person_search(data, raw_data, validate, source)
-    check_noise(data, source)
+    train and test: no validation unless ``dev_split`` says test."""
     experts = data.experts
     if experts is not None and data.format != "msrvtt":
         raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
