@@ -58,6 +58,7 @@ def test_the_standard_procedure_and_unknown_names(tmp_path):
     assert "standard" in procedure_names()
     step = build_procedure(_config(tmp_path))
     assert type(step) is LossStep and step.state_dict() == {} and step.hooks(None) == []
+    assert step.validate(None) is None  # the trainer validates its own model
     step.load_state_dict({})
     with pytest.raises(ValueError, match="another training procedure \\(net_b\\)"):
         step.load_state_dict({"net_b": {}})

@@ -70,6 +70,12 @@ class LossStep:
         config's hooks. The standard step needs none."""
         return []
 
+    def validate(self, trainer: Any) -> dict[str, float] | None:
+        """The dev metrics of the procedure's model, when they are not the trainer's model's
+        (NCR evaluates the mean of its two networks' scores); ``None``: the trainer's own
+        validation, as for the standard step."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """What the procedure holds besides the trainer's own state (a checkpoint's
         ``procedure``): a second network and its optimiser, a weighting network. ``{}`` for

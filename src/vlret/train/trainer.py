@@ -334,9 +334,9 @@ class Trainer(TrainerState):
         (:func:`.pair_scoring.pair_dev_metrics`). ``None`` without a dev set."""
         if self.dev_set is None:
             return None
-        ensemble = getattr(self.loss_step, "validate", None)  # NCR: both networks' mean scores
-        if ensemble is not None:
-            return ensemble(self)
+        own = self.loss_step.validate(self)  # a procedure's own (NCR: both networks' scores)
+        if own is not None:
+            return own
         size = self.config.train.eval_batch_size
         if self.scores_pairs:  # in the model's score units, every dev pair scored
             return pair_dev_metrics(self.model, self.dev_set, batch_size=size, device=self.device)
