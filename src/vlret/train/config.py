@@ -265,6 +265,9 @@ class TrainConfig:
     #: negatives); ``procedure_options`` are its settings, checked by the procedure.
     procedure: str = "standard"
     procedure_options: dict[str, Any] = field(default_factory=dict)
+    #: A vlret checkpoint whose model weights the run starts from (optimiser, schedule and
+    #: epochs fresh): :mod:`vlret.train.init_weights`. ``None``: the model's own initialisation.
+    init_from: str | None = None
 
 
 @dataclass

@@ -48,6 +48,7 @@ from .builders import (
     build_train_dataset,
     check_model_config,
     check_split_features,
+    encoder_state,
     vocab_size,
 )
 from .checkpoint import save_checkpoint
@@ -65,6 +66,7 @@ from .distributed import (
 from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
 from .hooks import HookList, StepOutput, TrainHook, TrainResult, param_groups
+from .init_weights import load_init_weights
 from .loss_builder import build_run_loss
 from .loss_step import LossStep, StepLoss
 from .optim_groups import set_group_weight_decay
@@ -187,6 +189,13 @@ class Trainer(TrainerState):
         self.encoder = build_encoder(config.data, model=config.model, source=config.source)
         self.vocab_size = vocab_size(self.encoder)
         self.model = build_run_model(config, self.vocab_size).to(self.device)
+        if tc.init_from is not None and resume_state is None:  # last.pt holds the weights
+            start = load_init_weights(
+                self.model, tc.init_from, encoder=encoder_state(self.encoder, config)
+            )
+            self._log({"kind": "init_from", **start})
+            if self.print_fn is not None:
+                self.print_fn(f"{config.source}: model weights from {tc.init_from}")
         #: A score matrix instead of embeddings (SCAN, BFAN, SGRAF): see :mod:`.pair_scoring`.
         self.scores_pairs = scores_pairs(self.model)
         transform = getattr(self.model, "image_transform", None)

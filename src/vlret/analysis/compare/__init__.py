@@ -23,7 +23,8 @@ section::
     [compare.losses.triplet-hn]        # a label other than a loss name needs `name`
     name = "triplet"
     hardest = true
-    set = ["train.all_negatives_epochs=0"]   # run-config overrides for this variant only
+    set = ["train.all_negatives_epochs=0"]   # run-config overrides for this variant only;
+                                             # in them {seed} is the run's seed, {out} OUT
 
 A variant's loss parameters are layered: the registry defaults, then the config's ``[loss]``
 section when it names the same loss, then the variant's table. ``--losses`` defaults to the

@@ -248,8 +248,13 @@ def parse_losses(text: str) -> list[str]:
     return items
 
 
-def run_config(raw: dict[str, Any], variant: Variant, seed: int, run_dir: Path) -> RunConfig:
-    """The resolved config of one run (``source`` names the variant and seed)."""
+def run_config(
+    raw: dict[str, Any], variant: Variant, seed: int, run_dir: Path, out_dir: Path | None = None
+) -> RunConfig:
+    """The resolved config of one run (``source`` names the variant and seed). In the
+    variant's overrides ``{seed}`` is the run's seed and ``{out}`` the comparison's folder
+    ``out_dir``: a later round reads the first round's run of the same seed, e.g.
+    ``train.init_from={out}/runs/warmup/seed{seed}/last.pt``."""
     r = copy.deepcopy(raw)
     r["loss"] = {"name": variant.loss, **copy.deepcopy(variant.params)}
     r["output_dir"] = str(run_dir)
@@ -262,7 +267,15 @@ def run_config(raw: dict[str, Any], variant: Variant, seed: int, run_dir: Path) 
         train.pop("all_negatives_epochs", None)
     if not (caps.owns_queue and caps.momentum_keys):
         train.pop("momentum_encoder", None)
-    r = apply_overrides(r, list(variant.overrides))
+    fields = {"{seed}": str(seed), "{out}": str(out_dir if out_dir is not None else "")}
+    overrides = []
+    for item in variant.overrides:
+        if "{out}" in item and out_dir is None:
+            raise CompareError(f"[compare.losses.{variant.label}] set: {{out}} needs a folder")
+        for name, value in fields.items():
+            item = item.replace(name, value)
+        overrides.append(item)
+    r = apply_overrides(r, overrides)
     config = config_from_dict(r, source=f"{variant.label} seed {seed}")
     selection_metric(config)  # train.select_on: before any run trains
     return config
@@ -283,7 +296,7 @@ def plan_runs(
             seed = base_seed + k
             run_dir = out_dir / "runs" / v.label / f"seed{seed}"
             try:
-                config = run_config(raw, v, seed, run_dir)
+                config = run_config(raw, v, seed, run_dir, out_dir)
             except ConfigError as err:
                 raise CompareError(str(err)) from None
             specs.append(RunSpec(v, seed, run_dir, config))
