@@ -9,15 +9,18 @@ semantic matrix) and in ``step_inputs()`` (VSL's ``text_side``: the batch's capt
 needs embeddings cannot work on a score matrix and is refused before any data is read
 (:func:`check_pair_scoring`): a tiled loss (``loss.chunk_size``, the tile height of the
 embedding path; a nested loss's ``chunk_size`` too), gradient caching
-(``train.grad_cache_chunk``) and a memory queue (a loss that ``owns_queue`` with its
-parameters, AdaCL's ``queue_size``; the momentum encoder that
-fills one, ``train.momentum_encoder``, needs such a queue in any case). Validation scores the
+(``train.grad_cache_chunk``) and a memory queue of embeddings (a loss that ``owns_queue``
+with its parameters but whose ``from_similarity`` takes no queue similarities). AdaCL's
+``queue_size`` instead sizes the bank of encoded regions and words of
+:mod:`vlret.train.pair_queue`, which the momentum encoder (``train.momentum_encoder``) fills
+(required with it). Validation scores the
 dev pairs with :mod:`vlret.eval` (:func:`pair_dev_metrics`). The distributed contract is in
 :mod:`vlret.train.distributed` ("Pair scorers").
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -72,12 +75,31 @@ def check_pair_scoring(config: RunConfig) -> None:
                 f"loss.{key}",
                 f"a tiled loss works on embeddings, but {why}; remove chunk_size",
             )
-    if caps.owns_queue:
-        raise ConfigError(
-            config.source,
-            f"loss.{_switched_on_by(name, params, lambda c: c.owns_queue)}",
-            f"the memory queue holds embeddings, but {why}; configure the loss without one",
-        )
+    if caps.owns_queue:  # AdaCL's queue_size: the bank of encodings (vlret.train.pair_queue)
+        key = f"loss.{_switched_on_by(name, params, lambda c: c.owns_queue)}"
+        if not _takes_extra_negatives(cls):
+            raise ConfigError(
+                config.source,
+                key,
+                f"the memory queue holds embeddings, but {why}; configure the loss without one",
+            )
+        if config.train.momentum_encoder is None:
+            raise ConfigError(
+                config.source,
+                key,
+                f"{why}: its memory bank holds the momentum encoder's regions and words; set "
+                "train.momentum_encoder (AdaCL: 0.99), or queue_size = 0",
+            )
+
+
+#: The keyword arguments of a ``from_similarity`` that takes a queue's similarities (AdaCL).
+EXTRA_NEGATIVES = ("extra_neg_txt", "extra_neg_img", "extra_neg_txt_mask", "extra_neg_img_mask")
+
+
+def _takes_extra_negatives(cls: type) -> bool:
+    """The loss's ``from_similarity`` takes a queue's similarities (:data:`EXTRA_NEGATIVES`)."""
+    params = inspect.signature(cls.from_similarity).parameters
+    return all(name in params for name in EXTRA_NEGATIVES)
 
 
 def _nested(value: Any) -> bool:
@@ -135,6 +157,7 @@ def pair_dev_metrics(
 
 
 __all__ = [
+    "EXTRA_NEGATIVES",
     "check_pair_scoring",
     "dev_metrics_from_scores",
     "pair_dev_metrics",

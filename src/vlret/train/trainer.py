@@ -70,6 +70,7 @@ from .init_weights import load_init_weights
 from .loss_builder import build_run_loss
 from .loss_step import LossStep, StepLoss
 from .optim_groups import set_group_weight_decay
+from .pair_queue import with_pair_bank
 from .pair_scoring import pair_dev_metrics, scores_pairs
 from .procedures import build_procedure
 from .run_folder import (
@@ -242,6 +243,7 @@ class Trainer(TrainerState):
         )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
         self.loss_step = build_procedure(config) if loss_step is None else loss_step
+        self.loss_step = with_pair_bank(self, self.loss_step)  # SCAN/SGRAF + loss.queue_size
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
