@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils.checkpoint as activation_checkpoint
@@ -54,6 +54,7 @@ from torch import nn
 
 from .._modules import unwrap_model
 from ..memory import NO_ID, as_id_tensor
+from ..models.pair_scorer import PairScoringModel
 from ..models.text import check_batch, check_captions
 from ..similarity import positive_mask
 from .config import ConfigError
@@ -62,6 +63,7 @@ from .loss_step import LossStep, StepLoss, pair_ids
 
 #: Queued pairs scored per call (per block) by default: ``B x entries`` or ``entries x B``.
 DEFAULT_BLOCK_PAIRS = 8192
+
 
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -180,7 +182,8 @@ class PairMemoryBank(nn.Module):
         want = (n, self.num_regions, self.dim)
         if not isinstance(regions, torch.Tensor) or regions.dim() != 3 or regions.shape != want:
             got = tuple(regions.shape) if isinstance(regions, torch.Tensor) else type(regions)
-            raise ValueError(f"regions must have shape (n, {self.num_regions}, {self.dim}), got {got}")
+            want_s = f"(n, {self.num_regions}, {self.dim})"
+            raise ValueError(f"regions must have shape {want_s}, got {got}")
         if not isinstance(words, torch.Tensor) or words.dim() != 3 or words.shape[0] != n:
             got = tuple(words.shape) if isinstance(words, torch.Tensor) else type(words)
             raise ValueError(f"words must have shape ({n}, L, {self.word_dim}), got {got}")
@@ -311,7 +314,7 @@ def bank_scores(
         empty = regions.new_zeros((b, 0), dtype=dtype)
         return empty, empty.t()
     per_block = max(2, _positive_int(block_pairs, "block_pairs") // max(b, 1))
-    scorer = unwrap_model(model)
+    scorer = cast(PairScoringModel, unwrap_model(model))
 
     def score(r: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         with buffers_kept(scorer):  # running statistics: the batch's call only
@@ -412,7 +415,7 @@ class PairBankStep(LossStep):
             self.pending = None
 
     def pair_loss(self, trainer: Any, batch: Any) -> StepLoss:
-        model = unwrap_model(trainer.ddp_model)
+        model = cast(PairScoringModel, unwrap_model(trainer.ddp_model))
         check_batch(batch)
         captions, lengths = check_captions(batch.captions, batch.lengths)
         with trainer._autocast():  # the standard step's forward, its encodings kept
@@ -429,7 +432,9 @@ class PairBankStep(LossStep):
                 block_pairs=self.block_pairs,
                 checkpoint=self.checkpoint,
             )
-            keys = trainer.momentum_encoder.module  # the config check: a momentum encoder
+            keys = cast(
+                PairScoringModel, trainer.momentum_encoder.module
+            )  # the config check: a momentum encoder
             with torch.no_grad():
                 k_regions = keys.encode_images(batch.features)
                 k_words = keys.encode_texts(captions, lengths)
@@ -442,7 +447,8 @@ class PairBankStep(LossStep):
             self.explain_non_finite(trainer, batch, None, None, err)
             raise
         self.pending = (k_regions, k_words, k_rows, ids)
-        ctx = {"sim": sim.detach(), "ids": ids, "stats": lambda: {"bank_entries": len(self.bank)}}
+        used = {"bank_entries": int(to_txt.shape[1])}  # the entries this step scored
+        ctx = {"sim": sim.detach(), "ids": ids, "stats": lambda: used}
         return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
 
 
@@ -453,12 +459,14 @@ def longest_caption(train_set: Any, encoder: Any, model: nn.Module) -> int:
     if encoder is None or not isinstance(texts, Sequence) or not texts:
         raise ValueError("the memory bank of a pair scorer needs the training captions")
     longest = max(len(encoder.encode(t)) for t in texts)
-    return int(unwrap_model(model).token_lengths(torch.tensor([longest]))[0])
+    return int(
+        cast(PairScoringModel, unwrap_model(model)).token_lengths(torch.tensor([longest]))[0]
+    )
 
 
 def encoding_shapes(model: nn.Module, train_set: Any, device: torch.device) -> tuple[int, int, int]:
     """``(R, D_region, D_word)`` of the model's encodings, from one training item."""
-    scorer = unwrap_model(model)
+    scorer = cast(PairScoringModel, unwrap_model(model))
     batch = train_set.collate([train_set[0]]).to(device)
     was = scorer.training
     scorer.eval()

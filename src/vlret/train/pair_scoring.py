@@ -96,7 +96,7 @@ def check_pair_scoring(config: RunConfig) -> None:
 EXTRA_NEGATIVES = ("extra_neg_txt", "extra_neg_img", "extra_neg_txt_mask", "extra_neg_img_mask")
 
 
-def _takes_extra_negatives(cls: type) -> bool:
+def _takes_extra_negatives(cls: type[PairLoss]) -> bool:
     """The loss's ``from_similarity`` takes a queue's similarities (:data:`EXTRA_NEGATIVES`)."""
     params = inspect.signature(cls.from_similarity).parameters
     return all(name in params for name in EXTRA_NEGATIVES)
