@@ -280,3 +280,29 @@ def test_ctrl_c_then_resume_equals_uninterrupted_with_the_bank(tmp_path, data, m
     assert_same_params(resumed.loss_fn.state_dict(), full.loss_fn.state_dict())
     assert_same_params(resumed.momentum_encoder.state_dict(), full.momentum_encoder.state_dict())
     assert_same_params(resumed.loss_step.bank.state_dict(), bank.state_dict())
+
+
+@pytest.mark.parametrize("name", ["adacl_sgraf_f30k", "adacl_scan_f30k_bank"])
+def test_shipped_bank_configs_train_on_tiny_data(tmp_path, data, name):
+    """AdaCL Table 1 (SGRAF) and Table 12 (SCAN): a bank of 4096 from a momentum encoder of
+    0.99, batch 64; shrunk to the tiny data, one epoch trains with the bank (SGRAF's
+    training-mode BatchNorms included)."""
+    from vlret.configs import shipped_configs
+    from vlret.train.config import load_config
+
+    path = shipped_configs()[name]
+    cfg = load_config(path)
+    assert (cfg.loss.params["queue_size"], cfg.train.momentum_encoder) == (4096, 0.99)
+    assert (cfg.train.batch_size, cfg.model["embed_dim"]) == (64, 256)
+    raw = cfg.to_dict()
+    raw["output_dir"] = str(tmp_path / "out")
+    raw["data"]["root"] = str(data)
+    raw["model"].update(embed_dim=16, image={"in_dim": 16}, text={"word_dim": 8})
+    if raw["model"]["kind"] == "sgraf":
+        raw["model"].update(num_regions=4, sim_dim=8)
+    raw["loss"]["queue_size"] = 12
+    raw["train"].update(epochs=1, batch_size=8, progress=False, validate=False)
+    raw["data"]["min_count"] = 1
+    trainer = Trainer(config_from_dict(raw), print_fn=None)
+    assert trainer.fit().steps == 5
+    assert len(trainer.loss_step.bank) == 12
