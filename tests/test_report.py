@@ -468,6 +468,72 @@ def test_text_is_escaped():
     assert esc('<b a="1">&') == "&lt;b a=&quot;1&quot;&gt;&amp;"
 
 
+# -- person search: every image of the person is relevant ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def persons(tmp_path_factory):
+    from vlret.data.synthetic.persons import write_persons
+
+    root = tmp_path_factory.mktemp("preport")
+    world = root / "world"
+    write_persons(
+        world, sizes={"train": 6, "val": 3, "test": 3}, images_per_id=2, height=32, width=16,
+        features=True, image_format="png",
+    )  # fmt: skip
+    records = json.loads((world / "reid_raw.json").read_text(encoding="utf-8"))
+    vocab = build_vocab([c for r in records for c in r["captions"]], min_count=1)
+    raw = tiny_raw(world, root / "u")
+    raw["data"] = {
+        "root": str(world),
+        "format": "cuhk-pedes",
+        "features_dir": str(world / "features"),
+        "min_count": 1,
+    }
+    raw["model"] = {
+        "kind": "scan",
+        "embed_dim": 16,
+        "image": {"in_dim": 64},
+        "text": {"word_dim": 8},
+    }
+    return world, write_checkpoint(root / "scan.pt", raw, vocab, seed=9)
+
+
+def test_person_search_ranks_count_every_image_of_the_person(persons, tmp_path):
+    world, ckpt = persons
+    facts, _ = report([ckpt], world, "test", tmp_path, samples=2, worst=2)
+    assert facts.protocol.name == "cuhk-pedes" and facts.by_identity
+    img_ids = facts.evaluation.data.image_identity.tolist()
+    txt_ids = [img_ids[i] for i in facts.txt_to_img.tolist()]
+    assert len(set(img_ids)) < len(img_ids)  # several images per person
+    same = [[txt_ids[t] == img_ids[i] for t in range(len(txt_ids))] for i in range(len(img_ids))]
+    want = {
+        "i2t": dict(enumerate(naive_ranks(facts.scores, same))),
+        "t2i": dict(
+            enumerate(naive_ranks(facts.scores.t(), [list(c) for c in zip(*same, strict=True)]))
+        ),
+    }
+    page, record = parse_report(tmp_path)
+    assert len(record["queries"]) == 8
+    for q in record["queries"]:
+        key = (q["direction"], q["group"], q["query"])
+        assert page.queries[key] == q["rank"] == want[q["direction"]][q["query"]]
+        kind = img_ids if q["direction"] == "i2t" else txt_ids
+        other = txt_ids if q["direction"] == "i2t" else img_ids
+        assert sorted(g["index"] for g in q["ground_truth"]) == [
+            c for c in range(len(other)) if other[c] == kind[q["query"]]
+        ]
+        assert [t["relevant"] for t in q["top"]] == [
+            other[t["index"]] == kind[q["query"]] for t in q["top"]
+        ]
+    metrics = record["evaluation"]["metrics"]
+    for d in ("i2t", "t2i"):
+        r1 = 100.0 * sum(r == 1 for r in want[d].values()) / len(want[d])
+        assert metrics[f"{d}_R1"] == pytest.approx(r1, abs=1e-9)
+    # the person pictures are shown although the model reads their precomputed features
+    assert (tmp_path / "thumbs").is_dir() and any((tmp_path / "thumbs").iterdir())
+
+
 # -- the command line -------------------------------------------------------------------------
 
 

@@ -2,10 +2,10 @@
 
 Thumbnails: where the data set serves image files or decoded pictures
 (:meth:`~vlret.data.dataset.RetrievalDataset.image_source`: Karpathy image folders, webdataset
-shards, person-search images, rendered synthetic worlds), each image shown is resized with PIL
-(bicubic, enlarged or reduced) to fit ``size`` x ``size`` and written as ``thumbs/{index}.jpg``
-in the report folder.
-Precomputed features have no pictures: captions and ids are shown instead.
+shards, person-search images, also when the model reads their precomputed features, rendered
+synthetic worlds), each image shown is resized with PIL (bicubic, enlarged or reduced) to fit
+``size`` x ``size`` and written as ``thumbs/{index}.jpg`` in the report folder. Precomputed
+features have no pictures: captions and ids are shown instead.
 
 Boxes: the bottom-up-attention extraction writes one box per region, ``(x1, y1, x2, y2)`` in
 the pixels of the original image. A precomputed folder may hold them as
@@ -46,7 +46,12 @@ def _picture(dataset: Any, index: int) -> Any:
     try:
         source = dataset.image_source(index)
     except (NotImplementedError, AttributeError, ValueError):
-        return None
+        # a split read from precomputed features that still names its pictures (person
+        # search with data.features_dir): show them
+        path = getattr(dataset, "image_path", None)
+        source = path(index) if callable(path) else None
+        if source is None or not Path(source).is_file():
+            return None
     pil = require("PIL.Image", "report thumbnails")
     if isinstance(source, str | Path):
         with pil.open(source) as opened:
