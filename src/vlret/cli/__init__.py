@@ -27,6 +27,7 @@ from . import (
     mine_negatives,
     plot,
     protocols,
+    report,
     sweep,
     synth,
     train,
@@ -51,6 +52,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     protocols,
     configs,
     plot,
+    report,
 )
 
 

@@ -1,0 +1,157 @@
+"""``vlret report``: collect the facts (:mod:`.data`), the pair models' word attention
+(:mod:`.attention`) and the thumbnails (:mod:`.thumbs`), and write ``index.html`` and
+``report.json`` in one folder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .attention import WordAttention, pair_model, query_attention
+from .data import DIRECTIONS, ReportData, collect_report
+from .html import rank_histogram, render_html
+from .thumbs import Thumb, load_boxes, write_thumb
+
+
+def _attention_record(att: WordAttention) -> dict[str, Any]:
+    return {
+        "role": att.role,
+        "image": att.image,
+        "caption": att.caption,
+        "tokens": att.tokens,
+        "word": att.word,
+        "word_text": att.tokens[att.word],
+        "fallback": att.fallback,
+        "weights": att.weights,
+    }
+
+
+def report_record(
+    data: ReportData, histograms: dict[str, list[dict[str, Any]]], thumbs: dict[int, Thumb]
+) -> dict[str, Any]:
+    """``report.json``: the evaluation's record (``vlret eval --json``'s), the histograms and
+    every reported query with its rank, top-K ids and scores, ground truths and attention."""
+    record = data.evaluation.record(protocol=data.protocol, split=data.split)
+    queries = []
+    for q in data.queries:
+        queries.append(
+            {
+                "direction": q.direction,
+                "group": q.group,
+                "query": q.index,
+                "text": data.captions[q.index] if q.direction == "t2i" else None,
+                "image_id": data.image_ids[q.index] if q.direction == "i2t" else None,
+                "rank": q.rank,
+                "top": [
+                    {
+                        "index": t.index,
+                        "score": t.score,
+                        "position": t.position,
+                        "relevant": t.relevant,
+                    }
+                    for t in q.top
+                ],
+                "ground_truth": [
+                    {"index": g.index, "score": g.score, "rank": g.rank} for g in q.ground_truth
+                ],
+                "attention": [_attention_record(a) for a in q.attention],
+            }
+        )
+    return {
+        "evaluation": record,
+        "top_k": data.top_k,
+        "rank_histogram": histograms,
+        "thumbnails": {str(k): v.path for k, v in sorted(thumbs.items())},
+        "queries": queries,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+def _shown_images(data: ReportData) -> set[int]:
+    shown: set[int] = set()
+    for q in data.queries:
+        if q.direction == "i2t":
+            shown.add(q.index)
+        else:
+            shown.update(t.index for t in q.top)
+        shown.update(a.image for a in q.attention)
+    return shown
+
+
+def write_report(
+    data: ReportData, out: str | Path, *, word: str | None = None, data_dir: str | Path = "."
+) -> Path:
+    """Write ``out/index.html``, ``out/report.json`` and ``out/thumbs/`` for ``data``; pair
+    models get their word attention (``word``: the word shown, :func:`.attention.pick_word`);
+    region boxes are read from ``data_dir`` (:func:`.thumbs.load_boxes`). Returns the page."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = data.dataset
+    model = pair_model(data.evaluation.scorer)
+    if model is not None:
+        for q in data.queries:
+            q.attention = query_attention(model, dataset, q, word=word)
+    boxes = None
+    if model is not None:
+        folder = Path(getattr(dataset, "root", data_dir))
+        boxes = load_boxes(folder, data.split, n_images=len(data.image_ids))
+    thumbs: dict[int, Thumb] = {}
+    for index in sorted(_shown_images(data)):
+        thumb = write_thumb(dataset, index, out)
+        if thumb is not None:
+            thumbs[index] = thumb
+    n_gallery = {"i2t": len(data.captions), "t2i": len(data.image_ids)}
+    histograms = {d: rank_histogram(data.ranks[d].numpy(), n_gallery[d]) for d in DIRECTIONS}
+    record = report_record(data, histograms, thumbs)
+    page = render_html(data, record["evaluation"], histograms, thumbs, boxes)
+    (out / "index.html").write_text(page, encoding="utf-8")
+    text = json.dumps(_jsonable(record), indent=1, ensure_ascii=False)
+    (out / "report.json").write_text(text + "\n", encoding="utf-8")
+    return out / "index.html"
+
+
+def build_report(
+    checkpoints: Sequence[str | Path],
+    *,
+    data: str | Path,
+    split: str,
+    out: str | Path,
+    protocol: str | None = None,
+    top_k: int = 5,
+    samples: int = 20,
+    worst: int = 20,
+    seed: int = 0,
+    word: str | None = None,
+    batch_size: int = 256,
+    device: str = "auto",
+    progress: bool = False,
+) -> tuple[ReportData, Path]:
+    """:func:`.data.collect_report` then :func:`write_report`: ``(facts, index.html)``."""
+    facts = collect_report(
+        checkpoints,
+        data=data,
+        split=split,
+        protocol=protocol,
+        top_k=top_k,
+        samples=samples,
+        worst=worst,
+        seed=seed,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+    )
+    return facts, write_report(facts, out, word=word, data_dir=data)
+
+
+__all__ = ["build_report", "report_record", "write_report"]

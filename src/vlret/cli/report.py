@@ -1,0 +1,109 @@
+"""``vlret report CKPT [CKPT ...] --data DIR --split SPLIT [--protocol NAME] --out DIR``: a
+static HTML report of what a checkpoint (or an ensemble) retrieves, query by query
+(:mod:`vlret.analysis.report`; docs/report.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ._common import EXIT_OK, fail, require_train_extra
+
+NAME = "report"
+
+
+#: the count options and the least value each takes (checked in :func:`run`, so that a bad
+#: value is one line naming the flag, not argparse's usage block)
+_COUNTS = {"--top-k": 1, "--samples": 0, "--worst": 0, "--batch-size": 1}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``report`` on the ``vlret`` sub-command parsers."""
+    from ..eval import eval_splits, protocol_names
+
+    p = subparsers.add_parser(
+        NAME,
+        help="write a static HTML report of ranked retrievals (sampled and worst queries)",
+        description="Evaluate as vlret eval does, then write OUT/index.html (open it in any "
+        "browser, no server) and OUT/report.json: summary metrics, the top-K items of sampled "
+        "and of the worst queries in both directions with their scores, the ground truth "
+        "marked and its rank, thumbnails where the data has images, pair-scoring models' "
+        "word attention over regions, and a rank histogram per direction.",
+    )
+    p.add_argument(
+        "checkpoint",
+        type=Path,
+        nargs="+",
+        help="checkpoint(s) written by vlret train; several: an ensemble (mean of score matrices)",
+    )
+    p.add_argument("--data", type=Path, required=True, help="data folder of the split")
+    p.add_argument("--split", required=True, help=f"one of {', '.join(eval_splits())}")
+    p.add_argument(
+        "--protocol",
+        help=f"one of {', '.join(protocol_names())} (default: the checkpoint's data format's "
+        "protocol that evaluates --split)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="the report folder (created)")
+    p.add_argument("--top-k", type=int, default=5, help="items shown per query (5)")
+    p.add_argument("--samples", type=int, default=20, help="sampled queries per direction (20)")
+    p.add_argument("--worst", type=int, default=20, help="worst queries per direction (20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled queries (0)")
+    p.add_argument(
+        "--word",
+        help="pair-scoring models: the word whose attention over regions is drawn (default: "
+        "the caption's most sharply attended content word)",
+    )
+    p.add_argument("--batch-size", type=int, default=256, help="encoding batch size (256)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the report and print the path of its page."""
+    require_train_extra(NAME)
+    from ..analysis.report import build_report
+    from ..eval import eval_splits, protocol_names
+
+    for flag, least in _COUNTS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < least:
+            which = "a positive integer" if least else "an integer >= 0"
+            return fail(NAME, f"{flag}: expected {which}, got {value}")
+    if args.split not in eval_splits():
+        return fail(
+            NAME, f"--split: expected one of {', '.join(eval_splits())}, got {args.split!r}"
+        )
+    if args.protocol is not None and args.protocol not in protocol_names():
+        names = ", ".join(protocol_names())
+        return fail(NAME, f"--protocol: expected one of {names}, got {args.protocol!r}")
+    for path in args.checkpoint:
+        if not path.is_file():
+            return fail(NAME, f"checkpoint {path}: missing")
+    if not args.data.exists():
+        return fail(NAME, f"--data {args.data}: missing")
+    if args.out.exists() and not args.out.is_dir():
+        return fail(NAME, f"--out {args.out}: exists and is not a folder")
+    try:
+        facts, page = build_report(
+            args.checkpoint,
+            data=args.data,
+            split=args.split,
+            out=args.out,
+            protocol=args.protocol,
+            top_k=args.top_k,
+            samples=args.samples,
+            worst=args.worst,
+            seed=args.seed,
+            word=args.word,
+            batch_size=args.batch_size,
+            device=args.device,
+            progress=not args.no_progress,
+        )
+    except (FileNotFoundError, ValueError) as err:
+        return fail(NAME, err)
+    print(facts.evaluation.table(protocol=facts.protocol, split=facts.split))
+    print(page)
+    return EXIT_OK
