@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .captioning.files import read_captions_file
+from .captioning_files import read_captions_file
 from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim, read_json
 from .dataset import CaptionEncoder, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
@@ -330,7 +330,7 @@ class KarpathyDataset(RetrievalDataset):
         text_field: ``"raw"`` or ``"tokens"``.
         include_restval: Whether ``"train"`` includes restval.
         captions_file: Read the split's captions from this captions file
-            (:mod:`vlret.data.captioning.files`: one per line, its own ``k`` per image, the
+            (:mod:`vlret.data.captioning_files`: one per line, its own ``k`` per image, the
             split's images in JSON order) instead of the JSON's sentences
             (``captions_per_image`` and ``text_field`` then do not apply).
         captions_key: What names ``captions_file`` in error messages

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .._moved import moved_names
-from .captioning.files import read_captions_file
+from .captioning_files import read_captions_file
 from .checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
@@ -131,7 +131,7 @@ class PrecompDataset(RetrievalDataset):
             first 5000 dev captions uses 1000).
         mmap: Memory-map the features; False loads them into memory.
         captions_file: Read the split's captions from this captions file
-            (:mod:`vlret.data.captioning.files`: one per line, its own ``k`` per image, in the
+            (:mod:`vlret.data.captioning_files`: one per line, its own ``k`` per image, in the
             rows' order) instead of ``{split}_caps.txt``; ``captions_per_image`` then only
             reads the per-caption layout of ``{split}_ids.txt``.
         captions_key: What names ``captions_file`` in error messages

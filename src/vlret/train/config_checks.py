@@ -246,7 +246,7 @@ CAPTIONS_FILE_KEYS = ("train_captions", "dev_captions", "test_captions")
 
 def check_captions_files(data: Any, source: str) -> None:
     """``data.train_captions``, ``dev_captions`` and ``test_captions`` (captions files,
-    :mod:`vlret.data.captioning.files`): a non-empty path, for the formats of
+    :mod:`vlret.data.captioning_files`): a non-empty path, for the formats of
     :data:`CAPTIONS_FILE_FORMATS`; ``dev_captions`` needs a ``dev_split``. Each file is read
     and checked against its split (existence, line count, sidecar) when the split is built,
     the error naming the key and the file."""

@@ -9,7 +9,7 @@ on consecutive lines, ``k`` the same for every image, images in the image order 
     {"split": "train", "images": 29000, "captions_per_image": 1,
      "source": "blip:/models/blip-base", ...generation settings...}
 
-``vlret caption`` (:mod:`.generate`) and ``vlret synth --pseudo-captions``
+``vlret caption`` (:mod:`vlret.data.captioning.generate`) and ``vlret synth --pseudo-captions``
 (:mod:`vlret.data.synthetic.terse`) write them; ``data.train_captions`` (and
 ``data.dev_captions``, ``data.test_captions``) make a split read its captions from one, with
 the file's own ``k`` (docs/captions.md).
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..._files import atomic_write_text
-from ..checks import DataFormatError
+from .._files import atomic_write_text
+from .checks import DataFormatError
 
 #: The sidecar's format version key.
 FORMAT_KEY = "vlret_captions"
