@@ -49,7 +49,7 @@ def _np(obj: Sequence[int], adjectives: list[str]) -> list[str]:
     count = int(obj[1])
     head = COUNT_WORDS[count - 1][0]  # "a", "two", "three"
     words = [*adjectives, _noun(int(obj[0]), count)]
-    if head == "a" and words[0][0] in "aeiou":
+    if head == "a" and (words[0][0] in "aeiou" or words[0].startswith("hour")):
         head = "an"
     return [head, *words]
 
