@@ -10,8 +10,9 @@ import torch
 
 from vlret.data import DataFormatError, KarpathyDataset, PrecompDataset
 from vlret.data.captioning import read_captions_file, sidecar_path, write_captions_file
+from vlret.data.captioning_files import captions_file_key
 from vlret.data.writers import make_tiny_karpathy, make_tiny_precomp
-from vlret.train.builders import build_dataset, build_encoder, captions_file_key
+from vlret.train.builders import build_dataset, build_encoder
 from vlret.train.config import ConfigError, DataConfig, config_from_dict
 
 

@@ -218,11 +218,43 @@ def write_captions_file(
     return atomic_write_text(path, "".join(f"{text}\n" for text in captions))
 
 
+def captions_file_key(data: Any, split: str) -> str:
+    """The ``[data]`` key of the captions file that split ``split`` reads (it may be unset),
+    for a run's data config ``data``: ``train_captions`` for ``data.train_split``,
+    ``dev_captions`` for ``data.dev_split``, ``test_captions`` for any other split."""
+    if split == data.train_split:
+        return "train_captions"
+    if data.dev_split is not None and split == data.dev_split:
+        return "dev_captions"
+    return "test_captions"
+
+
+def split_captions_args(data: Any, split: str) -> dict[str, Any]:
+    """The dataset arguments (``captions_file``, ``captions_key``) that make split ``split``
+    read its captions file, when the run's data config ``data`` sets one; else none."""
+    name = captions_file_key(data, split)
+    path = getattr(data, name)
+    return {} if path is None else {"captions_file": path, "captions_key": f"data.{name}"}
+
+
+def captions_vocab_splits(data: Any) -> list[str]:
+    """The splits a run with ``data.train_captions`` builds its vocabulary from: the training
+    split, and the dev split when ``data.dev_captions`` is set. Their captions files only, not
+    the dev annotations: in the weakly-supervised setting (AdaCL 3.4) the model sees no human
+    caption, and a word it never trained on is ``<unk>`` rather than an untrained embedding
+    (``data.vocab`` gives any other vocabulary)."""
+    dev = data.dev_split if data.dev_captions is not None else None
+    return [data.train_split, *([dev] if dev is not None else [])]
+
+
 __all__ = [
     "FORMAT_KEY",
     "CaptionsFile",
+    "captions_file_key",
+    "captions_vocab_splits",
     "clean_caption",
     "read_captions_file",
     "sidecar_path",
+    "split_captions_args",
     "write_captions_file",
 ]

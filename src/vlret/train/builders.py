@@ -29,6 +29,7 @@ from ..data import (
     check_features,
     load_hf_tokenizer,
 )
+from ..data.captioning_files import captions_vocab_splits, split_captions_args
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.precomp import load_precomp_captions
 from .config import (
@@ -125,7 +126,8 @@ def build_encoder(
         return Vocabulary.load(data.vocab)
     root = Path(data.root)
     if data.train_captions is not None and data.format in ("precomp", "karpathy"):
-        return build_vocab(captions_file_vocab_captions(data), min_count=data.min_count)
+        sets = [build_dataset(data, s, None) for s in captions_vocab_splits(data)]  # files only
+        return build_vocab([c for ds in sets for c in ds.captions], min_count=data.min_count)
     if data.format == "precomp":
         splits = [data.train_split]
         if data.dev_split and (root / f"{data.dev_split}_caps.txt").is_file():
@@ -142,39 +144,6 @@ def build_encoder(
     if data.karpathy_json is None:
         raise ConfigError(source, "data.karpathy_json", "required for format 'karpathy'")
     return build_karpathy_vocab(data.karpathy_json, min_count=data.min_count)
-
-
-def captions_file_key(data: DataConfig, split: str) -> str:
-    """The ``[data]`` key of the captions file that split ``split`` reads (it may be unset):
-    ``train_captions`` for ``data.train_split``, ``dev_captions`` for ``data.dev_split``,
-    ``test_captions`` for any other split (the test splits)."""
-    if split == data.train_split:
-        return "train_captions"
-    if data.dev_split is not None and split == data.dev_split:
-        return "dev_captions"
-    return "test_captions"
-
-
-def _split_captions(data: DataConfig, split: str) -> dict[str, Any]:
-    """The dataset arguments that read split ``split`` from its captions file, if one is set."""
-    name = captions_file_key(data, split)
-    path = getattr(data, name)
-    return {} if path is None else {"captions_file": path, "captions_key": f"data.{name}"}
-
-
-def captions_file_vocab_captions(data: DataConfig) -> list[str]:
-    """The captions a vocabulary is built from when the training split reads a captions file
-    (``data.train_captions``): that file's, plus ``data.dev_captions``'s when set. The dev
-    split's annotations are left out: in the weakly-supervised setting (AdaCL 3.4) the model
-    sees no human caption, and a word it never trained on is ``<unk>`` rather than an
-    untrained embedding (``data.vocab`` gives any other vocabulary)."""
-    splits = [data.train_split]
-    if data.dev_split is not None and data.dev_captions is not None:
-        splits.append(data.dev_split)
-    out: list[str] = []
-    for split in splits:
-        out.extend(build_dataset(data, split, None).captions)
-    return out
 
 
 def encoder_state(encoder: Any, config: RunConfig) -> dict[str, Any]:
@@ -226,9 +195,7 @@ def build_dataset(
     protocol: str | None = None,
     image_transform: Any = None,
 ) -> RetrievalDataset:
-    """One split in the configured format (``root`` and ``protocol`` override the config); a
-    precomp or Karpathy split reads its captions from the captions file its key names
-    (:func:`captions_file_key`), when set."""
+    """One split in the configured format (``root`` and ``protocol`` override the config)."""
     root = Path(root if root is not None else data.root)
     if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):
         from ..data.pedes import build_irra_transforms, open_person_search
@@ -253,7 +220,7 @@ def build_dataset(
             encoder=encoder,
             captions_per_image=data.captions_per_image,
             max_images=max_images,
-            **_split_captions(data, split),
+            **split_captions_args(data, split),
         )
     ds: RetrievalDataset
     if data.format == "msrvtt":
@@ -275,7 +242,7 @@ def build_dataset(
         image_transform=image_transform,
         encoder=encoder,
         captions_per_image=data.captions_per_image,
-        **_split_captions(data, split),
+        **split_captions_args(data, split),
     )
     return _first_images(ds, max_images)
 
