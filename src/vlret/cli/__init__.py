@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import __version__
 from . import (
+    caption,
     compare,
     configs,
     convert_experts,
@@ -47,6 +48,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     compare,
     sweep,
     synth,
+    caption,
     demo,
     losses,
     protocols,

@@ -69,6 +69,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "dev and test shards hold one per image",
     )
     p.add_argument(
+        "--pseudo-captions",
+        action="store_true",
+        help="also write OUT/pseudo/train_caps.txt (+ .json sidecar): one terse caption per "
+        "training image from the world's own captioner, the stand-in for BLIP's pseudo "
+        "captions (data.train_captions; docs/captions.md)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an existing world (or write into a non-empty folder); without it the "
@@ -129,6 +136,7 @@ _PRESET_OPTIONS = (
     ("imagefolder", "--imagefolder", False),
     ("shard_size", "--shard-size", None),
     ("shard_samples", "--shard-samples", None),
+    ("pseudo_captions", "--pseudo-captions", False),
 )
 
 
@@ -204,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
     for key in ("shard_size", "shard_samples"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
+    if args.pseudo_captions and (args.format or "precomp") == "msrvtt":
+        return fail(
+            NAME, "--pseudo-captions: captions files are read by the precomp and karpathy formats"
+        )
     if args.webdataset or args.imagefolder:  # a line per shard and per folder, on stderr
         options["progress"] = lambda line: print(line, file=sys.stderr, flush=True)
     try:
@@ -211,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError, MissingExtra) as err:
         return fail(NAME, err)
     print(path)
+    if args.pseudo_captions:  # the world's own captioner (vlret.data.synthetic.terse)
+        from ..data.synthetic.terse import write_terse_captions
+
+        print(write_terse_captions(path, split="train"))
     if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
         from ..data.synthetic.hint import RANDOM_BERT_DIR
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .captioning_files import read_captions_file
 from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim, read_json
 from .dataset import CaptionEncoder, RetrievalDataset
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
@@ -328,6 +329,12 @@ class KarpathyDataset(RetrievalDataset):
         captions_per_image: Captions kept per image (the first ones); None keeps all.
         text_field: ``"raw"`` or ``"tokens"``.
         include_restval: Whether ``"train"`` includes restval.
+        captions_file: Read the split's captions from this captions file
+            (:mod:`vlret.data.captioning_files`: one per line, its own ``k`` per image, the
+            split's images in JSON order) instead of the JSON's sentences
+            (``captions_per_image`` and ``text_field`` then do not apply).
+        captions_key: What names ``captions_file`` in error messages
+            (``"data.train_captions"``).
 
     Raises:
         ValueError: A bad ``text_field`` or ``captions_per_image``, or an unknown split.
@@ -345,6 +352,8 @@ class KarpathyDataset(RetrievalDataset):
         captions_per_image: int | None = 5,
         text_field: str = "raw",
         include_restval: bool = True,
+        captions_file: str | Path | None = None,
+        captions_key: str = "captions_file",
     ) -> None:
         if text_field not in ("raw", "tokens"):
             raise ValueError(f"text_field must be 'raw' or 'tokens', got {text_field!r}")
@@ -369,6 +378,24 @@ class KarpathyDataset(RetrievalDataset):
                 f"has no images for the split {split!r} (Karpathy split "
                 f"{' + '.join(repr(m) for m in members)}); expected at least one",
             )
+        self.captions_per_image = captions_per_image
+        self.captions_file: Path | None = None
+        if captions_file is not None:
+            read = read_captions_file(
+                captions_file, num_images=len(self.entries), split=split, key=captions_key
+            )
+            self.captions, self.captions_per_image = read.captions, read.captions_per_image
+            self.captions_file = read.path
+            self.txt_to_img = torch.arange(len(read.captions)) // read.captions_per_image
+        else:
+            self.captions, txt_to_img = self._sentences(captions_per_image, text_field)
+            self.txt_to_img = torch.tensor(txt_to_img, dtype=torch.long)
+        self.image_ids = [im.cocoid if im.cocoid is not None else im.imgid for im in self.entries]
+
+    def _sentences(
+        self, captions_per_image: int | None, text_field: str
+    ) -> tuple[list[str], list[int]]:
+        """The JSON's captions of the split's images and the image of each."""
         captions: list[str] = []
         txt_to_img: list[int] = []
         for i, im in enumerate(self.entries):
@@ -384,9 +411,7 @@ class KarpathyDataset(RetrievalDataset):
             for s in sents:
                 captions.append(s.raw.strip() if text_field == "raw" else " ".join(s.tokens))
                 txt_to_img.append(i)
-        self.captions = captions
-        self.txt_to_img = torch.tensor(txt_to_img, dtype=torch.long)
-        self.image_ids = [im.cocoid if im.cocoid is not None else im.imgid for im in self.entries]
+        return captions, txt_to_img
 
     def image_path(self, index: int) -> Path:
         """The file of image ``index``; raises ``ValueError`` without ``image_root``."""

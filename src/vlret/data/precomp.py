@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .._moved import moved_names
+from .captioning_files import read_captions_file
 from .checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
@@ -95,6 +96,29 @@ def parse_precomp_ids(
     )
 
 
+def _read_caps(caps_path: Path, captions_per_image: int, n_img: int, ims_path: Path) -> list[str]:
+    """``{split}_caps.txt``: no empty caption, ``captions_per_image`` per image of the split."""
+    captions = read_lines(caps_path, f"one caption per line, {captions_per_image} per image")
+    for number, text in enumerate(captions, start=1):
+        if not text.strip():
+            raise DataFormatError(
+                caps_path, "empty caption; expected one caption per line", line=number
+            )
+    if len(captions) % captions_per_image:
+        raise DataFormatError(
+            caps_path,
+            f"has {len(captions)} captions, which do not divide into blocks of "
+            f"{captions_per_image} per image",
+        )
+    if len(captions) != captions_per_image * n_img:
+        raise DataFormatError(
+            caps_path,
+            f"has {len(captions)} captions for {n_img} images in {ims_path.name}; expected "
+            f"{captions_per_image * n_img} ({captions_per_image} per image)",
+        )
+    return captions
+
+
 class PrecompDataset(RetrievalDataset):
     """A split of a SCAN / VSE-infinity precomputed folder (see the module docstring).
 
@@ -106,6 +130,12 @@ class PrecompDataset(RetrievalDataset):
         max_images: Keep only the first images and their captions (model selection on the
             first 5000 dev captions uses 1000).
         mmap: Memory-map the features; False loads them into memory.
+        captions_file: Read the split's captions from this captions file
+            (:mod:`vlret.data.captioning_files`: one per line, its own ``k`` per image, in the
+            rows' order) instead of ``{split}_caps.txt``; ``captions_per_image`` then only
+            reads the per-caption layout of ``{split}_ids.txt``.
+        captions_key: What names ``captions_file`` in error messages
+            (``"data.train_captions"``).
 
     Raises:
         ValueError: An unknown split or a bad count argument.
@@ -122,6 +152,8 @@ class PrecompDataset(RetrievalDataset):
         captions_per_image: int = 5,
         max_images: int | None = None,
         mmap: bool = True,
+        captions_file: str | Path | None = None,
+        captions_key: str = "captions_file",
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -139,30 +171,23 @@ class PrecompDataset(RetrievalDataset):
 
         array = load_feature_array(ims_path, mmap=mmap)
         n_img = array.shape[0]
-        captions = read_lines(caps_path, f"one caption per line, {captions_per_image} per image")
-        for number, text in enumerate(captions, start=1):
-            if not text.strip():
-                raise DataFormatError(
-                    caps_path, "empty caption; expected one caption per line", line=number
-                )
-        if len(captions) % captions_per_image:
-            raise DataFormatError(
-                caps_path,
-                f"has {len(captions)} captions, which do not divide into blocks of "
-                f"{captions_per_image} per image",
+        annotated_k = captions_per_image  # the annotations' k, which {split}_ids.txt follows
+        if captions_file is not None:
+            read = read_captions_file(
+                captions_file, num_images=n_img, split=split, key=captions_key
             )
-        if len(captions) != captions_per_image * n_img:
-            raise DataFormatError(
-                caps_path,
-                f"has {len(captions)} captions for {n_img} images in {ims_path.name}; expected "
-                f"{captions_per_image * n_img} ({captions_per_image} per image)",
-            )
+            captions, captions_per_image = read.captions, read.captions_per_image
+            self.captions_per_image = captions_per_image
+            self.captions_file: Path | None = read.path
+        else:
+            self.captions_file = None
+            captions = _read_caps(caps_path, captions_per_image, n_img, ims_path)
         if ids_path.is_file():
             image_ids: list[Any] = parse_precomp_ids(
                 ids_path,
-                n_captions=len(captions),
+                n_captions=annotated_k * n_img,
                 n_images=n_img,
-                captions_per_image=captions_per_image,
+                captions_per_image=annotated_k,
             )
         else:
             image_ids = list(range(n_img))

@@ -29,6 +29,7 @@ from ..data import (
     check_features,
     load_hf_tokenizer,
 )
+from ..data.captioning_files import captions_vocab_splits, split_captions_args
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.precomp import load_precomp_captions
 from .config import (
@@ -124,6 +125,9 @@ def build_encoder(
     if data.vocab is not None:
         return Vocabulary.load(data.vocab)
     root = Path(data.root)
+    if data.train_captions is not None and data.format in ("precomp", "karpathy"):
+        sets = [build_dataset(data, s, None) for s in captions_vocab_splits(data)]  # files only
+        return build_vocab([c for ds in sets for c in ds.captions], min_count=data.min_count)
     if data.format == "precomp":
         splits = [data.train_split]
         if data.dev_split and (root / f"{data.dev_split}_caps.txt").is_file():
@@ -216,6 +220,7 @@ def build_dataset(
             encoder=encoder,
             captions_per_image=data.captions_per_image,
             max_images=max_images,
+            **split_captions_args(data, split),
         )
     ds: RetrievalDataset
     if data.format == "msrvtt":
@@ -237,6 +242,7 @@ def build_dataset(
         image_transform=image_transform,
         encoder=encoder,
         captions_per_image=data.captions_per_image,
+        **split_captions_args(data, split),
     )
     return _first_images(ds, max_images)
 

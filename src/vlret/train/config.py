@@ -56,6 +56,7 @@ from .._moved import moved_names
 from ..data.transforms import image_data_problem
 from . import config_files
 from .config_checks import (
+    check_captions_files,
     check_int_ranges,
     check_model_sizes,
     check_msrvtt,
@@ -149,6 +150,14 @@ class DataConfig:
     # its K candidates (the release: 300; None = K).
     offline_negatives: str | None = None
     offline_candidates: int | None = 300
+    # Captions files (vlret.data.captioning, docs/captions.md; precomp and karpathy only): the
+    # split reads its captions from FILE (one per line, the file's own k per image, in the
+    # split's image order, e.g. `vlret caption` pseudo captions) instead of the annotations;
+    # with train_captions the vocabulary is built from that file (plus dev_captions if set).
+    # Evaluation reads the real test captions unless test_captions is set.
+    train_captions: str | None = None
+    dev_captions: str | None = None
+    test_captions: str | None = None
 
 
 @dataclass
@@ -438,6 +447,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     check_person_search(data, raw["data"], validate, source)
     check_msrvtt(data, raw["data"], validate, source)
     check_noise(data, source)
+    check_captions_files(data, source)
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")

@@ -238,6 +238,33 @@ def check_noise(data: Any, source: str) -> None:
         raise ConfigError(source, key, why)
 
 
+#: The data formats whose splits can read a captions file (``data.train_captions`` ...).
+CAPTIONS_FILE_FORMATS = ("precomp", "karpathy")
+#: The captions-file keys of ``[data]``, in split order.
+CAPTIONS_FILE_KEYS = ("train_captions", "dev_captions", "test_captions")
+
+
+def check_captions_files(data: Any, source: str) -> None:
+    """``data.train_captions``, ``dev_captions`` and ``test_captions`` (captions files,
+    :mod:`vlret.data.captioning_files`): a non-empty path, for the formats of
+    :data:`CAPTIONS_FILE_FORMATS`; ``dev_captions`` needs a ``dev_split``. Each file is read
+    and checked against its split (existence, line count, sidecar) when the split is built,
+    the error naming the key and the file."""
+    for name in CAPTIONS_FILE_KEYS:
+        path = getattr(data, name)
+        if path is None:
+            continue
+        key = f"data.{name}"
+        if not path.strip():
+            raise ConfigError(source, key, "empty; expected a captions file (docs/captions.md)")
+        if data.format not in CAPTIONS_FILE_FORMATS:
+            formats = " or ".join(CAPTIONS_FILE_FORMATS)
+            why = f"applies to data.format {formats}, not {data.format!r}"
+            raise ConfigError(source, key, why)
+        if name == "dev_captions" and data.dev_split is None:
+            raise ConfigError(source, key, f"{path!r} given but data.dev_split is null")
+
+
 #: The data formats whose training split AOQ's offline negatives apply to (one image per
 #: caption, read as a map-style dataset: :func:`vlret.train.builders.build_train_dataset`).
 OFFLINE_DATA_FORMATS = ("precomp", "karpathy")
@@ -345,6 +372,8 @@ def selection_metric(config: Any) -> str:
 
 
 __all__ = [
+    "CAPTIONS_FILE_FORMATS",
+    "CAPTIONS_FILE_KEYS",
     "INT_RANGES",
     "MAX_BATCH",
     "MAX_CAPTIONS",
@@ -358,6 +387,7 @@ __all__ = [
     "MAX_WORKERS",
     "check_int_ranges",
     "check_model_sizes",
+    "check_captions_files",
     "check_msrvtt",
     "check_noise",
     "check_offline_negatives",
