@@ -13,7 +13,8 @@ turns it off):
   image's ``k`` captions side by side, ``k - 1`` further positives in every row of a block.
 * **Blocks.** Consecutive blocks of ``train.batch_size`` pairs. With ``train.drop_last`` (the
   default) a last partial block is dropped, as training never sees a batch of that size,
-  unless it is the only block (a dev split smaller than one batch is one block).
+  unless it is the only block (a dev split smaller than one batch is one block); a last block
+  of a single pair (no negatives) is dropped in any case.
 * **The loss of a block** is what a training step computes: the run's loss module, in eval
   mode, without gradient, through ``forward_step`` (two-tower models) or ``similarity_step``
   on the block's score matrix (pair-scoring models: :func:`.pair_scoring.pair_loss`), with the
@@ -97,11 +98,14 @@ def dev_pair_order(txt_to_img: Any, *, order: str = "round") -> torch.Tensor:
 
 def dev_blocks(num_pairs: int, batch_size: int, *, drop_last: bool) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive blocks of ``batch_size`` pairs; with ``drop_last`` a
-    last partial block is dropped unless it is the only one."""
+    last partial block is dropped unless it is the only one, and a last block of one pair
+    (no negatives: a training step refuses it) is dropped in any case unless it is the only
+    one."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     blocks = [(s, min(s + batch_size, num_pairs)) for s in range(0, num_pairs, batch_size)]
-    if drop_last and len(blocks) > 1 and blocks[-1][1] - blocks[-1][0] < batch_size:
+    last = blocks[-1][1] - blocks[-1][0] if blocks else 0
+    if len(blocks) > 1 and (last == 1 or (drop_last and last < batch_size)):
         blocks.pop()
     return blocks
 
