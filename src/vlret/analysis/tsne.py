@@ -239,7 +239,7 @@ def write_tsne(points: TsnePoints, out: str | Path) -> list[Path]:
 
         names = sorted({g for g in points.group if g is not None})
         color_of = dict(zip(names, _colors(len(names)), strict=True))
-        colors = [color_of[g] for g in points.group]
+        colors = [color_of.get(g or "", "0.5") for g in points.group]
         for g in names:  # one legend entry per group
             ax.scatter([], [], color=color_of[g], label=g, s=20)
         ax.scatter(xy[is_img, 0], xy[is_img, 1], c=colors[:n], marker="o", s=22, alpha=0.85)

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             return fail(NAME, err)
     require_matplotlib(f"vlret {NAME}")
     try:
-        paths = _draw(args, what, out)
+        paths = _tsne(args, out) if what == "tsne" else _figures(args, what, _folder(out))
     except (FileNotFoundError, ValueError) as err:  # one line naming the file or argument
         return fail(NAME, err)
     for p in paths:
@@ -96,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _draw(args: argparse.Namespace, what: str, out: Path | None) -> list[Path]:
+def _folder(out: Path | None) -> Path:
+    assert out is not None  # run checked it
+    return out
+
+
+def _figures(args: argparse.Namespace, what: str, out: Path) -> list[Path]:
     if what == "goal-weights":
         from ..analysis.goal_plots import plot_goal_weights
 
@@ -105,14 +110,15 @@ def _draw(args: argparse.Namespace, what: str, out: Path | None) -> list[Path]:
         from ..analysis.adacl_plots import plot_adacl_margins
 
         return plot_adacl_margins(args.stats, out)
-    if what == "curves":
-        from ..analysis.curves import write_epoch_curves
-        from ..analysis.epoch_curves import plot_run_curves, run_labels
+    from ..analysis.curves import write_epoch_curves
+    from ..analysis.epoch_curves import plot_run_curves, run_labels
 
-        assert out is not None  # set by run
-        figure = plot_run_curves(args.runs, out)
-        table = write_epoch_curves({k: [v] for k, v in run_labels(args.runs).items()}, out)
-        return [figure, table]
+    figure = plot_run_curves(args.runs, out)
+    table = write_epoch_curves({k: [v] for k, v in run_labels(args.runs).items()}, out)
+    return [figure, table]
+
+
+def _tsne(args: argparse.Namespace, out: Path | None) -> list[Path]:
     from .._extras import require
     from ..analysis.tsne import tsne_plot
 

@@ -180,7 +180,7 @@ def embedding_dev_loss(
     ids = _pair_ids(t2i, image_ids)
     wide = torch.promote_types(img_emb.dtype, torch.float32)
     device = img_emb.device if device is None else device
-    wants_captions = captions is not None and "captions" in loss_fn.step_inputs()
+    texts = captions if captions is not None and "captions" in loss_fn.step_inputs() else None
     values = []
     with untouched(loss_fn):
         for start, stop in dev_blocks(len(pairs), batch_size, drop_last=drop_last):
@@ -191,7 +191,7 @@ def embedding_dev_loss(
             inputs = StepInputs(
                 img_ids=block_ids,
                 txt_ids=block_ids,
-                captions=[captions[j] for j in cols.tolist()] if wants_captions else None,
+                captions=None if texts is None else [texts[j] for j in cols.tolist()],
                 epoch=epoch,
                 step=step,
             )
@@ -238,14 +238,14 @@ def score_dev_loss(
     ids = _pair_ids(t2i, image_ids)
     wide = torch.promote_types(sim.dtype, torch.float32)
     device = sim.device if device is None else device
-    wants_captions = captions is not None and "captions" in loss_fn.step_inputs()
+    texts = captions if captions is not None and "captions" in loss_fn.step_inputs() else None
     values = []
     with untouched(loss_fn):
         for start, stop in dev_blocks(len(pairs), batch_size, drop_last=drop_last):
             cols = pairs[start:stop]
             block = sim[t2i[cols]][:, cols].to(device, wide)
             inputs = StepInputs(
-                captions=[captions[j] for j in cols.tolist()] if wants_captions else None,
+                captions=None if texts is None else [texts[j] for j in cols.tolist()],
                 epoch=epoch,
                 step=step,
             )

@@ -156,12 +156,13 @@ def selected_value(dev: dict[str, float | None] | None, select_on: str) -> float
     key (a model whose validation does not compute it) is an error naming it."""
     if dev is None:
         return None
-    if dev.get(select_on) is None:
+    value = dev.get(select_on)
+    if value is None:
         raise ValueError(
             f"train.select_on = {select_on!r}: the dev metrics hold no such key (they hold "
             f"{', '.join(sorted(dev))})"
         )
-    return float(dev[select_on])
+    return float(value)
 
 
 def epoch_line(trainer: Any, record: dict[str, Any], *, dev_value: float | None) -> str:
