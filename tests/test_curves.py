@@ -215,3 +215,157 @@ def test_relative_loss_segments_and_definition_starts(tmp_path):
     run = _warmup_run(tmp_path / "r", [1.0], all_negatives_epochs=5)
     assert loss_definition_starts(run) == (1, 6)
     assert loss_definition_starts(tmp_path / "no-config") == (1,)
+
+
+# -- dev loss and dev R@1 per direction (Unified Fig. 3a, AdaCL Fig. 7) -----------------------
+
+
+def _dev_run(run_dir: Path, rows: list[dict], *, config: dict | None = None) -> Path:
+    """A run whose epoch records hold ``rows`` (train_loss, dev_loss, R@1 keys, ...)."""
+    run_dir.mkdir(parents=True)
+    lines = [
+        json.dumps({"kind": "epoch", "epoch": e, "step": e + 1, **row})
+        for e, row in enumerate(rows)
+    ]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if config is not None:
+        import yaml
+
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return run_dir
+
+
+def _rows(train, dev, i2t, t2i, *, upper: bool = False):
+    k = "R1" if upper else "r1"
+    extra = {"dev_i2t_r1": -1.0, "dev_t2i_r1": -1.0} if upper else {}  # image-level, unused
+    return [
+        {
+            "train_loss": a,
+            "dev_loss": b,
+            f"dev_i2t_{k}": c,
+            f"dev_t2i_{k}": d,
+            "dev_rsum": c + d,
+            **extra,
+        }
+        for a, b, c, d in zip(train, dev, i2t, t2i, strict=True)
+    ]
+
+
+def test_r1_keys_are_the_image_level_ones_or_person_searchs_identity_level():
+    from vlret.analysis.epoch_curves import r1_keys
+
+    assert r1_keys(_rows([1.0], [1.0], [2.0], [3.0])) == ("dev_i2t_r1", "dev_t2i_r1")
+    person = [{"kind": "epoch", **r} for r in _rows([1.0], [1.0], [2.0], [3.0], upper=True)]
+    assert r1_keys(person) == ("dev_i2t_R1", "dev_t2i_R1")
+    # a real epoch record's keys: the trainer logs the image-level recalls with a dev_ prefix
+    from vlret.train.run_log import epoch_record
+
+    class Trainer:
+        select_on, step, best_metric, best_epoch = "rsum", 3, 1.0, 0
+        optimizer = type("O", (), {"param_groups": [{"lr": 0.1}]})()
+
+    dev = {"i2t_r1": 10.0, "t2i_r1": 20.0, "rsum": 30.0}
+    record = epoch_record(
+        Trainer(), 0, train_loss=2.0, dev_loss=1.5, seconds=1.0, dev=dev, skipped=None
+    )
+    assert list(record)[3:5] == ["train_loss", "dev_loss"] and record["dev_loss"] == 1.5
+    assert [record[k] for k in r1_keys([record])] == [10.0, 20.0]
+
+
+def test_curves_md_tabulates_dev_loss_and_r1_per_direction(tmp_path):
+    from vlret.analysis.curves import write_epoch_curves
+
+    runs = {
+        "a": [
+            _dev_run(tmp_path / "a0", _rows([3.0, 2.0], [2.5, 2.25], [10.0, 20.0], [5.0, 15.0])),
+            _dev_run(tmp_path / "a1", _rows([3.0, 2.0], [2.0, 1.75], [12.0, 30.0], [7.0, 25.0])),
+        ]
+    }
+    text = write_epoch_curves(runs, tmp_path).read_text()
+    tables = {part.splitlines()[0]: part for part in text.split("### ")[1:]}
+    loss = tables["Dev loss (the training loss on the dev split)"]
+    # mean ± sample std over the two seeds: (2.5, 2.0) -> 2.250 ± 0.354; (2.25, 1.75)
+    assert "| a | 2.250 ± 0.354 | 2.000 ± 0.354 |" in loss
+    assert "| a | 11.0 ± 1.4 | 25.0 ± 7.1 |" in tables["Dev I->T R@1"]
+    assert "| a | 6.0 ± 1.4 | 20.0 ± 7.1 |" in tables["Dev T->I R@1"]
+
+
+def _lines(ax) -> list[tuple[str, str, dict[float, float]]]:
+    """``(colour, style, {x: y})`` of an axis's data lines."""
+    out = []
+    for line in ax.get_lines():
+        xs, ys = list(map(float, line.get_xdata())), list(map(float, line.get_ydata()))
+        out.append((line.get_color(), line.get_linestyle(), dict(zip(xs, ys, strict=True))))
+    return out
+
+
+def test_loss_plot_draws_the_dev_loss_by_the_training_losss_first_epoch(tmp_path, monkeypatch):
+    from vlret.analysis import curves
+
+    figures = []
+    monkeypatch.setattr(curves, "save_figure", lambda fig, path: figures.append(fig) or path)
+    run = _dev_run(tmp_path / "r", _rows([4.0, 2.0, 1.0], [3.0, 2.5, 2.0], [1, 2, 3], [1, 2, 3]))
+    curves.plot_training_curves({"triplet": [run]}, tmp_path)
+    ax_loss = figures[0].axes[0]
+    (train,) = [p for _, s, p in _lines(ax_loss) if s == "-"]
+    (dev,) = [p for _, s, p in _lines(ax_loss) if s == "--"]
+    assert train == {1.0: 1.0, 2.0: 0.5, 3.0: 0.25}
+    assert dev == {1.0: 0.75, 2.0: 0.625, 3.0: 0.5}  # / 4.0, the first training loss
+    labels = ax_loss.get_legend_handles_labels()[1]
+    assert labels == ["triplet", "triplet (dev)"]
+
+
+def test_r1_plot_draws_each_direction_from_its_key(tmp_path, monkeypatch):
+    from vlret.analysis import epoch_curves
+
+    figures = []
+    monkeypatch.setattr(epoch_curves, "save_figure", lambda fig, path: figures.append(fig) or path)
+    image = _dev_run(tmp_path / "img", _rows([1.0, 1.0], [1.0, 1.0], [10.0, 20.0], [30.0, 40.0]))
+    person = _dev_run(
+        tmp_path / "pers", _rows([1.0, 1.0], [1.0, 1.0], [50.0, 60.0], [70.0, 80.0], upper=True)
+    )
+    epoch_curves.plot_r1_curves({"clip": [image], "irra": [person]}, tmp_path)
+    ax_i2t, ax_t2i = figures[0].axes[:2]
+    assert [p for _, _, p in _lines(ax_i2t)] == [{1.0: 10.0, 2.0: 20.0}, {1.0: 50.0, 2.0: 60.0}]
+    assert [p for _, _, p in _lines(ax_t2i)] == [{1.0: 30.0, 2.0: 40.0}, {1.0: 70.0, 2.0: 80.0}]
+    assert ax_i2t.get_title() == "dev I->T R@1" and ax_t2i.get_title() == "dev T->I R@1"
+
+
+def test_vlret_plot_curves_writes_the_figure_and_tables(tmp_path, capsys):
+    from vlret.cli import main
+
+    a = _dev_run(tmp_path / "runs" / "a", _rows([3.0, 2.0], [2.5, 2.0], [10.0, 20.0], [5.0, 15.0]))
+    b = _dev_run(tmp_path / "other" / "a", _rows([3.0], [2.0], [12.0], [7.0]))
+    out = tmp_path / "out"
+    assert main(["plot", "curves", str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(out / "training_curves.png"), str(out / "curves.md")]
+    _assert_png(out / "training_curves.png")
+    table = (out / "curves.md").read_text()
+    assert f"| {a} | 2.500 | 2.000 |" in table and f"| {b} | 2.000 | - |" in table  # same name
+    assert main(["plot", "curves", str(a)]) == 0  # one run: its plots/ folder
+    assert capsys.readouterr().out.split()[0] == str(a / "plots" / "training_curves.png")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["curves"], "curves needs at least one RUN folder (holding metrics.jsonl)"),
+        (["curves", "{a}", "{a}/../a", "--out", "{o}"], "the same run folder is given twice"),
+        (["curves", "{missing}", "--out", "{o}"], "training log not found: {missing}"),
+        (["curves", "{empty}", "--out", "{o}"], "no epoch record yet"),
+        (["curves", "{a}", "{empty}"], "curves of several runs needs --out DIR"),
+        (["goal-weights", "{a}", "--out", "{o}"], "goal-weights takes no RUN"),
+        (["goal-weights"], "goal-weights needs --out DIR"),
+    ],
+)
+def test_vlret_plot_curves_errors_are_one_line(tmp_path, capsys, argv, message):
+    from vlret.cli import main
+
+    a = _dev_run(tmp_path / "a", _rows([3.0], [2.0], [1.0], [1.0]))
+    empty = _dev_run(tmp_path / "empty", [])
+    names = {"a": a, "o": tmp_path / "o", "missing": tmp_path / "missing", "empty": empty}
+    assert main(["plot", *[x.format(**names) for x in argv]]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vlret plot: ")
+    assert message.format(**names) in lines[0]

@@ -1,9 +1,10 @@
 """Figures of a loss comparison, drawn from the runs' ``metrics.jsonl`` logs.
 
-* :func:`plot_training_curves`: training loss and the dev metric the runs select ``best.pt``
-  on (``train.select_on``: rsum, or T->I R@1 on person search as AdaCL Fig. 7 plots it;
-  :func:`selection_key`) against epochs, one line per loss (Unified paper Fig. 3); the mean
-  over seeds with a min-max band. A loss that changes definition during the run (the
+* :func:`plot_training_curves`: training loss with the dev loss beside it (``dev_loss``, the
+  training loss on the dev split, dashed; Unified Fig. 3a) and the dev metric the runs select
+  ``best.pt`` on (``train.select_on``: rsum, or T->I R@1 on person search as AdaCL Fig. 7
+  plots it; :func:`selection_key`) against epochs, one line per loss (Unified paper Fig. 3);
+  the mean over seeds with a min-max band. A loss that changes definition during the run (the
   all-negatives warm-up of ``train.all_negatives_epochs``) is drawn as one segment per
   definition, each relative to its own first epoch, and the switch is marked
   (:func:`loss_definition_starts`, :func:`relative_loss_segments`).
@@ -16,6 +17,9 @@
   :func:`vlret.analysis.adacl_plots.plot_adacl_margins`.
 * :func:`plot_goal_heatmap`: the 15 GOAL combinations (GOAL Tables 3-5): I->T R@1, T->I R@1
   and rsum as three heatmaps, rows triplet weight, columns pair weight.
+
+The dev R@1 curves per direction (AdaCL Fig. 7) and the figure of ``vlret plot curves`` are in
+:mod:`vlret.analysis.epoch_curves`.
 
 matplotlib (the ``plot`` extra) is imported inside each function and drawn on an Agg canvas
 without touching pyplot's global state.
@@ -153,6 +157,9 @@ CURVES_TABLE = "curves.md"
 #: The epoch-record keys tabulated in ``curves.md``, with their titles.
 CURVE_KEYS: tuple[tuple[str, str], ...] = (
     ("dev_rsum", "Dev rsum"),
+    ("dev_loss", "Dev loss (the training loss on the dev split)"),
+    ("dev_i2t_r1", "Dev I->T R@1"),
+    ("dev_t2i_r1", "Dev T->I R@1"),
     ("dev_pos_sim", "Dev mean positive cosine"),
     ("dev_hardest_neg_sim", "Dev mean hardest-negative cosine"),
 )
@@ -205,8 +212,8 @@ def epoch_curve_markdown(
 def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
     """Write ``curves.md`` atomically: :func:`epoch_curve_markdown` of the metric the runs
     selected on (:func:`selection_key`, e.g. ``dev_t2i_R1`` on person search) first, then of
-    each :data:`CURVE_KEYS` key that some run logged (metrics with one decimal, cosines with
-    three).
+    each :data:`CURVE_KEYS` key that some run logged (metrics with one decimal, cosines and
+    the dev loss with three).
 
     Args:
         runs: Label -> the run folders of its seeds.
@@ -223,13 +230,18 @@ def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | 
     titled = [(k, f"Dev {k[len('dev_') :]} (selects best.pt)") for k in keys]
     titled += [(k, title) for k, title in CURVE_KEYS if k not in keys]
     parts = [
-        epoch_curve_markdown(runs, key, title=title, digits=3 if key.endswith("_sim") else 1)
+        epoch_curve_markdown(runs, key, title=title, digits=_digits(key))
         for key, title in titled
         if any(epoch_series(r, key) for r in logs)
     ]
     path = Path(out_dir) / CURVES_TABLE
     atomic_write_text(path, "\n".join(parts))
     return path
+
+
+def _digits(key: str) -> int:
+    """Decimals of a ``curves.md`` cell: three for cosines and losses, one for metrics."""
+    return 3 if key.endswith("_sim") or key.endswith("_loss") else 1
 
 
 def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
@@ -261,7 +273,10 @@ def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
 
 
 def relative_loss_segments(
-    series: Mapping[int, float], starts: Sequence[int] = (1,)
+    series: Mapping[int, float],
+    starts: Sequence[int] = (1,),
+    *,
+    reference: Mapping[int, float] | None = None,
 ) -> list[dict[int, float]]:
     """Cut a loss series at each definition start and scale each part by its first value, so
     that losses of different scales share an axis and a warm-up loss does not make the loss
@@ -271,31 +286,39 @@ def relative_loss_segments(
         series: Epoch -> training loss.
         starts: The 1-based epochs at which a definition starts
             (:func:`loss_definition_starts`).
+        reference: The series whose first value in each part is the divisor (the dev loss is
+            scaled by the training loss's, so the two stay comparable); default ``series``.
 
     Returns:
-        One dict per start: the part's values divided by the absolute value of its first; empty
-        where the run has no epoch of that definition, or its first value is 0 or not finite.
+        One dict per start: the part's values divided by the absolute value of the reference's
+        first; empty where the run has no epoch of that definition, or that first value is 0
+        or not finite.
     """
     bounds = sorted(set(starts))
+    ref = series if reference is None else reference
     out = []
     for i, start in enumerate(bounds):
         stop = bounds[i + 1] if i + 1 < len(bounds) else math.inf
         part = {e: v for e, v in sorted(series.items()) if start <= e < stop}
-        first = part[min(part)] if part else 0.0
+        scale = {e: v for e, v in sorted(ref.items()) if start <= e < stop}
+        first = scale[min(scale)] if scale else 0.0
         ok = first != 0 and math.isfinite(first)
         out.append({e: v / abs(first) for e, v in part.items()} if ok else {})
     return out
 
 
 def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
-    """Draw training loss and the dev selection metric against epochs (Unified loss paper
-    Fig. 3; AdaCL Fig. 7 plots R@1 against epochs on person search): each label's runs'
-    :func:`selection_key`, ``dev_rsum`` unless ``train.select_on`` named another metric.
+    """Draw training loss, the dev loss, and the dev selection metric against epochs (Unified
+    loss paper Fig. 3a-b; AdaCL Fig. 7 plots R@1 against epochs on person search): each
+    label's runs' :func:`selection_key`, ``dev_rsum`` unless ``train.select_on`` named another
+    metric.
 
-    Each loss definition is drawn relative to its first epoch
-    (:func:`relative_loss_segments`); the mean over seeds with a min-max band. A run whose loss
-    changes definition (``train.all_negatives_epochs``) gets one segment per definition, and a
-    dotted line marks the switch on both panels.
+    Each loss definition is drawn relative to its first epoch's training loss
+    (:func:`relative_loss_segments`); the dev loss (``dev_loss``, dashed, same colour; runs
+    that logged one) by the same divisor, so the gap between the two is the generalisation
+    gap; the mean over seeds with a min-max band. A run whose loss changes definition
+    (``train.all_negatives_epochs``) gets one segment per definition, and a dotted line marks
+    the switch on both panels.
 
     Args:
         runs: Label -> the run folders of its seeds; one colour per label on both panels.
@@ -317,17 +340,23 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
     for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
         phases = max((len(s) for s in starts[label]), default=1)
         segments: list[list[dict[int, float]]] = [[] for _ in range(phases)]
+        dev_segments: list[list[dict[int, float]]] = [[] for _ in range(phases)]
         for r, run_starts in zip(recs, starts[label], strict=True):
-            for i, segment in enumerate(
-                relative_loss_segments(epoch_series(r, "train_loss"), run_starts)
-            ):
+            train = epoch_series(r, "train_loss")
+            for i, segment in enumerate(relative_loss_segments(train, run_starts)):
                 segments[i].append(segment)
+            dev = epoch_series(r, "dev_loss")
+            for i, segment in enumerate(relative_loss_segments(dev, run_starts, reference=train)):
+                dev_segments[i].append(segment)
             for start in run_starts[1:]:
                 if label not in switches.setdefault(start, []):
                     switches[start].append(label)
-        drawn = False
+        drawn = dev_drawn = False
         for phase in segments:
             drawn |= _draw(ax_loss, phase, label=label if not drawn else None, color=color)
+        for phase in dev_segments:
+            dev_label = f"{label} (dev)" if not dev_drawn else None
+            dev_drawn |= _draw(ax_loss, phase, label=dev_label, color=color, style="--")
         key = selection_key(recs[0]) if recs else "dev_rsum"
         selected.add(key[len("dev_") :])
         _draw(ax_rsum, [epoch_series(r, key) for r in recs], label=label, color=color)
@@ -335,8 +364,8 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
         text = f"all-negatives warm-up ends ({', '.join(labels)})"
         for ax in (ax_loss, ax_rsum):
             ax.axvline(start - 0.5, color="0.4", linestyle=":", linewidth=1.2, label=text)
-    ax_loss.set_title("training loss (÷ |first epoch of each loss definition|)")
-    ax_loss.set_ylabel("relative training loss")
+    ax_loss.set_title("training loss, dev loss dashed (÷ |first training epoch|)", fontsize=10)
+    ax_loss.set_ylabel("relative loss")
     name = selected.pop() if len(selected) == 1 else "selection metric"
     ax_rsum.set_title(f"dev {name}")
     ax_rsum.set_ylabel(name)

@@ -1,4 +1,15 @@
-"""``vlret plot goal-weights | adacl-margins``: GOAL's weight diagrams, AdaCL's margin curves."""
+"""``vlret plot goal-weights | adacl-margins | curves | tsne``: GOAL's weight diagrams, AdaCL's
+margin curves, a run's training curves, a t-SNE of a run's embeddings.
+
+* ``vlret plot goal-weights --out DIR``; ``vlret plot adacl-margins --stats FILE --out DIR``.
+* ``vlret plot curves RUN [RUN ...] [--out DIR]``: training and dev loss, the dev selection
+  metric and dev R@1 per direction against epochs from each run's ``metrics.jsonl``
+  (``training_curves.png``, :func:`vlret.analysis.epoch_curves.plot_run_curves`) and the
+  same as tables (``curves.md``); ``--out`` defaults to ``plots/`` in the run folder (one run).
+* ``vlret plot tsne RUN --split dev [--samples 500] [--perplexity 30] [--seed 0] [--out
+  FILE.png] [--data DIR]``: :func:`vlret.analysis.tsne.tsne_plot` (RUN: a run folder, its
+  ``best.pt``, or a checkpoint), with ``FILE.csv`` and ``FILE.json`` beside the PNG.
+"""
 
 from __future__ import annotations
 
@@ -6,48 +17,119 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_OK, fail
+from ._common import EXIT_OK, fail, positive_int
 
 NAME = "plot"
+#: What ``vlret plot`` draws.
+WHATS = ("goal-weights", "adacl-margins", "curves", "tsne")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``plot`` on the ``vlret`` sub-command parsers."""
-    p = subparsers.add_parser(NAME, help="figures: GOAL weight diagrams, AdaCL margin curves")
-    p.add_argument("what", choices=["goal-weights", "adacl-margins"])
-    p.add_argument("--out", type=Path, required=True, help="output folder for PNG files")
+    p = subparsers.add_parser(
+        NAME,
+        help="figures: GOAL weight diagrams, AdaCL margins, training curves, t-SNE",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("what", choices=WHATS)
+    p.add_argument("runs", nargs="*", type=Path, metavar="RUN", help="run folders (curves, tsne)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder (goal-weights, adacl-margins, curves) or PNG file (tsne)",
+    )
     p.add_argument("--stats", type=Path, help="AdaCL stats JSON-lines log (adacl-margins)")
+    p.add_argument("--split", default="dev", help="tsne: the split to map (default dev)")
+    p.add_argument("--samples", type=positive_int, default=500, help="tsne: images drawn")
+    p.add_argument("--perplexity", type=float, default=30.0, help="tsne: perplexity")
+    p.add_argument("--seed", type=int, default=0, help="tsne: the draw's and t-SNE's seed")
+    p.add_argument("--data", type=Path, help="tsne: data folder (default: the run's data.root)")
+    p.add_argument("--device", default="auto", help="tsne: encoding device (default auto)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the figures, print their paths. Everything that would make the command fail after
-    drawing is refused first, in one line: a missing ``--stats``, an ``--out`` that cannot be
-    a folder, a missing matplotlib (the ``plot`` extra, :class:`~vlret._extras.MissingExtra`
-    printed by :func:`vlret.cli.main`, status 2)."""
+    drawing is refused first, in one line: a missing ``--stats`` or ``--out``, runs given to
+    a figure that takes none, an ``--out`` that cannot be a folder, a missing matplotlib (the
+    ``plot`` extra, :class:`~vlret._extras.MissingExtra` printed by :func:`vlret.cli.main`,
+    status 2)."""
     from .._files import check_output_dir
     from ..analysis._plotting import require_matplotlib
 
-    if args.what == "adacl-margins" and args.stats is None:
-        return fail(NAME, "adacl-margins needs --stats FILE (the AdaCL stats JSON-lines log)")
-    try:
-        check_output_dir(args.out, "--out")
-    except ValueError as err:  # OutputPathError
-        return fail(NAME, err)
-    require_matplotlib(f"vlret {NAME}")
-    if args.what == "goal-weights":
-        from ..analysis.goal_plots import plot_goal_weights
-
-        paths = plot_goal_weights(args.out)
+    what = args.what
+    if what in ("goal-weights", "adacl-margins"):
+        if args.runs:
+            return fail(NAME, f"{what} takes no RUN (got {args.runs[0]})")
+        if what == "adacl-margins" and args.stats is None:
+            return fail(NAME, "adacl-margins needs --stats FILE (the AdaCL stats JSON-lines log)")
+        if args.out is None:
+            return fail(NAME, f"{what} needs --out DIR (the folder of the PNG files)")
+    elif what == "curves" and not args.runs:
+        return fail(NAME, "curves needs at least one RUN folder (holding metrics.jsonl)")
+    elif what == "tsne" and len(args.runs) != 1:
+        return fail(
+            NAME, f"tsne needs exactly one RUN (a run folder or a checkpoint), got {len(args.runs)}"
+        )
+    out = args.out
+    if what == "curves" and out is None:
+        if len(args.runs) > 1:
+            return fail(NAME, "curves of several runs needs --out DIR")
+        out = args.runs[0] / "plots"
+    if what == "tsne":
+        if out is not None and out.suffix.lower() != ".png":
+            return fail(NAME, f"--out {out}: expected a .png file for tsne")
     else:
-        from ..analysis.adacl_plots import plot_adacl_margins
-
-        # A missing file or one without AdaCL margins: one line naming the file, exit 2.
         try:
-            paths = plot_adacl_margins(args.stats, args.out)
-        except (FileNotFoundError, ValueError) as err:
+            check_output_dir(out, "--out")
+        except ValueError as err:  # OutputPathError
             return fail(NAME, err)
+    require_matplotlib(f"vlret {NAME}")
+    try:
+        paths = _tsne(args, out) if what == "tsne" else _figures(args, what, _folder(out))
+    except (FileNotFoundError, ValueError) as err:  # one line naming the file or argument
+        return fail(NAME, err)
     for p in paths:
         print(p)
     return EXIT_OK
+
+
+def _folder(out: Path | None) -> Path:
+    assert out is not None  # run checked it
+    return out
+
+
+def _figures(args: argparse.Namespace, what: str, out: Path) -> list[Path]:
+    if what == "goal-weights":
+        from ..analysis.goal_plots import plot_goal_weights
+
+        return plot_goal_weights(out)
+    if what == "adacl-margins":
+        from ..analysis.adacl_plots import plot_adacl_margins
+
+        return plot_adacl_margins(args.stats, out)
+    from ..analysis.curves import write_epoch_curves
+    from ..analysis.epoch_curves import plot_run_curves, run_labels
+
+    figure = plot_run_curves(args.runs, out)
+    table = write_epoch_curves({k: [v] for k, v in run_labels(args.runs).items()}, out)
+    return [figure, table]
+
+
+def _tsne(args: argparse.Namespace, out: Path | None) -> list[Path]:
+    from .._extras import require
+    from ..analysis.tsne import tsne_plot
+
+    require("sklearn", f"vlret {NAME} tsne")
+    return tsne_plot(
+        args.runs[0],
+        out,
+        split=args.split,
+        samples=args.samples,
+        perplexity=args.perplexity,
+        seed=args.seed,
+        data=args.data,
+        device=args.device,
+    )

@@ -277,6 +277,9 @@ class TrainConfig:
     #: A vlret checkpoint whose model weights the run starts from (optimiser, schedule and
     #: epochs fresh): :mod:`vlret.train.init_weights`. ``None``: the model's own initialisation.
     init_from: str | None = None
+    #: Compute ``dev_loss`` each epoch: the training loss on the dev split, logged beside
+    #: ``train_loss`` (:mod:`vlret.train.dev_loss`); ``false``: logged as ``null``.
+    dev_loss: bool = True
 
 
 @dataclass

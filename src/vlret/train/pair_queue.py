@@ -380,6 +380,11 @@ class PairBankStep(LossStep):
     """
 
     name = "standard"
+    #: Why ``dev_loss`` is null for these runs (:func:`vlret.train.dev_loss.dev_loss_skipped`).
+    dev_loss_note = (
+        "the pair scorer's memory bank (loss.queue_size) adds queued negatives to each step's "
+        "loss, which a dev block has no counterpart of"
+    )
 
     def __init__(
         self,

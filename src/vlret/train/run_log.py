@@ -123,20 +123,23 @@ def epoch_record(
     *,
     train_loss: float,
     seconds: float,
-    dev: dict[str, float] | None,
+    dev: dict[str, float | None] | None,
     skipped: int | None,
+    dev_loss: float | None = None,
 ) -> dict[str, Any]:
-    """The ``kind: epoch`` record of ``metrics.jsonl``: the training loss, the learning rate,
-    the time, the selection (``select_on``, the dev metric ``best.pt`` maximises; its best
-    value as ``best_metric`` and again as ``best_<select_on>``, e.g. ``best_rsum`` or
-    ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix and (shards) the
-    bad samples skipped."""
+    """The ``kind: epoch`` record of ``metrics.jsonl``: the training loss, with a dev set the
+    dev loss beside it (``dev_loss``, :mod:`.dev_loss`; ``null`` when not computed), the
+    learning rate, the time, the selection (``select_on``, the dev metric ``best.pt``
+    maximises; its best value as ``best_metric`` and again as ``best_<select_on>``, e.g.
+    ``best_rsum`` or ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix
+    and (shards) the bad samples skipped."""
     name = trainer.select_on
     return {
         "kind": "epoch",
         "epoch": epoch,
         "step": trainer.step,
         "train_loss": train_loss,
+        **({"dev_loss": dev_loss} if dev is not None else {}),
         "lr": trainer.optimizer.param_groups[0]["lr"],
         "time_s": seconds,
         "select_on": name,
@@ -148,17 +151,18 @@ def epoch_record(
     }
 
 
-def selected_value(dev: dict[str, float] | None, select_on: str) -> float | None:
+def selected_value(dev: dict[str, float | None] | None, select_on: str) -> float | None:
     """The dev value of ``select_on`` (None without validation); a dev record without that
     key (a model whose validation does not compute it) is an error naming it."""
     if dev is None:
         return None
-    if select_on not in dev:
+    value = dev.get(select_on)
+    if value is None:
         raise ValueError(
             f"train.select_on = {select_on!r}: the dev metrics hold no such key (they hold "
             f"{', '.join(sorted(dev))})"
         )
-    return float(dev[select_on])
+    return float(value)
 
 
 def epoch_line(trainer: Any, record: dict[str, Any], *, dev_value: float | None) -> str:
@@ -167,6 +171,7 @@ def epoch_line(trainer: Any, record: dict[str, Any], *, dev_value: float | None)
         record["epoch"],
         trainer.config.train.epochs,
         train_loss=record["train_loss"],
+        dev_loss=record.get("dev_loss"),
         dev_value=dev_value,
         best_value=record["best_metric"],
         best_epoch=record["best_epoch"],
@@ -187,13 +192,17 @@ def epoch_summary(
     seconds: float,
     skipped: int | None = None,
     select_on: str = "rsum",
+    dev_loss: float | None = None,
 ) -> str:
-    """The line printed after each epoch: ``epoch 2 (3/5): loss 0.81, dev t2i_R1 31.20 (best
-    31.20 at epoch 2), 4.1 s``; ``dev_value`` / ``best_value``: this epoch's and the best
-    dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
+    """The line printed after each epoch: ``epoch 2 (3/5): loss 0.81, dev loss 0.93, dev
+    t2i_R1 31.20 (best 31.20 at epoch 2), 4.1 s``; ``dev_loss``: the training loss on the dev
+    split (:mod:`.dev_loss`; shown when computed); ``dev_value`` / ``best_value``: this
+    epoch's and the best dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
     ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
     the bad shard samples skipped in the epoch (shown for shards only)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"
+    if dev_loss is not None:
+        line += f", dev loss {dev_loss:.4g}"
     if dev_value is not None:
         best = f"{best_value:.2f}" if best_value is not None else "-"
         at = f" at epoch {best_epoch}" if best_epoch is not None else ""

@@ -30,7 +30,6 @@ import torch.distributed as dist
 from torch import nn
 
 from .._extras import progress_bar
-from .._modules import unwrap_model
 from ..data.shards import (
     IMAGE_FORMATS,
     ShardStream,
@@ -55,6 +54,7 @@ from .checkpoint import save_checkpoint
 from .config import ConfigError, RunConfig
 from .config_checks import selection_metric
 from .config_hooks import config_hooks
+from .dev_loss import Validation
 from .distributed import (
     ShardedBatchSampler,
     any_rank,
@@ -63,7 +63,6 @@ from .distributed import (
     resolve_device,
     shutdown_distributed,
 )
-from .evaluate import dev_metrics, encode_dataset
 from .grad_cache import GradCache
 from .hooks import HookList, StepOutput, TrainHook, TrainResult, param_groups
 from .init_weights import load_init_weights
@@ -71,7 +70,7 @@ from .loss_builder import build_run_loss
 from .loss_step import LossStep, StepLoss
 from .optim_groups import set_group_weight_decay
 from .pair_queue import with_pair_bank
-from .pair_scoring import pair_dev_metrics, scores_pairs
+from .pair_scoring import scores_pairs
 from .procedures import build_procedure
 from .run_folder import (
     check_resume_config,
@@ -244,6 +243,7 @@ class Trainer(TrainerState):
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
         self.loss_step = build_procedure(config) if loss_step is None else loss_step
         self.loss_step = with_pair_bank(self, self.loss_step)  # SCAN/SGRAF + loss.queue_size
+        self.validation = Validation(self)  # the dev metrics and the dev loss
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
@@ -337,33 +337,18 @@ class Trainer(TrainerState):
 
     # -- validation --------------------------------------------------------------------------
 
-    def validate(self) -> dict[str, float] | None:
+    def validate(self) -> dict[str, float | None] | None:
         """Dev metrics (logged with a ``dev_`` prefix in the epoch record): the retrieval
         metrics, plus ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
         ``hardest_neg_sim``, the mean over every image and every caption query of its hardest
         non-matching cosine (Unified Fig. 4); for a pair scorer the same on its own scores
-        (:func:`.pair_scoring.pair_dev_metrics`). ``None`` without a dev set."""
+        (:func:`.pair_scoring.pair_dev_metrics`); a procedure's own
+        (:meth:`.loss_step.LossStep.validate`) instead where it has one. ``"loss"``: the dev
+        loss from the same encoding (``None`` when not computed; :mod:`.dev_loss`). ``None``
+        without a dev set."""
         if self.dev_set is None:
             return None
-        own = self.loss_step.validate(self)  # a procedure's own (NCR: both networks' scores)
-        if own is not None:
-            return own
-        size = self.config.train.eval_batch_size
-        if self.scores_pairs:  # in the model's score units, every dev pair scored
-            return pair_dev_metrics(self.model, self.dev_set, batch_size=size, device=self.device)
-        img, txt = encode_dataset(
-            self.model,
-            self.dev_set,
-            batch_size=size,
-            device=self.device,
-            normalize=unwrap_model(self.model).scoring == "cosine",  # the model's own scoring
-        )
-        return dev_metrics(
-            img,
-            txt,
-            torch.as_tensor(self.dev_set.txt_to_img),
-            image_identity=self.dev_set.image_identity,  # person search: t2i_R1 ... i2t_mINP
-        )
+        return self.validation()
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -474,6 +459,7 @@ class Trainer(TrainerState):
         tc = self.config.train
         train_loss = self.epoch_loss_sum / max(self.epoch_batches, 1)
         dev = self.validate() if self.is_main else None
+        dev_loss = dev.pop("loss", None) if dev is not None else None
         value = selected_value(dev, self.select_on)
         improved = False
         if value is not None and (self.best_metric is None or value > self.best_metric):
@@ -485,7 +471,13 @@ class Trainer(TrainerState):
         self.epoch_loss_sum, self.epoch_batches, self.epoch_skipped = 0.0, 0, 0
         seconds = time.perf_counter() - started  # training and validation
         record = epoch_record(
-            self, finished_epoch, train_loss=train_loss, seconds=seconds, dev=dev, skipped=skipped
+            self,
+            finished_epoch,
+            train_loss=train_loss,
+            dev_loss=dev_loss,
+            seconds=seconds,
+            dev=dev,
+            skipped=skipped,
         )
         self._log(record)
         if self.print_fn is not None:

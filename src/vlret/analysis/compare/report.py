@@ -40,7 +40,8 @@ class ComparisonReport:
     outcomes: list[RunOutcome]
     plots: list[Path] = field(default_factory=list)
     goal_table: Path | None = None
-    #: ``curves.md``: dev rsum and dev similarities against epochs (mean +- std over seeds).
+    #: ``curves.md``: dev rsum, dev loss, dev R@1 per direction and dev similarities against
+    #: epochs (mean +- std over seeds).
     curves: Path | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -94,15 +95,16 @@ def write_report(
     goal_grid: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> ComparisonReport:
-    """``table.md``, ``results.csv``, ``results.json``, ``curves.md`` (dev rsum and dev
-    similarities against epochs), and the training / similarity / AdaCL / GOAL-grid plots
-    under ``plots/``."""
+    """``table.md``, ``results.csv``, ``results.json``, ``curves.md`` (dev rsum, dev loss, dev
+    R@1 per direction and dev similarities against epochs), and the training (with the dev
+    loss) / dev R@1 / similarity / AdaCL / GOAL-grid plots under ``plots/``."""
     from ..curves import (
         plot_adacl_trajectories,
         plot_similarity_curves,
         plot_training_curves,
         write_epoch_curves,
     )
+    from ..epoch_curves import plot_r1_curves
     from ..goal_plots import plot_goal_heatmap
 
     summaries = summarize(o.result for o in outcomes)
@@ -126,6 +128,7 @@ def write_report(
     if runs:
         report.curves = write_epoch_curves(runs, out_dir)
         add_plot(report, "training curves", lambda: plot_training_curves(runs, plots))
+        add_plot(report, "dev R@1 curves", lambda: plot_r1_curves(runs, plots))
         add_plot(report, "similarity curves", lambda: plot_similarity_curves(runs, plots))
         # the runs whose loss logged AdaCL's margins (its last_stats, in the step records)
         adacl_runs = {k: v for k, v in runs.items() if any(map(_logs_margins, v))}
