@@ -117,6 +117,7 @@ class QueryParser(HTMLParser):
         self.queries: dict[tuple[str, str, int], int] = {}
         self.headings: dict[tuple[str, str, int], str] = {}
         self.items: dict[tuple[str, str, int], list[tuple[int, bool]]] = {}
+        self.truths: dict[tuple[str, str, int], dict[int, int]] = {}
         self._current: tuple[str, str, int] | None = None
         self._in_h4 = False
         self.text: list[str] = []
@@ -131,6 +132,9 @@ class QueryParser(HTMLParser):
         elif tag == "h4" and self._current is not None:
             self._in_h4 = True
             self.headings[self._current] = ""
+        elif tag == "span" and a.get("class") == "truth" and self._current is not None:
+            where = self.truths.setdefault(self._current, {})
+            where[int(str(a["data-index"]))] = int(str(a["data-position"]))
         elif tag == "li" and self._current is not None and "data-index" in a:
             self.items[self._current].append(
                 (int(str(a["data-index"])), a.get("data-relevant") == "1")
@@ -228,6 +232,10 @@ def check_page(facts, out: Path, *, samples: int, worst: int) -> QueryParser:
         else:
             truths = [c == t2i[q["query"]] for c in order]
         assert page.items[key] == list(zip(order, truths, strict=True))
+        # each ground truth's position in the whole ranked list (the other truths above count)
+        ranked = sorted(inside, key=lambda c: (-float(row[c]), c))
+        for g in q["ground_truth"][:10]:
+            assert page.truths[key][g["index"]] == g["position"] == ranked.index(g["index"]) + 1
         assert [t["score"] for t in q["top"]] == pytest.approx([float(row[c]) for c in order])
     # the worst queries are the highest ranks; the sampled ones are as many as asked
     for d in ("i2t", "t2i"):

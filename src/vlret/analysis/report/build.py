@@ -54,7 +54,8 @@ def report_record(
                     for t in q.top
                 ],
                 "ground_truth": [
-                    {"index": g.index, "score": g.score, "rank": g.rank} for g in q.ground_truth
+                    {"index": g.index, "score": g.score, "rank": g.rank, "position": g.position}
+                    for g in q.ground_truth
                 ],
                 "attention": [_attention_record(a) for a in q.attention],
             }

@@ -54,12 +54,15 @@ class RetrievedItem:
 
 @dataclass
 class GroundTruth:
-    """A relevant gallery item of a query, its score and its rank by the metrics' rule
-    (``1 +`` non-relevant items scoring ``>=`` it)."""
+    """A relevant gallery item of a query, its score, its rank by the metrics' rule (``1 +``
+    non-relevant items scoring ``>=`` it; the other ground truths do not count) and its
+    ``position`` in the query's ranked list as the top-K list orders it (score, ties by index),
+    where the other ground truths above it do count."""
 
     index: int
     score: float
     rank: int
+    position: int = 0
 
 
 @dataclass
@@ -235,8 +238,11 @@ def query_facts(data: ReportData, direction: str, query: int, group: str) -> Que
     ]
     irrelevant = inside.clone()
     irrelevant[relevant] = False
+    where = {int(gallery[o]): p + 1 for p, o in enumerate(order.tolist())}
     truths = [
-        GroundTruth(int(g), float(row[g]), int((row[irrelevant] >= row[g]).sum()) + 1)
+        GroundTruth(
+            int(g), float(row[g]), int((row[irrelevant] >= row[g]).sum()) + 1, where[int(g)]
+        )
         for g in relevant.tolist()
     ]
     truths.sort(key=lambda t: (t.rank, t.index))

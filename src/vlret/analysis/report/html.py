@@ -222,7 +222,9 @@ def query_html(
         )
     kind = "caption" if q.direction == "i2t" else "image"
     truths = ", ".join(
-        f"{kind} {g.index} at rank {g.rank} (score {g.score:.4f})" for g in q.ground_truth[:10]
+        f'<span class="truth" data-index="{g.index}" data-position="{g.position}">{kind} '
+        f"{g.index} at #{g.position} (score {g.score:.4f})</span>"
+        for g in q.ground_truth[:10]
     )
     more = f" and {len(q.ground_truth) - 10} more" if len(q.ground_truth) > 10 else ""
     attention = "".join(attention_html(data, a, thumbs, boxes) for a in q.attention)
