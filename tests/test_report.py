@@ -581,3 +581,29 @@ def test_cli_bad_input_is_one_line_naming_the_argument(world, tmp_path, capsys, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.match(match, err), err
+
+
+def test_a_synthetic_world_read_from_features_shows_its_rendered_pictures(tmp_path):
+    from PIL import Image
+
+    from vlret.analysis.report.thumbs import world_pictures, write_thumb
+    from vlret.data.captioning.images import split_images
+    from vlret.data.synthetic import write_synthetic
+
+    root = tmp_path / "world"
+    write_synthetic("tiny", root, format="precomp", seed=3)
+    assert world_pictures(tmp_path, "test") is None  # not a world
+    render = world_pictures(root, "test")
+    assert render is not None
+
+    class FeaturesOnly:  # a precomp split: features, no pictures
+        def image_source(self, index):
+            raise NotImplementedError
+
+    thumb = write_thumb(FeaturesOnly(), 2, tmp_path / "out", fallback=render)
+    assert thumb is not None and thumb.path == "thumbs/2.jpg"
+    picture = split_images(root, "test", format="precomp").load(2)
+    assert (thumb.source_width, thumb.source_height) == picture.size
+    with Image.open(tmp_path / "out" / thumb.path) as shown:
+        assert max(shown.size) == 160
+    assert write_thumb(FeaturesOnly(), 2, tmp_path / "none") is None

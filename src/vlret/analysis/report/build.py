@@ -12,7 +12,7 @@ from typing import Any
 from .attention import WordAttention, pair_model, query_attention
 from .data import DIRECTIONS, ReportData, collect_report
 from .html import rank_histogram, render_html
-from .thumbs import Thumb, load_boxes, write_thumb
+from .thumbs import Thumb, load_boxes, world_pictures, write_thumb
 
 
 def _attention_record(att: WordAttention) -> dict[str, Any]:
@@ -104,12 +104,13 @@ def write_report(
         for q in data.queries:
             q.attention = query_attention(model, dataset, q, word=word)
     boxes = None
+    folder = Path(getattr(dataset, "root", data_dir))
     if model is not None:
-        folder = Path(getattr(dataset, "root", data_dir))
         boxes = load_boxes(folder, data.split, n_images=len(data.image_ids))
+    rendered = world_pictures(folder, data.split)  # a synthetic world read from its features
     thumbs: dict[int, Thumb] = {}
     for index in sorted(_shown_images(data)):
-        thumb = write_thumb(dataset, index, out)
+        thumb = write_thumb(dataset, index, out, fallback=rendered)
         if thumb is not None:
             thumbs[index] = thumb
     n_gallery = {"i2t": len(data.captions), "t2i": len(data.image_ids)}

@@ -18,6 +18,7 @@ there is one, else the extent of the image's boxes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,34 @@ def _picture(dataset: Any, index: int) -> Any:
     return source.convert("RGB") if hasattr(source, "convert") else None
 
 
-def write_thumb(dataset: Any, index: int, out: Path, *, size: int = THUMB_SIZE) -> Thumb | None:
+def world_pictures(folder: Path, split: str) -> Callable[[int], Any] | None:
+    """The rendered pictures of ``split`` when ``folder`` is a synthetic world read from its
+    features (precomp: ``synthetic.json`` and ``{split}_synth.npz``), drawn from its scenes as
+    ``vlret caption`` draws them (:func:`vlret.data.captioning.images.synthetic_images`, the
+    same JPEG bytes as the world's Karpathy ``images/``); ``None`` for any other folder."""
+    from ...data.synthetic.hint import META_FILE
+
+    if not (folder / META_FILE).is_file() or not (folder / f"{split}_synth.npz").is_file():
+        return None
+    from ...data.captioning.images import synthetic_images
+
+    return synthetic_images(folder, split).load
+
+
+def write_thumb(
+    dataset: Any,
+    index: int,
+    out: Path,
+    *,
+    size: int = THUMB_SIZE,
+    fallback: Callable[[int], Any] | None = None,
+) -> Thumb | None:
     """Write the thumbnail of image ``index`` under ``out/thumbs/`` (once); ``None`` where the
-    data set has no pictures."""
+    data set has no pictures. ``fallback``: the pictures of a data set that reads features
+    (:func:`world_pictures`)."""
     picture = _picture(dataset, index)
+    if picture is None and fallback is not None:
+        picture = fallback(index)
     if picture is None:
         return None
     pil = require("PIL.Image", "report thumbnails")
