@@ -38,7 +38,7 @@ dense cannot run; tiled/dense <= 1.3x where dense fits; tiled/bare <= 1.6x at B 
 path <= 1.15x the bare functional at B=128.
 
     .venv/bin/python benchmarks/bench_losses.py [--batch 128 1024 8192 32768 65536] [--dim 512]
-        [--dtype float32|bfloat16] [--device cpu|cuda]
+        [--dtype float32|bfloat16] [--device cpu|cuda|cuda:N|auto] [--json FILE]
         [--loss infonce unified triplet goal adacl adacl-fixed]
         [--chunk auto|N] [--repeats 3] [--time-budget 30] [--max-mem-gb G] [--threads N]
 """
@@ -58,8 +58,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+
 # Public names only: bench_engine.py runs these workers against an older checkout too.
-from vlret.losses import (
+from vlret.losses import (  # noqa: E402
     AdaCLLoss,
     GoalObjective,
     InfoNCELoss,
@@ -186,9 +189,7 @@ def _reset_peak_rss() -> None:
         fh.write("5")
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+sync = machine.sync  # bench_engine and bench_grad_cache use it from here
 
 
 def make_inputs(batch: int, dim: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
@@ -204,7 +205,7 @@ def worker(spec: dict) -> dict:
     """Runs in a fresh process: peak memory of the first step, then the timed steps."""
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
-    device = torch.device(spec["device"])
+    device = machine.resolve_device(spec["device"])
     dtype = getattr(torch, spec["dtype"])
     step = make_step(spec["method"], spec["loss"], spec["chunk"])
 
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[128, 1024, 8192, 32768, 65536])
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--device", default="cpu")
+    machine.add_device_arguments(parser, "cpu")
     parser.add_argument("--loss", nargs="+", choices=LOSSES, default=["infonce"])
     parser.add_argument("--chunk", default="auto", help="strip rows of tiled/bare, or 'auto'")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps after the first")
@@ -364,13 +365,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(worker(json.loads(args._worker))))
         return
 
-    device = torch.device(args.device)
+    device = machine.resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     elem = torch.finfo(dtype).bits // 8
     max_mem = args.max_mem_gb * GB if args.max_mem_gb else 0.7 * total_memory_bytes(device)
     have_pml = not args.no_pml and pml_installed()
+    print(machine.device_line(device))
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}, "
         f"D={args.dim}, {args.dtype}, memory guard {max_mem / GB:.1f} GB, losses {args.loss}"
@@ -384,6 +386,11 @@ def main(argv: list[str] | None = None) -> None:
     elif not have_pml:
         print(f"pytorch-metric-learning: {PML_MISSING}")
 
+    runs: list[dict] = []  # the JSON's "runs": one entry per (B, method, loss)
+    ratios: list[dict] = []
+    machine.record("runs", runs)
+    machine.record("ratios", ratios)
+    machine.record("settings", {"dim": args.dim, "dtype": args.dtype, "max_mem": max_mem})
     for batch in args.batch:
         chunk = auto_chunk(batch, device) if args.chunk == "auto" else int(args.chunk)
         print(f"\n=== B={batch}, chunk {chunk} (tiled and bare: {math.ceil(batch / chunk)} strips)")
@@ -391,20 +398,24 @@ def main(argv: list[str] | None = None) -> None:
         def measure(method: str, loss: str, batch=batch, chunk=chunk) -> tuple[dict | None, str]:
             need = estimate_bytes(method, batch, args.dim, chunk, elem, loss)
             if need > max_mem:
-                return None, f"does not fit (needs ~{need / GB:.1f} GB)"
+                note = f"does not fit (needs ~{need / GB:.1f} GB)"
+                runs.append({"batch": batch, "method": method, "loss": loss, "skipped": note})
+                return None, note
             spec = {
                 "method": method,
                 "loss": loss,
                 "batch": batch,
                 "dim": args.dim,
                 "dtype": args.dtype,
-                "device": args.device,
+                "device": str(device),
                 "chunk": chunk,
                 "repeats": args.repeats,
                 "time_budget": args.time_budget,
                 "threads": args.threads,
             }
-            return run_worker(spec, args.timeout), ""
+            res = run_worker(spec, args.timeout)
+            runs.append({"batch": batch, "method": method, "loss": loss, "chunk": chunk, **res})
+            return res, ""
 
         bare, bare_note = measure("bare", args.loss[0])
         print(f"  {'bare 3 matmuls':<24} {fmt_result(bare, bare_note)}")
@@ -416,11 +427,13 @@ def main(argv: list[str] | None = None) -> None:
             ok_tiled = tiled is not None and "error" not in tiled
             if ok_tiled and dense is not None and "error" not in dense:
                 r = tiled["seconds"] / dense["seconds"]
+                ratios.append({"batch": batch, "loss": loss, "ratio": "tiled/dense", "value": r})
                 print(f"    tiled/dense time {r:6.2f}x   target <= 1.3x   {verdict(r <= 1.3)}")
             else:
                 print("    tiled/dense time     n/a   (dense did not run)")
             if ok_tiled and bare is not None and "error" not in bare:
                 r = tiled["seconds"] / bare["seconds"]
+                ratios.append({"batch": batch, "loss": loss, "ratio": "tiled/bare", "value": r})
                 tgt = verdict(r <= 1.6) if batch >= 8192 else "(target applies at B >= 8192)"
                 print(f"    tiled/bare time  {r:6.2f}x   target <= 1.6x   {tgt}")
             if batch == 65536:
@@ -434,6 +447,14 @@ def main(argv: list[str] | None = None) -> None:
             elif batch == 128:
                 over = module_overhead(loss, chunk, args.dim, dtype, device, args.overhead_repeats)
                 for form, (r, ms_mod, ms_fn) in over.items():
+                    ratios.append(
+                        {
+                            "batch": 128,
+                            "loss": loss,
+                            "ratio": f"module/functional {form}",
+                            "value": r,
+                        }
+                    )
                     base = "adacl" if loss == "adacl-fixed" else loss
                     name = f"{base}_objective" if loss == "goal" else f"{base}_loss"
                     name = f"tiled_{name}" if form == "tiled" else name
@@ -446,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             res, note = measure(method, args.loss[0])
             print(f"  {method:<24} {fmt_result(res, note)}")
+    machine.save_json(args.json, "bench_losses", device, argv)
 
 
 if __name__ == "__main__":

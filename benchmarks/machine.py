@@ -3,10 +3,16 @@ scripts beside it, which put this folder on ``sys.path`` when run from anywhere)
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import statistics
+import sys
 import time
+from typing import NoReturn
+
+import torch
 
 
 def cpu_name() -> str:
@@ -37,3 +43,141 @@ def spread(values: list[float], unit: str = "x", digits: int = 2) -> str:
     """Median, then the range over repeats."""
     med, lo, hi = (f"{v:.{digits}f}" for v in (statistics.median(values), min(values), max(values)))
     return f"{med}{unit} ({lo}-{hi})"
+
+
+# ----------------------------------------------------------------------------- devices and JSON
+#
+# Every benchmark takes ``--device cpu|cuda|cuda:N|auto`` and ``--json FILE``
+# (:func:`add_device_arguments`), prints :func:`device_line` in its header, fills :data:`RESULTS`
+# through :func:`record` and merges them into FILE with :func:`save_json` at the end.
+
+RESULTS: dict = {}
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
+    """``--device`` (``cpu``, ``cuda``, ``cuda:N`` or ``auto``: CUDA when there is one) and
+    ``--json FILE`` (merge this run's results into FILE under the script's name)."""
+    parser.add_argument(
+        "--device", default=default, help=f"cpu, cuda, cuda:N or auto (default {default})"
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="FILE", help="merge the results into this JSON file"
+    )
+
+
+def resolve_device(name: str, prog: str | None = None) -> torch.device:
+    """The :class:`torch.device` for ``--device NAME``; a CUDA device becomes the current one
+    (so that ``torch.cuda.synchronize()`` and the caching allocator's counters are its). A
+    device this machine lacks ends the run with one line naming it (exit status 2)."""
+    prog = prog or os.path.basename(sys.argv[0]) or "benchmark"
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        _exit(prog, f"--device {name!r}: not a device (cpu, cuda, cuda:N or auto)")
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        _exit(prog, f"--device {name!r}: only cpu, cuda, cuda:N and auto are supported")
+    if not torch.cuda.is_available():
+        _exit(prog, f"--device {name!r}: CUDA is not available (torch {torch.__version__})")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        _exit(prog, f"--device {name!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _exit(prog: str, message: str) -> NoReturn:
+    print(f"{prog}: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def device_info(device: torch.device) -> dict:
+    """What the JSON records about the device (and the host and torch beside it)."""
+    info = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cpu": cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info |= {
+            "gpu": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_bytes": props.total_memory,
+            "multiprocessors": props.multi_processor_count,
+            "cuda": torch.version.cuda,
+            "gpus": torch.cuda.device_count(),
+        }
+    return info
+
+
+def device_line(device: torch.device | str) -> str:
+    """One line naming where the benchmark runs: on CUDA the GPU's name, compute capability,
+    memory and SM count, then the host CPU; on CPU its model, cores and torch threads."""
+    info = device_info(torch.device(device))
+    host = f"{info['cpu']} ({info['cpu_cores']} logical cores, {info['torch_threads']} threads)"
+    if "gpu" in info:
+        return (
+            f"device {info['device']}: {info['gpu']}, capability {info['capability']}, "
+            f"{info['memory_bytes'] / 1024**3:.1f} GiB, {info['multiprocessors']} SMs, CUDA "
+            f"{info['cuda']}; host {host}; torch {info['torch']}"
+        )
+    return f"device cpu: {host}; torch {info['torch']}, load {load_average()}"
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU): timed regions start and end here."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> int:
+    """Start a CUDA peak-memory measurement: resets the peak, returns the bytes allocated now
+    (0 on CPU, where the benchmarks read peak RSS of a fresh process instead)."""
+    if device.type != "cuda":
+        return 0
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_since(device: torch.device, base: int) -> int | None:
+    """Peak CUDA bytes allocated beyond ``base`` since :func:`reset_peak` (None on CPU)."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def record(key: str, value: object) -> None:
+    """Keep ``value`` (JSON-able) under ``key`` for :func:`save_json`."""
+    RESULTS[key] = value
+
+
+def save_json(path: str | None, name: str, device: torch.device, argv: list[str] | None) -> None:
+    """Merge ``{name: {"device": ..., "argv": ..., "results": RESULTS}}`` into the JSON object
+    in ``path`` (created when missing; other benchmarks' entries are kept). No-op without path."""
+    if not path:
+        return
+    data = {}
+    if os.path.exists(path) and os.path.getsize(path):
+        with open(path) as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict):
+            _exit(name, f"--json {path}: holds {type(data).__name__}, not a JSON object")
+    data[name] = {
+        "device": device_info(device),
+        "device_line": device_line(device),
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        "results": dict(RESULTS),
+    }
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2, default=str)
+        fh.write("\n")
+    os.replace(tmp, path)
