@@ -24,8 +24,9 @@ Everything runs in one process with the same torch threads, warmed up, repeats i
 so that load from other processes hits both sides alike.
 
     python benchmarks/bench_cross_attention.py [--images 128] [--captions 192] [--repeats 3]
-        [--sgraf-captions 16] [--batch 128] [--threads N] [--clock wall|cpu] [--device cpu|cuda]
-        [--parts scan,bfan,sgraf,train] [--coco5k-scan]
+        [--sgraf-captions 16] [--batch 128] [--threads N] [--clock wall|cpu]
+        [--device cpu|cuda|cuda:N|auto] [--json FILE] [--parts scan,bfan,sgraf,train]
+        [--coco5k-scan]
 
 ``--coco5k-scan`` (for a GPU) times one full COCO-5K SCAN t2i scoring, 5000 x 25000 pairs,
 with vlret only.
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 from vlret.models.cross_attention import bfan_scores, block_plan, scan_scores
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 from machine import cpu_name, spread  # noqa: E402
 
 R, D, SHARD = 36, 1024, 128
@@ -312,6 +314,16 @@ def bench_scoring(args, timer: Timer, device: torch.device) -> None:
     pairs = n_img * words.shape[0]
     for name in systems:
         t = statistics.median(times[name])
+        machine.record(
+            name,
+            {
+                "pairs": pairs,
+                "seconds": t,
+                "loop/vlret": statistics.median(loop_ratio[name]),
+                "vlret/gemm_blocks": statistics.median(gemm_ratio[name]),
+                "vlret/gemm_padded": statistics.median(pad_ratio[name]),
+            },
+        )
         print(
             f"  {name:13s} vlret {t * 1e3:8.1f} ms ({pairs / t / 1e6:.2f} M pairs/s) | "
             f"loop / vlret {spread(loop_ratio[name])} [target >= 10x] | "
@@ -346,6 +358,9 @@ def bench_sgraf(args, timer: Timer, device: torch.device) -> None:
             ratios.append(t_loop / t_ours)
             times.append(t_ours)
     t = statistics.median(times)
+    machine.record(
+        "SGR", {"pairs": n_img * n_cap, "seconds": t, "loop/vlret": statistics.median(ratios)}
+    )
     print(
         f"  SGR vlret {t * 1e3:.1f} ms ({n_img * n_cap / t / 1e6:.3f} M pairs/s) | "
         f"loop / vlret {spread(ratios)} [target >= 5x]"
@@ -406,6 +421,14 @@ def bench_train(args, timer: Timer, device: torch.device) -> None:
         ratios.append(t_loop / t_ours)
         times.append(t_ours)
     model.score = batched_score
+    machine.record(
+        "train_step",
+        {
+            "batch": batch_size,
+            "seconds": statistics.median(times),
+            "loop/vlret": statistics.median(ratios),
+        },
+    )
     print(
         f"  step vlret {statistics.median(times) * 1e3:.0f} ms | loop / vlret "
         f"{spread(ratios)} [target >= 3x]"
@@ -417,14 +440,28 @@ def bench_coco5k(args, timer: Timer, device: torch.device) -> None:
     print(f"\nCOCO-5K SCAN t2i LSE: 5000 x 25000 pairs on {device}")
     with torch.no_grad():
         scan_scores(regions[:256], words[:1024], lengths[:1024])  # warm-up
+        base = machine.reset_peak(device)
         t, sims = timer(lambda: scan_scores(regions, words, lengths))
+        peak = machine.peak_since(device, base)
+    finite = bool(torch.isfinite(sims).all())
+    machine.record(
+        "coco5k_scan_t2i_lse",
+        {
+            "images": 5000,
+            "captions": 25000,
+            "seconds": t,
+            "pairs_per_s": 5000 * 25000 / t,
+            "finite": finite,
+            "peak_bytes": peak,
+        },
+    )
     print(
         f"  {t:.1f} s ({5000 * 25000 / t / 1e6:.1f} M pairs/s), finite: "
-        f"{bool(torch.isfinite(sims).all())}"
+        f"{finite}" + ("" if peak is None else f", peak {peak / 1024**3:.2f} GiB beyond the inputs")
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--captions", type=int, default=192)
@@ -432,7 +469,7 @@ def main() -> None:
     parser.add_argument("--sgraf-captions", type=int, default=16)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--device", default="cpu")
+    machine.add_device_arguments(parser, "cpu")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -441,19 +478,20 @@ def main() -> None:
     )
     parser.add_argument("--parts", default="scan,bfan,sgraf,train")
     parser.add_argument("--coco5k-scan", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = machine.resolve_device(args.device)
     timer = Timer(device, args.clock)
     print(
         f"CPU: {cpu_name()} ({os.cpu_count()} logical cores), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, ATen {torch.backends.cpu.get_cpu_capability()}, "
         f"load {os.getloadavg()[0]:.1f}, {args.clock} clock"
-        + (f", GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     )
+    print(machine.device_line(device))
     if args.coco5k_scan:
         bench_coco5k(args, timer, device)
+        machine.save_json(args.json, "bench_cross_attention", device, argv)
         return
     bench_scoring(args, timer, device)
     if "sgraf" in args.parts:
@@ -461,6 +499,7 @@ def main() -> None:
     if "train" in args.parts:
         bench_train(args, timer, device)
     print(f"\nload at the end {os.getloadavg()[0]:.1f}")
+    machine.save_json(args.json, "bench_cross_attention", device, argv)
 
 
 if __name__ == "__main__":
