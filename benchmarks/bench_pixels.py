@@ -59,6 +59,9 @@ Usage (from the repository root)::
         [--images 2000] [--shards 2 x workers] [--size 256] [--workers 2] [--batch 50] [--rounds 3]
         [--shuffle-buffer 1000] [--profile] [--layers 2] [--gc-batch 512] [--chunk 128]
         [--gpu-batch 256] [--gpu-steps 20] [--gpu-amp bf16|fp16|none] [--timeout 3600]
+        [--device auto|cpu|cuda|cuda:N] [--json FILE]
+
+``--device`` (default ``auto``: CUDA when there is one) is where (2) and (3) run; (3) needs CUDA.
 """
 
 from __future__ import annotations
@@ -72,7 +75,6 @@ import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -83,8 +85,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 from bench_grad_cache import peak_of_step  # noqa: E402
-from machine import cpu_name  # noqa: E402
 from vlret.data.shards import ShardStream  # noqa: E402
 from vlret.data.transforms import RandomResizedCrop  # noqa: E402
 from vlret.models.clip import CLIPByteTokenizer, CLIPImageTransform  # noqa: E402
@@ -104,7 +106,7 @@ def machine_line() -> str:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (
-        f"CPU {cpu_name()}, {cores} cores usable ({os.cpu_count()} online), torch "
+        f"CPU {machine.cpu_name()}, {cores} cores usable ({os.cpu_count()} online), torch "
         f"{torch.__version__} ({torch.get_num_threads()} threads), Pillow {PIL.__version__}, "
         f"Python {platform.python_version()}"
     )
@@ -304,6 +306,9 @@ def part_pipeline(shards: list[str], args: argparse.Namespace) -> str:
         )
     ratio = statistics.median(ratios)
     passed = ratio >= TARGET_RATE
+    machine.record(
+        "pipeline", {**{k: statistics.median(v) for k, v in rates.items()}, "ratio": ratio}
+    )
     line = (
         f"(1) pipeline {statistics.median(rates['pipeline']):.1f} images/s / bound "
         f"{statistics.median(rates['bound']):.1f} images/s = {ratio:.2f}x (median of "
@@ -401,6 +406,7 @@ def worker_memory(spec: dict) -> dict:
 
 def worker_gpu(spec: dict) -> dict:
     """Fresh process on CUDA: timed pre-training steps of the full ViT-B/32 CLIP."""
+    machine.resolve_device(spec["device"])  # the current CUDA device: synchronize() waits for it
     with tempfile.TemporaryDirectory() as tmp:
         trainer = make_trainer(spec, Path(tmp) / "run")
         batch = first_batch(trainer)
@@ -423,17 +429,8 @@ def worker_gpu(spec: dict) -> dict:
 WORKERS = {"memory": worker_memory, "gpu": worker_gpu}
 
 
-def run_worker(spec: dict, timeout: float) -> dict:
-    """``spec`` in a fresh process of this script."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
-        return {"error": f"failed (rc={proc.returncode}) {tail}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_worker(spec: dict, timeout: float) -> dict:  # in a fresh process of this script
+    return machine.run_worker(os.path.abspath(__file__), spec, timeout)
 
 
 def part_memory(shards: list[str], args: argparse.Namespace, device: str) -> str:
@@ -466,6 +463,7 @@ def part_memory(shards: list[str], args: argparse.Namespace, device: str) -> str
                 f"{res['loss']:.4f}, set-up RSS {res['base'] / GB:.2f} GB, "
                 f"{res['params'] / 1e6:.1f} M parameters"
             )
+    machine.record("memory", {"plain": plain, "gc": cached, "layers": args.layers})
     if "error" in plain or "error" in cached:
         return "(2) n/a: a step did not run   MISS"
     ratio = cached["peak"] / plain["peak"]
@@ -486,10 +484,11 @@ def part_memory(shards: list[str], args: argparse.Namespace, device: str) -> str
 # ----------------------------------------------------------------------------- (3) GPU
 
 
-def part_gpu(shards: list[str], args: argparse.Namespace) -> str:
+def part_gpu(shards: list[str], args: argparse.Namespace, device: str) -> str:
     print("\n=== (3) ViT-B/32 pre-training samples/s on a GPU")
-    if not torch.cuda.is_available():
-        line = "(3) skipped: torch.cuda.is_available() is False (no GPU on this machine)"
+    if not device.startswith("cuda"):
+        no_gpu = "torch.cuda.is_available() is False (no GPU on this machine)"
+        line = f"(3) skipped: {no_gpu if not torch.cuda.is_available() else 'not CUDA: ' + device}"
         print(line)
         return line
     amp = {"none": False, "fp16": "fp16", "bf16": "bf16"}[args.gpu_amp]
@@ -500,12 +499,13 @@ def part_gpu(shards: list[str], args: argparse.Namespace) -> str:
         "batch": args.gpu_batch,
         "loss_chunk": args.gpu_batch,
         "chunk": args.gpu_batch,
-        "device": "cuda",
+        "device": device,
         "amp": amp,
         "steps": args.gpu_steps,
         "threads": torch.get_num_threads(),
     }
     res = run_worker(spec, args.timeout)
+    machine.record("gpu_training", {**res, "batch": args.gpu_batch, "amp": args.gpu_amp})
     if "error" in res:
         line = f"(3) GPU run: {res['error']}"
     else:
@@ -542,7 +542,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="(2): default 2, --full 12")
     parser.add_argument("--gc-batch", type=int, default=None, help="(2): default 512 / 4096")
     parser.add_argument("--chunk", type=int, default=128, help="(2): grad_cache_chunk")
-    parser.add_argument("--device", default="auto", help="(2): auto, cpu or cuda")
+    machine.add_device_arguments(parser, "auto")
     parser.add_argument("--gpu-batch", type=int, default=256)
     parser.add_argument("--gpu-steps", type=int, default=20)
     parser.add_argument("--gpu-amp", choices=("bf16", "fp16", "none"), default="bf16")
@@ -568,10 +568,9 @@ def main(argv: list[str] | None = None) -> list[str]:
         torch.set_num_threads(spec["threads"])
         print(json.dumps(WORKERS[spec["kind"]](spec)))
         return []
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(machine.resolve_device(args.device))
     print(machine_line())
+    print(machine.device_line(device))
     t_start = time.perf_counter()
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -587,10 +586,12 @@ def main(argv: list[str] | None = None) -> list[str]:
         if 2 in args.parts:
             summary.append(part_memory(shards, args, device))
         if 3 in args.parts:
-            summary.append(part_gpu(shards, args))
+            summary.append(part_gpu(shards, args, device))
     print(f"\nsummary ({time.perf_counter() - t_start:.0f} s):")
     for line in summary:
         print(f"  {line}")
+    machine.record("summary", summary)
+    machine.save_json(args.json, "bench_pixels", torch.device(device), argv)
     return summary
 
 

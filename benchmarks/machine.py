@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from typing import NoReturn
@@ -181,3 +182,17 @@ def save_json(path: str | None, name: str, device: torch.device, argv: list[str]
         json.dump(data, fh, indent=2, default=str)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+def run_worker(script: str, spec: dict, timeout: float, env: dict | None = None) -> dict:
+    """``script --_worker SPEC`` in a fresh process; its last stdout line is the JSON result,
+    else ``{"error": ...}`` (the time-out, or the exit status and the last stderr line)."""
+    cmd = [sys.executable, script, "--_worker", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        return {"error": f"failed (rc={proc.returncode}) {tail}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -104,7 +104,7 @@ def test_memory_worker_takes_a_grad_cache_step(bench, tmp_path):
 def test_gpu_part_is_skipped_with_a_reason(bench, capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the part runs instead of being skipped")
-    line = bench.part_gpu([], bench.parse([]))
+    line = bench.part_gpu([], bench.parse([]), "cpu")
     assert line.startswith("(3) skipped: torch.cuda.is_available() is False")
     assert line in capsys.readouterr().out
 
