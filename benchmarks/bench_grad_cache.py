@@ -48,8 +48,8 @@ Usage (from the repository root)::
 
     .venv/bin/python benchmarks/bench_grad_cache.py [--models gru bert]
         [--batches 1024 2048 4096] [--chunk 128] [--loss-chunk 128] [--rounds 5]
-        [--skip-65536] [--big-batch 65536] [--big-models gru] [--device auto|cpu|cuda]
-        [--threads 1] [--max-mem-gb G] [--timeout 1800]
+        [--skip-65536] [--big-batch 65536] [--big-models gru] [--device auto|cpu|cuda|cuda:N]
+        [--json FILE]        [--threads 1] [--max-mem-gb G] [--timeout 1800]
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_losses  # noqa: E402  (the memory probes are bench_losses')
 import bench_train  # noqa: E402  (the batches are collated as bench_train does)
+import machine  # noqa: E402
 from vlret.data.writers import make_tiny_precomp, tiny_captions  # noqa: E402
 from vlret.train import Trainer, config_from_dict  # noqa: E402
 
@@ -308,14 +309,12 @@ def loss_probe(batch: int, args: argparse.Namespace) -> dict:
         "batch": batch,
         "dim": EMBED,
         "dtype": "float32",
-        "device": args.device if args.device != "auto" else "cpu",
+        "device": args.device,
         "chunk": args.loss_chunk,
         "repeats": 1,
         "time_budget": 5.0,
         "threads": args.threads,
     }
-    if args.device == "auto" and torch.cuda.is_available():
-        spec["device"] = "cuda"
     return bench_losses.run_worker(spec, args.timeout)
 
 
@@ -336,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-65536", action="store_true", help="skip target (c)")
     parser.add_argument("--big-batch", type=int, default=65536, help="B of target (c)")
     parser.add_argument("--big-models", nargs="+", choices=MODELS, default=["gru"])
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    machine.add_device_arguments(parser, "auto")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the workers")
     parser.add_argument("--max-mem-gb", type=float, default=None, help="default: 70%% of memory")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
@@ -348,15 +347,15 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(WORKERS[spec["kind"]](spec)))
         return
 
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = machine.resolve_device(args.device)
+    args.device = str(device)  # what the workers get
     guard = (
         args.max_mem_gb * GB if args.max_mem_gb else 0.7 * bench_losses.total_memory_bytes(device)
     )
     batches = sorted(set(args.batches))
     a_batch = 4096 if 4096 in batches else batches[-1]
     probe = "CUDA max_memory_allocated" if device.type == "cuda" else "peak RSS (VmHWM)"
+    print(machine.device_line(device))
     print(
         f"torch {torch.__version__}, device {device}, {args.threads} thread(s) per worker, "
         f"memory guard {guard / GB:.1f} GB, grad_cache_chunk C={args.chunk}, "
@@ -414,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
                     plain, note = memory("plain", batch), ""
                 cached = memory("gc", batch) if batch in batches else None
                 rows[batch] = (plain, cached)
+                machine.record(f"{model} B={batch}", {"plain": plain or note, "gc": cached})
                 print(f"  {batch:>6}   {cell(plain, note)}   {cell(cached, 'not run')}")
             print(
                 f"  plain B={args.big_batch} would need ~{per_item * args.big_batch / GB:.1f} GB "
@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
                     tp, tg = res["times"]["plain"], res["times"]["gc"]
                     r = statistics.median(g / p for g, p in zip(tg, tp, strict=True))
                     lp, lg = res["losses"]
+                    machine.record(f"{model} time B={b_batch}", {**res, "gc/plain": r})
                     print(
                         f"    same step check at B={b_batch}: loss plain {lp:.6f} gc {lg:.6f}, "
                         f"max |grad difference| / max |grad| {res['grad_diff']:.1e}"
@@ -483,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
             for model in args.big_models:
                 spec = {**base, "model": model, "data": big_data, "kind": "memory", "form": "gc"}
                 res = run_worker({**spec, "batch": args.big_batch}, args.timeout)
+                machine.record(f"{model} gc B={args.big_batch}", res)
                 print(
                     f"\n=== {model}: one gc step at B={args.big_batch} (C={args.chunk}, "
                     f"loss chunk_size {args.loss_chunk})"
@@ -503,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nsummary ({time.perf_counter() - t_start:.0f} s):")
     for line in summary:
         print(f"  {line}")
+    machine.record("summary", summary)
+    machine.save_json(args.json, "bench_grad_cache", device, argv)
 
 
 if __name__ == "__main__":
