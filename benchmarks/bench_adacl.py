@@ -19,7 +19,9 @@ which is robust to load changes on a shared machine. Target <= 1.5x.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -29,14 +31,16 @@ import torch.nn.functional as F
 from vlret.losses import AdaCLLoss, InfoNCELoss
 from vlret.memory import MemoryQueue
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+
 DIM = 256
 TEMPERATURE = 0.05
 DEVICE = torch.device("cpu")
 
 
 def sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+    machine.sync(DEVICE)
 
 
 def moco_infonce(
@@ -116,12 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--device", default="cpu")
+    machine.add_device_arguments(parser, "cpu")
     args = parser.parse_args(argv)
     global DEVICE
-    DEVICE = torch.device(args.device)
+    DEVICE = machine.resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    print(machine.device_line(DEVICE))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {DEVICE}, D={DIM}")
     print(f"median of {args.repeats} interleaved steps (forward + backward + state update)\n")
 
@@ -166,8 +171,12 @@ def main(argv: list[str] | None = None) -> None:
         verdict = "n/a" if base.endswith("(ref.)") else ("met" if ratio <= 1.5 else "MISSED")
         ms = f"{med(a) * 1e3:9.2f} {med(b) * 1e3:9.2f}"
         print(f"{case:<18} {base:<24} {ms} {ratio:6.2f}x  {verdict}")
+        machine.record(
+            f"{case} vs {base}", {"adacl_ms": med(a) * 1e3, "base_ms": med(b) * 1e3, "ratio": ratio}
+        )
     print("(ms: medians; ratio: median of per-repeat ratios of interleaved steps)")
     print(f"\nlast AdaCL stats (B=128): {adacl.last_stats}")
+    machine.save_json(args.json, "bench_adacl", DEVICE, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ ratio ``after / before`` of each ratio is printed with the verdict (target: with
 
     .venv/bin/python benchmarks/bench_engine.py [--before REV] [--rounds 2] [--threads 1]
         [--loss infonce unified triplet goal adacl-fixed] [--repeats 3] [--time-budget 20]
-        [--batches 8192 128]
+        [--batches 8192 128] [--device cpu|cuda|cuda:N|auto] [--json FILE]
+
+On CUDA the chunk is ``bench_losses``' CUDA rule (strips of <= 256 Mi elements).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_losses  # noqa: E402  (the workers and the chunk rule are bench_losses')
+import machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ((8192, "tiled"), (8192, "bare"), (128, "tiled"), (128, "dense"))
@@ -42,8 +45,8 @@ def _spec(args, loss: str, batch: int, method: str) -> dict:
         "batch": batch,
         "dim": 512,
         "dtype": "float32",
-        "device": "cpu",
-        "chunk": bench_losses.auto_chunk(batch, torch.device("cpu")),
+        "device": args.device,
+        "chunk": bench_losses.auto_chunk(batch, torch.device(args.device)),
         "repeats": args.repeats,
         "time_budget": args.time_budget,
         "threads": args.threads,
@@ -61,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batches", type=int, nargs="+", default=[8192, 128], help="which of 8192 and 128 to run"
     )
+    machine.add_device_arguments(parser, "cpu")
     args = parser.parse_args(argv)
+    device = machine.resolve_device(args.device)
+    args.device = str(device)  # what the workers get
+    print(machine.device_line(device))
     with tempfile.TemporaryDirectory(prefix="vlret-before-") as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(
@@ -108,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             change = ratios[1] / ratios[0]
             met = change <= 1.05
             ok &= met
+            machine.record(f"{loss} {label}", {"before": ratios[0], "after": ratios[1]})
             print(
                 f"{loss:<9} {label:<18} {ratios[0]:8.3f} {ratios[1]:8.3f} {change:12.3f}x  "
                 f"<= 1.05x {'met' if met else 'MISSED'}"
             )
+    machine.save_json(args.json, "bench_engine", device, argv)
     return 0 if ok else 2
 
 

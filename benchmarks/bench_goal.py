@@ -14,12 +14,17 @@ the triplet loss (hardest negative, the VSE++ loss GOAL replaces).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 from vlret.losses import PAIR_WEIGHTS, TRIPLET_WEIGHTS, goal_objective, triplet_loss
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def make_step(loss_fn, x: torch.Tensor, y: torch.Tensor):
@@ -45,19 +50,23 @@ def time_side_by_side(steps: dict, rounds: int, sync) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[128, 1024])
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--device", default="cpu")
+    machine.add_device_arguments(parser, "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--all", action="store_true", help="time all 15 combinations")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    device = machine.resolve_device(args.device)
+
+    def sync() -> None:
+        machine.sync(device)
+
+    print(machine.device_line(device))
 
     print(
         f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
@@ -91,6 +100,11 @@ def main() -> None:
         print(f"\nB={batch}")
         for name, t in medians.items():
             print(f"  {name:<30} {t * 1e3:9.2f} ms   {t / base:5.2f}x triplet")
+        machine.record(
+            f"B={batch}",
+            {name: {"ms": t * 1e3, "x_triplet": t / base} for name, t in medians.items()},
+        )
+    machine.save_json(args.json, "bench_goal", device, argv)
 
 
 if __name__ == "__main__":

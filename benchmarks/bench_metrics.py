@@ -29,6 +29,7 @@ import torch
 from vlret.metrics import metrics_from_ranks, retrieval_metrics
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 from machine import cpu_name, load_average, spread, timed  # noqa: E402
 
 
@@ -57,30 +58,29 @@ def argsort_loop_eval(img64: np.ndarray, txt64: np.ndarray, per_image: int):
     return metrics_from_ranks(torch.from_numpy(i2t), torch.from_numpy(t2i))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--per-image", type=int, default=5)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loop-repeats", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    machine.add_device_arguments(parser, "cpu")
+    args = parser.parse_args(argv)
 
     g = torch.Generator().manual_seed(0)
     img = torch.nn.functional.normalize(torch.randn(args.images, args.dim, generator=g), dim=1)
     txt_to_img = torch.arange(args.images).repeat_interleave(args.per_image)
     noise = torch.randn(len(txt_to_img), args.dim, generator=g) * 8.0 / args.dim**0.5
     txt = torch.nn.functional.normalize(img[txt_to_img] + noise, dim=1)
-    dev = torch.device(args.device)
+    dev = machine.resolve_device(args.device)
     img_d, txt_d, t2i_d = img.to(dev), txt.to(dev), txt_to_img.to(dev)
     # VSE-infinity's encode_data stores embeddings in float64 arrays (np.zeros' default)
     img64, txt64 = img.double().numpy(), txt.double().numpy()
     out = torch.empty(args.images, len(txt_to_img), device=dev)
 
     def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        machine.sync(dev)
 
     def matmul():
         s = img_d @ txt_d.t()
@@ -102,6 +102,7 @@ def main() -> None:
         f"{cpu_name()} ({os.cpu_count()} logical CPUs), device {dev}, load average "
         f"{load_average()}"
     )
+    print(machine.device_line(dev))
     print(
         f"{args.images} images x {len(txt_to_img)} texts, D={args.dim}, float32; "
         f"{args.repeats} repeats (argsort loop: {args.loop_repeats})"
@@ -119,6 +120,9 @@ def main() -> None:
         t_ours.append(t)
         ratios.append(t / ((before + after) / 2))
         t_out.append(timed(matmul_out)[0])
+    base = machine.reset_peak(dev)
+    ours()
+    peak = machine.peak_since(dev, base)
     t_loop, speedups = [], []
     for _ in range(args.loop_repeats):
         t, m_loop = timed(lambda: argsort_loop_eval(img64, txt64, args.per_image))
@@ -144,6 +148,23 @@ def main() -> None:
         f"metrics agree with the argsort loop: {same}  "
         f"(rsum {m_ours.rsum:.2f} vs {m_loop.rsum:.2f}); load average now {load_average()}"
     )
+    if peak is not None:
+        print(f"retrieval_metrics peak CUDA memory beyond the inputs: {peak / 1024**2:.1f} MB")
+    machine.record(
+        "retrieval_metrics",
+        {
+            "images": args.images,
+            "texts": len(txt_to_img),
+            "matmul_s": statistics.median(t_mm),
+            "ours_s": statistics.median(t_ours),
+            "ours/matmul": ratio,
+            "loop_s": statistics.median(t_loop),
+            "loop/ours": speedup,
+            "same_as_loop": same,
+            "peak_bytes": peak,
+        },
+    )
+    machine.save_json(args.json, "bench_metrics", dev, argv)
 
 
 if __name__ == "__main__":

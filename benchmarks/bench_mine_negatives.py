@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import cpu_name, load_average  # noqa: E402
+import machine  # noqa: E402
+from machine import load_average  # noqa: E402
 from vlret.train.mining import mine_embeddings  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    machine.sync(device)
 
 
 def bare_gemm(img: torch.Tensor, txt: torch.Tensor, block: int) -> float:
@@ -195,23 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--device", default="cpu")
+    machine.add_device_arguments(p, "cpu")
     p.add_argument("--previous", action="store_true", help="also time the previous way")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = machine.resolve_device(args.device)
     g = torch.Generator().manual_seed(0)
     img = F.normalize(torch.randn(args.images, args.dim, generator=g), dim=1).to(device)
     # captions near their image, so the top-K lists are not random
     t2i = torch.arange(args.captions) % args.images
     noise = torch.randn(args.captions, args.dim, generator=g).to(device)
     txt = F.normalize(img[t2i.to(device)] + 2.0 * noise / args.dim**0.5, dim=1)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    print(
-        f"device: {device} ({name}), torch threads {torch.get_num_threads()}, "
-        f"load {load_average()} (1-minute average, before)"
-    )
+    print(machine.device_line(device))
+    print(f"load {load_average()} (1-minute average, before)")
     print(
         f"sizes: {args.images} images x {args.captions} captions, D={args.dim}, "
         f"K={args.k}, block {args.block} captions, float32"
@@ -245,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"load {load_average()} (1-minute average, after)")
     print(f"mining / GEMM rate: {mine_rate / gemm_rate:.2f}x (target >= 0.8x)")
+    machine.record(
+        "mining",
+        {"gemm_s": min(gemm_s), "mine_s": min(mine_s), "mining/gemm_rate": mine_rate / gemm_rate}
+        | ({"previous_s": min(prev_s)} if args.previous else {}),
+    )
+    machine.save_json(args.json, "bench_mine_negatives", device, argv)
     return 0
 
 

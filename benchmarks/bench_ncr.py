@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import cpu_name, load_average  # noqa: E402
+import machine  # noqa: E402
 from vlret.data.writers import make_tiny_precomp  # noqa: E402
 from vlret.train import Trainer  # noqa: E402
 from vlret.train.config import config_from_dict  # noqa: E402
@@ -40,16 +40,18 @@ class Clock(TrainHook):
         self.last = 0.0
 
     def before_epoch(self, trainer) -> None:
+        machine.sync(trainer.device)
         self.start = time.perf_counter()
 
     def after_step(self, trainer, step) -> None:
+        machine.sync(trainer.device)
         self.last = time.perf_counter()
 
     def after_epoch(self, trainer, record) -> None:
         self.times.setdefault(trainer.epoch - 1, [0.0, 0.0])[1] = self.last - self.start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=60)
     ap.add_argument("--batch", type=int, default=32)
@@ -57,9 +59,11 @@ def main() -> None:
     ap.add_argument("--sim-dim", type=int, default=32)
     ap.add_argument("--regions", type=int, default=12)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    machine.add_device_arguments(ap, "cpu")
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = machine.resolve_device(args.device)
     root = Path(tempfile.mkdtemp(prefix="bench_ncr_"))
     in_dim = 2 * args.embed
     make_tiny_precomp(
@@ -95,6 +99,7 @@ def main() -> None:
                 "validate": False,
                 "procedure": "ncr",
                 "procedure_options": {"warmup_epochs": 1, "noisy_from": 2},
+                "device": str(device),
             },
         }
     )
@@ -106,14 +111,16 @@ def main() -> None:
     divide = ncr.before_epoch
 
     def timed(t) -> None:
+        machine.sync(device)
         start = time.perf_counter()
         divide(t)
+        machine.sync(device)
         clock.times.setdefault(t.epoch, [0.0, 0.0])[0] = time.perf_counter() - start
 
     ncr.before_epoch = timed  # the hook list holds the object: its attribute is called
     trainer.fit()
     pairs = len(trainer.train_set)
-    print(f"cpu: {cpu_name()}, threads {torch.get_num_threads()}, load {load_average()}")
+    print(machine.device_line(device))
     print(
         f"SGR NCR, {pairs} training pairs, batch {args.batch}, embed {args.embed}, "
         f"sim_dim {args.sim_dim}, {args.regions} regions"
@@ -124,6 +131,11 @@ def main() -> None:
             f"epoch {epoch} ({what}): division {division:.3f} s, training {steps:.3f} s, "
             f"pass / training epoch = {division / steps:.3f} (target <= 0.3)"
         )
+        machine.record(
+            f"epoch {epoch}",
+            {"division_s": division, "training_s": steps, "ratio": division / steps},
+        )
+    machine.save_json(args.json, "bench_ncr", device, argv)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import torch
 from vlret.metrics import identity_retrieval_metrics_from_embeddings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 from machine import cpu_name, load_average, spread, timed  # noqa: E402
 
 
@@ -97,7 +98,7 @@ def person_features(n_txt: int, n_img: int, n_ids: int, dim: int, seed: int = 0)
     return norm(txt, dim=1), norm(img, dim=1), raw[txt_to_img], raw
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--captions", type=int, default=6156)
     parser.add_argument("--images", type=int, default=3074)
@@ -105,22 +106,21 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--irra-repeats", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
+    machine.add_device_arguments(parser, "cpu")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    dev = torch.device(args.device)
+    dev = machine.resolve_device(args.device)
     txt, img, txt_ids, img_ids = (
         t.to(dev) for t in person_features(args.captions, args.images, args.identities, args.dim)
     )
 
     def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        machine.sync(dev)
 
     def matmul():
         s = txt @ img.t()
@@ -151,6 +151,7 @@ def main() -> None:
 
     capability = torch.backends.cpu.get_cpu_capability() if dev.type == "cpu" else dev.type
     gpu = f", {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""
+    print(machine.device_line(dev))
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {capability}, "
         f"{cpu_name()} ({os.cpu_count()} logical CPUs), device {dev}{gpu}, load average "
@@ -194,11 +195,22 @@ def main() -> None:
         failed |= not same
         shown = "  ".join(f"{k} {m_ours[k]:.3f}/{m_irra[k]:.3f}" for k in m_ours)
         print(f"metrics vlret/IRRA: {shown}; agree: {same} (max |diff| {diff:.1e})")
+        machine.record(
+            direction,
+            {
+                "ours_s": statistics.median(t_ours),
+                "ours/matmul": ratio,
+                "irra/ours": speedup,
+                "agree": same,
+            },
+        )
     print(f"bare similarity matmul         {spread(t_mm, ' s', 3)}")
     print(f"load average now {load_average()}")
     busy = hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1)
     if busy and dev.type == "cpu" and torch.get_num_threads() > 1:
         print("the CPUs are busy with other processes: compare with --threads 1")
+    machine.record("matmul_s", statistics.median(t_mm))
+    machine.save_json(args.json, "bench_person_search", dev, argv)
     if failed:
         raise SystemExit("the metrics of vlret and IRRA differ")
 

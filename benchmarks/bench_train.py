@@ -16,25 +16,29 @@ triplet loss on that same model, its baseline (ratio printed against it; no targ
 momentum encoder's extra forward pass is part of the method). The queue's size is fixed, so
 its cost does not depend on how full it is.
 
-Usage: ``python benchmarks/bench_train.py [--rounds 5] [--batch 128] [--device auto]``.
+Usage: ``python benchmarks/bench_train.py [--rounds 5] [--batch 128] [--device auto] [--json F]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
 from vlret.data.writers import make_tiny_precomp
 from vlret.losses import available_losses
 from vlret.train import Trainer, config_from_dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 TARGET = {"vsl": 1.25, "adacl": 1.25}
 
@@ -110,17 +114,17 @@ def batches(trainer: Trainer, n: int) -> list:
     return out
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sync = machine.sync
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per loss")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--device", default="auto")
-    args = parser.parse_args()
+    machine.add_device_arguments(parser, "auto")
+    args = parser.parse_args(argv)
+    args.device = str(machine.resolve_device(args.device))
+    print(machine.device_line(args.device))
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -163,6 +167,8 @@ def main() -> None:
         else:
             goal = f"{row.target:6.2f}x {'ok' if ratio <= row.target else 'SLOW'}"
         print(f"{n:<18} {1e3 * t:9.1f} {1 / t:8.2f} {ratio:7.3f} {row.baseline:<12} {goal}")
+        machine.record(n, {"step_ms": 1e3 * t, "ratio": ratio, "to": row.baseline})
+    machine.save_json(args.json, "bench_train", device, argv)
 
 
 if __name__ == "__main__":

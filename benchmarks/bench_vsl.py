@@ -18,6 +18,7 @@ Usage: ``python benchmarks/bench_vsl.py [--quick]`` (``--quick``: 30k captions, 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,9 @@ import torch
 
 from vlret.losses import TripletLoss, VisualSemanticLoss, triplet_loss, visual_semantic_loss
 from vlret.semantic import CaptionTfidf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 FUNCTION_WORDS = ["a", "an", "the", "on", "of", "with", "in", "next", "to", "is", "and", "near"]
 
@@ -175,6 +179,8 @@ def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int, device: torch.device) -> 
     sims = interleaved_ms({"triplet": triplet_sim, "vsl": vsl_sim}, rounds, 10, device)
     embs = interleaved_ms({"triplet": triplet_emb, "vsl": vsl_emb}, rounds, 5, device)
     print(f"device {device}")
+    machine.record("from_sim_ms", sims)
+    machine.record("from_embeddings_ms", embs)
     for label, t in (("from sim (B=128)", sims), (f"from embeddings (B=128, D={dim})", embs)):
         print(
             f"fwd+bwd {label}: triplet {t['triplet']:.3f} ms, triplet+VSL {t['vsl']:.3f} ms, "
@@ -219,22 +225,24 @@ def bench_memory(batch: int, threads: int) -> None:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="30k captions, fewer repeats")
     parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    parser.add_argument("--device", default="cpu", help="device for the loss timings")
-    args = parser.parse_args()
+    machine.add_device_arguments(parser, "cpu")  # the loss timings; (3)'s peak RSS is CPU's
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_child:
         memory_child(args.memory_child)
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    device = machine.resolve_device(args.device)
+    print(machine.device_line(device))
     tfidf = bench_fit_and_lookup(6000 if args.quick else 30000, 50 if args.quick else 200)
-    bench_loss_ratio(tfidf, 10 if args.quick else 30, torch.device(args.device))
+    bench_loss_ratio(tfidf, 10 if args.quick else 30, device)
     bench_memory(1024, torch.get_num_threads())
+    machine.save_json(args.json, "bench_vsl", device, argv)
 
 
 if __name__ == "__main__":

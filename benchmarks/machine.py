@@ -57,7 +57,9 @@ RESULTS: dict = {}
 
 def add_device_arguments(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
     """``--device`` (``cpu``, ``cuda``, ``cuda:N`` or ``auto``: CUDA when there is one) and
-    ``--json FILE`` (merge this run's results into FILE under the script's name)."""
+    ``--json FILE`` (merge this run's results into FILE under the script's name). Empties
+    :data:`RESULTS` (a script's ``main`` may run more than once in one process)."""
+    RESULTS.clear()
     parser.add_argument(
         "--device", default=default, help=f"cpu, cuda, cuda:N or auto (default {default})"
     )
