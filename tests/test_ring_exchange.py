@@ -124,6 +124,14 @@ def three_ranks(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    """4 ranks: ``"bidir"`` takes one two-way round and then one rightward step."""
+    root = tmp_path_factory.mktemp("ring4")
+    run_ranks(4, root)
+    return root
+
+
 def single_process(world: int, case: tuple) -> dict[str, torch.Tensor]:
     """Dense SigLIP on the concatenated batch in one process: the oracle."""
     img, txt, ids = global_batch(world)
@@ -168,6 +176,11 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(two_ranks, case):
 @pytest.mark.parametrize("case", CASES, ids=case_name)
 def test_three_ranks_equal_one_process_on_the_concatenated_batch(three_ranks, case):
     check_ranks(three_ranks, 3, case)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == "bidir"], ids=case_name)
+def test_four_ranks_bidir_equal_one_process_on_the_concatenated_batch(four_ranks, case):
+    check_ranks(four_ranks, 4, case)
 
 
 def test_shared_ids_add_positives_in_other_ranks_blocks(three_ranks):
