@@ -95,6 +95,8 @@ def worker(me: int, world: int, port: int, out: str, data: str) -> None:
                 "ring": ["train.exchange=ring"],
                 "gather_tiled": ["loss.chunk_size=3"],
                 "bidir_tiled": ["loss.chunk_size=3", "train.exchange=bidir"],
+                # chunks of 3 of each rank's 4 pairs, re-encoded after the ring's backward
+                "ring_grad_cache": ["train.exchange=ring", "train.grad_cache_chunk=3"],
             }
             states = {k: trainer_run(Path(data), Path(out) / k, v) for k, v in runs.items()}
             torch.save(states, Path(out) / f"trainer.rank{me}.pt")
@@ -193,8 +195,10 @@ def test_shared_ids_add_positives_in_other_ranks_blocks(three_ranks):
 def test_trainer_ring_takes_the_same_steps_as_the_gather(two_ranks):
     for r in range(2):
         states = torch.load(two_ranks / f"trainer.rank{r}.pt", weights_only=True)
-        assert [bool(states[k]["exchange_ring"]) for k in states] == [False, True, False, True]
-        for ring, gather in (("ring", "gather"), ("bidir_tiled", "gather_tiled")):
+        rings = [bool(states[k]["exchange_ring"]) for k in states]
+        assert rings == [False, True, False, True, True]
+        pairs = (("ring", "gather"), ("bidir_tiled", "gather_tiled"), ("ring_grad_cache", "gather"))
+        for ring, gather in pairs:
             a, b = states[ring], states[gather]
             assert a.keys() == b.keys()
             for k in b:
