@@ -103,6 +103,12 @@ class LossCapabilities:
             ``pos_mask``, by keyword name, when a model that scores pairs supplies ``sim``.
         paper_comparison: Position in the default loss list of ``vlret compare`` (the papers'
             losses), ``None`` when the loss is not in it.
+        pairwise_sum: The loss is a sum over independent image-text pairs (a term of each
+            pair's score and whether it is a positive; no softmax, no batch statistic), and
+            the module has ``pair_block_terms(img_emb, txt_emb, positives)``: each image
+            row's sum of terms against one block of texts (``positives(start, stop)``, the
+            bool ``z = +1`` entries of rows ``start:stop``). The ring exchange
+            (``train.exchange``, :mod:`vlret.train.ring`) adds these blocks up (SigLIP).
     """
 
     local_shards: bool = False
@@ -113,6 +119,7 @@ class LossCapabilities:
     momentum_keys: bool = False
     similarity_inputs: tuple[str, ...] = ()
     paper_comparison: int | None = None
+    pairwise_sum: bool = False
 
 
 def _signature(params: type[LossParams]) -> inspect.Signature:

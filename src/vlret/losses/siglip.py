@@ -32,6 +32,7 @@ All terms are computed with ``logsigmoid`` (stable for any logit, no ``log(sigmo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import FLAG, REAL, check_positive, check_real, check_reduction
+from .._checks import FLAG, REAL, check_positive, check_real, check_reduction, compute_dtype
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, prepare, reduce_per_index
 from ._tiling import Exclusions, prepare_embeddings, scalar_tensor, shard_directions, tile_rows
@@ -150,6 +151,53 @@ def tiled_siglip_loss(
     return reduce_per_index(terms, reduction, batch.batch)
 
 
+#: Lower bound of a row's norm when the embeddings are normalised (as the tiled forms).
+_NORM_EPS = 1e-8
+
+
+def siglip_block_terms(
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    positives: Callable[[int, int], torch.Tensor],
+    *,
+    scale: float | torch.Tensor = 10.0,
+    bias: float | torch.Tensor = -10.0,
+    chunk_size: int | None = None,
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Each image's sum of SigLIP pair terms against one block of texts: the ring exchange's
+    unit (``LossCapabilities.pairwise_sum``, :mod:`vlret.train.ring`).
+
+    Args:
+        img_emb: ``(n, D)`` image embeddings (the rows).
+        txt_emb: ``(m, D)`` text embeddings of one block (the columns).
+        positives: ``positives(start, stop)``: bool ``(stop - start, m)``, the ``z = +1``
+            entries of rows ``start:stop`` (own pairs and equal ids).
+        scale: ``e^t``, a positive float or a (learnable) scalar tensor.
+        bias: ``b``, a float or a (learnable) scalar tensor.
+        chunk_size: Tile height: the ``(n, m)`` scores are streamed ``chunk_size`` rows at a
+            time and recomputed in the backward pass (``O(chunk_size * m)`` memory); ``None``
+            scores the block at once.
+        normalize: Cosine scores (L2-normalised embeddings) or raw dot products.
+
+    Returns:
+        ``(n,)``, differentiable in both blocks, ``scale`` and ``bias``; summed over every text
+        block of a batch, row ``i``'s term of :func:`siglip_loss` (``"none"``).
+    """
+    dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
+    x, y = img_emb.to(dtype), txt_emb.to(dtype)
+    if normalize:
+        x, y = F.normalize(x, dim=1, eps=_NORM_EPS), F.normalize(y, dim=1, eps=_NORM_EPS)
+    c, b = scalar_tensor(scale, x, "scale"), scalar_tensor(bias, x, "bias")
+
+    def rows(scores: torch.Tensor, start: int) -> torch.Tensor:
+        return _pair_terms(scores, positives(start, start + scores.shape[0]), c, b)
+
+    if chunk_size is None:
+        return rows(x @ y.t(), 0)
+    return tile_rows(rows, x, y, chunk_size)
+
+
 @register_loss("siglip")
 class SigLIPLoss(PairLoss):
     """Module form of :func:`siglip_loss`; ``chunk_size=N`` selects :func:`tiled_siglip_loss`.
@@ -160,7 +208,7 @@ class SigLIPLoss(PairLoss):
     ``bias`` its ``logit_bias`` (see the module docstring).
     """
 
-    declared = LossCapabilities(local_shards=True)
+    declared = LossCapabilities(local_shards=True, pairwise_sum=True)
     paper = "SigLIP (Zhai et al. 2023)"
     equation = "SigLIP Eq. (1), Algorithm 1"
     Params = SigLIPParams
@@ -182,9 +230,26 @@ class SigLIPLoss(PairLoss):
         t = self.log_scale
         return {"scale": t.exp() if isinstance(t, torch.Tensor) else math.exp(t), "bias": self.bias}
 
+    def pair_block_terms(
+        self,
+        img_emb: torch.Tensor,
+        txt_emb: torch.Tensor,
+        positives: Callable[[int, int], torch.Tensor],
+    ) -> torch.Tensor:
+        """:func:`siglip_block_terms` with this module's scale, bias, tile height and
+        normalisation (``LossCapabilities.pairwise_sum``)."""
+        return siglip_block_terms(
+            img_emb,
+            txt_emb,
+            positives,
+            **self.arguments(),
+            chunk_size=self.chunk_size,
+            normalize=self.normalize,
+        )
+
     def extra_repr(self) -> str:
         scale, bias = (float(torch.as_tensor(v).detach()) for v in self.arguments().values())
         return self.config.describe(log_scale=math.log(scale), bias=bias)
 
 
-__all__ = ["SigLIPLoss", "siglip_loss", "tiled_siglip_loss"]
+__all__ = ["SigLIPLoss", "siglip_block_terms", "siglip_loss", "tiled_siglip_loss"]

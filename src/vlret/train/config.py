@@ -280,6 +280,10 @@ class TrainConfig:
     #: Compute ``dev_loss`` each epoch: the training loss on the dev split, logged beside
     #: ``train_loss`` (:mod:`vlret.train.dev_loss`); ``false``: logged as ``null``.
     dev_loss: bool = True
+    #: How the ranks of a torchrun job see each other's texts (:mod:`vlret.train.ring`):
+    #: ``"gather"`` (all-gather the embeddings), ``"ring"`` or ``"bidir"`` (pass the text blocks
+    #: to the neighbours, no all-gather; a loss with ``LossCapabilities.pairwise_sum`` only).
+    exchange: str = "gather"
 
 
 @dataclass

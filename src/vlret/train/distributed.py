@@ -38,6 +38,12 @@ gradient (tested with 2 gloo processes); the logged loss is the all-reduced sum,
 learnable temperature's gradient (each rank sees only its own terms' share) is all-reduced
 before the ``1/N``. The other losses (AdaCL, VSL) keep the full computation.
 
+**Ring exchange.** With ``train.exchange = "ring"`` or ``"bidir"`` (a loss that declares
+``LossCapabilities.pairwise_sum``: SigLIP) nothing is all-gathered: each rank keeps its images
+and passes its text block from neighbour to neighbour, adding its images' terms against each
+block (:mod:`vlret.train.ring`); the scaling, the logged loss and the loss parameters'
+gradients are those of local shards.
+
 **Pair scorers** (SCAN, BFAN, SGRAF: models with ``scores_pairs``). There are no embeddings
 to gather: the score of a pair needs the image's regions and the caption's words together.
 Inside the DistributedDataParallel forward each rank encodes its ``B`` images and ``B``

@@ -28,6 +28,7 @@ from .distributed import (
 )
 from .grad_cache import GradCache
 from .pair_scoring import pair_loss
+from .ring import ring_loss
 
 
 class Trainer(Protocol):
@@ -39,6 +40,7 @@ class Trainer(Protocol):
     scores_pairs: bool
     gather: bool
     local_shards: bool
+    exchange: str
     env: Any
     world: int
     epoch: int
@@ -112,6 +114,9 @@ class LossStep:
             with trainer._autocast():
                 outs = [trainer.momentum_encoder(chunk) for chunk in chunks]
             keys = [torch.cat(k).to(wide) for k in zip(*outs, strict=True)]
+        exchange = getattr(trainer, "exchange", "gather")
+        if exchange != "gather":  # neighbour exchange of the text blocks, no all-gather
+            return self.ring_loss(trainer, batch, img, txt, bidir=exchange == "bidir")
         shard = None
         if trainer.local_shards:
             # Each rank computes only its own pairs' terms against the gathered batch; the
@@ -140,6 +145,22 @@ class LossStep:
             ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
             return self.scaled(trainer, loss, logged), logged, ctx
         except (ValueError, FloatingPointError) as err:  # "sim contains NaN", a NaN loss
+            self.explain_non_finite(trainer, batch, img, txt, err)
+            raise
+
+    def ring_loss(
+        self, trainer: Trainer, batch: Any, img: torch.Tensor, txt: torch.Tensor, *, bidir: bool
+    ) -> StepLoss:
+        """``train.exchange = "ring"`` / ``"bidir"`` (:mod:`.ring`): this rank's images against
+        every rank's texts, passed from neighbour to neighbour; the logged loss is the sum over
+        ranks, the step log's batch statistics are this rank's local batch."""
+        ids = pair_ids(batch)
+        try:
+            loss = ring_loss(trainer.loss_fn, img, txt, ids, bidir=bidir)
+            logged = all_reduce_sum(loss)
+            ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+            return self.scaled(trainer, loss, logged), logged, ctx
+        except (ValueError, FloatingPointError) as err:
             self.explain_non_finite(trainer, batch, img, txt, err)
             raise
 
@@ -198,7 +219,8 @@ class LossStep:
                     f"are NaN or inf{skipped}"
                 ) from err
         n = len(images)
-        start = trainer.env.rank * n if trainer.gather else 0
+        gathered = trainer.gather and img is not None and img.shape[0] > n  # not the ring's
+        start = trainer.env.rank * n if gathered else 0
         for side, rows, emb in (("image", images, img), ("text", captions, txt)):
             bad = _non_finite_rows(emb[start : start + n]) if emb is not None else []
             if bad:

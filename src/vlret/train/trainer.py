@@ -72,6 +72,7 @@ from .optim_groups import set_group_weight_decay
 from .pair_queue import with_pair_bank
 from .pair_scoring import scores_pairs
 from .procedures import build_procedure
+from .ring import check_exchange, exchange_mode
 from .run_folder import (
     check_resume_config,
     check_select_on,
@@ -179,6 +180,8 @@ class Trainer(TrainerState):
                 stored_world=resume_state.get("world_size"),
                 world=self.world,
             )
+        caps = loss_capabilities(config.loss.name, config.loss.params)  # before the slow parts
+        check_exchange(tc.exchange, caps, config.loss.name, config.source)  # ring: pairwise_sum
         self.amp_dtype = amp_dtype(tc.amp, self.device, source=config.source)  # None: off
         if tc.deterministic and self.device.type == "cuda":
             torch.backends.cudnn.deterministic = True
@@ -221,10 +224,15 @@ class Trainer(TrainerState):
         # Every loss sees the global batch; a loss's queue is then told (gathered=True) that its
         # keys are global already, so it enqueues them once without gathering them again.
         self.gather = self.world > 1
+        #: ``train.exchange`` under torchrun (``"gather"`` in one process): :mod:`.ring`.
+        self.exchange = exchange_mode(tc.exchange, self.world)
         #: Multi-process with a tiled loss that takes local shards: each rank computes only the
         #: terms of its own pairs (``vlret.train.distributed``, "Local shards").
         self.local_shards = bool(
-            self.gather and self.loss_caps.local_shards and self.loss_fn.chunk_size is not None
+            self.gather
+            and self.exchange == "gather"
+            and self.loss_caps.local_shards
+            and self.loss_fn.chunk_size is not None
         )
         self.momentum_encoder = None
         if tc.momentum_encoder is not None:  # the config checked the loss takes its keys
@@ -317,7 +325,7 @@ class Trainer(TrainerState):
                 # every rank and are not averaged by DDP: undo the world-size factor.
                 for p in self.loss_params:
                     if p.grad is not None:
-                        if self.local_shards:  # each rank holds its own terms' share
+                        if self.local_shards or self.exchange != "gather":  # own share
                             torch.distributed.all_reduce(p.grad)
                         p.grad.div_(self.world)
         self.hooks.before_optimizer_step(self)
