@@ -237,6 +237,17 @@ def test_ring_refuses_a_loss_that_is_not_a_pair_sum():
 )
 def test_exchange_key_refused(tmp_path, loss, value, match):
     data = tiny_data(tmp_path / "data")
-    cfg = tiny_config(data, tmp_path / "run", [f"loss.name={loss}", f"train.exchange={value}"])
-    with pytest.raises(ConfigError, match=f"train.exchange: .*{match}"):
-        Trainer(cfg)
+    with pytest.raises(ConfigError, match=f"train.exchange: .*{match}"):  # when read
+        tiny_config(data, tmp_path / "run", [f"loss.name={loss}", f"train.exchange={value}"])
+
+
+def test_exchange_is_checked_when_the_config_is_read(tmp_path):
+    from train_helpers import tiny_raw
+    from vlret.train.config import config_from_dict
+
+    raw = tiny_raw(tmp_path / "data", tmp_path / "out")
+    raw["train"]["exchange"] = "bidir"
+    with pytest.raises(ConfigError, match=r"train\.exchange: 'bidir' needs .* loss 'triplet'"):
+        config_from_dict(raw)
+    raw["loss"] = {"name": "siglip"}
+    assert config_from_dict(raw).train.exchange == "bidir"

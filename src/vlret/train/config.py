@@ -54,6 +54,7 @@ from typing import Any
 from .._files import atomic_write_text
 from .._moved import moved_names
 from ..data.transforms import image_data_problem
+from ..losses import loss_capabilities
 from . import config_files
 from .config_checks import (
     check_captions_files,
@@ -67,6 +68,7 @@ from .config_checks import (
 from .config_files import ConfigError, check_tree
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
 from .loss_config import LossConfig, check_momentum_encoder, loss_config, model_with_scoring
+from .ring import check_exchange
 from .train_checks import check_loop_settings, check_zeroshot
 from .warmup import warmup_refusal
 
@@ -517,6 +519,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
     if train.momentum_encoder is not None:
         check_momentum_encoder(train.momentum_encoder, loss, source)
+    if train.exchange != "gather":  # ring / bidir: a loss that is a sum over independent pairs
+        check_exchange(train.exchange, loss_capabilities(loss.name, loss.params), loss.name, source)
     check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
     check_zeroshot(train, source)
     check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
