@@ -1,13 +1,18 @@
 """The synthetic world's own captioner: a second, terser grammar over the same scenes, standing
 in for BLIP's pseudo captions (AdaCL 3.4, A.2; docs/captions.md).
 
-One caption per image, short and standardised as a captioner's are: a fixed word per concept
-(the first synonym, no variety), always the primary object's count and category, its colour
-about half the time and its size rarely, a secondary object by its category alone now and
-then, never a material, a cell or a relation. So it is right about what it says but misses
-most secondary objects and attributes, and clone siblings that differ there get the same
-caption: more clone negatives than the human-style captions, the setting AdaCL's robustness
-claim is about.
+One caption per image, short and standardised as a captioner's are: always the primary object's
+count and category, its colour about half the time and its size rarely, a secondary object by
+its category alone now and then, never a material, a cell or a relation, in one of four fixed
+frames ("a picture of ...", "an image showing ...", "there is ...", or the bare phrase). So it
+is right about what it says but misses most secondary objects and attributes, and clone
+siblings that differ there get the same kind of caption: more clone negatives than the
+human-style captions, the setting AdaCL's robustness claim is about.
+
+Its words are the world's lexicon (each value's synonyms, drawn at random per caption), as a
+captioner trained on human captions speaks the annotators' language. A first version used one
+fixed word per value and frames of its own; 64% of the test captions' words were then outside
+its vocabulary, which measured the vocabulary gap, not the weak supervision (docs/results.md).
 
 Deterministic from the world's seed (a random stream of its own per split, so the world's
 other streams are untouched): :func:`write_terse_captions` reads a written world's scenes and
@@ -40,18 +45,21 @@ FORMAT_STYLES = {"precomp": "precomp", "karpathy": "raw", "msrvtt": "msrvtt"}
 _PLURAL = {"box": "boxes", "cross": "crosses", "hourglass": "hourglasses"}
 
 
-def _noun(category: int, count: int) -> str:
-    word = CATEGORIES[category][1]
-    return word if count == 1 else _PLURAL.get(word, word + "s")
+def _word(rng: np.random.Generator, lexicon: tuple[str, ...]) -> list[str]:
+    """One synonym of a value (``lexicon[1:]``; ``lexicon[0]`` is its name), as words."""
+    return str(lexicon[1 + int(rng.integers(len(lexicon) - 1))]).split()
 
 
-def _np(obj: Sequence[int], adjectives: list[str]) -> list[str]:
+def _np(rng: np.random.Generator, obj: Sequence[int], adjectives: list[str]) -> list[str]:
     count = int(obj[1])
-    head = COUNT_WORDS[count - 1][0]  # "a", "two", "three"
-    words = [*adjectives, _noun(int(obj[0]), count)]
-    if head == "a" and (words[0][0] in "aeiou" or words[0].startswith("hour")):
-        head = "an"
-    return [head, *words]
+    noun = _word(rng, CATEGORIES[int(obj[0])])
+    if count > 1:
+        noun[-1] = _PLURAL.get(noun[-1], noun[-1] + "s")
+    words = [*adjectives, *noun]
+    head = _word(rng, ("count", *COUNT_WORDS[count - 1]))  # "a" / "one" / "a single", ...
+    if head == ["a"] and (words[0][0] in "aeiou" or words[0].startswith("hour")):
+        head = ["an"]
+    return [*head, *words]
 
 
 def terse_caption(scene: Scene, rng: np.random.Generator) -> list[str]:
@@ -59,18 +67,20 @@ def terse_caption(scene: Scene, rng: np.random.Generator) -> list[str]:
     primary = scene[0]
     adjectives = []
     if rng.random() < P_SIZE:
-        adjectives.append(SIZES[primary[3]][1])
+        adjectives += _word(rng, SIZES[primary[3]])
     if rng.random() < P_COLOUR:
-        adjectives.append(COLOURS[primary[2]][1])
-    words = _np(primary, adjectives)
+        adjectives += _word(rng, COLOURS[primary[2]])
+    words = _np(rng, primary, adjectives)
     if len(scene) > 1 and rng.random() < P_SECONDARY:
         other = scene[1 + int(rng.integers(len(scene) - 1))]
-        words += ["and", *_np(other, [])]
-    form = int(rng.integers(3))
+        words += ["and", *_np(rng, other, [])]
+    form = int(rng.integers(4))
     if form == 1:
         words = ["a", "picture", "of", *words]
     elif form == 2:
-        words = [*words, "on", "a", "plain", "background"]
+        words = ["an", "image", "showing", *words]
+    elif form == 3:
+        words = ["there", "is" if int(primary[1]) == 1 else "are", *words]
     return [*words, "."]
 
 
