@@ -47,8 +47,9 @@ split (VSL, ``needs_semantics``), a loss holding a classifier over the training 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -140,6 +141,43 @@ def _weighted_mean(values: Sequence[tuple[float, int]]) -> float:
     return math.fsum(v * n for v, n in values) / total
 
 
+def _blocks_loss(
+    loss_fn: PairLoss,
+    block_loss: Callable[[torch.Tensor, torch.Tensor, StepInputs], torch.Tensor],
+    txt_to_img: Any,
+    batch_size: int,
+    image_ids: Any,
+    captions: Sequence[str] | None,
+    drop_last: bool,
+    order: str,
+    device: torch.device | str,
+    epoch: int,
+    step: int,
+) -> float:
+    """The dev loss over the blocks of :func:`dev_blocks` in the order of
+    :func:`dev_pair_order`, ``loss_fn`` :func:`untouched`: ``block_loss(images, captions,
+    inputs)`` scores one block (the image and caption rows of its pairs; ``inputs.img_ids``
+    holds the pairs' ids on ``device``), and the blocks' values are averaged weighted by their
+    sizes (:func:`embedding_dev_loss`, :func:`score_dev_loss`)."""
+    t2i = torch.as_tensor(txt_to_img, dtype=torch.long)
+    pairs = dev_pair_order(t2i, order=order)
+    ids = _pair_ids(t2i, image_ids)
+    texts = captions if captions is not None and "captions" in loss_fn.step_inputs() else None
+    values = []
+    with untouched(loss_fn):
+        for start, stop in dev_blocks(len(pairs), batch_size, drop_last=drop_last):
+            cols = pairs[start:stop]
+            inputs = StepInputs(
+                img_ids=ids[cols].to(device),
+                captions=None if texts is None else [texts[j] for j in cols.tolist()],
+                epoch=epoch,
+                step=step,
+            )
+            loss = block_loss(t2i[cols], cols, inputs)
+            values.append((float(loss), stop - start))
+    return _weighted_mean(values)
+
+
 def embedding_dev_loss(
     loss_fn: PairLoss,
     img_emb: torch.Tensor,
@@ -175,29 +213,28 @@ def embedding_dev_loss(
     Returns:
         The block-size weighted mean of the blocks' losses (NaN when one is not finite).
     """
-    t2i = torch.as_tensor(txt_to_img, dtype=torch.long)
-    pairs = dev_pair_order(t2i, order=order)
-    ids = _pair_ids(t2i, image_ids)
     wide = torch.promote_types(img_emb.dtype, torch.float32)
     device = img_emb.device if device is None else device
-    texts = captions if captions is not None and "captions" in loss_fn.step_inputs() else None
-    values = []
-    with untouched(loss_fn):
-        for start, stop in dev_blocks(len(pairs), batch_size, drop_last=drop_last):
-            cols = pairs[start:stop]
-            img = img_emb[t2i[cols]].to(device, wide)
-            txt = txt_emb[cols].to(device, wide)
-            block_ids = ids[cols].to(device)
-            inputs = StepInputs(
-                img_ids=block_ids,
-                txt_ids=block_ids,
-                captions=None if texts is None else [texts[j] for j in cols.tolist()],
-                epoch=epoch,
-                step=step,
-            )
-            loss = loss_fn.forward_step(img, txt, inputs)
-            values.append((float(loss), stop - start))
-    return _weighted_mean(values)
+
+    def block_loss(images: torch.Tensor, cols: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        block_ids = inputs.img_ids
+        inputs = dataclasses.replace(inputs, txt_ids=block_ids)
+        img, txt = img_emb[images].to(device, wide), txt_emb[cols].to(device, wide)
+        return loss_fn.forward_step(img, txt, inputs)
+
+    return _blocks_loss(
+        loss_fn,
+        block_loss,
+        txt_to_img,
+        batch_size,
+        image_ids,
+        captions,
+        drop_last,
+        order,
+        device,
+        epoch,
+        step,
+    )
 
 
 def score_dev_loss(
@@ -233,25 +270,27 @@ def score_dev_loss(
         The block-size weighted mean of the blocks' losses: block rows are the images of its
         pairs, its columns their captions, ``B x B`` as a training step scores them.
     """
-    t2i = torch.as_tensor(txt_to_img, dtype=torch.long)
-    pairs = dev_pair_order(t2i, order=order)
-    ids = _pair_ids(t2i, image_ids)
     wide = torch.promote_types(sim.dtype, torch.float32)
     device = sim.device if device is None else device
-    texts = captions if captions is not None and "captions" in loss_fn.step_inputs() else None
-    values = []
-    with untouched(loss_fn):
-        for start, stop in dev_blocks(len(pairs), batch_size, drop_last=drop_last):
-            cols = pairs[start:stop]
-            block = sim[t2i[cols]][:, cols].to(device, wide)
-            inputs = StepInputs(
-                captions=None if texts is None else [texts[j] for j in cols.tolist()],
-                epoch=epoch,
-                step=step,
-            )
-            loss = pair_loss(loss_fn, block, ids[cols].to(device), inputs)
-            values.append((float(loss), stop - start))
-    return _weighted_mean(values)
+
+    def block_loss(images: torch.Tensor, cols: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        block_ids = inputs.img_ids
+        inputs = dataclasses.replace(inputs, img_ids=None)  # pair_loss takes the ids itself
+        return pair_loss(loss_fn, sim[images][:, cols].to(device, wide), block_ids, inputs)
+
+    return _blocks_loss(
+        loss_fn,
+        block_loss,
+        txt_to_img,
+        batch_size,
+        image_ids,
+        captions,
+        drop_last,
+        order,
+        device,
+        epoch,
+        step,
+    )
 
 
 def dev_loss_skipped(loss_fn: PairLoss, loss_step: LossStep) -> str | None:
