@@ -275,6 +275,7 @@ def score_dev_loss(
 
     def block_loss(images: torch.Tensor, cols: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
         block_ids = inputs.img_ids
+        assert block_ids is not None  # _blocks_loss sets them
         inputs = dataclasses.replace(inputs, img_ids=None)  # pair_loss takes the ids itself
         return pair_loss(loss_fn, sim[images][:, cols].to(device, wide), block_ids, inputs)
 
