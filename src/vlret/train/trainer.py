@@ -72,7 +72,7 @@ from .optim_groups import set_group_weight_decay
 from .pair_queue import with_pair_bank
 from .pair_scoring import scores_pairs
 from .procedures import build_procedure
-from .ring import check_exchange, exchange_mode
+from .ring import exchange_mode
 from .run_folder import (
     check_resume_config,
     check_select_on,
@@ -180,8 +180,6 @@ class Trainer(TrainerState):
                 stored_world=resume_state.get("world_size"),
                 world=self.world,
             )
-        caps = loss_capabilities(config.loss.name, config.loss.params)  # before the slow parts
-        check_exchange(tc.exchange, caps, config.loss.name, config.source)  # ring: pairwise_sum
         self.amp_dtype = amp_dtype(tc.amp, self.device, source=config.source)  # None: off
         if tc.deterministic and self.device.type == "cuda":
             torch.backends.cudnn.deterministic = True
