@@ -301,7 +301,7 @@ def test_initialisation_follows_reference():
 
 def test_local_projection_gradcheck():
     """The hand-written backward of W (e - l2norm(u))^2 + b against finite differences."""
-    from vlret.models.sgraf import _LocalProjection
+    from vlret.models.sgraf_ops import LocalProjection as _LocalProjection
 
     g = torch.Generator().manual_seed(4)
     args = [
@@ -411,7 +411,7 @@ def test_caption_order_changes_nothing_but_the_order(module):
 
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_batch_norm_helpers_match_torch(momentum):
-    from vlret.models.sgraf import _batch_norm, _update_running
+    from vlret.models.sgraf_ops import batch_norm as _batch_norm, update_running as _update_running
 
     g = torch.Generator().manual_seed(3)
     ours = nn.BatchNorm1d(5, momentum=momentum).double()

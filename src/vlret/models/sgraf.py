@@ -9,12 +9,11 @@ image; :class:`SGRAFScorer` scores blocks of images x captions at once under a m
 
 from __future__ import annotations
 
-from typing import cast
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from .attention import (
     CPU_BLOCK_ELEMENTS,
@@ -24,108 +23,21 @@ from .attention import (
     check_tokens,
     positive_int,
 )
+from .sgraf_ops import (
+    PRECISIONS,
+    GraphStep,
+    LocalProjection,
+    batch_norm,
+    bmm,
+    gemm,
+    graph_reasoning,
+    graph_steps,
+    l2norm,
+    linear,
+    update_running,
+)
 
 MODULES = ("sgr", "saf")
-
-
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    """The reference ``l2norm`` over the last dimension: ``x / (||x|| + 1e-8)``."""
-    return x / (torch.linalg.vector_norm(x, dim=-1, keepdim=True) + NORM_EPS)
-
-
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer`` applied in ``x``'s dtype (float32 parameters serve float64 inputs too)."""
-    return F.linear(x, layer.weight.to(x.dtype), layer.bias.to(x.dtype))
-
-
-def _update_running(bn: nn.BatchNorm1d, means: torch.Tensor, variances: torch.Tensor) -> None:
-    """Apply ``K`` successive BatchNorm updates of the running statistics at once.
-
-    ``means`` and ``variances`` (unbiased) are ``(K, C)``, the statistics of ``K`` calls in
-    order; the result equals ``K`` calls of :class:`torch.nn.BatchNorm1d` in training mode
-    (momentum ``m``: ``r <- (1 - m) r + m x``; momentum ``None``: cumulative average).
-    """
-    if not bn.track_running_stats:
-        return
-    assert bn.running_mean is not None and bn.running_var is not None
-    assert bn.num_batches_tracked is not None
-    start = int(bn.num_batches_tracked)
-    count = means.shape[0]
-    factors = [
-        bn.momentum if bn.momentum is not None else 1.0 / (start + k + 1) for k in range(count)
-    ]
-    coefs, keep = [], 1.0
-    for f in reversed(factors):
-        coefs.append(f * keep)
-        keep *= 1.0 - f
-    coef = torch.tensor(coefs[::-1], dtype=torch.float64, device=means.device)
-    with torch.no_grad():
-        for buf, stats in ((bn.running_mean, means), (bn.running_var, variances)):
-            new = keep * buf.double() + coef @ stats.detach().double()
-            buf.copy_(new.to(buf.dtype))
-        bn.num_batches_tracked.add_(count)
-
-
-def _batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
-    """:class:`torch.nn.BatchNorm1d` on ``x (N, C, *)`` computed in ``x``'s dtype.
-
-    Training mode normalises with the biased batch variance over every dimension but the
-    channel dimension 1 and updates the running statistics with the unbiased one; evaluation
-    mode uses the running statistics.
-    """
-    channels = x.shape[1]
-    shape = [1, channels] + [1] * (x.dim() - 2)
-    if bn.training:
-        dims = [d for d in range(x.dim()) if d != 1]
-        n = x.numel() // channels
-        mean = x.mean(dim=dims)
-        var = x.var(dim=dims, unbiased=False)
-        _update_running(bn, mean.unsqueeze(0), (var * n / (n - 1)).unsqueeze(0))
-    else:
-        assert bn.running_mean is not None and bn.running_var is not None  # tracked
-        mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
-    scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
-    return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
-
-
-class _LocalProjection(torch.autograd.Function):
-    """``W (e - l2norm(u))^2 + b`` (element-wise square) for attended vectors ``u (ib, M, D)``
-    and words ``e (M, D)``: the pre-norm local similarity vectors ``(ib, M, S)``.
-
-    The same numbers as the composition of the reference's steps, with a hand-written
-    backward that keeps only ``u`` (autograd would keep ``u``, the difference and its square,
-    three ``D``-sized tensors a word and pair) and recomputes the difference from it.
-    """
-
-    @staticmethod
-    def forward(ctx, u, e, weight, bias):
-        inv = 1.0 / (torch.linalg.vector_norm(u, dim=-1, keepdim=True) + NORM_EPS)
-        diff = torch.addcmul(e, u, inv, value=-1.0)  # e - u / (|u| + eps); squared below
-        ctx.save_for_backward(u, e, weight, inv)
-        return F.linear(diff.square_(), weight, bias)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        u, e, weight, inv = ctx.saved_tensors
-        need_u, need_e, need_w, need_b = ctx.needs_input_grad
-        diff = torch.addcmul(e, u, inv, value=-1.0)
-        flat = grad.reshape(-1, grad.shape[-1])
-        g_w = flat.T @ diff.square().reshape(-1, diff.shape[-1]) if need_w else None
-        g_b = flat.sum(dim=0) if need_b else None
-        g_u = g_e = None
-        if need_u or need_e:
-            g_diff = (grad @ weight).mul_(diff).mul_(2.0)  # d loss / d (e - a)
-            del diff
-            if need_e:
-                g_e = g_diff.sum(dim=0)
-            if need_u:
-                # a = u / n, n = |u| + eps: d loss/du = -g/n + u (u . g) / (n^2 |u|).
-                norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
-                dot = torch.linalg.vecdot(u, g_diff).unsqueeze(-1)
-                coef = dot * inv.square() / norm.clamp_min(torch.finfo(norm.dtype).tiny)
-                g_u = g_diff.mul_(-inv).addcmul_(u, coef)
-        return g_u, g_e, g_w, g_b
 
 
 class _GlobalAttention(nn.Module):
@@ -150,9 +62,9 @@ class _GlobalAttention(nn.Module):
         self.global_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(embed_dim) if num_regions else None
 
     def _branch(self, x: torch.Tensor, fc: nn.Linear, bn: nn.BatchNorm1d | None):
-        x = _linear(x, fc)
+        x = linear(x, fc)
         if bn is not None:
-            x = _batch_norm(x, bn)
+            x = batch_norm(x, bn)
         return F.dropout(torch.tanh(x), p=self.dropout, training=self.training)
 
     def forward(self, items: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -163,11 +75,11 @@ class _GlobalAttention(nn.Module):
             mean = items.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(items.dtype)
         local = self._branch(items, self.local_fc, self.local_bn)
         glob = self._branch(mean, self.global_fc, self.global_bn)
-        logits = _linear(local * glob.unsqueeze(1), self.common).squeeze(-1)
+        logits = linear(local * glob.unsqueeze(1), self.common).squeeze(-1)
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         weights = torch.softmax(logits, dim=1)
-        return _l2norm((weights.unsqueeze(-1) * items).sum(dim=1))
+        return l2norm((weights.unsqueeze(-1) * items).sum(dim=1))
 
 
 class _GraphStep(nn.Module):
@@ -187,6 +99,20 @@ class _Filtration(nn.Module):
         super().__init__()
         self.gate = nn.Linear(sim_dim, 1)
         self.bn = nn.BatchNorm1d(1)
+
+
+@dataclass(frozen=True)
+class _Operands:
+    """The products' operands of one :class:`SGRAFScorer` call (see ``_operands``)."""
+
+    low: bool
+    mm_dtype: torch.dtype
+    local_w: torch.Tensor
+    local_b: torch.Tensor
+    local_w_low: torch.Tensor | None
+    global_w: torch.Tensor
+    global_b: torch.Tensor
+    steps: list[GraphStep]
 
 
 class SGRAFScorer(nn.Module):
@@ -253,11 +179,22 @@ class SGRAFScorer(nn.Module):
         lambda_softmax: Inverse temperature of the word-to-region attention.
         dropout: Dropout of the global attentions in training mode, in ``[0, 1)``.
         num_regions: The region count the image BatchNorm is built for.
+        matmul_precision: ``"float32"`` (default): every product in the working dtype (the
+            inputs' dtype, float32 at least). ``"bfloat16"``: in calls without autograd
+            (evaluation under :func:`torch.no_grad`), the per-pair products (the
+            word-region scores, the attended vectors, the local and global projections, the
+            SGR node products) run on bfloat16 operands with float32 accumulation and a
+            bfloat16 result; norms, softmaxes and squares stay in the working dtype, and a
+            call that records a graph computes in the working dtype. Each rounding is
+            relative ``2^-9``; ``benchmarks/bench_cross_attention.py`` prints the largest
+            score change and how many caption pairs change order against float64. Several
+            times faster where bfloat16 products are (CPUs with AVX512-BF16 or AMX, GPUs
+            with tensor cores). A plain attribute: may be changed after construction.
 
     Raises:
-        ValueError: An unknown ``module``, a size that is not a positive int, a
-            ``lambda_softmax`` that is not positive and finite, or ``dropout`` outside
-            ``[0, 1)``.
+        ValueError: An unknown ``module`` or ``matmul_precision``, a size that is not a
+            positive int, a ``lambda_softmax`` that is not positive and finite, or
+            ``dropout`` outside ``[0, 1)``.
     """
 
     def __init__(
@@ -270,6 +207,7 @@ class SGRAFScorer(nn.Module):
         lambda_softmax: float = 9.0,
         dropout: float = 0.4,
         num_regions: int = 36,
+        matmul_precision: str = "float32",
     ) -> None:
         super().__init__()
         if module not in MODULES:
@@ -283,6 +221,11 @@ class SGRAFScorer(nn.Module):
             raise ValueError(f"lambda_softmax must be positive and finite, got {lambda_softmax}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        if matmul_precision not in PRECISIONS:
+            raise ValueError(
+                f"matmul_precision must be one of {PRECISIONS}, got {matmul_precision!r}"
+            )
+        self.matmul_precision = matmul_precision
         self.embed_dim, self.sim_dim, self.module = embed_dim, sim_dim, module
         self.sgr_steps = sgr_steps if module == "sgr" else 0
         self.lambda_softmax, self.dropout, self.num_regions = lam, float(dropout), num_regions
@@ -466,6 +409,8 @@ class SGRAFScorer(nn.Module):
 
         r, d = regions.shape[1], regions.shape[2]
         deferred = self.module == "saf" and self.saf.bn.training
+        ops = self._operands(dtype)
+        regions_mm, words_mm = regions.to(ops.mm_dtype), words.to(ops.mm_dtype)
         rows, kept = [], []
         c0 = 0
         while c0 < n_cap:
@@ -474,17 +419,17 @@ class SGRAFScorer(nn.Module):
             pairs = max(1, budget // per_pair)
             img_block = min(n_img, pairs)
             c1 = min(n_cap, c0 + max(1, pairs // img_block))
-            w_b, m_b = words[c0:c1, :top], mask[c0:c1, :top]
+            w_b, m_b = (words[c0:c1, :top], words_mm[c0:c1, :top]), mask[c0:c1, :top]
             row = []
             for i0 in range(0, n_img, img_block):
                 i1 = min(n_img, i0 + img_block)
                 nodes, node_mask = self._nodes(
-                    regions[i0:i1], img_glob[i0:i1], w_b, cap_glob[c0:c1], m_b
+                    regions_mm[i0:i1], img_glob[i0:i1], w_b, cap_glob[c0:c1], m_b, ops
                 )
                 if deferred:
                     kept.append((c0, c1, nodes, node_mask))
                 else:
-                    row.append(self._finish(nodes, node_mask, None))
+                    row.append(self._finish(nodes, node_mask, None, ops.steps))
             if row:
                 rows.append(torch.cat(row, dim=0))
             c0 = c1
@@ -495,32 +440,55 @@ class SGRAFScorer(nn.Module):
             scores = torch.cat(rows, dim=1)
         return scores if inverse is None else scores.index_select(1, inverse)
 
+    def _operands(self, dtype: torch.dtype) -> _Operands:
+        """The products' operands of one call in the working ``dtype`` (bfloat16 copies for
+        ``matmul_precision="bfloat16"`` in a call without autograd)."""
+        low = self.matmul_precision == "bfloat16" and not torch.is_grad_enabled()
+        mm = torch.bfloat16 if low else dtype
+        local_w = self.local_proj.weight.to(dtype)
+        return _Operands(
+            low=low,
+            mm_dtype=mm,
+            local_w=local_w,
+            local_b=self.local_proj.bias.to(dtype),
+            local_w_low=local_w.to(mm) if low else None,
+            global_w=self.global_proj.weight.to(mm),
+            global_b=self.global_proj.bias.to(dtype),
+            steps=graph_steps(self.sgr, dtype, low) if self.module == "sgr" else [],
+        )
+
     def _nodes(
         self,
         regions: torch.Tensor,
         img_glob: torch.Tensor,
-        words: torch.Tensor,
+        words: tuple[torch.Tensor, torch.Tensor],
         cap_glob: torch.Tensor,
         mask: torch.Tensor,
+        ops: _Operands,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``(ib, cb, L + 1, sim_dim)`` similarity nodes of a block (global node first,
-        padded word nodes zeroed) and their ``(cb, L + 1)`` mask."""
+        padded word nodes zeroed) and their ``(cb, L + 1)`` mask. ``regions`` in the
+        products' dtype, ``words`` in the working dtype and in the products' dtype."""
         ib, r, d = regions.shape
-        cb, width, _ = words.shape
+        words_work, words_mm = words
+        cb, width, _ = words_work.shape
+        dtype = img_glob.dtype
         # Raw scores of every word with every region of the block: one GEMM.
-        raw = words.reshape(cb * width, d) @ regions.reshape(ib * r, d).T
+        flat = words_mm.reshape(cb * width, d)
+        raw = gemm(flat, regions.reshape(ib * r, d), None, ops.low, dtype)
         raw = raw.view(cb, width, ib, r).permute(2, 0, 1, 3)  # (ib, cb, L, R): words query
         attn = attention_weights(
             raw, query_mask=mask, context_mask=None, lambda_softmax=self.lambda_softmax
         )
-        attended = torch.bmm(attn.reshape(ib, cb * width, r), regions)  # (ib, cb * L, D)
-        proj = self.local_proj
-        w, b = proj.weight.to(attended.dtype), proj.bias.to(attended.dtype)
-        local = _LocalProjection.apply(attended, words.reshape(cb * width, d), w, b)
+        attended = bmm(attn.reshape(ib, cb * width, r), regions, ops.low)  # (ib, cb * L, D)
+        local = LocalProjection.apply(
+            attended, words_work.reshape(cb * width, d), ops.local_w, ops.local_b, ops.local_w_low
+        )
         del attended
-        local = _l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
-        glob = _linear((img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square(), self.global_proj)
-        nodes = torch.cat([_l2norm(glob).unsqueeze(2), local], dim=2)
+        local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
+        glob_diff = (img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square()
+        glob = gemm(glob_diff, ops.global_w, ops.global_b, ops.low)
+        nodes = torch.cat([l2norm(glob).unsqueeze(2), local], dim=2)
         node_mask = torch.cat([mask.new_ones(cb, 1), mask], dim=1)
         return nodes, node_mask
 
@@ -529,28 +497,17 @@ class SGRAFScorer(nn.Module):
         nodes: torch.Tensor,
         node_mask: torch.Tensor,
         saf_stats: tuple[torch.Tensor, torch.Tensor] | None,
+        steps: list[GraphStep],
     ) -> torch.Tensor:
         """``(ib, cb)`` scores from a block's nodes. ``saf_stats``: per-caption ``(mean,
-        var)`` of SAF's BatchNorm, shape ``(cb,)`` each, or None for its running statistics."""
+        var)`` of SAF's BatchNorm, shape ``(cb,)`` each, or None for its running statistics;
+        ``steps``: SGR's prepared step matrices (:func:`~vlret.models.sgraf_ops.graph_steps`,
+        once per call)."""
         if self.module == "sgr":
-            key_mask = ~node_mask.unsqueeze(-2)  # (cb, 1, L + 1)
-            last = len(self.sgr) - 1
-            for k, step in enumerate(cast("list[_GraphStep]", self.sgr)):
-                # (W_q s_p + b_q) . (W_k s_q + b_k) = (A s_p + c) . s_q + (q_b . s_p + beta) with
-                # A = W_k^T W_q, c = W_k^T b_q, q_b = W_q^T b_k, beta = b_q . b_k: one S x S
-                # product per node instead of two (the second term is constant over the keys).
-                dt = nodes.dtype
-                w_q, b_q = step.query.weight.to(dt), step.query.bias.to(dt)
-                w_k, b_k = step.key.weight.to(dt), step.key.bias.to(dt)
-                # Only the global node is read after the last step: update it alone there.
-                queries = nodes[:, :, :1] if k == last else nodes
-                logits = F.linear(queries, w_k.T @ w_q, w_k.T @ b_q) @ nodes.transpose(-1, -2)
-                logits = logits + F.linear(queries, (w_q.T @ b_k).unsqueeze(0), b_q @ b_k)
-                logits = logits.masked_fill(key_mask, torch.finfo(logits.dtype).min)
-                nodes = F.relu(_linear(torch.softmax(logits, dim=-1) @ nodes, step.update))
-            vec = nodes[:, :, 0]
+            low = bool(steps) and steps[0].fused.dtype == torch.bfloat16
+            vec = graph_reasoning(nodes, node_mask, steps, low)
         else:
-            gates = _linear(nodes, self.saf.gate).squeeze(-1)  # (ib, cb, L + 1)
+            gates = linear(nodes, self.saf.gate).squeeze(-1)  # (ib, cb, L + 1)
             bn = self.saf.bn
             if saf_stats is None:
                 assert bn.running_mean is not None and bn.running_var is not None  # tracked
@@ -561,8 +518,8 @@ class SGRAFScorer(nn.Module):
             gates = torch.sigmoid((gates - mean) * scale + bn.bias.to(gates.dtype))
             gates = gates * node_mask
             gates = gates / (gates.abs().sum(dim=-1, keepdim=True) + NORM_EPS)  # l1norm
-            vec = _l2norm((gates.unsqueeze(-1) * nodes).sum(dim=2))
-        return torch.sigmoid(_linear(vec, self.head)).squeeze(-1)
+            vec = l2norm((gates.unsqueeze(-1) * nodes).sum(dim=2))
+        return torch.sigmoid(linear(vec, self.head)).squeeze(-1)
 
     def _finish_saf_training(
         self,
@@ -575,7 +532,7 @@ class SGRAFScorer(nn.Module):
         (``inverse`` puts the sorted captions back in call order for the running update)."""
         nodes0 = kept[0][2]
         dtype, device = nodes0.dtype, nodes0.device
-        gates = [_linear(nodes, self.saf.gate).squeeze(-1) * nm for _, _, nodes, nm in kept]
+        gates = [linear(nodes, self.saf.gate).squeeze(-1) * nm for _, _, nodes, nm in kept]
         count = (lengths.to(dtype) + 1) * n_img  # scalars per caption
         total = torch.zeros(lengths.shape[0], dtype=dtype, device=device)
         for (c0, c1, *_), g in zip(kept, gates, strict=True):
@@ -588,12 +545,12 @@ class SGRAFScorer(nn.Module):
         var = sq / count
         unbiased = var * count / (count - 1)
         if inverse is None:
-            _update_running(self.saf.bn, mean.unsqueeze(1), unbiased.unsqueeze(1))
+            update_running(self.saf.bn, mean.unsqueeze(1), unbiased.unsqueeze(1))
         else:
-            _update_running(self.saf.bn, mean[inverse].unsqueeze(1), unbiased[inverse].unsqueeze(1))
+            update_running(self.saf.bn, mean[inverse].unsqueeze(1), unbiased[inverse].unsqueeze(1))
         rows: dict[int, list[torch.Tensor]] = {}  # caption block -> image blocks in order
         for c0, c1, nodes, nm in kept:
-            rows.setdefault(c0, []).append(self._finish(nodes, nm, (mean[c0:c1], var[c0:c1])))
+            rows.setdefault(c0, []).append(self._finish(nodes, nm, (mean[c0:c1], var[c0:c1]), []))
         return torch.cat([torch.cat(row, dim=0) for row in rows.values()], dim=1)
 
 
