@@ -15,7 +15,14 @@ about 12, padded to the longest), on a subset of the 1000 x 5000 test pairs (--i
     longest caption), timed just before each scorer in each repeat; and, for reference,
     the GEMM over the padded input. Target <= 2x the blocked GEMM.
 (c) ``SGRAFScorer`` (SGR, eval mode) against the reference ``EncoderSimilarity.forward``
-    loop (Paranioar/SGRAF) run with the scorer's own weights. Target >= 5x.
+    loop (Paranioar/SGRAF) run with the scorer's own weights (earlier target >= 5x); then SGR
+    and SAF against their bound, the irreducible work: every (image, caption, word) triple's
+    difference vector through the D -> 256 projection, as float32 GEMMs over the scorer's
+    own blocks (``SGRAFScorer.plan_blocks``), at --sgraf-bound-captions captions (the
+    per-image and per-caption global attentions are in the scorer's time: about 12 pairs'
+    work an image, so their share falls as captions grow). Both ``matmul_precision``
+    values, each with its largest score change against float64 and the share of caption
+    pairs kept in float64's order. Target <= 1.5x the bound.
 (d) one B=128 training step (forward and backward: region and word encoders, the score
     matrix, hardest-negative triplet loss) of ``build_model({"kind": "scan"})`` with the
     batched scorer against the same step with the loop as its scorer. Target >= 3x.
@@ -24,7 +31,7 @@ Everything runs in one process with the same torch threads, warmed up, repeats i
 so that load from other processes hits both sides alike.
 
     python benchmarks/bench_cross_attention.py [--images 128] [--captions 192] [--repeats 3]
-        [--sgraf-captions 16] [--batch 128] [--threads N] [--clock wall|cpu]
+        [--sgraf-captions 16] [--sgraf-bound-captions 128] [--batch 128] [--threads N] [--clock wall|cpu]
         [--device cpu|cuda|cuda:N|auto] [--json FILE] [--parts scan,bfan,sgraf,train]
         [--coco5k-scan]
 
@@ -342,7 +349,7 @@ def bench_sgraf(args, timer: Timer, device: torch.device) -> None:
     regions, words, lengths = make_data(n_img, n_cap, device, seed=1)
     torch.manual_seed(0)
     scorer = SGRAFScorer(D, 256, "sgr", 3).to(device).eval()
-    print(f"\n(c) SGRAF (SGR, eval mode) {n_img} images x {n_cap} captions")
+    print(f"\n(c) SGRAF (eval mode) against the reference loop, {n_img} images x {n_cap} captions")
     with torch.no_grad():
         eps = torch.finfo(torch.float32).eps
         check_close(
@@ -364,6 +371,86 @@ def bench_sgraf(args, timer: Timer, device: torch.device) -> None:
     print(
         f"  SGR vlret {t * 1e3:.1f} ms ({n_img * n_cap / t / 1e6:.3f} M pairs/s) | "
         f"loop / vlret {spread(ratios)} [target >= 5x]"
+    )
+    for module in ("sgr", "saf"):
+        bench_sgraf_bound(args, timer, device, SGRAFScorer, module)
+
+
+def _pair_order_agreement(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The share of (image, caption, caption) triples whose two scores are in the same order
+    in ``got`` as in ``want`` (ties in either count as agreeing)."""
+    agree, total = 0, 0
+    for g, w in zip(got.double(), want.double(), strict=True):
+        dg, dw = g[:, None] - g[None, :], w[:, None] - w[None, :]
+        agree += int(((dg * dw) >= 0).sum())
+        total += dg.numel()
+    return agree / total
+
+
+def bench_sgraf_bound(args, timer: Timer, device: torch.device, cls, module: str) -> None:
+    """(c) continued: ``module``'s scoring against the projection bound, both precisions."""
+    n_img, n_cap = args.images, args.sgraf_bound_captions
+    regions, words, lengths = make_data(n_img, n_cap, device, seed=2)
+    torch.manual_seed(0)
+    scorer = cls(D, 256, module, 3).to(device).eval()
+    weight = scorer.local_proj.weight.detach()
+    # The irreducible work: each (image, caption, word) triple's difference vector through
+    # the D -> 256 projection, as one GEMM per block of the scorer's own plan.
+    tops = sorted(lengths.tolist(), reverse=True)
+    runs = []
+    for c0, c1, top, img_block in scorer.plan_blocks(n_img, tops, device):
+        for i0 in range(0, n_img, img_block):
+            runs.append((min(n_img, i0 + img_block) - i0) * (c1 - c0) * top)
+    diffs = torch.randn(max(runs), D, device=device)
+    out = torch.empty(max(runs), weight.shape[0], device=device)
+    low_diffs, low_weight = diffs.bfloat16(), weight.bfloat16()
+
+    def bound() -> None:
+        for rows in runs:
+            torch.mm(diffs[:rows], weight.T, out=out[:rows])
+
+    def bound_low() -> None:
+        for rows in runs:
+            torch.mm(low_diffs[:rows], low_weight.T)
+
+    def score(precision: str):
+        scorer.matmul_precision = precision
+        return scorer(regions, words, lengths)
+
+    print(
+        f"\n(c) {module.upper()} against the projection bound, {n_img} images x {n_cap} "
+        f"captions ({sum(runs)} image-caption-word triples, {len(runs)} blocks)"
+    )
+    with torch.no_grad():
+        want = scorer.double()(regions.double(), words.double(), lengths)
+        scorer.float()
+        got = {p: score(p) for p in ("float32", "bfloat16")}
+        for p, g in got.items():
+            err = (g.double() - want).abs().max().item()
+            order = _pair_order_agreement(g, want)
+            machine.record(f"{module}_{p}_error", {"max_abs": err, "pair_order_agreement": order})
+            print(
+                f"  {p}: max |score - float64| = {err:.2e} (scores spread {want.std():.2e}); "
+                f"caption pairs in float64's order {order * 100:.3f}%"
+            )
+        ratios: dict[str, list[float]] = {"float32": [], "bfloat16": [], "bound_low": []}
+        times = []
+        for _ in range(args.repeats):
+            t_bound, _ = timer(bound)
+            for p in ("float32", "bfloat16"):
+                ratios[p].append(timer(lambda p=p: score(p))[0] / t_bound)
+            ratios["bound_low"].append(timer(bound_low)[0] / t_bound)
+            times.append(t_bound)
+    t = statistics.median(times)
+    machine.record(
+        f"{module}_bound",
+        {"bound_seconds": t} | {f"{k}/bound": statistics.median(v) for k, v in ratios.items()},
+    )
+    print(
+        f"  bound (float32 projection GEMMs) {t * 1e3:.1f} ms | "
+        f"vlret float32 / bound {spread(ratios['float32'])} [target <= 1.5x] | "
+        f"vlret bfloat16 / bound {spread(ratios['bfloat16'])} | "
+        f"(the same GEMMs in bfloat16 / bound {spread(ratios['bound_low'])})"
     )
 
 
@@ -467,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--captions", type=int, default=192)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sgraf-captions", type=int, default=16)
+    parser.add_argument("--sgraf-bound-captions", type=int, default=128)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
     machine.add_device_arguments(parser, "cpu")

@@ -38,6 +38,8 @@ from .sgraf_ops import (
 )
 
 MODULES = ("sgr", "saf")
+#: On CPU, the rows (words) a block's word-region products aim for (see ``_forward``).
+_CPU_BLOCK_ROWS = 64
 
 
 class _GlobalAttention(nn.Module):
@@ -61,20 +63,23 @@ class _GlobalAttention(nn.Module):
         self.local_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(num_regions) if num_regions else None
         self.global_bn: nn.BatchNorm1d | None = nn.BatchNorm1d(embed_dim) if num_regions else None
 
-    def _branch(self, x: torch.Tensor, fc: nn.Linear, bn: nn.BatchNorm1d | None):
-        x = linear(x, fc)
+    def _branch(self, x: torch.Tensor, fc: nn.Linear, bn: nn.BatchNorm1d | None, low: bool):
+        x = gemm(x, fc.weight.to(x.dtype), fc.bias.to(x.dtype), low)
         if bn is not None:
             x = batch_norm(x, bn)
         return F.dropout(torch.tanh(x), p=self.dropout, training=self.training)
 
-    def forward(self, items: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """``items (N, K, D)`` (padding zeroed), ``mask (N, K)`` or None -> ``(N, D)``."""
+    def forward(
+        self, items: torch.Tensor, mask: torch.Tensor | None, low: bool = False
+    ) -> torch.Tensor:
+        """``items (N, K, D)`` (padding zeroed), ``mask (N, K)`` or None -> ``(N, D)``;
+        ``low``: the two ``D x D`` products on bfloat16 operands."""
         if mask is None:
             mean = items.mean(dim=1)
         else:
             mean = items.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(items.dtype)
-        local = self._branch(items, self.local_fc, self.local_bn)
-        glob = self._branch(mean, self.global_fc, self.global_bn)
+        local = self._branch(items, self.local_fc, self.local_bn, low)
+        glob = self._branch(mean, self.global_fc, self.global_bn, low)
         logits = linear(local * glob.unsqueeze(1), self.common).squeeze(-1)
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
@@ -181,15 +186,16 @@ class SGRAFScorer(nn.Module):
         num_regions: The region count the image BatchNorm is built for.
         matmul_precision: ``"float32"`` (default): every product in the working dtype (the
             inputs' dtype, float32 at least). ``"bfloat16"``: in calls without autograd
-            (evaluation under :func:`torch.no_grad`), the per-pair products (the
-            word-region scores, the attended vectors, the local and global projections, the
-            SGR node products) run on bfloat16 operands with float32 accumulation and a
-            bfloat16 result; norms, softmaxes and squares stay in the working dtype, and a
-            call that records a graph computes in the working dtype. Each rounding is
-            relative ``2^-9``; ``benchmarks/bench_cross_attention.py`` prints the largest
-            score change and how many caption pairs change order against float64. Several
-            times faster where bfloat16 products are (CPUs with AVX512-BF16 or AMX, GPUs
-            with tensor cores). A plain attribute: may be changed after construction.
+            (evaluation under :func:`torch.no_grad`), the products (the word-region scores,
+            the attended vectors, the local and global projections, the SGR node products
+            and the global attentions' ``D x D`` products) run on bfloat16 operands with
+            float32 accumulation and a bfloat16 result; norms, softmaxes and squares stay in
+            the working dtype, and a call that records a graph computes in the working
+            dtype. Each rounding is relative ``2^-9``;
+            ``benchmarks/bench_cross_attention.py`` prints the largest score change and how
+            many caption pairs change order against float64. Several times faster where
+            bfloat16 products are (CPUs with AVX512-BF16 or AMX, GPUs with tensor cores). A
+            plain attribute: may be changed after construction.
 
     Raises:
         ValueError: An unknown ``module`` or ``matmul_precision``, a size that is not a
@@ -374,8 +380,6 @@ class SGRAFScorer(nn.Module):
         if max_elements is None:
             max_elements = DEFAULT_MAX_ELEMENTS
         budget = positive_int(max_elements, "max_elements")
-        if regions.device.type == "cpu":  # cache-sized blocks: the element-wise passes dominate
-            budget = min(budget, CPU_BLOCK_ELEMENTS)
         n_img, n_cap = regions.shape[0], words.shape[0]
         dtype = torch.promote_types(torch.promote_types(regions.dtype, words.dtype), torch.float32)
         if n_img == 0 or n_cap == 0:
@@ -391,8 +395,9 @@ class SGRAFScorer(nn.Module):
         # Padding is zeroed so that garbage there can never leak (0 * inf) into real pairs.
         words = words.to(dtype).masked_fill(~mask.unsqueeze(-1), 0.0)
 
-        img_glob = self.image_global(regions, None)  # once per image, (n_img, D)
-        cap_glob = self.text_global(words, mask)  # once per caption, (n_cap, D)
+        ops = self._operands(dtype)
+        img_glob = self.image_global(regions, None, ops.low)  # once per image, (n_img, D)
+        cap_glob = self.text_global(words, mask, ops.low)  # once per caption, (n_cap, D)
 
         # Captions longest first (the reference loader's order already), so that each block
         # is trimmed to its own longest caption and shorter captions fill larger blocks.
@@ -407,18 +412,10 @@ class SGRAFScorer(nn.Module):
             )
         tops = lengths.tolist()
 
-        r, d = regions.shape[1], regions.shape[2]
         deferred = self.module == "saf" and self.saf.bn.training
-        ops = self._operands(dtype)
         regions_mm, words_mm = regions.to(ops.mm_dtype), words.to(ops.mm_dtype)
         rows, kept = [], []
-        c0 = 0
-        while c0 < n_cap:
-            top = tops[c0]
-            per_pair = max(top * max(d, r), (top + 1) * max(self.sim_dim, top + 1), d)
-            pairs = max(1, budget // per_pair)
-            img_block = min(n_img, pairs)
-            c1 = min(n_cap, c0 + max(1, pairs // img_block))
+        for c0, c1, top, img_block in self.plan_blocks(n_img, tops, regions.device, budget):
             w_b, m_b = (words[c0:c1, :top], words_mm[c0:c1, :top]), mask[c0:c1, :top]
             row = []
             for i0 in range(0, n_img, img_block):
@@ -432,13 +429,43 @@ class SGRAFScorer(nn.Module):
                     row.append(self._finish(nodes, node_mask, None, ops.steps))
             if row:
                 rows.append(torch.cat(row, dim=0))
-            c0 = c1
         inverse = None if order is None else torch.argsort(order)
         if deferred:
             scores = self._finish_saf_training(kept, n_img, lengths, inverse)
         else:
             scores = torch.cat(rows, dim=1)
         return scores if inverse is None else scores.index_select(1, inverse)
+
+    def plan_blocks(
+        self,
+        n_img: int,
+        lengths: list[int],
+        device: torch.device,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> list[tuple[int, int, int, int]]:
+        """The blocks :meth:`forward` scores: ``(c0, c1, top, img_block)`` for captions
+        ``c0:c1`` of the length-sorted (longest first) ``lengths``, trimmed to ``top``
+        words, against the images in runs of ``img_block``.
+
+        A block's largest intermediate (the ``top x D`` attended vectors of each pair, or
+        its ``(top + 1) x sim_dim`` nodes) stays within ``max_elements``, on CPU within
+        :data:`~vlret.models.attention.CPU_BLOCK_ELEMENTS` (the element-wise passes then run
+        in the caches). On CPU a block also takes enough captions for its word-region
+        products to have ``_CPU_BLOCK_ROWS`` rows (one caption alone gives them ``top``
+        rows: thin, slow GEMMs); on a GPU it takes as many images as fit first.
+        """
+        budget = min(max_elements, CPU_BLOCK_ELEMENTS) if device.type == "cpu" else max_elements
+        r, d, out, c0 = self.num_regions, self.embed_dim, [], 0
+        while c0 < len(lengths):
+            top = lengths[c0]
+            per_pair = max(top * max(d, r), (top + 1) * max(self.sim_dim, top + 1), d)
+            pairs = max(1, budget // per_pair)
+            captions = -(-_CPU_BLOCK_ROWS // top) if device.type == "cpu" else 1
+            img_block = min(n_img, max(1, pairs // captions))
+            c1 = min(len(lengths), c0 + max(1, pairs // img_block))
+            out.append((c0, c1, top, img_block))
+            c0 = c1
+        return out
 
     def _operands(self, dtype: torch.dtype) -> _Operands:
         """The products' operands of one call in the working ``dtype`` (bfloat16 copies for
