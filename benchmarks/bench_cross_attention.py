@@ -31,7 +31,8 @@ Everything runs in one process with the same torch threads, warmed up, repeats i
 so that load from other processes hits both sides alike.
 
     python benchmarks/bench_cross_attention.py [--images 128] [--captions 192] [--repeats 3]
-        [--sgraf-captions 16] [--sgraf-bound-captions 128] [--batch 128] [--threads N] [--clock wall|cpu]
+        [--sgraf-captions 16] [--sgraf-bound-captions 128] [--batch 128] [--threads N]
+        [--clock wall|cpu]
         [--device cpu|cuda|cuda:N|auto] [--json FILE] [--parts scan,bfan,sgraf,train]
         [--coco5k-scan]
 

@@ -301,14 +301,14 @@ def test_initialisation_follows_reference():
 
 def test_local_projection_gradcheck():
     """The hand-written backward of W (e - l2norm(u))^2 + b against finite differences."""
-    from vlret.models.sgraf_ops import LocalProjection as _LocalProjection
+    from vlret.models.sgraf_ops import LocalProjection
 
     g = torch.Generator().manual_seed(4)
     args = [
         torch.randn(*shape, generator=g, dtype=torch.float64)
         for shape in [(3, 4, 5), (4, 5), (2, 5), (2,)]
     ]
-    assert torch.autograd.gradcheck(_LocalProjection.apply, [a.requires_grad_() for a in args])
+    assert torch.autograd.gradcheck(LocalProjection.apply, [a.requires_grad_() for a in args])
 
 
 @pytest.mark.parametrize("module", ["sgr", "saf"])
@@ -411,7 +411,7 @@ def test_caption_order_changes_nothing_but_the_order(module):
 
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_batch_norm_helpers_match_torch(momentum):
-    from vlret.models.sgraf_ops import batch_norm as _batch_norm, update_running as _update_running
+    from vlret.models.sgraf_ops import batch_norm, update_running
 
     g = torch.Generator().manual_seed(3)
     ours = nn.BatchNorm1d(5, momentum=momentum).double()
@@ -422,13 +422,13 @@ def test_batch_norm_helpers_match_torch(momentum):
     ref.load_state_dict(ours.state_dict())
     for shape in [(4, 5, 7), (6, 5)]:
         x = torch.randn(*shape, generator=g, dtype=torch.float64)
-        assert torch.allclose(_batch_norm(x, ours), ref(x), atol=1e-14)
+        assert torch.allclose(batch_norm(x, ours), ref(x), atol=1e-14)
     xs = [torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(4)]
     for x in xs:
         ref(x)
-    _update_running(ours, torch.stack([x.mean(0) for x in xs]), torch.stack([x.var(0) for x in xs]))
+    update_running(ours, torch.stack([x.mean(0) for x in xs]), torch.stack([x.var(0) for x in xs]))
     for name, buf in ref.state_dict().items():
         assert torch.allclose(ours.state_dict()[name].double(), buf.double(), atol=1e-14), name
     ours.eval(), ref.eval()
     x = torch.randn(3, 5, generator=g, dtype=torch.float64)
-    assert torch.allclose(_batch_norm(x, ours), ref(x), atol=1e-14)
+    assert torch.allclose(batch_norm(x, ours), ref(x), atol=1e-14)

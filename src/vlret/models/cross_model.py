@@ -27,7 +27,9 @@ Config schema (``vlret.models.build_model``; every key optional, defaults shown)
      "lambda_softmax": 20.0, "image": {...}, "text": {...}}
     {"kind": "sgraf", "embed_dim": 1024, "module": "sgr",      # sgr | saf
      "sim_dim": 256, "sgr_steps": 3, "lambda_softmax": 9.0, "dropout": 0.4,
-     "num_regions": 36, "image": {...}, "text": {...}}   # regions per image (its BatchNorm)
+     "num_regions": 36,                                   # regions per image (its BatchNorm)
+     "matmul_precision": "float32",                       # float32 | bfloat16 (evaluation)
+     "image": {...}, "text": {...}}
     image: {"in_dim": 2048}
     text:  {"vocab_size": <from build_model(vocab_size=...)>, "word_dim": 300,
             "num_layers": 1, "bidirectional": True, "dropout": 0.0 (sgraf: 0.4)}
@@ -49,6 +51,7 @@ from .attention import NORM_EPS, choice, positive_float, positive_int
 from .image import lengths_to_mask
 from .pair_scorer import PairScoringModel
 from .sgraf import SGRAFScorer
+from .sgraf_ops import PRECISIONS
 from .text import check_captions, resolve_vocab_size
 
 #: The ``[model] kind`` values this module builds.
@@ -87,6 +90,7 @@ CROSS_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "lambda_softmax": 9.0,
         "dropout": 0.4,
         "num_regions": 36,
+        "matmul_precision": "float32",
         "image": {},
         "text": {},
     },
@@ -418,6 +422,9 @@ class SGRAF(CrossAttentionModel):
         dropout: Dropout of the global attentions in training, in ``[0, 1)``.
         num_regions: The fixed region count of the image BatchNorm (36 BUTD regions in the
             reference).
+        matmul_precision: ``"float32"`` or ``"bfloat16"``: the scorer's products in
+            evaluation (see :class:`~vlret.models.sgraf.SGRAFScorer`; training computes in
+            float32 either way).
         config: The resolved config the model was built from.
 
     Raises:
@@ -435,6 +442,7 @@ class SGRAF(CrossAttentionModel):
         lambda_softmax: float = 9.0,
         dropout: float = 0.4,
         num_regions: int = 36,
+        matmul_precision: str = "float32",
         config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(image_encoder, text_encoder, config=config)
@@ -446,6 +454,7 @@ class SGRAF(CrossAttentionModel):
             lambda_softmax=positive_float(lambda_softmax, "lambda_softmax"),
             dropout=_rate(dropout, "dropout"),
             num_regions=positive_int(num_regions, "num_regions"),
+            matmul_precision=choice(matmul_precision, "matmul_precision", PRECISIONS),
         )
 
     def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:

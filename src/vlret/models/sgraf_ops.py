@@ -11,7 +11,7 @@ element-wise step stays in the working dtype.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -171,14 +171,19 @@ class GraphStep:
     fused_bias: torch.Tensor
 
 
-def graph_steps(steps: Sequence[nn.Module], dtype: torch.dtype, low: bool) -> list[GraphStep]:
+def _weights(step: nn.Module, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    layer = getattr(step, name)
+    assert isinstance(layer, nn.Linear)
+    return layer.weight.to(dtype), layer.bias.to(dtype)
+
+
+def graph_steps(steps: Iterable[nn.Module], dtype: torch.dtype, low: bool) -> list[GraphStep]:
     """The :class:`GraphStep` of each SGR step module (``query``, ``key``, ``update``); with
     ``low`` the product matrix is stored in bfloat16."""
     out = []
     for step in steps:
-        w_q, b_q = step.query.weight.to(dtype), step.query.bias.to(dtype)
-        w_k, b_k = step.key.weight.to(dtype), step.key.bias.to(dtype)
-        w_r, b_r = step.update.weight.to(dtype), step.update.bias.to(dtype)
+        (w_q, b_q), (w_k, b_k) = _weights(step, "query", dtype), _weights(step, "key", dtype)
+        w_r, b_r = _weights(step, "update", dtype)
         fused = torch.cat([w_k.T @ w_q, w_r, (w_q.T @ b_k).unsqueeze(0)])
         fused = fused.to(torch.bfloat16) if low else fused
         out.append(GraphStep(fused, torch.cat([w_k.T @ b_q, b_r, (b_q @ b_k).unsqueeze(0)])))
