@@ -6,13 +6,16 @@ memory (:class:`~vlret.losses.adacl.objective.DenseAdaCLBatch`) is the case of o
 block; embeddings streamed by the engine
 (:class:`~vlret.losses.adacl.objective.TiledAdaCLBatch`) give tiles of ``chunk_size`` rows.
 
-Passes over the tiles: (1) the salient score of every row (Eq. 7), then the GDA on the two
-chosen rows (Eq. 8-9); (2) the clone set S* (Eq. 10), its size and, per rule, the smallest or
-largest ``Delta S`` (Eq. 11), or for the median the candidates: every clone when the blocks are
-single tiles, otherwise a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin is
-refined by further histograms (each one more pass) while it holds more than 64 clones per row;
-(3, streamed median) the clones of the median's bin. The pick among equal deltas is the first
-clone in flat order (each block row-major, the batch block before the queue block).
+Passes over the tiles: Eq. (7) takes none (the source sums each row's negatives in float64:
+by linearity for embeddings), the GDA reads the two chosen rows (Eq. 8-9); then (1) the clone
+set S* (Eq. 10), its size and, per rule, the smallest or largest ``Delta S`` (Eq. 11), or for
+the median the candidates: every clone when the blocks are single tiles, otherwise either the
+clones of a ``Delta S`` band that holds the median (one pass, :mod:`.median`, warm-started by
+the previous batch's band) or a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin
+is refined by further histograms (each one more pass) while it holds more than 64 clones per
+row; (2, streamed median without a band) the clones of the median's bin. The pick among equal
+deltas is the first clone in flat order (each block row-major, the batch block before the queue
+block).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 
 from .config import check_selection, check_temperature
 from .gda import GDAFit, clone_region, fit_values
+from .median import band_cap, band_median, next_band
 from .objective import DenseAdaCLBatch
 
 #: Bins of a ``Delta S`` histogram (the streamed median, Eq. 11).
@@ -59,6 +63,9 @@ class ScoreTiles(Protocol):
     def score_bound(self) -> float:
         """An upper bound of ``|s|`` over every block."""
 
+    def negative_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 ``(B,)`` sum and number of each row's negatives over every block (Eq. 7)."""
+
 
 @dataclass(frozen=True)
 class AdaCLAnchor:
@@ -73,6 +80,9 @@ class AdaCLAnchor:
         clone_row: The row of S_cln (lowest salient score), if any.
         fit: The GDA of Eq. (9), if fitted.
         guard: ``"degenerate_variance"`` or ``"empty_clone_set"`` when no anchor was found.
+        delta: ``Delta S`` of the chosen clone (Eq. 11), if any.
+        median_band: For the median rule over tiles: a ``Delta S`` band expected to hold the
+            next batch's median (``median_band`` of :func:`select_anchor`), else ``None``.
     """
 
     anchor: float | None
@@ -83,6 +93,8 @@ class AdaCLAnchor:
     clone_row: int | None
     fit: GDAFit | None
     guard: str | None
+    delta: float | None = None
+    median_band: tuple[float, float] | None = None
 
 
 def log_sum_exp(values: np.ndarray) -> float:
@@ -149,6 +161,7 @@ def select_anchor(
     generator: torch.Generator | None = None,
     scale: float = 1.0,
     log_sigma_rows: torch.Tensor | None = None,
+    median_band: tuple[float, float] | None = None,
 ) -> AdaCLAnchor:
     """The anchor of Eq. (7)-(11) over a source of score tiles (readings: :func:`adacl_anchor`).
 
@@ -161,6 +174,9 @@ def select_anchor(
         scale: ``1 / negative_temperature``, the scale of ``Sigma_anchor``'s logits.
         log_sigma_rows: ``log Sigma`` of every row when the caller has it (with the same
             ``scale``); else the anchor row's is summed here in float64.
+        median_band: A ``Delta S`` band expected to hold the median (the previous batch's
+            ``AdaCLAnchor.median_band``): the streamed median then takes one pass over the
+            tiles when it is right, two more when it is not; the result is the same.
 
     Returns:
         The :class:`AdaCLAnchor`.
@@ -168,20 +184,10 @@ def select_anchor(
     pos = source.positives
     size = pos.shape[0]
     tiles = list(_tiles(source))
-    # Pass 1, Eq. (7): sum and number of each row's negatives; masks enter as 0/1 floats
-    # (x - x * out is x for a negative and exactly 0 otherwise), faster than masked fills.
-    total, n_neg = torch.zeros_like(pos), torch.zeros_like(pos)
-    for block, start, stop, _ in tiles:
-        s, excluded = source.scores(block, start, stop)
-        if excluded is None:
-            total[start:stop] += s.sum(1)
-            n_neg[start:stop] += s.shape[1]
-        else:
-            out = _as_float(excluded, s.dtype)
-            total[start:stop] += torch.addcmul(s, s, out, value=-1.0).sum(1)
-            n_neg[start:stop] += s.shape[1] - out.sum(1)
-    salient, n_neg = torch.stack([pos - total / n_neg.clamp(min=1), n_neg]).cpu().numpy()
-    eligible = n_neg >= 2  # a variance needs two negatives
+    # Eq. (7) without a pass over the tiles: each row's negatives summed in float64.
+    total, n_neg = source.negative_sums()
+    salient = (pos.double() - total / n_neg.clamp(min=1)).cpu().numpy()
+    eligible = n_neg.cpu().numpy() >= 2  # a variance needs two negatives
     if not eligible.any():
         return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
     i_plus = int(np.where(eligible, salient, -np.inf).argmax())
@@ -191,6 +197,7 @@ def select_anchor(
     if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
         return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
     region = clone_region(fit)
+    empty = AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
 
     def clones(block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``Delta S`` of a tile and the mask of its entries that are *not* clones (Eq. 10-11:
@@ -201,12 +208,30 @@ def select_anchor(
             other |= excluded
         return (pos[start:stop, None] - s).abs_(), other
 
-    # Pass 2, Eq. (10)-(11): |S*| and, per rule, the extremes or the median's candidates.
-    # Non-clones are pushed past every delta by adding the dtype's largest value (deltas are
-    # non-negative), so the smallest values, in flat order, are the clones'.
-    big = torch.finfo(pos.dtype).max
+    def found(pick: int, count: int, delta: float, band: tuple[float, float] | None = None):
+        u = _row_of(pick, size, source.widths)
+        if log_sigma_rows is None:
+            log_sigma = log_sum_exp(scale * row_negatives(source, u))
+        else:
+            log_sigma = float(log_sigma_rows[u])
+        anchor = float(pos[u])
+        return AdaCLAnchor(anchor, log_sigma, u, count, i_plus, i_minus, fit, None, delta, band)
+
     in_memory = source.tile >= size
     streamed_median = selection == "median" and not in_memory
+    if streamed_median and median_band is not None:
+        # One pass when the band holds the median (median.py); else the two passes below.
+        cap = band_cap(size, source.tile)
+        count, pick, delta, density = band_median(clones, tiles, median_band, cap)
+        if count == 0:
+            return empty
+        if pick is not None:
+            assert delta is not None and density is not None  # found with the pick
+            return found(pick, count, delta, next_band(delta, density, cap))
+    # Pass over the tiles, Eq. (10)-(11): |S*| and, per rule, the extremes or the median's
+    # candidates. Non-clones are pushed past every delta by adding the dtype's largest value
+    # (deltas are non-negative), so the smallest values, in flat order, are the clones'.
+    big = torch.finfo(pos.dtype).max
     if streamed_median:
         width = max(2.0 * source.score_bound() / _DELTA_BINS, 1e-30)
         hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=pos.device)
@@ -229,35 +254,34 @@ def select_anchor(
                 best = (value, offset + index)  # strict: an earlier tile keeps ties
     count = sum(counts)
     if count == 0:
-        return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
+        return empty
     if selection == "median":
         k = (count + 1) // 2  # the lower median: an observed clone
         if streamed_median:
-            members, k = _median_members(clones, tiles, hist, k, width, size)
+            members, k, bin_width = _median_members(clones, tiles, hist, k, width, size)
             values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
-            pick = int(flats[_kth_smallest_index(values, k)])
-        else:  # the blocks in flat order
-            pick = _kth_smallest_index(marked[0] if len(marked) == 1 else torch.cat(marked), k)
-    elif selection in ("min", "max"):
+            index = _kth_smallest_index(values, k)
+            cap = band_cap(size, source.tile)
+            delta_u = float(values[index])
+            band = next_band(delta_u, len(values) / bin_width, cap)
+            return found(int(flats[index]), count, delta_u, band)
+        every = marked[0] if len(marked) == 1 else torch.cat(marked)  # the blocks in flat order
+        pick = _kth_smallest_index(every, k)
+        return found(pick, count, float(every[pick]))
+    if selection in ("min", "max"):
         assert best is not None  # count > 0: a tile with clones set it
-        pick = best[1]
+        return found(best[1], count, best[0])
+    if generator is None:
+        r = int(torch.randint(count, ()))
     else:
-        if generator is None:
-            r = int(torch.randint(count, ()))
-        else:
-            r = int(torch.randint(count, (), generator=generator, device=generator.device))
-        for (block, start, stop, offset), n in zip(tiles, counts, strict=True):
-            if r < n:
-                _, other = clones(block, start, stop)
-                pick = offset + int((~other).flatten().nonzero()[r, 0])
-                break
-            r -= n
-    u = _row_of(pick, size, source.widths)
-    if log_sigma_rows is None:
-        log_sigma = log_sum_exp(scale * row_negatives(source, u))
-    else:
-        log_sigma = float(log_sigma_rows[u])
-    return AdaCLAnchor(float(pos[u]), log_sigma, u, count, i_plus, i_minus, fit, None)
+        r = int(torch.randint(count, (), generator=generator, device=generator.device))
+    for (block, start, stop, offset), n in zip(tiles, counts, strict=True):
+        if r < n:
+            delta, other = clones(block, start, stop)
+            index = int((~other).flatten().nonzero()[r, 0])
+            return found(offset + index, count, float(delta.flatten()[index]))
+        r -= n
+    raise AssertionError("the random rank is below |S*|")  # pragma: no cover
 
 
 def _median_members(
@@ -267,7 +291,7 @@ def _median_members(
     k: int,
     width: float,
     size: int,
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, float]:
     """The clones of the histogram bin holding the ``k``-th smallest ``Delta S``.
 
     The bin is refined by finer histograms of itself (one pass each, at most two) while it
@@ -276,8 +300,8 @@ def _median_members(
     bin wider on each side), so histogram counts and collected clones agree.
 
     Returns:
-        ``(members, k)``: per tile, the members' deltas and flat indices; ``k`` the rank of the
-        median among them.
+        ``(members, k, width)``: per tile, the members' deltas and flat indices; ``k`` the
+        rank of the median among them; ``width`` the width of the last level's bin.
     """
     levels: list[tuple[float, float, int]] = []  # (low, width, bin) of each level
 
@@ -311,7 +335,7 @@ def _median_members(
         delta, other = clones(block, start, stop)
         keep = member(delta, other)
         members.append((delta.flatten()[keep], keep + offset))
-    return members, k
+    return members, k, levels[-1][1]
 
 
 def adacl_anchor(

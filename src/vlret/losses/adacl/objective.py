@@ -170,6 +170,18 @@ class DenseAdaCLBatch:
         """The largest ``|s|`` over the blocks."""
         return max(float(b.scores.detach().abs().max()) for b in self.blocks)
 
+    def negative_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 ``(B,)`` sum and number of each image row's negatives, every block."""
+        total = torch.zeros(self.tile, dtype=torch.float64, device=self.sim.scores.device)
+        count = torch.zeros_like(total)
+        for scores, block in zip(self._detached, self.blocks, strict=True):
+            if block.excluded is not None:
+                scores = scores.masked_fill(block.excluded, 0.0)
+                count -= block.excluded.sum(1)
+            total += scores.sum(1, dtype=torch.float64)
+            count += scores.shape[1]
+        return total, count
+
     def negatives_lse(self, scale: Scale = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """``log Sigma`` of Eq. (3)-(4): the log-sum-exp of every row's (image->text) and
         column's (text->image) negative logits ``scale * s``, queue blocks included."""
@@ -325,6 +337,37 @@ class TiledAdaCLBatch:
             cand = torch.maximum(cand, self.queue_txt.keys.norm(dim=1).max())
         return float(self.x.detach().norm(dim=1).max() * cand)
 
+    def negative_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 ``(B,)`` sum and number of each image row's negatives, every block, without
+        a tile: by linearity, ``sum_j x_i . y_j = x_i . sum_j y_j``, less the sums of the
+        excluded entries, grouped by id (float64 products of the stored embeddings)."""
+        x, y = self.x.detach().double(), self.y.detach().double()
+        size = x.shape[0]
+        total = x @ y.sum(0)
+        count = torch.full((size,), float(size), dtype=torch.float64, device=x.device)
+        codes, diag = self.square.row_codes, (x * y).sum(1)
+        if codes is None:  # the diagonal only
+            total -= diag
+            count -= 1
+        else:
+            assert self.square.col_codes is not None  # the codes come together
+            group, n = _group_sums(self.square.col_codes, y, codes)
+            total -= (x * group).sum(1)
+            count -= n
+            off = self.square.col_codes != codes  # a diagonal outside its row's id group
+            total -= torch.where(off, diag, 0.0)
+            count -= off.double()
+        q = self.queue_txt
+        if q is not None:
+            keys, ids = q.keys[q.valid].double(), None if q.ids is None else q.ids[q.valid]
+            total += x @ keys.sum(0)
+            count += keys.shape[0]
+            if ids is not None and q.anchor_ids is not None:
+                group, n = _group_sums(ids, keys, q.anchor_ids)
+                total -= (x * group).sum(1)
+                count -= n
+        return total, count
+
     def negatives_lse(self, scale: Scale = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`DenseAdaCLBatch.negatives_lse`, from the engine's tiles."""
         if isinstance(scale, torch.Tensor):
@@ -355,6 +398,18 @@ class TiledAdaCLBatch:
         """As :meth:`DenseAdaCLBatch.loss`."""
         lse = self.negatives_lse(scale) if lse is None else lse
         return _eq3((self.x * self.y).sum(1), lse, m1, m2, reduction)
+
+
+def _group_sums(
+    ids: torch.Tensor, values: torch.Tensor, query: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each query id: the sum of the ``values`` rows whose id equals it, and their number
+    (float64)."""
+    codes = torch.unique(torch.cat([ids, query]), return_inverse=True)[1]
+    own, asked = codes[: len(ids)], codes[len(ids) :]
+    sums = values.new_zeros(int(codes.max()) + 1, values.shape[1]).index_add_(0, own, values)
+    counts = torch.bincount(own, minlength=sums.shape[0]).double()
+    return sums[asked], counts[asked]
 
 
 def _on(block: QueueBlock, like: torch.Tensor) -> QueueBlock:
