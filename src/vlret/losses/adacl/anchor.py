@@ -10,8 +10,8 @@ Passes over the tiles: Eq. (7) takes none (the source sums each row's negatives 
 by linearity for embeddings), the GDA reads the two chosen rows (Eq. 8-9); then (1) the clone
 set S* (Eq. 10), its size and, per rule, the smallest or largest ``Delta S`` (Eq. 11), or for
 the median the candidates: every clone when the blocks are single tiles, otherwise either the
-clones of a ``Delta S`` band that holds the median (one pass, :mod:`.median`, warm-started by
-the previous batch's band) or a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin
+clones of a ``Delta S`` band that holds the median (one pass, :mod:`.median`, the band from a
+sample of rows) or a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin
 is refined by further histograms (each one more pass) while it holds more than 64 clones per
 row; (2, streamed median without a band) the clones of the median's bin. The pick among equal
 deltas is the first clone in flat order (each block row-major, the batch block before the queue
@@ -30,7 +30,7 @@ import torch
 
 from .config import check_selection, check_temperature
 from .gda import GDAFit, clone_region, fit_values
-from .median import band_cap, band_median, next_band
+from .median import band_cap, band_median, sample_band
 from .objective import DenseAdaCLBatch
 
 #: Bins of a ``Delta S`` histogram (the streamed median, Eq. 11).
@@ -81,8 +81,6 @@ class AdaCLAnchor:
         fit: The GDA of Eq. (9), if fitted.
         guard: ``"degenerate_variance"`` or ``"empty_clone_set"`` when no anchor was found.
         delta: ``Delta S`` of the chosen clone (Eq. 11), if any.
-        median_band: For the median rule over tiles: a ``Delta S`` band expected to hold the
-            next batch's median (``median_band`` of :func:`select_anchor`), else ``None``.
     """
 
     anchor: float | None
@@ -94,7 +92,6 @@ class AdaCLAnchor:
     fit: GDAFit | None
     guard: str | None
     delta: float | None = None
-    median_band: tuple[float, float] | None = None
 
 
 def log_sum_exp(values: np.ndarray) -> float:
@@ -161,7 +158,6 @@ def select_anchor(
     generator: torch.Generator | None = None,
     scale: float = 1.0,
     log_sigma_rows: torch.Tensor | None = None,
-    median_band: tuple[float, float] | None = None,
 ) -> AdaCLAnchor:
     """The anchor of Eq. (7)-(11) over a source of score tiles (readings: :func:`adacl_anchor`).
 
@@ -174,9 +170,6 @@ def select_anchor(
         scale: ``1 / negative_temperature``, the scale of ``Sigma_anchor``'s logits.
         log_sigma_rows: ``log Sigma`` of every row when the caller has it (with the same
             ``scale``); else the anchor row's is summed here in float64.
-        median_band: A ``Delta S`` band expected to hold the median (the previous batch's
-            ``AdaCLAnchor.median_band``): the streamed median then takes one pass over the
-            tiles when it is right, two more when it is not; the result is the same.
 
     Returns:
         The :class:`AdaCLAnchor`.
@@ -208,26 +201,27 @@ def select_anchor(
             other |= excluded
         return (pos[start:stop, None] - s).abs_(), other
 
-    def found(pick: int, count: int, delta: float, band: tuple[float, float] | None = None):
+    def found(pick: int, count: int, delta: float) -> AdaCLAnchor:
         u = _row_of(pick, size, source.widths)
         if log_sigma_rows is None:
             log_sigma = log_sum_exp(scale * row_negatives(source, u))
         else:
             log_sigma = float(log_sigma_rows[u])
         anchor = float(pos[u])
-        return AdaCLAnchor(anchor, log_sigma, u, count, i_plus, i_minus, fit, None, delta, band)
+        return AdaCLAnchor(anchor, log_sigma, u, count, i_plus, i_minus, fit, None, delta)
 
     in_memory = source.tile >= size
     streamed_median = selection == "median" and not in_memory
-    if streamed_median and median_band is not None:
+    cap = band_cap(size, source.tile)
+    band = sample_band(clones, len(source.widths), size, cap) if streamed_median else None
+    if band is not None:
         # One pass when the band holds the median (median.py); else the two passes below.
-        cap = band_cap(size, source.tile)
-        count, pick, delta, density = band_median(clones, tiles, median_band, cap)
+        count, pick, delta = band_median(clones, tiles, band, cap)
         if count == 0:
             return empty
         if pick is not None:
-            assert delta is not None and density is not None  # found with the pick
-            return found(pick, count, delta, next_band(delta, density, cap))
+            assert delta is not None  # found with the pick
+            return found(pick, count, delta)
     # Pass over the tiles, Eq. (10)-(11): |S*| and, per rule, the extremes or the median's
     # candidates. Non-clones are pushed past every delta by adding the dtype's largest value
     # (deltas are non-negative), so the smallest values, in flat order, are the clones'.
@@ -258,13 +252,10 @@ def select_anchor(
     if selection == "median":
         k = (count + 1) // 2  # the lower median: an observed clone
         if streamed_median:
-            members, k, bin_width = _median_members(clones, tiles, hist, k, width, size)
+            members, k = _median_members(clones, tiles, hist, k, width, size)
             values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
             index = _kth_smallest_index(values, k)
-            cap = band_cap(size, source.tile)
-            delta_u = float(values[index])
-            band = next_band(delta_u, len(values) / bin_width, cap)
-            return found(int(flats[index]), count, delta_u, band)
+            return found(int(flats[index]), count, float(values[index]))
         every = marked[0] if len(marked) == 1 else torch.cat(marked)  # the blocks in flat order
         pick = _kth_smallest_index(every, k)
         return found(pick, count, float(every[pick]))
@@ -291,7 +282,7 @@ def _median_members(
     k: int,
     width: float,
     size: int,
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, float]:
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
     """The clones of the histogram bin holding the ``k``-th smallest ``Delta S``.
 
     The bin is refined by finer histograms of itself (one pass each, at most two) while it
@@ -300,8 +291,8 @@ def _median_members(
     bin wider on each side), so histogram counts and collected clones agree.
 
     Returns:
-        ``(members, k, width)``: per tile, the members' deltas and flat indices; ``k`` the
-        rank of the median among them; ``width`` the width of the last level's bin.
+        ``(members, k)``: per tile, the members' deltas and flat indices; ``k`` the rank of the
+        median among them.
     """
     levels: list[tuple[float, float, int]] = []  # (low, width, bin) of each level
 
@@ -335,7 +326,7 @@ def _median_members(
         delta, other = clones(block, start, stop)
         keep = member(delta, other)
         members.append((delta.flatten()[keep], keep + offset))
-    return members, k, levels[-1][1]
+    return members, k
 
 
 def adacl_anchor(

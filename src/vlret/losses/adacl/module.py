@@ -129,8 +129,6 @@ class AdaCLLoss(PairLoss):
         self.guard_counts = [0] * len(GUARDS)
         self.m1_capped = 0
         self.last_guard = -1
-        # The streamed median's warm start (AdaCLAnchor.median_band): a speed hint, not state.
-        self.median_band: tuple[float, float] | None = None
         self.img_queue: MemoryQueue | None = None
         self.txt_queue: MemoryQueue | None = None
         if c.queue_size:
@@ -183,10 +181,7 @@ class AdaCLLoss(PairLoss):
             generator=self.generator,
             scale=1.0 / c.negative_temperature,
             log_sigma_rows=log_sigma_rows,
-            median_band=self.median_band,
         )
-        if found.median_band is not None:
-            self.median_band = found.median_band
         self.clone_count = found.clone_count
         self.anchor = self.log_sigma_anchor = math.nan
         guard = found.guard
