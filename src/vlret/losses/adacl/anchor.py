@@ -30,7 +30,7 @@ import torch
 
 from .config import check_selection, check_temperature
 from .gda import GDAFit, clone_region, fit_values
-from .median import band_cap, band_median, sample_band
+from .median import BandMedian, band_cap, sample_band
 from .objective import DenseAdaCLBatch
 
 #: Bins of a ``Delta S`` histogram (the streamed median, Eq. 11).
@@ -174,105 +174,202 @@ def select_anchor(
     Returns:
         The :class:`AdaCLAnchor`.
     """
-    pos = source.positives
-    size = pos.shape[0]
-    tiles = list(_tiles(source))
-    # Eq. (7) without a pass over the tiles: each row's negatives summed in float64.
-    total, n_neg = source.negative_sums()
-    salient = (pos.double() - total / n_neg.clamp(min=1)).cpu().numpy()
-    eligible = n_neg.cpu().numpy() >= 2  # a variance needs two negatives
-    if not eligible.any():
-        return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
-    i_plus = int(np.where(eligible, salient, -np.inf).argmax())
-    i_minus = int(np.where(eligible, salient, np.inf).argmin())
-    # Eq. (8)-(9): the GDA of the two rows' negatives, float64 on the host.
-    fit = fit_values(row_negatives(source, i_plus), row_negatives(source, i_minus), top_k)
-    if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
-        return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
-    region = clone_region(fit)
-    empty = AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
+    search = AnchorSearch(
+        source, selection=selection, top_k=top_k, min_variance=min_variance, scale=scale
+    )
+    return search.finish(log_sigma_rows, generator)
 
-    def clones(block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Delta S`` of a tile and the mask of its entries that are *not* clones (Eq. 10-11:
-        outside the clone region, or not a negative of the row)."""
-        s, excluded = source.scores(block, start, stop)
-        other = region.outside(s)
+
+class AnchorSearch:
+    """:func:`select_anchor` in two steps, so that a pass over the tiles made anyway (the
+    loss's forward) can serve the streamed median's band pass.
+
+    Construction does everything before the clone pass: Eq. (7) (no pass), the GDA (Eq. 8-9),
+    the clone region and, for the streamed median, the ``Delta S`` band (a sample of rows).
+    :meth:`visit` then takes the tiles of a block from the caller (the same scores
+    ``source.scores`` gives), and :meth:`finish` passes over the rest and picks the anchor.
+    Arguments as :func:`select_anchor`.
+    """
+
+    @torch.no_grad()
+    def __init__(
+        self,
+        source: ScoreTiles,
+        *,
+        selection: str,
+        top_k: int | None,
+        min_variance: float,
+        scale: float,
+    ) -> None:
+        self.source, self.selection, self.scale = source, selection, scale
+        self.pos = pos = source.positives
+        self.size = size = pos.shape[0]
+        self.tiles = list(_tiles(source))
+        self.visited: set[int] = set()  # blocks whose tiles the caller visited
+        self.band: BandMedian | None = None
+        self.decided: AdaCLAnchor | None = None  # a guard that fired before any pass
+        self.i_plus = self.i_minus = None
+        self.fit: GDAFit | None = None
+        # Eq. (7) without a pass over the tiles: each row's negatives summed in float64.
+        total, n_neg = source.negative_sums()
+        salient = (pos.double() - total / n_neg.clamp(min=1)).cpu().numpy()
+        eligible = n_neg.cpu().numpy() >= 2  # a variance needs two negatives
+        if not eligible.any():
+            self.decided = AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
+            return
+        i_plus = self.i_plus = int(np.where(eligible, salient, -np.inf).argmax())
+        i_minus = self.i_minus = int(np.where(eligible, salient, np.inf).argmin())
+        # Eq. (8)-(9): the GDA of the two rows' negatives, float64 on the host.
+        fit = fit_values(row_negatives(source, i_plus), row_negatives(source, i_minus), top_k)
+        self.fit = fit
+        if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
+            self.decided = AdaCLAnchor(
+                None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance"
+            )
+            return
+        self.region = clone_region(fit)
+        self.streamed_median = selection == "median" and source.tile < size
+        if self.streamed_median:
+            cap = band_cap(size, source.tile)
+            band = sample_band(self.clones, len(source.widths), size, cap)
+            self.band = None if band is None else BandMedian(band, cap)
+
+    def tile_clones(
+        self, s: torch.Tensor, excluded: torch.Tensor | None, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Delta S`` of a tile of rows from ``start`` and the mask of its entries that are
+        *not* clones (Eq. 10-11: outside the clone region, or not a negative of the row)."""
+        other = self.region.outside(s)
         if excluded is not None:
             other |= excluded
-        return (pos[start:stop, None] - s).abs_(), other
+        return (self.pos[start : start + s.shape[0], None] - s).abs_(), other
 
-    def found(pick: int, count: int, delta: float) -> AdaCLAnchor:
-        u = _row_of(pick, size, source.widths)
+    def clones(self, block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tile_clones` of the source's tile."""
+        return self.tile_clones(*self.source.scores(block, start, stop), start)
+
+    @property
+    def wants_tiles(self) -> bool:
+        """A band pass is pending: :meth:`visit` would save it a pass over a block."""
+        return self.band is not None
+
+    @torch.no_grad()
+    def visit(self, block: int, start: int, s: torch.Tensor, excluded: torch.Tensor | None) -> None:
+        """Tile ``s`` (rows from ``start``, read only) of ``block``, as ``source.scores``
+        gives it; the caller visits every tile of the block once, then :meth:`finish`."""
+        if self.band is None:
+            return
+        self.visited.add(block)
+        width, base = self.source.widths[block], self.size * sum(self.source.widths[:block])
+        self.band.add(*self.tile_clones(s, excluded, start), base + start * width)
+
+    @torch.no_grad()
+    def finish(
+        self,
+        log_sigma_rows: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> AdaCLAnchor:
+        """The anchor (arguments as :func:`select_anchor`)."""
+        if self.decided is not None:
+            return self.decided
+        if self.band is not None:
+            # One pass when the band holds the median (median.py); else the two passes below.
+            for block, start, stop, offset in self.tiles:
+                if block not in self.visited:
+                    self.band.add(*self.clones(block, start, stop), offset)
+            if self.band.count == 0:
+                return self._empty()
+            pick, delta = self.band.result()
+            if pick is not None:
+                assert delta is not None  # found with the pick
+                return self._found(pick, self.band.count, delta, log_sigma_rows)
+        return self._passes(log_sigma_rows, generator)
+
+    def _empty(self) -> AdaCLAnchor:
+        return AdaCLAnchor(
+            None, None, None, 0, self.i_plus, self.i_minus, self.fit, "empty_clone_set"
+        )
+
+    def _found(
+        self, pick: int, count: int, delta: float, log_sigma_rows: torch.Tensor | None
+    ) -> AdaCLAnchor:
+        source = self.source
+        u = _row_of(pick, self.size, source.widths)
         if log_sigma_rows is None:
-            log_sigma = log_sum_exp(scale * row_negatives(source, u))
+            log_sigma = log_sum_exp(self.scale * row_negatives(source, u))
         else:
             log_sigma = float(log_sigma_rows[u])
-        anchor = float(pos[u])
-        return AdaCLAnchor(anchor, log_sigma, u, count, i_plus, i_minus, fit, None, delta)
+        return AdaCLAnchor(
+            float(self.pos[u]),
+            log_sigma,
+            u,
+            count,
+            self.i_plus,
+            self.i_minus,
+            self.fit,
+            None,
+            delta,
+        )
 
-    in_memory = source.tile >= size
-    streamed_median = selection == "median" and not in_memory
-    cap = band_cap(size, source.tile)
-    band = sample_band(clones, len(source.widths), size, cap) if streamed_median else None
-    if band is not None:
-        # One pass when the band holds the median (median.py); else the two passes below.
-        count, pick, delta = band_median(clones, tiles, band, cap)
-        if count == 0:
-            return empty
-        if pick is not None:
-            assert delta is not None  # found with the pick
-            return found(pick, count, delta)
-    # Pass over the tiles, Eq. (10)-(11): |S*| and, per rule, the extremes or the median's
-    # candidates. Non-clones are pushed past every delta by adding the dtype's largest value
-    # (deltas are non-negative), so the smallest values, in flat order, are the clones'.
-    big = torch.finfo(pos.dtype).max
-    if streamed_median:
-        width = max(2.0 * source.score_bound() / _DELTA_BINS, 1e-30)
-        hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=pos.device)
-    counts: list[int] = []
-    marked: list[torch.Tensor] = []  # in-memory median: every delta, non-clones pushed past
-    best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
-    for block, start, stop, offset in tiles:
-        delta, other = clones(block, start, stop)
-        counts.append(other.numel() - int(other.count_nonzero()))
+    def _passes(
+        self, log_sigma_rows: torch.Tensor | None, generator: torch.Generator | None
+    ) -> AdaCLAnchor:
+        """Pass over the tiles, Eq. (10)-(11): ``|S*|`` and, per rule, the extremes or the
+        median's candidates (more passes: the streamed median's bin, the random rank)."""
+        selection, clones, tiles = self.selection, self.clones, self.tiles
+        # Non-clones are pushed past every delta by adding the dtype's largest value (deltas
+        # are non-negative), so the smallest values, in flat order, are the clones'.
+        big = torch.finfo(self.pos.dtype).max
+        streamed_median = self.streamed_median
         if streamed_median:
-            hist += _delta_bins(delta[~other], 0.0, width).bincount(minlength=_DELTA_BINS)
-        elif selection == "median":
-            marked.append(delta.add_(_as_float(other, delta.dtype), alpha=big).flatten())
-        elif selection in ("min", "max") and counts[-1]:
-            low = selection == "min"
-            flat = delta.add_(_as_float(other, delta.dtype), alpha=big if low else -big)
-            index = int(flat.argmin() if low else flat.argmax())
-            value = float(flat.flatten()[index])
-            if best is None or (value < best[0] if low else value > best[0]):
-                best = (value, offset + index)  # strict: an earlier tile keeps ties
-    count = sum(counts)
-    if count == 0:
-        return empty
-    if selection == "median":
-        k = (count + 1) // 2  # the lower median: an observed clone
-        if streamed_median:
-            members, k = _median_members(clones, tiles, hist, k, width, size)
-            values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
-            index = _kth_smallest_index(values, k)
-            return found(int(flats[index]), count, float(values[index]))
-        every = marked[0] if len(marked) == 1 else torch.cat(marked)  # the blocks in flat order
-        pick = _kth_smallest_index(every, k)
-        return found(pick, count, float(every[pick]))
-    if selection in ("min", "max"):
-        assert best is not None  # count > 0: a tile with clones set it
-        return found(best[1], count, best[0])
-    if generator is None:
-        r = int(torch.randint(count, ()))
-    else:
-        r = int(torch.randint(count, (), generator=generator, device=generator.device))
-    for (block, start, stop, offset), n in zip(tiles, counts, strict=True):
-        if r < n:
+            width = max(2.0 * self.source.score_bound() / _DELTA_BINS, 1e-30)
+            hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=self.pos.device)
+        counts: list[int] = []
+        marked: list[torch.Tensor] = []  # in-memory median: every delta, non-clones pushed
+        best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
+        for block, start, stop, offset in tiles:
             delta, other = clones(block, start, stop)
-            index = int((~other).flatten().nonzero()[r, 0])
-            return found(offset + index, count, float(delta.flatten()[index]))
-        r -= n
-    raise AssertionError("the random rank is below |S*|")  # pragma: no cover
+            counts.append(other.numel() - int(other.count_nonzero()))
+            if streamed_median:
+                hist += _delta_bins(delta[~other], 0.0, width).bincount(minlength=_DELTA_BINS)
+            elif selection == "median":
+                marked.append(delta.add_(_as_float(other, delta.dtype), alpha=big).flatten())
+            elif selection in ("min", "max") and counts[-1]:
+                low = selection == "min"
+                flat = delta.add_(_as_float(other, delta.dtype), alpha=big if low else -big)
+                index = int(flat.argmin() if low else flat.argmax())
+                value = float(flat.flatten()[index])
+                if best is None or (value < best[0] if low else value > best[0]):
+                    best = (value, offset + index)  # strict: an earlier tile keeps ties
+        count = sum(counts)
+        if count == 0:
+            return self._empty()
+        if selection == "median":
+            k = (count + 1) // 2  # the lower median: an observed clone
+            if streamed_median:
+                members, k = _median_members(clones, tiles, hist, k, width, self.size)
+                values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
+                index = _kth_smallest_index(values, k)
+                return self._found(int(flats[index]), count, float(values[index]), log_sigma_rows)
+            every = marked[0] if len(marked) == 1 else torch.cat(marked)  # blocks in flat order
+            pick = _kth_smallest_index(every, k)
+            return self._found(pick, count, float(every[pick]), log_sigma_rows)
+        if selection in ("min", "max"):
+            assert best is not None  # count > 0: a tile with clones set it
+            return self._found(best[1], count, best[0], log_sigma_rows)
+        if generator is None:
+            r = int(torch.randint(count, ()))
+        else:
+            r = int(torch.randint(count, (), generator=generator, device=generator.device))
+        for (block, start, stop, offset), n in zip(tiles, counts, strict=True):
+            if r < n:
+                delta, other = clones(block, start, stop)
+                index = int((~other).flatten().nonzero()[r, 0])
+                return self._found(
+                    offset + index, count, float(delta.flatten()[index]), log_sigma_rows
+                )
+            r -= n
+        raise AssertionError("the random rank is below |S*|")  # pragma: no cover
 
 
 def _median_members(

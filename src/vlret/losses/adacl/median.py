@@ -7,7 +7,7 @@ the median, one pass counts the clones, counts those with ``Delta S < low`` and 
 ``Delta S`` and flat index of those inside the band. When the lower median's rank
 ``k = ceil(|S*| / 2)`` falls among the collected clones it is found there exactly: the same
 value, and among equal values the same (first in flat order) clone, as the two-pass search.
-Otherwise (a band that missed, or one holding more than ``cap`` clones) :func:`band_median`
+Otherwise (a band that missed, or one holding more than ``cap`` clones) :class:`BandMedian`
 says so and the caller runs the two passes.
 
 The band comes from the batch itself (:func:`sample_band`): the clones of ``SAMPLE_ROWS`` rows
@@ -21,7 +21,7 @@ width from one batch to the next.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -41,63 +41,58 @@ def band_cap(size: int, tile: int) -> int:
     return max(64 * size, tile * size // 4)
 
 
-def band_median(
-    clones: Clones,
-    tiles: Iterable[tuple[int, int, int, int]],
-    band: tuple[float, float],
-    cap: int,
-) -> tuple[int, int | None, float | None]:
-    """One pass: ``|S*|`` and, when the band holds it, the lower median's clone.
+class BandMedian:
+    """One pass over the tiles: ``|S*|`` and the clones of a ``Delta S`` band (:meth:`add`
+    each tile once, in any order), then the lower median's clone if the band holds it.
 
     Args:
-        clones: ``(block, start, stop) -> (Delta S, not-a-clone mask)`` of a tile.
-        tiles: ``(block, start, stop, flat offset)`` of every tile.
         band: ``(low, high)``, the ``Delta S`` interval searched.
         cap: Give up collecting past this many clones in the band.
-
-    Returns:
-        ``(count, pick, delta)``: ``|S*|``, the flat index and ``Delta S`` of the median
-        clone; the last two are ``None`` when the median is not in the band (or the band
-        overflowed).
     """
-    low, high = band
-    count = below = collected = 0
-    values: list[torch.Tensor] = []
-    flats: list[torch.Tensor] = []
-    for block, start, stop, offset in tiles:
-        delta, other = clones(block, start, stop)
+
+    def __init__(self, band: tuple[float, float], cap: int) -> None:
+        self.low, self.high = band
+        self.cap = cap
+        self.count = self.below = self.collected = 0
+        self.values: list[torch.Tensor] = []
+        self.flats: list[torch.Tensor] = []
+
+    def add(self, delta: torch.Tensor, other: torch.Tensor, offset: int) -> None:
+        """A tile: its ``Delta S`` (overwritten), the mask of its non-clones and the flat
+        index of its first entry."""
         # non-clones are pushed past every band (Delta S >= 0): one comparison per bound
         flat = delta.masked_fill_(other, math.inf).flatten()
-        count += flat.numel() - int(other.count_nonzero())
-        if collected > cap:
-            continue  # overflowed: only the count is still needed (the caller's fallback)
-        under = flat < low
-        below += int(under.count_nonzero())
-        keep = (flat <= high).logical_xor_(under).nonzero()[:, 0]
-        collected += len(keep)
-        values.append(flat[keep])
-        flats.append(keep + offset)
-    k = (count + 1) // 2
-    if collected > cap or not below < k <= below + collected:
-        return count, None, None
-    v, f = torch.cat(values), torch.cat(flats)
-    # The (k - below)-th smallest value; among equal values the smallest flat index. On CPU
-    # numpy's introselect finds the value (torch.kthvalue is far slower there).
-    if v.device.type == "cpu":
-        value = v.new_tensor(np.partition(v.numpy(), k - below - 1)[k - below - 1])
-    else:
-        value = v.kthvalue(k - below).values
-    pick = int(f[v == value].min())
-    return count, pick, float(value)
+        self.count += flat.numel() - int(other.count_nonzero())
+        if self.collected > self.cap:
+            return  # overflowed: only the count is still needed (the caller's fallback)
+        under = flat < self.low
+        self.below += int(under.count_nonzero())
+        keep = (flat <= self.high).logical_xor_(under).nonzero()[:, 0]
+        self.collected += len(keep)
+        self.values.append(flat[keep])
+        self.flats.append(keep + offset)
+
+    def result(self) -> tuple[int | None, float | None]:
+        """``(pick, delta)``: the flat index and ``Delta S`` of the lower median's clone (rank
+        ``ceil(|S*| / 2)``; among equal values the smallest flat index), or ``(None, None)``
+        when the band does not hold it, overflowed or ``S*`` is empty."""
+        k = (self.count + 1) // 2 - self.below  # the rank among the collected clones
+        if self.collected > self.cap or not 0 < k <= self.collected:
+            return None, None
+        v, f = torch.cat(self.values), torch.cat(self.flats)
+        # On CPU numpy's introselect finds the value (torch.kthvalue is far slower there).
+        if v.device.type == "cpu":
+            value = v.new_tensor(np.partition(v.numpy(), k - 1)[k - 1])
+        else:
+            value = v.kthvalue(k).values
+        return int(f[v == value].min()), float(value)
 
 
-def sample_band(
-    clones: Clones, blocks: int, size: int, cap: int
-) -> tuple[float, float] | None:
+def sample_band(clones: Clones, blocks: int, size: int, cap: int) -> tuple[float, float] | None:
     """A ``Delta S`` band likely to hold the median, from the clones of a sample of rows.
 
     Args:
-        clones: As :func:`band_median`.
+        clones: ``(block, start, stop) -> (Delta S, not-a-clone mask)`` of a tile.
         blocks: The number of candidate blocks.
         size: The batch size ``B``.
         cap: The most clones the band may be expected to hold.
