@@ -14,6 +14,7 @@ margins), Eq. (3) given the margins, and the score tiles the anchor selection re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,10 @@ from .._tiling import (
     prepare_embeddings,
 )
 from .config import check_margin, check_scale_negatives, check_temperature
+from .fused import visited_square_lse
+
+#: ``visit(block, start, scores, excluded)``: a tile shown to the anchor search.
+TileVisit = Callable[[int, int, torch.Tensor, torch.Tensor | None], None]
 
 Scale = float | torch.Tensor
 
@@ -368,12 +373,37 @@ class TiledAdaCLBatch:
                 count -= n
         return total, count
 
-    def negatives_lse(self, scale: Scale = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`DenseAdaCLBatch.negatives_lse`, from the engine's tiles."""
+    def negatives_lse(
+        self, scale: Scale = 1.0, visit: TileVisit | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`DenseAdaCLBatch.negatives_lse`, from the engine's tiles.
+
+        Args:
+            scale: The negative logits' scale.
+            visit: Shown every tile of the in-batch block on the way, as
+                ``visit(0, start, scores, excluded)`` with the values of :meth:`scores` (read
+                only; :meth:`AnchorSearch.visit <vlret.losses.adacl.anchor.AnchorSearch.visit>`);
+                needs a float ``scale``.
+        """
+        if visit is not None:
+            assert not isinstance(scale, torch.Tensor)  # the anchor's scale is a float
+
+            def shown(start: int, s: torch.Tensor) -> None:
+                visit(0, start, s, self.square.mask(start, start + s.shape[0]))
+
+            rows, cols = visited_square_lse(self.x, self.y, scale, self.square, self.tile, shown)
+            return self._queue_lse(rows, cols, scale)
         if isinstance(scale, torch.Tensor):
             scale = scale.to(device=self.x.device, dtype=self.x.dtype)
         x = self.x if _is_one(scale) else self.x * scale
         rows, cols = negatives_lse(x, self.y, self.square, self.tile, columns=True)
+        return self._queue_lse(rows, cols, scale)
+
+    def _queue_lse(
+        self, rows: torch.Tensor, cols: torch.Tensor, scale: Scale
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in-batch log-sum-exps with the queue blocks' added."""
+        x = self.x if _is_one(scale) else self.x * scale
         if self.queue_txt is not None:
             q = negatives_lse(
                 x, self.queue_txt.keys, QueueExclusions(self.queue_txt), self.tile, columns=False
