@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -345,7 +345,8 @@ class AdaCLLoss(PairLoss):
             # median's band) rides on the loss's forward, one product per tile (fused.py).
             search = self._search(batch)
         if search is not None and search.wants_tiles:
-            lse = batch.negatives_lse(scale, search.visit)
+            # not isinstance: tests stand a recorder in for the TiledAdaCLBatch name
+            lse = cast("TiledAdaCLBatch", batch).negatives_lse(scale, search.visit)
         else:
             lse = batch.negatives_lse(scale)
         if self.training:
