@@ -10,8 +10,8 @@ Passes over the tiles: Eq. (7) takes none (the source sums each row's negatives 
 by linearity for embeddings), the GDA reads the two chosen rows (Eq. 8-9); then (1) the clone
 set S* (Eq. 10), its size and, per rule, the smallest or largest ``Delta S`` (Eq. 11), or for
 the median the candidates: every clone when the blocks are single tiles, otherwise either the
-clones of a ``Delta S`` band that holds the median (one pass, :mod:`.median`, the band from a
-sample of rows) or a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin
+clones of a ``Delta S`` band that holds the median (one pass, :mod:`.median`, the band set by
+the first tile read) or a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin
 is refined by further histograms (each one more pass) while it holds more than 64 clones per
 row; (2, streamed median without a band) the clones of the median's bin. The pick among equal
 deltas is the first clone in flat order (each block row-major, the batch block before the queue
@@ -30,7 +30,7 @@ import torch
 
 from .config import check_selection, check_temperature
 from .gda import GDAFit, clone_region, fit_values
-from .median import BandMedian, band_cap, sample_band
+from .median import BandMedian, band_cap
 from .objective import DenseAdaCLBatch
 
 #: Bins of a ``Delta S`` histogram (the streamed median, Eq. 11).
@@ -184,8 +184,9 @@ class AnchorSearch:
     """:func:`select_anchor` in two steps, so that a pass over the tiles made anyway (the
     loss's forward) can serve the streamed median's band pass.
 
-    Construction does everything before the clone pass: Eq. (7) (no pass), the GDA (Eq. 8-9),
-    the clone region and, for the streamed median, the ``Delta S`` band (a sample of rows).
+    Construction does everything before the clone pass: Eq. (7) (no pass), the GDA (Eq. 8-9)
+    and the clone region; the streamed median's band pass (:class:`.median.BandMedian`) then
+    sets its band from the first tile it reads.
     :meth:`visit` then takes the tiles of a block from the caller (the same scores
     ``source.scores`` gives), and :meth:`finish` passes over the rest and picks the anchor.
     Arguments as :func:`select_anchor`.
@@ -230,9 +231,9 @@ class AnchorSearch:
         self.region = clone_region(fit)
         self.streamed_median = selection == "median" and source.tile < size
         if self.streamed_median:
-            cap = band_cap(size, source.tile)
-            band = sample_band(self.clones, len(source.widths), size, cap)
-            self.band = None if band is None else BandMedian(band, cap)
+            entries = size * sum(source.widths)
+            self.band = BandMedian(entries, band_cap(size, source.tile))
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def tile_clones(
         self, s: torch.Tensor, excluded: torch.Tensor | None, start: int
@@ -248,6 +249,23 @@ class AnchorSearch:
         """:meth:`tile_clones` of the source's tile."""
         return self.tile_clones(*self.source.scores(block, start, stop), start)
 
+    def _band_add(
+        self, s: torch.Tensor, excluded: torch.Tensor | None, start: int, offset: int
+    ) -> None:
+        """:meth:`tile_clones` into reused buffers (a fresh tile-sized tensor costs page
+        faults), added to the band pass."""
+        assert self.band is not None  # the caller checked
+        n = s.numel()
+        if self._buffers is None or self._buffers[0].numel() < n:
+            flag = torch.empty(n, dtype=torch.bool, device=s.device)
+            self._buffers = (s.new_empty(n), flag, torch.empty_like(flag))
+        delta, other, tmp = (b[:n].view(s.shape) for b in self._buffers)
+        self.region.outside(s, other, tmp)
+        if excluded is not None:
+            other |= excluded
+        torch.sub(self.pos[start : start + s.shape[0], None], s, out=delta).abs_()
+        self.band.add(delta, other, offset)
+
     @property
     def wants_tiles(self) -> bool:
         """A band pass is pending: :meth:`visit` would save it a pass over a block."""
@@ -261,7 +279,7 @@ class AnchorSearch:
             return
         self.visited.add(block)
         width, base = self.source.widths[block], self.size * sum(self.source.widths[:block])
-        self.band.add(*self.tile_clones(s, excluded, start), base + start * width)
+        self._band_add(s, excluded, start, base + start * width)
 
     @torch.no_grad()
     def finish(
@@ -276,7 +294,7 @@ class AnchorSearch:
             # One pass when the band holds the median (median.py); else the two passes below.
             for block, start, stop, offset in self.tiles:
                 if block not in self.visited:
-                    self.band.add(*self.clones(block, start, stop), offset)
+                    self._band_add(*self.source.scores(block, start, stop), start, offset)
             if self.band.count == 0:
                 return self._empty()
             pick, delta = self.band.result()

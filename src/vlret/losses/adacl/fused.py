@@ -3,12 +3,12 @@
 In training mode :class:`~vlret.losses.AdaCLLoss` (``scale_negatives=False``) needs, from the
 same batch, the negatives' log-sum-exps (the loss) and one pass over the score tiles (the
 streamed median's band, :class:`~vlret.losses.adacl.anchor.AnchorSearch`). The search is set up
-before the loss (its salient scores, GDA and band need no pass), so the loss's forward hands
-each raw tile ``x_I . y^T`` (the product ``TiledAdaCLBatch.scores`` computes, bit for bit) to
-the search before exponentiating it in place. The backward is the streaming engine's
-(``_SquareLSE``), which recomputes its tiles from ``x * scale``; the forward's exponentials
-come from the raw tile times ``scale log2(e)`` instead, a difference of float rounding in the
-log-sum-exps (tested against float64).
+before the loss (its salient scores and GDA need no pass; the first tile sets its band), so the
+loss's forward hands each raw tile ``x_I . y^T`` (the product ``TiledAdaCLBatch.scores``
+computes, bit for bit) to the search before exponentiating it in place. The backward is the
+streaming engine's (``_SquareLSE``), which recomputes its tiles from ``x * scale``; the
+forward's exponentials come from the raw tile times ``scale log2(e)`` instead, a difference of
+float rounding in the log-sum-exps (tested against float64).
 """
 
 from __future__ import annotations
