@@ -183,6 +183,17 @@ def test_band_median_equals_the_naive_multipass_anchor(chunk_size, with_ids, mon
     assert (spy.hits, spy.fallbacks) == (1, 0)
 
 
+def test_the_default_band_holds_the_median_of_a_larger_batch(monkeypatch):
+    """B=1536 in tiles of 512: the first tile's quantiles 0.5 -+ 0.04 hold the batch's median
+    (one pass), and the anchor is the naive selection's."""
+    spy = _Spy(monkeypatch)
+    monkeypatch.setattr(median, "BAND_QUANTILE", 0.04)  # the default, not the spy's
+    img, txt = _world(1536, dim=32, seed=9)
+    found = select_anchor(TiledAdaCLBatch(img, txt, chunk_size=512))
+    _assert_matches(found, _naive(F.normalize(img, dim=1), F.normalize(txt, dim=1)))
+    assert (spy.hits, spy.fallbacks) == (1, 0)
+
+
 @pytest.mark.parametrize("case", ["below", "above", "empty", "overflow", "no_band"])
 def test_a_band_that_misses_falls_back_to_the_same_anchor(case, monkeypatch):
     """A stale band (wholly below or above the median, or holding no clone), one past the

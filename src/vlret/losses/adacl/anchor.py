@@ -275,8 +275,8 @@ class AnchorSearch:
     def visit(self, block: int, start: int, s: torch.Tensor, excluded: torch.Tensor | None) -> None:
         """Tile ``s`` (rows from ``start``, read only) of ``block``, as ``source.scores``
         gives it; the caller visits every tile of the block once, then :meth:`finish`."""
-        if self.band is None:
-            return
+        if self.band is None or self.band.failed:
+            return  # no band pass, or one that gave up: finish makes the two passes
         self.visited.add(block)
         width, base = self.source.widths[block], self.size * sum(self.source.widths[:block])
         self._band_add(s, excluded, start, base + start * width)
@@ -290,17 +290,21 @@ class AnchorSearch:
         """The anchor (arguments as :func:`select_anchor`)."""
         if self.decided is not None:
             return self.decided
-        if self.band is not None:
+        band = self.band
+        if band is not None:
             # One pass when the band holds the median (median.py); else the two passes below.
             for block, start, stop, offset in self.tiles:
+                if band.failed:
+                    break  # no band, or it overflowed: stop reading tiles
                 if block not in self.visited:
                     self._band_add(*self.source.scores(block, start, stop), start, offset)
-            if self.band.count == 0:
-                return self._empty()
-            pick, delta = self.band.result()
-            if pick is not None:
-                assert delta is not None  # found with the pick
-                return self._found(pick, self.band.count, delta, log_sigma_rows)
+            if not band.failed:
+                if band.count == 0:
+                    return self._empty()
+                pick, delta = band.result()
+                if pick is not None:
+                    assert delta is not None  # found with the pick
+                    return self._found(pick, band.count, delta, log_sigma_rows)
         return self._passes(log_sigma_rows, generator)
 
     def _empty(self) -> AdaCLAnchor:
