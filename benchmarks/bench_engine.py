@@ -12,9 +12,17 @@ reports the ratios issue 14 keeps within 5% of their old values:
 Each time is the best over ``--rounds`` rounds (each round: best of the worker's steps). The
 ratio ``after / before`` of each ratio is printed with the verdict (target: within 5%).
 
+``--loss adacl`` (``AdaCLLoss`` in training mode: the margin update of every step included, no
+queue) also prints issue 31's figure, "AdaCL tiled training / 3-GEMM bound" at B=8192, before
+and after: the median over rounds of each round's ``tiled / bare`` (the two measured back to
+back), with the range, against the target <= 1.6x. Issue 31 compares with 6b209b6:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_engine.py --loss adacl --batches 8192
+        --before 6b209b6 --rounds 5
+
     .venv/bin/python benchmarks/bench_engine.py [--before REV] [--rounds 2] [--threads 1]
-        [--loss infonce unified triplet goal adacl-fixed] [--repeats 3] [--time-budget 20]
-        [--batches 8192 128] [--device cpu|cuda|cuda:N|auto] [--json FILE]
+        [--loss infonce unified triplet goal adacl adacl-fixed] [--repeats 3]
+        [--time-budget 20] [--batches 8192 128] [--device cpu|cuda|cuda:N|auto] [--json FILE]
 
 On CUDA the chunk is ``bench_losses``' CUDA rule (strips of <= 256 Mi elements).
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sources = {"before": str(tree / "src"), "after": str(ROOT / "src")}
             best: dict[tuple, float] = {}
+            seconds: dict[tuple, list[float]] = {}  # every round's, for the per-round ratios
             for round_ in range(args.rounds):
                 for loss in args.loss:
                     for batch, method in CASES:
@@ -93,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                                 return 1
                             key = (version, loss if method != "bare" else "", batch, method)
                             best[key] = min(best.get(key, float("inf")), res["seconds"])
+                            seconds.setdefault(key, []).append(res["seconds"])
                 print(f"round {round_ + 1}/{args.rounds} done", flush=True)
         finally:
             subprocess.run(
@@ -120,8 +131,31 @@ def main(argv: list[str] | None = None) -> int:
                 f"{loss:<9} {label:<18} {ratios[0]:8.3f} {ratios[1]:8.3f} {change:12.3f}x  "
                 f"<= 1.05x {'met' if met else 'MISSED'}"
             )
+    if "adacl" in args.loss and 8192 in args.batches:
+        _adacl_bound(seconds, args.rounds)
     machine.save_json(args.json, "bench_engine", device, argv)
     return 0 if ok else 2
+
+
+def _adacl_bound(seconds: dict[tuple, list[float]], rounds: int) -> None:
+    """Issue 31: the AdaCL training step, tiled, over the 3-GEMM bound, per-round ratios."""
+    print(
+        "\nAdaCL tiled training / 3-GEMM bound (B=8192, D=512, training mode, margin update "
+        f"every step): median of {rounds} per-round ratios [min - max]"
+    )
+    figures = {}
+    for version in ("before", "after"):
+        tiled = seconds[(version, "adacl", 8192, "tiled")]
+        bare = seconds[(version, "", 8192, "bare")]
+        ratios = [t / b for t, b in zip(tiled, bare, strict=True)]
+        figures[version] = statistics.median(ratios)
+        machine.record(f"adacl training tiled/bare B=8192 {version}", ratios)
+        print(
+            f"  {version:<7} {figures[version]:6.2f}x  [{min(ratios):.2f} - {max(ratios):.2f}]"
+            f"   tiled {statistics.median(tiled):6.2f} s, bare {statistics.median(bare):6.2f} s"
+        )
+    met = figures["after"] <= 1.6
+    print(f"  after: target <= 1.6x {'met' if met else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -172,13 +172,19 @@ def test_anchor_over_tiles_equals_the_one_tile_anchor(selection, with_ids, chunk
     assert tiled.fit.var_salient == pytest.approx(dense.fit.var_salient, abs=1e-12)
 
 
+@pytest.mark.parametrize("band", ["sampled", "none"])
 @pytest.mark.parametrize("selection", ["median", "min", "max", "random"])
-def test_anchor_exact_ties_and_refined_histograms(selection, monkeypatch):
+def test_anchor_exact_ties_and_refined_histograms(selection, band, monkeypatch):
     """Integer dot products tie everywhere: the first clone in row-major order among equal
-    deltas wins in both sources; a zero bin cap forces every histogram refinement."""
+    deltas wins in both sources; a zero bin cap forces every histogram refinement (the
+    streamed median without its one-pass band, ``band="none"``)."""
     import vlret.losses.adacl.anchor as anchor
 
     monkeypatch.setattr(anchor, "_BIN_CAP_PER_ROW", 0)
+    if band == "none":
+        import vlret.losses.adacl.median as median
+
+        monkeypatch.setattr(median, "choose_band", lambda *args: None)
     gen = torch.Generator().manual_seed(4)
     img = torch.randint(0, 2, (40, 12), generator=gen).double()
     txt = (img + torch.randint(0, 2, (40, 12), generator=gen)).clamp(max=1)

@@ -6,13 +6,16 @@ memory (:class:`~vlret.losses.adacl.objective.DenseAdaCLBatch`) is the case of o
 block; embeddings streamed by the engine
 (:class:`~vlret.losses.adacl.objective.TiledAdaCLBatch`) give tiles of ``chunk_size`` rows.
 
-Passes over the tiles: (1) the salient score of every row (Eq. 7), then the GDA on the two
-chosen rows (Eq. 8-9); (2) the clone set S* (Eq. 10), its size and, per rule, the smallest or
-largest ``Delta S`` (Eq. 11), or for the median the candidates: every clone when the blocks are
-single tiles, otherwise a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin is
-refined by further histograms (each one more pass) while it holds more than 64 clones per row;
-(3, streamed median) the clones of the median's bin. The pick among equal deltas is the first
-clone in flat order (each block row-major, the batch block before the queue block).
+Passes over the tiles: Eq. (7) takes none (the source sums each row's negatives in float64:
+by linearity for embeddings), the GDA reads the two chosen rows (Eq. 8-9); then (1) the clone
+set S* (Eq. 10), its size and, per rule, the smallest or largest ``Delta S`` (Eq. 11), or for
+the median the candidates: every clone when the blocks are single tiles, otherwise either the
+clones of a ``Delta S`` band that holds the median (one pass, :mod:`.median`, the band set by
+the first tile read) or a histogram of ``Delta S`` over ``[0, 2 max|s|]`` whose median bin
+is refined by further histograms (each one more pass) while it holds more than 64 clones per
+row; (2, streamed median without a band) the clones of the median's bin. The pick among equal
+deltas is the first clone in flat order (each block row-major, the batch block before the queue
+block).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 
 from .config import check_selection, check_temperature
 from .gda import GDAFit, clone_region, fit_values
+from .median import BandMedian, band_cap
 from .objective import DenseAdaCLBatch
 
 #: Bins of a ``Delta S`` histogram (the streamed median, Eq. 11).
@@ -59,6 +63,9 @@ class ScoreTiles(Protocol):
     def score_bound(self) -> float:
         """An upper bound of ``|s|`` over every block."""
 
+    def negative_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 ``(B,)`` sum and number of each row's negatives over every block (Eq. 7)."""
+
 
 @dataclass(frozen=True)
 class AdaCLAnchor:
@@ -73,6 +80,7 @@ class AdaCLAnchor:
         clone_row: The row of S_cln (lowest salient score), if any.
         fit: The GDA of Eq. (9), if fitted.
         guard: ``"degenerate_variance"`` or ``"empty_clone_set"`` when no anchor was found.
+        delta: ``Delta S`` of the chosen clone (Eq. 11), if any.
     """
 
     anchor: float | None
@@ -83,6 +91,7 @@ class AdaCLAnchor:
     clone_row: int | None
     fit: GDAFit | None
     guard: str | None
+    delta: float | None = None
 
 
 def log_sum_exp(values: np.ndarray) -> float:
@@ -165,99 +174,224 @@ def select_anchor(
     Returns:
         The :class:`AdaCLAnchor`.
     """
-    pos = source.positives
-    size = pos.shape[0]
-    tiles = list(_tiles(source))
-    # Pass 1, Eq. (7): sum and number of each row's negatives; masks enter as 0/1 floats
-    # (x - x * out is x for a negative and exactly 0 otherwise), faster than masked fills.
-    total, n_neg = torch.zeros_like(pos), torch.zeros_like(pos)
-    for block, start, stop, _ in tiles:
-        s, excluded = source.scores(block, start, stop)
-        if excluded is None:
-            total[start:stop] += s.sum(1)
-            n_neg[start:stop] += s.shape[1]
-        else:
-            out = _as_float(excluded, s.dtype)
-            total[start:stop] += torch.addcmul(s, s, out, value=-1.0).sum(1)
-            n_neg[start:stop] += s.shape[1] - out.sum(1)
-    salient, n_neg = torch.stack([pos - total / n_neg.clamp(min=1), n_neg]).cpu().numpy()
-    eligible = n_neg >= 2  # a variance needs two negatives
-    if not eligible.any():
-        return AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
-    i_plus = int(np.where(eligible, salient, -np.inf).argmax())
-    i_minus = int(np.where(eligible, salient, np.inf).argmin())
-    # Eq. (8)-(9): the GDA of the two rows' negatives, float64 on the host.
-    fit = fit_values(row_negatives(source, i_plus), row_negatives(source, i_minus), top_k)
-    if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
-        return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance")
-    region = clone_region(fit)
+    search = AnchorSearch(
+        source, selection=selection, top_k=top_k, min_variance=min_variance, scale=scale
+    )
+    return search.finish(log_sigma_rows, generator)
 
-    def clones(block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Delta S`` of a tile and the mask of its entries that are *not* clones (Eq. 10-11:
-        outside the clone region, or not a negative of the row)."""
-        s, excluded = source.scores(block, start, stop)
-        other = region.outside(s)
+
+class AnchorSearch:
+    """:func:`select_anchor` in two steps, so that a pass over the tiles made anyway (the
+    loss's forward) can serve the streamed median's band pass.
+
+    Construction does everything before the clone pass: Eq. (7) (no pass), the GDA (Eq. 8-9)
+    and the clone region; the streamed median's band pass (:class:`.median.BandMedian`) then
+    sets its band from the first tile it reads.
+    :meth:`visit` then takes the tiles of a block from the caller (the same scores
+    ``source.scores`` gives), and :meth:`finish` passes over the rest and picks the anchor.
+    Arguments as :func:`select_anchor`.
+    """
+
+    @torch.no_grad()
+    def __init__(
+        self,
+        source: ScoreTiles,
+        *,
+        selection: str,
+        top_k: int | None,
+        min_variance: float,
+        scale: float,
+    ) -> None:
+        self.source, self.selection, self.scale = source, selection, scale
+        self.pos = pos = source.positives
+        self.size = size = pos.shape[0]
+        self.tiles = list(_tiles(source))
+        self.visited: set[int] = set()  # blocks whose tiles the caller visited
+        self.band: BandMedian | None = None
+        self.decided: AdaCLAnchor | None = None  # a guard that fired before any pass
+        self.i_plus = self.i_minus = None
+        self.fit: GDAFit | None = None
+        # Eq. (7) without a pass over the tiles: each row's negatives summed in float64.
+        total, n_neg = source.negative_sums()
+        salient = (pos.double() - total / n_neg.clamp(min=1)).cpu().numpy()
+        eligible = n_neg.cpu().numpy() >= 2  # a variance needs two negatives
+        if not eligible.any():
+            self.decided = AdaCLAnchor(None, None, None, 0, None, None, None, "degenerate_variance")
+            return
+        i_plus = self.i_plus = int(np.where(eligible, salient, -np.inf).argmax())
+        i_minus = self.i_minus = int(np.where(eligible, salient, np.inf).argmin())
+        # Eq. (8)-(9): the GDA of the two rows' negatives, float64 on the host.
+        fit = fit_values(row_negatives(source, i_plus), row_negatives(source, i_minus), top_k)
+        self.fit = fit
+        if not all(math.isfinite(v) and v > min_variance for v in (fit.var_clone, fit.var_salient)):
+            self.decided = AdaCLAnchor(
+                None, None, None, 0, i_plus, i_minus, fit, "degenerate_variance"
+            )
+            return
+        self.region = clone_region(fit)
+        self.streamed_median = selection == "median" and source.tile < size
+        if self.streamed_median:
+            entries = size * sum(source.widths)
+            self.band = BandMedian(entries, band_cap(size, source.tile))
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def tile_clones(
+        self, s: torch.Tensor, excluded: torch.Tensor | None, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Delta S`` of a tile of rows from ``start`` and the mask of its entries that are
+        *not* clones (Eq. 10-11: outside the clone region, or not a negative of the row)."""
+        other = self.region.outside(s)
         if excluded is not None:
             other |= excluded
-        return (pos[start:stop, None] - s).abs_(), other
+        return (self.pos[start : start + s.shape[0], None] - s).abs_(), other
 
-    # Pass 2, Eq. (10)-(11): |S*| and, per rule, the extremes or the median's candidates.
-    # Non-clones are pushed past every delta by adding the dtype's largest value (deltas are
-    # non-negative), so the smallest values, in flat order, are the clones'.
-    big = torch.finfo(pos.dtype).max
-    in_memory = source.tile >= size
-    streamed_median = selection == "median" and not in_memory
-    if streamed_median:
-        width = max(2.0 * source.score_bound() / _DELTA_BINS, 1e-30)
-        hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=pos.device)
-    counts: list[int] = []
-    marked: list[torch.Tensor] = []  # in-memory median: every delta, non-clones pushed past
-    best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
-    for block, start, stop, offset in tiles:
-        delta, other = clones(block, start, stop)
-        counts.append(other.numel() - int(other.count_nonzero()))
+    def clones(self, block: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tile_clones` of the source's tile."""
+        return self.tile_clones(*self.source.scores(block, start, stop), start)
+
+    def _band_add(
+        self, s: torch.Tensor, excluded: torch.Tensor | None, start: int, offset: int
+    ) -> None:
+        """:meth:`tile_clones` into reused buffers (a fresh tile-sized tensor costs page
+        faults), added to the band pass."""
+        assert self.band is not None  # the caller checked
+        n = s.numel()
+        if self._buffers is None or self._buffers[0].numel() < n:
+            flag = torch.empty(n, dtype=torch.bool, device=s.device)
+            self._buffers = (s.new_empty(n), flag, torch.empty_like(flag))
+        delta, other, tmp = (b[:n].view(s.shape) for b in self._buffers)
+        self.region.outside(s, other, tmp)
+        if excluded is not None:
+            other |= excluded
+        torch.sub(self.pos[start : start + s.shape[0], None], s, out=delta).abs_()
+        self.band.add(delta, other, offset)
+
+    @property
+    def wants_tiles(self) -> bool:
+        """A band pass is pending: :meth:`visit` would save it a pass over a block."""
+        return self.band is not None
+
+    @torch.no_grad()
+    def visit(self, block: int, start: int, s: torch.Tensor, excluded: torch.Tensor | None) -> None:
+        """Tile ``s`` (rows from ``start``, read only) of ``block``, as ``source.scores``
+        gives it; the caller visits every tile of the block once, then :meth:`finish`."""
+        if self.band is None or self.band.failed:
+            return  # no band pass, or one that gave up: finish makes the two passes
+        self.visited.add(block)
+        width, base = self.source.widths[block], self.size * sum(self.source.widths[:block])
+        self._band_add(s, excluded, start, base + start * width)
+
+    @torch.no_grad()
+    def finish(
+        self,
+        log_sigma_rows: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> AdaCLAnchor:
+        """The anchor (arguments as :func:`select_anchor`)."""
+        if self.decided is not None:
+            return self.decided
+        band = self.band
+        if band is not None:
+            # One pass when the band holds the median (median.py); else the two passes below.
+            for block, start, stop, offset in self.tiles:
+                if band.failed:
+                    break  # no band, or it overflowed: stop reading tiles
+                if block not in self.visited:
+                    self._band_add(*self.source.scores(block, start, stop), start, offset)
+            if not band.failed:
+                if band.count == 0:
+                    return self._empty()
+                pick, delta = band.result()
+                if pick is not None:
+                    assert delta is not None  # found with the pick
+                    return self._found(pick, band.count, delta, log_sigma_rows)
+        return self._passes(log_sigma_rows, generator)
+
+    def _empty(self) -> AdaCLAnchor:
+        return AdaCLAnchor(
+            None, None, None, 0, self.i_plus, self.i_minus, self.fit, "empty_clone_set"
+        )
+
+    def _found(
+        self, pick: int, count: int, delta: float, log_sigma_rows: torch.Tensor | None
+    ) -> AdaCLAnchor:
+        source = self.source
+        u = _row_of(pick, self.size, source.widths)
+        if log_sigma_rows is None:
+            log_sigma = log_sum_exp(self.scale * row_negatives(source, u))
+        else:
+            log_sigma = float(log_sigma_rows[u])
+        return AdaCLAnchor(
+            float(self.pos[u]),
+            log_sigma,
+            u,
+            count,
+            self.i_plus,
+            self.i_minus,
+            self.fit,
+            None,
+            delta,
+        )
+
+    def _passes(
+        self, log_sigma_rows: torch.Tensor | None, generator: torch.Generator | None
+    ) -> AdaCLAnchor:
+        """Pass over the tiles, Eq. (10)-(11): ``|S*|`` and, per rule, the extremes or the
+        median's candidates (more passes: the streamed median's bin, the random rank)."""
+        selection, clones, tiles = self.selection, self.clones, self.tiles
+        # Non-clones are pushed past every delta by adding the dtype's largest value (deltas
+        # are non-negative), so the smallest values, in flat order, are the clones'.
+        big = torch.finfo(self.pos.dtype).max
+        streamed_median = self.streamed_median
         if streamed_median:
-            hist += _delta_bins(delta[~other], 0.0, width).bincount(minlength=_DELTA_BINS)
-        elif selection == "median":
-            marked.append(delta.add_(_as_float(other, delta.dtype), alpha=big).flatten())
-        elif selection in ("min", "max") and counts[-1]:
-            low = selection == "min"
-            flat = delta.add_(_as_float(other, delta.dtype), alpha=big if low else -big)
-            index = int(flat.argmin() if low else flat.argmax())
-            value = float(flat.flatten()[index])
-            if best is None or (value < best[0] if low else value > best[0]):
-                best = (value, offset + index)  # strict: an earlier tile keeps ties
-    count = sum(counts)
-    if count == 0:
-        return AdaCLAnchor(None, None, None, 0, i_plus, i_minus, fit, "empty_clone_set")
-    if selection == "median":
-        k = (count + 1) // 2  # the lower median: an observed clone
-        if streamed_median:
-            members, k = _median_members(clones, tiles, hist, k, width, size)
-            values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
-            pick = int(flats[_kth_smallest_index(values, k)])
-        else:  # the blocks in flat order
-            pick = _kth_smallest_index(marked[0] if len(marked) == 1 else torch.cat(marked), k)
-    elif selection in ("min", "max"):
-        assert best is not None  # count > 0: a tile with clones set it
-        pick = best[1]
-    else:
+            width = max(2.0 * self.source.score_bound() / _DELTA_BINS, 1e-30)
+            hist = torch.zeros(_DELTA_BINS, dtype=torch.long, device=self.pos.device)
+        counts: list[int] = []
+        marked: list[torch.Tensor] = []  # in-memory median: every delta, non-clones pushed
+        best: tuple[float, int] | None = None  # (delta, flat index) for "min" / "max"
+        for block, start, stop, offset in tiles:
+            delta, other = clones(block, start, stop)
+            counts.append(other.numel() - int(other.count_nonzero()))
+            if streamed_median:
+                hist += _delta_bins(delta[~other], 0.0, width).bincount(minlength=_DELTA_BINS)
+            elif selection == "median":
+                marked.append(delta.add_(_as_float(other, delta.dtype), alpha=big).flatten())
+            elif selection in ("min", "max") and counts[-1]:
+                low = selection == "min"
+                flat = delta.add_(_as_float(other, delta.dtype), alpha=big if low else -big)
+                index = int(flat.argmin() if low else flat.argmax())
+                value = float(flat.flatten()[index])
+                if best is None or (value < best[0] if low else value > best[0]):
+                    best = (value, offset + index)  # strict: an earlier tile keeps ties
+        count = sum(counts)
+        if count == 0:
+            return self._empty()
+        if selection == "median":
+            k = (count + 1) // 2  # the lower median: an observed clone
+            if streamed_median:
+                members, k = _median_members(clones, tiles, hist, k, width, self.size)
+                values, flats = (torch.cat(parts) for parts in zip(*members, strict=True))
+                index = _kth_smallest_index(values, k)
+                return self._found(int(flats[index]), count, float(values[index]), log_sigma_rows)
+            every = marked[0] if len(marked) == 1 else torch.cat(marked)  # blocks in flat order
+            pick = _kth_smallest_index(every, k)
+            return self._found(pick, count, float(every[pick]), log_sigma_rows)
+        if selection in ("min", "max"):
+            assert best is not None  # count > 0: a tile with clones set it
+            return self._found(best[1], count, best[0], log_sigma_rows)
         if generator is None:
             r = int(torch.randint(count, ()))
         else:
             r = int(torch.randint(count, (), generator=generator, device=generator.device))
         for (block, start, stop, offset), n in zip(tiles, counts, strict=True):
             if r < n:
-                _, other = clones(block, start, stop)
-                pick = offset + int((~other).flatten().nonzero()[r, 0])
-                break
+                delta, other = clones(block, start, stop)
+                index = int((~other).flatten().nonzero()[r, 0])
+                return self._found(
+                    offset + index, count, float(delta.flatten()[index]), log_sigma_rows
+                )
             r -= n
-    u = _row_of(pick, size, source.widths)
-    if log_sigma_rows is None:
-        log_sigma = log_sum_exp(scale * row_negatives(source, u))
-    else:
-        log_sigma = float(log_sigma_rows[u])
-    return AdaCLAnchor(float(pos[u]), log_sigma, u, count, i_plus, i_minus, fit, None)
+        raise AssertionError("the random rank is below |S*|")  # pragma: no cover
 
 
 def _median_members(

@@ -126,11 +126,18 @@ class CloneRegion(NamedTuple):
     hi: float
     inside: bool
 
-    def outside(self, s: torch.Tensor) -> torch.Tensor:
-        """Bool mask of the scores outside the clone region (two comparisons per score)."""
+    def outside(
+        self, s: torch.Tensor, out: torch.Tensor | None = None, tmp: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Bool mask of the scores outside the clone region (two comparisons per score);
+        ``out`` and ``tmp``: bool buffers of ``s``'s shape to write it with."""
+        if out is None or tmp is None:
+            if self.inside:
+                return (s <= self.lo) | (s >= self.hi)
+            return (s >= self.lo) & (s <= self.hi)
         if self.inside:
-            return (s <= self.lo) | (s >= self.hi)
-        return (s >= self.lo) & (s <= self.hi)
+            return torch.le(s, self.lo, out=out).logical_or_(torch.ge(s, self.hi, out=tmp))
+        return torch.ge(s, self.lo, out=out).logical_and_(torch.le(s, self.hi, out=tmp))
 
 
 def clone_region(fit: GDAFit) -> CloneRegion:

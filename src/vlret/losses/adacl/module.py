@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,7 @@ from ...similarity import Ids
 from .._base import LossCapabilities, PairLoss
 from .._tiling import QueueBlock, QueueExclusions
 from ..registry import register_loss
-from .anchor import log_sum_exp, row_negatives, select_anchor
+from .anchor import AnchorSearch, log_sum_exp, row_negatives
 from .config import GUARDS, AdaCLParams
 from .margins import m1_from_anchor, m2_from_log_sigma
 from .objective import DenseAdaCLBatch, TiledAdaCLBatch
@@ -161,10 +161,27 @@ class AdaCLLoss(PairLoss):
         extra = extra_neg_txt.detach() if isinstance(extra_neg_txt, torch.Tensor) else extra_neg_txt
         return self._update(DenseAdaCLBatch(sim.detach(), pos_mask, extra, extra_neg_txt_mask))
 
+    def _search(self, batch: Batch) -> AnchorSearch:
+        """The anchor search on a batch, up to its pass over the tiles."""
+        c = self.config
+        return AnchorSearch(
+            batch,
+            selection=c.anchor_selection,
+            top_k=c.top_k,
+            min_variance=c.min_variance,
+            scale=1.0 / c.negative_temperature,
+        )
+
     @torch.no_grad()
-    def _update(self, batch: Batch, log_sigma_rows: torch.Tensor | None = None) -> str | None:
+    def _update(
+        self,
+        batch: Batch,
+        log_sigma_rows: torch.Tensor | None = None,
+        search: AnchorSearch | None = None,
+    ) -> str | None:
         """Algorithm 1 steps 2-5 on a batch; ``log_sigma_rows``: every row's ``log Sigma``
-        when known (the loss's denominators)."""
+        when known (the loss's denominators); ``search``: the batch's anchor search when the
+        caller started it (this call then estimates: it is past the warm-up)."""
         c = self.config
         self.steps += 1
         if self.steps <= c.warmup_steps:
@@ -173,15 +190,9 @@ class AdaCLLoss(PairLoss):
             self.clone_count = 0
             self.last_guard = -1
             return None
-        found = select_anchor(
-            batch,
-            selection=c.anchor_selection,
-            top_k=c.top_k,
-            min_variance=c.min_variance,
-            generator=self.generator,
-            scale=1.0 / c.negative_temperature,
-            log_sigma_rows=log_sigma_rows,
-        )
+        if search is None:
+            search = self._search(batch)
+        found = search.finish(log_sigma_rows, self.generator)
         self.clone_count = found.clone_count
         self.anchor = self.log_sigma_anchor = math.nan
         guard = found.guard
@@ -323,9 +334,23 @@ class AdaCLLoss(PairLoss):
             return batch.loss(m1, self.m2.clone(), self.reduction, None, m1)
         # The negatives' log-sum-exp does not depend on the margins: computed once, it gives
         # the loss its denominators and the anchor update its Sigma_anchor.
-        lse = batch.negatives_lse(1.0 / c.negative_temperature)
+        scale = 1.0 / c.negative_temperature
+        search = None
+        if (
+            self.training
+            and not isinstance(batch, DenseAdaCLBatch)
+            and self.steps >= c.warmup_steps
+        ):
+            # This call's update estimates: its pass over the in-batch tiles (the streamed
+            # median's band) rides on the loss's forward, one product per tile (fused.py).
+            search = self._search(batch)
+        if search is not None and search.wants_tiles:
+            # not isinstance: tests stand a recorder in for the TiledAdaCLBatch name
+            lse = cast("TiledAdaCLBatch", batch).negatives_lse(scale, search.visit)
+        else:
+            lse = batch.negatives_lse(scale)
         if self.training:
-            self._update(batch, lse[0].detach())
+            self._update(batch, lse[0].detach(), search)
         # Clones: a later in-place update must not touch tensors saved for this backward.
         return batch.loss(self.m1.clone(), self.m2.clone(), self.reduction, lse, 1.0)
 

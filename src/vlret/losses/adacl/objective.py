@@ -14,6 +14,7 @@ margins), Eq. (3) given the margins, and the score tiles the anchor selection re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,10 @@ from .._tiling import (
     prepare_embeddings,
 )
 from .config import check_margin, check_scale_negatives, check_temperature
+from .fused import visited_square_lse
+
+#: ``visit(block, start, scores, excluded)``: a tile shown to the anchor search.
+TileVisit = Callable[[int, int, torch.Tensor, torch.Tensor | None], None]
 
 Scale = float | torch.Tensor
 
@@ -169,6 +174,18 @@ class DenseAdaCLBatch:
     def score_bound(self) -> float:
         """The largest ``|s|`` over the blocks."""
         return max(float(b.scores.detach().abs().max()) for b in self.blocks)
+
+    def negative_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 ``(B,)`` sum and number of each image row's negatives, every block."""
+        total = torch.zeros(self.tile, dtype=torch.float64, device=self.sim.scores.device)
+        count = torch.zeros_like(total)
+        for scores, block in zip(self._detached, self.blocks, strict=True):
+            if block.excluded is not None:
+                scores = scores.masked_fill(block.excluded, 0.0)
+                count -= block.excluded.sum(1)
+            total += scores.sum(1, dtype=torch.float64)
+            count += scores.shape[1]
+        return total, count
 
     def negatives_lse(self, scale: Scale = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """``log Sigma`` of Eq. (3)-(4): the log-sum-exp of every row's (image->text) and
@@ -325,12 +342,68 @@ class TiledAdaCLBatch:
             cand = torch.maximum(cand, self.queue_txt.keys.norm(dim=1).max())
         return float(self.x.detach().norm(dim=1).max() * cand)
 
-    def negatives_lse(self, scale: Scale = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`DenseAdaCLBatch.negatives_lse`, from the engine's tiles."""
+    def negative_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 ``(B,)`` sum and number of each image row's negatives, every block, without
+        a tile: by linearity, ``sum_j x_i . y_j = x_i . sum_j y_j``, less the sums of the
+        excluded entries, grouped by id (float64 products of the stored embeddings)."""
+        x, y = self.x.detach().double(), self.y.detach().double()
+        size = x.shape[0]
+        total = x @ y.sum(0)
+        count = torch.full((size,), float(size), dtype=torch.float64, device=x.device)
+        codes, diag = self.square.row_codes, (x * y).sum(1)
+        if codes is None:  # the diagonal only
+            total -= diag
+            count -= 1
+        else:
+            assert self.square.col_codes is not None  # the codes come together
+            group, n = _group_sums(self.square.col_codes, y, codes)
+            total -= (x * group).sum(1)
+            count -= n
+            off = self.square.col_codes != codes  # a diagonal outside its row's id group
+            total -= torch.where(off, diag, 0.0)
+            count -= off.double()
+        q = self.queue_txt
+        if q is not None:
+            keys, ids = q.keys[q.valid].double(), None if q.ids is None else q.ids[q.valid]
+            total += x @ keys.sum(0)
+            count += keys.shape[0]
+            if ids is not None and q.anchor_ids is not None:
+                group, n = _group_sums(ids, keys, q.anchor_ids)
+                total -= (x * group).sum(1)
+                count -= n
+        return total, count
+
+    def negatives_lse(
+        self, scale: Scale = 1.0, visit: TileVisit | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`DenseAdaCLBatch.negatives_lse`, from the engine's tiles.
+
+        Args:
+            scale: The negative logits' scale.
+            visit: Shown every tile of the in-batch block on the way, as
+                ``visit(0, start, scores, excluded)`` with the values of :meth:`scores` (read
+                only; :meth:`AnchorSearch.visit <vlret.losses.adacl.anchor.AnchorSearch.visit>`);
+                needs a float ``scale``.
+        """
+        if visit is not None:
+            assert not isinstance(scale, torch.Tensor)  # the anchor's scale is a float
+
+            def shown(start: int, s: torch.Tensor) -> None:
+                visit(0, start, s, self.square.mask(start, start + s.shape[0]))
+
+            rows, cols = visited_square_lse(self.x, self.y, scale, self.square, self.tile, shown)
+            return self._queue_lse(rows, cols, scale)
         if isinstance(scale, torch.Tensor):
             scale = scale.to(device=self.x.device, dtype=self.x.dtype)
         x = self.x if _is_one(scale) else self.x * scale
         rows, cols = negatives_lse(x, self.y, self.square, self.tile, columns=True)
+        return self._queue_lse(rows, cols, scale)
+
+    def _queue_lse(
+        self, rows: torch.Tensor, cols: torch.Tensor, scale: Scale
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in-batch log-sum-exps with the queue blocks' added."""
+        x = self.x if _is_one(scale) else self.x * scale
         if self.queue_txt is not None:
             q = negatives_lse(
                 x, self.queue_txt.keys, QueueExclusions(self.queue_txt), self.tile, columns=False
@@ -355,6 +428,18 @@ class TiledAdaCLBatch:
         """As :meth:`DenseAdaCLBatch.loss`."""
         lse = self.negatives_lse(scale) if lse is None else lse
         return _eq3((self.x * self.y).sum(1), lse, m1, m2, reduction)
+
+
+def _group_sums(
+    ids: torch.Tensor, values: torch.Tensor, query: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each query id: the sum of the ``values`` rows whose id equals it, and their number
+    (float64)."""
+    codes = torch.unique(torch.cat([ids, query]), return_inverse=True)[1]
+    own, asked = codes[: len(ids)], codes[len(ids) :]
+    sums = values.new_zeros(int(codes.max()) + 1, values.shape[1]).index_add_(0, own, values)
+    counts = torch.bincount(own, minlength=sums.shape[0]).double()
+    return sums[asked], counts[asked]
 
 
 def _on(block: QueueBlock, like: torch.Tensor) -> QueueBlock:
