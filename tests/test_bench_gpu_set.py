@@ -135,6 +135,7 @@ TINY = {
     ],
     "bench_cross_attention": [
         *("--images", "3", "--captions", "4", "--repeats", "1", "--sgraf-captions", "2"),
+        *("--sgraf-bound-captions", "3"),
         *("--threads", "1", "--parts", "scan,sgraf"),
     ],
 }
@@ -147,7 +148,9 @@ KEYS = {
     },
     "bench_metrics": {"retrieval_metrics"},
     "bench_person_search": {"t2i", "i2t", "matmul_s"},
-    "bench_cross_attention": {"SCAN t2i LSE", "SCAN i2t AVG", "SGR"},
+    "bench_cross_attention": {"SCAN t2i LSE", "SCAN i2t AVG", "SGR"}
+    | {f"{m}_bound" for m in ("sgr", "saf")}
+    | {f"{m}_{p}_error" for m in ("sgr", "saf") for p in ("float32", "bfloat16")},
 }
 
 
