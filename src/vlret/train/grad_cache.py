@@ -49,6 +49,7 @@ In a config: ``[train] grad_cache_chunk = 128``. A model that scores image-capti
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -115,17 +116,86 @@ def _outputs(out: Any) -> tuple[torch.Tensor, ...]:
 
 
 class _RNGState:
-    """The torch RNG state of the CPU and of some CUDA devices."""
+    """The torch RNG state of the CPU and of some CUDA devices.
 
-    def __init__(self, devices: list[torch.device]) -> None:
+    ``into``: a preallocated ``uint8`` row the CPU state is copied into, so that the states of
+    all chunks sit in one block instead of one small allocation per chunk among the chunks'
+    temporaries (each such survivor pins its heap pages: the creep of ``forward``).
+    """
+
+    def __init__(self, devices: list[torch.device], into: torch.Tensor | None = None) -> None:
         self.devices = devices
-        self.cpu = torch.get_rng_state()
+        state = torch.get_rng_state()
+        self.cpu = state if into is None else into.copy_(state)
         self.cuda = [torch.cuda.get_rng_state(d) for d in devices]
 
     def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
+        # a copy: torch 2.13's set_rng_state reads a row of a larger tensor from the start of
+        # its storage (a segmentation fault at any offset but 0)
+        torch.set_rng_state(self.cpu.clone())
         for device, state in zip(self.devices, self.cuda, strict=True):
             torch.cuda.set_rng_state(state, device)
+
+
+class _Rows:
+    """One output of the model, the chunks' rows written into one preallocated tensor.
+
+    Keeping each chunk's output until a final ``torch.cat`` leaves one small survivor per
+    chunk among that chunk's freed temporaries (the allocator cannot return those pages: peak
+    memory creeps up chunk after chunk) and needs the whole output twice at the end. Here the
+    first chunk's output fixes the layout: room for ``chunks`` of its rows, allocated at once;
+    each chunk is copied in and its own output freed. A chunk that does not fit (a ``split``
+    whose later chunks are larger than the first) or has another dtype or device falls back to
+    concatenation, which is what the values were before.
+    """
+
+    def __init__(self, first: torch.Tensor, chunks: int) -> None:
+        shape = (first.shape[0] * chunks, *first.shape[1:])
+        self.data = first.new_empty(shape)
+        self.rows = 0
+        self.add(first)
+
+    def add(self, out: torch.Tensor) -> None:
+        stop = self.rows + out.shape[0]
+        d = self.data
+        if out.shape[1:] != d.shape[1:]:
+            raise ValueError(
+                f"the model's outputs have different shapes per chunk: {tuple(d.shape[1:])} "
+                f"and {tuple(out.shape[1:])} after the batch dimension"
+            )
+        if stop > d.shape[0] or out.dtype != d.dtype or out.device != d.device:
+            self.data = torch.cat([d[: self.rows], out])
+        else:
+            d[self.rows : stop].copy_(out)
+        self.rows = stop
+
+    def leaf(self) -> torch.Tensor:
+        """The rows written, as a leaf that requires grad (a view when fewer rows than room
+        were written: at most one chunk's rows are spare)."""
+        return self.data[: self.rows].detach().requires_grad_()
+
+
+def _compact(grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The cached gradients, each copied out of a larger tensor it is a view of.
+
+    Under ``torchrun`` the gradient of a gathered batch comes back as this rank's slice of the
+    ``(world x B, D)`` gradient (the backward of ``torch.cat`` and of the summing gather): kept
+    as it is, the whole gathered gradient would stay alive through the re-encoding. Gradients
+    that share one storage and fill it (one loss concatenating both outputs) are kept as views.
+    """
+    used: dict[int, int] = {}
+    for g in grads:
+        if g is not None:
+            ptr = g.untyped_storage().data_ptr()
+            used[ptr] = used.get(ptr, 0) + g.numel() * g.element_size()
+    out: list[torch.Tensor | None] = []
+    for g in grads:
+        if g is not None:
+            storage = g.untyped_storage()
+            if storage.nbytes() > used[storage.data_ptr()]:
+                g = g.clone(memory_format=torch.contiguous_format)
+        out.append(g)
+    return out
 
 
 class GradCache:
@@ -158,7 +228,7 @@ class GradCache:
         self.chunk_size = chunk_size
         self.split = split
         self.autocast = autocast or contextlib.nullcontext
-        self._pending: list[tuple[Any, _RNGState]] | None = None
+        self._pending: deque[tuple[Any, _RNGState]] | None = None
         self._leaves: tuple[torch.Tensor, ...] = ()
         self._buffers: dict[str, torch.Tensor] = {}
 
@@ -176,24 +246,33 @@ class GradCache:
         """
         devices = self._devices()
         self._buffers = {k: b.detach().clone() for k, b in self.model.named_buffers()}
-        pending, parts, single = [], [], False
+        chunks = list(self.split(batch, self.chunk_size))
+        if not len(chunks):
+            raise ValueError("the batch is empty")
+        # Everything that outlives a chunk is allocated before the loop (module docstring of
+        # _Rows): the RNG states here, the outputs after the first chunk.
+        states = torch.empty(len(chunks), torch.get_rng_state().numel(), dtype=torch.uint8)
+        pending: deque[tuple[Any, _RNGState]] = deque()
+        rows: list[_Rows] = []
+        single = False
         with torch.no_grad():
-            for chunk in self.split(batch, self.chunk_size):
-                state = _RNGState(devices)
+            for k, chunk in enumerate(chunks):
+                state = _RNGState(devices, states[k])
                 with self.autocast():
                     out = self.model(chunk)
                 single = isinstance(out, torch.Tensor)
-                parts.append(_outputs(out))
+                outs = _outputs(out)
+                if not rows:
+                    rows = [_Rows(o, len(chunks)) for o in outs]
+                elif len(outs) != len(rows):
+                    raise ValueError("the model returned a different number of outputs per chunk")
+                else:
+                    for r, o in zip(rows, outs, strict=True):
+                        r.add(o)
+                del out, outs  # copied: freed before the next chunk's temporaries
                 pending.append((chunk, state))
-        if not pending:
-            raise ValueError("the batch is empty")
-        widths = {len(p) for p in parts}
-        if len(widths) > 1:
-            raise ValueError("the model returned a different number of outputs per chunk")
         self._pending = pending
-        self._leaves = tuple(
-            torch.cat([p[k] for p in parts]).detach().requires_grad_() for k in range(len(parts[0]))
-        )
+        self._leaves = tuple(r.leaf() for r in rows)
         return self._leaves[0] if single else self._leaves
 
     def backward(self) -> None:
@@ -205,13 +284,18 @@ class GradCache:
         """
         if self._pending is None:
             raise RuntimeError("GradCache.backward() needs a GradCache.forward() first")
-        grads = [leaf.grad for leaf in self._leaves]
+        grads = _compact([leaf.grad for leaf in self._leaves])
         if all(g is None for g in grads):
             raise RuntimeError(
                 "no output of GradCache.forward() has a gradient: call loss.backward() on a "
                 "loss of those outputs before GradCache.backward()"
             )
-        pending, self._pending = self._pending, None
+        for leaf, g in zip(self._leaves, grads, strict=True):
+            if g is not None and g is not leaf.grad:
+                leaf.grad = g  # the compact copy: the gathered gradient is no longer held
+        # From here only the gradients are needed (the cache); the embeddings are not held
+        # (a caller may still hold them: the trainer logs their statistics after the step).
+        pending, self._pending, self._leaves = self._pending, None, ()
         # Where the stream stands now (after the first pass and whatever drew since, e.g. a
         # momentum encoder): it continues from here once the chunks are replayed.
         after = _RNGState(self._devices())
@@ -219,8 +303,9 @@ class GradCache:
             for name, buf in self.model.named_buffers():
                 buf.copy_(self._buffers[name])
         start = 0
-        for k, (chunk, state) in enumerate(pending):
-            last = k == len(pending) - 1
+        while pending:
+            chunk, state = pending.popleft()  # each chunk let go once replayed
+            last = not pending
             state.restore()
             with self._sync(last):  # DDP: the forward too must run inside no_sync()
                 with self.autocast():
@@ -233,9 +318,10 @@ class GradCache:
                     if g is not None and o.requires_grad
                 ]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                del outs, pairs  # this chunk's outputs: gone before the next chunk's graph
             start = stop
         after.restore()
-        self._leaves, self._buffers = (), {}
+        self._buffers = {}
 
     def _sync(self, last: bool) -> contextlib.AbstractContextManager:
         no_sync = getattr(self.model, "no_sync", None)
