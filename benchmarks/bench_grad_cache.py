@@ -74,10 +74,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_losses  # noqa: E402  (the memory probes are bench_losses')
 import bench_train  # noqa: E402  (the batches are collated as bench_train does)
 import machine  # noqa: E402
+import vlret  # noqa: E402
 from vlret.data.writers import make_tiny_precomp, tiny_captions  # noqa: E402
 from vlret.train import Trainer, config_from_dict  # noqa: E402
 
-MODELS = ("gru", "bert")
+MODELS = ("gru", "bert", "bert-base")
 FEATURES = (36, 64)  # regions x dim of the synthetic f30k-like world
 EMBED = 128
 TEMPERATURE = 0.05
@@ -86,15 +87,22 @@ TARGET_MEM, TARGET_TIME = 1.3, 1.5
 MB, GB = 1024**2, 1024**3
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 BERT_VOCAB = 1000
+#: ``write_bert`` sizes: (hidden, layers, heads, intermediate, vocabulary, positions).
+BERT_SIZES = {
+    "bert": (128, 2, 2, 256, BERT_VOCAB, 64),
+    "bert-base": (768, 12, 12, 3072, 30522, 512),  # bert-base-uncased's shape
+}
 
 
 # ----------------------------------------------------------------------------- set-up
 
 
-def write_bert(path: Path, vocab_size: int = BERT_VOCAB) -> Path:
-    """A tiny random BERT and its word-level tokenizer, saved as a local checkpoint folder."""
+def write_bert(path: Path, size: str = "bert") -> Path:
+    """A random BERT of ``BERT_SIZES[size]`` and its word-level tokenizer (the captions' words,
+    padded to the vocabulary size with filler tokens), saved as a local checkpoint folder."""
     import transformers
 
+    hidden, layers, heads, inner, vocab_size, positions = BERT_SIZES[size]
     words = sorted({w for c in tiny_captions(500, np.random.default_rng(0)) for w in c.split()})
     words = [w.lower() for w in words]
     fill = [f"tok{i}" for i in range(max(0, vocab_size - len(BERT_SPECIALS) - len(words)))]
@@ -104,23 +112,23 @@ def write_bert(path: Path, vocab_size: int = BERT_VOCAB) -> Path:
     transformers.BertTokenizer(str(path / "vocab.txt")).save_pretrained(str(path))
     config = transformers.BertConfig(
         vocab_size=len(vocab),
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=256,
-        max_position_embeddings=64,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inner,
+        max_position_embeddings=positions,
     )
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(str(path))
     return path
 
 
-def model_section(model: str, bert_dir: str | None) -> dict:
+def model_section(model: str, bert_dirs: dict[str, str]) -> dict:
     image = {"kind": "precomp", "in_dim": FEATURES[1], "pooling": "max"}
     if model == "gru":
         text = {"kind": "gru", "word_dim": 64, "bidirectional": True, "pooling": "last"}
     else:
-        text = {"kind": "bert", "path": bert_dir, "pooling": "cls"}
+        text = {"kind": "bert", "path": bert_dirs[model], "pooling": "cls"}
     return {"embed_dim": EMBED, "image": image, "text": text}
 
 
@@ -224,6 +232,8 @@ def worker_memory(spec: dict) -> dict:
         return {
             **step,
             "params": n_params(trainer),
+            "tokens": tuple(batch.captions.shape)[-1] if torch.is_tensor(batch.captions) else None,
+            "library": os.path.dirname(os.path.dirname(os.path.abspath(vlret.__file__))),
             "device": str(device),
             "phases": phases,
         }
@@ -256,11 +266,18 @@ def worker_time(spec: dict) -> dict:
 WORKERS = {"memory": worker_memory, "time": worker_time}
 
 
-def run_worker(spec: dict, timeout: float) -> dict:
-    """``spec`` in a fresh process of this script (``bench_losses.run_worker`` runs its own)."""
+def run_worker(spec: dict, timeout: float, src: str | None = None, env: dict | None = None) -> dict:
+    """``spec`` in a fresh process of this script (``bench_losses.run_worker`` runs its own);
+    ``src``: the ``vlret`` it imports comes from that folder (``--baseline-src``); ``env``:
+    more environment variables (``--worker-env``)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec)]
+    environ = {**os.environ, **(env or {})}
+    if src:
+        environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.path.abspath(src), environ.get("PYTHONPATH")) if p
+        )
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
@@ -282,6 +299,10 @@ def cell(res: dict | None, note: str = "") -> str:
     if "error" in res:
         return f"{res['error'][:60]:>22}"
     return f"{res['peak'] / MB:10.1f} {res['seconds']:9.2f} s"
+
+
+def mb(res: dict | None) -> str:
+    return f"{res['peak'] / MB:.1f}" if ok(res) else ("-" if res is None else "failed")
 
 
 def verdict(passed: bool) -> str:
@@ -333,9 +354,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loss-chunk", type=int, default=128, help="InfoNCELoss chunk_size")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds for (b)")
     parser.add_argument("--skip-65536", action="store_true", help="skip target (c)")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="(a) only: no plain step beyond B=C, no timed pair (b); for the big towers",
+    )
     parser.add_argument("--big-batch", type=int, default=65536, help="B of target (c)")
     parser.add_argument("--big-models", nargs="+", choices=MODELS, default=["gru"])
     machine.add_device_arguments(parser, "auto")
+    parser.add_argument(
+        "--baseline-src",
+        default=None,
+        help="the src folder of another checkout (e.g. a git worktree of the base commit): "
+        "the memory cases run on its library too, side by side",
+    )
+    parser.add_argument(
+        "--worker-env",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment of the workers (e.g. MALLOC_MMAP_THRESHOLD_=131072)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the workers")
     parser.add_argument("--max-mem-gb", type=float, default=None, help="default: 70%% of memory")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
@@ -349,6 +388,10 @@ def main(argv: list[str] | None = None) -> None:
 
     device = machine.resolve_device(args.device)
     args.device = str(device)  # what the workers get
+    bad = [v for v in args.worker_env if "=" not in v or not v.split("=", 1)[0]]
+    if bad:
+        parser.error(f"--worker-env takes NAME=VALUE, got {bad[0]!r}")
+    worker_env = dict(v.split("=", 1) for v in args.worker_env)
     guard = (
         args.max_mem_gb * GB if args.max_mem_gb else 0.7 * bench_losses.total_memory_bytes(device)
     )
@@ -365,18 +408,26 @@ def main(argv: list[str] | None = None) -> None:
         "step: Trainer.train_step (forward, loss, backward, clip, Adam) on pre-collated batches; "
         f"MB: {probe} of one step beyond the state after set-up and a warm-up step, fresh process"
     )
+    lib = os.path.dirname(os.path.dirname(os.path.abspath(vlret.__file__)))
+    print(
+        f"library: {lib}"
+        + (f"; baseline library (--baseline-src): {args.baseline_src}" if args.baseline_src else "")
+        + (f"; worker environment: {' '.join(args.worker_env)}" if args.worker_env else "")
+    )
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = make_data(tmp / "data", batches[-1])
         big_data = None
-        bert = str(write_bert(tmp / "bert")) if "bert" in args.models + args.big_models else None
+        berts = {
+            m: str(write_bert(tmp / m, m)) for m in BERT_SIZES if m in args.models + args.big_models
+        }
         base = {
             "device": args.device,
             "threads": args.threads,
             "chunk": args.chunk,
             "loss_chunk": args.loss_chunk,
-            "bert": bert,
+            "bert": berts,
         }
         summary = []
         loss_alone = loss_probe(a_batch, args)
@@ -388,33 +439,60 @@ def main(argv: list[str] | None = None) -> None:
         for model in args.models:
             spec = {**base, "model": model, "data": data}
 
-            def memory(form, batch, spec=spec):
+            def memory(form, batch, spec=spec, src=None):
                 return run_worker(
-                    {**spec, "kind": "memory", "form": form, "batch": batch}, args.timeout
+                    {**spec, "kind": "memory", "form": form, "batch": batch},
+                    args.timeout,
+                    src,
+                    worker_env,
                 )
 
-            ref = memory("plain", args.chunk)
+            def before(form, batch):  # the same case on --baseline-src's library
+                return memory(form, batch, src=args.baseline_src) if args.baseline_src else None
+
+            ref, ref_before = memory("plain", args.chunk), before("plain", args.chunk)
             per_item = ref["peak"] / args.chunk if ok(ref) else 0.0
             params = f"{ref['params'] / 1e6:.2f} M parameters" if ok(ref) else "?"
-            text = "bi-GRU word 64" if model == "gru" else f"local BERT (128 x 2 layers) {bert}"
+            if model == "gru":
+                text = "bi-GRU word 64"
+            else:
+                hidden, layers, heads, inner, vocab, _ = BERT_SIZES[model]
+                text = (
+                    f"local random BERT (hidden {hidden}, {layers} layers, {heads} heads, "
+                    f"intermediate {inner}, vocabulary {vocab})"
+                )
+            tokens = f", captions of {ref['tokens']} tokens (padded)" if ok(ref) else ""
             print(
-                f"\n=== {model}: precomp {FEATURES[0]}x{FEATURES[1]} + FC max, {text}, "
+                f"\n=== {model}: precomp {FEATURES[0]}x{FEATURES[1]} + FC max, {text}{tokens}, "
                 f"embed {EMBED}, {params}"
             )
-            print(f"  {'B':>6}   {'plain MB':>10} {'plain s':>11}   {'gc MB':>10} {'gc s':>11}")
+            head = f"  {'B':>6}   {'plain MB':>10} {'plain s':>11}   {'gc MB':>10} {'gc s':>11}"
+            if args.baseline_src:
+                head += f"   {'baseline: plain MB':>18} {'gc MB':>10}"
+            print(head)
             rows: dict[int, tuple[dict | None, dict | None]] = {}
+            gc_before: dict[int, dict | None] = {}
             for batch in sorted({args.chunk, *batches}):
                 need = 1.5 * per_item * batch
                 if batch == args.chunk:
                     plain, note = ref, ""
+                elif args.memory_only:
+                    plain, note = None, "not run (--memory-only)"
                 elif need > guard:
                     plain, note = None, f"skipped (~{need / GB:.1f} GB)"
                 else:
                     plain, note = memory("plain", batch), ""
                 cached = memory("gc", batch) if batch in batches else None
                 rows[batch] = (plain, cached)
-                machine.record(f"{model} B={batch}", {"plain": plain or note, "gc": cached})
-                print(f"  {batch:>6}   {cell(plain, note)}   {cell(cached, 'not run')}")
+                record = {"plain": plain or note, "gc": cached}
+                row = f"  {batch:>6}   {cell(plain, note)}   {cell(cached, 'not run')}"
+                if args.baseline_src:
+                    gc_before[batch] = before("gc", batch) if batch in batches else None
+                    first = ref_before if batch == args.chunk else None
+                    record["baseline"] = {"plain": first, "gc": gc_before[batch]}
+                    row += f"   {mb(first):>18} {mb(gc_before[batch]):>10}"
+                machine.record(f"{model} B={batch}", record)
+                print(row)
             print(
                 f"  plain B={args.big_batch} would need ~{per_item * args.big_batch / GB:.1f} GB "
                 "(plain B=C peak scaled linearly; not run)"
@@ -433,6 +511,18 @@ def main(argv: list[str] | None = None) -> None:
                 line = "(a) n/a: a step did not run   MISS"
             print(line)
             summary.append(f"{model} {line}")
+            if args.baseline_src:
+                old = gc_before.get(a_batch)
+                if ok(old) and ok(ref_before):
+                    r = old["peak"] / ref_before["peak"]
+                    line = (
+                        f"(a) baseline ({args.baseline_src}), same cases: "
+                        f"{old['peak'] / MB:.1f} / {ref_before['peak'] / MB:.1f} MB = {r:.2f}x"
+                    )
+                else:
+                    line = "(a) baseline: a step did not run"
+                print(line)
+                summary.append(f"{model} {line}")
             if ok(cached_a):
                 leaves = 4 * a_batch * EMBED * 4  # img, txt leaves and their gradients, float32
                 print(
@@ -443,12 +533,16 @@ def main(argv: list[str] | None = None) -> None:
 
             # (b) time at the largest B where plain ran
             fits = [b for b in batches if ok(rows[b][0])]
-            if not fits:
+            if args.memory_only:
+                line = "(b) not run (--memory-only)"
+            elif not fits:
                 line = "(b) n/a: no plain step ran   MISS"
             else:
                 b_batch = fits[-1]
                 res = run_worker(
-                    {**spec, "kind": "time", "batch": b_batch, "rounds": args.rounds}, args.timeout
+                    {**spec, "kind": "time", "batch": b_batch, "rounds": args.rounds},
+                    args.timeout,
+                    env=worker_env,
                 )
                 if not ok(res):
                     line = f"(b) B={b_batch}: {res['error']}   MISS"
@@ -483,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
             big_data = make_data(tmp / "big", args.big_batch)
             for model in args.big_models:
                 spec = {**base, "model": model, "data": big_data, "kind": "memory", "form": "gc"}
-                res = run_worker({**spec, "batch": args.big_batch}, args.timeout)
+                res = run_worker({**spec, "batch": args.big_batch}, args.timeout, env=worker_env)
                 machine.record(f"{model} gc B={args.big_batch}", res)
                 print(
                     f"\n=== {model}: one gc step at B={args.big_batch} (C={args.chunk}, "
