@@ -267,8 +267,8 @@ class GradCache:
                 elif len(outs) != len(rows):
                     raise ValueError("the model returned a different number of outputs per chunk")
                 else:
-                    for r, o in zip(rows, outs, strict=True):
-                        r.add(o)
+                    for k_out in range(len(rows)):  # no loop variable holding an output
+                        rows[k_out].add(outs[k_out])
                 del out, outs  # copied: freed before the next chunk's temporaries
                 pending.append((chunk, state))
         self._pending = pending
