@@ -232,6 +232,9 @@ def worker_memory(spec: dict) -> dict:
         return {
             **step,
             "params": n_params(trainer),
+            "grad_bytes": sum(
+                p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad
+            ),
             "tokens": tuple(batch.captions.shape)[-1] if torch.is_tensor(batch.captions) else None,
             "library": os.path.dirname(os.path.dirname(os.path.abspath(vlret.__file__))),
             "device": str(device),
@@ -529,6 +532,12 @@ def main(argv: list[str] | None = None) -> None:
                     f"    what the gc B={a_batch} peak holds beyond one chunk: the tiled loss on "
                     f"the B={a_batch} embeddings ({loss_note}) and the leaves + their "
                     f"gradients ({leaves / MB:.1f} MB); {phase_note(cached_a)}"
+                )
+                print(
+                    f"    and the parameters' gradients ({cached_a['grad_bytes'] / MB:.1f} MB), "
+                    "summed over the chunks: from the second chunk on they are alive through "
+                    "each chunk's forward, where a plain step allocates them during its backward "
+                    "as its activations are freed"
                 )
 
             # (b) time at the largest B where plain ran
