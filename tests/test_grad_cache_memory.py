@@ -242,3 +242,20 @@ def test_gradients_sharing_one_storage_that_they_fill_are_not_copied():
     assert _ptr(before[0]) == _ptr(before[1])  # the premise: halves of one (2B, D) gradient
     cache.backward()
     assert img.grad is before[0] and txt.grad is before[1]
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_the_heap_is_trimmed_before_each_re_encoded_chunk_on_cpu(monkeypatch, trim):
+    import vlret.train.grad_cache as module
+
+    events = []
+    monkeypatch.setattr(module, "_trim_heap", lambda: events.append("trim"))
+    torch.manual_seed(0)
+    model = Towers().double()
+    model.watch = lambda: events.append("forward")
+    cache = GradCache(model, chunk_size=16, trim_heap=trim)
+    img, txt = cache.forward(_batch())  # 3 chunks, no trimming in the first pass
+    InfoNCELoss(temperature=0.1).double()(img, txt).backward()
+    cache.backward()
+    replay = ["trim", "forward"] if trim else ["forward"]
+    assert events == ["forward"] * 3 + replay * 3

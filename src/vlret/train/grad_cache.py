@@ -33,6 +33,29 @@ Exactness needs the second encoding of a chunk to be the first one again:
 
 Stateful losses (AdaCL's margins, memory queues) see the whole batch once, in step 2.
 
+**Memory.** Beyond one chunk's activations the step holds the ``(B, D)`` outputs and, from
+step 2 on, their gradients (the cache), nothing else of the batch's size: each chunk's outputs
+are copied into one tensor allocated after the first chunk (a per-chunk output kept until a
+final concatenation would survive among that chunk's freed temporaries, and the whole output
+would exist twice), the RNG states sit in one block, a gradient that arrives as this rank's
+slice of a gathered ``(world x B, D)`` gradient is copied out of it, and the loss's own
+temporaries are gone once ``loss.backward()`` returns (the tiled losses keep nothing on their
+autograd context, even while the loss tensor is alive). What a plain step of one chunk does
+not hold is the parameters' gradients during the forward of every chunk after the first: they
+are summed over the chunks, where a plain step allocates them in its backward as its
+activations are freed. With a model whose gradients are large next to one chunk's activations
+(a BERT-base tower on short captions) that sum is most of the difference.
+
+On the CPU the C allocator adds its own share: glibc keeps freed blocks of up to 32 MB in its
+heap (its dynamic mmap threshold), and a chunk's differently laid out blocks do not fit the
+holes the loss or the previous chunk left, so the resident memory creeps up chunk after chunk
+although nothing stays alive. ``trim_heap`` (default on) hands the heap's free pages back
+before each re-encoded chunk (``malloc_trim(0)``, a no-op without glibc; it frees nothing that
+is in use and costs a walk of the heap per chunk). Process-wide settings go further:
+``MALLOC_MMAP_THRESHOLD_=131072`` (or jemalloc / tcmalloc through ``LD_PRELOAD``) keeps
+large blocks out of the heap altogether, at some speed. ``benchmarks/bench_grad_cache.py``
+measures all of this (``--worker-env`` for the allocator's settings).
+
 Use in your own loop::
 
     cache = GradCache(model, chunk_size=128)
@@ -49,6 +72,8 @@ In a config: ``[train] grad_cache_chunk = 128``. A model that scores image-capti
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -175,6 +200,21 @@ class _Rows:
         return self.data[: self.rows].detach().requires_grad_()
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim(0)``)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _compact(grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """The cached gradients, each copied out of a larger tensor it is a view of.
 
@@ -209,6 +249,9 @@ class GradCache:
         split: ``split(batch, size)`` -> chunks (default :func:`split_batch`).
         autocast: A factory of the context each encoding runs in (e.g.
             ``lambda: torch.autocast("cuda")``); default none.
+        trim_heap: Before each re-encoded chunk of a model on the CPU, hand the C heap's
+            free pages back to the system (glibc's ``malloc_trim``; nothing where there is
+            none): see "Memory" in the module docstring. ``False`` leaves the allocator alone.
 
     Raises:
         ValueError: ``chunk_size`` is not a positive int.
@@ -221,6 +264,7 @@ class GradCache:
         chunk_size: int,
         split: Splitter = split_batch,
         autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+        trim_heap: bool = True,
     ) -> None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -228,6 +272,7 @@ class GradCache:
         self.chunk_size = chunk_size
         self.split = split
         self.autocast = autocast or contextlib.nullcontext
+        self.trim_heap = trim_heap
         self._pending: deque[tuple[Any, _RNGState]] | None = None
         self._leaves: tuple[torch.Tensor, ...] = ()
         self._buffers: dict[str, torch.Tensor] = {}
@@ -302,10 +347,13 @@ class GradCache:
         with torch.no_grad():
             for name, buf in self.model.named_buffers():
                 buf.copy_(self._buffers[name])
+        trim = self.trim_heap and any(p.device.type == "cpu" for p in self.model.parameters())
         start = 0
         while pending:
             chunk, state = pending.popleft()  # each chunk let go once replayed
             last = not pending
+            if trim:  # what the loss or the previous chunk freed, given back (module doc)
+                _trim_heap()
             state.restore()
             with self._sync(last):  # DDP: the forward too must run inside no_sync()
                 with self.autocast():
