@@ -1,4 +1,5 @@
-"""Gradient caching at scale (issue 15, deliverable 3): peak memory and step time, side by side.
+"""Gradient caching at scale (issue 15, deliverable 3; issue 31, deliverable 4): peak memory
+and step time, side by side.
 
 What is measured: the Trainer's own ``train_step`` (forward, InfoNCE loss, backward, gradient
 clipping at 2.0, Adam) on batches collated beforehand from generated precomputed features (so
@@ -12,14 +13,20 @@ data loading is not in the step), in two forms built from the same config and se
 Both use the same tiled loss, ``InfoNCELoss(temperature=0.05, chunk_size=L)`` (``--loss-chunk``,
 default 128), so the loss never builds the ``B x B`` matrix; its ``O(L x B)`` strips remain and
 their share is printed with (a).
-Two models, both with the image tower of ``configs/synth_f30k_compare.toml`` (36 x 64 precomputed
-region features -> FC -> max pooling, joint space 128):
+Three models, all with the image tower of ``configs/synth_f30k_compare.toml`` (36 x 64
+precomputed region features -> FC -> max pooling, joint space 128):
 
 * ``gru``   that config's model: bi-GRU text encoder (word 64, last hidden state).
 * ``bert``  a tiny LOCAL Hugging Face BERT text tower: ``BertConfig(hidden 128, 2 layers, 2 heads,
   intermediate 256, vocab ~1000)`` with random weights and a word-level ``BertTokenizer``, written
   with ``save_pretrained`` into a temporary folder and loaded from there through the model config
   ``text = {kind = "bert", path = DIR, pooling = "cls"}`` (the tokenizer is the model folder's).
+* ``bert-base``  the same with BERT-base's shape (hidden 768, 12 layers, 12 heads, intermediate
+  3072, vocabulary 30522 (the captions' words and filler tokens), 512 positions; 109 M
+  parameters with the rest of the model), random weights: where gradient caching matters. The
+  captions are the synthetic world's, 16 tokens padded (printed); a B=4096 gc step takes about
+  10 minutes on one core of the 2-core box, so run it with ``--memory-only`` (no plain step
+  beyond B=C, no timed pair (b)).
 
 Memory: every (model, form, B) runs in a fresh subprocess (as in ``bench_losses.py``). After
 building the trainer, collating the batch and one warm-up step on 32 of its items (which also
@@ -28,7 +35,13 @@ RSS (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the RSS before th
 heap's free pages first handed back (glibc ``malloc_trim``; otherwise a step reusing memory that
 set-up freed looks smaller than it is); on CUDA ``torch.cuda.max_memory_allocated`` minus the
 allocated bytes before the step. For (a), the tiled loss alone at that B (``bench_losses``'
-worker, D=128) and the gc step's time split are printed too. A plain B whose extrapolated need
+worker, D=128), the parameters' gradient bytes (alive through every re-encoded chunk after the
+first) and the gc step's time split are printed too. ``--baseline-src DIR`` runs every memory
+case a second time on the library in ``DIR`` (the ``src`` of a ``git worktree`` of an earlier
+commit), each pair in turn, and prints its figures and ratio beside this checkout's: before
+and after, in one run. ``--worker-env NAME=VALUE`` sets the workers' environment, e.g.
+``MALLOC_MMAP_THRESHOLD_=131072``, which fixes glibc's mmap threshold so that the peak RSS
+follows the memory in use rather than the heap's fragmentation. A plain B whose extrapolated need
 (the plain B=C peak scaled linearly in B, x1.5) exceeds the memory guard (``--max-mem-gb``,
 default 70% of RAM / GPU memory) is not run. Time: in one more subprocess per
 model, at the largest B of ``--batches`` whose plain step ran, a plain and a gc trainer (same init)
@@ -46,10 +59,16 @@ Targets (issue 15, on this 2-core 24 GB CPU box), PASS/MISS printed per target a
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_grad_cache.py [--models gru bert]
+    .venv/bin/python benchmarks/bench_grad_cache.py [--models gru bert bert-base]
         [--batches 1024 2048 4096] [--chunk 128] [--loss-chunk 128] [--rounds 5]
         [--skip-65536] [--big-batch 65536] [--big-models gru] [--device auto|cpu|cuda|cuda:N]
+        [--memory-only] [--baseline-src DIR] [--worker-env NAME=VALUE ...]
         [--json FILE]        [--threads 1] [--max-mem-gb G] [--timeout 1800]
+
+    # before / after side by side, the BERT-base tower:
+    git worktree add /tmp/base 6b209b6
+    .venv/bin/python benchmarks/bench_grad_cache.py --models bert-base --batches 1024 4096 \
+        --memory-only --skip-65536 --baseline-src /tmp/base/src
 """
 
 from __future__ import annotations
@@ -351,7 +370,7 @@ def make_data(root: Path, batch: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["gru", "bert"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--chunk", type=int, default=128, help="train.grad_cache_chunk")
     parser.add_argument("--loss-chunk", type=int, default=128, help="InfoNCELoss chunk_size")

@@ -294,8 +294,8 @@ class GradCache:
         chunks = list(self.split(batch, self.chunk_size))
         if not len(chunks):
             raise ValueError("the batch is empty")
-        # Everything that outlives a chunk is allocated before the loop (module docstring of
-        # _Rows): the RNG states here, the outputs after the first chunk.
+        # What outlives a chunk is allocated before the chunks' temporaries (see _Rows): the
+        # RNG states here, the outputs after the first chunk.
         states = torch.empty(len(chunks), torch.get_rng_state().numel(), dtype=torch.uint8)
         pending: deque[tuple[Any, _RNGState]] = deque()
         rows: list[_Rows] = []
