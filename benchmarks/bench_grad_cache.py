@@ -41,7 +41,9 @@ case a second time on the library in ``DIR`` (the ``src`` of a ``git worktree`` 
 commit), each pair in turn, and prints its figures and ratio beside this checkout's: before
 and after, in one run. ``--worker-env NAME=VALUE`` sets the workers' environment, e.g.
 ``MALLOC_MMAP_THRESHOLD_=131072``, which fixes glibc's mmap threshold so that the peak RSS
-follows the memory in use rather than the heap's fragmentation. A plain B whose extrapolated need
+follows the memory in use rather than the heap's fragmentation. ``--memory-repeats N`` runs
+each memory case in N fresh processes and reports the median peak (the small models' peak RSS
+varies by several MB from one process to the next). A plain B whose extrapolated need
 (the plain B=C peak scaled linearly in B, x1.5) exceeds the memory guard (``--max-mem-gb``,
 default 70% of RAM / GPU memory) is not run. Time: in one more subprocess per
 model, at the largest B of ``--batches`` whose plain step ran, a plain and a gc trainer (same init)
@@ -62,7 +64,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/bench_grad_cache.py [--models gru bert bert-base]
         [--batches 1024 2048 4096] [--chunk 128] [--loss-chunk 128] [--rounds 5]
         [--skip-65536] [--big-batch 65536] [--big-models gru] [--device auto|cpu|cuda|cuda:N]
-        [--memory-only] [--baseline-src DIR] [--worker-env NAME=VALUE ...]
+        [--memory-only] [--memory-repeats 1] [--baseline-src DIR] [--worker-env NAME=VALUE ...]
         [--json FILE]        [--threads 1] [--max-mem-gb G] [--timeout 1800]
 
     # before / after side by side, the BERT-base tower:
@@ -323,6 +325,16 @@ def cell(res: dict | None, note: str = "") -> str:
     return f"{res['peak'] / MB:10.1f} {res['seconds']:9.2f} s"
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median peak (the lower middle one of an even count), every peak listed in
+    it; the first failure if any failed."""
+    failed = [r for r in runs if not ok(r)]
+    if failed:
+        return failed[0]
+    ranked = sorted(runs, key=lambda r: r["peak"])
+    return {**ranked[(len(ranked) - 1) // 2], "peaks": [r["peak"] for r in runs]}
+
+
 def mb(res: dict | None) -> str:
     return f"{res['peak'] / MB:.1f}" if ok(res) else ("-" if res is None else "failed")
 
@@ -377,6 +389,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds for (b)")
     parser.add_argument("--skip-65536", action="store_true", help="skip target (c)")
     parser.add_argument(
+        "--memory-repeats",
+        type=int,
+        default=1,
+        help="fresh processes per memory case; the median peak is reported (the CPU's peak RSS "
+        "varies by several MB between runs of the small models)",
+    )
+    parser.add_argument(
         "--memory-only",
         action="store_true",
         help="(a) only: no plain step beyond B=C, no timed pair (b); for the big towers",
@@ -414,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         parser.error(f"--worker-env takes NAME=VALUE, got {bad[0]!r}")
     worker_env = dict(v.split("=", 1) for v in args.worker_env)
+    if args.memory_repeats < 1:
+        parser.error(f"--memory-repeats must be at least 1, got {args.memory_repeats}")
     guard = (
         args.max_mem_gb * GB if args.max_mem_gb else 0.7 * bench_losses.total_memory_bytes(device)
     )
@@ -429,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         "step: Trainer.train_step (forward, loss, backward, clip, Adam) on pre-collated batches; "
         f"MB: {probe} of one step beyond the state after set-up and a warm-up step, fresh process"
+        + (f", median of {args.memory_repeats}" if args.memory_repeats > 1 else "")
     )
     lib = os.path.dirname(os.path.dirname(os.path.abspath(vlret.__file__)))
     print(
@@ -462,12 +484,16 @@ def main(argv: list[str] | None = None) -> None:
             spec = {**base, "model": model, "data": data}
 
             def memory(form, batch, spec=spec, src=None):
-                return run_worker(
-                    {**spec, "kind": "memory", "form": form, "batch": batch},
-                    args.timeout,
-                    src,
-                    worker_env,
-                )
+                runs = [
+                    run_worker(
+                        {**spec, "kind": "memory", "form": form, "batch": batch},
+                        args.timeout,
+                        src,
+                        worker_env,
+                    )
+                    for _ in range(args.memory_repeats)
+                ]
+                return median_run(runs)
 
             def before(form, batch):  # the same case on --baseline-src's library
                 return memory(form, batch, src=args.baseline_src) if args.baseline_src else None
