@@ -57,8 +57,10 @@ class _SquareLSE(torch.autograd.Function):
     the tile's maximum. A tile where some row or column sum of ``E`` is so small that float
     underflow could matter (``_fast_floor``; also a line without negatives in the tile) is
     computed with one stable log-sum-exp per direction instead. With a single tile the
-    forward's ``E`` is kept for the backward. Saved: ``X, Y``, the two vectors, one shift per
-    tile.
+    forward's ``E`` is kept for the backward, as a saved tensor: the backward frees it (unless
+    ``retain_graph``) even while the loss tensor is alive, as in gradient caching, where the
+    encoders are re-run after ``loss.backward()``. Saved: ``X, Y``, the two vectors, one shift
+    per tile.
     """
 
     @staticmethod
@@ -70,6 +72,7 @@ class _SquareLSE(torch.autograd.Function):
         fixed = _norm_shift(x, y, floor)
         row_lse, col_lse = x.new_empty(batch), x.new_full((batch,), lowest)
         shifts: list[float | None] = []
+        kept = None
         buf = x.new_empty(min(tile, batch), batch)  # one tile, reused
         for start, stop in tiles(batch, tile):
             e, shift = _exp_tile(x2, y, start, stop, exclusions, buf, fixed)
@@ -79,20 +82,20 @@ class _SquareLSE(torch.autograd.Function):
                 col_lse = torch.logaddexp(col_lse, log_cols.add_(shift * _LN2))
                 shifts.append(float(shift))
                 if stop - start == batch:  # a single tile: the backward reuses it
-                    ctx.kept = e
+                    kept = e
                 continue
             del e, log_rows, log_cols
             row_lse[start:stop], cols = _careful_tile(x, y, exclusions, start, stop)
             col_lse = torch.logaddexp(col_lse, cols)
             shifts.append(None)
         ctx.tile, ctx.shifts, ctx.exclusions = tile, shifts, exclusions
-        ctx.save_for_backward(x, y, row_lse, col_lse)
+        ctx.save_for_backward(x, y, row_lse, col_lse, *([] if kept is None else [kept]))
         return row_lse, col_lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_row, g_col):
-        x, y, row_lse, col_lse = ctx.saved_tensors
+        x, y, row_lse, col_lse, *kept = ctx.saved_tensors
         batch = x.shape[0]
         lowest = torch.finfo(x.dtype).min
         g_row, g_col = g_row.to(x.dtype), g_col.to(x.dtype)
@@ -104,7 +107,7 @@ class _SquareLSE(torch.autograd.Function):
             n = stop - start
             if shift is not None:
                 wbuf = x.new_empty(rows, batch) if wbuf is None else wbuf
-                e = getattr(ctx, "kept", None)
+                e = kept[0] if kept else None
                 if e is None:
                     buf = x.new_empty(rows, batch) if buf is None else buf
                     e, _ = _exp_tile(x2, y, start, stop, ctx.exclusions, buf, shift)
