@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal, overload
 
 import torch
@@ -33,10 +34,57 @@ def _norm_shift(x: torch.Tensor, y: torch.Tensor, floor: float) -> torch.Tensor 
 def _exp_tile(x2, y, start, stop, exclusions, out, shift=None):
     """``(E, K)``: ``E = 2^(x2 y^T - K)`` of rows ``start:stop`` written into ``out``, the
     excluded entries zeroed; ``K = shift``, or the tile's maximum when ``shift`` is ``None``."""
-    e = torch.mm(x2[start:stop], y.t(), out=out[: stop - start])
+    return _exp_of(
+        torch.mm(x2[start:stop], y.t(), out=out[: stop - start]), start, exclusions, shift
+    )
+
+
+def _exp_of(logits2, start, exclusions, shift=None):
+    """``_exp_tile`` of a tile of base-2 logits (rows from ``start``), in place."""
     if shift is None:
-        shift = e.max()
-    return exclusions.fill_(e.sub_(shift).exp2_(), start, 0.0), shift
+        shift = logits2.max()
+    return exclusions.fill_(logits2.sub_(shift).exp2_(), start, 0.0), shift
+
+
+#: ``product(start, stop, out)``: the base-2 logits of rows ``start:stop``, written into ``out``.
+TileProduct = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+def square_lse_forward(ctx, x, y, exclusions, tile, product: TileProduct | None = None):
+    """:class:`_SquareLSE`'s forward on ``ctx`` (its backward then applies); ``product`` gives
+    each tile's base-2 logits ``x_I y^T log2(e)`` (default: that product), so that a caller can
+    see each raw tile on the way (AdaCL's streamed anchor does)."""
+    batch = x.shape[0]
+    lowest = torch.finfo(x.dtype).min
+    if product is None:
+        x2 = x * _LOG2E
+
+        def product(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+            return torch.mm(x2[start:stop], y.t(), out=out[: stop - start])
+
+    floor = _fast_floor(x.dtype)
+    fixed = _norm_shift(x, y, floor)
+    row_lse, col_lse = x.new_empty(batch), x.new_full((batch,), lowest)
+    shifts: list[float | None] = []
+    kept = None
+    buf = x.new_empty(min(tile, batch), batch)  # one tile, reused
+    for start, stop in tiles(batch, tile):
+        e, shift = _exp_of(product(start, stop, buf), start, exclusions, fixed)
+        log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
+        if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
+            row_lse[start:stop] = log_rows.add_(shift * _LN2)
+            col_lse = torch.logaddexp(col_lse, log_cols.add_(shift * _LN2))
+            shifts.append(float(shift))
+            if stop - start == batch:  # a single tile: the backward reuses it
+                kept = e
+            continue
+        del e, log_rows, log_cols
+        row_lse[start:stop], cols = _careful_tile(x, y, exclusions, start, stop)
+        col_lse = torch.logaddexp(col_lse, cols)
+        shifts.append(None)
+    ctx.tile, ctx.shifts, ctx.exclusions = tile, shifts, exclusions
+    ctx.save_for_backward(x, y, row_lse, col_lse, *([] if kept is None else [kept]))
+    return row_lse, col_lse
 
 
 def _careful_tile(x, y, exclusions, start, stop):
@@ -65,32 +113,7 @@ class _SquareLSE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, exclusions, tile):
-        batch = x.shape[0]
-        lowest = torch.finfo(x.dtype).min
-        x2 = x * _LOG2E
-        floor = _fast_floor(x.dtype)
-        fixed = _norm_shift(x, y, floor)
-        row_lse, col_lse = x.new_empty(batch), x.new_full((batch,), lowest)
-        shifts: list[float | None] = []
-        kept = None
-        buf = x.new_empty(min(tile, batch), batch)  # one tile, reused
-        for start, stop in tiles(batch, tile):
-            e, shift = _exp_tile(x2, y, start, stop, exclusions, buf, fixed)
-            log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
-            if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
-                row_lse[start:stop] = log_rows.add_(shift * _LN2)
-                col_lse = torch.logaddexp(col_lse, log_cols.add_(shift * _LN2))
-                shifts.append(float(shift))
-                if stop - start == batch:  # a single tile: the backward reuses it
-                    kept = e
-                continue
-            del e, log_rows, log_cols
-            row_lse[start:stop], cols = _careful_tile(x, y, exclusions, start, stop)
-            col_lse = torch.logaddexp(col_lse, cols)
-            shifts.append(None)
-        ctx.tile, ctx.shifts, ctx.exclusions = tile, shifts, exclusions
-        ctx.save_for_backward(x, y, row_lse, col_lse, *([] if kept is None else [kept]))
-        return row_lse, col_lse
+        return square_lse_forward(ctx, x, y, exclusions, tile)
 
     @staticmethod
     @once_differentiable

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from .._tiling import Exclusions, tiles
-from .._tiling.lse import _LN2, _LOG2E, _careful_tile, _fast_floor, _norm_shift, _SquareLSE
+from .._tiling import Exclusions
+from .._tiling.lse import _LOG2E, _SquareLSE, square_lse_forward
 
 Visit = Callable[[int, torch.Tensor], None]
 
@@ -29,35 +29,14 @@ class _VisitedSquareLSE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, xs, y, x, scale, exclusions, tile, visit):
-        batch = xs.shape[0]
-        lowest = torch.finfo(xs.dtype).min
-        floor = _fast_floor(xs.dtype)
-        fixed = _norm_shift(xs, y, floor)
         factor = scale * _LOG2E
-        row_lse, col_lse = xs.new_empty(batch), xs.new_full((batch,), lowest)
-        shifts: list[float | None] = []
-        buf = xs.new_empty(min(tile, batch), batch)  # one tile, reused
-        for start, stop in tiles(batch, tile):
-            s = torch.mm(x[start:stop], y.t(), out=buf[: stop - start])
-            visit(start, s)
-            e = s.mul_(factor)
-            shift = e.max() if fixed is None else fixed
-            e = exclusions.fill_(e.sub_(shift).exp2_(), start, 0.0)
-            log_rows, log_cols = e.sum(1).log_(), e.sum(0).log_()
-            if bool(torch.minimum(log_rows.min(), log_cols.min()) >= floor):
-                row_lse[start:stop] = log_rows.add_(shift * _LN2)
-                col_lse = torch.logaddexp(col_lse, log_cols.add_(shift * _LN2))
-                shifts.append(float(shift))
-                if stop - start == batch:  # a single tile: the backward reuses it
-                    ctx.kept = e
-                continue
-            del e, log_rows, log_cols
-            row_lse[start:stop], cols = _careful_tile(xs, y, exclusions, start, stop)
-            col_lse = torch.logaddexp(col_lse, cols)
-            shifts.append(None)
-        ctx.tile, ctx.shifts, ctx.exclusions = tile, shifts, exclusions
-        ctx.save_for_backward(xs, y, row_lse, col_lse)
-        return row_lse, col_lse
+
+        def product(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+            raw = torch.mm(x[start:stop], y.t(), out=out[: stop - start])
+            visit(start, raw)
+            return raw.mul_(factor)
+
+        return square_lse_forward(ctx, xs, y, exclusions, tile, product)
 
     @staticmethod
     def backward(ctx, g_row, g_col):
