@@ -84,6 +84,22 @@ def test_similarity_stats_against_naive_loops():
         similarity_stats(sim, txt_to_img=t2i[:3])
 
 
+def test_batch_similarity_stats_in_row_tiles_equal_the_dense_statistics():
+    """A large batch's step statistics never form its B x B cosines: row tiles, the columns'
+    maxima carried across them, the same values (a query without negatives left out)."""
+    g = torch.Generator().manual_seed(3)
+    img, txt = torch.randn(11, 6, generator=g), torch.randn(11, 6, generator=g)
+    ids = torch.tensor([0, 0, 1, 2, 3, 3, 3, 4, 5, 6, 6])
+    cos = torch.nn.functional.cosine_similarity(img[:, None], txt[None], dim=-1)
+    pos = (ids[:, None] == ids[None, :]).numpy()
+    want = _naive_stats(cos.double().numpy(), np.arange(11), pos)
+    for tile in (11, 12, 23, 33, 10**6):  # 1, 1, 2, 3 rows a tile; dense
+        got = batch_similarity_stats(img, txt, ids, tile_elements=tile)
+        assert (got["pos_sim"], got["hardest_neg_sim"]) == pytest.approx(want, rel=0, abs=1e-6)
+    same = batch_similarity_stats(img, txt, torch.zeros(11, dtype=torch.long), tile_elements=22)
+    assert math.isnan(same["hardest_neg_sim"])
+
+
 def test_one_fold_rule_for_embeddings_and_score_blocks():
     t2i = torch.tensor([2, 0, 1, 3, 0, 2, 1, 3])  # captions not grouped by image
     folds = coco_folds(t2i, n_images=4, n_folds=2)

@@ -79,14 +79,46 @@ def truncate_log(log: Path, *, step: int, epoch: int) -> None:
     atomic_write_text(log, "".join(k + "\n" for k in kept))
 
 
+#: Rows of one tile of :func:`batch_similarity_stats`' cosines: ``rows x B`` (bounded so that a
+#: large batch, say B = 65536, never forms its ``B x B`` matrix on a logging step).
+STATS_TILE_ELEMENTS = 2**24
+
+
 def batch_similarity_stats(
-    img_emb: torch.Tensor, txt_emb: torch.Tensor, ids: torch.Tensor
+    img_emb: torch.Tensor,
+    txt_emb: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    tile_elements: int = STATS_TILE_ELEMENTS,
 ) -> dict[str, float]:
-    """Mean cosine of the positive pairs and mean hardest-negative cosine (both directions)."""
+    """Mean cosine of the positive pairs ``(j, j)`` and mean hardest-negative cosine over every
+    image (row) and text (column) query (pairs of equal ``ids`` are no negatives), as
+    :func:`~vlret.metrics.similarity_stats` of the cosine matrix; computed in row tiles of at
+    most ``tile_elements`` cosines (the columns' maxima carried across tiles), so memory is
+    ``O(tile_elements)`` whatever the batch."""
     with torch.no_grad():
-        sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
-    diagonal = torch.arange(sim.shape[1], device=sim.device)
-    return similarity_stats(sim, txt_to_img=diagonal, pos_mask=ids[:, None] == ids[None, :])
+        img = F.normalize(img_emb.float(), dim=1)
+        txt = F.normalize(txt_emb.float(), dim=1)
+        n = txt.shape[0]
+        if img.shape[0] * n <= tile_elements:
+            sim = img @ txt.t()
+            diagonal = torch.arange(n, device=sim.device)
+            return similarity_stats(sim, txt_to_img=diagonal, pos_mask=ids[:, None] == ids[None, :])
+        rows = max(1, tile_elements // n)
+        col_max = txt.new_full((n,), -math.inf)
+        row_max, positives = [], []
+        for start in range(0, img.shape[0], rows):
+            block = img[start : start + rows] @ txt.t()
+            positives.append(block.diagonal(offset=start).clone())  # before the mask
+            block.masked_fill_(ids[start : start + rows, None] == ids[None, :], -math.inf)
+            row_max.append(block.amax(dim=1))
+            col_max = torch.maximum(col_max, block.amax(dim=0))
+        hardest = torch.cat([*row_max, col_max])
+        hardest = hardest[torch.isfinite(hardest)]  # a query without negatives has none
+        return {
+            "pos_sim": float(torch.cat(positives).mean()),
+            "hardest_neg_sim": float(hardest.mean()) if hardest.numel() else float("nan"),
+        }
 
 
 def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> dict[str, Any]:
