@@ -273,3 +273,44 @@ def test_grad_cache_chunk_must_be_positive(tmp_path):
     raw = apply_overrides(tiny_raw(tmp_path, tmp_path / "out"), ["train.grad_cache_chunk=0"])
     with pytest.raises(ConfigError, match="train.grad_cache_chunk"):
         config_from_dict(raw)
+
+
+def test_step_log_statistics_with_gradient_caching_equal_the_plain_run(tmp_path):
+    """With gradient caching the step context keeps no embeddings (they would be held through
+    the re-encoding): the step log's batch statistics are taken before it, on logging steps
+    only, and equal the plain run's."""
+    import json
+
+    from vlret.train.hooks import TrainHook
+
+    class Contexts(TrainHook):
+        def __init__(self):
+            self.seen = []
+
+        def after_step(self, trainer, step):
+            self.seen.append(dict(step.context))
+
+    data = tiny_data(tmp_path / "data")
+    logs, contexts = {}, {}
+    for chunk in (None, 3):
+        overrides = ["train.epochs=1", "train.validate=false", "train.log_every=2"]
+        overrides += ["train.device=cpu"] + ([f"train.grad_cache_chunk={chunk}"] if chunk else [])
+        out = tmp_path / f"out{chunk}"
+        hook = Contexts()
+        torch.set_default_dtype(torch.float64)
+        try:
+            with Trainer(tiny_config(data, out, overrides), print_fn=None, hooks=[hook]) as t:
+                t.fit()
+        finally:
+            torch.set_default_dtype(torch.float32)
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        logs[chunk] = [r for r in map(json.loads, lines) if r["kind"] == "step"]
+        contexts[chunk] = hook.seen
+    assert [r["step"] for r in logs[3]] == [r["step"] for r in logs[None]] and logs[3]
+    for got, want in zip(logs[3], logs[None], strict=True):
+        for key in ("pos_sim", "hardest_neg_sim"):
+            assert got[key] == pytest.approx(want[key], rel=0, abs=1e-9), key
+    assert all("img" in c and "txt" in c for c in contexts[None])
+    for k, c in enumerate(contexts[3], start=1):  # steps 1, 2, ...: every second one logged
+        assert "img" not in c and "txt" not in c and "ids" in c
+        assert ("batch_stats" in c) == (k % 2 == 0)

@@ -106,7 +106,10 @@ class StepOutput:
         loss: The step's (global) loss value.
         lr: The learning rate of the first parameter group during the step.
         context: The detached embeddings or scores and ids of the step (``img``, ``txt``,
-            ``ids`` or ``sim``, ``ids``).
+            ``ids`` or ``sim``, ``ids``). With gradient caching (``train.grad_cache_chunk``)
+            the embeddings are not kept (they would be held through the chunks'
+            re-encoding): ``ids`` and, on a logging step, ``batch_stats`` (the step log's
+            ``pos_sim`` / ``hardest_neg_sim``).
     """
 
     loss: float

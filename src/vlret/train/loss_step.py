@@ -29,6 +29,7 @@ from .distributed import (
 from .grad_cache import GradCache
 from .pair_scoring import pair_loss
 from .ring import ring_loss
+from .run_log import batch_similarity_stats
 
 
 class Trainer(Protocol):
@@ -142,7 +143,7 @@ class LossStep:
         try:
             loss = trainer.loss_fn.forward_step(img, txt, inputs)
             logged = all_reduce_sum(loss) if trainer.local_shards else loss.detach()
-            ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+            ctx = self.context(trainer, img, txt, ids, cached=cache is not None)
             return self.scaled(trainer, loss, logged), logged, ctx
         except (ValueError, FloatingPointError) as err:  # "sim contains NaN", a NaN loss
             self.explain_non_finite(trainer, batch, img, txt, err)
@@ -238,6 +239,21 @@ class LossStep:
             return None
         cap_index = gather_no_grad(batch.cap_index)  # every rank holds the train set
         return [trainer.train_set.captions[i] for i in cap_index.tolist()]
+
+    @staticmethod
+    def context(
+        trainer: Trainer, img: torch.Tensor, txt: torch.Tensor, ids: torch.Tensor, *, cached: bool
+    ) -> dict[str, Any]:
+        """The step's context for the step log and the hooks: the detached embeddings, or with
+        gradient caching (``cached``; keeping them would hold ``B x D`` through the chunks'
+        re-encoding) their batch statistics, taken now and only on a logging step."""
+        if not cached:
+            return {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+        ctx: dict[str, Any] = {"ids": ids}
+        every = trainer.config.train.log_every
+        if every and (trainer.step + 1) % every == 0:  # train_step counts the step after
+            ctx["batch_stats"] = batch_similarity_stats(img, txt, ids)
+        return ctx
 
     @staticmethod
     def scaled(trainer: Trainer, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:

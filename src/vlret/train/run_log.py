@@ -139,6 +139,8 @@ def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> 
     }
     if "sim" in ctx:
         record.update(score_stats(ctx["sim"], ctx["ids"]))
+    elif "batch_stats" in ctx:  # gradient caching: taken before the re-encoding
+        record.update(ctx["batch_stats"])
     else:
         record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
     record.update({f"loss_{k}": v for k, v in trainer.loss_fn.last_stats.items()})
