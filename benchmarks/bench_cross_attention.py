@@ -22,7 +22,8 @@ about 12, padded to the longest), on a subset of the 1000 x 5000 test pairs (--i
     per-image and per-caption global attentions are in the scorer's time: about 12 pairs'
     work an image, so their share falls as captions grow). Both ``matmul_precision``
     values, each with its largest score change against float64 and the share of caption
-    pairs kept in float64's order. Target <= 1.5x the bound.
+    pairs kept in float64's order. Target <= 1.5x the bound. ``--before REV`` times the
+    scorer of that git revision (same weights) in the same repeats.
 (d) one B=128 training step (forward and backward: region and word encoders, the score
     matrix, hardest-negative triplet loss) of ``build_model({"kind": "scan"})`` with the
     batched scorer against the same step with the loop as its scorer. Target >= 3x.
@@ -32,7 +33,7 @@ so that load from other processes hits both sides alike.
 
     python benchmarks/bench_cross_attention.py [--images 128] [--captions 192] [--repeats 3]
         [--sgraf-captions 16] [--sgraf-bound-captions 128] [--batch 128] [--threads N]
-        [--clock wall|cpu]
+        [--clock wall|cpu] [--before REV]
         [--device cpu|cuda|cuda:N|auto] [--json FILE] [--parts scan,bfan,sgraf,train]
         [--coco5k-scan]
 
@@ -57,134 +58,14 @@ from vlret.models.cross_attention import bfan_scores, block_plan, scan_scores
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
 from machine import cpu_name, spread  # noqa: E402
+from reference_loops import (  # noqa: E402
+    ref_bfan_shard,
+    ref_scan_shard,
+    ref_sgraf,
+    sharded,
+)
 
-R, D, SHARD = 36, 1024, 128
-
-
-# ----------------------------------------------------------------------------- reference loops
-
-
-def _l2norm(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.div(x, torch.pow(x, 2).sum(dim=dim, keepdim=True).sqrt() + 1e-8)
-
-
-def _cosine(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    w12 = torch.sum(x1 * x2, 2)
-    w1, w2 = torch.norm(x1, 2, 2), torch.norm(x2, 2, 2)
-    return (w12 / (w1 * w2).clamp(min=1e-8)).squeeze()
-
-
-def ref_attention(query, context, lam, focal=None):
-    """func_attention, step for step: query (n, q, d), context (n, c, d) -> the attended
-    context (n, q, d) as the transposed view the reference returns."""
-    n, q, c = query.shape[0], query.shape[1], context.shape[1]
-    attn = torch.bmm(context, torch.transpose(query, 1, 2))  # (n, c, q)
-    attn = _l2norm(F.leaky_relu(attn, 0.1), 2)  # each context item over the queries
-    attn = torch.transpose(attn, 1, 2).contiguous().view(n * q, c)
-    attn = torch.softmax(attn * lam, dim=1).view(n, q, c)
-    if focal == "equal":  # BFAN: focal_equal, then the kept weights renormalised
-        keep = torch.where(attn * c - attn.sum(dim=-1, keepdim=True) > 0, 1.0, 0.0)
-        attn = keep * attn
-        attn = attn / attn.sum(dim=-1, keepdim=True)
-    attn_t = torch.transpose(attn, 1, 2).contiguous()
-    weighted = torch.bmm(torch.transpose(context, 1, 2), attn_t)  # (n, d, q)
-    return torch.transpose(weighted, 1, 2)
-
-
-def ref_scan_shard(images, captions, lengths, direction, lam, aggregation, lambda_lse):
-    """xattn_score_t2i / xattn_score_i2t on one shard."""
-    columns = []
-    for i in range(captions.shape[0]):
-        cap = captions[i, : lengths[i], :].unsqueeze(0).contiguous()
-        cap = cap.repeat(images.shape[0], 1, 1)
-        if direction == "t2i":
-            rel = _cosine(cap, ref_attention(cap, images, lam).contiguous())
-        else:
-            rel = _cosine(images, ref_attention(images, cap, lam))
-        rel = rel.view(images.shape[0], -1)
-        if aggregation == "lse":
-            col = torch.log(torch.exp(rel * lambda_lse).sum(dim=1, keepdim=True)) / lambda_lse
-        else:
-            col = rel.mean(dim=1, keepdim=True)
-        columns.append(col)
-    return torch.cat(columns, 1)
-
-
-def ref_bfan_shard(images, captions, lengths, lam):
-    """BFAN xattn_score (focal_equal) on one shard: both directions summed."""
-    columns = []
-    for i in range(captions.shape[0]):
-        cap = captions[i, : lengths[i], :].unsqueeze(0).contiguous()
-        cap = cap.repeat(images.shape[0], 1, 1)
-        t2i = _cosine(cap, ref_attention(cap, images, lam, "equal")).view(images.shape[0], -1)
-        i2t = _cosine(images, ref_attention(images, cap, lam, "equal"))
-        columns.append(t2i.mean(dim=1, keepdim=True) + i2t.mean(dim=1, keepdim=True))
-    return torch.cat(columns, 1)
-
-
-def sharded(fn: Callable, regions, words, lengths) -> torch.Tensor:
-    """The reference evaluation's shard_xattn: 128 x 128 shards, each scored by ``fn``."""
-    out = regions.new_zeros(regions.shape[0], words.shape[0])
-    lens = lengths.tolist()
-    for i0 in range(0, regions.shape[0], SHARD):
-        for j0 in range(0, words.shape[0], SHARD):
-            out[i0 : i0 + SHARD, j0 : j0 + SHARD] = fn(
-                regions[i0 : i0 + SHARD], words[j0 : j0 + SHARD], lens[j0 : j0 + SHARD]
-            )
-    return out
-
-
-def ref_sgraf(scorer, regions, words, lengths) -> torch.Tensor:
-    """Paranioar/SGRAF EncoderSimilarity.forward (eval mode) with the scorer's weights, read
-    through its reference parameter names."""
-    ours = dict(scorer.state_dict())
-    p = {ref: ours[name] for ref, name in scorer.reference_names("sgr", scorer.sgr_steps).items()}
-
-    def lin(x, name):
-        return F.linear(x, p[f"{name}.weight"], p[f"{name}.bias"])
-
-    def bn(x, name):
-        return F.batch_norm(
-            x,
-            p[f"{name}.running_mean"],
-            p[f"{name}.running_var"],
-            p[f"{name}.weight"],
-            p[f"{name}.bias"],
-            False,
-            0.0,
-            1e-5,
-        )
-
-    def global_sa(local, side, norm):
-        l_emb = lin(local, f"{side}.embedding_local.0")
-        g_emb = lin(local.mean(1), f"{side}.embedding_global.0")
-        if norm:
-            l_emb, g_emb = (
-                bn(l_emb, f"{side}.embedding_local.1"),
-                bn(g_emb, f"{side}.embedding_global.1"),
-            )
-        common = torch.tanh(l_emb) * torch.tanh(g_emb).unsqueeze(1)
-        weights = torch.softmax(lin(common, f"{side}.embedding_common.0").squeeze(2), dim=1)
-        return _l2norm((weights.unsqueeze(2) * local).sum(dim=1), -1)
-
-    n_img = regions.shape[0]
-    img_glo = global_sa(regions, "v_global_w", True)
-    columns = []
-    for i in range(words.shape[0]):
-        cap = words[i, : lengths[i]].unsqueeze(0)
-        cap_expand = cap.repeat(n_img, 1, 1)
-        cap_glo = global_sa(cap, "t_global_w", False)
-        context = _l2norm(ref_attention(cap_expand, regions, 9.0), -1)
-        sim_loc = _l2norm(lin((context - cap_expand).pow(2), "sim_tranloc_w"), -1)
-        sim_glo = _l2norm(lin((img_glo - cap_glo).pow(2), "sim_tranglo_w"), -1)
-        nodes = torch.cat([sim_glo.unsqueeze(1), sim_loc], 1)
-        for step in range(scorer.sgr_steps):
-            query = lin(nodes, f"SGR_module.{step}.graph_query_w")
-            key = lin(nodes, f"SGR_module.{step}.graph_key_w")
-            edge = torch.softmax(torch.bmm(query, key.transpose(1, 2)), dim=-1)
-            nodes = torch.relu(lin(torch.bmm(edge, nodes), f"SGR_module.{step}.sim_graph_w"))
-        columns.append(torch.sigmoid(lin(nodes[:, 0, :], "sim_eval_w")))
-    return torch.cat(columns, 1)
+R, D = 36, 1024
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -222,11 +103,13 @@ class Timer:
             torch.cuda.synchronize()
 
 
-def check_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+def check_close(
+    name: str, got: torch.Tensor, want: torch.Tensor, tol: float, against: str = "vlret - loop"
+) -> None:
     diff = (got.double() - want.double()).abs()
-    print(f"  {name}: max |vlret - loop| = {diff.max().item():.2e} (tolerance {tol:.1e})")
+    print(f"  {name}: max |{against}| = {diff.max().item():.2e} (tolerance {tol:.1e})")
     if not diff.max() <= tol:
-        raise SystemExit(f"{name}: scores differ from the reference loop")
+        raise SystemExit(f"{name}: scores differ ({against})")
 
 
 # ----------------------------------------------------------------------------- parts
@@ -388,12 +271,44 @@ def _pair_order_agreement(got: torch.Tensor, want: torch.Tensor) -> float:
     return agree / total
 
 
+def before_sgraf(rev: str):
+    """``SGRAFScorer`` as it was at git revision ``rev``: its ``models/sgraf.py`` with the
+    kernels it imports (``attention.py``, ``sgraf_ops.py`` where it exists) copied into a
+    temporary package, imported beside today's."""
+    import importlib
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pkg = Path(tempfile.mkdtemp(prefix="vlret_before_")) / f"sgraf_{rev}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("sgraf.py", "attention.py", "sgraf_ops.py"):
+        shown = subprocess.run(
+            ["git", "-C", str(root), "show", f"{rev}:src/vlret/models/{name}"],
+            capture_output=True,
+            text=True,
+        )
+        if shown.returncode == 0:
+            (pkg / name).write_text(shown.stdout)
+        elif name == "sgraf.py":
+            raise SystemExit(f"--before {rev}: {shown.stderr.strip()}")
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module(f"{pkg.name}.sgraf").SGRAFScorer
+
+
 def bench_sgraf_bound(args, timer: Timer, device: torch.device, cls, module: str) -> None:
-    """(c) continued: ``module``'s scoring against the projection bound, both precisions."""
+    """(c) continued: ``module``'s scoring against the projection bound, both precisions, and
+    with ``--before REV`` the scorer of that revision (same weights) in the same repeats."""
     n_img, n_cap = args.images, args.sgraf_bound_captions
     regions, words, lengths = make_data(n_img, n_cap, device, seed=2)
     torch.manual_seed(0)
     scorer = cls(D, 256, module, 3).to(device).eval()
+    old = None
+    if args.before:
+        old = before_sgraf(args.before)(D, 256, module, 3).to(device).eval()
+        old.load_state_dict(scorer.state_dict())
     weight = scorer.local_proj.weight.detach()
     # The irreducible work: each (image, caption, word) triple's difference vector through
     # the D -> 256 projection, as one GEMM per block of the scorer's own plan.
@@ -434,13 +349,20 @@ def bench_sgraf_bound(args, timer: Timer, device: torch.device, cls, module: str
                 f"  {p}: max |score - float64| = {err:.2e} (scores spread {want.std():.2e}); "
                 f"caption pairs in float64's order {order * 100:.3f}%"
             )
+        if old is not None:
+            old_scores = old(regions, words, lengths)
+            check_close(args.before, old_scores, want, 1e-5, against="score - float64")
         ratios: dict[str, list[float]] = {"float32": [], "bfloat16": [], "bound_low": []}
+        if old is not None:
+            ratios["before"] = []
         times = []
         for _ in range(args.repeats):
             t_bound, _ = timer(bound)
             for p in ("float32", "bfloat16"):
                 ratios[p].append(timer(lambda p=p: score(p))[0] / t_bound)
             ratios["bound_low"].append(timer(bound_low)[0] / t_bound)
+            if old is not None:
+                ratios["before"].append(timer(lambda: old(regions, words, lengths))[0] / t_bound)
             times.append(t_bound)
     t = statistics.median(times)
     machine.record(
@@ -452,6 +374,7 @@ def bench_sgraf_bound(args, timer: Timer, device: torch.device, cls, module: str
         f"vlret float32 / bound {spread(ratios['float32'])} [target <= 1.5x] | "
         f"vlret bfloat16 / bound {spread(ratios['bfloat16'])} | "
         f"(the same GEMMs in bfloat16 / bound {spread(ratios['bound_low'])})"
+        + (f" | {args.before} / bound {spread(ratios['before'])}" if old is not None else "")
     )
 
 
@@ -556,6 +479,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sgraf-captions", type=int, default=16)
     parser.add_argument("--sgraf-bound-captions", type=int, default=128)
+    parser.add_argument(
+        "--before",
+        default=None,
+        metavar="REV",
+        help="also time the SGRAF scorer of git revision REV against the bound (e.g. 6b209b6)",
+    )
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
     machine.add_device_arguments(parser, "cpu")
