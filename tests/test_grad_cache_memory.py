@@ -56,6 +56,11 @@ def _ptr(t: torch.Tensor) -> int:
 def _alive_batch_sized(exclude: set[int]) -> list[tuple[int, ...]]:
     """Shapes of the live floating-point Python tensors (not parameters) with at least
     ``B x D`` elements outside ``exclude`` (the RNG states are bytes)."""
+    return [shape for shape, _ in _batch_sized(exclude)]
+
+
+def _batch_sized(exclude: set[int]) -> list[tuple[tuple[int, ...], int]]:
+    """``(shape, storage pointer)`` of each tensor :func:`_alive_batch_sized` counts."""
     gc.collect()
     found = []
     with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated reduce_op
@@ -64,7 +69,7 @@ def _alive_batch_sized(exclude: set[int]) -> list[tuple[int, ...]]:
     for obj in objects:
         if obj.is_floating_point() and not isinstance(obj, nn.Parameter):
             if obj.numel() >= B * D and _ptr(obj) not in exclude:
-                found.append(tuple(obj.shape))
+                found.append((tuple(obj.shape), _ptr(obj)))
     return found
 
 
@@ -92,6 +97,8 @@ def _assert_grads_equal(model, want):
 
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_only_the_cached_gradients_are_batch_sized_during_re_encoding(name):
+    # what earlier tests in this process left alive is not this step's
+    earlier = {ptr for _, ptr in _batch_sized(set())}
     torch.manual_seed(0)
     model, loss_fn = Towers().double(), LOSSES[name]().double()
     batch, ids = _batch(), torch.arange(B) // 2
@@ -120,7 +127,7 @@ def test_only_the_cached_gradients_are_batch_sized_during_re_encoding(name):
             held = [
                 tuple(r().shape) for r in saved if r() is not None and _ptr(r()) not in embeddings
             ]
-            seen.append((_alive_batch_sized(embeddings | cached), held))
+            seen.append((_alive_batch_sized(embeddings | cached | earlier), held))
 
     model.watch = watch
     cache.backward()
