@@ -27,13 +27,7 @@ from vlret.losses.adacl.fused import visited_square_lse
 from vlret.losses.adacl.gda import CloneRegion
 from vlret.similarity import positive_mask
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _world(batch, dim=16, seed=0, dtype=torch.float64):

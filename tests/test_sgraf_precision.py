@@ -21,12 +21,7 @@ D, S, R = 32, 16, 6
 BF16_EPS = 2.0**-8  # bfloat16's machine epsilon (8 significand bits)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tokens(n_img=5, n_cap=7, width=6, seed=1):
