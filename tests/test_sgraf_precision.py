@@ -18,7 +18,7 @@ from vlret.models.sgraf import SGRAFScorer
 from vlret.models.sgraf_ops import graph_reasoning, graph_steps
 
 D, S, R = 32, 16, 6
-BF16_EPS = 2.0**-8  # bfloat16's machine epsilon (8 significand bits)
+BF16_EPS = 2.0**-7  # bfloat16's machine epsilon (8 significand bits, the leading one implicit)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -119,6 +119,10 @@ def test_plan_blocks_cover_every_caption_once_within_the_bound(device):
 def test_bad_precision_names_its_argument():
     with pytest.raises(ValueError, match="matmul_precision"):
         SGRAFScorer(D, S, num_regions=R, matmul_precision="float16")
+    scorer = SGRAFScorer(D, S, num_regions=R)
+    with pytest.raises(ValueError, match="matmul_precision"):
+        scorer.matmul_precision = "bf16"  # set later: checked too
+    assert scorer.matmul_precision == "float32"
     base = {
         "kind": "sgraf",
         "embed_dim": 8,

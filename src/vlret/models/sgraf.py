@@ -185,17 +185,18 @@ class SGRAFScorer(nn.Module):
         dropout: Dropout of the global attentions in training mode, in ``[0, 1)``.
         num_regions: The region count the image BatchNorm is built for.
         matmul_precision: ``"float32"`` (default): every product in the working dtype (the
-            inputs' dtype, float32 at least). ``"bfloat16"``: in calls without autograd
-            (evaluation under :func:`torch.no_grad`), the products (the word-region scores,
-            the attended vectors, the local and global projections, the SGR node products
-            and the global attentions' ``D x D`` products) run on bfloat16 operands with
-            float32 accumulation and a bfloat16 result; norms, softmaxes and squares stay in
-            the working dtype, and a call that records a graph computes in the working
-            dtype. Each rounding is relative ``2^-9``;
+            inputs' dtype, float32 at least). ``"bfloat16"``: in calls under
+            :func:`torch.no_grad` or :func:`torch.inference_mode` (evaluation), the products
+            (the word-region scores, the attended vectors, the local and global projections,
+            the SGR node products and the global attentions' ``D x D`` products) run on
+            bfloat16 operands with float32 accumulation and a bfloat16 result; norms,
+            softmaxes and squares stay in the working dtype. With grad mode on the call
+            computes in the working dtype. Each rounding is relative ``2^-8`` at most;
             ``benchmarks/bench_cross_attention.py`` prints the largest score change and how
-            many caption pairs change order against float64. Several times faster where
-            bfloat16 products are (CPUs with AVX512-BF16 or AMX, GPUs with tensor cores). A
-            plain attribute: may be changed after construction.
+            many caption pairs change order against float64 (on models whose scores spread
+            over (0, 1), changes of about ``1e-2``). Several times faster where bfloat16
+            products are (CPUs with AVX512-BF16 or AMX, GPUs with tensor cores). May be
+            changed after construction (checked when set).
 
     Raises:
         ValueError: An unknown ``module`` or ``matmul_precision``, a size that is not a
@@ -227,11 +228,7 @@ class SGRAFScorer(nn.Module):
             raise ValueError(f"lambda_softmax must be positive and finite, got {lambda_softmax}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
-        if matmul_precision not in PRECISIONS:
-            raise ValueError(
-                f"matmul_precision must be one of {PRECISIONS}, got {matmul_precision!r}"
-            )
-        self.matmul_precision = matmul_precision
+        self.matmul_precision = matmul_precision  # checked by the property
         self.embed_dim, self.sim_dim, self.module = embed_dim, sim_dim, module
         self.sgr_steps = sgr_steps if module == "sgr" else 0
         self.lambda_softmax, self.dropout, self.num_regions = lam, float(dropout), num_regions
@@ -246,6 +243,17 @@ class SGRAFScorer(nn.Module):
         else:
             self.saf = _Filtration(sim_dim)
         self.reset_parameters()
+
+    @property
+    def matmul_precision(self) -> str:
+        """``"float32"`` or ``"bfloat16"`` (see the class doc); checked when set."""
+        return self._matmul_precision
+
+    @matmul_precision.setter
+    def matmul_precision(self, value: str) -> None:
+        if value not in PRECISIONS:
+            raise ValueError(f"matmul_precision must be one of {PRECISIONS}, got {value!r}")
+        self._matmul_precision = value
 
     def reset_parameters(self) -> None:
         """Re-initialise as the reference ``init_weights`` does.

@@ -159,7 +159,8 @@ class LossStep:
         try:
             loss = ring_loss(trainer.loss_fn, img, txt, ids, bidir=bidir)
             logged = all_reduce_sum(loss)
-            ctx = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+            cached = isinstance(trainer.grad_cache, GradCache)
+            ctx = self.context(trainer, img, txt, ids, cached=cached)
             return self.scaled(trainer, loss, logged), logged, ctx
         except (ValueError, FloatingPointError) as err:
             self.explain_non_finite(trainer, batch, img, txt, err)

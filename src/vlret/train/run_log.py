@@ -94,8 +94,8 @@ def batch_similarity_stats(
     """Mean cosine of the positive pairs ``(j, j)`` and mean hardest-negative cosine over every
     image (row) and text (column) query (pairs of equal ``ids`` are no negatives), as
     :func:`~vlret.metrics.similarity_stats` of the cosine matrix; computed in row tiles of at
-    most ``tile_elements`` cosines (the columns' maxima carried across tiles), so memory is
-    ``O(tile_elements)`` whatever the batch."""
+    most ``tile_elements`` cosines (at least one row; the columns' maxima carried across
+    tiles), so memory is ``O(tile_elements)`` whatever the batch."""
     with torch.no_grad():
         img = F.normalize(img_emb.float(), dim=1)
         txt = F.normalize(txt_emb.float(), dim=1)
