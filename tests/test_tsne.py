@@ -25,12 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ONE_STEP = ["train.epochs=1", "train.max_steps_per_epoch=1", "train.batch_size=8"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -161,10 +161,11 @@ class LocalProjection(torch.autograd.Function):
 class GraphStep:
     """One SGR step's matrices in the working dtype, prepared once per call.
 
-    ``fused`` stacks ``A = W_k^T W_q``, ``W_r`` and the row ``W_q^T b_k`` (``(2 S + 1, S)``)
-    and ``fused_bias`` stacks ``W_k^T b_q``, ``b_r`` and ``b_q . b_k``: one product of the
-    nodes gives each node's edge query ``A s_p + W_k^T b_q``, its update value ``W_r s_p +
-    b_r`` and its logit offset ``t_p = (W_q^T b_k) . s_p + b_q . b_k``.
+    ``fused`` stacks ``A = W_k^T W_q``, the row ``W_q^T b_k`` and ``W_r`` (``(2 S + 1, S)``)
+    and ``fused_bias`` stacks ``W_k^T b_q``, ``b_q . b_k`` and ``b_r``: one product of the
+    nodes gives each node's edge query ``A s_p + W_k^T b_q``, its logit offset ``t_p =
+    (W_q^T b_k) . s_p + b_q . b_k`` and its update value ``W_r s_p + b_r``; the first
+    ``S + 1`` rows alone (query and offset) serve the last step's global node.
     """
 
     fused: torch.Tensor
@@ -184,9 +185,9 @@ def graph_steps(steps: Iterable[nn.Module], dtype: torch.dtype, low: bool) -> li
     for step in steps:
         (w_q, b_q), (w_k, b_k) = _weights(step, "query", dtype), _weights(step, "key", dtype)
         w_r, b_r = _weights(step, "update", dtype)
-        fused = torch.cat([w_k.T @ w_q, w_r, (w_q.T @ b_k).unsqueeze(0)])
+        fused = torch.cat([w_k.T @ w_q, (w_q.T @ b_k).unsqueeze(0), w_r])
         fused = fused.to(torch.bfloat16) if low else fused
-        out.append(GraphStep(fused, torch.cat([w_k.T @ b_q, b_r, (b_q @ b_k).unsqueeze(0)])))
+        out.append(GraphStep(fused, torch.cat([w_k.T @ b_q, (b_q @ b_k).unsqueeze(0), b_r])))
     return out
 
 
@@ -211,16 +212,14 @@ def graph_reasoning(
     low_value = torch.finfo(nodes.dtype).min
     for k, step in enumerate(steps):
         if k == len(steps) - 1:  # the global node's query, offset and update only
-            rows = torch.cat([step.fused[:size], step.fused[2 * size :]])
-            biases = torch.cat([step.fused_bias[:size], step.fused_bias[2 * size :]])
-            both = gemm(nodes[:, :, :1], rows, biases, low)  # (ib, cb, 1, S + 1)
+            head = size + 1
+            both = gemm(nodes[:, :, :1], step.fused[:head], step.fused_bias[:head], low)
             logits = (both[..., :size] @ nodes.transpose(-1, -2)).add_(both[..., size:])
             mixed = torch.softmax(logits.masked_fill_(key_mask, low_value), dim=-1) @ nodes
-            update = step.fused[size : 2 * size]
-            mixed = gemm(mixed, update, step.fused_bias[size : 2 * size], low)
+            mixed = gemm(mixed, step.fused[head:], step.fused_bias[head:], low)
             return F.relu(mixed)[:, :, 0]
         both = gemm(nodes, step.fused, step.fused_bias, low)  # (ib, cb, K, 2 S + 1)
-        query, value, offset = both[..., :size], both[..., size : 2 * size], both[..., 2 * size :]
+        query, offset, value = both[..., :size], both[..., size : size + 1], both[..., size + 1 :]
         logits = (query @ nodes.transpose(-1, -2)).add_(offset)
         nodes = F.relu(torch.softmax(logits.masked_fill_(key_mask, low_value), dim=-1) @ value)
     raise ValueError("graph_reasoning needs at least one step")

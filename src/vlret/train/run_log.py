@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from .._files import WriteFailed, atomic_write_text, write_failure
-from ..metrics import similarity_stats
 
 LOG_FILE = "metrics.jsonl"
 
@@ -100,10 +99,6 @@ def batch_similarity_stats(
         img = F.normalize(img_emb.float(), dim=1)
         txt = F.normalize(txt_emb.float(), dim=1)
         n = txt.shape[0]
-        if img.shape[0] * n <= tile_elements:
-            sim = img @ txt.t()
-            diagonal = torch.arange(n, device=sim.device)
-            return similarity_stats(sim, txt_to_img=diagonal, pos_mask=ids[:, None] == ids[None, :])
         rows = max(1, tile_elements // n)
         col_max = txt.new_full((n,), -math.inf)
         row_max, positives = [], []
