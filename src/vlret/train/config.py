@@ -130,6 +130,11 @@ class DataConfig:
     shuffle_buffer: int = 1000
     resampled: bool = False
     max_bad_fraction: float = 0.01
+    # The largest image (width x height, in pixels) any reader decodes, checked from the file's
+    # header before decoding (vlret._images): a larger one is a skipped-and-counted sample in
+    # training and a one-line error naming the file elsewhere. 25 M pixels (a 6000 x 4000
+    # photograph fits) is well below PIL's own 89 M decompression-bomb warning.
+    max_image_pixels: int = 25_000_000
     csv: str | None = None
     dev_csv: str | None = None
     csv_img_key: str = "filepath"
