@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("PIL")
 
+from vlret._files import OutputPathError  # noqa: E402
 from vlret.cli import main  # noqa: E402
 from vlret.data import KarpathyDataset  # noqa: E402
 from vlret.data.captioning import read_captions_file, sidecar_path  # noqa: E402
@@ -251,14 +252,14 @@ def test_resumed_run_writes_the_uninterrupted_file(models, karpathy, tmp_path) -
     # other settings on a half-done run are refused; the finished file needs --overwrite
     caption_split(
         models["blip"], karpathy, "test", tmp_path / "t.txt", settings=settings, progress=False,
-        stop_after_chunks=0,
+        stop_after_chunks=1,
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"t\.txt\.partial: .*max_new_tokens: 5, now 6"):
         caption_split(
             models["blip"], karpathy, "test", tmp_path / "t.txt", progress=False,
             settings=CaptionSettings(batch_size=2, max_new_tokens=6, device="cpu", chunk=2),
         )  # fmt: skip
-    with pytest.raises(FileExistsError, match="pass --overwrite"):
+    with pytest.raises(OutputPathError, match="exists; pass --overwrite"):
         caption_split(models["blip"], karpathy, "train", out, settings=settings, progress=False)
 
 

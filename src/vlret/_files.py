@@ -5,6 +5,14 @@ while the write is in flight.
 A reader, or a run killed with SIGKILL mid-write, sees either the previous file or the new one,
 never a truncated file. A kill can leave the temporary file (``.NAME.XXXX.tmp``) behind:
 :func:`remove_stale_temporaries` clears those when the next run starts in the folder.
+
+The output-path rule (docs/training.md, "Output and input paths"), enforced twice: up front by
+:func:`check_output_file` (before any work, with the command's ``--overwrite``) and again by
+:func:`atomic_write` itself just before its rename, so no caller can forget it. A rename puts a
+new regular file in place of whatever the path names, so an existing path that is not a
+regular file is refused: a device (``/dev/full``), a FIFO, a socket, a folder, and every
+symbolic link, whatever it leads to (renaming over a link replaces the link, never the file it
+leads to; give the path it leads to instead). A folder on the way to the path may be a link.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import glob
 import json
 import os
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -116,12 +125,16 @@ class _RecordingWriter:
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(fh)`` on a temporary file next to ``path``, then rename it over ``path``.
 
-    The file gets the permissions an ordinary ``open(path, "w")`` would (``0o666 & ~umask``).
+    An existing ``path`` that is not a regular file (a device, FIFO, socket, folder or any
+    symbolic link) is refused with :class:`OutputPathError`, before ``write`` and again just
+    before the rename (:func:`refuse_non_regular`). The file gets the permissions an ordinary
+    ``open(path, "w")`` would (``0o666 & ~umask``).
     On any error the temporary file is removed and ``path`` is left as it was; a disk that is
     full, a file size limit (``RLIMIT_FSIZE``) or a permission refused is raised as
     :class:`WriteFailed` naming ``path``, whatever the writer turned the ``OSError`` into.
     """
     path = Path(path)
+    refuse_non_regular(path)  # before the work of ``write``
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -137,6 +150,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
                 recorder.flush()
                 os.fsync(fh.fileno())
             os.chmod(tmp_name, 0o666 & ~_umask())
+            refuse_non_regular(path)  # again: what the path names may have changed meanwhile
             os.replace(tmp_name, path)
         except BaseException as err:
             if tmp_name is not None:
@@ -178,7 +192,58 @@ def remove_stale_temporaries(folder: str | Path, names: Iterable[str]) -> list[P
 
 
 class OutputPathError(ValueError):
-    """An output path that cannot hold what a command would write, found before the work."""
+    """An output path that cannot hold what a command would write, found before the work (or,
+    by :func:`atomic_write`, before the rename that would replace something not a file)."""
+
+
+def _kind_of(mode: int) -> str | None:
+    """What a non-regular file is, in a user's words (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def refuse_non_regular(path: str | Path, flag: str | None = None) -> None:
+    """Raise :class:`OutputPathError` when ``path`` exists and is not a regular file (read with
+    ``lstat``, so a symbolic link is refused whatever it leads to); a missing path passes.
+
+    The one line names the path, ``flag`` (the option it came from, when given), what the
+    path is, and what to do instead."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:  # a file on the way: the write names it
+        return
+    kind = _kind_of(mode)
+    if kind is None:
+        return
+    named = f"{path}: {flag} is" if flag else f"{path}: is"
+    if stat.S_ISLNK(mode):
+        try:
+            target = os.readlink(path)
+        except OSError:  # pragma: no cover - a link that vanished meanwhile
+            target = "?"
+        raise OutputPathError(
+            f"{named} a symbolic link (to {target}); vlret writes a new file and renames it "
+            "into place, which would replace the link: give the path it leads to, or remove "
+            "the link"
+        )
+    raise OutputPathError(
+        f"{named} {kind}, not a regular file; vlret writes a new file and renames it into "
+        "place, which would replace it: give a file path"
+    )
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -197,35 +262,67 @@ def _check_writable_folder(folder: Path, path: Path, flag: str) -> None:
         raise OutputPathError(f"{path}: {flag} cannot be written ({folder} is not writable)")
 
 
-def check_output_file(path: str | Path, flag: str = "--json", example: str = "m.json") -> Path:
-    """Refuse an output file that cannot be written (a folder, a file in a file, a folder
-    without write permission) before the work whose result it would hold; ``flag`` names the
-    option in the one-line error (:class:`OutputPathError`, a ``ValueError``)."""
+def check_output_file(
+    path: str | Path,
+    flag: str = "--json",
+    example: str = "m.json",
+    *,
+    overwrite: bool | None = None,
+) -> Path:
+    """The output-path rule of every command (module docstring), checked before the work whose
+    result ``path`` would hold; ``flag`` names the option in the one-line error
+    (:class:`OutputPathError`, a ``ValueError``).
+
+    Refused: a folder, a symbolic link, a device, FIFO or socket (:func:`refuse_non_regular`),
+    a read-only file, a path under a file or in a folder without write permission, and, when
+    ``overwrite`` is False, an existing file (``--overwrite`` replaces it). ``overwrite=None``
+    leaves an existing regular file to the caller (a writer with its own rule)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise OutputPathError(
             f"{path}: {flag} is a folder; expected a file path such as {path / example}"
         )
+    refuse_non_regular(path, flag)
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputPathError(f"{path}: {flag} cannot be written (the file is read-only)")
+    if path.exists() and overwrite is False:
+        raise OutputPathError(f"{path}: {flag} exists; pass --overwrite to replace it")
     _check_writable_folder(_existing_ancestor(path.parent), path, flag)
     return path
 
 
-def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
+def check_output_dir(
+    path: str | Path,
+    flag: str = "--out",
+    *,
+    files: Iterable[str] = (),
+    overwrite: bool | None = None,
+) -> Path:
     """Refuse an output folder that is a file, lies under a file, or cannot be written (an
     existing folder without write permission, or a missing one whose nearest existing
-    ancestor cannot be written), before any work; :class:`OutputPathError`."""
+    ancestor cannot be written), before any work; :class:`OutputPathError`.
+
+    The folder itself may be a symbolic link to a folder (vlret writes inside it, never over
+    it). ``files``: the names the command writes in it, each held to :func:`check_output_file`'s
+    rule (with ``overwrite``: an existing one is refused unless it is True)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise OutputPathError(f"{path}: {flag} is a file; expected a folder")
+        kind = _kind_of(os.stat(path).st_mode) or "a file"
+        raise OutputPathError(f"{path}: {flag} is {kind}; expected a folder")
     _check_writable_folder(_existing_ancestor(path), path, flag)
+    for name in files:
+        target = path / name
+        if overwrite is False and target.is_file() and not target.is_symlink():
+            raise OutputPathError(
+                f"{path}: {flag} holds {name} already; pass --overwrite to replace it"
+            )
+        check_output_file(target, flag, name, overwrite=overwrite)
     return path
 
 
-def check_json_path(path: str | Path) -> Path:
+def check_json_path(path: str | Path, *, overwrite: bool | None = None) -> Path:
     """Refuse a ``--json`` target that cannot be written (:func:`check_output_file`)."""
-    return check_output_file(path, "--json", "m.json")
+    return check_output_file(path, "--json", "m.json", overwrite=overwrite)
 
 
 def write_failure(err: BaseException) -> str | None:
@@ -239,8 +336,10 @@ def write_failure(err: BaseException) -> str | None:
     return f"{name}: cannot write ({_WRITE_ERRORS[err.errno]})"
 
 
-def write_metrics_json(record: dict[str, Any], path: str | Path) -> Path:
+def write_metrics_json(
+    record: dict[str, Any], path: str | Path, *, overwrite: bool | None = None
+) -> Path:
     """Write ``record`` as indented JSON to ``path`` atomically (``vlret eval --json``)."""
-    path = check_json_path(path)
+    path = check_json_path(path, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, json.dumps(record, indent=2) + "\n")

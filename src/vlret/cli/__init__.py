@@ -101,11 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``vlret`` command. What no command handles itself ends in one line on stderr, not a
     traceback: a missing optional dependency names the extra to install (``vlret train needs
-    PyYAML: pip install 'vlret[train]'``, status 2); a write refused for room or permission
+    PyYAML: pip install 'vlret[train]'``, status 2); an output path the writer refuses (a
+    device, FIFO, socket, folder or symbolic link: :class:`vlret._files.OutputPathError`,
+    status 2); a write refused for room or permission
     (disk full, ``RLIMIT_FSIZE``, a read-only folder) names the file (status 2); Ctrl-C is
     ``interrupted`` with status 130."""
     from .._extras import MissingExtra
-    from .._files import write_failure
+    from .._files import OutputPathError, write_failure
 
     args = None
     try:
@@ -117,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vlret {args.command if args else ''}: interrupted".strip(), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OutputPathError as err:  # refused by the writer itself (vlret._files.atomic_write)
+        print(f"vlret {args.command if args else ''}: {err}", file=sys.stderr)
+        return EXIT_ERROR
     except OSError as err:
         line = write_failure(err)
         if line is None:

@@ -66,6 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing FILE and discard the chunks of an earlier run",
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.set_defaults(func=run)
     return p
 
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             arch=args.arch,
             settings=settings,
             overwrite=args.overwrite,
+            progress=not args.no_progress,
         )
     except (ValueError, FileNotFoundError, FileExistsError, OutputPathError) as err:
         return fail(NAME, err)

@@ -124,6 +124,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="MSR-VTT data: captions per test video, replacing data.captions_per_video",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --json file (refused without this flag)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(NAME, "give a checkpoint (or several), or --model-dir DIR (a local CLIP)")
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
-            check_json_path(args.json)
+            check_json_path(args.json, overwrite=args.overwrite)
         result = run_evaluation(
             args.checkpoint[0] if len(args.checkpoint) == 1 else (args.checkpoint or None),
             data=args.data,
@@ -175,5 +180,5 @@ def run(args: argparse.Namespace) -> int:
         return fail(NAME, err)
     print(result.table())  # the Evaluation carries its protocol and split
     if args.json is not None:
-        print(write_metrics_json(result.record(), args.json))
+        print(write_metrics_json(result.record(), args.json, overwrite=args.overwrite))
     return EXIT_OK

@@ -39,6 +39,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=256, help="encoding batch size")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out file (refused without this flag)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -50,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from ..train.mining_run import mine_checkpoint
 
     try:
-        check_output_file(args.out, "--out", "negatives.npz")  # before the (slow) scoring
+        # before the (slow) scoring: the output-path rule (docs/training.md)
+        check_output_file(args.out, "--out", "negatives.npz", overwrite=args.overwrite)
         mined = mine_checkpoint(
             args.checkpoint,
             data=args.data,

@@ -22,6 +22,12 @@ from ._common import EXIT_OK, fail, positive_int
 NAME = "plot"
 #: What ``vlret plot`` draws.
 WHATS = ("goal-weights", "adacl-margins", "curves", "tsne")
+#: The files each figure writes in its ``--out`` folder (an existing one needs --overwrite).
+FILES = {
+    "goal-weights": ("goal_triplet_weights.png", "goal_pair_weights.png"),
+    "adacl-margins": ("adacl_margins.png",),
+    "curves": ("training_curves.png", "curves.md"),
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,6 +52,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="tsne: the draw's and t-SNE's seed")
     p.add_argument("--data", type=Path, help="tsne: data folder (default: the run's data.root)")
     p.add_argument("--device", default="auto", help="tsne: encoding device (default auto)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace figures and tables already in --out (refused without this flag)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -56,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     a figure that takes none, an ``--out`` that cannot be a folder, a missing matplotlib (the
     ``plot`` extra, :class:`~vlret._extras.MissingExtra` printed by :func:`vlret.cli.main`,
     status 2)."""
-    from .._files import check_output_dir
+    from .._files import check_output_dir, check_output_file
     from ..analysis._plotting import require_matplotlib
 
     what = args.what
@@ -78,14 +89,17 @@ def run(args: argparse.Namespace) -> int:
         if len(args.runs) > 1:
             return fail(NAME, "curves of several runs needs --out DIR")
         out = args.runs[0] / "plots"
-    if what == "tsne":
-        if out is not None and out.suffix.lower() != ".png":
-            return fail(NAME, f"--out {out}: expected a .png file for tsne")
-    else:
-        try:
-            check_output_dir(out, "--out")
-        except ValueError as err:  # OutputPathError
-            return fail(NAME, err)
+    try:  # the output-path rule (docs/training.md), before anything is drawn
+        if what == "tsne":
+            if out is not None and out.suffix.lower() != ".png":
+                return fail(NAME, f"--out {out}: expected a .png file for tsne")
+            if out is not None:
+                for target in (out, out.with_suffix(".csv"), out.with_suffix(".json")):
+                    check_output_file(target, "--out", "tsne.png", overwrite=args.overwrite)
+        else:
+            check_output_dir(out, "--out", files=FILES[what], overwrite=args.overwrite)
+    except ValueError as err:  # OutputPathError
+        return fail(NAME, err)
     require_matplotlib(f"vlret {NAME}")
     try:
         paths = _tsne(args, out) if what == "tsne" else _figures(args, what, _folder(out))

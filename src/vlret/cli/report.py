@@ -16,6 +16,8 @@ NAME = "report"
 #: the count options and the least value each takes (checked in :func:`run`, so that a bad
 #: value is one line naming the flag, not argparse's usage block)
 _COUNTS = {"--top-k": 1, "--samples": 0, "--worst": 0, "--batch-size": 1}
+#: The files a report writes in ``--out`` (an existing one needs --overwrite).
+REPORT_FILES = ("index.html", "report.json")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -57,6 +59,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=256, help="encoding batch size (256)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the index.html and report.json --out holds (refused without this flag)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -64,6 +71,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Build the report and print the path of its page."""
     require_train_extra(NAME)
+    from .._files import check_output_dir
     from ..analysis.report import build_report
     from ..eval import eval_splits, protocol_names
 
@@ -84,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
             return fail(NAME, f"checkpoint {path}: missing")
     if not args.data.exists():
         return fail(NAME, f"--data {args.data}: missing")
-    if args.out.exists() and not args.out.is_dir():
-        return fail(NAME, f"--out {args.out}: exists and is not a folder")
+    try:  # the output-path rule (docs/training.md), before the evaluation
+        check_output_dir(args.out, "--out", files=REPORT_FILES, overwrite=args.overwrite)
+    except ValueError as err:  # OutputPathError
+        return fail(NAME, err)
     try:
         facts, page = build_report(
             args.checkpoint,

@@ -65,6 +65,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, metavar="OUT", help="also write CLIP_benchmark's JSON")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --json file (refused without this flag)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
-            check_json_path(args.json)
+            check_json_path(args.json, overwrite=args.overwrite)
         if args.num_workers < 0:
             raise ValueError(f"--num-workers must be >= 0, got {args.num_workers}")
         try:
@@ -149,5 +154,5 @@ def run(args: argparse.Namespace) -> int:
     print(result.table())
     if args.json is not None:
         record = result.record(model=str(args.model), pretrained=pretrained)
-        print(write_metrics_json(record, args.json))
+        print(write_metrics_json(record, args.json, overwrite=args.overwrite))
     return EXIT_OK

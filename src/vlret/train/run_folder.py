@@ -10,8 +10,14 @@ only with noisy correspondence: :func:`save_run_files`). Rules:
 * a ``--resume`` checkpoint that does not exist is refused as missing, naming the checkpoints
   the folder does hold;
 * a folder that already holds a run is refused unless the run resumes from a checkpoint of that
-  folder, or ``overwrite`` is set (the old run's files are then deleted first, so no record of
-  it is mixed into the new one);
+  folder, or ``overwrite`` is set (the old run's files, :data:`RUN_FILES` and nothing else, are
+  then deleted by :func:`clear_run_folder` once every check of the new run has passed, so no
+  record of the old run is mixed into the new one and a refused run deletes nothing); the
+  refusal names ``last.pt`` to resume from only when the folder holds it;
+* ``overwrite`` is refused, naming the key, when an input of the run (:func:`run_input_paths`:
+  ``train.init_from``, ``data.noise_index``, ``data.offline_negatives``, the captions files,
+  ``--resume`` from another folder, the data and model paths) lies in ``output_dir``: the
+  folder it would clear;
 * temporary files left by a killed atomic write are removed;
 * a resumed run must have the checkpoint's model, loss, optimiser and batch schedule
   (:data:`FROZEN_KEYS`); other keys (epochs, logging, device, data location) may change;
@@ -102,6 +108,111 @@ class RunFolderError(ValueError):
     """An output folder or a resume that would lose or mix up a run's files."""
 
 
+#: The keys of :class:`~vlret.train.config.DataConfig` that name files or folders the run
+#: reads (a shard pattern's braces and anything after them are not part of the path).
+DATA_INPUT_KEYS = (
+    "root",
+    "features_dir",
+    "karpathy_json",
+    "image_root",
+    "vocab",
+    "tokenizer",
+    "shards",
+    "dev_shards",
+    "csv",
+    "dev_csv",
+    "annotations",
+    "noise_index",
+    "offline_negatives",
+    "train_captions",
+    "dev_captions",
+    "test_captions",
+)
+#: The keys of :class:`~vlret.train.config.TrainConfig` that name what the run reads.
+TRAIN_INPUT_KEYS = ("init_from", "zeroshot_root")
+#: The keys, at any depth of the ``[model]`` section, whose string value is a local path.
+MODEL_INPUT_KEYS = ("path", "tokenizer")
+
+
+def _local_paths(value: Any) -> list[str]:
+    """The local paths a config value names: a string or a list of them; URLs, ``pipe:``
+    commands and empty strings are none; a shard pattern is cut at its first brace."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    paths = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            continue
+        if "://" in item or item.startswith("pipe:"):
+            continue
+        paths.append(item.split("{", 1)[0] or ".")
+    return paths
+
+
+def _model_paths(node: Any, prefix: str, out: dict[str, list[str]]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            dotted = f"{prefix}.{key}"
+            if key in MODEL_INPUT_KEYS and _local_paths(value):
+                out[dotted] = _local_paths(value)
+            else:
+                _model_paths(value, dotted, out)
+
+
+def run_input_paths(config: Any, *, resume: str | Path | None = None) -> dict[str, list[str]]:
+    """Every local path a run reads, by the config key (or ``--resume``) that names it: the
+    :data:`DATA_INPUT_KEYS`, :data:`TRAIN_INPUT_KEYS` and the ``path`` / ``tokenizer`` keys of
+    the ``[model]`` section."""
+    found: dict[str, list[str]] = {}
+    for section, keys in (("data", DATA_INPUT_KEYS), ("train", TRAIN_INPUT_KEYS)):
+        for key in keys:
+            paths = _local_paths(getattr(getattr(config, section), key, None))
+            if paths:
+                found[f"{section}.{key}"] = paths
+    _model_paths(getattr(config, "model", None), "model", found)
+    if resume is not None:
+        found["--resume"] = [str(resume)]
+    return found
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` (links resolved) is ``folder`` or lies in it."""
+    try:
+        resolved, root = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError):  # pragma: no cover - a link loop
+        return False
+    return resolved == root or root in resolved.parents
+
+
+def check_overwrite_inputs(folder: Path, inputs: dict[str, list[str]]) -> None:
+    """Refuse ``--overwrite`` of ``folder`` when one of the run's ``inputs`` (key -> paths)
+    lies in it, naming the key: the folder it would clear is one the run reads from."""
+    for key, paths in inputs.items():
+        for text in paths:
+            if _inside(Path(text), folder):
+                raise RunFolderError(
+                    f"{folder}: --overwrite would clear the folder that {key} = {text} is read "
+                    f"from; move {text} out of output_dir first, or choose another output_dir"
+                )
+
+
+def replaces_run(folder: Path, *, resume: str | Path | None, overwrite: bool) -> bool:
+    """Whether the run clears ``folder``'s old run (``overwrite`` and not resumed from it)."""
+    return overwrite and not (resume is not None and _same_folder(Path(resume).parent, folder))
+
+
+def clear_run_folder(folder: str | Path) -> list[str]:
+    """Delete the old run's :data:`RUN_FILES` in ``folder`` (``--overwrite``; nothing else is
+    deleted, the run's inputs included); returns the names deleted."""
+    folder = Path(folder)
+    removed = []
+    for name in RUN_FILES:
+        path = folder / name
+        if path.is_file() or path.is_symlink():  # a link is removed, never what it leads to
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
 def prepare_run_folder(
     output_dir: str | Path,
     *,
@@ -109,12 +220,17 @@ def prepare_run_folder(
     overwrite: bool = False,
     create: bool = True,
     lock: Callable[[Path], object] | None = None,
+    inputs: dict[str, list[str]] | None = None,
 ) -> Path:
     """Check (and with ``create`` make) ``output_dir`` for a run; see the module docstring.
 
     ``create=False`` only checks (the ranks of a distributed run other than rank 0).
-    ``lock(folder)`` is called once the folder exists and before anything in it is read or
-    deleted (:func:`vlret.train.run_lock.acquire_run_lock`: a folder in use is refused there).
+    ``lock(folder)`` is called once the folder exists and before anything in it is read
+    (:func:`vlret.train.run_lock.acquire_run_lock`: a folder in use is refused there).
+    ``inputs``: the run's input paths by key (:func:`run_input_paths`), refused in the folder
+    that ``overwrite`` would clear. Nothing of an old run is deleted here: the caller clears
+    the folder (:func:`clear_run_folder`) once every check has passed
+    (:func:`replaces_run` says whether).
     """
     folder = Path(output_dir)
     if not str(output_dir).strip():
@@ -143,22 +259,26 @@ def prepare_run_folder(
     found = [name for name in RUN_FILES if (folder / name).exists()]
     same_run = resume is not None and _same_folder(Path(resume).parent, folder)
     if found and not overwrite and not same_run:
-        hint = (
-            "it is not the folder of the resumed checkpoint"
-            if resume is not None
-            else f"continue it with --resume {folder / 'last.pt'}"
-        )
         raise RunFolderError(
-            f"{folder}: holds another run ({', '.join(found)}); {hint}, replace it with "
-            "--overwrite, or choose another output_dir"
+            f"{folder}: holds another run ({', '.join(found)}); {_continue_hint(folder, resume)}"
+            "replace it with --overwrite, or choose another output_dir"
         )
+    if replaces_run(folder, resume=resume, overwrite=overwrite):
+        check_overwrite_inputs(folder, inputs or {})
     if not create:
         return folder
-    if overwrite and not same_run:
-        for name in found:
-            (folder / name).unlink()
     remove_stale_temporaries(folder, RUN_FILES)
     return folder
+
+
+def _continue_hint(folder: Path, resume: str | Path | None) -> str:
+    """How the run a folder holds could be continued: only a checkpoint it holds is named."""
+    if resume is not None:
+        return "it is not the folder of the resumed checkpoint; "
+    held = [folder / name for name in ("last.pt", "best.pt") if (folder / name).is_file()]
+    if held:
+        return f"continue it with --resume {held[0]}, "
+    return "it holds no checkpoint to continue from; "
 
 
 def save_run_files(config: Any, encoder: Any, train_set: Any, folder: Path) -> None:

@@ -6,13 +6,20 @@ leave ``best.pt`` from one run next to ``last.pt`` of the other. The trainer the
 reads or deletes anything there (``--overwrite`` deletes the old run's files only once the
 lock is held), and keeps it until :meth:`vlret.train.Trainer.fit` ends, however it ends.
 
-* The lock file records its holder: process id, host, start time and command line (JSON).
+* The lock file records its holder: process id, host, start time and command line (JSON), and
+  on Linux the process's start in clock ticks since boot (``/proc/PID/stat``, field 22) and the
+  boot's id, which tell the holder from a later process that was given the same pid.
+* The lock file is never followed: it is opened with ``O_NOFOLLOW`` and must be a regular file
+  (``lstat``); a symbolic link, a folder, a device, a FIFO or a socket in its place refuses the
+  run in one line (:class:`LockFileRefused`) before anything is read, written or removed, and a
+  lock file is removed at the end only while the path still names the very file locked.
 * A live holder makes a second run, a ``--resume`` and an ``--overwrite`` of the folder refuse
   with one line naming it (:class:`RunFolderLocked`).
 * The operating system drops an ``flock`` when the process holding it dies, SIGKILL and an
   out-of-memory kill included. A lock file whose lock can be taken but that still names a
-  holder was left by a process that died; it is taken over with a one-line note naming the
-  old holder.
+  holder is taken over with a one-line note naming the old holder and what became of it
+  (:func:`takeover_note`): gone; its pid now another process (start or command line differ);
+  still running but no longer holding the lock; or on another host (not checked).
 * A run that ends removes the lock file while it still holds the lock; the next one then
   sees no holder. A process that opened the file just before it was removed finds, once it
   holds the lock, that the path no longer leads to its file, and starts over.
@@ -32,11 +39,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import gc
 import json
 import os
 import shlex
 import socket
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -79,15 +88,92 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
     return line
 
 
+class LockFileRefused(ValueError):
+    """``output_dir/.vlret.lock`` is not a regular file (a symbolic link, a folder, a device,
+    a FIFO or a socket): vlret never follows, writes or removes such a path."""
+
+
+def _proc_start(pid: int) -> int | None:
+    """The start of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22);
+    None where there is no such process or no ``/proc``."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and ')'
+    try:
+        return int(fields[19])  # field 22 counts from pid (1) and comm (2): 22 - 3
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_command(pid: int) -> str | None:
+    """The command line of process ``pid`` (``/proc/PID/cmdline``), None where unreadable."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+    return shlex.join(argv) if argv else None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
 def _holder_now() -> dict[str, Any]:
     argv = list(sys.argv) or ["python"]
     argv[0] = Path(argv[0]).name or argv[0]
-    return {
+    holder: dict[str, Any] = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "since": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %z"),
         "command": shlex.join(argv),
     }
+    start, boot = _proc_start(os.getpid()), _boot_id()
+    if start is not None:
+        holder["proc_start"] = start
+    if boot is not None:
+        holder["boot_id"] = boot
+    return holder
+
+
+def takeover_note(folder: Path, stale: dict[str, Any]) -> str:
+    """The one line printed when the lock of ``stale`` (its recorded holder) is taken over: the
+    lock was free, so the holder does not hold it; whether its pid is gone, is now another
+    process, or is the holder still running is read from ``/proc`` (same host only)."""
+    old = describe_holder(stale)
+    pid = stale.get("pid")
+    host = stale.get("host")
+    if host and host != socket.gethostname():
+        return (
+            f"{folder}: took over the lock released by a run on another host ({old}); "
+            "whether it still runs there cannot be checked from here"
+        )
+    start = _proc_start(pid) if isinstance(pid, int) and pid > 0 else None
+    if start is None:
+        return f"{folder}: took over the lock left by a run that is no longer running ({old})"
+    recorded_start, recorded_boot = stale.get("proc_start"), stale.get("boot_id")
+    command = _proc_command(pid) or "?"
+    if recorded_start is None:
+        return (
+            f"{folder}: took over the lock left by pid {pid} ({old}); a process with that pid "
+            f"runs now (command: {command}) but the lock file records no start to tell "
+            "whether it is the same run, and the lock was free"
+        )
+    same_boot = recorded_boot is None or recorded_boot == _boot_id()
+    if start != recorded_start or not same_boot:
+        return (
+            f"{folder}: took over the lock left by a run that is no longer running ({old}); "
+            f"pid {pid} is now another process (command: {command})"
+        )
+    return (
+        f"{folder}: took over the lock released by pid {pid}, which still runs but no longer "
+        f"holds it ({old})"
+    )
 
 
 def _read_holder(fd: int) -> dict[str, Any] | None:
@@ -130,8 +216,10 @@ class RunLock:
         return self._fd is not None
 
     def release(self) -> None:
-        """Remove the lock file (while the lock is still held), then drop the lock. A folder
-        that became unwritable keeps the file; the next run takes it over with a note."""
+        """Remove the lock file (while the lock is still held, and only while the path still
+        names the very file locked: never a link or another file put in its place), then drop
+        the lock. A folder that became unwritable keeps the file; the next run takes it over
+        with a note."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
@@ -149,11 +237,54 @@ class RunLock:
 
 
 def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` itself (not followed: ``lstat``) is the file open as ``fd``."""
     try:
-        a, b = os.fstat(fd), os.stat(path)
+        a, b = os.fstat(fd), os.lstat(path)
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _refuse_unless_regular(path: Path) -> None:
+    """:class:`LockFileRefused` when ``path`` exists and is not a regular file (``lstat``)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISLNK(mode):
+        try:
+            what = f"a symbolic link (to {os.readlink(path)})"
+        except OSError:  # pragma: no cover - removed meanwhile
+            what = "a symbolic link"
+    elif stat.S_ISDIR(mode):
+        what = "a folder"
+    else:
+        what = "a device, FIFO or socket"
+    raise LockFileRefused(
+        f"{path}: the run lock is {what}, not a lock file vlret wrote; vlret neither follows "
+        "nor replaces it: remove it, or choose another output_dir"
+    )
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (creating) the regular lock file at ``path`` without following a link; a link, a
+    folder or a special file there raises :class:`LockFileRefused` (nothing written)."""
+    _refuse_unless_regular(path)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # replaced between the checks
+            _refuse_unless_regular(path)
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        _refuse_unless_regular(path)
+        raise LockFileRefused(f"{path}: the run lock is not a regular file")  # pragma: no cover
+    return fd
 
 
 def acquire_run_lock(folder: str | Path, *, notify: Callable[[str], None] | None = None) -> RunLock:
@@ -168,6 +299,7 @@ def acquire_run_lock(folder: str | Path, *, notify: Callable[[str], None] | None
 
     Raises:
         RunFolderLocked: Another live process holds the folder.
+        LockFileRefused: The lock file's path is a symbolic link, a folder or a special file.
         OSError: The lock file cannot be created or written (the caller names the folder).
     """
     folder = Path(folder)
@@ -176,7 +308,7 @@ def acquire_run_lock(folder: str | Path, *, notify: Callable[[str], None] | None
     path = folder / LOCK_FILE
     collected = False
     for _ in range(100):  # each retry follows a lock file removed under us
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -206,12 +338,17 @@ def acquire_run_lock(folder: str | Path, *, notify: Callable[[str], None] | None
             lock.release()
             raise
         if stale and notify is not None:
-            notify(
-                f"{folder}: took over the lock left by a run that is no longer running "
-                f"({describe_holder(stale)})"
-            )
+            notify(takeover_note(folder, stale))
         return lock
     raise RunFolderLocked(folder, _read_holder_at(path))  # pragma: no cover - endless churn
 
 
-__all__ = ["LOCK_FILE", "RunFolderLocked", "RunLock", "acquire_run_lock", "describe_holder"]
+__all__ = [
+    "LOCK_FILE",
+    "LockFileRefused",
+    "RunFolderLocked",
+    "RunLock",
+    "acquire_run_lock",
+    "describe_holder",
+    "takeover_note",
+]

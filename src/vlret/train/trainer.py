@@ -19,6 +19,7 @@ therefore ends with bit-identical weights to the uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -30,13 +31,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .._extras import progress_bar
-from ..data.shards import (
-    IMAGE_FORMATS,
-    ShardStream,
-    build_image_sets,
-    check_bad_fraction,
-    epoch_skipped,
-)
+from ..data.bad_samples import check_bad_fraction, epoch_skipped
+from ..data.image_sets import build_image_sets
+from ..data.shards import IMAGE_FORMATS, ShardStream
 from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from .builders import (
@@ -77,8 +74,11 @@ from .run_folder import (
     check_resume_config,
     check_select_on,
     check_stream_resume,
+    clear_run_folder,
     prepare_run_folder,
     read_state,
+    replaces_run,
+    run_input_paths,
     save_run_files,
 )
 from .run_lock import RunLock, acquire_run_lock
@@ -138,7 +138,11 @@ class Trainer(TrainerState):
         #: The run folder's lock (:mod:`.run_lock`), held by rank 0 until :meth:`fit` ends.
         self.run_lock: RunLock | None = None
         # Folder and checkpoint problems before the (slow) vocabulary and data; the folder is
-        # locked before anything in it is read or deleted.
+        # locked before anything in it is read, and nothing in it is written or deleted before
+        # every check has passed (the end of _build).
+        created = not Path(config.output_dir).exists()
+        #: Records for metrics.jsonl made while building, written once the checks passed.
+        self._pending_records: list[dict[str, Any]] = []
         try:
             self.output_dir = prepare_run_folder(
                 config.output_dir,
@@ -146,10 +150,17 @@ class Trainer(TrainerState):
                 overwrite=overwrite,
                 create=self.is_main,
                 lock=self._lock_folder if self.is_main else None,
+                inputs=run_input_paths(config, resume=resume),
+            )
+            self._replace_run = self.is_main and replaces_run(
+                self.output_dir, resume=resume, overwrite=overwrite
             )
             self._build(config, resume, hooks, loss_step)
         except BaseException:
             self.release_lock()
+            if created and self.is_main:  # a refused run leaves no empty folder behind
+                with contextlib.suppress(OSError):
+                    Path(config.output_dir).rmdir()
             raise
 
     def _lock_folder(self, folder: Path) -> None:
@@ -194,7 +205,7 @@ class Trainer(TrainerState):
             start = load_init_weights(
                 self.model, tc.init_from, encoder=encoder_state(self.encoder, config)
             )
-            self._log({"kind": "init_from", **start})
+            self._pending_records.append({"kind": "init_from", **start})
             if self.print_fn is not None:
                 self.print_fn(f"{config.source}: model weights from {tc.init_from}")
         #: A score matrix instead of embeddings (SCAN, BFAN, SGRAF): see :mod:`.pair_scoring`.
@@ -278,9 +289,33 @@ class Trainer(TrainerState):
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
         self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad shard samples
+        self._check_schedule_length()
+        # Every check has passed: the old run's files go now (--overwrite), before the first
+        # write (the resumed checkpoint's log and best.pt, the records above).
+        if self._replace_run:
+            clear_run_folder(self.output_dir)
+            self._replace_run = False
+        for record in self._pending_records:
+            self._log(record)
+        self._pending_records.clear()
         if resume_state is not None:
             assert resume is not None  # resume_state was read from it
             self._load(resume, resume_state)
+
+    def _check_schedule_length(self) -> None:
+        """``optim.schedule = "cosine"`` needs more steps than its warm-up: refused here, with
+        the other checks, not at the first step after the run folder was written."""
+        optim = self.config.optim
+        if optim.schedule != "cosine" or not optim.warmup_steps:
+            return
+        total = self.config.train.epochs * self.sampler.num_batches()
+        if total <= optim.warmup_steps:
+            raise ConfigError(
+                self.config.source,
+                "optim.warmup_steps",
+                f"{optim.warmup_steps} must be below the run's {total} steps with "
+                "optim.schedule = 'cosine' (train.epochs x steps per epoch)",
+            )
 
     # -- checkpoints (state_dict and _load: TrainerState) ----------------------------------
 
@@ -471,7 +506,8 @@ class Trainer(TrainerState):
         if value is not None and (self.best_metric is None or value > self.best_metric):
             self.best_metric, self.best_epoch, improved = float(value), self.epoch, True
         finished_epoch = self.epoch
-        skipped = epoch_skipped(self.sampler, self.epoch_skipped, device=self.device)  # all ranks
+        # the bad samples of shards or a CSV over all ranks (every rank takes part)
+        skipped = epoch_skipped(self.train_set, self.epoch_skipped, device=self.device)
         self.epoch += 1
         self.batch_in_epoch = 0
         self.epoch_loss_sum, self.epoch_batches, self.epoch_skipped = 0.0, 0, 0
@@ -488,7 +524,8 @@ class Trainer(TrainerState):
         self._log(record)
         if self.print_fn is not None:
             self.print_fn(epoch_line(self, record, dev_value=value))
-        check_bad_fraction(skipped, self.sampler)  # shards: after the record and the line
+        used = self.sampler.num_batches() * tc.batch_size  # shards, CSV: after the line
+        check_bad_fraction(skipped, self.train_set, used=used)
         if self.dev_set is None and self.epoch == tc.epochs:
             self.best_epoch, improved = finished_epoch, True
         if improved:

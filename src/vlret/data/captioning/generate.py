@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..._files import atomic_write_text, check_output_file
-from ..captioning_files import clean_caption, write_captions_file
+from ..captioning_files import clean_caption, sidecar_path, write_captions_file
 from .images import SplitImages, split_images
 
 #: ``--arch`` values.
@@ -196,9 +196,10 @@ class Captioner:
                 self.model_dir, local_files_only=True, dtype=dtype
             )
         except (OSError, ValueError, TypeError, KeyError) as err:
+            # the whole first line: transformers names the missing file at its end
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise CaptioningError(
-                f"{self.model_dir}: not a loadable {arch} captioner ({first:.200})"
+                f"{self.model_dir}: not a loadable {arch} captioner ({first})"
             ) from None
         self.model.to(device).eval()
         self.tokenizer = self.processor.tokenizer
@@ -296,9 +297,11 @@ def _read_chunk(path: Path, start: int, count: int, per_image: int) -> list[list
 
 
 def _prepare_partial(partial: Path, record: dict[str, Any], overwrite: bool) -> None:
-    """Start ``partial`` for ``record``'s run, or keep an earlier one of the same settings."""
+    """Start ``partial`` for ``record``'s run, or keep an earlier one of the same settings. An
+    earlier run that wrote no chunk (its model failed to load) left nothing to lose: its
+    folder is started over whatever its settings were."""
     settings_path = partial / "settings.json"
-    if partial.is_dir() and overwrite:
+    if partial.is_dir() and (overwrite or not any(partial.glob("chunk_*.json"))):
         shutil.rmtree(partial)
     if partial.is_dir() and settings_path.is_file():
         try:
@@ -355,16 +358,16 @@ def caption_split(
         What was done.
 
     Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is not set.
+        OutputPathError: ``out`` exists and ``overwrite`` is not set, or is no regular file.
         FileNotFoundError: ``model_dir``, ``data`` or an image is missing.
         CaptioningError: A bad setting, arch or model directory.
         DataFormatError: The data holds no images for the split, or is malformed.
     """
     settings = settings or CaptionSettings()
     settings.check()
-    out = check_output_file(out, "--out", "train_caps.txt")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: exists; pass --overwrite to replace it")
+    # the output-path rule (docs/training.md): the file and its sidecar, before any work
+    out = check_output_file(out, "--out", "train_caps.txt", overwrite=overwrite)
+    check_output_file(sidecar_path(out), "--out", "train_caps.txt.json", overwrite=None)
     kind = resolve_arch(model_dir, arch)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
