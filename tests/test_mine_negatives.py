@@ -13,7 +13,11 @@ import yaml
 
 from train_helpers import tiny_data, tiny_raw
 from vlret.cli import main
-from vlret.data.offline_negatives import OfflineNegatives, load_offline_negatives
+from vlret.data.offline_negatives import (
+    OfflineNegatives,
+    load_offline_negatives,
+    split_fingerprint,
+)
 from vlret.train import mining
 from vlret.train.mining import mine_blocks, mine_embeddings, top_k
 
@@ -372,6 +376,9 @@ def test_cli_mines_the_checkpoints_own_scores(trained, tmp_path, capsys):
         out, num_images=ds.num_images, num_captions=ds.num_captions, txt_to_img=ds.txt_to_img
     )
     assert mined.header["checkpoint"] == str(ckpt) and mined.header["split"] == "train"
+    # the data it was mined on: the split's ids, captions and pairs, as training checks it
+    assert mined.header["fingerprint"] == split_fingerprint(ds)
+    assert split_fingerprint(ds).startswith("sha256:") and len(split_fingerprint(ds)) == 71
     assert mined.header["scoring"] == "cosine" and mined.k == 4
     # the oracle: cosine of the model's embeddings in float64, every pair
     img, txt = TwoTowerScorer(model, batch_size=64).embeddings(ds)

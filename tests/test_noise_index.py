@@ -215,7 +215,7 @@ def test_other_refusals(tmp_path):
         missing = data_config(root, noise_index=str(tmp_path / "nope.npy"))
         build_train_dataset(missing, "train", None)
     (tmp_path / "text.npy").write_text("not numpy")
-    with pytest.raises(DataFormatError, match=r"text\.npy: not a \.npy array"):
+    with pytest.raises(DataFormatError, match=r"text\.npy: not a \.npy file: it begins with"):
         read_noise_index(tmp_path / "text.npy", num_captions=30, num_images=6)
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
+import os
+import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,7 +275,9 @@ def read_json(path: Path, what: str) -> Any:
 
     Raises:
         FileNotFoundError: The file is missing.
-        DataFormatError: Not UTF-8, or a syntax error (with its line).
+        DataFormatError: Not UTF-8, a syntax error (with its line), a value Python cannot
+            hold (an integer of more than 4300 digits), or nesting deeper than the parser's
+            recursion limit.
     """
     require_file(path, what)
     try:
@@ -284,18 +290,140 @@ def read_json(path: Path, what: str) -> Any:
         raise DataFormatError(
             path, f"invalid JSON ({err.msg}, column {err.colno}); expected {what}", line=err.lineno
         ) from None
+    except ValueError as err:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise DataFormatError(path, f"not readable as JSON ({err}); expected {what}") from None
+    except RecursionError:  # Python's parser recurses once per level of [ or {
+        raise DataFormatError(
+            path,
+            "JSON nested deeper than Python's parser can read (recursion limit "
+            f"{sys.getrecursionlimit()}); expected {what}",
+        ) from None
+
+
+#: The first bytes of every ``.npy`` file (``numpy.lib.format.MAGIC_PREFIX``) and of a zip
+#: archive (an ``.npz``: ``numpy.savez`` writes a zip of ``.npy`` members).
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What the header of a ``.npy`` file says, read before any of its data.
+
+    Attributes:
+        version: The format version, ``(1, 0)``, ``(2, 0)`` or ``(3, 0)``.
+        shape: The array's shape.
+        fortran_order: Whether the data is stored column-major.
+        dtype: The element type (its byte order as stored, e.g. ``>i8``).
+        data_bytes: The bytes that follow the header in the file.
+    """
+
+    version: tuple[int, int]
+    shape: tuple[int, ...]
+    fortran_order: bool
+    dtype: np.dtype
+    data_bytes: int
+
+    @property
+    def count(self) -> int:
+        """The number of elements the header promises."""
+        return math.prod(self.shape)
+
+    @property
+    def expected_bytes(self) -> int:
+        """The data bytes the header promises (``count * itemsize``)."""
+        return self.count * self.dtype.itemsize
+
+
+def _not_npy(path: Path, start: bytes, what: str) -> DataFormatError:
+    """The one line for a file that does not begin with :data:`NPY_MAGIC`."""
+    if start.startswith(ZIP_MAGIC):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = [n.removesuffix(".npy") for n in archive.namelist()]
+        except (OSError, zipfile.BadZipFile, ValueError):
+            names = []
+        listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        holding = f" holding {listed}" if names else ""
+        return DataFormatError(
+            path,
+            f"is an .npz archive (numpy.savez){holding}, not a .npy file; expected {what}",
+        )
+    return DataFormatError(
+        path,
+        f"not a .npy file: it begins with {start[:16]!r}, not numpy's {NPY_MAGIC!r} (a text "
+        f"file?); expected {what}",
+    )
+
+
+def read_npy_header(path: Path, what: str) -> NpyHeader:
+    """Read the header of a ``.npy`` file without reading (or allocating) its data.
+
+    A forged or truncated header can promise terabytes; checking :class:`NpyHeader` (its shape,
+    dtype and :attr:`~NpyHeader.data_bytes`) first keeps ``numpy.load`` from allocating them.
+    Uses numpy's own readers (``numpy.lib.format.read_magic``, ``read_array_header_1_0`` /
+    ``read_array_header_2_0``).
+
+    Args:
+        path: The file.
+        what: What it should hold, named in error messages.
+
+    Returns:
+        The header.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        DataFormatError: Not a ``.npy`` file (an ``.npz`` archive is named as one, with its
+            members), an unknown format version or an unreadable header.
+    """
+    require_file(path, what)
+    fmt = np.lib.format
+    try:
+        with path.open("rb") as fh:
+            start = fh.read(len(NPY_MAGIC) + 10)
+            if not start.startswith(NPY_MAGIC):
+                raise _not_npy(path, start, what)
+            fh.seek(0)
+            version = fmt.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran_order, dtype = fmt.read_array_header_1_0(fh)
+            elif version in ((2, 0), (3, 0)):
+                # 3.0 is 2.0 with a UTF-8 header, which only non-Latin-1 field names of a
+                # structured dtype need (refused by the callers' dtype checks anyway)
+                shape, fortran_order, dtype = fmt.read_array_header_2_0(fh)
+            else:
+                raise DataFormatError(
+                    path,
+                    f".npy format version {version[0]}.{version[1]}, which numpy does not "
+                    f"write (1.0, 2.0 or 3.0); expected {what}",
+                )
+            data_bytes = os.fstat(fh.fileno()).st_size - fh.tell()
+    except DataFormatError:
+        raise
+    except OSError as err:
+        raise DataFormatError(path, f"cannot be read ({err.strerror}); expected {what}") from None
+    except ValueError as err:  # numpy's header errors: one line of them
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DataFormatError(
+            path, f"not a readable .npy header ({first}); expected {what}"
+        ) from None
+    return NpyHeader(tuple(version), tuple(shape), bool(fortran_order), dtype, data_bytes)
 
 
 __all__ = [
     "IN_DIM_KEY",
+    "NPY_MAGIC",
     "SCAN_CHUNK_BYTES",
+    "ZIP_MAGIC",
     "DataFormatError",
     "NonFinite",
+    "NpyHeader",
     "check_feature_size",
     "check_in_dim",
     "find_non_finite",
     "load_feature_array",
     "read_json",
     "read_lines",
+    "read_npy_header",
     "require_file",
 ]

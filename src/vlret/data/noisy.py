@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from .._files import atomic_write, atomic_write_text
-from .checks import DataFormatError
+from .checks import DataFormatError, read_npy_header
 from .dataset import RetrievalDataset
 
 #: Values of ``data.noise_format``: ``auto`` reads a file's layout from its length and
@@ -74,6 +74,9 @@ NOISE_SUMMARY_FILE = "noise.json"
 NOISE_DATA_FORMATS = ("precomp", "karpathy")
 #: Largest ``noise_seed`` (``numpy.random.RandomState`` takes seeds in ``[0, 2**32 - 1]``).
 MAX_NOISE_SEED = 2**32 - 1
+
+#: What a noise-index file is, in error messages.
+_WHAT_FILE = "the data.noise_index .npy file (numpy.save of a 1-D integer array)"
 
 _WHAT = {
     "ncr": "NCR: one image per training caption",
@@ -154,6 +157,12 @@ def read_noise_index(
 ) -> NoiseIndex:
     """Read and check a released noise-index ``.npy`` for a training split of that size.
 
+    Every file ``numpy.save`` writes is read as ``numpy.load`` reads it: format versions 1.0,
+    2.0 and 3.0, either byte order (entries come back native int64), C or Fortran order. The
+    header is checked (shape, dtype, the bytes that follow it, the length against the split)
+    before the entries are read, so a header promising more than the file or the split holds
+    allocates nothing.
+
     Args:
         path: The ``.npy`` file (``data.noise_index``).
         num_captions: Captions of the training split.
@@ -165,36 +174,48 @@ def read_noise_index(
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
-        DataFormatError: Not a loadable ``.npy`` array, not 1-D, not integers, a length that
-            matches neither layout (both expected lengths named), or an entry outside
-            ``[0, num_images)`` (its position and value named).
+        DataFormatError: Not a ``.npy`` file (a text file, or an ``.npz`` archive: named as
+            one, with its members), not 1-D, not integers, fewer bytes than its header promises,
+            a length that matches neither layout (both expected lengths named), or an entry
+            outside ``[0, num_images)`` (its position and value named).
         ValueError: An unknown ``noise_format``.
     """
     _checked_format(noise_format)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; expected the data.noise_index .npy file")
+    # the header first: its shape and dtype are checked against the file's size and the split
+    # before numpy allocates what it promises (a forged header can claim terabytes)
+    header = read_npy_header(path, _WHAT_FILE)
+    if len(header.shape) != 1:
+        raise DataFormatError(
+            path,
+            f"data.noise_index must be a 1-D array of image indices, got shape {header.shape}",
+        )
+    if header.dtype.kind not in "iu":
+        raise DataFormatError(
+            path,
+            f"data.noise_index must hold integers (image indices), got dtype {header.dtype}",
+        )
+    if header.data_bytes < header.expected_bytes:
+        raise DataFormatError(
+            path,
+            f"truncated or forged: its header promises {header.count} entries of "
+            f"{header.dtype} ({header.expected_bytes} bytes) but {header.data_bytes} bytes "
+            "follow it",
+        )
+    layout = _layout(
+        path,
+        header.count,
+        num_captions=num_captions,
+        num_images=num_images,
+        noise_format=noise_format,
+    )
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise DataFormatError(path, f"not a .npy array (data.noise_index): {first}") from None
-    if not isinstance(array, np.ndarray) or array.ndim != 1:
-        shape = getattr(array, "shape", None)
-        raise DataFormatError(
-            path, f"data.noise_index must be a 1-D array of image indices, got shape {shape}"
-        )
-    if array.dtype.kind not in "iu":
-        raise DataFormatError(
-            path, f"data.noise_index must hold integers (image indices), got dtype {array.dtype}"
-        )
-    layout = _layout(
-        path,
-        len(array),
-        num_captions=num_captions,
-        num_images=num_images,
-        noise_format=noise_format,
-    )
     bad = np.flatnonzero((array < 0) | (array >= num_images))
     if bad.size:
         k = int(bad[0])

@@ -15,8 +15,17 @@ key            shape, dtype             what
 ``txt_to_img`` ``(n_captions,)`` int64  the image of each caption in the mined split
 ``header``     0-d unicode string       JSON: ``format``, ``version``, ``checkpoint``,
                                         ``split``, ``k``, ``n_images``, ``n_captions``,
-                                        ``scoring``, ``model``, ``ties``
+                                        ``scoring``, ``model``, ``ties``, ``fingerprint``
 ============== ======================== ==================================================
+
+``fingerprint`` (:func:`split_fingerprint`) identifies the data the file was mined on: a sha256
+over the split's ordered image ids, captions and clean pairing. The training set it is used
+with must have the same one (:meth:`OfflineNegatives.check_data`): two splits of the same size
+(another synthetic world, the test split of a folder whose splits are equal in size) give the
+same sizes but not the same fingerprint. The header's ``split`` must also be the split it is
+used for. A file written before the fingerprint was recorded (no ``fingerprint`` key) is
+accepted on its sizes and pairs, with a warning naming it: it cannot be told from a file mined
+on other data of the same size, and mining it again records the fingerprint.
 
 Indices are positions in the split as :mod:`vlret.data` reads it (caption ``j`` is line ``j``
 of ``train_caps.txt``; image ``i`` is row ``i`` of ``train_ims.npy``). Equal scores are ordered
@@ -33,7 +42,9 @@ offline image (``n2`` uniform over its captions) and the image of the offline ca
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +61,34 @@ FORMAT = "vlret-offline-negatives"
 VERSION = 1
 #: The arrays of the file (besides ``header``).
 ARRAYS = ("i2t", "t2i", "i2t_scores", "t2i_scores", "txt_to_img")
+#: The header key of the mined data's :func:`split_fingerprint`.
+FINGERPRINT = "fingerprint"
+
+
+def split_fingerprint(dataset: Any) -> str:
+    """``"sha256:<hex>"`` of a split's data as a mined file indexes it: its ordered image ids
+    (``str`` of each), its captions and its clean pairing (``original_txt_to_img`` where a
+    noise index re-paired the set, else ``txt_to_img``), each as JSON.
+
+    Positions are all a mined file records, so two splits of the same size are told apart by
+    what sits at those positions; features are not hashed (a whole split's would be read).
+
+    Args:
+        dataset: A split with ``image_ids``, ``captions`` and ``txt_to_img``.
+
+    Returns:
+        The fingerprint.
+    """
+    pairing = getattr(dataset, "original_txt_to_img", None)
+    if pairing is None:
+        pairing = dataset.txt_to_img
+    digest = hashlib.sha256(b"vlret split fingerprint 1\n")
+    digest.update(json.dumps([str(i) for i in dataset.image_ids]).encode("ascii"))
+    digest.update(b"\n")
+    digest.update(json.dumps(list(dataset.captions)).encode("ascii"))
+    digest.update(b"\n")
+    digest.update(json.dumps(np.asarray(pairing, dtype=np.int64).tolist()).encode("ascii"))
+    return "sha256:" + digest.hexdigest()
 
 
 class OfflineDraw(NamedTuple):
@@ -163,8 +202,15 @@ class OfflineNegatives:
         split: str = "train",
     ) -> None:
         """Refuse a file mined on another split: ``ValueError`` naming the file and both sizes
-        (or the first caption whose image differs)."""
+        (or the first caption whose image differs, or the split its header names)."""
         where = self.path if self.path is not None else Path("<offline negatives>")
+        recorded = self.header.get("split")
+        if recorded is not None and recorded != split:
+            raise _fail(
+                where,
+                f"mined on the {recorded!r} split (its header); it is used for the {split!r} "
+                "split: mine that split (`vlret mine-negatives --split`)",
+            )
         if (self.num_images, self.num_captions) != (num_images, num_captions):
             raise _fail(
                 where,
@@ -181,6 +227,34 @@ class OfflineNegatives:
                     f"mined with caption {j} on image {int(self.txt_to_img[j])}; the {split} "
                     f"split pairs it with image {int(given[j])} (another caption order)",
                 )
+
+    def check_data(self, dataset: Any, *, split: str | None = None) -> None:
+        """Refuse a file mined on other data than ``dataset`` (its :func:`split_fingerprint`
+        differs from the header's ``fingerprint``): ``ValueError`` naming the file and the
+        split (``split``, else the header's). A file without a fingerprint (written before it
+        was recorded) is accepted with a ``UserWarning`` naming it."""
+        where = self.path if self.path is not None else Path("<offline negatives>")
+        name = split or self.header.get("split") or "training"
+        recorded = self.header.get(FINGERPRINT)
+        if recorded is None:
+            warnings.warn(
+                f"{where}: records no fingerprint of the data it was mined on (written before "
+                f"vlret recorded it); accepted for the {name} split on its sizes and pairs "
+                "alone, which a file mined on other data of the same size also passes: run "
+                "`vlret mine-negatives` again to record it",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        actual = split_fingerprint(dataset)
+        if recorded != actual:
+            shown = str(recorded)[:19] if isinstance(recorded, str) else repr(recorded)[:19]
+            raise _fail(
+                where,
+                f"mined on other data than the {name} split it is used with (fingerprint of "
+                f"the image ids, captions and pairs: {shown}... in the file, {actual[:19]}... "
+                "for the split); mine this split (`vlret mine-negatives`)",
+            )
 
     def sampler(
         self, *, candidates: int | None = None, captions_per_image: int | None = None
@@ -324,7 +398,8 @@ class OfflineNegativesDataset:
         seed: The run's seed (``train.seed``); ``None`` until :meth:`set_seed`.
 
     Raises:
-        ValueError: ``sampler`` was mined on another number of captions.
+        ValueError: ``sampler`` was mined on another number of captions, or on other data
+            (:meth:`OfflineNegatives.check_data`: its fingerprint is not ``base``'s).
     """
 
     def __init__(self, base: Any, sampler: OfflineSampler, *, seed: int | None = None) -> None:
@@ -333,6 +408,7 @@ class OfflineNegativesDataset:
                 f"offline negatives of {sampler.mined.num_captions} captions for a training "
                 f"split of {len(base)}"
             )
+        sampler.mined.check_data(base)
         object.__setattr__(self, "base", base)
         object.__setattr__(self, "sampler", sampler)
         object.__setattr__(self, "seed", seed)
@@ -476,6 +552,7 @@ def load_offline_negatives(
 
 __all__ = [
     "ARRAYS",
+    "FINGERPRINT",
     "FORMAT",
     "VERSION",
     "DRAW_STREAM",
@@ -486,4 +563,5 @@ __all__ = [
     "OfflineSampler",
     "draw_generator",
     "load_offline_negatives",
+    "split_fingerprint",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..data import check_features
-from ..data.offline_negatives import OfflineNegatives
+from ..data.offline_negatives import FINGERPRINT, OfflineNegatives, split_fingerprint
 from ..eval import PairModelScorer, TwoTowerScorer
 from ..models import PairScorer
 from .builders import build_dataset, eval_data_config, load_trained_model, with_training_noise
@@ -34,7 +34,9 @@ def mine_checkpoint(
 ) -> OfflineNegatives:
     """Load a ``vlret train`` checkpoint, read ``split`` of the data folder ``data`` with the
     checkpoint's data settings (:func:`~vlret.train.builders.eval_data_config`, as ``vlret
-    eval``) and mine it; the header records the checkpoint, split, scoring and model kind. On
+    eval``) and mine it; the header records the checkpoint, split, scoring, model kind and the
+    split's :func:`~vlret.data.offline_negatives.split_fingerprint` (its image ids, captions
+    and clean pairs, checked when the file is used for training). On
     the run's training split the run's noisy correspondence is applied (``data.noise_index`` /
     ``noise_ratio``, :mod:`vlret.data.noisy`): an item's own positives are the pairs AOQ's
     loader trains on, which is what it checks the file against.
@@ -80,6 +82,7 @@ def mine_checkpoint(
         "split": split,
         "scoring": scoring,
         "model": kind or type(model).__name__,
+        FINGERPRINT: split_fingerprint(dataset),  # what training checks the file against
     }
     return OfflineNegatives(
         mined.i2t, mined.t2i, mined.i2t_scores, mined.t2i_scores, mined.txt_to_img, header

@@ -86,6 +86,8 @@ LAYOUTS = {
 SPLIT_ALIASES = {"train": "train", "val": "val", "dev": "val", "test": "test"}
 #: The image folder under the data root (IRRA's ``imgs/``).
 IMAGE_FOLDER = "imgs"
+#: The range of a person id (the identities are int64 tensors).
+PERSON_ID_MIN, PERSON_ID_MAX = -(2**63), 2**63 - 1
 
 
 def layout_of(format: str) -> PedesLayout:
@@ -135,6 +137,8 @@ class PedesImage:
         split: The ``split`` value.
         captions: The captions (stripped), in file order.
         record: The index of the (first) record in the file.
+        merged: The later records of the same file (and person and split) joined into it, in
+            file order; empty for a file named once.
     """
 
     path: str
@@ -142,6 +146,7 @@ class PedesImage:
     split: str
     captions: tuple[str, ...]
     record: int
+    merged: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,12 @@ def _check_record(
     person = entry["id"]
     if isinstance(person, bool) or not isinstance(person, int):
         raise _Located(k, "id", f"is {person!r:.60}; expected the integer person id")
+    if not PERSON_ID_MIN <= person <= PERSON_ID_MAX:  # identities are int64 tensors
+        raise _Located(
+            k,
+            "id",
+            f"is {person!r:.60}; expected an integer person id in [-2**63, 2**63 - 1] (64 bits)",
+        )
     file = entry[layout.path_key]
     if not isinstance(file, str) or not file.strip():
         raise _Located(k, layout.path_key, f"is {file!r:.60}; expected the image file's path")
@@ -253,8 +264,9 @@ def read_pedes_json(path: str | Path, format: str) -> PedesData:
     Raises:
         ValueError: An unknown format.
         FileNotFoundError: The file is missing.
-        DataFormatError: The file is not a list of records, or a record lacks its person
-            (``id``), its image, its split or its captions, holds an empty caption or an
+        DataFormatError: The file is not a list of records (or nested deeper than the parser
+            reads), or a record lacks its person (``id``; an integer of at most 64 bits), its
+            image, its split or its captions, holds an empty caption or an
             unknown split, or shares its image file with a record of another person or split.
     """
     layout = layout_of(format)
@@ -269,7 +281,13 @@ def read_pedes_json(path: str | Path, format: str) -> PedesData:
             file, person, split, texts = _check_record(k, entry, layout, path)
             seen = merged.get(file)
             if seen is None:
-                merged[file] = {"person": person, "split": split, "captions": texts, "record": k}
+                merged[file] = {
+                    "person": person,
+                    "split": split,
+                    "captions": texts,
+                    "record": k,
+                    "merged": [],
+                }
                 continue
             if seen["person"] != person or seen["split"] != split:
                 raise _Located(
@@ -280,10 +298,13 @@ def read_pedes_json(path: str | Path, format: str) -> PedesData:
                     f"{seen['split']!r} (one image is one person in one split)",
                 )
             seen["captions"] = seen["captions"] + texts
+            seen["merged"].append(k)
     except _Located as err:
         raise data.error(err.record, err.key, err.message) from None
     images = tuple(
-        PedesImage(file, m["person"], m["split"], tuple(m["captions"]), m["record"])
+        PedesImage(
+            file, m["person"], m["split"], tuple(m["captions"]), m["record"], tuple(m["merged"])
+        )
         for file, m in merged.items()
     )
     return PedesData(path, format, images)

@@ -40,6 +40,7 @@ from ..dataset import CaptionEncoder, LazyFeatures, RetrievalBatch, RetrievalDat
 from .common import (
     IMAGE_FOLDER,
     PedesData,
+    PedesImage,
     default_annotations,
     identity_labels,
     layout_of,
@@ -69,7 +70,8 @@ class PersonSearchDataset(RetrievalDataset):
         FileNotFoundError: The annotation file, the image folder or the features are missing.
         DataFormatError: The annotation file is malformed (:func:`read_pedes_json`), has no
             record of the split, an image file is missing, or the features have another
-            number of rows than the split has images.
+            number of rows than the split has images (a duplicated image file, whose records
+            are one image, named with its records).
     """
 
     def __init__(
@@ -129,14 +131,31 @@ class PersonSearchDataset(RetrievalDataset):
     def _open_features(self, folder: Path, *, mmap: bool) -> LazyFeatures:
         path = folder / f"{split_value(self.format, self.split)}_ims.npy"
         array = load_feature_array(path, mmap=mmap)
-        n_split = len(self.data.split(self.split))
-        if array.shape[0] != n_split:
-            raise DataFormatError(
-                path,
-                f"has {array.shape[0]} rows; expected one per image of the {self.split} split "
-                f"of {self.data.path} ({n_split}, in the file's record order)",
-            )
+        images = self.data.split(self.split)
+        if array.shape[0] != len(images):
+            raise DataFormatError(path, self._row_count_message(array.shape[0], images))
         return LazyFeatures(path, mmap=mmap, array=array)
+
+    def _row_count_message(self, rows: int, images: list[PedesImage]) -> str:
+        """Why ``rows`` feature rows do not fit ``images``; a duplicated image file (records
+        joined into one image) is named, with its records, as the likely cause."""
+        expected = (
+            f"expected one per image of the {self.split} split of {self.data.path} "
+            f"({len(images)}, in the file's record order)"
+        )
+        joined = [im for im in images if im.merged]
+        if not joined:
+            return f"has {rows} rows; {expected}"
+        first, key = joined[0], self.data.layout.path_key
+        numbers = [str(r) for r in (first.record, *first.merged)]
+        records = ", ".join(numbers[:-1]) + f" and {numbers[-1]}"
+        n_records = len(images) + sum(len(im.merged) for im in joined)
+        per_record = f", one per record ({n_records})," if rows == n_records else ""
+        return (
+            f"has {rows} rows{per_record} but records {records} have the same {key} "
+            f"{first.path!r} and are one image (their captions joined; {len(joined)} duplicate "
+            f"{key} value{'s' if len(joined) > 1 else ''} in the split); {expected}"
+        )
 
     def check_images(self) -> None:
         """Check that every image file of the split exists (one ``stat`` per image).
