@@ -3,6 +3,7 @@ its checks, the loader's released draw, and `vlret mine-negatives` end to end.""
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -466,6 +467,11 @@ def test_a_noisy_runs_training_split_is_mined_on_its_noisy_pairs(tmp_path, capsy
         out, num_images=noisy.num_images, num_captions=noisy.num_captions, txt_to_img=pairs
     )
     np.testing.assert_array_equal(mined.txt_to_img, pairs)
+    # the fingerprint is the split's data and clean pairs: the noisy training set has it too
+    assert mined.header["fingerprint"] == split_fingerprint(noisy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mined.check_data(noisy, split="train")
     assert recorded.format == "ncr"  # one entry per caption: the image it is paired with
     np.testing.assert_array_equal(recorded.index, pairs)
     assert not (mined.t2i == pairs[:, None]).any()
