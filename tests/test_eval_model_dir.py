@@ -25,7 +25,8 @@ N_TEST, CAPS = 10, 5  # COCO 1K's 5 folds of 2 images
 
 
 def write_tiny_clip(path: Path) -> None:
-    """A tiny random CLIPModel and a character-level CLIP tokenizer (BPE without merges)."""
+    """A tiny random CLIPModel, a character-level CLIP tokenizer (BPE without merges) and
+    OpenAI's image processor at the tower's 8 px."""
     chars = string.ascii_lowercase + string.digits + ".,'-"
     vocab = {c: i for i, c in enumerate(chars)}
     vocab.update({f"{c}</w>": len(chars) + i for i, c in enumerate(chars)})
@@ -61,6 +62,8 @@ def write_tiny_clip(path: Path) -> None:
     )
     torch.manual_seed(0)
     transformers.CLIPModel(config).save_pretrained(str(path))
+    size = {"size": {"shortest_edge": 8}, "crop_size": {"height": 8, "width": 8}}
+    transformers.CLIPImageProcessor(**size).save_pretrained(str(path))
 
 
 @pytest.fixture(scope="module")

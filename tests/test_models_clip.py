@@ -99,6 +99,9 @@ def clip_dir(tmp_path_factory):
     )
     torch.manual_seed(0)
     transformers.CLIPModel(config).save_pretrained(str(path))
+    # OpenAI's steps at the tower's 8 px, saved as transformers saves a processor
+    size = {"size": {"shortest_edge": 8}, "crop_size": {"height": 8, "width": 8}}
+    transformers.CLIPImageProcessor(**size).save_pretrained(str(path))
     return path
 
 

@@ -103,6 +103,8 @@ def clip_dir(tmp_path_factory):
     with torch.no_grad():  # O(1) embeddings, so the interpolation's errors are not masked
         model.vision_model.embeddings.position_embedding.weight.normal_()
     model.save_pretrained(str(path))
+    size = {"size": {"shortest_edge": 16}, "crop_size": {"height": 16, "width": 16}}
+    transformers.CLIPImageProcessor(**size).save_pretrained(str(path))  # load_clip reads it
     return path
 
 

@@ -406,6 +406,8 @@ def clip_dir(tmp_path_factory):
     )  # fmt: skip
     torch.manual_seed(0)
     transformers.CLIPModel(config).save_pretrained(str(path))
+    size = {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}
+    transformers.CLIPImageProcessor(**size).save_pretrained(str(path))
     return path
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from ._common import EXIT_OK, fail, positive_int, require_train_extra
 
 NAME = "zeroshot"
+#: vlret.models.clip_folder.DEFAULT_PREPROCESSINGS, written out: the parser imports no torch
+DEFAULT_PREPROCESSINGS = ("openai-clip",)
 
 #: The ``pretrained`` tag of the JSON record, per kind of ``--model``.
 PRETRAINED_TAGS = {"checkpoint": "vlret", "hf": "hf-clip"}
@@ -63,6 +65,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--num-workers", type=int, default=0, help="DataLoader workers decoding the images"
     )
     p.add_argument("--json", type=Path, metavar="OUT", help="also write CLIP_benchmark's JSON")
+    p.add_argument(
+        "--default-preprocessing",
+        choices=DEFAULT_PREPROCESSINGS,
+        help="a Hugging Face CLIP directory with no processor_config.json or "
+        "preprocessor_config.json: preprocess images as OpenAI's CLIP does (bicubic resize of "
+        "the shorter side, centre crop, CLIP's mean and std) instead of refusing it",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.add_argument(
@@ -74,15 +83,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def load_zeroshot_model(path: str | Path, *, device: Any = "cpu") -> tuple[Any, Any, str]:
+def load_zeroshot_model(
+    path: str | Path, *, device: Any = "cpu", default_preprocessing: str | None = None
+) -> tuple[Any, Any, str]:
     """``(model, tokenizer, pretrained tag)`` of ``--model``: a local Hugging Face CLIP
-    directory (:func:`vlret.eval.zeroshot.load_hf_clip`) or a ``vlret train`` checkpoint
+    directory (:func:`vlret.eval.zeroshot.load_hf_clip`, with ``default_preprocessing`` for a
+    folder without processor file) or a ``vlret train`` checkpoint
     (:func:`vlret.train.builders.load_trained_model`), which must read pixels.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: Not a CLIP directory nor a readable checkpoint, or a checkpoint whose
-            model encodes precomputed features.
+        FileNotFoundError: ``path`` does not exist, or a CLIP directory lacks a file it needs.
+        ValueError: Not a CLIP directory nor a readable checkpoint, a checkpoint whose model
+            encodes precomputed features, or ``default_preprocessing`` with a checkpoint.
     """
     from ..eval.zeroshot import load_hf_clip
     from ..train.builders import load_trained_model
@@ -94,8 +106,15 @@ def load_zeroshot_model(path: str | Path, *, device: Any = "cpu") -> tuple[Any, 
             "directory"
         )
     if path.is_dir():
-        model, tokenizer = load_hf_clip(path, device=device)
+        model, tokenizer = load_hf_clip(
+            path, device=device, default_preprocessing=default_preprocessing
+        )
         return model, tokenizer, PRETRAINED_TAGS["hf"]
+    if default_preprocessing is not None:
+        raise ValueError(
+            f"--default-preprocessing: applies to a Hugging Face CLIP directory; {path} is a "
+            "checkpoint, which keeps its model's preprocessing"
+        )
     model, run, encoder = load_trained_model(path, device=device)
     if getattr(model, "image_transform", None) is None:
         raise ValueError(
@@ -138,7 +157,9 @@ def run(args: argparse.Namespace) -> int:
             templates = sets.load_templates(args.templates)
         else:
             templates = sets.default_templates(args.dataset)
-        model, tokenizer, pretrained = load_zeroshot_model(args.model, device=device)
+        model, tokenizer, pretrained = load_zeroshot_model(
+            args.model, device=device, default_preprocessing=args.default_preprocessing
+        )
         result = evaluate_zeroshot(
             model,
             data,

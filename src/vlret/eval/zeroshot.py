@@ -357,17 +357,37 @@ def is_hf_clip_dir(path: str | Path) -> bool:
     return isinstance(data, dict) and data.get("model_type") == "clip"
 
 
-def load_hf_clip(path: str | Path, *, device: torch.device | str = "cpu") -> tuple[nn.Module, Any]:
+def load_hf_clip(
+    path: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    default_preprocessing: str | None = None,
+) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)`` of a local Hugging Face CLIP directory for zero-shot use: a
     :class:`vlret.models.RetrievalModel` of kind ``clip`` with CLIP's own projections (no
     added layer), in eval mode, and the folder's tokenizer. Nothing is downloaded.
 
+    The folder is checked before the weights are read: its tokenizer files
+    (:func:`vlret.models.clip_folder.check_clip_tokenizer`; ``transformers`` would otherwise
+    build a tokenizer of special tokens only, and every class would score alike) and its image
+    processor, in either of ``transformers``' layouts
+    (:meth:`vlret.models.clip.CLIPImageTransform.from_pretrained`).
+
+    Args:
+        path: The folder (``CLIPModel`` and ``CLIPProcessor`` ``save_pretrained`` output).
+        device: Where the model goes.
+        default_preprocessing: ``"openai-clip"``: OpenAI CLIP's preprocessing for a folder
+            with no processor file (refused otherwise).
+
     Raises:
-        FileNotFoundError: ``path`` is not a folder.
-        ValueError: Its ``config.json`` is missing or not a CLIP config.
+        FileNotFoundError: ``path`` is not a folder, or lacks tokenizer files, a processor file
+            (without ``default_preprocessing``) or weights.
+        ValueError: Its ``config.json`` is missing or not a CLIP config, or a file cannot be
+            read as ``transformers`` wrote it (the message names the file).
     """
     from ..data import load_hf_tokenizer
     from ..models import build_model
+    from ..models.clip_folder import check_clip_tokenizer
 
     folder = Path(path)
     if not folder.is_dir():
@@ -377,7 +397,11 @@ def load_hf_clip(path: str | Path, *, device: torch.device | str = "cpu") -> tup
             f"{folder}: not a Hugging Face CLIP directory (expected config.json with "
             "model_type 'clip')"
         )
-    model = build_model({"kind": "clip", "path": str(folder), "proj_dim": None})
+    check_clip_tokenizer(folder)
+    config: dict[str, Any] = {"kind": "clip", "path": str(folder), "proj_dim": None}
+    if default_preprocessing is not None:  # a model config key only where it is used
+        config["default_preprocessing"] = default_preprocessing
+    model = build_model(config)
     return model.to(check_device(device)).eval(), load_hf_tokenizer(folder)
 
 

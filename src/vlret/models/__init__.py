@@ -5,8 +5,9 @@
 * :mod:`~vlret.models.text`: word embeddings + (bi-)GRU, or a local Hugging Face BERT.
 * :mod:`~vlret.models.video`: frame features with the same poolings.
 * :mod:`~vlret.models.clip`: a local ``CLIPModel`` with added embedding layers (Unified paper
-  B.1.2), a randomly initialised one from a preset (``ViT-B-32``) with its byte tokenizer, and
-  CLIP preprocessing with PIL and numpy.
+  B.1.2; the towers in :mod:`~vlret.models.clip_towers`, the folder's processor and tokenizer
+  files read by :mod:`~vlret.models.clip_folder`), a randomly initialised one from a preset
+  (``ViT-B-32``) with its byte tokenizer, and CLIP preprocessing with PIL and numpy.
 * :mod:`~vlret.models.backbones`: ResNet / ViT image towers (``transformers``) from local
   directories or presets (``resnet-152``, ``vit-b-16``), then an FC (VSE++ from pixels).
 * :mod:`~vlret.models.cross_attention`, :mod:`~vlret.models.sgraf`: the pair scorers of SCAN,
@@ -28,12 +29,11 @@ from .clip import (
     CLIP_PRESETS,
     CLIP_STD,
     CLIPByteTokenizer,
-    CLIPImageEncoder,
     CLIPImageTransform,
-    CLIPTextEncoder,
     build_clip,
     load_clip,
 )
+from .clip_towers import CLIPImageEncoder, CLIPTextEncoder
 from .cross_model import (
     BFAN,
     SCAN,

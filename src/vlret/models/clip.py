@@ -1,20 +1,21 @@
-"""CLIP fine-tuning: a local ``CLIPModel`` with added embedding layers, and CLIP preprocessing.
+"""CLIP fine-tuning: a local ``CLIPModel`` read with its own preprocessing, and CLIP
+preprocessing.
 
-The model is a ``transformers`` ``CLIPModel`` read from a local directory; the image
-preprocessing uses PIL and numpy only (no torchvision).
+:func:`load_clip` reads a ``transformers`` ``CLIPModel`` from a local directory and returns its
+towers with vlret's added embedding layers (:mod:`vlret.models.clip_towers`; Unified paper
+B.1.2) and the image transform of the processor saved beside it, in either of ``transformers``'
+layouts (:mod:`vlret.models.clip_folder`: ``processor_config.json`` from transformers 5,
+``preprocessor_config.json`` from transformers 4). A folder without either is refused unless
+``default_preprocessing = "openai-clip"`` names OpenAI's pipeline. The image preprocessing uses
+PIL and numpy only (no torchvision).
 
-Unified paper B.1.2 fine-tunes CLIP ViT-L/14@336px with "an embedding layer of dimension 768
-after each of the image and text encoders": here a linear layer after CLIP's own projection on
-each side (``proj_dim=768``; ``None`` keeps CLIP's projection output). The image side holds
-only CLIP's vision tower and ``visual_projection``, the text side only the text tower and
-``text_projection``; CLIP's ``logit_scale`` is left out because the losses bring their own
-temperature, and every kept parameter receives a gradient (DistributedDataParallel needs it).
-
-Preprocessing follows the original CLIP pipeline: bicubic resize of the shorter side to the
-model's image size, a center crop to ``image_size x image_size``, scaling to ``[0, 1]`` and
-normalisation by the CLIP mean and standard deviation per channel. A non-square input
-(``image_size = [384, 128]``, IRRA's person-search CLIP; :mod:`vlret.models.clip_size`) is
-resized to ``(height, width)`` directly, as IRRA's evaluation transform does.
+OpenAI's CLIP pipeline (:class:`CLIPImageTransform`'s defaults): bicubic resize of the shorter
+side to the model's image size, a center crop to ``image_size x image_size``, scaling to
+``[0, 1]`` and normalisation by the CLIP mean and standard deviation per channel. A processor
+file's steps are applied as ``transformers`` applies them (its sizes, filter, rescale factor,
+mean and std, crop offsets rounded down). A non-square input (``image_size = [384, 128]``,
+IRRA's person-search CLIP; :mod:`vlret.models.clip_size`) is resized to ``(height, width)``
+directly, as IRRA's evaluation transform does.
 
 Pre-training from scratch (AdaCL Table 2): :func:`build_clip` builds a named architecture
 (:data:`CLIP_PRESETS`, ``"ViT-B-32"``) with random weights, with ``CLIPConfig`` overrides (a tiny
@@ -26,24 +27,26 @@ directory (``data.tokenizer``) or, when asked for (``model.tokenizer = "bytes"``
 from __future__ import annotations
 
 import copy
-import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
+from .clip_folder import ImagePreprocessing, load_clip_model, read_preprocessing, vision_image_size
 from .clip_size import set_image_size
-from .text import check_captions, check_local_dir, import_transformers
+from .clip_towers import CLIPImageEncoder, CLIPTextEncoder
+from .text import check_local_dir, import_transformers
 
 #: Per-channel RGB mean and std of the original CLIP preprocessing.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-#: PIL resampling filters :class:`CLIPImageTransform` accepts.
-RESAMPLES = ("bicubic", "bilinear")
+#: PIL resampling filters :class:`CLIPImageTransform` accepts (every filter a Hugging Face image
+#: processor's ``resample`` may name).
+RESAMPLES = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
+#: How the centre crop's offset is rounded: torchvision's (OpenAI's CLIP) or transformers'.
+CROP_OFFSETS = ("round", "floor")
 
 
 def _import_pil() -> Any:
@@ -56,120 +59,151 @@ def _import_pil() -> Any:
     return Image
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a readable JSON file ({err})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level is {type(data).__name__}; expected an object")
-    return data
-
-
-def _size_pair(value: Any, where: str) -> tuple[int, int]:
-    """``(height, width)`` from an int or a ``{"height", "width"}`` / ``{"shortest_edge"}``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value, value
-    if isinstance(value, dict):
-        if "height" in value and "width" in value:
-            return int(value["height"]), int(value["width"])
-        if "shortest_edge" in value:
-            return int(value["shortest_edge"]), int(value["shortest_edge"])
-    raise ValueError(f"{where}: cannot read an image size from {value!r}")
-
-
 class CLIPImageTransform:
     """PIL image (or image path) -> float32 tensor ``(3, crop_h, crop_w)`` for CLIP.
 
     1. convert to RGB and resize (bicubic) so the shorter side is ``resize`` pixels (the longer
        side becomes ``int(resize * long / short)``), as CLIP's preprocessing does;
-    2. center crop, offsets ``round((H - crop_h) / 2)`` and ``round((W - crop_w) / 2)``;
-    3. ``(pixel / 255 - mean[c]) / std[c]`` per channel, channels first.
+    2. center crop, offsets ``round((H - crop_h) / 2)`` and ``round((W - crop_w) / 2)``
+       (torchvision's, OpenAI's CLIP) or, with ``crop_offsets="floor"``, ``(H - crop_h) // 2``
+       (``transformers``' image processors);
+    3. ``(pixel * rescale_factor - mean[c]) / std[c]`` per channel (computed in float64),
+       channels first.
 
     With ``stretch`` (the default for a non-square crop) steps 1-2 are one resize to
     ``(crop_h, crop_w)``, the aspect ratio not kept: IRRA's ``Resize((384, 128))`` for
     pedestrian pictures, where a centre crop of the shorter side would cut off heads and feet.
+    ``resize = (height, width)`` resizes to that exact size before the crop, as a Hugging Face
+    image processor's ``size = {"height", "width"}`` does; ``do_resize`` / ``do_center_crop``
+    false skip a step as the processor's keys of that name do, and then an image whose result
+    is not ``image_size`` is refused (it would not fit the vision tower).
 
     Pass an instance as ``image_transform`` to :class:`vlret.data.KarpathyDataset`.
 
     Args:
-        image_size: The crop, an int or ``(height, width)``.
-        resize: Length of the shorter side after resizing; None uses the crop's longer side.
+        image_size: The crop (the output size), an int or ``(height, width)``.
+        resize: Length of the shorter side after resizing, or an exact ``(height, width)``;
+            None uses the crop's longer side.
         mean: Per-channel RGB mean.
         std: Per-channel RGB standard deviation (positive).
-        resample: PIL's filter for the resize, ``"bicubic"`` (CLIP, timm's ViT) or
-            ``"bilinear"`` (torchvision's default, VSE++'s ResNet).
+        resample: PIL's filter for the resize (:data:`RESAMPLES`): ``"bicubic"`` (CLIP, timm's
+            ViT), ``"bilinear"`` (torchvision's default, VSE++'s ResNet), ...
         stretch: Resize to the crop directly (``resize`` unused); None: only for a non-square
-            crop.
+            crop and no exact ``resize``.
+        do_resize: Resize at all (False: the image's own size goes to the crop).
+        do_center_crop: Crop at all (False: the resize must give ``image_size``).
+        crop_offsets: ``"round"`` or ``"floor"`` (step 2).
+        rescale_factor: What a 0-255 pixel value is multiplied by (``1/255``: to ``[0, 1]``).
 
     Raises:
         ValueError: A size is not positive, ``resize`` is smaller than the crop, ``mean`` /
-            ``std`` do not hold three values, or ``resample`` is unknown.
+            ``std`` do not hold three values, ``resample`` or ``crop_offsets`` is unknown, or
+            the steps asked for do not give one output size.
     """
 
     def __init__(
         self,
         image_size: int | tuple[int, int] = 224,
         *,
-        resize: int | None = None,
+        resize: int | tuple[int, int] | None = None,
         mean: Sequence[float] = CLIP_MEAN,
         std: Sequence[float] = CLIP_STD,
         resample: str = "bicubic",
         stretch: bool | None = None,
+        do_resize: bool = True,
+        do_center_crop: bool = True,
+        crop_offsets: str = "round",
+        rescale_factor: float = 1 / 255,
     ) -> None:
         if resample not in RESAMPLES:
             raise ValueError(f"resample must be one of {RESAMPLES}, got {resample!r}")
+        if crop_offsets not in CROP_OFFSETS:
+            raise ValueError(f"crop_offsets must be one of {CROP_OFFSETS}, got {crop_offsets!r}")
+        if not rescale_factor > 0:
+            raise ValueError(f"rescale_factor must be positive, got {rescale_factor!r}")
         crop = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         if len(crop) != 2 or min(crop) < 1:
             raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
-        resize = max(crop) if resize is None else int(resize)
-        if resize < max(crop):
-            raise ValueError(f"resize ({resize}) must be at least the crop size {crop}")
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError(f"mean and std need 3 values (std > 0), got {mean!r}, {std!r}")
         self.crop = (int(crop[0]), int(crop[1]))
-        self.resize = resize
+        exact = (int(resize[0]), int(resize[1])) if isinstance(resize, (tuple, list)) else None
+        default_stretch = self.crop[0] != self.crop[1] and exact is None
+        self.stretch = default_stretch if stretch is None else bool(stretch)
+        shorter = max(self.crop) if resize is None or exact is not None else int(resize)
+        if shorter < max(self.crop):
+            raise ValueError(f"resize ({resize}) must be at least the crop size {self.crop}")
+        #: the resized (height, width), or the shorter side; neither: no resize
+        self._exact = exact if exact is not None or not self.stretch else self.crop
+        self._shorter = shorter if self._exact is None else None
+        if self._exact is not None and not all(
+            r >= c for r, c in zip(self._exact, self.crop, strict=True)
+        ):
+            raise ValueError(f"resize {resize!r} is smaller than the crop {self.crop}")
+        if do_resize and not do_center_crop and self._exact != self.crop:
+            raise ValueError(f"without a center crop, resize must be the size {self.crop}")
+        if not do_resize:
+            self._exact = self._shorter = None
+        self.resize = exact if exact is not None else shorter
+        self.do_resize, self.do_center_crop = bool(do_resize), bool(do_center_crop)
+        self.crop_offsets = crop_offsets
+        self.rescale_factor = float(rescale_factor)
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
         self.resample = resample
-        self.stretch = self.crop[0] != self.crop[1] if stretch is None else bool(stretch)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> CLIPImageTransform:
+    def from_preprocessing(cls, steps: ImagePreprocessing) -> CLIPImageTransform:
+        """The transform that applies a Hugging Face image processor's steps as ``transformers``
+        does (:func:`vlret.models.clip_folder.parse_image_processor`): the transform's own
+        default mean and std where the processor leaves ``CLIPImageProcessor``'s (OpenAI's),
+        and ``transformers``' floor for the crop offsets."""
+        size = steps.output_size
+        if size is None:
+            raise ValueError(f"{steps.source}: the steps do not give one image size")
+        return cls(
+            size,
+            resize=steps.resize,
+            mean=CLIP_MEAN if steps.mean is None else steps.mean,
+            std=CLIP_STD if steps.std is None else steps.std,
+            resample=steps.resample,
+            stretch=False,
+            do_resize=steps.resize is not None,
+            do_center_crop=steps.crop is not None,
+            crop_offsets="floor",
+            rescale_factor=steps.rescale_factor,
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, default_preprocessing: str | None = None
+    ) -> CLIPImageTransform:
         """The transform of a local CLIP directory (needs no ``transformers``).
 
-        Reads ``preprocessor_config.json`` when present (``size``, ``crop_size``,
-        ``image_mean``, ``image_std``), else the vision config's ``image_size`` in
-        ``config.json`` with the CLIP mean and std.
+        Reads the image processor ``transformers`` saved there, in either layout:
+        ``processor_config.json``'s ``image_processor`` (transformers 5) or
+        ``preprocessor_config.json`` (transformers 4; :mod:`vlret.models.clip_folder`).
+        A folder with neither is refused unless ``default_preprocessing = "openai-clip"``:
+        OpenAI's CLIP pipeline at the vision config's ``image_size`` in ``config.json``.
 
         Args:
             path: The local CLIP directory.
+            default_preprocessing: None, or ``"openai-clip"`` (used only without a file).
 
         Returns:
             The configured transform.
 
         Raises:
-            FileNotFoundError: ``path`` is not a directory, or holds neither file.
-            ValueError: A JSON file is unreadable or holds no usable image size.
+            FileNotFoundError: ``path`` is not a directory, or holds no processor file (and
+                no defaults were named) or, with the defaults, no ``config.json``.
+            ValueError: A JSON file is unreadable or holds keys vlret cannot apply as
+                ``transformers`` would; the message names the file and the key.
         """
         path = check_local_dir(path, "a CLIP model")
-        pre = path / "preprocessor_config.json"
-        if pre.is_file():
-            cfg = _read_json(pre)
-            crop = _size_pair(cfg.get("crop_size", cfg.get("size", 224)), str(pre))
-            resize = cfg.get("size")
-            shorter = _size_pair(resize, str(pre))[0] if resize is not None else max(crop)
-            return cls(
-                crop,
-                resize=max(shorter, max(crop)),
-                mean=cfg.get("image_mean", CLIP_MEAN),
-                std=cfg.get("image_std", CLIP_STD),
-            )
-        config = path / "config.json"
-        if not config.is_file():
-            raise FileNotFoundError(f"{config}: missing; expected a CLIP config.json")
-        vision = _read_json(config).get("vision_config") or {}
-        return cls(int(vision.get("image_size", 224)))
+        steps = read_preprocessing(path, default_preprocessing=default_preprocessing)
+        if steps is None:  # the caller opted into OpenAI CLIP's pipeline
+            return cls(vision_image_size(path))
+        return cls.from_preprocessing(steps)
 
     def __call__(self, image: Any) -> torch.Tensor:
         """Preprocess one image.
@@ -181,7 +215,8 @@ class CLIPImageTransform:
             The normalised float32 ``(3, crop_h, crop_w)`` tensor.
 
         Raises:
-            ValueError: ``image`` is neither a PIL image nor a path.
+            ValueError: ``image`` is neither a PIL image nor a path, or (with a step skipped)
+                it is too small for the crop or does not come out at ``image_size``.
             ImportError: pillow is not installed.
         """
         pil = _import_pil()
@@ -193,136 +228,64 @@ class CLIPImageTransform:
         else:
             raise ValueError(f"image must be a PIL image or a path, got {type(image).__name__}")
         w, h = image.size
-        filters = getattr(pil, "Resampling", pil)
-        if self.stretch:
-            if (w, h) != (self.crop[1], self.crop[0]):
-                resample = getattr(filters, self.resample.upper())
-                image = image.resize((self.crop[1], self.crop[0]), resample=resample)
-            return self._normalise(image)
-        if w <= h:
-            new_w, new_h = self.resize, int(self.resize * h / w)
+        if self._exact is not None:
+            new_h, new_w = self._exact
+        elif self._shorter is not None and w <= h:
+            new_w, new_h = self._shorter, int(self._shorter * h / w)
+        elif self._shorter is not None:
+            new_w, new_h = int(self._shorter * w / h), self._shorter
         else:
-            new_w, new_h = int(self.resize * w / h), self.resize
+            new_w, new_h = w, h
         if (new_w, new_h) != (w, h):
+            filters = getattr(pil, "Resampling", pil)
             image = image.resize((new_w, new_h), resample=getattr(filters, self.resample.upper()))
         ch, cw = self.crop
-        top = int(round((new_h - ch) / 2.0))
-        left = int(round((new_w - cw) / 2.0))
-        return self._normalise(image.crop((left, top, left + cw, top + ch)))
+        if self.do_center_crop and (new_h < ch or new_w < cw):
+            raise ValueError(f"image: {new_w} x {new_h} (width x height) is smaller than the crop")
+        if self.do_center_crop and (new_h, new_w) != self.crop:
+            if self.crop_offsets == "floor":
+                top, left = (new_h - ch) // 2, (new_w - cw) // 2
+            else:
+                top, left = int(round((new_h - ch) / 2.0)), int(round((new_w - cw) / 2.0))
+            image = image.crop((left, top, left + cw, top + ch))
+        if image.size != (cw, ch):
+            raise ValueError(
+                f"image: {image.size[0]} x {image.size[1]} (width x height) after preprocessing; "
+                f"this CLIP takes {cw} x {ch}"
+            )
+        return self._normalise(image)
 
     def _normalise(self, image: Any) -> torch.Tensor:
-        pixels = np.asarray(image, dtype=np.float32) / 255.0
-        pixels = (pixels - self.mean) / self.std
-        return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+        pixels = np.asarray(image, dtype=np.float64) * self.rescale_factor
+        pixels = (pixels - self.mean.astype(np.float64)) / self.std.astype(np.float64)
+        return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1), dtype=np.float32))
 
     def __repr__(self) -> str:
         extra = "" if self.resample == "bicubic" else f", resample={self.resample!r}"
         if self.stretch != (self.crop[0] != self.crop[1]):
             extra += f", stretch={self.stretch}"
+        for name, default in (("do_resize", True), ("do_center_crop", True)):
+            if getattr(self, name) != default:
+                extra += f", {name}={getattr(self, name)}"
+        if self.crop_offsets != "round":
+            extra += f", crop_offsets={self.crop_offsets!r}"
         return f"CLIPImageTransform(crop={self.crop}, resize={self.resize}{extra})"
 
 
-def _added_layer(in_dim: int, proj_dim: int | None) -> nn.Module:
-    if proj_dim is None:
-        return nn.Identity()
-    if not isinstance(proj_dim, int) or isinstance(proj_dim, bool) or proj_dim < 1:
-        raise ValueError(f"proj_dim must be a positive int or None, got {proj_dim!r}")
-    layer = nn.Linear(in_dim, proj_dim)
-    r = math.sqrt(6.0) / math.sqrt(in_dim + proj_dim)
-    nn.init.uniform_(layer.weight, -r, r)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-class CLIPImageEncoder(nn.Module):
-    """``pixel_values (N, 3, S, S)`` -> CLIP image embedding -> added layer ``(N, proj_dim)``.
-
-    Args:
-        vision_model: CLIP's vision tower.
-        visual_projection: CLIP's ``visual_projection`` (a linear layer).
-        proj_dim: Width of the added layer; None keeps CLIP's projection output.
-
-    Raises:
-        ValueError: ``proj_dim`` is neither None nor a positive int.
-    """
-
-    def __init__(
-        self, vision_model: nn.Module, visual_projection: nn.Linear, *, proj_dim: int | None
-    ) -> None:
-        super().__init__()
-        self.vision_model = vision_model
-        self.visual_projection = visual_projection
-        self.embed_proj = _added_layer(visual_projection.out_features, proj_dim)
-        self.embed_dim = proj_dim if proj_dim is not None else visual_projection.out_features
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Embed preprocessed images.
-
-        Args:
-            pixel_values: ``(N, 3, H, W)`` output of :class:`CLIPImageTransform`.
-
-        Returns:
-            The ``(N, embed_dim)`` image embeddings.
-
-        Raises:
-            ValueError: ``pixel_values`` is not a 4-D tensor.
-        """
-        if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 4:
-            got = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else None
-            raise ValueError(
-                f"pixel_values must be a (N, 3, H, W) tensor (CLIPImageTransform output), "
-                f"got {got or type(pixel_values).__name__}"
-            )
-        pooled = self.vision_model(pixel_values=pixel_values, return_dict=True).pooler_output
-        return self.embed_proj(self.visual_projection(pooled))
-
-
-class CLIPTextEncoder(nn.Module):
-    """``(B, L)`` token ids + lengths -> CLIP text embedding -> added layer ``(B, proj_dim)``.
-
-    The attention mask comes from ``lengths``; CLIP pools at the end-of-text token, which the
-    tokenizer places before any padding. The arguments are those of :class:`CLIPImageEncoder`
-    for the text side: CLIP's text tower ``text_model`` and its ``text_projection``.
-    """
-
-    def __init__(
-        self, text_model: nn.Module, text_projection: nn.Linear, *, proj_dim: int | None
-    ) -> None:
-        super().__init__()
-        self.text_model = text_model
-        self.text_projection = text_projection
-        self.embed_proj = _added_layer(text_projection.out_features, proj_dim)
-        self.embed_dim = proj_dim if proj_dim is not None else text_projection.out_features
-
-    def forward(self, captions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """Embed a padded batch of CLIP token ids.
-
-        Args:
-            captions: ``(B, L)`` token ids of CLIP's tokenizer.
-            lengths: ``(B,)`` valid tokens per caption; None means all ``L``.
-
-        Returns:
-            The ``(B, embed_dim)`` caption embeddings.
-
-        Raises:
-            ValueError: The batch is malformed (:func:`~vlret.models.text.check_captions`).
-        """
-        captions, lengths = check_captions(captions, lengths)
-        positions = torch.arange(captions.size(1), device=captions.device)
-        mask = (positions.unsqueeze(0) < lengths.to(captions.device).unsqueeze(1)).long()
-        pooled = self.text_model(
-            input_ids=captions, attention_mask=mask, return_dict=True
-        ).pooler_output
-        return self.embed_proj(self.text_projection(pooled))
-
-
 def load_clip(
-    path: str | Path, *, proj_dim: int | None = 768, image_size: int | Sequence[int] | None = None
+    path: str | Path,
+    *,
+    proj_dim: int | None = 768,
+    image_size: int | Sequence[int] | None = None,
+    default_preprocessing: str | None = None,
 ) -> tuple[CLIPImageEncoder, CLIPTextEncoder, CLIPImageTransform]:
     """Image encoder, text encoder and image transform from a local CLIP directory.
 
     ``CLIPModel.from_pretrained(path, local_files_only=True)``, cast to float32 (fine-tuning
-    half-precision weights with Adam gives NaNs; use AMP for speed instead).
+    half-precision weights with Adam gives NaNs; use AMP for speed instead), with each failure
+    one line (:func:`~vlret.models.clip_folder.load_clip_model`); the transform is the
+    folder's image processor (:meth:`CLIPImageTransform.from_pretrained`), read first so that a
+    folder without one is refused before the weights are loaded.
 
     Args:
         path: The local CLIP directory (``save_pretrained`` output).
@@ -331,24 +294,45 @@ def load_clip(
         image_size: ``(height, width)`` (or an int) of the input when it is not the model's
             own: the position embeddings are resampled once to the new patch grid
             (:func:`~vlret.models.clip_size.set_image_size`, IRRA's bilinear) and the
-            transform resizes to it; None keeps the model's size.
+            transform resizes to it (keeping the processor's mean, std, filter and rescale
+            factor); None keeps the model's size.
+        default_preprocessing: ``"openai-clip"`` to use OpenAI CLIP's preprocessing when the
+            folder holds no processor file; None refuses such a folder.
 
     Returns:
         ``(image_encoder, text_encoder, image_transform)``.
 
     Raises:
         ImportError: ``transformers`` is not installed.
-        FileNotFoundError: ``path`` is not a directory.
-        ValueError: ``image_size`` is not positive ints that are multiples of the patch size.
+        FileNotFoundError: ``path`` is not a directory, or holds no weights, or no processor
+            file (and no ``default_preprocessing``).
+        ValueError: ``image_size`` is not positive ints that are multiples of the patch size,
+            the processor's output size is not the vision config's ``image_size``, or the
+            folder's files cannot be read (the message names the file).
     """
-    transformers = import_transformers("CLIP fine-tuning")
+    import_transformers("CLIP fine-tuning")  # a missing extra is named before any file
     path = check_local_dir(path, "a CLIP model")
-    clip = transformers.CLIPModel.from_pretrained(str(path), local_files_only=True).float()
-    transform = CLIPImageTransform.from_pretrained(path)
+    transform = CLIPImageTransform.from_pretrained(
+        path, default_preprocessing=default_preprocessing
+    )
+    clip = load_clip_model(path)
+    own = int(clip.config.vision_config.image_size)
     if image_size is not None:
         size = set_image_size(clip.vision_model, image_size, pretrained=True)
-        mean, std = transform.mean.tolist(), transform.std.tolist()
-        transform = CLIPImageTransform(size, mean=mean, std=std)
+        transform = CLIPImageTransform(
+            size,
+            mean=transform.mean.tolist(),
+            std=transform.std.tolist(),
+            resample=transform.resample,
+            crop_offsets=transform.crop_offsets,
+            rescale_factor=transform.rescale_factor,
+        )
+    elif transform.crop != (own, own):
+        raise ValueError(
+            f"{path}: its image processor gives {transform.crop[0]} x {transform.crop[1]} images "
+            f"but config.json's vision_config image_size is {own} (set image_size to resample "
+            "the position embeddings)"
+        )
     image = CLIPImageEncoder(clip.vision_model, clip.visual_projection, proj_dim=proj_dim)
     text = CLIPTextEncoder(clip.text_model, clip.text_projection, proj_dim=proj_dim)
     return image, text, transform
