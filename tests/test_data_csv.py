@@ -31,10 +31,10 @@ def test_tsv_rows_group_by_image_and_resolve_next_to_the_file(tmp_path):
         '"a dog, again\twith a tab"\timgs/a.jpg\tz\n',
         encoding="utf-8",
     )
-    ds = CsvPairsDataset(tsv, image_transform=lambda p: p.name)
+    ds = CsvPairsDataset(tsv, image_transform=lambda im: (im.mode, im.size))
     assert ds.captions == ["a dog", "a red ball", "a dog, again\twith a tab"]
     assert ds.txt_to_img.tolist() == [0, 1, 0] and ds.image_ids == ["imgs/a.jpg", "imgs/b.png"]
-    assert ds[2].features == "a.jpg" and ds[2].img_index == 0 and ds.num_images == 2
+    assert ds[2].features == ("RGB", (6, 5)) and ds[2].img_index == 0 and ds.num_images == 2
     ds.check_features()
 
 
@@ -47,7 +47,8 @@ def test_csv_with_other_keys_and_an_image_root(tmp_path):
     ds = CsvPairsDataset(
         path, img_key="url", caption_key="caption", separator=",", image_root=tmp_path / "root"
     )
-    assert ds.image(0) == tmp_path / "root" / "x.jpg"
+    assert ds.image_path(0) == tmp_path / "root" / "x.jpg"
+    assert np.asarray(ds.image(0)).shape == (5, 6, 3)  # read as RGB pixels
 
 
 @pytest.mark.parametrize(
@@ -82,10 +83,12 @@ def test_augmentation_keys_are_seed_epoch_and_caption_index(tmp_path):
     path.write_text("title\tfilepath\none\ta.jpg\ntwo\tb.jpg\n", encoding="utf-8")
     ds = CsvPairsDataset(path, image_transform=lambda p: "eval")
     keys = []
-    ds.set_augment(lambda p, key: keys.append((p.name, key)) or torch.zeros(1), seed=4)
+    ds.set_augment(
+        lambda im, key: keys.append((im.getpixel((0, 0)), key)) or torch.zeros(1), seed=4
+    )
     ds.set_epoch(2)
     ds[1]
-    assert keys == [("b.jpg", (4, 2, 1))]
+    assert keys == [((40, 40, 40), (4, 2, 1))]  # b.jpg: grey 40
     assert ds.images()[1][0] == "eval"  # evaluation never augments
 
 

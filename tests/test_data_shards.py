@@ -19,14 +19,12 @@ import torch.multiprocessing as mp
 pytest.importorskip("webdataset")
 Image = pytest.importorskip("PIL.Image")
 
-from vlret.data.shards import (  # noqa: E402
-    ShardDevSet,
-    ShardError,
-    ShardStream,
+from vlret.data.bad_samples import (  # noqa: E402
+    TooManyBadSamples,
     check_bad_fraction,
     epoch_skipped,
-    expand_shards,
 )
+from vlret.data.shards import ShardDevSet, ShardError, ShardStream, expand_shards  # noqa: E402
 from vlret.train.config import ConfigError, config_from_dict  # noqa: E402
 
 
@@ -168,11 +166,11 @@ def test_bad_samples_are_skipped_and_counted(tmp_path):
     assert sorted(got) == sorted(good) and len(good) == 20  # every good sample, once
     # a corrupt jpeg, an empty caption, no image; the broken member when read before the end
     assert skipped >= 3 and "000000001" not in got and "000000004" not in got
-    dev = ShardDevSet([files[2]])  # read whole: the broken member is met and counted
+    dev = ShardDevSet([files[2]], max_bad_fraction=0.5)  # read whole: the broken member counts
     assert dev.image_ids == good[-7:] and dev.skipped >= 1
     assert epoch_skipped(st, skipped) == skipped and epoch_skipped(object(), 3) is None
     check_bad_fraction(skipped, st)  # 4+ of 20+: under one half
-    with pytest.raises(ShardError, match=r"bad samples against 16 used in epoch 0.*0.01"):
+    with pytest.raises(TooManyBadSamples, match=r"bad samples against 16 used in epoch 0.*0.01"):
         check_bad_fraction(1, stream(files, 16, max_bad_fraction=0.01))
 
 
@@ -203,7 +201,9 @@ def test_fewer_shards_than_readers_is_refused_unless_resampled(shards):
 
 def test_dev_shards_are_read_whole_in_order(tmp_path):
     keys = write_shard(tmp_path / "00000.tar", 0, 5, bad={2: "caption"})
-    dev = ShardDevSet([str(tmp_path / "00000.tar")], image_transform=lambda im: im.size)
+    dev = ShardDevSet(
+        [str(tmp_path / "00000.tar")], image_transform=lambda im: im.size, max_bad_fraction=0.2
+    )
     assert dev.image_ids == keys and dev.skipped == 1 and dev.num_captions == 4
     item = dev[1]
     assert item.img_index == 1 and item.caption == f"caption {keys[1]}"

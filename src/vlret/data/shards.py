@@ -37,15 +37,24 @@ its first ``k`` batches: read and decoded (a bad sample is found the same way, a
 again), neither augmented nor handed over; so it trains on exactly the uninterrupted run's
 samples, order and crops, re-reading the epoch's first ``k`` batches (same ranks and workers).
 
-**Bad samples.** A corrupt image, a missing or empty caption, a sample without an image or a
-broken tar member (webdataset's handler for the tar reading) is skipped and counted, never
-raised and never slept on (webdataset's own ``warn_and_continue`` sleeps 0.5 s per error).
-Each batch carries ``skipped``: the bad samples its worker met since its previous batch; the
-trainer adds them up (over ranks) into the epoch record's ``skipped`` and stops the run
-(:func:`check_bad_fraction`) when more than ``data.max_bad_fraction`` of the epoch's samples
-were bad. A worker stops by itself (one line, through the trainer) once its own count proves
-the fraction exceeded, or when a whole pass over its shards held no sample at all, so a broken
-data set never stalls the loop.
+**Bad samples** (:mod:`vlret.data.bad_samples`, shared with the CSV reader). A corrupt image,
+an image over ``data.max_image_pixels`` (refused from its header, before decoding), a missing or
+empty caption, a sample without an image or a broken tar member (webdataset's handler for the
+tar reading) is skipped and counted, never raised and never slept on (webdataset's own
+``warn_and_continue`` sleeps 0.5 s per error). Each batch carries ``skipped``: the bad samples
+its worker met since its previous batch; the trainer adds them up (over ranks) into the epoch
+record's ``skipped`` and stops the run when more than ``data.max_bad_fraction`` of the epoch's
+samples were bad. A worker stops by itself (one line, through the trainer) once its own count
+proves the fraction exceeded, or when a whole pass over its shards held no sample at all, so a
+broken data set never stalls the loop. The dev set (``data.dev_shards``) counts the samples it
+leaves out in ``skipped`` (``dev_skipped`` in the epoch record and line) and is refused past
+``data.max_bad_fraction`` (:class:`ShardDevSet`).
+
+**Patterns.** ``data.shards`` (and ``data.dev_shards``) is webdataset's (and open_clip's
+``--train-data``) syntax: brace ranges and alternatives (``{00000..00331}``, ``{a,b}``), several
+patterns joined with ``::``. A comma outside braces is no list separator (a TOML list is): a
+missing file whose name holds one is reported so, and so are unbalanced braces, a folder and
+anything else that is not a tar file, each naming the key.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .._extras import require
+from .._images import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, open_rgb
+from .bad_samples import BadSample, check_dev_fraction, epoch_fraction_message
 from .checks import DataFormatError
 from .dataset import RetrievalBatch, RetrievalDataset, collate_retrieval
 
@@ -72,10 +83,6 @@ IMAGE_FORMATS = ("webdataset", "csv")
 
 class ShardError(ValueError):
     """Shards that cannot feed a run: too many bad or no readable samples, too few shards."""
-
-
-class BadSample(ValueError):
-    """A sample that is skipped and counted (its reason in the message)."""
 
 
 class ShardFailure:
@@ -97,11 +104,14 @@ def _wds(what: str = "reading webdataset shards") -> Any:
     return require("webdataset", what)
 
 
-def expand_shards(spec: str | Sequence[str], *, root: str | Path = ".", key: str = "data.shards"):
+def expand_shards(
+    spec: str | Sequence[str], *, root: str | Path = ".", key: str = "data.shards"
+) -> list[str]:
     """The shard files of a brace pattern or a list of paths / patterns, in the given order.
 
     Args:
-        spec: ``"cc3m/{00000..00331}.tar"`` or a list of such strings.
+        spec: ``"cc3m/{00000..00331}.tar"``, several such patterns joined with ``::``
+            (open_clip's ``--train-data``), or a list of them.
         root: The folder relative paths start from.
         key: The config key named in errors.
 
@@ -109,30 +119,64 @@ def expand_shards(spec: str | Sequence[str], *, root: str | Path = ".", key: str
         The files as strings.
 
     Raises:
-        ValueError: The spec is empty.
-        FileNotFoundError: A listed shard is missing (naming it and its pattern).
+        ValueError: The spec is empty or a pattern's braces are unbalanced.
+        FileNotFoundError: A listed shard is missing, a folder or not a regular file (naming
+            it, its pattern and, for a name holding a comma, how to list several).
     """
     wds = _wds()
     specs = [spec] if isinstance(spec, str) else list(spec)
     out: list[str] = []
     for pattern in specs:
-        for name in wds.shardlists.expand_urls(pattern):
+        try:
+            names = wds.shardlists.expand_urls(pattern)
+        except ValueError as err:  # braceexpand's UnbalancedBracesError
+            raise ValueError(
+                f"{key}: {pattern!r}: unbalanced braces ({err.__class__.__name__}); every "
+                "'{' needs its '}' (a range {00000..00331} or alternatives {a,b})"
+            ) from None
+        for name in names:
             path = Path(name) if Path(name).is_absolute() else Path(root) / name
             if not path.is_file():
-                raise FileNotFoundError(f"{key}: {path}: missing (from {pattern!r})")
+                raise FileNotFoundError(_not_a_shard(path, name, pattern, key))
             out.append(str(path))
     if not out:
         raise ValueError(f"{key}: {spec!r} names no shard")
     return out
 
 
-def decode_sample(sample: dict[str, Any]) -> tuple[Any, str]:
-    """The RGB PIL image and the caption of a webdataset sample.
+def _not_a_shard(path: Path, name: str, pattern: str, key: str) -> str:
+    """Why ``path`` (``name`` of ``pattern``) is no shard file, in one line naming ``key``."""
+    where = f"{key}: {path}"
+    if path.is_dir():
+        return (
+            f"{where}: a folder, not a shard (from {pattern!r}); name its tar files, e.g. "
+            f"'{path.as_posix()}/{{00000..00009}}.tar'"
+        )
+    if path.exists():
+        return f"{where}: not a regular file (from {pattern!r}); expected a tar shard"
+    line = f"{where}: missing (from {pattern!r})"
+    if "," in name:  # braces have consumed theirs: this one was meant as a separator
+        line += (
+            "; a comma outside braces is no list separator: give a list "
+            '(shards = ["a.tar", "b.tar"]) or join patterns with "::" as open_clip does'
+        )
+    return line
+
+
+def decode_sample(
+    sample: dict[str, Any], *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[Any, str]:
+    """The RGB PIL image (:func:`vlret._images.open_rgb`) and the caption of a webdataset
+    sample.
+
+    Args:
+        sample: webdataset's dict of the sample's members (``__key__``, ``__url__``, ...).
+        max_pixels: The pixel cap (``data.max_image_pixels``), checked before decoding.
 
     Raises:
-        BadSample: No image member, an image PIL cannot decode, no or an empty caption.
+        BadSample: No image member, an image that does not decode or is over the cap, no or
+            an empty caption.
     """
-    pil = require("PIL.Image", "decoding shard images")
     ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
     key = sample.get("__key__")
     if ext is None:
@@ -144,11 +188,11 @@ def decode_sample(sample: dict[str, Any]) -> tuple[Any, str]:
         raise BadSample(f"sample {key}: caption is not UTF-8") from None
     if not caption:
         raise BadSample(f"sample {key}: {'empty' if text is not None else 'no'} caption")
+    shard = Path(str(sample.get("__url__", "shard"))).name
     try:
-        with pil.open(io.BytesIO(sample[ext])) as opened:
-            image = opened.convert("RGB")
-    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, ...
-        raise BadSample(f"sample {key}: {ext} does not decode ({type(err).__name__})") from None
+        image = open_rgb(sample[ext], max_pixels=max_pixels, name=f"{shard} member {key}.{ext}")
+    except ImageReadError as err:
+        raise BadSample(str(err)) from None
     return image, caption
 
 
@@ -167,7 +211,8 @@ class _Counter:
 class ShardStream(IterableDataset):
     """One rank's training batches from shards (the module docstring gives the order).
 
-    Also what the trainer asks its sampler for: :meth:`set_epoch` and :meth:`num_batches`.
+    Also what the trainer asks its sampler for: :meth:`set_epoch` and :meth:`num_batches`;
+    its batches carry ``skipped`` (:mod:`vlret.data.bad_samples`).
 
     Args:
         shards: The shard files (:func:`expand_shards`).
@@ -181,6 +226,8 @@ class ShardStream(IterableDataset):
         resampled: Draw shards with replacement.
         max_bad_fraction: The fraction of bad samples that stops a run.
         max_batches: Cap on the batches of an epoch.
+        max_image_pixels: The pixel cap (``data.max_image_pixels``; None: none): a larger
+            image is a bad sample.
         image_transform: Maps a PIL image to the model's input (the evaluation transform).
         augment: Training augmentation used instead (``augment(image, key=...)``).
         encoder: Turns captions into token ids (None: texts).
@@ -190,6 +237,11 @@ class ShardStream(IterableDataset):
             than one batch.
         ValueError: A batch that does not divide over the ranks.
     """
+
+    #: Its batches carry ``skipped``; the key and the causes a bad-fraction stop names.
+    counts_skipped = True
+    bad_key = "data.shards"
+    bad_causes = "corrupt or oversized images, empty captions or broken tar members"
 
     def __init__(
         self,
@@ -208,6 +260,7 @@ class ShardStream(IterableDataset):
         image_transform: Any = None,
         augment: Any = None,
         encoder: Any = None,
+        max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if batch_size % world_size:
             raise ValueError(
@@ -232,7 +285,7 @@ class ShardStream(IterableDataset):
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.local_batch = batch_size // world_size
         self.shuffle_buffer, self.resampled = shuffle_buffer, resampled
-        self.max_bad_fraction = max_bad_fraction
+        self.max_bad_fraction, self.max_image_pixels = max_bad_fraction, max_image_pixels
         self.steps = steps if max_batches is None else min(steps, max_batches)
         self.image_transform, self.augment, self.encoder = image_transform, augment, encoder
         self.epoch = 0
@@ -311,7 +364,7 @@ class ShardStream(IterableDataset):
             for sample in raw:
                 counter.raw += 1
                 try:
-                    image, caption = decode_sample(sample)
+                    image, caption = decode_sample(sample, max_pixels=self.max_image_pixels)
                 except BadSample:
                     counter.bad += 1
                     continue
@@ -335,7 +388,10 @@ class ShardStream(IterableDataset):
                 items: list[tuple[Any, str, Any]] = []
                 while len(items) < self.local_batch:
                     if counter.bad > self._limit():
-                        yield ShardFailure(bad_fraction_message(counter.bad, self, worker=worker))
+                        used = self.steps * self.batch_size
+                        who = f" (worker {worker} of rank {self.rank} alone)"
+                        line = epoch_fraction_message(counter.bad, self, used=used, who=who)
+                        yield ShardFailure(line)
                         return
                     items.append(next(samples))
                 if b < self.start_batch:  # read, not handed over (its bad samples are in
@@ -369,46 +425,6 @@ class ShardStream(IterableDataset):
         return batch
 
 
-def bad_fraction_message(bad: int, stream: ShardStream, *, worker: int | None = None) -> str:
-    """The line a run stops with when too many samples were bad."""
-    good = stream.steps * stream.batch_size
-    who = f" (worker {worker} of rank {stream.rank} alone)" if worker is not None else ""
-    return (
-        f"data.shards: {bad} bad samples{who} against {good} used in epoch {stream.epoch}: "
-        f"more than data.max_bad_fraction = {stream.max_bad_fraction:g} of the epoch's samples "
-        "(corrupt images, empty captions or broken tar members)"
-    )
-
-
-def epoch_skipped(sampler: Any, count: int, *, device: Any = "cpu") -> int | None:
-    """The bad samples of an epoch over every rank (``count``: this rank's; summed with an
-    all-reduce under torch.distributed), or None when ``sampler`` is not a :class:`ShardStream`
-    (every rank must call it)."""
-    if not isinstance(sampler, ShardStream):
-        return None
-    total = torch.tensor([count], dtype=torch.long, device=device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(total)
-    return int(total.item())
-
-
-def check_bad_fraction(skipped: int | None, stream: Any) -> None:
-    """Stop a run whose epoch had more than ``max_bad_fraction`` bad samples.
-
-    Args:
-        skipped: The epoch's bad samples over every rank (None: not streamed, nothing to do).
-        stream: The epoch's :class:`ShardStream` (its steps, batch and threshold).
-
-    Raises:
-        ShardError: ``skipped / (skipped + used) > max_bad_fraction``.
-    """
-    if skipped is None or not isinstance(stream, ShardStream):
-        return
-    used = stream.steps * stream.batch_size
-    if skipped and skipped / (skipped + used) > stream.max_bad_fraction:
-        raise ShardError(bad_fraction_message(skipped, stream))
-
-
 class ShardLoader:
     """The batches of a DataLoader over a :class:`ShardStream` (with a length, for progress
     bars); a worker's :class:`ShardFailure` is raised as a one-line :class:`ShardError`."""
@@ -436,14 +452,25 @@ class ShardLoader:
 
 class ShardDevSet(RetrievalDataset):
     """A small dev retrieval set from shards, one caption per image, read whole in shard
-    order (no shuffling); bad samples are left out and counted in ``skipped``.
+    order (no shuffling); bad samples are left out and counted in ``skipped`` (the epoch
+    record's ``dev_skipped``), and more than ``max_bad_fraction`` of them is refused.
 
     Args:
         shards: The shard files.
         image_transform: Maps a PIL image to the model's input (None: PIL images).
         encoder: Turns captions into token ids.
         max_images: Keep the first ones only.
+        max_bad_fraction: ``data.max_bad_fraction``: the share of the samples read that may
+            be bad.
+        max_image_pixels: The pixel cap (``data.max_image_pixels``; None: none).
+
+    Raises:
+        DataFormatError: No readable sample.
+        TooManyBadSamples: More than ``max_bad_fraction`` of the samples read were bad.
     """
+
+    #: The key a bad-fraction refusal names.
+    bad_key = "data.dev_shards"
 
     def __init__(
         self,
@@ -452,6 +479,8 @@ class ShardDevSet(RetrievalDataset):
         image_transform: Any = None,
         encoder: Any = None,
         max_images: int | None = None,
+        max_bad_fraction: float = 0.01,
+        max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         counter = _Counter()
         self._images: list[bytes] = []
@@ -461,7 +490,7 @@ class ShardDevSet(RetrievalDataset):
             if max_images is not None and len(self.image_ids) >= max_images:
                 break
             try:
-                image, caption = decode_sample(sample)
+                image, caption = decode_sample(sample, max_pixels=max_image_pixels)
             except BadSample:
                 counter.bad += 1
                 continue
@@ -473,6 +502,13 @@ class ShardDevSet(RetrievalDataset):
         if not self.image_ids:
             raise DataFormatError(shards[0], "data.dev_shards hold no readable sample")
         self.skipped = counter.bad
+        check_dev_fraction(
+            self.skipped,
+            len(self.image_ids),
+            key=self.bad_key,
+            max_bad_fraction=max_bad_fraction,
+            causes=ShardStream.bad_causes,
+        )
         self.txt_to_img = torch.arange(len(self.image_ids))
         self.image_transform, self.encoder = image_transform, encoder
 
@@ -514,6 +550,7 @@ def build_shard_source(
         image_transform=image_transform,
         augment=augment,
         encoder=encoder,
+        max_image_pixels=data.max_image_pixels,
     )
 
 
@@ -523,77 +560,25 @@ def build_shard_dev_set(
     """The dev set ``data.dev_shards`` of a ``[data]`` section."""
     shards = expand_shards(data.dev_shards, root=data.root, key="data.dev_shards")
     return ShardDevSet(
-        shards, image_transform=image_transform, encoder=encoder, max_images=max_images
-    )
-
-
-def build_image_sets(
-    config: Any,
-    encoder: Any,
-    eval_transform: Any,
-    *,
-    env: Any = None,
-    dev: bool = True,
-    other: Any = None,
-) -> tuple[Any, Any]:
-    """``(train set, dev set or None)`` of a run ``config`` with ``data.format`` ``webdataset``
-    (a :class:`ShardStream` and ``data.dev_shards``) or ``csv`` (``data.csv``, ``data.dev_csv``),
-    the train set augmented as ``data.train_transform`` says (``eval_transform``: the model's;
-    ``env``: ``rank`` and ``world_size``, None for one process; ``dev``: whether this process
-    evaluates); for another format ``(other(data, train_split, encoder, image_transform=...),
-    None)``: the trainer's builder, which builds that format's dev set."""
-    from .csv_pairs import build_csv_dataset
-    from .pedes.augment import build_augment
-
-    data, tc = config.data, config.train
-    augment = build_augment(data, eval_transform)  # data.train_transform's
-    dev_set: Any = None
-    if data.format not in IMAGE_FORMATS:
-        assert other is not None, "the builder of the other formats"
-        train = other(data, data.train_split, encoder, image_transform=eval_transform)
-        if augment is not None:
-            train.set_augment(augment, seed=tc.seed)
-        return train, None
-    if data.format == "csv":
-        train = build_csv_dataset(data, "train", encoder, image_transform=eval_transform)
-        if augment is not None:
-            train.set_augment(augment, seed=tc.seed)
-        if dev and data.dev_csv:
-            dev_set = build_csv_dataset(data, "dev", encoder, image_transform=eval_transform)
-        return train, dev_set
-    stream = build_shard_source(
-        data,
-        batch_size=tc.batch_size,
-        seed=tc.seed,
-        rank=env.rank if env is not None else 0,
-        world_size=env.world_size if env is not None else 1,
-        max_batches=tc.max_steps_per_epoch,
-        image_transform=eval_transform,
-        augment=augment,
+        shards,
+        image_transform=image_transform,
         encoder=encoder,
+        max_images=max_images,
+        max_bad_fraction=data.max_bad_fraction,
+        max_image_pixels=data.max_image_pixels,
     )
-    if dev and data.dev_shards:
-        dev_set = build_shard_dev_set(
-            data, image_transform=eval_transform, encoder=encoder, max_images=data.dev_max_images
-        )
-    return stream, dev_set
 
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "IMAGE_FORMATS",
-    "BadSample",
     "ShardDevSet",
     "ShardError",
     "ShardFailure",
     "ShardStream",
-    "bad_fraction_message",
     "build_shard_dev_set",
     "build_shard_source",
-    "check_bad_fraction",
     "decode_sample",
     "expand_shards",
     "ShardLoader",
-    "epoch_skipped",
-    "build_image_sets",
 ]

@@ -140,6 +140,11 @@ class DataConfig:
     csv_img_key: str = "filepath"
     csv_caption_key: str = "title"
     csv_separator: str = "\t"
+    # Whether a CSV field may hold line breaks (a quoted caption over several lines). Off, such a
+    # field is refused naming its lines: it is what a quote opened and not closed reads as, the
+    # rows after it merged into one caption (vlret.data.csv_pairs). A quote never closed is
+    # refused either way.
+    csv_multiline: bool = False
     # Person search (vlret.data.pedes): the annotation JSON, default the format's file in root;
     # images under image_root (default root/imgs), or features_dir/{split}_ims.npy
     annotations: str | None = None

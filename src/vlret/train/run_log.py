@@ -160,9 +160,12 @@ def epoch_record(
     dev loss beside it (``dev_loss``, :mod:`.dev_loss`; ``null`` when not computed), the
     learning rate, the time, the selection (``select_on``, the dev metric ``best.pt``
     maximises; its best value as ``best_metric`` and again as ``best_<select_on>``, e.g.
-    ``best_rsum`` or ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix
-    and (shards) the bad samples skipped."""
+    ``best_rsum`` or ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix,
+    (shards, CSV) the epoch's bad training samples skipped as ``skipped`` and, for a dev set
+    that leaves its bad samples out when it is read (:mod:`vlret.data.bad_samples`), their
+    count as ``dev_skipped``."""
     name = trainer.select_on
+    dev_skipped = getattr(trainer.dev_set, "skipped", None)
     return {
         "kind": "epoch",
         "epoch": epoch,
@@ -177,6 +180,7 @@ def epoch_record(
         "best_epoch": trainer.best_epoch,
         **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
         **({"skipped": skipped} if skipped is not None else {}),
+        **({"dev_skipped": dev_skipped} if isinstance(dev_skipped, int) else {}),
     }
 
 
@@ -206,6 +210,7 @@ def epoch_line(trainer: Any, record: dict[str, Any], *, dev_value: float | None)
         best_epoch=record["best_epoch"],
         seconds=record["time_s"],
         skipped=record.get("skipped"),
+        dev_skipped=record.get("dev_skipped"),
         select_on=record["select_on"],
     )
 
@@ -222,13 +227,15 @@ def epoch_summary(
     skipped: int | None = None,
     select_on: str = "rsum",
     dev_loss: float | None = None,
+    dev_skipped: int | None = None,
 ) -> str:
     """The line printed after each epoch: ``epoch 2 (3/5): loss 0.81, dev loss 0.93, dev
     t2i_R1 31.20 (best 31.20 at epoch 2), 4.1 s``; ``dev_loss``: the training loss on the dev
     split (:mod:`.dev_loss`; shown when computed); ``dev_value`` / ``best_value``: this
     epoch's and the best dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
     ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
-    the bad shard samples skipped in the epoch (shown for shards only)."""
+    the bad training samples skipped in the epoch (shown for shards and CSV only);
+    ``dev_skipped``: the bad samples the dev set left out (shown when it counts them)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"
     if dev_loss is not None:
         line += f", dev loss {dev_loss:.4g}"
@@ -238,6 +245,8 @@ def epoch_summary(
         line += f", dev {select_on} {dev_value:.2f} (best {best}{at})"
     if skipped is not None:
         line += f", {_plural(skipped, 'bad sample')} skipped"
+    if dev_skipped is not None:
+        line += f", {_plural(dev_skipped, 'bad dev sample')} left out"
     return f"{line}, {seconds:.1f} s"
 
 
@@ -246,10 +255,19 @@ def _plural(n: int, word: str) -> str:
 
 
 def _sizes(dataset: Any) -> str:
+    """A split's size for the start-of-run summary, with where it was read from (a CSV's rows
+    against its lines) and the bad samples a dev set left out."""
     if hasattr(dataset, "shards"):  # a shard stream (vlret.data.shards): no size on disk
         shards = _plural(len(dataset.shards), "shard")
         return f"{_plural(dataset.num_samples, 'sample')} (data.train_num_samples) from {shards}"
-    return f"{_plural(dataset.num_images, 'image')} / {_plural(dataset.num_captions, 'caption')}"
+    line = f"{_plural(dataset.num_images, 'image')} / {_plural(dataset.num_captions, 'caption')}"
+    source = getattr(dataset, "source_summary", None)
+    if isinstance(source, str):
+        line += f" from {source}"
+    skipped = getattr(dataset, "skipped", None)
+    if isinstance(skipped, int) and skipped:
+        line += f" ({_plural(skipped, 'bad sample')} left out)"
+    return line
 
 
 def run_summary(trainer: Any) -> str:
