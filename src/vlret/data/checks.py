@@ -407,7 +407,8 @@ def read_npy_header(path: Path, what: str) -> NpyHeader:
         raise DataFormatError(
             path, f"not a readable .npy header ({first}); expected {what}"
         ) from None
-    return NpyHeader(tuple(version), tuple(shape), bool(fortran_order), dtype, data_bytes)
+    major, minor = version
+    return NpyHeader((major, minor), tuple(shape), bool(fortran_order), dtype, data_bytes)
 
 
 __all__ = [
