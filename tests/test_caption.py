@@ -251,12 +251,12 @@ def test_resumed_run_writes_the_uninterrupted_file(models, karpathy, tmp_path) -
     assert side == json.loads(sidecar_path(whole).read_text())
     # other settings on a half-done run are refused; the finished file needs --overwrite
     caption_split(
-        models["blip"], karpathy, "test", tmp_path / "t.txt", settings=settings, progress=False,
+        models["blip"], karpathy, "train", tmp_path / "t.txt", settings=settings, progress=False,
         stop_after_chunks=1,
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"t\.txt\.partial: .*max_new_tokens: 5, now 6"):
         caption_split(
-            models["blip"], karpathy, "test", tmp_path / "t.txt", progress=False,
+            models["blip"], karpathy, "train", tmp_path / "t.txt", progress=False,
             settings=CaptionSettings(batch_size=2, max_new_tokens=6, device="cpu", chunk=2),
         )  # fmt: skip
     with pytest.raises(OutputPathError, match="exists; pass --overwrite"):
