@@ -187,6 +187,23 @@ def test_a_noise_index_header_claiming_10_12_entries_allocates_nothing(tmp_path,
         read_noise_index(path, num_captions=40, num_images=8)
 
 
+@pytest.mark.parametrize("mmap", [True, False])
+def test_a_feature_header_promising_295_gb_allocates_nothing(tmp_path, mmap):
+    # the same check guards the feature arrays, which mmap=False reads whole
+    make_tiny_precomp(tmp_path, sizes={"train": 2}, feature_shape=(4, 16))
+    path = tmp_path / "train_ims.npy"
+    header = {"descr": "<f4", "fortran_order": False, "shape": (10**6, 36, 2048)}
+    with path.open("wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        fh.write(b"\0" * 800)
+    with pytest.raises(DataFormatError) as err:
+        PrecompDataset(tmp_path, "train", mmap=mmap)
+    assert str(err.value) == (
+        f"{path}: truncated or forged: its header promises shape (1000000, 36, 2048) of float32 "
+        "(294912000000 bytes) but 800 bytes follow it; expected float32 features"
+    )
+
+
 def test_a_forged_noise_index_through_vlret_train_is_one_line(worlds, tmp_path, capsys):
     path = forged_npy(tmp_path / "huge.npy", 10**12)
     raw = tiny_raw(worlds.a, tmp_path / "run")

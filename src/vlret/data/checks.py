@@ -108,10 +108,23 @@ def load_feature_array(path: Path, *, mmap: bool = True) -> np.ndarray:
 
     Raises:
         FileNotFoundError: The file is missing.
-        DataFormatError: Not a readable ``.npy`` array, an empty or wrongly ranked shape, or a
+        DataFormatError: Not a readable ``.npy`` array, fewer bytes than its header promises
+            (checked before numpy allocates them), an empty or wrongly ranked shape, or a
             non-float dtype.
     """
     require_file(path, "a float32 .npy array of shape (N, D) or (N, regions, D)")
+    try:
+        header: NpyHeader | None = read_npy_header(path, "float32 features")
+    except DataFormatError:
+        header = None  # not a .npy file: numpy.load's own message below says what it is
+    if header is not None and header.data_bytes < header.expected_bytes:
+        # read whole (mmap=False), numpy would first allocate what the header promises
+        raise DataFormatError(
+            path,
+            f"truncated or forged: its header promises shape {header.shape} of {header.dtype} "
+            f"({header.expected_bytes} bytes) but {header.data_bytes} bytes follow it; "
+            "expected float32 features",
+        )
     try:
         arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
