@@ -170,7 +170,7 @@ def test_bad_samples_are_skipped_and_counted(tmp_path):
     assert dev.image_ids == good[-7:] and dev.skipped >= 1
     assert epoch_skipped(st, skipped) == skipped and epoch_skipped(object(), 3) is None
     check_bad_fraction(skipped, st)  # 4+ of 20+: under one half
-    with pytest.raises(TooManyBadSamples, match=r"bad samples against 16 used in epoch 0.*0.01"):
+    with pytest.raises(TooManyBadSamples, match=r"1 bad sample against 16 used in epoch 0.*0.01"):
         check_bad_fraction(1, stream(files, 16, max_bad_fraction=0.01))
 
 

@@ -49,8 +49,9 @@ def bad_fraction_message(
 ) -> str:
     """The line a split with too many bad samples is refused with: ``KEY: 30 bad samples
     against 100 used WHERE: more than data.max_bad_fraction = 0.01 ... (CAUSES)``."""
+    samples = "bad sample" if bad == 1 else "bad samples"
     return (
-        f"{key}: {bad} bad samples against {used} used {where}: more than "
+        f"{key}: {bad} {samples} against {used} used {where}: more than "
         f"data.max_bad_fraction = {max_bad_fraction:g} of the samples ({causes})"
     )
 
