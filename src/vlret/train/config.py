@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,11 +65,18 @@ from .config_checks import (
     check_offline_negatives,
     check_person_search,
 )
-from .config_files import ConfigError, check_tree
+from .config_files import ConfigError, check_tree, stderr_note
+from .config_types import check_type
 from .distributed import DIST_TIMEOUT, check_timeout, parse_device
-from .loss_config import LossConfig, check_momentum_encoder, loss_config, model_with_scoring
+from .loss_config import (
+    LossConfig,
+    check_momentum_encoder,
+    loss_config,
+    model_with_scoring,
+    switch_loss,
+)
 from .ring import check_exchange
-from .train_checks import check_loop_settings, check_zeroshot
+from .train_checks import check_loop_settings, check_zeroshot, lr_multipliers
 from .warmup import warmup_refusal
 
 SECTIONS = ("data", "model", "loss", "optim", "train")
@@ -282,9 +289,10 @@ class TrainConfig:
     #: ``"rsum"`` otherwise. A resumed run keeps the checkpoint's.
     select_on: str | None = None
     #: The training procedure (:mod:`vlret.train.procedures`): ``"standard"`` (one model, the
-    #: loss of each batch) or a registered one (two co-trained networks, a meta step, offline
-    #: negatives); ``procedure_options`` are its settings, checked by the procedure.
-    procedure: str = "standard"
+    #: loss of each batch; ``"none"`` or null say the same and resolve to it) or a registered
+    #: one (two co-trained networks, a meta step, offline negatives); ``procedure_options``
+    #: are its settings, checked by the procedure.
+    procedure: str | None = "standard"
     procedure_options: dict[str, Any] = field(default_factory=dict)
     #: A vlret checkpoint whose model weights the run starts from (optimiser, schedule and
     #: epochs fresh): :mod:`vlret.train.init_weights`. ``None``: the model's own initialisation.
@@ -327,14 +335,27 @@ class RunConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
-    """A copy of ``raw`` with ``section.key[.sub]=value`` overrides applied (typed values)."""
+def apply_overrides(
+    raw: dict[str, Any],
+    overrides: list[str] | None,
+    *,
+    note: Callable[[str], None] | None = stderr_note,
+) -> dict[str, Any]:
+    """A copy of ``raw`` with ``section.key[.sub]=value`` overrides applied (typed values).
+
+    A key part may be quoted to hold dots (``optim.lr_multipliers."text_encoder.bert"=0.1``,
+    :func:`~vlret.train.config_files.override_keys`). An override that sets ``loss.name`` to
+    another loss drops the old loss's parameters that the new one does not declare (a one-line
+    ``note`` lists them); those given with ``--set`` too are kept and checked against the new
+    loss (:func:`~vlret.train.loss_config.switch_loss`)."""
     out = copy.deepcopy(raw)
+    given: list[tuple[str, ...]] = []  # the key paths the overrides set, in order
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError("--set", item, "expected section.key=value")
         dotted, value = item.split("=", 1)
-        keys = [k.strip() for k in dotted.strip().split(".")]
+        dotted = dotted.strip()
+        keys = config_files.override_keys(dotted)
         if not all(keys):
             raise ConfigError("--set", dotted, "empty key component")
         if keys[0] not in (*SECTIONS, "output_dir"):
@@ -346,13 +367,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
             )
         if keys[0] == "output_dir" and len(keys) > 1:
             raise ConfigError("--set", dotted, "output_dir has no sub-keys")
-        node = out
-        for k in keys[:-1]:
-            child = node.setdefault(k, {})
-            if not isinstance(child, dict):
-                raise ConfigError("--set", dotted, f"{k!r} is not a section")
-            node = child
-        node[keys[-1]] = config_files.parse_value(value, dotted.strip())
+        parsed = config_files.parse_value(value, dotted)
+        config_files.set_override(out, keys, parsed, given=given, dotted=dotted)
+        given.append(tuple(keys))
+    if ("loss", "name") in given:
+        switch_loss(raw, out, {k[1] for k in given if k[0] == "loss"}, note=note)
     return out
 
 
@@ -361,50 +380,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
 # --------------------------------------------------------------------------------------------
 
 
-def _check_type(value: Any, annotation: Any, source: str, key: str) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_type(value, arg, source, key)
-            except ConfigError as err:
-                errors.append(err)
-        raise errors[0]
-    if origin is list:
-        (item,) = typing.get_args(annotation)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(source, key, f"expected a list, got {value!r}")
-        return [_check_type(v, item, source, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or annotation is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(source, key, f"expected a table/mapping, got {value!r}")
-        return value
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(source, key, f"expected true or false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(source, key, f"expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(source, key, f"expected a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(source, key, f"expected a string, got {value!r}")
-        return value
-    return value
-
-
 def _build(cls: type, raw: Any, source: str, section: str) -> Any:
+    """The dataclass ``cls`` of the raw ``[section]`` table: an unknown key, a missing
+    required one or a value of the wrong type is a :class:`ConfigError` naming
+    ``section.key`` (an unknown key's message lists the valid ones)."""
     if not isinstance(raw, dict):
         raise ConfigError(source, section, f"expected a table/mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -423,7 +402,7 @@ def _build(cls: type, raw: Any, source: str, section: str) -> Any:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError(source, key, "required key is missing")
             continue
-        kwargs[name] = _check_type(raw[name], hints[name], source, key)
+        kwargs[name] = check_type(raw[name], hints[name], source, key)
     return cls(**kwargs)
 
 
@@ -454,7 +433,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             raise ConfigError(source, section, "required section is missing")
     if "output_dir" not in raw:
         raise ConfigError(source, "output_dir", "required key is missing")
-    output_dir = _check_type(raw["output_dir"], str, source, "output_dir")
+    output_dir = check_type(raw["output_dir"], str, source, "output_dir")
     if not output_dir.strip():
         raise ConfigError(
             source, "output_dir", "empty; expected a run folder (it would write into the cwd)"
@@ -486,7 +465,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             "optim.grad_clip",
             f"expected a max gradient norm >= 0 (0 or null: no clipping), got {optim.grad_clip!r}",
         )
-    optim.lr_multipliers = _lr_multipliers(optim.lr_multipliers, source)
+    optim.lr_multipliers = lr_multipliers(optim.lr_multipliers, source)
     if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
         why = f"expected two numbers in [0, 1), got {optim.betas!r}"
         raise ConfigError(source, "optim.betas", why)
@@ -547,24 +526,6 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     )
 
 
-def _lr_multipliers(raw: dict[str, Any], source: str, prefix: str = "") -> dict[str, float]:
-    """``[optim] lr_multipliers`` as flat ``{dotted prefix: positive factor}`` (a nested table,
-    e.g. from ``--set optim.lr_multipliers.text_encoder.bert=0.1``, gives dotted keys)."""
-    out: dict[str, float] = {}
-    for name, value in raw.items():
-        dotted = f"{prefix}.{name}" if prefix else str(name)
-        key = f"optim.lr_multipliers.{dotted}"
-        if not str(name).strip() or any(not part for part in dotted.split(".")):
-            raise ConfigError(source, key, "empty parameter-name prefix")
-        if isinstance(value, dict):
-            out.update(_lr_multipliers(value, source, dotted))
-        elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(source, key, f"expected a positive number, got {value!r}")
-        else:
-            out[dotted] = float(value)
-    return out
-
-
 def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> None:
     for key, minimum in minimums.items():
         value = getattr(obj, key)
@@ -572,9 +533,15 @@ def _check_at_least(obj: Any, section: str, source: str, **minimums: float) -> N
             raise ConfigError(source, f"{section}.{key}", f"expected >= {minimum}, got {value!r}")
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read ``path`` (TOML or YAML), apply ``--set`` overrides and validate."""
-    raw = apply_overrides(config_files.read_config_file(path), overrides)
+def load_config(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    note: Callable[[str], None] | None = stderr_note,
+) -> RunConfig:
+    """Read ``path`` (TOML or YAML), apply ``--set`` overrides and validate; ``note``: where
+    :func:`apply_overrides` says what a change of ``loss.name`` dropped (default stderr)."""
+    raw = apply_overrides(config_files.read_config_file(path), overrides, note=note)
     return config_from_dict(raw, source=path)
 
 

@@ -251,6 +251,77 @@ _TOO_DEEP_TO_PARSE = (
 )
 
 
+def override_keys(dotted: str) -> list[str]:
+    """The key path of a ``--set KEY=VALUE`` override: ``KEY`` split at its dots, where a part
+    may be a TOML quoted key holding dots itself (``optim.lr_multipliers."text_encoder.bert"``,
+    or with single quotes), so two overlapping ``lr_multipliers`` prefixes can both be set.
+    Parts are stripped; an empty one is left in for the caller to refuse with the key.
+
+    Raises:
+        ConfigError: A quoted key that TOML does not read (an unclosed quote), naming ``--set``.
+    """
+    text = dotted.strip()
+    if '"' not in text and "'" not in text:
+        return [k.strip() for k in text.split(".")]  # any characters, as before quoting
+    try:
+        node: Any = tomllib.loads(f"{text} = 0")
+    except tomllib.TOMLDecodeError as err:
+        why = f'cannot read the quoted key ({err}); expected parts like a."b.c".d'
+        raise ConfigError("--set", text, why) from None
+    keys = []
+    while isinstance(node, dict):  # one key per level: {"a": {"b.c": {"d": 0}}}
+        ((key, node),) = node.items()
+        keys.append(key)
+    return keys
+
+
+def set_override(
+    raw: dict[str, Any],
+    keys: list[str],
+    value: Any,
+    *,
+    given: list[tuple[str, ...]],
+    dotted: str,
+) -> None:
+    """Set ``raw[keys[0]][keys[1]]...`` to ``value``, making the tables on the way.
+    ``given``: the key paths earlier overrides of the same command line set.
+
+    Raises:
+        ConfigError: A part on the way holds a value, not a table, or ``value`` (not a table)
+            would replace a table an earlier override filled (``x.y.z=1`` then ``x.y=2``): the
+            message says how to quote a key holding dots (two overlapping prefixes).
+    """
+    node = raw
+    for i, k in enumerate(keys[:-1]):
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            where = ".".join(keys[: i + 1])
+            why = f"{where} holds {child!r}, not a table; {_quoted_hint(keys, i)}"
+            raise ConfigError("--set", dotted, why)
+        node = child
+    earlier = [p for p in given if len(p) > len(keys) and list(p[: len(keys)]) == keys]
+    if earlier and not isinstance(value, dict):
+        why = (
+            f"would replace {'.'.join(earlier[0])} set by an earlier --set; "
+            f"{_quoted_hint(list(earlier[0]), len(keys) - 1)}"
+        )
+        raise ConfigError("--set", dotted, why)
+    node[keys[-1]] = value
+
+
+def _quoted_hint(keys: list[str], at: int) -> str:
+    """How to give ``keys`` with its parts from ``at`` on as one quoted key (a prefix holding
+    dots, beside a shorter one)."""
+    head = "".join(f"{k}." for k in keys[:at])
+    return f"a key holding dots is quoted: --set '{head}\"{'.'.join(keys[at:])}\"=VALUE'"
+
+
+def stderr_note(line: str) -> None:
+    """Print a one-line note of what reading the config changed (on stderr, beside the run's
+    output)."""
+    print(line, file=sys.stderr)
+
+
 def parse_value(text: str, key: str = "") -> Any:
     """Type an override value: TOML literal syntax (``3``, ``1e-4``, ``true``, ``[10, 15]``,
     ``{a = 1}``, ``"quoted"``), ``null``/``none`` for None, anything else a plain string.
@@ -279,7 +350,10 @@ __all__ = [
     "MAX_VALUES",
     "ConfigError",
     "check_tree",
+    "override_keys",
     "parse_value",
     "read_config_file",
     "resolve_config_path",
+    "set_override",
+    "stderr_note",
 ]

@@ -210,13 +210,52 @@ def param_groups(trainer: HookedTrainer, hooks: TrainHook) -> list[nn.Parameter]
     """The optimiser's parameters: one group of :func:`named_trainable` refined by each hook's
     :meth:`~TrainHook.param_groups` in turn; a single group at factor 1 and the optimiser's
     weight decay comes back as the plain parameter list (the optimiser built exactly as without
-    hooks)."""
+    hooks), after :func:`check_something_to_train`."""
     named = named_trainable(trainer.model, trainer.loss_fn)
     groups = [ParamGroup(tuple(n for n, _ in named), tuple(p for _, p in named))]
     groups = hooks.param_groups(trainer, groups)
+    check_something_to_train(trainer.config, groups, hooks)
     if len(groups) == 1 and groups[0].lr_scale == 1.0 and groups[0].weight_decay is None:
         return list(groups[0].params)
     return groups
+
+
+def check_something_to_train(
+    config: RunConfig, groups: Sequence[ParamGroup], hooks: TrainHook
+) -> None:
+    """Refuse a run with nothing to train, naming the key that took everything away: the
+    ``train.lock`` modules holding every trainable parameter (the optimiser would get an
+    empty parameter list), or the ``train.freeze`` modules (:class:`FreezeModules` among
+    ``hooks``) holding every one that is left, for the first ``freeze_epochs`` epochs (the
+    first backward pass would find no gradient to compute). A learnable parameter of the loss
+    (a temperature) or of the model outside the named modules is something to train.
+    Called while the trainer is built, before anything is written into the run folder.
+
+    Raises:
+        ConfigError: Nothing left to train.
+    """
+    tc, source = config.train, config.source
+    trainable = {id(p) for g in groups for p in g.params}
+    elsewhere = "none in the rest of the model, none in the loss"
+    if not trainable:
+        if tc.lock:
+            why = (
+                f"locking {', '.join(tc.lock)} leaves no trainable parameter ({elsewhere}): "
+                "nothing to train; lock fewer modules (LiT locks the image tower only)"
+            )
+            raise ConfigError(source, "train.lock", why)
+        raise ConfigError(source, "model", "the model and the loss have no trainable parameter")
+    members = hooks if isinstance(hooks, HookList) else [hooks]
+    frozen = {id(p) for h in members if isinstance(h, FreezeModules) for p in h.params}
+    if trainable <= frozen:
+        also = f" (with train.lock's {', '.join(tc.lock)})" if tc.lock else ""
+        epochs = f"{tc.freeze_epochs} epoch" + ("s" if tc.freeze_epochs != 1 else "")
+        why = (
+            f"freezing {', '.join(tc.freeze)}{also} leaves no trainable parameter in the first "
+            f"{epochs} ({elsewhere}): nothing to train in them; freeze fewer modules (VSE++ "
+            "freezes the image backbone only)"
+        )
+        raise ConfigError(source, "train.freeze", why)
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -507,6 +546,7 @@ __all__ = [
     "SyncedBuffers",
     "TrainHook",
     "TrainResult",
+    "check_something_to_train",
     "lock_modules",
     "warmup_end_note",
     "named_trainable",

@@ -1,10 +1,12 @@
 """The ``[loss]`` section of a run config: its record (:class:`LossConfig`), its checks against
-the loss's own declaration (:func:`loss_config`) and what the loss decides elsewhere in the
-config (the model's evaluation scoring, the momentum encoder's use)."""
+the loss's own declaration (:func:`loss_config`), what a ``--set loss.name=...`` keeps of the
+old loss's parameters (:func:`switch_loss`) and what the loss decides elsewhere in the config
+(the model's evaluation scoring, the momentum encoder's use)."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +72,56 @@ def loss_config(raw: Any, source: str, model: dict[str, Any]) -> LossConfig:
     except ParamError as err:
         raise ConfigError(source, f"loss.{err.param}", str(err)) from None
     return LossConfig(name=name, params=params)
+
+
+def _declared_names(name: Any) -> set[str] | None:
+    """The parameter names a config may give loss ``name`` (its declaration's config fields and
+    the old names it still maps), or ``None`` where ``name`` is no loss (:func:`loss_config`
+    then names the problem)."""
+    from ..losses import loss_class
+    from ..losses.params import info
+
+    if isinstance(name, list) and all(isinstance(n, str) for n in name):
+        name = "+".join(name)
+    if not isinstance(name, str):
+        return None
+    try:
+        declaration = loss_class(name).Params
+    except ValueError:
+        return None
+    return {f.name for f in declaration.fields() if info(f).config} | set(declaration.renamed)
+
+
+def switch_loss(
+    raw: dict[str, Any],
+    out: dict[str, Any],
+    given: Collection[str],
+    *,
+    note: Callable[[str], None] | None,
+) -> None:
+    """After ``--set loss.name=NEW`` (``out``: ``raw`` with the overrides applied): drop from
+    ``out["loss"]`` the parameters of the old loss (``raw``'s) that NEW does not declare, and
+    tell ``note`` in one line which. A parameter the command line gave too (``given``: the
+    ``loss`` keys the overrides set) is kept, and checked against NEW like any other
+    (:func:`loss_config`). Which parameters a loss takes is read from its declaration, so a
+    parameter both losses declare (``normalize``, a chunk size) carries over."""
+    before, after = raw.get("loss"), out.get("loss")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return
+    old, new = before.get("name"), after.get("name")
+    if old == new:
+        return
+    accepted = _declared_names(new)
+    if accepted is None:  # an unknown name: loss_config's error lists the losses
+        return
+    dropped = [k for k in before if k != "name" and k not in given and k not in accepted]
+    for key in dropped:
+        del after[key]
+    if dropped and note is not None:
+        note(
+            f"note: --set loss.name={new}: dropped the parameters of loss {old!r} that "
+            f"{new!r} does not take: {', '.join(dropped)} (give one with --set to keep it)"
+        )
 
 
 def model_with_scoring(model: dict[str, Any], loss: LossConfig) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Training procedures: what a step computes, chosen by ``train.procedure``.
 
 A procedure is a :class:`~vlret.train.loss_step.LossStep` (or subclass) built from the run
-config: ``"standard"`` is the one-model step every loss trains with; the others change what a
+config: ``"standard"`` is the one-model step every loss trains with (``"none"`` and null name
+it too); the others change what a
 step or an epoch does (NCR's two co-trained networks with a per-epoch split of the training
 pairs, Meta-SPN's meta step, AOQ's offline negatives). A procedure may add training hooks
 (:meth:`LossStep.hooks`) and keeps its own state in the checkpoint
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 from .config import RunConfig
 from .loss_step import LossStep
+from .train_checks import STANDARD_PROCEDURE
 
 #: name -> factory(config) -> LossStep
 PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
@@ -46,7 +48,7 @@ def register_procedure(
     return wrap
 
 
-@register_procedure("standard")
+@register_procedure(STANDARD_PROCEDURE)
 def _standard(config: RunConfig) -> LossStep:
     if config.train.procedure_options:
         keys = ", ".join(sorted(config.train.procedure_options))
@@ -62,14 +64,18 @@ def procedure_names() -> list[str]:
 def build_procedure(config: RunConfig) -> LossStep:
     """The procedure ``config.train.procedure`` names, built from ``config``.
 
-    A config whose loss is ``aoq`` and whose procedure is ``"standard"`` (the default) gets
-    ``"aoq"``: AOQ's loss needs the offline negatives only that step encodes.
+    ``None`` and ``"none"`` (a config the checks did not resolve) are ``"standard"``
+    (:func:`vlret.train.train_checks.check_procedure`). A config whose loss is ``aoq`` and whose
+    procedure is ``"standard"`` (the default) gets ``"aoq"``: AOQ's loss needs the offline
+    negatives only that step encodes.
 
     Raises:
         ValueError: An unknown name (the error lists the known ones) or bad options (the
             procedure's own message).
     """
     name = config.train.procedure
+    if name is None or name.strip().lower() == "none":
+        name = STANDARD_PROCEDURE
     if name == "standard" and config.loss.name == "aoq":
         name = "aoq"
     if name not in PROCEDURES and name in MODULES:

@@ -1,6 +1,6 @@
 """Checks of the training-loop settings of a run config (:mod:`vlret.train.config`): the
-schedule and the no-decay rule of ``[optim]``; frozen and locked modules, mixed precision and
-compilation of ``[train]``.
+schedule, the no-decay rule and the learning-rate multipliers of ``[optim]``; frozen and
+locked modules, mixed precision, compilation and the procedure's name of ``[train]``.
 
 Whether a module name exists, or a backend, is checked when the trainer builds the model
 (:class:`vlret.train.hooks.FreezeModules`, :func:`vlret.train.schedule.prepare_model`); here
@@ -21,8 +21,38 @@ SCHEDULES = ("step", "cosine")
 #: ``train.amp`` strings; ``true`` / ``false`` keep their old meaning
 #: (:func:`vlret.train.schedule.amp_dtype`).
 AMP_MODES = ("bf16", "fp16")
+#: ``train.procedure`` of the one-model step (:mod:`vlret.train.procedures`).
+STANDARD_PROCEDURE = "standard"
 #: ``train.freeze_bn`` values (:class:`vlret.train.hooks.FreezeModules`).
 FREEZE_BN = ("eval", "train")
+
+
+def lr_multipliers(raw: dict[str, Any], source: str) -> dict[str, float]:
+    """``[optim] lr_multipliers`` as flat ``{dotted prefix: positive factor}``. A nested table
+    (from ``--set optim.lr_multipliers.text_encoder.bert=0.1``) gives dotted keys; a key that
+    holds dots itself (TOML's quoted ``"text_encoder.bert"``) is one prefix, so a prefix and a
+    longer one inside it (``text_encoder`` and ``text_encoder.bert``) can both be given. One
+    prefix reached twice (nested and quoted) is an error naming it."""
+    out: dict[str, float] = {}
+
+    def walk(table: dict[str, Any], prefix: str) -> None:
+        for name, value in table.items():
+            dotted = f"{prefix}.{name}" if prefix else str(name)
+            key = f"optim.lr_multipliers.{dotted}"
+            if not str(name).strip() or any(not part for part in dotted.split(".")):
+                raise ConfigError(source, key, "empty parameter-name prefix")
+            if isinstance(value, dict):
+                walk(value, dotted)
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(source, key, f"expected a positive number, got {value!r}")
+            elif dotted in out:
+                why = f"prefix {dotted!r} is given twice (as a nested table and a quoted key)"
+                raise ConfigError(source, key, why)
+            else:
+                out[dotted] = float(value)
+
+    walk(raw, "")
+    return out
 
 
 def _choice(value: str, choices: tuple[str, ...], source: str, key: str) -> None:
@@ -36,6 +66,7 @@ def check_loop_settings(optim: Any, train: Any, source: str) -> None:
     check_freeze(train, source)
     check_lock(train, source)
     check_precision(train, source)
+    check_procedure(train, source)
 
 
 def check_schedule(optim: Any, source: str) -> None:
@@ -85,6 +116,18 @@ def check_lock(train: Any, source: str) -> None:
                 raise ConfigError(source, f"train.lock[{i}]", why)
 
 
+def check_procedure(train: Any, source: str) -> None:
+    """``procedure`` null or ``"none"`` (any case) is the standard step: resolved to
+    ``"standard"`` here, so the resolved config, a resume's comparison and the procedure
+    registry see one name; an empty name is an error (which procedure exists is checked when the
+    trainer builds it, :func:`vlret.train.procedures.build_procedure`)."""
+    if train.procedure is None or train.procedure.strip().lower() == "none":
+        train.procedure = STANDARD_PROCEDURE
+    elif not train.procedure.strip():
+        why = "empty; expected a procedure's name (standard, none or null: the standard step)"
+        raise ConfigError(source, "train.procedure", why)
+
+
 def check_precision(train: Any, source: str) -> None:
     """``amp`` is true, false, ``"bf16"`` or ``"fp16"``; ``compile`` true, false or a backend
     name."""
@@ -100,12 +143,15 @@ __all__ = [
     "AMP_MODES",
     "FREEZE_BN",
     "SCHEDULES",
+    "STANDARD_PROCEDURE",
     "check_freeze",
     "check_lock",
     "check_loop_settings",
     "check_precision",
+    "check_procedure",
     "check_schedule",
     "check_zeroshot",
+    "lr_multipliers",
 ]
 
 

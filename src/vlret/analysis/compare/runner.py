@@ -136,10 +136,15 @@ def _write_json(path: Path, value: Any) -> None:
 
 def check_eval_plan(specs: Sequence[RunSpec], settings: EvalSettings) -> None:
     """Before any training: the test protocol evaluates the test split of every run's data
-    format (:func:`~vlret.train.evaluate.check_eval_split`) and the test data folder exists,
-    so a wrong ``[compare]`` protocol / split / data fails in seconds, not after the runs."""
+    format (:func:`~vlret.train.evaluate.check_eval_split`), the test data folder exists, and
+    the split opens there as the evaluation will open it, with the protocol's folds fitting its
+    images (:func:`_check_eval_data`), so a wrong ``[compare]`` protocol / split / data (a
+    world with only ``testall`` under the default ``test``) fails in seconds, not after the
+    runs."""
+    from ...eval import get_protocol
     from ...train.evaluate import check_eval_split
 
+    opened: set[str] = set()  # the runs of a comparison share their test data: opened once
     for spec in specs:
         try:
             check_eval_split(settings.protocol, settings.split, spec.config.data.format)
@@ -154,6 +159,43 @@ def check_eval_plan(specs: Sequence[RunSpec], settings: EvalSettings) -> None:
             raise CompareError(
                 f"{key}: {data}: missing; expected the data folder of the test split"
             )
+        _check_eval_data(spec, settings, get_protocol(settings.protocol), data, opened)
+
+
+def _check_eval_data(
+    spec: RunSpec, settings: EvalSettings, protocol: Any, data: Path, opened: set[str]
+) -> None:
+    """Open the test split of ``data`` with the data settings the evaluation of ``spec``'s
+    checkpoint will use (:func:`vlret.train.evaluate.run_evaluation`: a run on shards or a CSV
+    is evaluated on Karpathy JSON + images, one on other data under a person-search protocol in
+    that protocol's format) and check the protocol's folds against its images; captions are
+    not encoded (no vocabulary yet). A problem is a :class:`CompareError` naming
+    ``compare.split`` and ``compare.protocol``. ``opened``: the settings already checked."""
+    from ...train.builders import build_dataset, eval_data_config, person_search_eval_data
+    from ...train.evaluate import STREAM_FORMATS, karpathy_eval_data
+
+    run_data = spec.config.data
+    if protocol.relevance == "same-identity" and run_data.format not in protocol.splits:
+        (person_format,) = protocol.splits
+        run_data = person_search_eval_data(run_data, person_format)
+    elif run_data.format in STREAM_FORMATS:
+        run_data = karpathy_eval_data(run_data)
+    key = json.dumps([dataclasses.asdict(run_data), str(data)], sort_keys=True, default=str)
+    if key in opened:
+        return
+    try:
+        split = build_dataset(
+            eval_data_config(run_data, data), settings.split, None, protocol=protocol.data_protocol
+        )
+        protocol.check_folds(int(split.num_images))
+    except (OSError, ValueError) as err:
+        raise CompareError(
+            f"compare.split = {settings.split!r}, compare.protocol = {protocol.name!r}: cannot "
+            f"evaluate {data}: {err}; set compare.split / compare.protocol to a split the data "
+            f"holds ({protocol.name} evaluates {protocol.accepted(sep=', ')}; `vlret protocols` "
+            "lists the others)"
+        ) from None
+    opened.add(key)
 
 
 def execute_run(
