@@ -102,6 +102,17 @@ class ImageReadError(ValueError):
         self.problem = problem
         super().__init__(f"{name}: {problem}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled whole (a DataLoader worker, multiprocessing): the constructors take parts
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> ImageReadError:
+    err = cls.__new__(cls)
+    ValueError.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 class ImageTooLarge(ImageReadError):
     """An image over the pixel cap, found from its header before any decoding."""

@@ -316,7 +316,10 @@ class KarpathyDataset(RetrievalDataset):
     """One split of a Karpathy JSON, for end-to-end fine-tuning (e.g. CLIP) on image files.
 
     ``image(i)`` is ``image_transform(path)`` (e.g. PIL loading and CLIP preprocessing, which
-    live with the encoders) or, without a transform, the image's ``Path``. ``text_field`` picks
+    live with the encoders) or, without a transform, the image's ``Path``. A run puts the
+    transform behind ``data.max_image_pixels`` (:func:`vlret.data.transforms.capped`): an
+    image over the cap, or one that does not decode, is one line naming its file
+    (:class:`vlret._images.ImageReadError`). ``text_field`` picks
     ``raw`` captions or ``tokens`` joined by spaces. ``image_ids`` are ``cocoid`` for COCO and
     ``imgid`` otherwise (the ids that ``{split}_ids.txt`` of the precomputed format uses).
 
@@ -429,7 +432,9 @@ class KarpathyDataset(RetrievalDataset):
             The transformed image, or its ``Path``.
 
         Raises:
-            ValueError: The dataset has no ``image_root``.
+            ValueError: The dataset has no ``image_root``; through a capped transform, an
+                image over the pixel cap or one that does not decode
+                (:class:`vlret._images.ImageReadError`, naming the file).
             FileNotFoundError: The image file is missing.
         """
         path = self.image_source(index)

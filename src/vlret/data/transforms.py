@@ -25,19 +25,25 @@ The two published settings (``[data]`` of a run config, :func:`build_train_trans
 - open_clip (AdaCL Table 2): ``crop_scale = [0.9, 1.0]``, ``hflip = false``, bicubic.
 
 Both keep ``crop_ratio = [0.75, 1.3333]`` (3/4 to 4/3).
+
+Every image is read through :func:`vlret._images.open_rgb` (the modes and EXIF orientation
+read the documented way) under ``data.max_image_pixels``, checked from the file's header
+before decoding: :class:`CappedTransform` puts a model's evaluation transform behind the same
+cap where a reader hands it image files.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from .._extras import require
+from .._images import DEFAULT_MAX_IMAGE_PIXELS
+from .._images import open_rgb as read_rgb
 from .pixel_batch import PixelSample
 
 #: "irra": IRRA's person-search augmentation (vlret.data.pedes.augment)
@@ -102,14 +108,59 @@ def crop_box(
     return (width - w) // 2, (height - h) // 2, w, h
 
 
-def open_rgb(image: Any, what: str) -> Any:
-    """A PIL image or an image file as an RGB PIL image (``what``: who needs PIL, for the
-    missing-extra message)."""
-    pil = require("PIL.Image", what)
-    if isinstance(image, (str, Path)):
-        with pil.open(image) as opened:
-            return opened.convert("RGB")
-    return image.convert("RGB")
+def open_rgb(image: Any, what: str, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> Any:
+    """A PIL image or an image file as a loaded RGB PIL image, read by
+    :func:`vlret._images.open_rgb` under the pixel cap ``max_pixels`` (``what``: who needs PIL,
+    for the missing-extra message).
+
+    Raises:
+        vlret._images.ImageReadError: Over the cap (from the header), missing, not an image,
+            truncated (one line naming the file).
+    """
+    require("PIL.Image", what)
+    return read_rgb(image, max_pixels=max_pixels)
+
+
+class CappedTransform:
+    """A model's image transform (e.g. :class:`vlret.models.clip.CLIPImageTransform`) whose
+    input is first read by :func:`vlret._images.open_rgb` under a pixel cap: an image file
+    over ``data.max_image_pixels`` is refused from its header before decoding, one that does
+    not decode is one line naming it, whatever the transform does with files itself.
+
+    Reads as the transform it wraps (``crop``, ``mean``, ``std`` ...), so code asking a
+    dataset's transform for its geometry finds the model's.
+
+    Args:
+        transform: The transform, called with the RGB PIL image.
+        max_pixels: The cap (``data.max_image_pixels``); None: no cap.
+    """
+
+    def __init__(self, transform: Any, *, max_pixels: int | None) -> None:
+        self.transform = transform
+        self.max_pixels = max_pixels
+
+    def __call__(self, image: Any) -> Any:
+        return self.transform(read_rgb(image, max_pixels=self.max_pixels))
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names the wrapper lacks; "transform" itself is absent while
+        # unpickling (DataLoader workers), where forwarding it would recurse
+        if name == "transform" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.transform, name)
+
+    def __repr__(self) -> str:
+        return f"CappedTransform({self.transform!r}, max_pixels={self.max_pixels})"
+
+
+def capped(transform: Any, max_pixels: int | None) -> Any:
+    """``transform`` behind the pixel cap (:class:`CappedTransform`); None stays None, and a
+    transform already capped gets this cap."""
+    if transform is None:
+        return None
+    if isinstance(transform, CappedTransform):
+        transform = transform.transform
+    return CappedTransform(transform, max_pixels=max_pixels)
 
 
 def eval_geometry(eval_transform: Any, needs: str) -> dict[str, Any]:
@@ -146,6 +197,8 @@ class RandomResizedCrop:
             applied on the device when the batch gets there: the same float32 values, a quarter
             of the bytes through the data loader). Training pipelines use ``"uint8"``
             (:func:`build_train_transform`).
+        max_pixels: The pixel cap of the images read (``data.max_image_pixels``; None: no
+            cap): a larger one is refused from its header before decoding.
 
     Raises:
         ValueError: An argument out of its range (named in the message).
@@ -162,6 +215,7 @@ class RandomResizedCrop:
         mean: Sequence[float] = (0.0, 0.0, 0.0),
         std: Sequence[float] = (1.0, 1.0, 1.0),
         output: str = "float",
+        max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         crop = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
         if len(crop) != 2 or min(crop) < 1:
@@ -178,6 +232,7 @@ class RandomResizedCrop:
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
         self.output = output
+        self.max_pixels = max_pixels
         self.crop = (int(crop[0]), int(crop[1]))
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
@@ -214,7 +269,7 @@ class RandomResizedCrop:
             its :class:`~vlret.data.pixel_batch.PixelSample`.
         """
         pil = require("PIL.Image", "training augmentation of images")
-        image = open_rgb(image, "training augmentation of images")
+        image = open_rgb(image, "training augmentation of images", max_pixels=self.max_pixels)
         p = self.params(key, *image.size)
         resample = getattr(pil.Resampling, self.interpolation.upper())
         ch, cw = self.crop
@@ -265,6 +320,7 @@ def build_train_transform(data: Any, eval_transform: Any) -> RandomResizedCrop |
         interpolation=data.crop_interpolation,
         hflip=data.hflip,
         output="uint8",
+        max_pixels=data.max_image_pixels,
     )
 
 
@@ -288,6 +344,9 @@ def image_data_problem(data: Any, model: dict[str, Any]) -> tuple[str, str] | No
         return "train_transform", "data.features_dir serves precomputed features, no images"
     if not 0.0 <= data.max_bad_fraction <= 1.0:
         return "max_bad_fraction", f"expected a fraction in [0, 1], got {data.max_bad_fraction!r}"
+    cap = data.max_image_pixels
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        return "max_image_pixels", f"expected a positive integer (width x height), got {cap!r}"
     if data.shuffle_buffer < 0:
         return "shuffle_buffer", f"expected an integer >= 0, got {data.shuffle_buffer!r}"
     if len(data.csv_separator) != 1:
@@ -322,9 +381,11 @@ def image_data_problem(data: Any, model: dict[str, Any]) -> tuple[str, str] | No
 __all__ = [
     "INTERPOLATIONS",
     "TRAIN_TRANSFORMS",
+    "CappedTransform",
     "CropParams",
     "RandomResizedCrop",
     "build_train_transform",
+    "capped",
     "crop_box",
     "image_data_problem",
     "range_problem",

@@ -32,6 +32,7 @@ from ..data import (
 from ..data.captioning_files import captions_vocab_splits, split_captions_args
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.precomp import load_precomp_captions
+from ..data.transforms import capped
 from .config import (
     DATA_FORMATS,
     ConfigError,
@@ -43,6 +44,7 @@ from .config import (
 )
 from .hooks import ParamGroup
 from .loss_config import LossConfig
+from .offline_draw import with_offline_negatives
 from .pair_scoring import check_pair_scoring, scores_pairs
 
 
@@ -195,13 +197,16 @@ def build_dataset(
     protocol: str | None = None,
     image_transform: Any = None,
 ) -> RetrievalDataset:
-    """One split in the configured format (``root`` and ``protocol`` override the config)."""
+    """One split in the configured format (``root`` and ``protocol`` override the config).
+    Image files reach ``image_transform`` read under ``data.max_image_pixels``
+    (:func:`vlret.data.transforms.capped`)."""
     root = Path(root if root is not None else data.root)
     if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):
         from ..data.pedes import build_irra_transforms, open_person_search
 
         if data.train_transform == "irra" and data.features_dir is None:
             image_transform = build_irra_transforms(image_transform)[1]  # IRRA's resize
+        image_transform = capped(image_transform, data.max_image_pixels)
         return open_person_search(
             data.format,
             root,
@@ -239,7 +244,7 @@ def build_dataset(
         json_path,
         split,
         image_root=data.image_root,
-        image_transform=image_transform,
+        image_transform=capped(image_transform, data.max_image_pixels),
         encoder=encoder,
         captions_per_image=data.captions_per_image,
         **split_captions_args(data, split),
@@ -280,40 +285,6 @@ def with_training_noise(data: DataConfig, dataset: RetrievalDataset) -> Retrieva
         seed=data.noise_seed,
     )
     return apply_noise_index(dataset, noise)
-
-
-def with_offline_negatives(data: DataConfig, dataset: RetrievalDataset, split: str) -> Any:
-    """``dataset`` wrapped with the draw over ``data.offline_negatives`` (see
-    :func:`build_train_dataset`); the seed is the run's, given by the AOQ procedure.
-
-    Raises:
-        FileNotFoundError: The file is missing.
-        ValueError: The file is no mined file, or was mined on another split or pairing (the
-            message names the file and both sizes or the first caption that differs), or
-            ``data.offline_candidates`` exceeds its ``K`` (named).
-    """
-    from ..data.offline_negatives import OfflineNegativesDataset, load_offline_negatives
-
-    path = data.offline_negatives
-    if path is None:
-        raise ValueError("data.offline_negatives: not set")
-    mined = load_offline_negatives(
-        path,
-        num_images=dataset.num_images,
-        num_captions=dataset.num_captions,
-        txt_to_img=dataset.txt_to_img,
-        split=split,
-    )
-    n = data.offline_candidates
-    if n is not None and n > mined.k:
-        raise ValueError(
-            f"data.offline_candidates: {n} is more than the {mined.k} candidates per item of "
-            f"{path} (set it to at most {mined.k}, or null for all)"
-        )
-    counts = torch.bincount(torch.as_tensor(dataset.txt_to_img), minlength=dataset.num_images)
-    per_image = data.captions_per_image if int(counts.min()) != int(counts.max()) else None
-    sampler = mined.sampler(candidates=n, captions_per_image=per_image)
-    return OfflineNegativesDataset(dataset, sampler)
 
 
 def _first_images(ds: RetrievalDataset, max_images: int | None) -> RetrievalDataset:
@@ -486,13 +457,13 @@ def load_pretrained_clip(
     folder itself; :func:`eval_data_config`).
 
     Raises:
-        FileNotFoundError: ``model_dir`` is not a directory.
+        FileNotFoundError: ``model_dir`` is not a directory, or lacks tokenizer files.
         DataFormatError: It holds no loadable tokenizer.
         ValueError: It holds no loadable CLIP (the message names the directory).
     """
-    from ..models import build_model
+    from ..models import build_model, clip_folder
 
-    source = str(model_dir)
+    source = str(clip_folder.check_clip_tokenizer(model_dir))  # before the weights are read
     try:
         model = build_model({"kind": "clip", "path": source, "proj_dim": None})
     except (OSError, ValueError, TypeError) as err:

@@ -5,7 +5,9 @@ Thumbnails: where the data set serves image files or decoded pictures
 shards, person-search images, also when the model reads their precomputed features, rendered
 synthetic worlds), each image shown is resized with PIL (bicubic, enlarged or reduced) to fit
 ``size`` x ``size`` and written as ``thumbs/{index}.jpg`` in the report folder. Precomputed
-features have no pictures: captions and ids are shown instead.
+features have no pictures: captions and ids are shown instead. Pictures are read by
+:func:`vlret._images.open_rgb` under a pixel cap checked from the file's header: an image over
+it, or one that does not decode, stops the report in one line naming the file.
 
 Boxes: the bottom-up-attention extraction writes one box per region, ``(x1, y1, x2, y2)`` in
 the pixels of the original image. A precomputed folder may hold them as
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..._extras import require
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 
 #: the longest side of a thumbnail, pixels
 THUMB_SIZE = 160
@@ -42,8 +45,12 @@ class Thumb:
     source_height: int
 
 
-def _picture(dataset: Any, index: int) -> Any:
-    """The PIL picture of image ``index``, or ``None`` where the data set has none."""
+def _picture(dataset: Any, index: int, max_pixels: int | None) -> Any:
+    """The RGB PIL picture of image ``index``, or ``None`` where the data set has none.
+
+    Raises:
+        vlret._images.ImageReadError: The picture is over ``max_pixels`` or does not decode.
+    """
     try:
         source = dataset.image_source(index)
     except (NotImplementedError, AttributeError, ValueError):
@@ -54,10 +61,9 @@ def _picture(dataset: Any, index: int) -> Any:
         if source is None or not Path(source).is_file():
             return None
     pil = require("PIL.Image", "report thumbnails")
-    if isinstance(source, str | Path):
-        with pil.open(source) as opened:
-            return opened.convert("RGB")
-    return source.convert("RGB") if hasattr(source, "convert") else None
+    if isinstance(source, str | Path | pil.Image):
+        return open_rgb(source, max_pixels=max_pixels)
+    return None
 
 
 def world_pictures(folder: Path, split: str) -> Callable[[int], Any] | None:
@@ -81,11 +87,17 @@ def write_thumb(
     *,
     size: int = THUMB_SIZE,
     fallback: Callable[[int], Any] | None = None,
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Thumb | None:
     """Write the thumbnail of image ``index`` under ``out/thumbs/`` (once); ``None`` where the
     data set has no pictures. ``fallback``: the pictures of a data set that reads features
-    (:func:`world_pictures`)."""
-    picture = _picture(dataset, index)
+    (:func:`world_pictures`); ``max_pixels``: the pixel cap of the pictures read.
+
+    Raises:
+        vlret._images.ImageReadError: A picture over the cap (from its header) or one that
+            does not decode (one line naming it).
+    """
+    picture = _picture(dataset, index, max_pixels)
     if picture is None and fallback is not None:
         picture = fallback(index)
     if picture is None:

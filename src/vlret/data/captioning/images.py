@@ -9,17 +9,21 @@
   images: its rendered pictures (:func:`vlret.data.synthetic.render_jpeg`, the same JPEG
   bytes as the Karpathy format's ``images/`` and the shards). Any other precomputed folder is
   refused, naming it.
+
+Images are read by :func:`vlret._images.open_rgb` (every PIL mode and EXIF orientation read
+the documented way) under a pixel cap checked from the file's header before decoding: an image
+over it, or one that does not decode, stops the command in one line naming the file.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from ..checks import DataFormatError
 
 #: ``--format`` values.
@@ -70,20 +74,11 @@ def _karpathy_json(root: Path) -> Path:
     return found[0]
 
 
-def _open_rgb(path: Path) -> Any:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: missing; expected an image file of the split") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise DataFormatError(path, f"not a readable image ({err})") from None
-
-
-def karpathy_images(root: Path, split: str) -> SplitImages:
-    """The images of ``split`` of the Karpathy data in ``root`` (module docstring)."""
+def karpathy_images(
+    root: Path, split: str, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+) -> SplitImages:
+    """The images of ``split`` of the Karpathy data in ``root`` (module docstring), read under
+    the pixel cap ``max_pixels``."""
     from ..karpathy import read_karpathy_json
 
     json_path = _karpathy_json(root)
@@ -105,7 +100,7 @@ def karpathy_images(root: Path, split: str) -> SplitImages:
         split,
         tuple(str(p) for p in paths),
         f"karpathy:{json_path}",
-        lambda i: _open_rgb(paths[i]),
+        lambda i: open_rgb(paths[i], max_pixels=max_pixels),
     )
 
 
@@ -140,23 +135,30 @@ def synthetic_images(root: Path, split: str) -> SplitImages:
     seed = int(meta["seed"])
 
     def load(i: int) -> Any:
-        from PIL import Image
-
         scene = tuple(tuple(int(v) for v in obj) for obj in scenes[i] if obj[0] >= 0)
         data = render_jpeg(scene, seed=seed, imgid=first + i)
-        return Image.open(io.BytesIO(data)).convert("RGB")
+        return open_rgb(data, max_pixels=None, name=f"{synth_path} imgid {first + i}")
 
     names = tuple(f"imgid {first + i}" for i in range(len(scenes)))
     return SplitImages("precomp", split, names, f"synthetic:{root}", load)
 
 
-def split_images(root: str | Path, split: str, *, format: str | None = None) -> SplitImages:
+def split_images(
+    root: str | Path,
+    split: str,
+    *,
+    format: str | None = None,
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+) -> SplitImages:
     """The images of ``split`` of the dataset in ``root``, in split order.
 
     Args:
         root: The data folder (or a Karpathy JSON file).
         split: Our split name (``train``, ``dev``, ``test``, ``testall``).
         format: ``"karpathy"``, ``"precomp"``, or None to detect (:func:`detect_format`).
+        max_pixels: The pixel cap of the image files read (None: no cap); ``load`` of an
+            image over it, or of one that does not decode, raises
+            :class:`vlret._images.ImageReadError` naming the file.
 
     Returns:
         The split's images.
@@ -181,7 +183,7 @@ def split_images(root: str | Path, split: str, *, format: str | None = None) -> 
 
         if split not in SPLIT_MEMBERS:
             raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {split!r}")
-        return karpathy_images(root, split)
+        return karpathy_images(root, split, max_pixels=max_pixels)
     from ..precomp import SPLITS
 
     if split not in SPLITS:

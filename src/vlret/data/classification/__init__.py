@@ -24,8 +24,10 @@ templates and :func:`load_templates` reads ``--templates``. Nothing is downloade
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS
 from ..checks import DataFormatError
 from ._set import IMAGE_SUFFIXES, ArrayImages, ClassificationSet, FileImages, ImageSource
 from ._shipped import default_templates, load_templates, read_classnames
@@ -53,6 +55,7 @@ def load_classification(
     *,
     split: str = "test",
     classnames: str | Path | None = None,
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> ClassificationSet:
     """Read a classification set from its released layout.
 
@@ -65,6 +68,9 @@ def load_classification(
             ``"trainval"`` (Pets, FGVC-Aircraft).
         classnames: A file of class names, one a line, replacing the set's own (line k names
             label k; as many lines as classes).
+        max_pixels: The pixel cap of the image files (``data.max_image_pixels``; None: no
+            cap): ``image(i)`` of a larger one raises :class:`vlret._images.ImageTooLarge`
+            from its header, before decoding.
 
     Returns:
         The set.
@@ -77,6 +83,17 @@ def load_classification(
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r}: expected one of {', '.join(DATASETS)}")
+    data = _read(name, root, split=split, classnames=classnames)
+    if isinstance(data.source, FileImages) and data.source.max_pixels != max_pixels:
+        source = dataclasses.replace(data.source, max_pixels=max_pixels)
+        return dataclasses.replace(data, source=source)
+    return data
+
+
+def _read(
+    name: str, root: str | Path, *, split: str, classnames: str | Path | None
+) -> ClassificationSet:
+    """:func:`load_classification` at the default pixel cap."""
     if name == "imagefolder":
         return load_imagefolder(root, split=split, classnames=classnames)
     if name in ("cifar10", "cifar100"):

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..._extras import require
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS
+from ..._images import open_rgb as read_rgb
 from ..checks import DataFormatError
 
 if TYPE_CHECKING:
@@ -29,37 +31,31 @@ class ImageSource(Protocol):
     def describe(self, i: int) -> str: ...
 
 
-def open_rgb(path: Path) -> Image.Image:
-    """Decode an image file as RGB.
+def open_rgb(path: Path, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
+    """Decode an image file as RGB (:func:`vlret._images.open_rgb`: every PIL mode and EXIF
+    orientation read the documented way), refusing one over ``max_pixels`` from its header.
 
     Raises:
-        FileNotFoundError: The file is missing.
-        DataFormatError: Not an image PIL can decode (the path is named).
+        vlret._images.ImageReadError: Missing, over the cap, not an image PIL can decode (one
+            line naming the file).
     """
-    pil = require("PIL.Image", "reading classification images")
-    try:
-        with pil.open(path) as img:
-            return img.convert("RGB")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: missing; expected an image file") from None
-    except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError is OSError
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        raise DataFormatError(
-            path, f"not a readable image ({type(err).__name__}: {first})"
-        ) from None
+    require("PIL.Image", "reading classification images")
+    return read_rgb(path, max_pixels=max_pixels)
 
 
 @dataclass(frozen=True)
 class FileImages:
-    """Images stored one per file (every set but CIFAR)."""
+    """Images stored one per file (every set but CIFAR), decoded under the pixel cap
+    ``max_pixels`` (``data.max_image_pixels``'s default unless given)."""
 
     paths: tuple[Path, ...]
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def image(self, i: int) -> Image.Image:
-        return open_rgb(self.paths[i])
+        return open_rgb(self.paths[i], max_pixels=self.max_pixels)
 
     def describe(self, i: int) -> str:
         return str(self.paths[i])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..checks import DataFormatError
-from ._set import ClassificationSet, FileImages, check_split, image_files
+from ._set import IMAGE_SUFFIXES, ClassificationSet, FileImages, check_split, image_files
 from ._shipped import read_classnames, shipped_classnames
 
 BACKGROUND = "BACKGROUND_Google"
@@ -77,6 +78,39 @@ def load_caltech101(
     return ClassificationSet("caltech101", split, top, names, labels, FileImages(tuple(paths)))
 
 
+#: names of folders that hold a split's class folders (:func:`load_imagefolder`)
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "dev", "test"})
+
+
+def _is_split_folder(folder: Path) -> bool:
+    """A folder named like a split that holds folders (``ROOT/test/<class>/``): a class named
+    ``train`` (CIFAR-100 has one) holds its images instead."""
+    return folder.name.lower() in SPLIT_NAMES and any(p.is_dir() for p in folder.iterdir())
+
+
+def class_images(folder: Path) -> list[Path]:
+    """The image files anywhere under a class folder (:data:`IMAGE_SUFFIXES`, any case), as
+    torchvision's ``ImageFolder`` finds them: the folder walked recursively, symbolic links
+    followed (each real folder once, so a link cycle ends), hidden folders (``.name``, e.g.
+    ``.ipynb_checkpoints``) skipped, ordered by folder then file name."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    for here, subfolders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:
+            subfolders[:] = []
+            continue
+        seen.add(real)
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        base = Path(here)
+        found.extend(
+            base / f
+            for f in sorted(files)
+            if Path(f).suffix.lower() in IMAGE_SUFFIXES and (base / f).is_file()
+        )
+    return found
+
+
 def load_imagefolder(
     root: str | Path, *, split: str = "test", classnames: str | Path | None = None
 ) -> ClassificationSet:
@@ -84,9 +118,17 @@ def load_imagefolder(
 
     Classes are the subfolders sorted by name; label k is the k-th. When ``ROOT/<split>`` is a
     folder of class folders (``ROOT/test/<class>/...``) it is read instead of ``ROOT``, so one
-    root can hold several splits. Images are the files directly in a class folder with an
-    image suffix (:data:`vlret.data.classification._set.IMAGE_SUFFIXES`, any case). Class
+    root can hold several splits. Images are the files with an image suffix
+    (:data:`vlret.data.classification._set.IMAGE_SUFFIXES`, any case) anywhere under a class
+    folder: ``ROOT/<class>/<subfolder>/*.jpg`` counts for ``<class>``, as torchvision's
+    ``ImageFolder`` reads it (``os.walk`` under each class; :func:`class_images`). Class
     names are the folder names as they are (``_`` kept) unless ``classnames`` gives them.
+
+    A class folder without any image is refused, naming it, as torchvision refuses one
+    ("Found no valid file for the classes ..."): it would be a class no image can be right
+    about, changing every accuracy without a word. So is a root whose every "class" is a split
+    folder of class folders (``train/<class>/``, ``val/<class>/``) when ``ROOT/<split>`` is
+    not there: the split asked for is missing, and the others are no classes.
 
     Args:
         root: The folder.
@@ -95,8 +137,9 @@ def load_imagefolder(
 
     Raises:
         FileNotFoundError: ``root`` is missing.
-        DataFormatError: No class folder, no image, or a ``classnames`` file with another
-            number of names than folders.
+        DataFormatError: No class folder, a class folder without an image, split folders
+            without the split asked for, or a ``classnames`` file with another number of
+            names than folders.
     """
     root = Path(root)
     if not root.is_dir():
@@ -108,6 +151,12 @@ def load_imagefolder(
     folders = sorted(p for p in top.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         raise DataFormatError(top, "holds no class folder; expected ROOT/<class>/<image>")
+    if top == root and all(_is_split_folder(f) for f in folders):
+        raise DataFormatError(
+            root,
+            f"holds split folders ({', '.join(f.name for f in folders)}) but no {split!r} "
+            f"folder; expected ROOT/{split}/<class>/<image> or ROOT/<class>/<image>",
+        )
     names = [f.name for f in folders]
     if classnames is not None:
         given = read_classnames(classnames)
@@ -119,10 +168,19 @@ def load_imagefolder(
         names = given
     paths: list[Path] = []
     labels: list[int] = []
+    empty: list[str] = []
     for i, folder in enumerate(folders):
-        files = image_files(folder)
+        files = class_images(folder)
+        if not files:
+            empty.append(folder.name)
         paths.extend(files)
         labels.extend([i] * len(files))
-    if not paths:
-        raise DataFormatError(top, "holds class folders without an image in them")
+    if empty:
+        shown = ", ".join(empty[:5]) + (f" (and {len(empty) - 5} more)" if len(empty) > 5 else "")
+        suffixes = "/".join(IMAGE_SUFFIXES)
+        raise DataFormatError(
+            top,
+            f"class folders without an image ({suffixes}) anywhere under them: {shown}; "
+            "expected ROOT/<class>/<image>",
+        )
     return ClassificationSet("imagefolder", split, top, names, labels, FileImages(tuple(paths)))
