@@ -479,3 +479,27 @@ def test_a_partial_folder_without_chunks_does_not_refuse_another_model(tmp_path)
     (partial / "chunk_000000.json").write_text("{}")  # a chunk written: kept and refused
     with pytest.raises(ValueError, match="holds the chunks of a run with other settings"):
         _prepare_partial(partial, {"model_dir": "c"}, overwrite=False)
+
+
+def test_cli_report_and_plot_refuse_files_already_in_their_out_folder(
+    tmp_path, trained, data, capsys
+):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.json").write_text("old")
+    args = ["report", str(trained / "last.pt"), "--data", str(data), "--split", "test"]
+    args += ["--protocol", "f30k", "--device", "cpu", "--no-progress", "--out", str(out)]
+    assert main(args) == 2  # before: replaced after the evaluation
+    assert _one_line(capsys.readouterr().err) == (
+        f"vlret report: {out}: --out holds report.json already; pass --overwrite to replace it"
+    )
+    assert (out / "report.json").read_text() == "old"
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads((out / "report.json").read_text())
+    pytest.importorskip("matplotlib")
+    plots = tmp_path / "plots"
+    assert main(["plot", "curves", str(trained), "--out", str(plots)]) == 0
+    capsys.readouterr()
+    assert main(["plot", "curves", str(trained), "--out", str(plots)]) == 2
+    assert "--out holds training_curves.png already" in _one_line(capsys.readouterr().err)
+    assert main(["plot", "curves", str(trained), "--out", str(plots), "--overwrite"]) == 0

@@ -43,9 +43,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Convert, print the written checkpoint's path."""
     require_train_extra(NAME)
+    from .._files import check_output_file
     from ..train.import_checkpoint import import_reference_checkpoint
 
     try:
+        # the output-path rule (docs/training.md), before the reference checkpoint is read
+        check_output_file(args.out, "--out", "model.pt", overwrite=args.overwrite)
         out = import_reference_checkpoint(
             args.checkpoint,
             arch=args.arch,
