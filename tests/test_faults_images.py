@@ -547,3 +547,15 @@ def test_imagefolder_survives_a_symlink_cycle(tmp_path: Path) -> None:
     root = image_folder(tmp_path / "folder")
     (root / "cat" / "loop").symlink_to(root / "cat", target_is_directory=True)
     assert load_classification("imagefolder", root).labels == [0, 0, 1, 1]
+
+
+def test_errors_survive_pickling_whole() -> None:
+    """A worker process hands its error back pickled: type, message and parts intact."""
+    import pickle
+
+    too_large = ImageTooLarge("a.png", width=3, height=4, max_pixels=5)
+    back = pickle.loads(pickle.dumps(too_large))
+    assert type(back) is ImageTooLarge and str(back) == str(too_large)
+    assert (back.name, back.width, back.height, back.max_pixels) == ("a.png", 3, 4, 5)
+    unreadable = pickle.loads(pickle.dumps(ImageReadError("b.jpg", "does not decode")))
+    assert type(unreadable) is ImageReadError and str(unreadable) == "b.jpg: does not decode"

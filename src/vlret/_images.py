@@ -107,7 +107,9 @@ class ImageReadError(ValueError):
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> ImageReadError:
+def _rebuild(
+    cls: type[ImageReadError], args: tuple[Any, ...], state: dict[str, Any]
+) -> ImageReadError:
     err = cls.__new__(cls)
     ValueError.__init__(err, *args)
     err.__dict__.update(state)
