@@ -559,3 +559,34 @@ def test_errors_survive_pickling_whole() -> None:
     assert (back.name, back.width, back.height, back.max_pixels) == ("a.png", 3, 4, 5)
     unreadable = pickle.loads(pickle.dumps(ImageReadError("b.jpg", "does not decode")))
     assert type(unreadable) is ImageReadError and str(unreadable) == "b.jpg: does not decode"
+
+
+class _BadImages:
+    """A map-style set whose item 1 is an image file that does not decode."""
+
+    def __init__(self, folder: Path) -> None:
+        self.paths = [folder / "0.png", folder / "1.png"]
+        Image.new("RGB", (4, 4)).save(self.paths[0])
+        self.paths[1].write_bytes(b"GIF89a but not really")
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> Any:
+        return np.asarray(open_rgb(self.paths[index]))
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_data_loader_worker_error_stays_one_line(tmp_path: Path, big: bool) -> None:
+    """torch rebuilds a worker's error from its traceback text: still the one line, same type
+    (before: a RuntimeError holding the worker's whole traceback)."""
+    torch = pytest.importorskip("torch")
+    dataset = _BadImages(tmp_path)
+    if big:
+        write_big(dataset.paths[1])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=1)
+    kind = ImageTooLarge if big else ImageReadError
+    with pytest.raises(kind) as caught:
+        list(loader)
+    assert str(caught.value).startswith(f"{dataset.paths[1]}: ")
+    assert "\n" not in str(caught.value) and "Caught" not in str(caught.value)

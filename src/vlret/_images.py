@@ -95,16 +95,35 @@ _WHAT = "reading images"
 
 
 class ImageReadError(ValueError):
-    """An image that cannot be read: ``"<name>: <what is wrong>"`` (one line)."""
+    """An image that cannot be read: ``"<name>: <what is wrong>"`` (one line).
 
-    def __init__(self, name: str, problem: str) -> None:
+    Built from one argument, that is the whole message; a DataLoader worker's report (torch
+    rebuilds a worker's error as ``type(error)("Caught ... in DataLoader worker process 0.
+    Original Traceback ...")``) is cut back to the error's own line, so a bad image met in a
+    worker still ends the command in one line naming the file.
+    """
+
+    def __init__(self, name: str, problem: str | None = None) -> None:
+        if problem is None:
+            name, _, problem = _own_line(name, type(self).__name__).partition(": ")
         self.name = name
         self.problem = problem
-        super().__init__(f"{name}: {problem}")
+        super().__init__(f"{name}: {problem}" if problem else name)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # pickled whole (a DataLoader worker, multiprocessing): the constructors take parts
+        # pickled whole (multiprocessing): the constructors take parts
         return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _own_line(message: str, kind: str) -> str:
+    """The ``<kind>: <message>`` line a traceback ends with, less its prefix; a one-line
+    message as it is."""
+    lines = message.strip().splitlines()
+    for line in reversed(lines):
+        head, sep, rest = line.partition(": ")
+        if sep and head.rsplit(".", 1)[-1] == kind:
+            return rest
+    return message
 
 
 def _rebuild(
@@ -117,10 +136,21 @@ def _rebuild(
 
 
 class ImageTooLarge(ImageReadError):
-    """An image over the pixel cap, found from its header before any decoding."""
+    """An image over the pixel cap, found from its header before any decoding (one argument:
+    the whole message, as for :class:`ImageReadError`)."""
 
-    def __init__(self, name: str, *, width: int, height: int, max_pixels: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        width: int | None = None,
+        height: int | None = None,
+        max_pixels: int | None = None,
+    ) -> None:
         self.width, self.height, self.max_pixels = width, height, max_pixels
+        if width is None or height is None or max_pixels is None:
+            super().__init__(name)
+            return
         super().__init__(
             name,
             f"{width} x {height} = {width * height} pixels, over the cap of {max_pixels} "
