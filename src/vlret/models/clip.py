@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from .clip_folder import ImagePreprocessing, load_clip_model, read_preprocessing, vision_image_size
 from .clip_size import set_image_size
 from .clip_towers import CLIPImageEncoder, CLIPTextEncoder
@@ -94,6 +95,9 @@ class CLIPImageTransform:
         do_center_crop: Crop at all (False: the resize must give ``image_size``).
         crop_offsets: ``"round"`` or ``"floor"`` (step 2).
         rescale_factor: What a 0-255 pixel value is multiplied by (``1/255``: to ``[0, 1]``).
+        max_pixels: The largest ``width * height`` read (``data.max_image_pixels``); None: no
+            cap. Images are read by :func:`vlret._images.open_rgb` (every PIL mode to RGB,
+            EXIF orientation applied, the cap checked before decoding).
 
     Raises:
         ValueError: A size is not positive, ``resize`` is smaller than the crop, ``mean`` /
@@ -114,6 +118,7 @@ class CLIPImageTransform:
         do_center_crop: bool = True,
         crop_offsets: str = "round",
         rescale_factor: float = 1 / 255,
+        max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if resample not in RESAMPLES:
             raise ValueError(f"resample must be one of {RESAMPLES}, got {resample!r}")
@@ -148,6 +153,7 @@ class CLIPImageTransform:
         self.do_resize, self.do_center_crop = bool(do_resize), bool(do_center_crop)
         self.crop_offsets = crop_offsets
         self.rescale_factor = float(rescale_factor)
+        self.max_pixels = max_pixels
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
         self.resample = resample
@@ -217,16 +223,14 @@ class CLIPImageTransform:
         Raises:
             ValueError: ``image`` is neither a PIL image nor a path, or (with a step skipped)
                 it is too small for the crop or does not come out at ``image_size``.
+            ImageReadError: The file is missing or not a readable image
+                (:class:`vlret._images.ImageTooLarge`: over ``max_pixels``); one line naming it.
             ImportError: pillow is not installed.
         """
         pil = _import_pil()
-        if isinstance(image, (str, Path)):
-            with pil.open(image) as opened:
-                image = opened.convert("RGB")
-        elif isinstance(image, pil.Image):
-            image = image.convert("RGB")
-        else:
+        if not isinstance(image, (str, Path, pil.Image)):
             raise ValueError(f"image must be a PIL image or a path, got {type(image).__name__}")
+        image = open_rgb(image, max_pixels=self.max_pixels)
         w, h = image.size
         if self._exact is not None:
             new_h, new_w = self._exact
@@ -326,6 +330,7 @@ def load_clip(
             resample=transform.resample,
             crop_offsets=transform.crop_offsets,
             rescale_factor=transform.rescale_factor,
+            max_pixels=transform.max_pixels,
         )
     elif transform.crop != (own, own):
         raise ValueError(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -335,24 +336,57 @@ def check_clip_weights(folder: str | Path) -> Path:
     )
 
 
-def _check_weight_shapes(transformers: Any, folder: Path, config: Any) -> None:
-    """Refuse ``model.safetensors`` weights whose shapes ``config.json`` does not give, read
-    from the file's header before ``transformers`` loads anything (it would print its load
-    report and raise)."""
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        return
-    from safetensors import safe_open  # a dependency of transformers
+def _stored_shapes(folder: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+    """The weight file ``CLIPModel.from_pretrained`` would read and its tensors' shapes, read
+    without loading the tensors: ``model.safetensors``'s header, or ``pytorch_model.bin``
+    through ``torch.load(weights_only=True)`` onto the meta device (so a pickle holding
+    anything but tensors is refused here, before ``transformers`` opens it). None for sharded
+    weights and for a ``.bin`` torch cannot read (``transformers`` then says why).
 
-    with torch.device("meta"):  # shapes only: no memory, no initialisation
-        expected = {
-            k: tuple(v.shape) for k, v in transformers.CLIPModel(config).state_dict().items()
-        }
+    Raises:
+        ValueError: A damaged safetensors file, or a ``.bin`` refused by ``weights_only``.
+    """
+    path = folder / "model.safetensors"
+    if path.is_file():
+        from safetensors import safe_open  # a dependency of transformers
+
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                return path, {k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()}
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+    path = folder / "pytorch_model.bin"
+    if not path.is_file():
+        return None
     try:
-        with safe_open(str(path), framework="pt") as weights:
-            shapes = {k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()}
-    except Exception as err:  # safetensors raises its own SafetensorError for a damaged file
-        raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+        with warnings.catch_warnings():  # torch's note on the pickle protocol is not ours
+            warnings.simplefilter("ignore")
+            try:
+                state = torch.load(str(path), map_location="meta", weights_only=True, mmap=True)
+            except RuntimeError:  # torch's legacy (non-zip) format cannot be memory-mapped
+                state = torch.load(str(path), map_location="meta", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"{path}: refused: it holds pickled objects other than tensors (torch.load "
+            "weights_only=True; nothing in it was run)"
+        ) from None
+    except (RuntimeError, OSError, ValueError, EOFError):  # e.g. the legacy non-zip format
+        return None
+    if not isinstance(state, dict):
+        return None
+    return path, {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def _check_weight_shapes(transformers: Any, folder: Path, config: Any) -> None:
+    """Refuse weights whose shapes ``config.json`` does not give, before ``transformers``
+    loads anything (it would print its load report and raise)."""
+    stored = _stored_shapes(folder)
+    if stored is None:
+        return
+    path, shapes = stored
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        model = transformers.CLIPModel(config)
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
     for key, shape in shapes.items():
         if key in expected and expected[key] != shape:
             vision = config.vision_config
