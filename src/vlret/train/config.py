@@ -25,6 +25,11 @@ top-level key ``output_dir``::
     [train]                       # epochs, batch_size, seed, ...
     epochs = 20
 
+``--set`` keys are dotted; a part holding dots itself is quoted as in TOML
+(``optim.lr_multipliers."text_encoder.bert"=0.1``). ``--set loss.name=NEW`` on a config of
+another loss drops the old loss's parameters that NEW does not declare, with a one-line note on
+stderr (:func:`apply_overrides`).
+
 A ``[compare]`` section (the settings of ``vlret compare``) is accepted and ignored for
 training: it is neither validated here nor kept in the resolved config. Every other unknown
 key is an error naming the file and the dotted key; so is a value of the wrong
@@ -192,8 +197,10 @@ class OptimConfig:
     ``lr_multipliers``: parameter-name prefix -> factor of ``lr`` for those parameters
     (``{ "text_encoder.bert" = 0.1 }``: VSE-infinity's BERT at 0.1x; ``loss``: the loss's own
     parameters); the longest matching prefix wins, warm-up and decay scale every group alike
-    (:class:`vlret.train.hooks.LrMultipliers`). A nested table is read as dotted prefixes. A
-    prefix that names no trainable parameter is an error when the trainer is built.
+    (:class:`vlret.train.hooks.LrMultipliers`). A nested table is read as dotted prefixes; a
+    quoted key holding dots sits beside a shorter prefix (``{ text_encoder = 0.5,
+    "text_encoder.bert" = 0.1 }``, or ``--set 'optim.lr_multipliers."text_encoder.bert"=0.1'``).
+    A prefix that names no trainable parameter is an error when the trainer is built.
     ``schedule``: ``"step"`` (the above) or ``"cosine"`` (open_clip's, over the run's steps:
     :class:`vlret.train.schedule.CosineWarmup`). ``no_decay``: patterns of the parameters without
     weight decay; ``None``: open_clip's rule with ``adamw``, none otherwise
@@ -242,14 +249,17 @@ class TrainConfig:
     ``freeze``: names of the model's modules (``model.named_modules()``, e.g.
     ``"image_encoder.backbone"``) that get no update for the first ``freeze_epochs`` epochs
     (:class:`vlret.train.hooks.FreezeModules`); a resumed run continues the phase. A name that
-    is no module of the model is an error when the trainer is built.
+    is no module of the model, or modules holding every trainable parameter (with ``lock``'s:
+    nothing left to train, :func:`vlret.train.hooks.check_something_to_train`), is an error when
+    the trainer is built, before anything is written.
     ``dist_timeout``: under torchrun, seconds a rank waits in one collective for the others
     before the job ends with a message naming the rank (a stopped or stuck rank; see
     :mod:`vlret.train.distributed`, "A stalled rank").
     ``amp``: ``false``, ``true`` (float16 on CUDA only), ``"fp16"`` or ``"bf16"`` (CPU too):
     :func:`vlret.train.schedule.amp_dtype`. ``freeze_bn``: ``"eval"`` or ``"train"`` (VSE++'s
     quirk): the mode of the ``freeze`` modules while frozen. ``lock``: LiT-style locked towers
-    (:class:`vlret.train.hooks.LockModules`). ``compile`` (``true`` or a backend name) and
+    (:class:`vlret.train.hooks.LockModules`; locking every trainable parameter is the same error
+    naming ``train.lock``). ``compile`` (``true`` or a backend name) and
     ``activation_checkpointing``: :func:`vlret.train.schedule.prepare_model`.
     """
 
