@@ -93,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
         if what == "tsne":
             if out is not None and out.suffix.lower() != ".png":
                 return fail(NAME, f"--out {out}: expected a .png file for tsne")
-            if out is not None:
-                for target in (out, out.with_suffix(".csv"), out.with_suffix(".json")):
-                    check_output_file(target, "--out", "tsne.png", overwrite=args.overwrite)
+            run = args.runs[0]  # the default: tsne_<split>.png in the run folder
+            png = out or (run if run.is_dir() else run.parent) / f"tsne_{args.split}.png"
+            for target in (png, png.with_suffix(".csv"), png.with_suffix(".json")):
+                check_output_file(target, "--out", "tsne.png", overwrite=args.overwrite)
         else:
             check_output_dir(out, "--out", files=FILES[what], overwrite=args.overwrite)
     except ValueError as err:  # OutputPathError

@@ -146,14 +146,15 @@ def takeover_note(folder: Path, stale: dict[str, Any]) -> str:
     lock was free, so the holder does not hold it; whether its pid is gone, is now another
     process, or is the holder still running is read from ``/proc`` (same host only)."""
     old = describe_holder(stale)
-    pid = stale.get("pid")
+    recorded_pid = stale.get("pid")
+    pid = recorded_pid if isinstance(recorded_pid, int) and recorded_pid > 0 else 0
     host = stale.get("host")
     if host and host != socket.gethostname():
         return (
             f"{folder}: took over the lock released by a run on another host ({old}); "
             "whether it still runs there cannot be checked from here"
         )
-    start = _proc_start(pid) if isinstance(pid, int) and pid > 0 else None
+    start = _proc_start(pid) if pid else None  # pid 0: not recorded as a process id
     if start is None:
         return f"{folder}: took over the lock left by a run that is no longer running ({old})"
     recorded_start, recorded_boot = stale.get("proc_start"), stale.get("boot_id")
@@ -193,7 +194,8 @@ def _read_holder(fd: int) -> dict[str, Any] | None:
 
 def _read_holder_at(path: Path) -> dict[str, Any] | None:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))  # never through a link
     except OSError:
         return None
     try:
