@@ -320,7 +320,8 @@ def build_train_transform(data: Any, eval_transform: Any) -> RandomResizedCrop |
         interpolation=data.crop_interpolation,
         hflip=data.hflip,
         output="uint8",
-        max_pixels=data.max_image_pixels,
+        # a section written before the key existed (or a stand-in) reads at the default cap
+        max_pixels=getattr(data, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS),
     )
 
 
