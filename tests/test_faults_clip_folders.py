@@ -275,3 +275,19 @@ def test_item12_a_malicious_pytorch_model_bin_is_refused_in_one_line(
             f"{folder / 'pytorch_model.bin'}: refused: it holds pickled objects other than" in err
         )
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_item6_backbone_folders_read_either_layout_too(tmp_path, nested):
+    """A ResNet / ViT backbone folder's image processor gives the mean and std in either
+    layout (transformers 5's processor_config.json nests it under image_processor)."""
+    from vlret.models.backbones import backbone_transform
+
+    keys = transformers.ViTImageProcessor(image_mean=[0.5, 0.4, 0.3], image_std=0.25).to_dict()
+    write_processor(tmp_path, keys, nested=nested)
+    transform = backbone_transform("vit", transformers.ViTConfig(image_size=16), path=tmp_path)
+    assert np.allclose(transform.mean, [0.5, 0.4, 0.3]) and np.allclose(transform.std, 0.25)
+    keys["image_mean"] = [0.5, 0.4]
+    write_processor(tmp_path, keys, nested=nested)
+    with pytest.raises(ValueError, match=r"image_mean must be 3 numbers \(R, G, B\)"):
+        backbone_transform("vit", transformers.ViTConfig(image_size=16), path=tmp_path)

@@ -21,8 +21,11 @@ VSE++'s, resize the shorter side to ``round(S * 256 / 224)`` and center crop ``S
 224 at ``S = 224``), ImageNet mean and std; bilinear for the ResNet (torchvision's default)
 and bicubic for the ViT (timm's ViT default). ``S`` is ``image_size`` when given, else the
 ViT config's ``image_size``, else 224 for the ResNet (whose config has no size). A directory's
-``preprocessor_config.json`` replaces the mean and std by its ``image_mean`` / ``image_std``
-(weights trained with another normalisation, e.g. Google's ViT at 0.5, are fed as trained).
+saved image processor replaces the mean and std by its ``image_mean`` / ``image_std`` (weights
+trained with another normalisation, e.g. Google's ViT at 0.5, are fed as trained), read from
+either of ``transformers``' layouts: ``processor_config.json``'s ``image_processor``
+(transformers 5) or ``preprocessor_config.json``
+(:func:`~vlret.models.clip_folder.find_image_processor`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 from torch import nn
 
 from .clip import CLIPImageTransform
+from .clip_folder import find_image_processor, read_channels
 from .text import check_local_dir, import_transformers
 
 #: Per-channel RGB mean and std of ImageNet (torchvision's, VSE++'s).
@@ -155,7 +159,7 @@ def backbone_transform(
     Args:
         kind: ``"resnet"`` or ``"vit"``.
         config: Its ``transformers`` config.
-        path: Its local directory, whose ``preprocessor_config.json`` gives the mean and std.
+        path: Its local directory, whose saved image processor gives the mean and std.
         image_size: The crop ``S``; None: the ViT config's ``image_size``, 224 for a ResNet.
 
     Raises:
@@ -166,13 +170,13 @@ def backbone_transform(
     if not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1:
         raise ValueError(f"image_size: expected a positive int, got {image_size!r}")
     mean, std = IMAGENET_MEAN, IMAGENET_STD
-    pre = Path(path) / "preprocessor_config.json" if path is not None else None
-    if pre is not None and pre.is_file():
-        try:
-            stats = json.loads(pre.read_text(encoding="utf-8"))
-            mean, std = stats.get("image_mean", mean), stats.get("image_std", std)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
-            raise ValueError(f"{pre}: not a readable JSON file ({err})") from None
+    found = find_image_processor(path) if path is not None else None
+    if found is not None:  # either transformers layout (vlret.models.clip_folder)
+        stats, where = found
+        if "image_mean" in stats:
+            mean = read_channels(stats["image_mean"], where, "image_mean")
+        if "image_std" in stats:
+            std = read_channels(stats["image_std"], where, "image_std")
     return CLIPImageTransform(
         image_size,
         resize=int(round(image_size * 256 / 224)),

@@ -170,7 +170,13 @@ def _size(value: Any, where: str, key: str, *, square: bool) -> int | tuple[int,
     )
 
 
-def _channels(value: Any, where: str, key: str) -> tuple[float, float, float]:
+def read_channels(value: Any, where: str, key: str) -> tuple[float, float, float]:
+    """An image processor's per-channel ``image_mean`` / ``image_std``: 3 numbers, or one
+    number that ``transformers`` repeats over the channels.
+
+    Raises:
+        ValueError: Anything else, naming ``where``, ``key`` and the value.
+    """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value] * 3  # transformers repeats a single number over the channels
     ok = isinstance(value, (list, tuple)) and len(value) == 3
@@ -214,9 +220,9 @@ def parse_image_processor(cfg: dict[str, Any], where: str) -> ImagePreprocessing
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
     if "image_mean" in cfg:
-        mean = _channels(cfg["image_mean"], where, "image_mean")
+        mean = read_channels(cfg["image_mean"], where, "image_mean")
     if "image_std" in cfg:
-        std = _channels(cfg["image_std"], where, "image_std")
+        std = read_channels(cfg["image_std"], where, "image_std")
         if min(std) <= 0:
             raise ValueError(f"{where}: image_std must be positive, got {cfg['image_std']!r}")
     if not _flag(cfg, "do_normalize", where):
@@ -453,6 +459,7 @@ __all__ = [
     "find_image_processor",
     "load_clip_model",
     "parse_image_processor",
+    "read_channels",
     "read_preprocessing",
     "vision_image_size",
 ]
