@@ -505,14 +505,17 @@ def test_cli_compare_checks_the_test_split_before_training(tmp_path, capsys):
         assert not (out / "runs").exists()  # nothing was trained
 
 
-def test_cli_compare_evaluation_errors_exit_2(tmp_path, capsys):
-    # coco1k on precomp dev passes the split check; its 2 dev images are not 5 folds
+def test_cli_compare_evaluation_errors_exit_2_before_training(tmp_path, capsys):
+    # coco1k on precomp dev passes the split check; its 2 dev images are not 5 folds, which the
+    # plan's check finds by opening the split before any run trains (issue 39 item 14)
     cfg = _config(tmp_path)
     argv = ["compare", str(cfg), "--losses", "triplet", "--seeds", "1", "--out", str(tmp_path)]
     argv += ["--no-progress", "--set", "compare.protocol=coco1k", "--set", "compare.split=dev"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vlret compare: coco1k averages 5 folds") and "Traceback" not in err
+    assert err.startswith("vlret compare: compare.split = 'dev', compare.protocol = 'coco1k'")
+    assert "coco1k averages 5 folds" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
 def test_cli_request_errors_name_the_command(tmp_path, capsys):
