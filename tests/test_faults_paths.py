@@ -503,3 +503,17 @@ def test_cli_report_and_plot_refuse_files_already_in_their_out_folder(
     assert main(["plot", "curves", str(trained), "--out", str(plots)]) == 2
     assert "--out holds training_curves.png already" in _one_line(capsys.readouterr().err)
     assert main(["plot", "curves", str(trained), "--out", str(plots), "--overwrite"]) == 0
+
+
+def test_a_partial_folder_that_is_a_link_is_refused_not_followed(tmp_path):
+    from vlret.data.captioning.generate import CaptioningError, _prepare_partial
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep")
+    partial = tmp_path / "caps.txt.partial"
+    partial.symlink_to(elsewhere, target_is_directory=True)
+    for overwrite in (False, True):  # before: rmtree raised OSError (a traceback)
+        with pytest.raises(CaptioningError, match="symbolic link or a file"):
+            _prepare_partial(partial, {"model_dir": "a"}, overwrite=overwrite)
+    assert (elsewhere / "keep.txt").read_text() == "keep" and partial.is_symlink()

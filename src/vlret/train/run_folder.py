@@ -290,7 +290,18 @@ def save_run_files(config: Any, encoder: Any, train_set: Any, folder: Path) -> N
 
     A run resumed in its folder must train on the pairs its checkpoint was trained on: a
     ``noise_index.npy`` there that differs from the index now applied (the file behind
-    ``data.noise_index`` was replaced) is refused before anything is written."""
+    ``data.noise_index`` was replaced) is refused before anything is written
+    (:func:`check_noise_record`, which the trainer also calls with its other checks)."""
+    check_noise_record(train_set, folder)
+    save_config(config, folder / "config.yaml")
+    if hasattr(encoder, "save"):
+        encoder.save(folder / "vocab.json")
+    save_noise_record(train_set, folder)
+
+
+def check_noise_record(train_set: Any, folder: Path) -> None:
+    """Refuse a ``folder/noise_index.npy`` (a resumed run's) that differs from the index
+    ``train_set`` applies now; nothing to check without one or without noise."""
     noise = getattr(train_set, "noise", None)
     recorded = folder / NOISE_INDEX_FILE
     if noise is not None and recorded.is_file():
@@ -304,10 +315,6 @@ def save_run_files(config: Any, encoder: Any, train_set: Any, folder: Path) -> N
                 f"now ({noise.source or 'generated'}) re-pairs other captions; restore the file "
                 "or train into a new output_dir"
             )
-    save_config(config, folder / "config.yaml")
-    if hasattr(encoder, "save"):
-        encoder.save(folder / "vocab.json")
-    save_noise_record(train_set, folder)
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:

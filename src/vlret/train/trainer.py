@@ -71,6 +71,7 @@ from .pair_scoring import scores_pairs
 from .procedures import build_procedure
 from .ring import exchange_mode
 from .run_folder import (
+    check_noise_record,
     check_resume_config,
     check_select_on,
     check_stream_resume,
@@ -290,6 +291,8 @@ class Trainer(TrainerState):
         self.epoch_loss_sum = 0.0
         self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad shard samples
         self._check_schedule_length()
+        if self.is_main and not self._replace_run:  # a resumed run's recorded noise index
+            check_noise_record(self.train_set, self.output_dir)
         # Every check has passed: the old run's files go now (--overwrite), before the first
         # write (the resumed checkpoint's log and best.pt, the records above).
         if self._replace_run:

@@ -301,6 +301,11 @@ def _prepare_partial(partial: Path, record: dict[str, Any], overwrite: bool) -> 
     earlier run that wrote no chunk (its model failed to load) left nothing to lose: its
     folder is started over whatever its settings were."""
     settings_path = partial / "settings.json"
+    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
+        raise CaptioningError(
+            f"{partial}: the chunks' folder is a symbolic link or a file; vlret keeps its "
+            "chunks in a folder of its own: remove it"
+        )
     if partial.is_dir() and (overwrite or not any(partial.glob("chunk_*.json"))):
         shutil.rmtree(partial)
     if partial.is_dir() and settings_path.is_file():
