@@ -132,10 +132,14 @@ class CLIPImageTransform:
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError(f"mean and std need 3 values (std > 0), got {mean!r}, {std!r}")
         self.crop = (int(crop[0]), int(crop[1]))
-        exact = (int(resize[0]), int(resize[1])) if isinstance(resize, (tuple, list)) else None
+        exact = None
+        shorter = max(self.crop)
+        if isinstance(resize, (tuple, list)):
+            exact = (int(resize[0]), int(resize[1]))
+        elif resize is not None:
+            shorter = int(resize)
         default_stretch = self.crop[0] != self.crop[1] and exact is None
         self.stretch = default_stretch if stretch is None else bool(stretch)
-        shorter = max(self.crop) if resize is None or exact is not None else int(resize)
         if shorter < max(self.crop):
             raise ValueError(f"resize ({resize}) must be at least the crop size {self.crop}")
         #: the resized (height, width), or the shorter side; neither: no resize

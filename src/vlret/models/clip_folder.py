@@ -203,9 +203,8 @@ def parse_image_processor(cfg: dict[str, Any], where: str) -> ImagePreprocessing
             f"{list(CLIP_PROCESSOR_TYPES)}"
         )
     _flag(cfg, "do_convert_rgb", where)  # read for its type; the tower needs RGB regardless
-    resize = _size(cfg.get("size", 224), where, "size", square=False)
-    if not _flag(cfg, "do_resize", where):
-        resize = None
+    size = _size(cfg.get("size", 224), where, "size", square=False)
+    resize = size if _flag(cfg, "do_resize", where) else None
     crop = _size(cfg.get("crop_size", 224), where, "crop_size", square=True)
     crop_pair = crop if isinstance(crop, tuple) else (crop, crop)
     resample = cfg.get("resample", 3)
