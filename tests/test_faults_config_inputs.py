@@ -211,6 +211,12 @@ def test_a_parameter_given_with_set_is_kept_and_checked_against_the_new_loss(
     assert lines[-1].startswith("vlret train: ") and "loss.margin" in lines[-1]
 
 
+def test_a_whole_loss_table_set_at_once_replaces_the_section(tmp_path, data, capsys):
+    overrides = ["loss.name=infonce", 'loss={ name = "unified", gamma = 30.0 }']
+    config = load_config(_triplet_file(tmp_path, data), overrides)
+    assert (config.loss.name, config.loss.params) == ("unified", {"gamma": 30.0})
+
+
 def test_the_same_loss_name_keeps_every_parameter(tmp_path, data, capsys):
     config = load_config(_triplet_file(tmp_path, data), ["loss.name=triplet"])
     assert config.loss.params == {"margin": 0.3, "hardest": False, "normalize": False}

@@ -381,7 +381,7 @@ def apply_overrides(
         config_files.set_override(out, keys, parsed, given=given, dotted=dotted)
         given.append(tuple(keys))
     if ("loss", "name") in given:
-        switch_loss(raw, out, {k[1] for k in given if k[0] == "loss"}, note=note)
+        switch_loss(raw, out, {k[1] for k in given if k[0] == "loss" and len(k) > 1}, note=note)
     return out
 
 

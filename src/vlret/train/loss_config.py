@@ -114,7 +114,7 @@ def switch_loss(
     accepted = _declared_names(new)
     if accepted is None:  # an unknown name: loss_config's error lists the losses
         return
-    dropped = [k for k in before if k != "name" and k not in given and k not in accepted]
+    dropped = [k for k in after if k in before and k not in ("name", *given, *accepted)]
     for key in dropped:
         del after[key]
     if dropped and note is not None:
