@@ -517,3 +517,25 @@ def test_a_partial_folder_that_is_a_link_is_refused_not_followed(tmp_path):
         with pytest.raises(CaptioningError, match="symbolic link or a file"):
             _prepare_partial(partial, {"model_dir": "a"}, overwrite=overwrite)
     assert (elsewhere / "keep.txt").read_text() == "keep" and partial.is_symlink()
+
+
+def test_cli_overwrite_with_init_from_inside_the_folder_is_one_line(tmp_path, data, trained):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    cfg = tmp_path / "c.yaml"
+    raw = tiny_raw(data, out)
+    raw["train"].update(epochs=1, validate=False)
+    cfg.write_text(yaml.safe_dump(raw))
+    argv = ["train", str(cfg), "--set", f"train.init_from={out / 'last.pt'}", "--overwrite"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlret", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2
+    assert _one_line(proc.stderr) == (
+        f"vlret train: {out}: --overwrite would clear the folder that train.init_from = "
+        f"{out / 'last.pt'} is read from; move {out / 'last.pt'} out of output_dir first, or "
+        "choose another output_dir"
+    )
+    assert (out / "last.pt").read_bytes() == (trained / "last.pt").read_bytes()
