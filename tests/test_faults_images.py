@@ -75,18 +75,20 @@ def test_cap_applies_to_every_source(big_png: Path, no_decoding: None, kind: str
         open_rgb(source, name="member 7.png")
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF", "GIF"])  # TIFF, GIF: PIL checks on decoding too
 def test_image_under_a_cap_above_pils_limit_reads_without_warning(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
     """max_pixels is the limit that applies: PIL's own (here made tiny) neither warns nor
     refuses, and is left as it was."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
     buffer = io.BytesIO()
-    Image.new("RGB", (40, 30), (1, 2, 3)).save(buffer, "PNG")  # 1200 > 2 x PIL's 100
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        image = open_rgb(buffer.getvalue(), max_pixels=1200)
-    assert image.size == (40, 30) and image.getpixel((0, 0)) == (1, 2, 3)
+    Image.new("RGB", (40, 30), (0, 0, 0)).save(buffer, fmt)  # 1200 > 2 x PIL's 100
+    for cap in (1200, None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            image = open_rgb(buffer.getvalue(), max_pixels=cap)
+        assert image.size == (40, 30) and image.getpixel((0, 0)) == (0, 0, 0)
     assert Image.MAX_IMAGE_PIXELS == 100
     with pytest.raises(ImageTooLarge):
         open_rgb(buffer.getvalue(), max_pixels=1199)

@@ -163,8 +163,12 @@ def _pil() -> Any:
 
 
 @contextlib.contextmanager
-def _pil_limit_lifted(pil: Any) -> Iterator[None]:
-    """PIL's decompression-bomb check off while a header is parsed: our cap replaces it."""
+def _pil_limit_lifted(pil: Any, lift: bool = True) -> Iterator[None]:
+    """PIL's decompression-bomb check off (``lift``) while a header is parsed, or an image
+    allowed past PIL's limit is decoded: our cap replaces it."""
+    if not lift:
+        yield
+        return
     with _PIL_LIMIT_LOCK:
         previous = pil.MAX_IMAGE_PIXELS
         pil.MAX_IMAGE_PIXELS = None
@@ -226,8 +230,13 @@ def _decode(stream: Any, name: str, max_pixels: int | None) -> Image:
     except Exception as err:  # PIL raises OSError, SyntaxError, struct.error, ... on bad headers
         raise ImageReadError(name, f"not a readable image ({_first_line(err)})") from None
     _check_cap(name, image.size, max_pixels)
+    limit = pil.MAX_IMAGE_PIXELS
+    # PIL checks again while decoding some formats (TIFF tiles, GIF frames): lifted only when
+    # the cap lets through more than PIL would, since the lock then serialises decoding
+    beyond_pil = limit is not None and (max_pixels is None or max_pixels > limit)
     try:
-        image.load()
+        with _pil_limit_lifted(pil, beyond_pil):
+            image.load()
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as err:  # truncated or corrupt data
