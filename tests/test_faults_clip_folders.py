@@ -291,3 +291,19 @@ def test_item6_backbone_folders_read_either_layout_too(tmp_path, nested):
     write_processor(tmp_path, keys, nested=nested)
     with pytest.raises(ValueError, match=r"image_mean must be 3 numbers \(R, G, B\)"):
         backbone_transform("vit", transformers.ViTConfig(image_size=16), path=tmp_path)
+
+
+def test_item7_training_on_a_clip_folder_without_tokenizer_files_is_refused(tmp_path, parts):
+    """The caption encoder of a run fine-tuning a local CLIP is the folder's tokenizer: the same
+    refusal before training (unless data.tokenizer names another tokenizer folder)."""
+    from vlret.train.builders import build_encoder
+    from vlret.train.config import DataConfig
+
+    folder = write_folder(tmp_path / "clip", parts, "v5", tokenizer_files=False)
+    data = DataConfig(root=str(tmp_path), format="karpathy")
+    with pytest.raises(FileNotFoundError, match=r"no CLIP tokenizer files \(missing tokenizer"):
+        build_encoder(data, model={"kind": "clip", "path": str(folder)})
+    other = write_folder(tmp_path / "with_tokenizer", parts, "v5")
+    data = DataConfig(root=str(tmp_path), format="karpathy", tokenizer=str(other))
+    encoder = build_encoder(data, model={"kind": "clip", "path": str(folder)})
+    assert encoder.encode("the cat") == parts[1]("the cat")["input_ids"]
