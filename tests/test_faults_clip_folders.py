@@ -86,8 +86,8 @@ def test_item6_a_folder_without_processor_file_is_refused(tmp_path, parts, datas
         load_clip(folder)
     zs, f30k = datasets
     err = one_line_error(zeroshot(folder, zs), capsys, "zeroshot")
-    assert str(folder) in err and "--default-preprocessing" not in err
-    assert "default_preprocessing 'openai-clip'" in err
+    assert str(folder) in err and "CLIPProcessor.save_pretrained" in err
+    assert "default_preprocessing 'openai-clip' (the model key; vlret zeroshot --default-" in err
     err = one_line_error(eval_model_dir(folder, f30k), capsys, "eval")
     assert "no processor_config.json or preprocessor_config.json" in err
 

@@ -284,8 +284,9 @@ def read_preprocessing(
     if default_preprocessing is None:
         raise FileNotFoundError(
             f"{folder}: no {PROCESSOR_FILE} or {PREPROCESSOR_FILE}, so its image preprocessing "
-            "is unknown; save the processor there (CLIPProcessor.save_pretrained) or opt into "
-            "OpenAI CLIP's with default_preprocessing 'openai-clip'"
+            "is unknown; save its processor there (CLIPProcessor.save_pretrained) or opt into "
+            "OpenAI CLIP's with default_preprocessing 'openai-clip' (the model key; vlret "
+            "zeroshot --default-preprocessing)"
         )
     return None
 
