@@ -359,6 +359,11 @@ def test_run_datasets_read_under_data_max_image_pixels(tmp_path: Path) -> None:
     default_set = build_dataset(karpathy_config(tmp_path), "test", None, image_transform=transform)
     assert tuple(default_set.image(1).shape) == (3, 32, 32)
     assert default_set.image_transform.crop == transform.crop  # reads as the model's
+    # the run's cap is the one that holds, also where the model's transform has a lower one
+    strict = CLIPImageTransform(32, max_pixels=1000)
+    raised = build_dataset(karpathy_config(tmp_path), "test", None, image_transform=strict)
+    assert tuple(raised.image(1).shape) == (3, 32, 32)
+    assert strict.max_pixels == 1000  # the model's own transform is left as it was
 
 
 def test_training_augmentation_reads_under_data_max_image_pixels(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ cap where a reader hands it image files.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -155,11 +156,16 @@ class CappedTransform:
 
 def capped(transform: Any, max_pixels: int | None) -> Any:
     """``transform`` behind the pixel cap (:class:`CappedTransform`); None stays None, and a
-    transform already capped gets this cap."""
+    transform already capped gets this cap. A transform with a cap of its own (a
+    ``max_pixels`` attribute, as :class:`vlret.models.clip.CLIPImageTransform` has) is a copy
+    holding this one: a cap raised above the default is not met again at the default."""
     if transform is None:
         return None
     if isinstance(transform, CappedTransform):
         transform = transform.transform
+    if hasattr(transform, "max_pixels"):
+        transform = copy.copy(transform)  # the model keeps its own
+        transform.max_pixels = max_pixels
     return CappedTransform(transform, max_pixels=max_pixels)
 
 
