@@ -24,7 +24,8 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
     # shorthand for BERT text: {"kind": "bert", "path": DIR, "image": {...}, "embed_dim": 1024}
     # CLIP fine-tuning (Unified paper B.1.2), or pre-training from random weights:
     {"kind": "clip", "path": DIR | "preset": "ViT-B-32", "config": {}, "tokenizer": None,
-     "proj_dim": 768 (None with a preset), "normalize": False, "image_size": None}
+     "proj_dim": 768 (None with a preset), "normalize": False, "image_size": None,
+     "default_preprocessing": None}
     # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
     # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
     # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
@@ -41,6 +42,9 @@ None with a preset (pre-training adds no layer); ``0`` also means None (TOML has
 ``tokenizer = "bytes"`` (only with a preset) tokenises captions with
 :class:`~vlret.models.clip.CLIPByteTokenizer`; otherwise a preset CLIP needs
 ``data.tokenizer``, a local CLIP tokenizer directory (:func:`vlret.train.builders.build_encoder`).
+A local CLIP's images are preprocessed as its saved image processor says
+(``processor_config.json`` or ``preprocessor_config.json``, :mod:`vlret.models.clip_folder`); a
+folder with neither is refused unless ``default_preprocessing = "openai-clip"`` (OpenAI CLIP's).
 ``image_size = [height, width]`` (or an int) trains and evaluates the CLIP at that input (IRRA's
 person-search ``[384, 128]``): the position embeddings are resampled once to the new patch grid
 (random ones for a preset; :mod:`vlret.models.clip_size`); ``None`` keeps the model's square.
@@ -106,6 +110,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "proj_dim": 768,
         "normalize": False,
         "image_size": None,
+        "default_preprocessing": None,
     },
     **CROSS_MODEL_DEFAULTS,
     **VIDEO_EXPERT_MODEL_DEFAULTS,
@@ -450,6 +455,8 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
         )
     if top["tokenizer"] not in (None, "bytes"):
         raise ValueError(f"tokenizer: expected 'bytes' or none, got {top['tokenizer']!r}")
+    if preset is not None and top["default_preprocessing"] is not None:
+        raise ValueError("default_preprocessing: is for a local CLIP (path), not a preset")
     if path is not None and top["tokenizer"] is not None:
         raise ValueError("tokenizer: 'bytes' is for a preset; a local CLIP uses its tokenizer")
     if preset is not None and not given_proj_dim:
@@ -460,7 +467,12 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
     if size is not None:
         top["image_size"] = size = list(image_size_pair(size))
     if path is not None:
-        image, text, transform = load_clip(path, proj_dim=top["proj_dim"], image_size=size)
+        image, text, transform = load_clip(
+            path,
+            proj_dim=top["proj_dim"],
+            image_size=size,
+            default_preprocessing=top["default_preprocessing"],
+        )
         top["path"] = str(path)
     else:
         image, text, transform = build_clip(

@@ -122,6 +122,10 @@ def build_encoder(
             return byte_level
         return _checked_clip_tokenizer(load_hf_tokenizer(str(data.tokenizer)), model, source)
     tokenizer = data.tokenizer or model_tokenizer_path(model)
+    if tokenizer is not None and data.tokenizer is None and model.get("kind") == "clip":
+        from ..models.clip_folder import check_clip_tokenizer  # no 2-token stand-in
+
+        check_clip_tokenizer(tokenizer)
     if tokenizer is not None:
         return load_hf_tokenizer(tokenizer)
     if data.vocab is not None:
