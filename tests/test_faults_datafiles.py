@@ -212,6 +212,19 @@ def test_a_forged_noise_index_through_vlret_train_is_one_line(worlds, tmp_path, 
     assert f"{path}: truncated or forged" in one_line_error(capsys)
 
 
+def test_a_resumed_runs_forged_noise_index_record_allocates_nothing(tmp_path):
+    """The run folder's own noise_index.npy, compared with the index applied on resume: before,
+    a forged header there had numpy allocate the 8 TB it promised (a MemoryError traceback)."""
+    from vlret.train.run_folder import RunFolderError, check_noise_record
+
+    forged_npy(tmp_path / "noise_index.npy", 10**12)
+    train_set = SimpleNamespace(noise=SimpleNamespace(index=np.zeros(10, np.int64), source="x"))
+    with pytest.raises(RunFolderError, match="re-pairs other captions"):
+        check_noise_record(train_set, tmp_path)
+    np.save(tmp_path / "noise_index.npy", np.zeros(10, np.int64))  # the same index: accepted
+    check_noise_record(train_set, tmp_path)
+
+
 # -- item 13: unclear errors ----------------------------------------------------------------
 
 

@@ -597,3 +597,23 @@ def test_a_data_loader_worker_error_stays_one_line(tmp_path: Path, big: bool) ->
         list(loader)
     assert str(caught.value).startswith(f"{dataset.paths[1]}: ")
     assert "\n" not in str(caught.value) and "Caught" not in str(caught.value)
+
+
+def test_irra_augmentation_reads_under_data_max_image_pixels(tmp_path: Path) -> None:
+    """Before: IRRA's transforms read every file at the default cap, so a run that lowered (or
+    raised) data.max_image_pixels was not obeyed by person search's training images."""
+    from vlret.data.pedes.augment import build_augment
+    from vlret.models.clip import CLIPImageTransform
+
+    karpathy_world(tmp_path)
+    image = tmp_path / "images" / "0.jpg"
+    eval_transform = CLIPImageTransform(32)
+    small = build_augment(
+        karpathy_config(tmp_path, max_image_pixels=1000, train_transform="irra"), eval_transform
+    )
+    with pytest.raises(ImageTooLarge, match="0.jpg: 40 x 30"):
+        small(image, key=(0, 0, 0))
+    roomy = build_augment(
+        karpathy_config(tmp_path, max_image_pixels=1200, train_transform="irra"), eval_transform
+    )
+    assert tuple(roomy(image, key=(0, 0, 0)).shape[-2:]) == (32, 32)

@@ -368,3 +368,12 @@ def test_two_gloo_ranks_read_disjoint_shards_and_equal_one_process_on_the_union(
 #: with n <= 64 terms per sum, magnified by the logit scale, plus rounding at the model's
 #: largest change (a gradient that is truly 0); 16x headroom per step.
 STEPS, LOGIT_SCALE = 3, 15
+
+
+def test_a_shard_run_resumes_only_under_its_pixel_cap():
+    """Which samples are skipped as over data.max_image_pixels decides the replayed stream."""
+    stored = shard_config(Path("."), Path("run")).to_dict()
+    current = json.loads(json.dumps(stored))
+    current["data"]["max_image_pixels"] = 1000
+    with pytest.raises(RunFolderError, match=r"data\.max_image_pixels: 25000000 -> 1000"):
+        check_stream_resume(stored, current, "last.pt", stored_world=1, world=1)

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from .._files import atomic_write, remove_stale_temporaries
+from ..data.checks import read_npy_header
 from ..data.noisy import NOISE_INDEX_FILE, NOISE_SUMMARY_FILE, save_noise_record
 from .checkpoint import load_checkpoint, torch_load_quietly
 from .config import ConfigError, config_from_dict, save_config
@@ -101,6 +102,8 @@ SHARD_FROZEN_KEYS = (
     "data.shuffle_buffer",
     "data.resampled",
     "data.train_num_samples",
+    # which samples are skipped as over the cap decides the replayed stream
+    "data.max_image_pixels",
 )
 
 
@@ -306,7 +309,13 @@ def check_noise_record(train_set: Any, folder: Path) -> None:
     recorded = folder / NOISE_INDEX_FILE
     if noise is not None and recorded.is_file():
         try:
-            same = np.array_equal(np.load(recorded, allow_pickle=False), noise.index)
+            # the header first: a forged one would have numpy allocate what it promises
+            header = read_npy_header(recorded, "the run's noise index")
+            same = (
+                header.shape == tuple(noise.index.shape)
+                and header.data_bytes >= header.expected_bytes
+                and np.array_equal(np.load(recorded, allow_pickle=False), noise.index)
+            )
         except (OSError, ValueError):
             same = False
         if not same:
@@ -446,8 +455,8 @@ def check_stream_resume(
     if changed:
         raise RunFolderError(
             f"{checkpoint}: {'; '.join(changed)}; a run on webdataset shards resumes exactly "
-            "only with the checkpoint's data.num_workers, data.shuffle_buffer, data.resampled, "
-            "data.train_num_samples and number of ranks (the epoch's order depends on them)"
+            f"only with the checkpoint's {', '.join(SHARD_FROZEN_KEYS)} and number of ranks "
+            "(the epoch's order depends on them)"
         )
 
 

@@ -89,7 +89,10 @@ class ZeroShotEvery(TrainHook):
             sets = importlib.import_module("vlret.data.classification")
             try:
                 data = sets.load_classification(
-                    tc.zeroshot_dataset, tc.zeroshot_root, split=tc.zeroshot_split
+                    tc.zeroshot_dataset,
+                    tc.zeroshot_root,
+                    split=tc.zeroshot_split,
+                    max_pixels=trainer.config.data.max_image_pixels,  # the run's cap
                 )
             except (FileNotFoundError, ValueError) as err:
                 raise ConfigError(source, "train.zeroshot_root", str(err)) from None

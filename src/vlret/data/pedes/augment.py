@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..._extras import require
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS
 from ..pixel_batch import normalise
 from ..transforms import build_train_transform, eval_geometry, open_rgb, sample_generator
 
@@ -102,6 +103,8 @@ class ResizeNormalize:
         mean: Per-channel RGB mean.
         std: Per-channel RGB standard deviation (positive).
         interpolation: ``"bilinear"`` (IRRA's) or ``"bicubic"``.
+        max_pixels: The pixel cap an image file is read under (``data.max_image_pixels``,
+            :func:`vlret._images.open_rgb`); None: none.
 
     Raises:
         ValueError: An argument out of its range (named in the message).
@@ -114,6 +117,7 @@ class ResizeNormalize:
         mean: Sequence[float] = (0.0, 0.0, 0.0),
         std: Sequence[float] = (1.0, 1.0, 1.0),
         interpolation: str = "bilinear",
+        max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         self.crop = _size(size)
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
@@ -123,6 +127,7 @@ class ResizeNormalize:
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
         self.interpolation = interpolation
+        self.max_pixels = max_pixels
         self._scale = torch.from_numpy((1.0 / (255.0 * self.std)).astype(np.float32))
         self._bias = torch.from_numpy((-self.mean / self.std).astype(np.float32))
 
@@ -138,7 +143,9 @@ class ResizeNormalize:
         resample = getattr(pil.Resampling, self.interpolation.upper())
         height, width = self.crop
         return np.asarray(
-            open_rgb(image, "person-search images").resize((width, height), resample=resample)
+            open_rgb(image, "person-search images", max_pixels=self.max_pixels).resize(
+                (width, height), resample=resample
+            )
         )
 
     def normalise(self, pixels: np.ndarray) -> torch.Tensor:
@@ -170,6 +177,7 @@ class IRRAAugment(ResizeNormalize):
         erase_ratio: ``(low, high)`` bounds of the erased box's ``h / w``.
         erase_fill: ``"irra"`` (the numbers ``mean`` in the normalised tensor, IRRA's code) or
             ``"mean_colour"`` (the mean colour: 0 once normalised).
+        max_pixels: The pixel cap an image file is read under (``data.max_image_pixels``).
 
     Raises:
         ValueError: An argument out of its range (named in the message).
@@ -188,8 +196,11 @@ class IRRAAugment(ResizeNormalize):
         erase_scale: Sequence[float] = (0.02, 0.4),
         erase_ratio: Sequence[float] = (0.3, 3.3),
         erase_fill: str = "irra",
+        max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        super().__init__(size, mean=mean, std=std, interpolation=interpolation)
+        super().__init__(
+            size, mean=mean, std=std, interpolation=interpolation, max_pixels=max_pixels
+        )
         for name, p in (("flip_prob", flip_prob), ("erase_prob", erase_prob)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
@@ -272,7 +283,10 @@ def build_augment(data: Any, eval_transform: Any) -> Any:
         ValueError: Augmentation is asked for but the model has no usable image transform.
     """
     if data.train_transform == "irra":
-        return build_irra_transforms(eval_transform)[0]
+        augment = build_irra_transforms(eval_transform)[0]
+        # a section written before the key existed (or a stand-in) reads at the default cap
+        augment.max_pixels = getattr(data, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)
+        return augment
     return build_train_transform(data, eval_transform)
 
 
