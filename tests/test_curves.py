@@ -263,6 +263,7 @@ def test_r1_keys_are_the_image_level_ones_or_person_searchs_identity_level():
     class Trainer:
         select_on, step, best_metric, best_epoch = "rsum", 3, 1.0, 0
         optimizer = type("O", (), {"param_groups": [{"lr": 0.1}]})()
+        dev_set = None  # features: nothing skipped
 
     dev = {"i2t_r1": 10.0, "t2i_r1": 20.0, "rsum": 30.0}
     record = epoch_record(

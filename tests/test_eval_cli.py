@@ -19,9 +19,10 @@ from vlret.data.writers import make_tiny_karpathy
 from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from vlret.models import build_model
 from vlret.train import TrainingInterrupted
-from vlret.train.builders import build_dataset, eval_data_config
+from vlret.train.builders import build_dataset
 from vlret.train.checkpoint import load_checkpoint
 from vlret.train.config import DataConfig
+from vlret.train.eval_data import eval_data_config
 
 METRIC_KEYS = set(RetrievalMetrics.__dataclass_fields__) - {"folds"}
 

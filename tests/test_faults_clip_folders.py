@@ -87,7 +87,10 @@ def test_item6_a_folder_without_processor_file_is_refused(tmp_path, parts, datas
     zs, f30k = datasets
     err = one_line_error(zeroshot(folder, zs), capsys, "zeroshot")
     assert str(folder) in err and "CLIPProcessor.save_pretrained" in err
-    assert "default_preprocessing 'openai-clip' (the model key; vlret zeroshot --default-" in err
+    assert (
+        "default_preprocessing 'openai-clip' (the model key; vlret zeroshot and vlret eval "
+        "--model-dir: --default-preprocessing)" in err
+    )
     err = one_line_error(eval_model_dir(folder, f30k), capsys, "eval")
     assert "no processor_config.json or preprocessor_config.json" in err
 
@@ -117,6 +120,21 @@ def test_item6_openai_clip_defaults_are_a_named_opt_in(tmp_path, parts, datasets
     model = build_model({"kind": "clip", "path": str(v5), "default_preprocessing": "openai-clip"})
     assert model.image_transform.crop_offsets == "floor"
     assert np.allclose(model.image_transform.mean, [0.3, 0.5, 0.7])
+
+
+def test_item6_eval_model_dir_takes_the_named_opt_in_too(tmp_path, parts, datasets, capsys):
+    """Before: only vlret zeroshot could opt in; eval --model-dir refused such a folder with no
+    way through but saving a processor."""
+    folder = write_folder(tmp_path / "clip", parts, "none")
+    _, f30k = datasets
+    opted = [*eval_model_dir(folder, f30k), "--default-preprocessing", "openai-clip"]
+    capsys.readouterr()
+    assert main(opted) == 0
+    assert "rsum" in capsys.readouterr().out
+    # a checkpoint keeps its own preprocessing: the flag is refused without --model-dir
+    argv = ["eval", str(tmp_path / "x.pt"), "--data", str(f30k), "--split", "test",
+            "--protocol", "f30k", "--default-preprocessing", "openai-clip"]  # fmt: skip
+    assert "--default-preprocessing applies to --model-dir" in one_line_error(argv, capsys, "eval")
 
 
 def write_processor(folder: Path, image_processor: object, *, nested: bool = True) -> None:

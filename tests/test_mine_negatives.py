@@ -420,7 +420,8 @@ def test_a_pair_scoring_checkpoint_mines_with_the_evaluations_pair_scores(tmp_pa
     from pathlib import Path
 
     from vlret.eval import PairModelScorer, score_matrix
-    from vlret.train.builders import build_dataset, eval_data_config, load_trained_model
+    from vlret.train.builders import build_dataset, load_trained_model
+    from vlret.train.eval_data import eval_data_config
     from vlret.train.mining_run import mine_checkpoint
 
     fixtures = Path(__file__).parent / "fixtures" / "prev_release"

@@ -221,7 +221,8 @@ def test_freeze_and_lr_multiplier_names_resolve():
     backbone = {id(p) for p in model.image_encoder.backbone.parameters()}
     hook = FreezeModules(model, ["image_encoder.backbone"], epochs=1)
     assert {id(p) for p in hook.params} == backbone
-    trainer = SimpleNamespace(model=model, loss_fn=nn.Module())
+    nothing_locked = SimpleNamespace(train=SimpleNamespace(lock=[], freeze=[]), source="run")
+    trainer = SimpleNamespace(model=model, loss_fn=nn.Module(), config=nothing_locked)
     groups = param_groups(trainer, LrMultipliers({"image_encoder.backbone": 0.01}))
     assert [g.lr_scale for g in groups] == [1.0, 0.01]
     assert {id(p) for p in groups[1].params} == backbone

@@ -159,8 +159,9 @@ def tsne_points(
         ValueError: A pair-scoring model, or a bad ``samples`` / ``perplexity``.
         MissingExtra: scikit-learn is not installed.
     """
-    from ..train.builders import build_dataset, eval_data_config, load_trained_model
+    from ..train.builders import build_dataset, load_trained_model
     from ..train.distributed import resolve_device
+    from ..train.eval_data import eval_data_config
     from ..train.evaluate import STREAM_FORMATS, karpathy_eval_data
 
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:

@@ -49,8 +49,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="instead of checkpoints: a local pretrained Hugging Face CLIP directory "
-        "(save_pretrained output with its tokenizer) evaluated zero-shot with its own "
-        "projections and cosine scores, on Karpathy JSON + image data",
+        "(CLIPModel and CLIPProcessor save_pretrained output: weights, image processor, "
+        "tokenizer) evaluated zero-shot with its own projections and cosine scores, on "
+        "Karpathy JSON + image data",
+    )
+    p.add_argument(
+        "--default-preprocessing",
+        choices=("openai-clip",),  # vlret.models.clip_folder.DEFAULT_PREPROCESSINGS
+        help="with --model-dir, a folder holding no processor_config.json or "
+        "preprocessor_config.json: preprocess images as OpenAI's CLIP does (bicubic resize of "
+        "the shorter side, centre crop, CLIP's mean and std) instead of refusing it",
     )
     p.add_argument(
         "--data",
@@ -148,6 +156,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.model_dir is None and not args.checkpoint:
         return fail(NAME, "give a checkpoint (or several), or --model-dir DIR (a local CLIP)")
+    if args.default_preprocessing is not None and args.model_dir is None:
+        return fail(
+            NAME,
+            "--default-preprocessing applies to --model-dir (a Hugging Face CLIP directory); a "
+            "checkpoint keeps its model's preprocessing",
+        )
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json, overwrite=args.overwrite)
@@ -164,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             captions_per_image=args.captions_per_image,
             captions_per_video=args.captions_per_video,
             model_dir=args.model_dir,
+            default_preprocessing=args.default_preprocessing,
             rescore=make_rescoring(
                 args.rescore,
                 names=RESCORE_FLAGS,

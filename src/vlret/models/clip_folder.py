@@ -286,7 +286,7 @@ def read_preprocessing(
             f"{folder}: no {PROCESSOR_FILE} or {PREPROCESSOR_FILE}, so its image preprocessing "
             "is unknown; save its processor there (CLIPProcessor.save_pretrained) or opt into "
             "OpenAI CLIP's with default_preprocessing 'openai-clip' (the model key; vlret "
-            "zeroshot --default-preprocessing)"
+            "zeroshot and vlret eval --model-dir: --default-preprocessing)"
         )
     return None
 

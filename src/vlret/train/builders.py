@@ -7,7 +7,6 @@ checkpoint).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -452,16 +451,22 @@ def load_trained_model(
 
 
 def load_pretrained_clip(
-    model_dir: str | Path, *, device: torch.device | str = "cpu"
+    model_dir: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    default_preprocessing: str | None = None,
 ) -> tuple[nn.Module, StoredRun, Any]:
     """``(model, stored run, caption encoder)`` of a local pretrained Hugging Face CLIP that
     vlret never trained (zero-shot retrieval, ``vlret eval --model-dir``): CLIP's own towers
     and projections (``proj_dim = None``, no added layer), its tokenizer, cosine scoring, and a
     stand-in run whose data is Karpathy JSON + images (the data folder's ``images/``, else the
-    folder itself; :func:`eval_data_config`).
+    folder itself; :func:`eval_data_config`). ``default_preprocessing`` (``"openai-clip"``):
+    OpenAI CLIP's preprocessing for a folder that holds no image processor file, which is
+    otherwise refused (:mod:`vlret.models.clip_folder`).
 
     Raises:
-        FileNotFoundError: ``model_dir`` is not a directory, or lacks tokenizer files.
+        FileNotFoundError: ``model_dir`` is not a directory, or lacks tokenizer or processor
+            files.
         DataFormatError: It holds no loadable tokenizer.
         ValueError: It holds no loadable CLIP (the message names the directory).
     """
@@ -469,7 +474,14 @@ def load_pretrained_clip(
 
     source = str(clip_folder.check_clip_tokenizer(model_dir))  # before the weights are read
     try:
-        model = build_model({"kind": "clip", "path": source, "proj_dim": None})
+        model = build_model(
+            {
+                "kind": "clip",
+                "path": source,
+                "proj_dim": None,
+                "default_preprocessing": default_preprocessing,
+            }
+        )
     except (OSError, ValueError, TypeError) as err:
         if isinstance(err, FileNotFoundError):
             raise
@@ -489,86 +501,21 @@ def load_pretrained_clip(
     return model.to(device).eval(), run, encoder
 
 
-def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
-    """The training run's data config pointed at the data folder ``root`` (``vlret eval --data``).
-
-    ``precomp`` and ``msrvtt`` read their files from ``root`` itself. Person-search data reads
-    the run's annotation file, image folder and feature folder (``data.features_dir``) by their
-    names in ``root``. ``karpathy`` expects::
-
-        root/
-          dataset_<name>.json     the Karpathy JSON: the training config's file name, else the
-                                  only dataset_*.json in root (root may also be the JSON file,
-                                  and then its folder is the root)
-          images/                 the image folder: the training config's image_root folder
-                                  name, else images/, else root itself (COCO: root/val2014/...)
-    """
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"{root}: missing; expected the data folder of the test split")
-    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # the run's file names in root
-
-        def named(name: str | None) -> str | None:
-            return None if name is None else str(root / Path(name).name)
-
-        return dataclasses.replace(
-            data,
-            root=str(root),
-            annotations=named(data.annotations),
-            image_root=named(data.image_root),
-            features_dir=named(data.features_dir),
-        )
-    if data.format != "karpathy":
-        return dataclasses.replace(data, root=str(root))
-    if root.is_file():
-        json_path, folder = root, root.parent
-    else:
-        folder = root
-        stored = Path(data.karpathy_json).name if data.karpathy_json else None
-        if stored and (folder / stored).is_file():
-            json_path = folder / stored
-        else:
-            found = sorted(folder.glob("dataset_*.json"))
-            if len(found) != 1:
-                want = stored or "dataset_<name>.json"
-                raise FileNotFoundError(
-                    f"{folder}: expected the Karpathy JSON {want} in this folder, found "
-                    f"{[p.name for p in found] or 'none'}"
-                )
-            json_path = found[0]
-    image_root = None
-    if data.image_root is not None:
-        candidates = [folder / Path(data.image_root).name, folder / "images", folder]
-        image_root = next(str(c) for c in candidates if c.is_dir())
-    return dataclasses.replace(
-        data, root=str(folder), karpathy_json=str(json_path), image_root=image_root
-    )
-
-
-#: what a training data source names that another format's evaluation data must not inherit
-#: (:func:`person_search_eval_data`, :func:`vlret.train.evaluate.karpathy_eval_data`)
-TRAINING_SOURCE_CLEARED: dict[str, Any] = {
-    "shards": None,
-    "dev_shards": None,
-    "train_num_samples": None,
-    "csv": None,
-    "dev_csv": None,
-    "train_transform": "none",
-}
-
-
-def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
-    """The data config of a model trained on other data (Karpathy, precomp, shards, CSV) read as
-    the person-search format ``data_format`` for evaluation without fine-tuning (``vlret eval
-    CKPT --data DIR --protocol cuhk-pedes``: DIR holds the format's annotation file and
-    ``imgs/``); the caption encoder and the model's image transform stay the checkpoint's (a
-    224 x 224 CLIP sees its own preprocessing, not IRRA's 384 x 128 resize)."""
-    return dataclasses.replace(
-        data,
-        format=data_format,
-        karpathy_json=None,
-        image_root=None,
-        annotations=None,
-        features_dir=None,
-        **TRAINING_SOURCE_CLEARED,
+def load_pretrained_member(
+    model_dir: str | Path,
+    protocol: Any,
+    split: str,
+    device: torch.device | str,
+    *,
+    default_preprocessing: str | None = None,
+) -> tuple[nn.Module, StoredRun, Any]:
+    """:func:`load_pretrained_clip` as an evaluation member (``vlret eval --model-dir``), once
+    ``protocol`` (an :class:`~vlret.eval.EvalProtocol`) is known to evaluate ``split`` of
+    Karpathy JSON + images, the only data such a model is evaluated on."""
+    try:
+        protocol.check_split(split, "karpathy")
+    except ValueError as err:
+        raise ValueError(f"{model_dir} (Karpathy JSON + images): {err}") from None
+    return load_pretrained_clip(
+        model_dir, device=device, default_preprocessing=default_preprocessing
     )

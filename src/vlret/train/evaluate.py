@@ -49,7 +49,7 @@ validation split: checkpoints are selected on its test split only when the user 
 (:func:`vlret.train.config_checks.check_person_search`). A checkpoint trained on other data
 (Flickr30K: AdaCL Table 7's domain generalisation) is evaluated on a person-search folder
 without fine-tuning: its data config is read as the protocol's format
-(:func:`~vlret.train.builders.person_search_eval_data`); its caption encoder and image
+(:func:`~vlret.train.eval_data.person_search_eval_data`); its caption encoder and image
 transform stay its own.
 
 ``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,18 +104,11 @@ from ..metrics import (
 )
 from ..metrics.rescore import Rescoring, draw_bank
 from ..models import PairScorer
-from .builders import (
-    TRAINING_SOURCE_CLEARED,
-    StoredRun,
-    build_dataset,
-    eval_data_config,
-    load_pretrained_clip,
-    load_trained_model,
-    person_search_eval_data,
-)
+from .builders import StoredRun, build_dataset, load_pretrained_member, load_trained_model
 from .checkpoint_members import checkpoint_members, member_names
 from .config import DataConfig
 from .distributed import resolve_device
+from .eval_data import TRAINING_SOURCE_CLEARED, eval_data_config, person_search_eval_data
 
 _deprecated = renamed_names(
     __name__,
@@ -262,6 +256,7 @@ def run_evaluation(
     captions_per_image: int | None = None,
     captions_per_video: int | None = None,
     model_dir: str | Path | None = None,
+    default_preprocessing: str | None = None,
 ) -> Evaluation:
     """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``:
     the checkpoint(s) become a scorer (:mod:`vlret.eval.scorers`) measured by
@@ -271,7 +266,7 @@ def run_evaluation(
     ``checkpoint``: one checkpoint, or several for an ensemble (the mean of their score
     matrices, see the module docstring). ``data`` replaces the training data paths (for
     Karpathy data: the JSON and the image folder under it, see
-    :func:`~vlret.train.builders.eval_data_config`); a missing folder raises
+    :func:`~vlret.train.eval_data.eval_data_config`); a missing folder raises
     ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``. ``shortlist``
     / ``shortlist_from``: the approximate protocol (module docstring); ``progress``: a tqdm bar
     while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
@@ -279,7 +274,8 @@ def run_evaluation(
     ``captions_per_video`` (MSR-VTT) replace the stored data config's count (a model trained
     on 1 caption per image, evaluated on 5-caption data); ``None`` keeps the stored one.
     ``model_dir``: a local pretrained Hugging Face CLIP evaluated zero-shot instead of
-    checkpoints (pass ``checkpoint=None``; module docstring)."""
+    checkpoints (pass ``checkpoint=None``; module docstring), with ``default_preprocessing``
+    (``"openai-clip"``) where its folder holds no image processor file."""
     chosen = get_protocol(protocol)
     splits = eval_splits()
     if split not in splits:
@@ -299,7 +295,10 @@ def run_evaluation(
                 "model_dir: evaluates a local pretrained CLIP without a checkpoint; give "
                 "checkpoints or model_dir, not both"
             )
-        checkpoints, load = [model_dir], _load_pretrained
+        load = partial(load_pretrained_member, default_preprocessing=default_preprocessing)
+        checkpoints = [model_dir]
+    elif default_preprocessing is not None:
+        raise ValueError("default_preprocessing: only with model_dir (a checkpoint keeps its own)")
     if not checkpoints:
         raise ValueError("checkpoint: expected at least one checkpoint (or model_dir)")
     if shortlist is not None and (
@@ -479,16 +478,6 @@ def _load_member(
     except ValueError as err:
         raise ValueError(f"{checkpoint}: {err}") from None
     return model, run, encoder
-
-
-def _load_pretrained(
-    model_dir: str | Path, protocol: EvalProtocol, split: str, device: torch.device | str
-) -> Member:
-    try:
-        protocol.check_split(split, "karpathy")
-    except ValueError as err:
-        raise ValueError(f"{model_dir} (Karpathy JSON + images): {err}") from None
-    return load_pretrained_clip(model_dir, device=device)
 
 
 def _eval_dataset(

@@ -16,8 +16,9 @@ from ..data import check_features
 from ..data.offline_negatives import FINGERPRINT, OfflineNegatives, split_fingerprint
 from ..eval import PairModelScorer, TwoTowerScorer
 from ..models import PairScorer
-from .builders import build_dataset, eval_data_config, load_trained_model, with_training_noise
+from .builders import build_dataset, load_trained_model, with_training_noise
 from .distributed import resolve_device
+from .eval_data import eval_data_config
 from .mining import BLOCK, DEFAULT_K, _positive, check_k, mine_embeddings, mine_pair_model
 
 
@@ -33,7 +34,7 @@ def mine_checkpoint(
     block_size: int = BLOCK,
 ) -> OfflineNegatives:
     """Load a ``vlret train`` checkpoint, read ``split`` of the data folder ``data`` with the
-    checkpoint's data settings (:func:`~vlret.train.builders.eval_data_config`, as ``vlret
+    checkpoint's data settings (:func:`~vlret.train.eval_data.eval_data_config`, as ``vlret
     eval``) and mine it; the header records the checkpoint, split, scoring, model kind and the
     split's :func:`~vlret.data.offline_negatives.split_fingerprint` (its image ids, captions
     and clean pairs, checked when the file is used for training). On

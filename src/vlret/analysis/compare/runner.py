@@ -171,7 +171,8 @@ def _check_eval_data(
     that protocol's format) and check the protocol's folds against its images; captions are
     not encoded (no vocabulary yet). A problem is a :class:`CompareError` naming
     ``compare.split`` and ``compare.protocol``. ``opened``: the settings already checked."""
-    from ...train.builders import build_dataset, eval_data_config, person_search_eval_data
+    from ...train.builders import build_dataset
+    from ...train.eval_data import eval_data_config, person_search_eval_data
     from ...train.evaluate import STREAM_FORMATS, karpathy_eval_data
 
     run_data = spec.config.data
