@@ -14,7 +14,13 @@ from torch.utils.data import DataLoader
 
 from train_helpers import assert_same_params, model_params, tiny_data, tiny_raw
 from vlret.cli import main
-from vlret.data.offline_negatives import OfflineNegatives, load_offline_negatives
+from vlret.data.offline_negatives import (
+    FINGERPRINT,
+    OfflineNegatives,
+    load_offline_negatives,
+    split_fingerprint,
+)
+from vlret.data.precomp import PrecompDataset
 from vlret.losses import aoq_loss
 from vlret.train import Trainer
 from vlret.train.builders import build_encoder, build_train_dataset
@@ -24,14 +30,18 @@ from vlret.train.mining import mine_embeddings
 CPI = 5  # captions per image of the tiny precomp folder (8 train images, 40 captions)
 
 
-def mined_file(tmp_path, *, k=4, seed=0, txt_to_img=None):
-    """A mined .npz of the tiny train split from random embeddings (its own positives out)."""
+def mined_file(tmp_path, *, k=4, seed=0, txt_to_img=None, data=None):
+    """A mined .npz of the tiny train split from random embeddings (its own positives out);
+    with ``data`` (the tiny precomp folder) it records that split's fingerprint, as `vlret
+    mine-negatives` does, else it is a file written before fingerprints (accepted, warned)."""
     g = torch.Generator().manual_seed(seed)
     t2i = torch.arange(8).repeat_interleave(CPI) if txt_to_img is None else txt_to_img
     mined = mine_embeddings(
         torch.randn(8, 6, generator=g), torch.randn(40, 6, generator=g), t2i, k=k
     )
     header = {**mined.header, "checkpoint": "first.pt", "split": "train"}
+    if data is not None:
+        header[FINGERPRINT] = split_fingerprint(PrecompDataset(data, "train"))
     arrays = (mined.i2t, mined.t2i, mined.i2t_scores, mined.t2i_scores, mined.txt_to_img)
     return OfflineNegatives(*arrays, header).save(tmp_path / f"neg{seed}.npz")
 
@@ -59,7 +69,7 @@ def released_draw(i2t, t2i, index, seed, epoch, candidates):
 
 
 def test_loader_draws_are_the_released_rule_and_the_same_with_workers(tmp_path, data):
-    negatives = mined_file(tmp_path, k=6)
+    negatives = mined_file(tmp_path, k=6, data=data)
     config = config_from_dict(aoq_raw(data, tmp_path / "run", negatives))
     encoder = build_encoder(config.data)
     ds = build_train_dataset(config.data, "train", encoder)
@@ -127,7 +137,7 @@ def test_a_noisy_pairing_draws_on_its_own_pairs(tmp_path, data):
     raw["data"].pop("offline_negatives")
     raw["loss"] = {"name": "triplet"}
     noisy = build_train_dataset(config_from_dict(raw).data, "train", None).txt_to_img
-    raw = aoq_raw(data, tmp_path / "run", mined_file(tmp_path, txt_to_img=noisy))
+    raw = aoq_raw(data, tmp_path / "run", mined_file(tmp_path, txt_to_img=noisy, data=data))
     raw["data"].update(noise_ratio=0.5, noise_seed=1)
     config = config_from_dict(raw)
     ds = build_train_dataset(config.data, "train", build_encoder(config.data))
@@ -246,7 +256,7 @@ def test_first_round_mine_then_aoq_trains_checkpoints_and_resumes_exactly(tmp_pa
 
 
 def test_bfan_trains_one_aoq_epoch_with_its_pair_scores(tmp_path, data):
-    raw = aoq_raw(data, tmp_path / "run", mined_file(tmp_path))
+    raw = aoq_raw(data, tmp_path / "run", mined_file(tmp_path, data=data))
     raw["model"] = {
         "kind": "bfan",
         "embed_dim": 8,
