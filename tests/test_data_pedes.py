@@ -275,7 +275,7 @@ def test_builders_open_the_splits_and_build_the_vocabulary_without_test(cuhk, tm
     renamed = tmp_path / "moved"
     (renamed / "imgs").mkdir(parents=True)
     (renamed / "ann.json").write_text((cuhk / "reid_raw.json").read_text())
-    from vlret.train.builders import eval_data_config
+    from vlret.train.eval_data import eval_data_config
 
     moved = eval_data_config(_config(cuhk, annotations=str(cuhk / "ann.json")).data, renamed)
     assert moved.annotations == str(renamed / "ann.json") and moved.image_root is None

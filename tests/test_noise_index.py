@@ -27,13 +27,9 @@ from vlret.data.noisy import (
 from vlret.eval.encode import encode_dataset
 from vlret.metrics import retrieval_metrics
 from vlret.train import Trainer
-from vlret.train.builders import (
-    build_dataset,
-    build_train_dataset,
-    eval_data_config,
-    load_trained_model,
-)
+from vlret.train.builders import build_dataset, build_train_dataset, load_trained_model
 from vlret.train.config import ConfigError, DataConfig, config_from_dict
+from vlret.train.eval_data import eval_data_config
 from vlret.train.evaluate import run_evaluation
 from vlret.train.run_folder import RunFolderError, check_resume_config
 

@@ -460,9 +460,10 @@ def load_pretrained_clip(
     vlret never trained (zero-shot retrieval, ``vlret eval --model-dir``): CLIP's own towers
     and projections (``proj_dim = None``, no added layer), its tokenizer, cosine scoring, and a
     stand-in run whose data is Karpathy JSON + images (the data folder's ``images/``, else the
-    folder itself; :func:`eval_data_config`). ``default_preprocessing`` (``"openai-clip"``):
-    OpenAI CLIP's preprocessing for a folder that holds no image processor file, which is
-    otherwise refused (:mod:`vlret.models.clip_folder`).
+    folder itself; :func:`~vlret.train.eval_data.eval_data_config`).
+    ``default_preprocessing`` (``"openai-clip"``): OpenAI CLIP's preprocessing for a folder
+    that holds no image processor file, which is otherwise refused
+    (:mod:`vlret.models.clip_folder`).
 
     Raises:
         FileNotFoundError: ``model_dir`` is not a directory, or lacks tokenizer or processor
