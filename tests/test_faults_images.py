@@ -617,3 +617,20 @@ def test_irra_augmentation_reads_under_data_max_image_pixels(tmp_path: Path) -> 
         karpathy_config(tmp_path, max_image_pixels=1200, train_transform="irra"), eval_transform
     )
     assert tuple(roomy(image, key=(0, 0, 0)).shape[-2:]) == (32, 32)
+
+
+def test_a_decoded_image_is_not_held_to_a_later_readers_cap(tmp_path: Path) -> None:
+    """Before: a reader that decoded under the run's raised cap (CSV, shards) handed the image
+    to CLIPImageTransform, which refused it at its own default cap, without the file's name."""
+    from vlret.models.clip import CLIPImageTransform
+
+    path = tmp_path / "wide.png"
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(path)
+    transform = CLIPImageTransform(32)
+    transform.max_pixels = 1000  # below the image: a file is refused from its header
+    with pytest.raises(ImageTooLarge, match="wide.png: 40 x 30"):
+        transform(path)
+    decoded = open_rgb(path, max_pixels=2000)  # a reader's own, higher cap
+    assert tuple(transform(decoded).shape) == (3, 32, 32)
+    with pytest.raises(ImageTooLarge, match="wide.png: 40 x 30"):  # lazily opened: still capped
+        open_rgb(Image.open(path), max_pixels=1000)

@@ -314,8 +314,10 @@ def open_rgb(
 
     Args:
         source: A path, the bytes of an image file, a binary file object (read from its
-            current position, not closed), or a PIL image (its size checked against the cap,
-            then loaded and converted; never modified).
+            current position, not closed), or a PIL image (never modified; one opened but not
+            decoded yet has its size checked against the cap before it is loaded, one already
+            decoded is only converted: its pixels are in memory, and a reader that decoded it
+            under a cap of its own, such as the run's ``data.max_image_pixels``, decides).
         max_pixels: The largest ``width * height`` read; None: no cap.
         name: What to call the image in errors, e.g. ``"shard 00003.tar member 000042.jpg"``
             (default: the path, a file object's or PIL image's file name, else ``"image"``).
@@ -331,7 +333,8 @@ def open_rgb(
     label = name if name is not None else _default_name(source)
     pil = _pil()
     if isinstance(source, pil.Image):
-        _check_cap(label, source.size, max_pixels)
+        if getattr(source, "tile", None):  # opened lazily, not decoded yet: the cap applies
+            _check_cap(label, source.size, max_pixels)
         try:
             source.load()
         except Exception as err:  # a lazily opened image whose data is bad
