@@ -539,3 +539,32 @@ def test_cli_overwrite_with_init_from_inside_the_folder_is_one_line(tmp_path, da
         "choose another output_dir"
     )
     assert (out / "last.pt").read_bytes() == (trained / "last.pt").read_bytes()
+
+
+def test_figures_tables_and_thumbnails_are_written_under_the_rule_at_the_write(tmp_path):
+    """Before: savefig, t-SNE's CSV and the report's thumbnails wrote through a link planted
+    after the command's up-front check (the report's comes minutes before its writes)."""
+    pytest.importorskip("matplotlib")
+    pil = pytest.importorskip("PIL.Image")
+    from vlret.analysis._plotting import new_figure, save_figure
+    from vlret.analysis.report.thumbs import write_thumb
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    figure = tmp_path / "out" / "curves.png"
+    figure.parent.mkdir()
+    figure.symlink_to(victim)
+    with pytest.raises(OutputPathError, match="curves.png: is a symbolic link"):
+        save_figure(new_figure((2, 2)), figure)
+    figure.unlink()
+    assert save_figure(new_figure((2, 2)), figure).read_bytes()[:4] == b"\x89PNG"
+
+    picture = tmp_path / "0.png"
+    pil.new("RGB", (8, 6), (1, 2, 3)).save(picture)
+    dataset = type("D", (), {"image_path": lambda self, i: picture})()
+    thumb = tmp_path / "report" / "thumbs" / "0.jpg"
+    thumb.parent.mkdir(parents=True)
+    thumb.symlink_to(victim)
+    with pytest.raises(OutputPathError, match="0.jpg: is a symbolic link"):
+        write_thumb(dataset, 0, tmp_path / "report")
+    assert victim.read_text() == "keep me"

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .._extras import require
+from .._files import atomic_write
 
 
 def require_matplotlib(what: str = "plotting") -> None:
@@ -30,10 +31,13 @@ def new_figure(figsize: tuple[float, float]) -> Any:
     return fig
 
 
-def save_figure(fig: Any, path: Path) -> Path:
-    """Write ``fig`` to ``path`` (its folder made), 110 dpi; returns ``path``."""
+def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``path`` (its folder made; the format from its suffix) atomically,
+    under the output-path rule (:func:`vlret._files.atomic_write`: never through a link or
+    over a device); returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fmt = path.suffix[1:].lower() or "png"
+    atomic_write(path, lambda fh: fig.savefig(fh, dpi=dpi, format=fmt))
     return path
 
 

@@ -156,7 +156,7 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
         ValueError: The log is invalid (:func:`load_stats`).
     """
     records = load_stats(stats_file)
-    from ._plotting import require_matplotlib
+    from ._plotting import require_matplotlib, save_figure
 
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -192,6 +192,4 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    target = out / FIGURE_NAME
-    fig.savefig(target, dpi=120)
-    return [target]
+    return [save_figure(fig, out / FIGURE_NAME, dpi=120)]

@@ -120,8 +120,7 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
         ax.set_aspect("equal")
     fig.colorbar(mesh, ax=axes, shrink=0.85, label="triplet weight T")
     fig.suptitle("GOAL triplet weights (Fig. 2)")
-    path = out_dir / "goal_triplet_weights.png"
-    fig.savefig(path, dpi=110)
+    path = save_figure(fig, out_dir / "goal_triplet_weights.png")
     plt.close(fig)
     paths.append(path)
 
@@ -139,8 +138,7 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(r"GOAL pair weights (Fig. 3): $\alpha=2$, $\beta=10$, $\lambda=0.5$")
-    path = out_dir / "goal_pair_weights.png"
-    fig.savefig(path, dpi=110)
+    path = save_figure(fig, out_dir / "goal_pair_weights.png")
     plt.close(fig)
     paths.append(path)
     return paths

@@ -23,6 +23,7 @@ image index, ``caption``: the caption index of a text, empty for an image, ``gro
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,21 +267,22 @@ def write_tsne(points: TsnePoints, out: str | Path) -> list[Path]:
     fig.tight_layout()
     png = save_figure(fig, out)
     table = out.with_suffix(".csv")
-    with open(table, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["modality", "image", "caption", "group", "x", "y"])
-        for i in range(len(points.modality)):
-            cap = points.caption[i]
-            writer.writerow(
-                [
-                    points.modality[i],
-                    points.image[i],
-                    "" if cap is None else cap,
-                    points.group[i] or "",
-                    repr(float(xy[i, 0])),
-                    repr(float(xy[i, 1])),
-                ]
-            )
+    rows = io.StringIO(newline="")  # written whole, atomically, under the output-path rule
+    writer = csv.writer(rows)
+    writer.writerow(["modality", "image", "caption", "group", "x", "y"])
+    for i in range(len(points.modality)):
+        cap = points.caption[i]
+        writer.writerow(
+            [
+                points.modality[i],
+                points.image[i],
+                "" if cap is None else cap,
+                points.group[i] or "",
+                repr(float(xy[i, 0])),
+                repr(float(xy[i, 1])),
+            ]
+        )
+    atomic_write_text(table, rows.getvalue())
     meta = out.with_suffix(".json")
     atomic_write_text(meta, json.dumps({**s, "points": points.counts()}, indent=2) + "\n")
     return [png, table, meta]

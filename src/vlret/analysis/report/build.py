@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..._files import atomic_write_text
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS
 from .attention import WordAttention, pair_model, query_attention
 from .data import DIRECTIONS, ReportData, collect_report
 from .html import rank_histogram, render_html
@@ -108,18 +110,20 @@ def write_report(
     if model is not None:
         boxes = load_boxes(folder, data.split, n_images=len(data.image_ids))
     rendered = world_pictures(folder, data.split)  # a synthetic world read from its features
+    # the run's data.max_image_pixels, which the data set's (capped) image transform holds
+    cap = getattr(getattr(dataset, "image_transform", None), "max_pixels", DEFAULT_MAX_IMAGE_PIXELS)
     thumbs: dict[int, Thumb] = {}
     for index in sorted(_shown_images(data)):
-        thumb = write_thumb(dataset, index, out, fallback=rendered)
+        thumb = write_thumb(dataset, index, out, fallback=rendered, max_pixels=cap)
         if thumb is not None:
             thumbs[index] = thumb
     n_gallery = {"i2t": len(data.captions), "t2i": len(data.image_ids)}
     histograms = {d: rank_histogram(data.ranks[d].numpy(), n_gallery[d]) for d in DIRECTIONS}
     record = report_record(data, histograms, thumbs)
     page = render_html(data, record["evaluation"], histograms, thumbs, boxes)
-    (out / "index.html").write_text(page, encoding="utf-8")
+    atomic_write_text(out / "index.html", page)  # the output-path rule, again at the write
     text = json.dumps(_jsonable(record), indent=1, ensure_ascii=False)
-    (out / "report.json").write_text(text + "\n", encoding="utf-8")
+    atomic_write_text(out / "report.json", text + "\n")
     return out / "index.html"
 
 

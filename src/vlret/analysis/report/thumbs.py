@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..._extras import require
+from ..._files import atomic_write
 from ..._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 
 #: the longest side of a thumbnail, pixels
@@ -110,7 +111,7 @@ def write_thumb(
     rel = f"thumbs/{index}.jpg"
     path = out / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    picture.save(path, format="JPEG", quality=85)
+    atomic_write(path, lambda fh: picture.save(fh, format="JPEG", quality=85))
     return Thumb(rel, picture.width, picture.height, *source_size)
 
 
