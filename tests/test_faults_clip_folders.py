@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -325,3 +326,23 @@ def test_item7_training_on_a_clip_folder_without_tokenizer_files_is_refused(tmp_
     data = DataConfig(root=str(tmp_path), format="karpathy", tokenizer=str(other))
     encoder = build_encoder(data, model={"kind": "clip", "path": str(folder)})
     assert encoder.encode("the cat") == parts[1]("the cat")["input_ids"]
+
+
+def test_item6_a_checkpoint_trained_on_a_folder_without_processor_still_evaluates(tmp_path, parts):
+    """A checkpoint of a run trained before such folders were refused (OpenAI CLIP's
+    preprocessing, silently) is rebuilt with that preprocessing, with a warning naming the
+    folder, instead of being refused; a folder with a processor file is read as it says."""
+    from vlret.models import build_model
+    from vlret.train.builders import stored_run
+
+    data = {"root": str(tmp_path), "format": "karpathy"}
+    bare = write_folder(tmp_path / "bare", parts, "none")
+    with pytest.warns(UserWarning, match=r"bare holds no processor_config.json or preprocessor"):
+        run = stored_run({"data": data, "model": {"kind": "clip", "path": str(bare)}}, source="x")
+    assert run.model["default_preprocessing"] == "openai-clip"
+    assert build_model(run.model).image_transform.crop == (32, 32)
+    saved = write_folder(tmp_path / "v5", parts, "v5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = stored_run({"data": data, "model": {"kind": "clip", "path": str(saved)}}, source="x")
+    assert run.model.get("default_preprocessing") is None

@@ -7,6 +7,7 @@ checkpoint).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -420,6 +421,7 @@ def stored_run(raw: Any, *, source: str) -> StoredRun:
     scoring = model.get("scoring")
     if scoring is None:  # written before the model carried it
         scoring = "dot" if params.get("normalize", True) is False else "cosine"
+    model = _with_trained_preprocessing(model, source)
     return StoredRun(
         data=data,
         model={**model, "scoring": scoring},
@@ -427,6 +429,33 @@ def stored_run(raw: Any, *, source: str) -> StoredRun:
         loss=LossConfig(str(loss_raw.get("name", "")), params),
         source=source,
     )
+
+
+def _with_trained_preprocessing(model: dict[str, Any], source: str) -> dict[str, Any]:
+    """A stored local CLIP whose folder holds no image processor file was trained with OpenAI
+    CLIP's preprocessing (vlret used it for such a folder before it refused one): its model
+    section gets ``default_preprocessing = "openai-clip"``, with a warning naming the folder,
+    so the checkpoint is evaluated as it was trained instead of refused. A folder with a
+    processor file is read as it says (:mod:`vlret.models.clip_folder`)."""
+    path = model.get("path")
+    if model.get("kind") != "clip" or not path or model.get("default_preprocessing") is not None:
+        return model
+    from ..models.clip_folder import find_image_processor
+
+    try:
+        found = find_image_processor(str(path)) if Path(str(path)).is_dir() else True
+    except ValueError:  # a broken processor file: loading the model names it
+        found = True
+    if found is not None:
+        return model
+    warnings.warn(
+        f"{source}: {path} holds no processor_config.json or preprocessor_config.json; its "
+        "images are preprocessed as OpenAI CLIP's (default_preprocessing 'openai-clip'), as "
+        "vlret trained on such a folder before it refused one; if the folder held a processor "
+        "file when this checkpoint was trained, put it back",
+        stacklevel=3,
+    )
+    return {**model, "default_preprocessing": "openai-clip"}
 
 
 def load_trained_model(
