@@ -417,6 +417,10 @@ def test_a_run_refused_by_a_late_check_leaves_no_folder_and_the_retry_starts(tmp
     assert not out.exists()  # before: config.yaml, vocab.json and metrics.jsonl
     Trainer(tiny_config(data, out, QUICK)).fit()  # no --overwrite, no --resume needed
     assert (out / "last.pt").is_file()
+    nested = tmp_path / "runs" / "exp" / "seed0"  # the parents it made go too
+    with pytest.raises(ConfigError, match="optim.warmup_steps"):
+        Trainer(tiny_config(data, nested, COSINE_TOO_LONG))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_overwrite_deletes_nothing_when_the_new_run_is_refused(tmp_path, data, trained):

@@ -216,6 +216,17 @@ def clear_run_folder(folder: str | Path) -> list[str]:
     return removed
 
 
+def missing_folders(path: str | Path) -> list[Path]:
+    """The folders of ``path`` that do not exist yet, ``path`` first, then its missing parents:
+    what creating it makes, and what a run refused before writing anything removes again."""
+    missing: list[Path] = []
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
 def prepare_run_folder(
     output_dir: str | Path,
     *,

@@ -76,6 +76,7 @@ from .run_folder import (
     check_select_on,
     check_stream_resume,
     clear_run_folder,
+    missing_folders,
     prepare_run_folder,
     read_state,
     replaces_run,
@@ -141,7 +142,7 @@ class Trainer(TrainerState):
         # Folder and checkpoint problems before the (slow) vocabulary and data; the folder is
         # locked before anything in it is read, and nothing in it is written or deleted before
         # every check has passed (the end of _build).
-        created = not Path(config.output_dir).exists()
+        created = missing_folders(config.output_dir)
         #: Records for metrics.jsonl made while building, written once the checks passed.
         self._pending_records: list[dict[str, Any]] = []
         try:
@@ -159,9 +160,10 @@ class Trainer(TrainerState):
             self._build(config, resume, hooks, loss_step)
         except BaseException:
             self.release_lock()
-            if created and self.is_main:  # a refused run leaves no empty folder behind
-                with contextlib.suppress(OSError):
-                    Path(config.output_dir).rmdir()
+            if self.is_main:  # a refused run leaves none of the folders it made behind
+                for folder in created:
+                    with contextlib.suppress(OSError):  # one that now holds a file stays
+                        folder.rmdir()
             raise
 
     def _lock_folder(self, folder: Path) -> None:
