@@ -97,7 +97,7 @@ def test_item6_a_folder_without_processor_file_is_refused(tmp_path, parts, datas
 
 
 def test_item6_openai_clip_defaults_are_a_named_opt_in(tmp_path, parts, datasets, capsys):
-    from vlret.cli.zeroshot import DEFAULT_PREPROCESSINGS as CLI_CHOICES
+    from vlret.cli._common import DEFAULT_PREPROCESSINGS as CLI_CHOICES
     from vlret.models import build_model
     from vlret.models.clip import CLIP_MEAN, CLIP_STD, CLIPImageTransform
     from vlret.models.clip_folder import DEFAULT_PREPROCESSINGS

@@ -15,6 +15,11 @@ EXIT_ERROR = 2
 #: Ctrl-C, or a run that stopped at a signal after writing its checkpoint (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 
+#: ``--default-preprocessing`` of ``vlret zeroshot`` and ``vlret eval --model-dir``:
+#: :data:`vlret.models.clip_folder.DEFAULT_PREPROCESSINGS`, written out (the parsers import no
+#: torch; a test holds the two equal).
+DEFAULT_PREPROCESSINGS = ("openai-clip",)
+
 #: The modules of the ``train`` extra (PyYAML for a run folder's config.yaml, tqdm for the
 #: progress bars) that commands training, evaluating or writing run folders import.
 TRAIN_EXTRA_MODULES = ("yaml", "tqdm")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_OK, fail, positive_int, require_train_extra
+from ._common import DEFAULT_PREPROCESSINGS, EXIT_OK, fail, positive_int, require_train_extra
 
 NAME = "eval"
 
@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--default-preprocessing",
-        choices=("openai-clip",),  # vlret.models.clip_folder.DEFAULT_PREPROCESSINGS
+        choices=DEFAULT_PREPROCESSINGS,
         help="with --model-dir, a folder holding no processor_config.json or "
         "preprocessor_config.json: preprocess images as OpenAI's CLIP does (bicubic resize of "
         "the shorter side, centre crop, CLIP's mean and std) instead of refusing it",

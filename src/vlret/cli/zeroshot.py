@@ -10,11 +10,9 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_OK, fail, positive_int, require_train_extra
+from ._common import DEFAULT_PREPROCESSINGS, EXIT_OK, fail, positive_int, require_train_extra
 
 NAME = "zeroshot"
-#: vlret.models.clip_folder.DEFAULT_PREPROCESSINGS, written out: the parser imports no torch
-DEFAULT_PREPROCESSINGS = ("openai-clip",)
 
 #: The ``pretrained`` tag of the JSON record, per kind of ``--model``.
 PRETRAINED_TAGS = {"checkpoint": "vlret", "hf": "hf-clip"}

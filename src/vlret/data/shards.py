@@ -513,9 +513,8 @@ class ShardDevSet(RetrievalDataset):
         self.image_transform, self.encoder = image_transform, encoder
 
     def image_source(self, index: int) -> Any:
-        pil = require("PIL.Image", "decoding shard images")
-        with pil.open(io.BytesIO(self._images[index])) as opened:
-            return opened.convert("RGB")
+        # read the way decode_sample read it when the set was built (it passed the cap then)
+        return open_rgb(self._images[index], max_pixels=None, name=f"dev image {index}")
 
     def image(self, index: int) -> Any:
         image = self.image_source(index)

@@ -235,7 +235,8 @@ def epoch_summary(
     epoch's and the best dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
     ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
     the bad training samples skipped in the epoch (shown for shards and CSV only);
-    ``dev_skipped``: the bad samples the dev set left out (shown when it counts them)."""
+    ``dev_skipped``: the bad samples the dev set left out (shown when there are any: the dev
+    set is read once, so the count is the same every epoch; ``metrics.jsonl`` records it)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"
     if dev_loss is not None:
         line += f", dev loss {dev_loss:.4g}"
@@ -245,7 +246,7 @@ def epoch_summary(
         line += f", dev {select_on} {dev_value:.2f} (best {best}{at})"
     if skipped is not None:
         line += f", {_plural(skipped, 'bad sample')} skipped"
-    if dev_skipped is not None:
+    if dev_skipped:
         line += f", {_plural(dev_skipped, 'bad dev sample')} left out"
     return f"{line}, {seconds:.1f} s"
 
