@@ -213,11 +213,12 @@ class _CsvReading:
         for k, field in enumerate(fields):
             name = repr(self.header[k]) if k < len(self.header) else f"#{k + 1}"
             if _END in field:
+                swallowed = self.lines.count - start
+                tail = f", swallowing its last {swallowed} lines" if swallowed else ""
                 raise DataFormatError(
                     self.path,
                     f"a quote opened in field {name} is never closed: the field runs to the "
-                    f"end of the file, swallowing its last {self.lines.count - start} lines; "
-                    f"{self.so_far()}",
+                    f"end of the file{tail}; {self.so_far()}",
                     line=start,
                 )
             if not self.multiline and ("\n" in field or "\r" in field):
