@@ -34,7 +34,7 @@ leaves the bad ones out (with their captions) and counts them in ``skipped``.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 from .._images import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, open_rgb
-from .bad_samples import check_dev_fraction
+from .bad_samples import SkipsBadImages, check_dev_fraction
 from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim
-from .dataset import CaptionEncoder, RetrievalBatch, RetrievalDataset, RetrievalItem
+from .dataset import CaptionEncoder
 
 
 @dataclass(frozen=True)
@@ -233,13 +233,9 @@ class _CsvReading:
                 )
 
 
-class _Replacement(RetrievalItem):
-    """The item served in place of a row whose image could not be read (counted by
-    :meth:`CsvPairsDataset.collate`)."""
-
-
-class CsvPairsDataset(RetrievalDataset):
-    """The pairs of a CSV / TSV file as a :class:`RetrievalDataset` (module docstring).
+class CsvPairsDataset(SkipsBadImages):
+    """The pairs of a CSV / TSV file as a :class:`~vlret.data.dataset.RetrievalDataset` (module
+    docstring); bad images are skipped as :class:`~vlret.data.bad_samples.SkipsBadImages` says.
 
     ``image(i)`` is ``image_transform(pil_image)`` or the RGB PIL image without a transform
     (read by :func:`vlret._images.open_rgb` under ``max_image_pixels``); ``image_ids`` are the
@@ -256,16 +252,12 @@ class CsvPairsDataset(RetrievalDataset):
         multiline: Whether fields may hold line breaks (``data.csv_multiline``).
         max_image_pixels: The pixel cap (``data.max_image_pixels``; None: none).
         skip_bad: Training: serve the next readable row in place of a row whose image is bad
-            and count it in the batch's ``skipped`` (otherwise reading it raises the one-line
-            :class:`~vlret._images.ImageReadError`).
+            and count it in the batch's ``skipped`` (:meth:`skip_bad_images`; otherwise
+            reading it raises the one-line :class:`~vlret._images.ImageReadError`).
         max_bad_fraction: ``data.max_bad_fraction``, the epoch's share of bad rows that stops
             a run (:func:`vlret.data.bad_samples.check_bad_fraction`).
         key: The config key of the file, named in errors (``data.csv``, ``data.dev_csv``).
     """
-
-    bad_causes = (
-        "image files that are not images, corrupt, unreadable or over data.max_image_pixels"
-    )
 
     def __init__(
         self,
@@ -295,10 +287,11 @@ class CsvPairsDataset(RetrievalDataset):
         self.image_transform = image_transform
         self.encoder = encoder
         self.max_image_pixels = max_image_pixels
-        self.counts_skipped, self.max_bad_fraction, self.bad_key = skip_bad, max_bad_fraction, key
+        self.max_bad_fraction, self.bad_key = max_bad_fraction, key
+        if skip_bad:
+            self.skip_bad_images(key=key, max_bad_fraction=max_bad_fraction)
         #: Images a dev set left out (:meth:`keep_readable`).
         self.skipped = 0
-        self._bad_images: set[int] = set()  # this process's images known not to read
         index: dict[str, int] = {}
         txt_to_img = []
         for row in self.rows:
@@ -309,6 +302,11 @@ class CsvPairsDataset(RetrievalDataset):
             self._first_line[row.image] = row.line
         self.captions = [row.caption for row in self.rows]
         self.txt_to_img = torch.tensor(txt_to_img, dtype=torch.long)
+
+    @property
+    def bad_listing(self) -> Path:
+        """The CSV file."""
+        return self.path
 
     @property
     def source_summary(self) -> str:
@@ -341,46 +339,6 @@ class CsvPairsDataset(RetrievalDataset):
         """Image ``index`` as ``image_transform(image)``, or the RGB PIL image without one."""
         image = self.image_source(index)
         return self.image_transform(image) if self.image_transform is not None else image
-
-    def __getitem__(self, index: int) -> RetrievalItem:
-        if not self.counts_skipped:
-            return super().__getitem__(index)
-        try:
-            return self._readable(index)
-        except ImageReadError:
-            return self._replacement(index)
-
-    def _readable(self, index: int) -> RetrievalItem:
-        img = int(self.txt_to_img[index % len(self)])
-        if img in self._bad_images:
-            raise ImageReadError(self.image_ids[img], "known not to read")
-        try:
-            return super().__getitem__(index)
-        except ImageReadError:
-            self._bad_images.add(img)
-            raise
-
-    def _replacement(self, index: int) -> RetrievalItem:
-        """The next row after ``index`` (wrapping round) whose image reads."""
-        n = len(self)
-        for step in range(1, n):
-            try:
-                return _Replacement(*self._readable((index + step) % n))
-            except ImageReadError:
-                continue
-        raise DataFormatError(
-            self.path,
-            f"none of its {self.num_images} images can be read ({self.bad_causes}); "
-            f"{self.bad_key} has no usable row",
-        )
-
-    def collate(self, items: Sequence[RetrievalItem]) -> RetrievalBatch:
-        """``collate_fn`` of the training DataLoader: the batch, with ``skipped`` the rows
-        whose image was replaced."""
-        batch = super().collate(items)
-        if self.counts_skipped:
-            batch.skipped = sum(isinstance(it, _Replacement) for it in items)  # type: ignore[attr-defined]
-        return batch
 
     def keep_readable(self, *, max_images: int | None, max_bad_fraction: float) -> None:
         """Keep the first ``max_images`` images that read (all: None) with their captions,

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
+from .bad_samples import SkipsBadImages
 from .captioning_files import read_captions_file
 from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim, read_json
-from .dataset import CaptionEncoder, RetrievalDataset
+from .dataset import CaptionEncoder
 from .vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
@@ -312,14 +313,15 @@ def _as_data(source: str | Path | KarpathyData) -> KarpathyData:
     return source if isinstance(source, KarpathyData) else read_karpathy_json(source)
 
 
-class KarpathyDataset(RetrievalDataset):
+class KarpathyDataset(SkipsBadImages):
     """One split of a Karpathy JSON, for end-to-end fine-tuning (e.g. CLIP) on image files.
 
     ``image(i)`` is ``image_transform(path)`` (e.g. PIL loading and CLIP preprocessing, which
     live with the encoders) or, without a transform, the image's ``Path``. A run puts the
     transform behind ``data.max_image_pixels`` (:func:`vlret.data.transforms.capped`): an
     image over the cap, or one that does not decode, is one line naming its file
-    (:class:`vlret._images.ImageReadError`). ``text_field`` picks
+    (:class:`vlret._images.ImageReadError`), except in a training split, which skips and counts
+    it (:meth:`~vlret.data.bad_samples.SkipsBadImages.skip_bad_images`). ``text_field`` picks
     ``raw`` captions or ``tokens`` joined by spaces. ``image_ids`` are ``cocoid`` for COCO and
     ``imgid`` otherwise (the ids that ``{split}_ids.txt`` of the precomputed format uses).
 
@@ -415,6 +417,16 @@ class KarpathyDataset(RetrievalDataset):
                 captions.append(s.raw.strip() if text_field == "raw" else " ".join(s.tokens))
                 txt_to_img.append(i)
         return captions, txt_to_img
+
+    @property
+    def reads_image_files(self) -> bool:
+        """Whether items are read from image files (built with ``image_root``)."""
+        return self.image_root is not None
+
+    @property
+    def bad_listing(self) -> Path:
+        """The Karpathy JSON."""
+        return self.data.path
 
     def image_path(self, index: int) -> Path:
         """The file of image ``index``; raises ``ValueError`` without ``image_root``."""

@@ -484,6 +484,8 @@ class OfflineNegativesDataset:
         n = len(items)
         main, extra = _rows(full, 0, n), _rows(full, n, 3 * n)
         main.offline = extra
+        if hasattr(full, "skipped"):  # the base set's replaced items (bad_samples)
+            main.skipped = full.skipped  # type: ignore[attr-defined]
         return main
 
 

@@ -29,6 +29,7 @@ from ..data import (
     check_features,
     load_hf_tokenizer,
 )
+from ..data.bad_samples import SkipsBadImages
 from ..data.captioning_files import captions_vocab_splits, split_captions_args
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.precomp import load_precomp_captions
@@ -268,10 +269,15 @@ def build_train_dataset(
     With ``data.offline_negatives`` (AOQ) the set is then wrapped so each item also yields its
     offline negatives (:class:`~vlret.data.offline_negatives.OfflineNegativesDataset`, drawing
     among the first ``data.offline_candidates``), after the file was checked against the set's
-    sizes and its training pairs (``txt_to_img``, the noisy ones under noise)."""
-    dataset = with_training_noise(
-        data, build_dataset(data, split, encoder, image_transform=image_transform)
-    )
+    sizes and its training pairs (``txt_to_img``, the noisy ones under noise).
+
+    A split read from image files (Karpathy, person search) skips and counts its bad images,
+    named by ``data.image_root`` when too many (:class:`~vlret.data.bad_samples.SkipsBadImages`);
+    the other builders keep the one-line error naming the file."""
+    dataset = build_dataset(data, split, encoder, image_transform=image_transform)
+    if isinstance(dataset, SkipsBadImages):
+        dataset.skip_bad_images(key="data.image_root", max_bad_fraction=data.max_bad_fraction)
+    dataset = with_training_noise(data, dataset)
     if data.offline_negatives is None:
         return dataset
     return cast("RetrievalDataset", with_offline_negatives(data, dataset, split))

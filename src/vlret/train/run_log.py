@@ -161,9 +161,10 @@ def epoch_record(
     learning rate, the time, the selection (``select_on``, the dev metric ``best.pt``
     maximises; its best value as ``best_metric`` and again as ``best_<select_on>``, e.g.
     ``best_rsum`` or ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix,
-    (shards, CSV) the epoch's bad training samples skipped as ``skipped`` and, for a dev set
-    that leaves its bad samples out when it is read (:mod:`vlret.data.bad_samples`), their
-    count as ``dev_skipped``."""
+    the epoch's bad training samples skipped as ``skipped`` (a training set that skips them:
+    :func:`vlret.data.bad_samples.counts_skipped`) and, for a dev set that leaves its bad
+    samples out when it is read (:mod:`vlret.data.bad_samples`), their count as
+    ``dev_skipped``."""
     name = trainer.select_on
     dev_skipped = getattr(trainer.dev_set, "skipped", None)
     return {
@@ -234,7 +235,7 @@ def epoch_summary(
     split (:mod:`.dev_loss`; shown when computed); ``dev_value`` / ``best_value``: this
     epoch's and the best dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
     ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
-    the bad training samples skipped in the epoch (shown for shards and CSV only);
+    the bad training samples skipped in the epoch (shown where they are counted);
     ``dev_skipped``: the bad samples the dev set left out (shown when there are any: the dev
     set is read once, so the count is the same every epoch; ``metrics.jsonl`` records it)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"

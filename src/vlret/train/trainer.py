@@ -291,7 +291,7 @@ class Trainer(TrainerState):
         self.best_metric: float | None = None  # the best dev value of select_on
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
-        self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad shard samples
+        self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad samples (bad_samples)
         self._check_schedule_length()
         if self.is_main and not self._replace_run:  # a resumed run's recorded noise index
             check_noise_record(self.train_set, self.output_dir)
@@ -511,7 +511,7 @@ class Trainer(TrainerState):
         if value is not None and (self.best_metric is None or value > self.best_metric):
             self.best_metric, self.best_epoch, improved = float(value), self.epoch, True
         finished_epoch = self.epoch
-        # the bad samples of shards or a CSV over all ranks (every rank takes part)
+        # the bad training samples over all ranks (every rank takes part; bad_samples)
         skipped = epoch_skipped(self.train_set, self.epoch_skipped, device=self.device)
         self.epoch += 1
         self.batch_in_epoch = 0
@@ -529,7 +529,7 @@ class Trainer(TrainerState):
         self._log(record)
         if self.print_fn is not None:
             self.print_fn(epoch_line(self, record, dev_value=value))
-        used = self.sampler.num_batches() * tc.batch_size  # shards, CSV: after the line
+        used = self.sampler.num_batches() * tc.batch_size  # after the line
         check_bad_fraction(skipped, self.train_set, used=used)
         if self.dev_set is None and self.epoch == tc.epochs:
             self.best_epoch, improved = finished_epoch, True

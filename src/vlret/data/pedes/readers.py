@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..bad_samples import SkipsBadImages
 from ..checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
@@ -36,7 +37,7 @@ from ..checks import (
     find_non_finite,
     load_feature_array,
 )
-from ..dataset import CaptionEncoder, LazyFeatures, RetrievalBatch, RetrievalDataset, RetrievalItem
+from ..dataset import CaptionEncoder, LazyFeatures, RetrievalBatch, RetrievalItem
 from .common import (
     IMAGE_FOLDER,
     PedesData,
@@ -49,8 +50,11 @@ from .common import (
 )
 
 
-class PersonSearchDataset(RetrievalDataset):
-    """One split of a person-search annotation file (module docstring).
+class PersonSearchDataset(SkipsBadImages):
+    """One split of a person-search annotation file (module docstring). A training split read
+    from image files skips and counts its bad images
+    (:meth:`~vlret.data.bad_samples.SkipsBadImages.skip_bad_images`); elsewhere a bad image is
+    the one-line :class:`~vlret._images.ImageReadError` naming the file.
 
     Args:
         source: The annotation JSON or its parsed :class:`~vlret.data.pedes.PedesData`.
@@ -180,6 +184,16 @@ class PersonSearchDataset(RetrievalDataset):
                 f"{len(self.entries)} images of the {self.split} split are missing under "
                 f"{self.image_root})",
             )
+
+    @property
+    def reads_image_files(self) -> bool:
+        """Whether items are read from image files (not ``features_dir``)."""
+        return self._features is None
+
+    @property
+    def bad_listing(self) -> Path:
+        """The annotation file."""
+        return self.data.path
 
     def image_path(self, index: int) -> Path:
         """The file of image ``index``."""
