@@ -232,6 +232,29 @@ def test_a_symlinked_lock_file_is_refused_and_what_it_leads_to_is_untouched(tmp_
     assert (out / LOCK_FILE).is_symlink()  # not removed at exit either
 
 
+def test_a_hard_linked_lock_file_is_refused_and_its_other_name_untouched(tmp_path):
+    """Before: a hard link at output_dir/.vlret.lock was opened as the lock, so the file behind
+    its other name was truncated, filled with the lock record, and the name removed at exit."""
+    out = tmp_path / "run"
+    out.mkdir()
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    os.link(victim, out / LOCK_FILE)
+    with pytest.raises(LockFileRefused, match=r"the run lock is a hard link \(2 names"):
+        acquire_run_lock(out)
+    assert victim.read_text() == "precious" and (out / LOCK_FILE).exists()
+
+
+def test_an_unreadable_lock_file_is_not_called_a_run_no_longer_running(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_bytes(b"\xff\xfe garbage")
+    notes: list[str] = []
+    acquire_run_lock(out, notify=notes.append).release()
+    assert len(notes) == 1 and "no longer running" not in notes[0]
+    assert "records no holder vlret can read" in notes[0]
+
+
 def test_a_dangling_lock_link_creates_nothing_through_the_cli(tmp_path, data, capsys):
     out = tmp_path / "run"
     out.mkdir()

@@ -154,7 +154,12 @@ def takeover_note(folder: Path, stale: dict[str, Any]) -> str:
             f"{folder}: took over the lock released by a run on another host ({old}); "
             "whether it still runs there cannot be checked from here"
         )
-    start = _proc_start(pid) if pid else None  # pid 0: not recorded as a process id
+    if not pid:  # a lock file vlret cannot read, or one without a process id
+        return (
+            f"{folder}: took over the lock; its lock file records no holder vlret can read "
+            f"({old}), and the lock was free"
+        )
+    start = _proc_start(pid)
     if start is None:
         return f"{folder}: took over the lock left by a run that is no longer running ({old})"
     recorded_start, recorded_boot = stale.get("proc_start"), stale.get("boot_id")
@@ -282,10 +287,18 @@ def _open_lock_file(path: Path) -> int:
         if err.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # replaced between the checks
             _refuse_unless_regular(path)
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    opened = os.fstat(fd)
+    if not stat.S_ISREG(opened.st_mode):
         os.close(fd)
         _refuse_unless_regular(path)
         raise LockFileRefused(f"{path}: the run lock is not a regular file")  # pragma: no cover
+    if opened.st_nlink > 1:  # another name of the same file: writing the lock would change it
+        os.close(fd)
+        raise LockFileRefused(
+            f"{path}: the run lock is a hard link ({opened.st_nlink} names for one file), not a "
+            "lock file vlret wrote; vlret neither writes nor removes it: remove it, or choose "
+            "another output_dir"
+        )
     return fd
 
 
