@@ -595,3 +595,18 @@ def test_figures_tables_and_thumbnails_are_written_under_the_rule_at_the_write(t
     with pytest.raises(OutputPathError, match="0.jpg: is a symbolic link"):
         write_thumb(dataset, 0, tmp_path / "report")
     assert victim.read_text() == "keep me"
+
+
+def test_synth_overwrite_refuses_a_link_inside_the_world_it_rewrites(tmp_path, capsys):
+    """Before: `vlret synth --overwrite` wrote train_caps.txt (and images) through a link
+    planted in the world folder, into the file it led to."""
+    victim = tmp_path / "outside.txt"
+    victim.write_text("keep me")
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "train_caps.txt").symlink_to(victim)
+    capsys.readouterr()
+    assert main(["synth", "tiny", "--out", str(world), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "train_caps.txt: is a symbolic link, inside" in err
+    assert victim.read_text() == "keep me"

@@ -246,6 +246,26 @@ def refuse_non_regular(path: str | Path, flag: str | None = None) -> None:
     )
 
 
+def refuse_non_regular_inside(folder: str | Path) -> None:
+    """The output-path rule for a command that writes plain files into an existing folder
+    (``vlret synth --overwrite``): :class:`OutputPathError` naming the first symbolic link,
+    device, FIFO or socket found anywhere under ``folder`` (links are not followed), which a
+    write into the folder would go through or replace."""
+    for top, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed
+        for name in sorted(dirs) + sorted(files):
+            path = Path(top) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            kind = _kind_of(mode)
+            if kind is not None:
+                raise OutputPathError(
+                    f"{path}: is {kind}, inside {folder}, which this command writes into; "
+                    "vlret would write through it or replace it: remove it, or choose another "
+                    "folder"
+                )
+
+
 def _existing_ancestor(path: Path) -> Path:
     parent = path
     while not parent.exists() and parent != parent.parent:

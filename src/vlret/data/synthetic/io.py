@@ -18,7 +18,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..._files import WriteFailed, atomic_write_text, check_output_dir, write_failure
+from ..._files import (
+    WriteFailed,
+    atomic_write_text,
+    check_output_dir,
+    refuse_non_regular_inside,
+    write_failure,
+)
 from ..karpathy import KarpathyImage, KarpathySentence
 from ..msrvtt import DATA_JSON, FEATURES_NPY, JSFUSION_CSV, TRAIN_9K_CSV
 from ..writers import (
@@ -485,6 +491,8 @@ def check_out_dir(root: Path, *, overwrite: bool, flag: str = "overwrite=True") 
     replaces it."""
     if root.exists() and not root.is_dir():
         raise ValueError(f"out_dir {root} exists and is not a directory")
+    if root.is_dir() and (overwrite or is_unfinished(root)):
+        refuse_non_regular_inside(root)  # the world is written into it file by file
     if overwrite or not root.is_dir() or is_unfinished(root) or not any(root.iterdir()):
         return
     meta_path = root / META_FILE
