@@ -346,3 +346,22 @@ def test_cli_runs_a_captioner(models, karpathy, tmp_path, capsys) -> None:
     assert code == 0, capsys.readouterr().err
     assert str(out) in capsys.readouterr().out
     assert read_captions_file(out, num_images=2, split="test").captions_per_image == 1
+
+
+@pytest.mark.parametrize("arch", ["git", "blip"])
+def test_a_captioner_without_tokenizer_files_is_refused(models, karpathy, tmp_path, capsys, arch):
+    """Before (issue 39, item 7's twin): transformers built a two-token stand-in tokenizer, the
+    command exited 0 and wrote nothing but empty captions."""
+    import shutil
+
+    bare = tmp_path / f"{arch}_notok"
+    shutil.copytree(models[arch], bare)
+    for name in ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt"):
+        (bare / name).unlink(missing_ok=True)
+    out = tmp_path / "caps.txt"
+    argv = ["caption", str(bare), "--data", str(karpathy), "--split", "train", "--out", str(out)]
+    capsys.readouterr()
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bare}: no tokenizer files for the {arch} captioner" in err
+    assert not out.exists()

@@ -20,7 +20,7 @@ from vlret.cli import main
 
 transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
-from clip_folder_helpers import tiny_clip_parts, write_folder  # noqa: E402  (after the skips)
+from clip_folder_helpers import tiny_clip_parts, write_folder, write_vocab  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -346,3 +346,120 @@ def test_item6_a_checkpoint_trained_on_a_folder_without_processor_still_evaluate
         warnings.simplefilter("error")
         run = stored_run({"data": data, "model": {"kind": "clip", "path": str(saved)}}, source="x")
     assert run.model.get("default_preprocessing") is None
+
+
+# ------------------------------------------------------------------------------------------
+# A tokenizer saved without model_max_length: captions are cut to the text tower's positions
+# ------------------------------------------------------------------------------------------
+
+
+def unlimited_tokenizer_folder(tmp_path: Path, parts) -> Path:
+    """``parts``' model and processor with a tokenizer built as ``CLIPTokenizer(vocab_file,
+    merges_file)`` and saved: transformers writes its "no limit" sentinel (~1e30) as
+    ``model_max_length``, while the text tower embeds only 64 positions."""
+    model, _, image_processor = parts
+    (tmp_path / "bpe").mkdir()
+    vocab_file, merges_file = write_vocab(tmp_path / "bpe")
+    tokenizer = transformers.CLIPTokenizer(str(vocab_file), str(merges_file))
+    assert tokenizer.model_max_length > 10**6
+    return write_folder(tmp_path / "clip", (model, tokenizer, image_processor), "v5")
+
+
+def long_captions_karpathy(root: Path) -> tuple[list[Path], list[str]]:
+    """Karpathy data whose captions run to ~3 times the 64 positions (the tiny BPE spells most
+    words letter by letter): ``(test image paths, test captions)``, each caption distinct within
+    its first 64 tokens."""
+    from vlret.data.writers import make_tiny_karpathy
+
+    root.mkdir()
+    path = root / "dataset_f30k.json"
+    written = make_tiny_karpathy(
+        path, dataset="f30k", splits={"train": 1, "val": 1, "test": 6}, captions_per_image=5,
+        image_root=root / "images", seed=4,
+    )  # fmt: skip
+    record = json.loads(path.read_text())
+    for image in record["images"]:
+        for sentence in image["sentences"]:
+            sentence["raw"] = f"{sentence['raw']} " + " ".join(["a long tail of words"] * 10)
+    path.write_text(json.dumps(record))
+    test = [im for im in record["images"] if im["split"] == "test"]
+    paths = [im.path(root / "images") for im in written if im.split == "test"]
+    return paths, [s["raw"] for im in test for s in im["sentences"]]
+
+
+def truncated_reference(folder: Path, images: list[Path], captions: list[str], positions: int):
+    """``(image features, text features, ids)`` by transformers alone in float64, the captions
+    padded and truncated to ``positions`` as CLIPProcessor users do."""
+    processor = transformers.CLIPImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = transformers.CLIPModel.from_pretrained(str(folder), local_files_only=True).double()
+    pixels = processor(images=[Image.open(p) for p in images], return_tensors="pt")
+    tokens = tokenizer(
+        captions, padding="max_length", truncation=True, max_length=positions, return_tensors="pt"
+    )
+    with torch.no_grad():
+        img = model.get_image_features(pixel_values=pixels["pixel_values"].double())
+        txt = model.get_text_features(**tokens)
+    img, txt = (t if isinstance(t, torch.Tensor) else t.pooler_output for t in (img, txt))
+    ids = [row[: int(n)].tolist() for row, n in zip(tokens["input_ids"], tokens["attention_mask"].sum(1))]
+    return img, txt, ids
+
+
+@pytest.mark.parametrize("loader", ["eval", "zeroshot", "train"])
+def test_a_tokenizer_without_model_max_length_is_cut_to_the_text_positions(
+    tmp_path, parts, loader
+):
+    """Each way vlret loads the folder's tokenizer (``vlret eval --model-dir``, ``vlret
+    zeroshot``, a run with ``model.path``) truncates to the text tower's 64 positions: the ids
+    and text embeddings are transformers' own on the truncated captions."""
+    from vlret.data.dataset import pad_captions
+
+    folder = unlimited_tokenizer_folder(tmp_path, parts)
+    images, captions = long_captions_karpathy(tmp_path / "f30k")
+    _, want, want_ids = truncated_reference(folder, images[:1], captions, 64)
+    if loader == "eval":
+        from vlret.train.builders import load_pretrained_clip
+
+        model, _, encoder = load_pretrained_clip(folder)
+    elif loader == "zeroshot":
+        from vlret.eval.zeroshot import load_hf_clip
+
+        model, encoder = load_hf_clip(folder)
+    else:
+        from vlret.models import build_model
+        from vlret.train.builders import build_encoder, encoder_from_state
+        from vlret.train.config import DataConfig
+
+        config = {"kind": "clip", "path": str(folder), "proj_dim": None}
+        encoder = build_encoder(DataConfig(root=str(tmp_path), format="karpathy"), model=config)
+        stored = encoder_from_state({"kind": "hf", "path": str(folder)}, model=config)
+        assert stored.max_length == encoder.max_length == 64  # a checkpoint evaluates alike
+        model = build_model(config).eval()
+    ids = [encoder.encode(c) for c in captions]
+    assert max(len(i) for i in ids) == 64 < len(parts[1](captions[0])["input_ids"])
+    assert ids == want_ids
+    padded, lengths = pad_captions([torch.tensor(i) for i in ids], pad_id=encoder.pad_id)
+    with torch.no_grad():
+        got = model.encode_texts(padded, lengths).double()
+    assert (got - want).abs().max() <= 1e-5 * float(want.abs().max())
+
+
+def test_vlret_eval_model_dir_with_long_captions_agrees_with_transformers(tmp_path, parts, capsys):
+    """``vlret eval --model-dir`` on such a folder and captions longer than 64 tokens runs (it
+    stopped in transformers' "Sequence length must be less than max_position_embeddings") and
+    gives the F30K recalls of transformers' own float64 features of the truncated captions."""
+    folder = unlimited_tokenizer_folder(tmp_path, parts)
+    images, captions = long_captions_karpathy(tmp_path / "f30k")
+    out = tmp_path / "eval.json"
+    argv = [*eval_model_dir(folder, tmp_path / "f30k"), "--json", str(out), "--device", "cpu"]
+    assert main(argv) == 0, capsys.readouterr().err
+    metrics = json.loads(out.read_text())["metrics"]
+    img, txt, _ = truncated_reference(folder, images, captions, 64)
+    sim = (img / img.norm(dim=1, keepdim=True)) @ (txt / txt.norm(dim=1, keepdim=True)).T
+    owner = torch.arange(len(captions)) // 5
+    t2i = [(sim[:, t] > sim[owner[t], t]).sum().item() for t in range(len(captions))]
+    i2t = [(sim[i] > sim[i, owner == i].max()).sum().item() for i in range(len(images))]
+    want = {f"i2t_r{k}": 100 * np.mean([r < k for r in i2t]) for k in (1, 5, 10)}
+    want.update({f"t2i_r{k}": 100 * np.mean([r < k for r in t2i]) for k in (1, 5, 10)})
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(value, abs=1e-9), key

@@ -53,6 +53,33 @@ DEVICES = ("auto", "cpu", "cuda")
 PARTIAL_SUFFIX = ".partial"
 
 
+
+#: The files a saved tokenizer is read from, any one set complete: the fast tokenizer's
+#: ``tokenizer.json``, BERT's ``vocab.txt`` (BLIP, GIT), GPT-2's ``vocab.json`` + ``merges.txt``
+#: (OPT in BLIP-2) or a SentencePiece model (T5 in BLIP-2).
+TOKENIZER_FILE_SETS = (
+    ("tokenizer.json",),
+    ("vocab.txt",),
+    ("vocab.json", "merges.txt"),
+    ("spiece.model",),
+    ("tokenizer.model",),
+    ("sentencepiece.bpe.model",),
+)
+
+
+def _check_tokenizer_files(model_dir: Path, arch: str) -> None:
+    """Refuse a captioner folder without its tokenizer's files: transformers would build a
+    stand-in tokenizer of two tokens and every caption would decode empty."""
+    if not model_dir.is_dir():
+        return  # from_pretrained names the folder
+    if any(all((model_dir / n).is_file() for n in names) for names in TOKENIZER_FILE_SETS):
+        return
+    expected = " or ".join(" + ".join(names) for names in TOKENIZER_FILE_SETS)
+    raise CaptioningError(
+        f"{model_dir}: no tokenizer files for the {arch} captioner (expected {expected}, as "
+        "its processor's save_pretrained writes them)"
+    )
+
 class CaptioningError(ValueError):
     """Bad input to ``vlret caption`` (a one-line message naming the argument or file)."""
 
@@ -188,6 +215,7 @@ class Captioner:
             "blip2": ("Blip2ForConditionalGeneration", "Blip2Processor"),
             "git": ("AutoModelForCausalLM", "AutoProcessor"),
         }[arch]
+        _check_tokenizer_files(self.model_dir, arch)
         try:
             model_cls = getattr(transformers, classes[0])
             processor_cls = getattr(transformers, classes[1])
