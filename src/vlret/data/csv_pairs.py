@@ -224,10 +224,11 @@ class _CsvReading:
             if not self.multiline and ("\n" in field or "\r" in field):
                 sep = self.separator
                 holds = f" and {field.count(sep)} separators" if sep in field else ""
+                breaks = "1 line break" if end - start == 1 else f"{end - start} line breaks"
                 raise DataFormatError(
                     self.path,
-                    f"field {name} runs over lines {start}-{end}, holding {end - start} line "
-                    f"breaks{holds}: a quote not closed where it should be? Fields that hold "
+                    f"field {name} runs over lines {start}-{end}, holding {breaks}{holds}: "
+                    f"a quote not closed where it should be? Fields that hold "
                     f"line breaks need data.csv_multiline = true; {self.so_far()}",
                     line=start,
                 )
@@ -396,8 +397,8 @@ class CsvPairsDataset(SkipsBadImages):
             first = missing[0]
             raise DataFormatError(
                 self.path,
-                f"image file {self.image_root / first} is missing; {len(missing)} of the "
-                f"{len(ids)} images are missing under {self.image_root}",
+                f"image file {self.image_root / first} is missing or not a regular file; "
+                f"{len(missing)} of the {len(ids)} image files it names are",
                 line=self._first_line[first],
             )
 
