@@ -358,7 +358,7 @@ def unlimited_tokenizer_folder(tmp_path: Path, parts) -> Path:
     merges_file)`` and saved: transformers writes its "no limit" sentinel (~1e30) as
     ``model_max_length``, while the text tower embeds only 64 positions."""
     model, _, image_processor = parts
-    (tmp_path / "bpe").mkdir()
+    (tmp_path / "bpe").mkdir(parents=True)
     vocab_file, merges_file = write_vocab(tmp_path / "bpe")
     tokenizer = transformers.CLIPTokenizer(str(vocab_file), str(merges_file))
     assert tokenizer.model_max_length > 10**6
@@ -401,14 +401,15 @@ def truncated_reference(folder: Path, images: list[Path], captions: list[str], p
         img = model.get_image_features(pixel_values=pixels["pixel_values"].double())
         txt = model.get_text_features(**tokens)
     img, txt = (t if isinstance(t, torch.Tensor) else t.pooler_output for t in (img, txt))
-    ids = [row[: int(n)].tolist() for row, n in zip(tokens["input_ids"], tokens["attention_mask"].sum(1))]
+    ids = [
+        row[: int(n)].tolist()
+        for row, n in zip(tokens["input_ids"], tokens["attention_mask"].sum(1), strict=True)
+    ]
     return img, txt, ids
 
 
 @pytest.mark.parametrize("loader", ["eval", "zeroshot", "train"])
-def test_a_tokenizer_without_model_max_length_is_cut_to_the_text_positions(
-    tmp_path, parts, loader
-):
+def test_a_tokenizer_without_model_max_length_is_cut_to_the_text_positions(tmp_path, parts, loader):
     """Each way vlret loads the folder's tokenizer (``vlret eval --model-dir``, ``vlret
     zeroshot``, a run with ``model.path``) truncates to the text tower's 64 positions: the ids
     and text embeddings are transformers' own on the truncated captions."""
@@ -463,3 +464,25 @@ def test_vlret_eval_model_dir_with_long_captions_agrees_with_transformers(tmp_pa
     want.update({f"t2i_r{k}": 100 * np.mean([r < k for r in t2i]) for k in (1, 5, 10)})
     for key, value in want.items():
         assert metrics[key] == pytest.approx(value, abs=1e-9), key
+
+
+def test_a_smaller_model_max_length_is_kept_and_a_preset_caps_too(tmp_path, parts):
+    """A tokenizer limit below the text positions stays; a CLIP built from a preset truncates
+    ``data.tokenizer``'s captions to its own (configured) positions."""
+    from vlret.train.builders import build_encoder
+    from vlret.train.config import DataConfig
+
+    model, _, image_processor = parts
+    (tmp_path / "bpe").mkdir()
+    vocab_file, merges_file = write_vocab(tmp_path / "bpe")
+    short = transformers.CLIPTokenizer(str(vocab_file), str(merges_file), model_max_length=20)
+    folder = write_folder(tmp_path / "short", (model, short, image_processor), "v5")
+    data = DataConfig(root=str(tmp_path), format="karpathy")
+    assert build_encoder(data, model={"kind": "clip", "path": str(folder)}).max_length == 20
+    unlimited = unlimited_tokenizer_folder(tmp_path / "u", parts)
+    data = DataConfig(root=str(tmp_path), format="karpathy", tokenizer=str(unlimited))
+    preset = {"kind": "clip", "preset": "ViT-B-32"}
+    assert build_encoder(data, model=preset).max_length == 77
+    preset["config"] = {"text_config": {"max_position_embeddings": 48}}
+    encoder = build_encoder(data, model=preset)
+    assert encoder.max_length == 48 and len(encoder.encode("the cat " * 40)) == 48

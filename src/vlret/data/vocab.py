@@ -378,14 +378,23 @@ class HFTokenizer:
         tokenizer: A loaded tokenizer (callable, returning ``input_ids``).
         max_length: Truncate to this many ids; ``None`` takes the tokenizer's
             ``model_max_length`` (no truncation when that is unset or a huge sentinel).
+        max_positions: The text model's ``max_position_embeddings``, the most ids it can embed:
+            where the limit above is larger or unset, captions are truncated to it instead,
+            silently, as CLIP's own processor truncates to 77 (a tokenizer saved without
+            ``model_max_length`` reports ~1e30; the model would fail on a long caption). A
+            smaller limit is kept.
     """
 
-    def __init__(self, tokenizer: Any, *, max_length: int | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, *, max_length: int | None = None, max_positions: int | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         if max_length is None:
             model_max = getattr(tokenizer, "model_max_length", None)
             # Tokenizers without a limit report a huge sentinel (1e30): no truncation then.
             max_length = model_max if isinstance(model_max, int) and model_max < 10**6 else None
+        if max_positions is not None and (max_length is None or max_length > max_positions):
+            max_length = max_positions
         self.max_length = max_length
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
@@ -399,7 +408,9 @@ class HFTokenizer:
         return list(self.tokenizer(text, **kwargs)["input_ids"])
 
 
-def load_hf_tokenizer(path: str | Path, *, max_length: int | None = None) -> HFTokenizer:
+def load_hf_tokenizer(
+    path: str | Path, *, max_length: int | None = None, max_positions: int | None = None
+) -> HFTokenizer:
     """Load ``transformers.AutoTokenizer`` from a local directory (never the Hub).
 
     ``transformers`` is imported only here.
@@ -407,6 +418,7 @@ def load_hf_tokenizer(path: str | Path, *, max_length: int | None = None) -> HFT
     Args:
         path: The folder ``tokenizer.save_pretrained`` wrote.
         max_length: As :class:`HFTokenizer`.
+        max_positions: As :class:`HFTokenizer` (the text model's ``max_position_embeddings``).
 
     Returns:
         The wrapped tokenizer.
@@ -436,7 +448,7 @@ def load_hf_tokenizer(path: str | Path, *, max_length: int | None = None) -> HFT
             f"could not load a tokenizer ({err}); expected the files written by "
             "tokenizer.save_pretrained",
         ) from None
-    return HFTokenizer(tok, max_length=max_length)
+    return HFTokenizer(tok, max_length=max_length, max_positions=max_positions)
 
 
 __all__ = [

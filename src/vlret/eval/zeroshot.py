@@ -365,7 +365,9 @@ def load_hf_clip(
 ) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)`` of a local Hugging Face CLIP directory for zero-shot use: a
     :class:`vlret.models.RetrievalModel` of kind ``clip`` with CLIP's own projections (no
-    added layer), in eval mode, and the folder's tokenizer. Nothing is downloaded.
+    added layer), in eval mode, and the folder's tokenizer, truncating to the text tower's
+    ``max_position_embeddings`` (:func:`vlret.models.clip_folder.text_max_positions`).
+    Nothing is downloaded.
 
     The folder is checked before the weights are read: its tokenizer files
     (:func:`vlret.models.clip_folder.check_clip_tokenizer`; ``transformers`` would otherwise
@@ -387,7 +389,7 @@ def load_hf_clip(
     """
     from ..data import load_hf_tokenizer
     from ..models import build_model
-    from ..models.clip_folder import check_clip_tokenizer
+    from ..models.clip_folder import check_clip_tokenizer, text_max_positions
 
     folder = Path(path)
     if not folder.is_dir():
@@ -402,7 +404,8 @@ def load_hf_clip(
     if default_preprocessing is not None:  # a model config key only where it is used
         config["default_preprocessing"] = default_preprocessing
     model = build_model(config)
-    return model.to(check_device(device)).eval(), load_hf_tokenizer(folder)
+    tokenizer = load_hf_tokenizer(folder, max_positions=text_max_positions(folder))
+    return model.to(check_device(device)).eval(), tokenizer
 
 
 __all__ = [

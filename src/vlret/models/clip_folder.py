@@ -27,7 +27,10 @@ CLIP's mean and std), which is what vlret used before it read processor files at
 
 **Tokenizer.** ``transformers`` 5 builds a placeholder tokenizer holding only the special tokens
 when a CLIP folder has no tokenizer files (every caption becomes unknown tokens, every score
-equal); :func:`check_clip_tokenizer` refuses that folder first.
+equal); :func:`check_clip_tokenizer` refuses that folder first. Captions are truncated to the
+text tower's ``max_position_embeddings`` (:func:`text_max_positions`) where the tokenizer's own
+``model_max_length`` is larger or unset (``CLIPTokenizer(vocab_file, merges_file)`` saves
+~1e30), silently, as ``CLIPProcessor`` truncates to 77; a smaller ``model_max_length`` is kept.
 
 **Weights.** ``CLIPModel.from_pretrained`` reads ``model.safetensors`` or ``pytorch_model.bin``
 (either possibly sharded); :func:`check_clip_weights` names the folder when none is there.
@@ -291,6 +294,19 @@ def read_preprocessing(
     return None
 
 
+def _tower_int(folder: str | Path, tower: str, key: str, default: int) -> int:
+    """``folder/config.json``'s ``tower`` (``vision_config``, ``text_config``) ``key``, or
+    ``default`` (the ``transformers`` config's) when absent."""
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config}: missing; expected a CLIP config.json")
+    section = _read_json(config).get(tower) or {}
+    value = section.get(key, default) if isinstance(section, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{config}: {tower} {key} must be a positive int, got {value!r}")
+    return value
+
+
 def vision_image_size(folder: str | Path) -> int:
     """The vision config's ``image_size`` in ``folder/config.json`` (224 when absent, as
     ``CLIPVisionConfig``'s default).
@@ -299,14 +315,19 @@ def vision_image_size(folder: str | Path) -> int:
         FileNotFoundError: No ``config.json``.
         ValueError: It is not a JSON object, or the size is not a positive int.
     """
-    config = Path(folder) / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{config}: missing; expected a CLIP config.json")
-    vision = _read_json(config).get("vision_config") or {}
-    size = vision.get("image_size", 224) if isinstance(vision, dict) else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"{config}: vision_config image_size must be a positive int, got {size!r}")
-    return size
+    return _tower_int(folder, "vision_config", "image_size", 224)
+
+
+def text_max_positions(folder: str | Path) -> int:
+    """The text config's ``max_position_embeddings`` in ``folder/config.json`` (77 when
+    absent, as ``CLIPTextConfig``'s default): the most token ids the text tower embeds, which
+    the folder's tokenizer truncates to (:class:`vlret.data.vocab.HFTokenizer`).
+
+    Raises:
+        FileNotFoundError: No ``config.json``.
+        ValueError: It is not a JSON object, or the value is not a positive int.
+    """
+    return _tower_int(folder, "text_config", "max_position_embeddings", 77)
 
 
 def check_clip_tokenizer(folder: str | Path) -> Path:
@@ -461,5 +482,6 @@ __all__ = [
     "parse_image_processor",
     "read_channels",
     "read_preprocessing",
+    "text_max_positions",
     "vision_image_size",
 ]

@@ -61,6 +61,26 @@ def model_tokenizer_path(model: dict[str, Any]) -> str | None:
     return None
 
 
+def clip_text_positions(model: dict[str, Any]) -> int | None:
+    """A CLIP model config's text ``max_position_embeddings`` (its folder's ``config.json``,
+    or its ``preset`` with ``model.config``), which its captions are truncated to
+    (:class:`~vlret.data.vocab.HFTokenizer`); None for another model, or a folder or preset
+    no model can be built from (building it names why)."""
+    if model.get("kind") != "clip":
+        return None
+    from ..models.clip import clip_preset_config
+    from ..models.clip_folder import text_max_positions
+
+    try:
+        if model.get("path") is not None:
+            return text_max_positions(str(model["path"]))
+        text = clip_preset_config(str(model.get("preset")), model.get("config"))["text_config"]
+    except (OSError, ValueError):
+        return None
+    value = text.get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _clip_preset_encoder(data: DataConfig, model: dict[str, Any], source: str) -> Any:
     """A CLIP built from ``model.preset`` has no tokenizer directory: its captions go through
     ``data.tokenizer`` (a local CLIP tokenizer directory, e.g. the 49408-token BPE saved with
@@ -121,14 +141,16 @@ def build_encoder(
         byte_level = _clip_preset_encoder(data, model, source)
         if byte_level is not None:
             return byte_level
-        return _checked_clip_tokenizer(load_hf_tokenizer(str(data.tokenizer)), model, source)
+        positions = clip_text_positions(model)
+        encoder = load_hf_tokenizer(str(data.tokenizer), max_positions=positions)
+        return _checked_clip_tokenizer(encoder, model, source)
     tokenizer = data.tokenizer or model_tokenizer_path(model)
     if tokenizer is not None and data.tokenizer is None and model.get("kind") == "clip":
         from ..models.clip_folder import check_clip_tokenizer  # no 2-token stand-in
 
         check_clip_tokenizer(tokenizer)
     if tokenizer is not None:
-        return load_hf_tokenizer(tokenizer)
+        return load_hf_tokenizer(tokenizer, max_positions=clip_text_positions(model))
     if data.vocab is not None:
         return Vocabulary.load(data.vocab)
     root = Path(data.root)
@@ -170,8 +192,9 @@ def encoder_state(encoder: Any, config: RunConfig) -> dict[str, Any]:
 _STATE_TOKENIZERS = {"vlret": "vlret", "nltk": "nltk", "nltk_word_tokenize": "nltk"}
 
 
-def encoder_from_state(state: dict[str, Any]) -> Any:
-    """The caption encoder an :func:`encoder_state` (or an imported checkpoint) describes."""
+def encoder_from_state(state: dict[str, Any], *, model: dict[str, Any] | None = None) -> Any:
+    """The caption encoder an :func:`encoder_state` (or an imported checkpoint) describes;
+    ``model`` (the stored model section): a CLIP's tokenizer truncates to its text positions."""
     if state["kind"] == "vocab":
         name = state.get("tokenizer", "vlret")
         if not isinstance(name, str) or name not in _STATE_TOKENIZERS:
@@ -184,7 +207,7 @@ def encoder_from_state(state: dict[str, Any]) -> Any:
         from ..models.clip import CLIPByteTokenizer
 
         return CLIPByteTokenizer(**{k: v for k, v in state.items() if k != "kind"})
-    return load_hf_tokenizer(state["path"])
+    return load_hf_tokenizer(state["path"], max_positions=clip_text_positions(model or {}))
 
 
 def vocab_size(encoder: Any) -> int | None:
@@ -476,7 +499,7 @@ def load_trained_model(
     if "config" not in state or "encoder" not in state:
         raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config or encoder)")
     run = stored_run(state["config"], source=f"{checkpoint} (stored config)")
-    encoder = encoder_from_state(state["encoder"])
+    encoder = encoder_from_state(state["encoder"], model=run.model)
     try:
         model = build_model(run.model, vocab_size=state.get("vocab_size"))
     except (ValueError, TypeError) as err:
@@ -493,7 +516,8 @@ def load_pretrained_clip(
 ) -> tuple[nn.Module, StoredRun, Any]:
     """``(model, stored run, caption encoder)`` of a local pretrained Hugging Face CLIP that
     vlret never trained (zero-shot retrieval, ``vlret eval --model-dir``): CLIP's own towers
-    and projections (``proj_dim = None``, no added layer), its tokenizer, cosine scoring, and a
+    and projections (``proj_dim = None``, no added layer), its tokenizer (truncating to the
+    text tower's ``max_position_embeddings``, :func:`clip_text_positions`), cosine scoring, and a
     stand-in run whose data is Karpathy JSON + images (the data folder's ``images/``, else the
     folder itself; :func:`~vlret.train.eval_data.eval_data_config`).
     ``default_preprocessing`` (``"openai-clip"``): OpenAI CLIP's preprocessing for a folder
@@ -525,7 +549,7 @@ def load_pretrained_clip(
         raise ValueError(
             f"{source}: not a loadable Hugging Face CLIP directory ({first})"
         ) from None
-    encoder = load_hf_tokenizer(source)
+    encoder = load_hf_tokenizer(source, max_positions=clip_folder.text_max_positions(source))
     data = DataConfig(root=source, format="karpathy", image_root="images", tokenizer=source)
     run = StoredRun(
         data=data,
