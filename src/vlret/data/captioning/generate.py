@@ -53,7 +53,6 @@ DEVICES = ("auto", "cpu", "cuda")
 PARTIAL_SUFFIX = ".partial"
 
 
-
 #: The files a saved tokenizer is read from, any one set complete: the fast tokenizer's
 #: ``tokenizer.json``, BERT's ``vocab.txt`` (BLIP, GIT), GPT-2's ``vocab.json`` + ``merges.txt``
 #: (OPT in BLIP-2) or a SentencePiece model (T5 in BLIP-2).
@@ -79,6 +78,7 @@ def _check_tokenizer_files(model_dir: Path, arch: str) -> None:
         f"{model_dir}: no tokenizer files for the {arch} captioner (expected {expected}, as "
         "its processor's save_pretrained writes them)"
     )
+
 
 class CaptioningError(ValueError):
     """Bad input to ``vlret caption`` (a one-line message naming the argument or file)."""
