@@ -490,6 +490,7 @@ def test_caption_has_no_progress_and_keeps_the_whole_load_error(tmp_path, monkey
         raise OSError(long)
 
     monkeypatch.setattr(transformers.BlipProcessor, "from_pretrained", refuse)
+    (tmp_path / "vocab.txt").write_text("[PAD]\n")  # past the tokenizer-files check
     with pytest.raises(CaptioningError) as err:
         Captioner(tmp_path, "blip", device=__import__("torch").device("cpu"), dtype=None)
     assert "preprocessor_config.json" in str(err.value)
