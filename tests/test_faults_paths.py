@@ -611,3 +611,19 @@ def test_synth_overwrite_refuses_a_link_inside_the_world_it_rewrites(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "train_caps.txt: is a symbolic link, inside" in err
     assert victim.read_text() == "keep me"
+
+
+def test_plot_checks_the_files_each_figure_writes():
+    """`vlret plot` refuses an existing figure without --overwrite by the names it lists; they
+    must be the names the figures are written under."""
+    from vlret.analysis.adacl_plots import FIGURE_NAME
+    from vlret.analysis.curves import CURVES_TABLE
+    from vlret.analysis.epoch_curves import RUN_FIGURE
+    from vlret.analysis.goal_plots import GOAL_WEIGHT_FIGURES
+    from vlret.cli.plot import FILES
+
+    assert FILES == {
+        "goal-weights": GOAL_WEIGHT_FIGURES,
+        "adacl-margins": (FIGURE_NAME,),
+        "curves": (RUN_FIGURE, CURVES_TABLE),
+    }

@@ -19,6 +19,8 @@ from ._plotting import new_figure, save_figure
 MARGIN, TAU, CIRCLE_OFFSET = 0.2, 10.0, 0.5
 ALPHA, BETA, LAM, MS_TERM = 2.0, 10.0, 0.5, 0.1
 
+#: The files of :func:`plot_goal_weights` (Fig. 2, Fig. 3), in its ``out_dir``.
+GOAL_WEIGHT_FIGURES = ("goal_triplet_weights.png", "goal_pair_weights.png")
 TRIPLET_PANELS = (
     ("con", r"$T^{con}$, $m=0.2$"),
     ("nca", r"$T^{nca}$, $\tau=10$"),
@@ -120,7 +122,7 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
         ax.set_aspect("equal")
     fig.colorbar(mesh, ax=axes, shrink=0.85, label="triplet weight T")
     fig.suptitle("GOAL triplet weights (Fig. 2)")
-    path = save_figure(fig, out_dir / "goal_triplet_weights.png")
+    path = save_figure(fig, out_dir / GOAL_WEIGHT_FIGURES[0])
     plt.close(fig)
     paths.append(path)
 
@@ -138,7 +140,7 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(r"GOAL pair weights (Fig. 3): $\alpha=2$, $\beta=10$, $\lambda=0.5$")
-    path = save_figure(fig, out_dir / "goal_pair_weights.png")
+    path = save_figure(fig, out_dir / GOAL_WEIGHT_FIGURES[1])
     plt.close(fig)
     paths.append(path)
     return paths

@@ -22,7 +22,9 @@ from ._common import EXIT_OK, fail, positive_int
 NAME = "plot"
 #: What ``vlret plot`` draws.
 WHATS = ("goal-weights", "adacl-margins", "curves", "tsne")
-#: The files each figure writes in its ``--out`` folder (an existing one needs --overwrite).
+#: The files each figure writes in its ``--out`` folder (an existing one needs --overwrite):
+#: the analysis modules' names written out, as the parser imports no torch (a test holds them
+#: equal).
 FILES = {
     "goal-weights": ("goal_triplet_weights.png", "goal_pair_weights.png"),
     "adacl-margins": ("adacl_margins.png",),
