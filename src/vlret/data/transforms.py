@@ -34,7 +34,6 @@ cap where a reader hands it image files.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -43,8 +42,7 @@ import numpy as np
 import torch
 
 from .._extras import require
-from .._images import DEFAULT_MAX_IMAGE_PIXELS
-from .._images import open_rgb as read_rgb
+from .._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from .pixel_batch import PixelSample
 
 #: "irra": IRRA's person-search augmentation (vlret.data.pedes.augment)
@@ -109,19 +107,6 @@ def crop_box(
     return (width - w) // 2, (height - h) // 2, w, h
 
 
-def open_rgb(image: Any, what: str, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> Any:
-    """A PIL image or an image file as a loaded RGB PIL image, read by
-    :func:`vlret._images.open_rgb` under the pixel cap ``max_pixels`` (``what``: who needs PIL,
-    for the missing-extra message).
-
-    Raises:
-        vlret._images.ImageReadError: Over the cap (from the header), missing, not an image,
-            truncated (one line naming the file).
-    """
-    require("PIL.Image", what)
-    return read_rgb(image, max_pixels=max_pixels)
-
-
 class CappedTransform:
     """A model's image transform (e.g. :class:`vlret.models.clip.CLIPImageTransform`) whose
     input is first read by :func:`vlret._images.open_rgb` under a pixel cap: an image file
@@ -141,7 +126,7 @@ class CappedTransform:
         self.max_pixels = max_pixels
 
     def __call__(self, image: Any) -> Any:
-        return self.transform(read_rgb(image, max_pixels=self.max_pixels))
+        return self.transform(open_rgb(image, max_pixels=self.max_pixels))
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names the wrapper lacks; "transform" itself is absent while
@@ -156,16 +141,14 @@ class CappedTransform:
 
 def capped(transform: Any, max_pixels: int | None) -> Any:
     """``transform`` behind the pixel cap (:class:`CappedTransform`); None stays None, and a
-    transform already capped gets this cap. A transform with a cap of its own (a
-    ``max_pixels`` attribute, as :class:`vlret.models.clip.CLIPImageTransform` has) is a copy
-    holding this one: a cap raised above the default is not met again at the default."""
+    transform already capped gets this cap. The transform then receives decoded images, which
+    :func:`vlret._images.open_rgb` does not hold to a cap again, so a cap of its own (a
+    ``max_pixels`` attribute, as :class:`vlret.models.clip.CLIPImageTransform` has) never
+    overrides the run's."""
     if transform is None:
         return None
     if isinstance(transform, CappedTransform):
         transform = transform.transform
-    if hasattr(transform, "max_pixels"):
-        transform = copy.copy(transform)  # the model keeps its own
-        transform.max_pixels = max_pixels
     return CappedTransform(transform, max_pixels=max_pixels)
 
 
@@ -275,7 +258,7 @@ class RandomResizedCrop:
             its :class:`~vlret.data.pixel_batch.PixelSample`.
         """
         pil = require("PIL.Image", "training augmentation of images")
-        image = open_rgb(image, "training augmentation of images", max_pixels=self.max_pixels)
+        image = open_rgb(image, max_pixels=self.max_pixels)
         p = self.params(key, *image.size)
         resample = getattr(pil.Resampling, self.interpolation.upper())
         ch, cw = self.crop

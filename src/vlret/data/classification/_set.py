@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..._extras import require
-from ..._images import DEFAULT_MAX_IMAGE_PIXELS
-from ..._images import open_rgb as read_rgb
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from ..checks import DataFormatError
 
 if TYPE_CHECKING:
@@ -29,18 +28,6 @@ class ImageSource(Protocol):
     def image(self, i: int) -> Image.Image: ...
 
     def describe(self, i: int) -> str: ...
-
-
-def open_rgb(path: Path, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
-    """Decode an image file as RGB (:func:`vlret._images.open_rgb`: every PIL mode and EXIF
-    orientation read the documented way), refusing one over ``max_pixels`` from its header.
-
-    Raises:
-        vlret._images.ImageReadError: Missing, over the cap, not an image PIL can decode (one
-            line naming the file).
-    """
-    require("PIL.Image", "reading classification images")
-    return read_rgb(path, max_pixels=max_pixels)
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 from ..._extras import require
-from ..._images import DEFAULT_MAX_IMAGE_PIXELS
+from ..._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from ..pixel_batch import normalise
-from ..transforms import build_train_transform, eval_geometry, open_rgb, sample_generator
+from ..transforms import build_train_transform, eval_geometry, sample_generator
 
 ERASE_FILLS = ("irra", "mean_colour")
 RESAMPLES = ("bilinear", "bicubic")
@@ -143,9 +143,7 @@ class ResizeNormalize:
         resample = getattr(pil.Resampling, self.interpolation.upper())
         height, width = self.crop
         return np.asarray(
-            open_rgb(image, "person-search images", max_pixels=self.max_pixels).resize(
-                (width, height), resample=resample
-            )
+            open_rgb(image, max_pixels=self.max_pixels).resize((width, height), resample=resample)
         )
 
     def normalise(self, pixels: np.ndarray) -> torch.Tensor:
