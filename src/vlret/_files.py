@@ -196,7 +196,7 @@ class OutputPathError(ValueError):
     by :func:`atomic_write`, before the rename that would replace something not a file)."""
 
 
-def _kind_of(mode: int) -> str | None:
+def file_kind(mode: int) -> str | None:
     """What a non-regular file is, in a user's words (None: a regular file)."""
     if stat.S_ISREG(mode):
         return None
@@ -226,7 +226,7 @@ def refuse_non_regular(path: str | Path, flag: str | None = None) -> None:
         return
     except NotADirectoryError:  # a file on the way: the write names it
         return
-    kind = _kind_of(mode)
+    kind = file_kind(mode)
     if kind is None:
         return
     named = f"{path}: {flag} is" if flag else f"{path}: is"
@@ -257,7 +257,7 @@ def refuse_non_regular_inside(folder: str | Path) -> None:
             mode = os.lstat(path).st_mode
             if stat.S_ISDIR(mode):
                 continue
-            kind = _kind_of(mode)
+            kind = file_kind(mode)
             if kind is not None:
                 raise OutputPathError(
                     f"{path}: is {kind}, inside {folder}, which this command writes into; "
@@ -327,7 +327,7 @@ def check_output_dir(
     rule (with ``overwrite``: an existing one is refused unless it is True)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        kind = _kind_of(os.stat(path).st_mode) or "a file"
+        kind = file_kind(os.stat(path).st_mode) or "a file"
         raise OutputPathError(f"{path}: {flag} is {kind}; expected a folder")
     _check_writable_folder(_existing_ancestor(path), path, flag)
     for name in files:

@@ -51,6 +51,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._files import file_kind
+
 try:  # POSIX only; see the module docstring
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -258,17 +260,12 @@ def _refuse_unless_regular(path: Path) -> None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
-    if stat.S_ISREG(mode):
+    what = file_kind(mode)
+    if what is None:
         return
     if stat.S_ISLNK(mode):
-        try:
-            what = f"a symbolic link (to {os.readlink(path)})"
-        except OSError:  # pragma: no cover - removed meanwhile
-            what = "a symbolic link"
-    elif stat.S_ISDIR(mode):
-        what = "a folder"
-    else:
-        what = "a device, FIFO or socket"
+        with contextlib.suppress(OSError):  # removed meanwhile: plain "a symbolic link"
+            what = f"{what} (to {os.readlink(path)})"
     raise LockFileRefused(
         f"{path}: the run lock is {what}, not a lock file vlret wrote; vlret neither follows "
         "nor replaces it: remove it, or choose another output_dir"
