@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -215,6 +216,7 @@ def test_score_matrix_progress_bar_counts_pairs(capsys, monkeypatch):
             super().close()
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # bars are drawn on a terminal
     regions, texts = random_tokens()
     score_matrix(MaxMeanScorer(), regions, texts, device="cpu", progress=True, text_block=4)
     assert set(closed) == {(102, 102, "pair")}  # (tqdm closes again when collected)
@@ -467,8 +469,11 @@ def eval_cli(ckpt_paths, root, split, protocol, out, *extra) -> int:
 @pytest.mark.parametrize(
     ("split", "protocol"), [("test", "f30k"), ("testall", "coco5k"), ("testall", "coco1k")]
 )
-def test_cli_evaluates_a_cross_attention_checkpoint(ckpts, tmp_path, capsys, split, protocol):
+def test_cli_evaluates_a_cross_attention_checkpoint(
+    ckpts, tmp_path, capsys, monkeypatch, split, protocol
+):
     root, vocab, out, models = ckpts
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # bars are drawn on a terminal
     js = tmp_path / "m.json"
     assert eval_cli([out / "scan_t2i.pt"], root, split, protocol, js) == 0
     captured = capsys.readouterr()

@@ -4,8 +4,9 @@
 memory banks need nothing else, and ``import vlret`` imports no extra. The harness's own
 dependencies are extras (pyproject.toml ``[project.optional-dependencies]``):
 
-- ``train``: PyYAML (the run folder's ``config.yaml``, YAML configs) and tqdm (progress bars),
-  for ``vlret train | eval | compare | sweep | import-checkpoint | demo --preset``;
+- ``train``: PyYAML (the run folder's ``config.yaml``, YAML configs) and tqdm (progress bars;
+  without it no bar is drawn, :mod:`vlret._progress`), for ``vlret train | eval | compare |
+  sweep | import-checkpoint | demo --preset``;
 - ``vsl``: scikit-learn and SciPy, VSL's caption TF-IDF (:mod:`vlret.semantic`);
 - ``plot`` (matplotlib), ``hf`` (transformers, pillow), ``nltk``; ``all``: every one of them.
 
@@ -17,9 +18,8 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
 
-__all__ = ["EXTRAS", "MissingExtra", "missing_extra", "progress_bar", "require"]
+__all__ = ["EXTRAS", "MissingExtra", "missing_extra", "require"]
 
 #: Top-level import name -> (the distribution a user installs, the extra that carries it).
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -81,8 +81,3 @@ def require(module: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         raise missing_extra(err.name or module, what, default=module) from None
-
-
-def progress_bar(iterable: Any = None, **options: Any) -> Any:
-    """A ``tqdm.auto`` bar over ``iterable`` with tqdm's ``options`` (the ``train`` extra)."""
-    return require("tqdm.auto", "the progress bar").tqdm(iterable, **options)

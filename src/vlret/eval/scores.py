@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._extras import progress_bar
+from .._progress import progress_bar
 from .._modules import unwrap_model
 from ..metrics import RetrievalMetrics, average_metrics, retrieval_metrics_from_similarity
 from .encode import TextTokens, check_device

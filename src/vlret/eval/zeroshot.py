@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .._extras import progress_bar
+from .._progress import progress_bar
 from .._modules import unwrap_model
 from ..data.dataset import pad_captions
 from ..metrics import ZEROSHOT_METRICS, zeroshot_classification_metrics

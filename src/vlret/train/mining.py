@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._extras import progress_bar
+from .._progress import progress_bar
 from ..data.offline_negatives import OfflineNegatives
 from ..eval import TextTokens, score_matrix
 

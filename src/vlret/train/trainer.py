@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .._extras import progress_bar
+from .._progress import progress_bar
 from ..data.bad_samples import check_bad_fraction, epoch_skipped
 from ..data.image_sets import build_image_sets
 from ..data.shards import IMAGE_FORMATS, ShardStream
@@ -71,6 +71,7 @@ from .pair_scoring import scores_pairs
 from .procedures import build_procedure
 from .ring import exchange_mode
 from .run_folder import (
+    check_folder_unwritten,
     check_noise_record,
     check_resume_config,
     check_select_on,
@@ -95,6 +96,7 @@ from .run_log import (
 )
 from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
 from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
+from .train_checks import check_schedule_length
 from .trainer_state import TrainerState
 
 
@@ -119,13 +121,18 @@ class Trainer(TrainerState):
         print_fn: Callable[[str], None] | None = print,
         hooks: Sequence[TrainHook] = (),
         loss_step: LossStep | None = None,
+        check: bool = False,
     ) -> None:
         """``resume``: a ``last.pt`` (or ``best.pt``) to continue exactly; ``overwrite``: replace
         the run that ``config.output_dir`` holds (refused otherwise, see
         :mod:`vlret.train.run_folder`); ``print_fn``: where the per-epoch summary line goes on
         rank 0 (None: nowhere); ``hooks``: run after the config's own (:mod:`.hooks`);
-        ``loss_step``: what a step computes (default :class:`.loss_step.LossStep`)."""
+        ``loss_step``: what a step computes (default :class:`.loss_step.LossStep`); ``check``:
+        build and check everything as a run would, creating, locking and writing nothing
+        (:func:`vlret.train.check_run`; such a trainer cannot :meth:`fit`)."""
         self.config = config
+        #: Built by :func:`vlret.train.check_run`: nothing is created, locked or written.
+        self.check_only = check
         tc = config.train
         #: The dev metric ``best.pt`` maximises (``train.select_on`` resolved).
         self.select_on = selection_metric(config)
@@ -142,7 +149,8 @@ class Trainer(TrainerState):
         # Folder and checkpoint problems before the (slow) vocabulary and data; the folder is
         # locked before anything in it is read, and nothing in it is written or deleted before
         # every check has passed (the end of _build).
-        created = missing_folders(config.output_dir)
+        created = [] if check else missing_folders(config.output_dir)
+        writes = self.is_main and not check
         #: Records for metrics.jsonl made while building, written once the checks passed.
         self._pending_records: list[dict[str, Any]] = []
         try:
@@ -150,11 +158,13 @@ class Trainer(TrainerState):
                 config.output_dir,
                 resume=resume,
                 overwrite=overwrite,
-                create=self.is_main,
-                lock=self._lock_folder if self.is_main else None,
+                create=writes,
+                lock=self._lock_folder if writes else None,
                 inputs=run_input_paths(config, resume=resume),
             )
-            self._replace_run = self.is_main and replaces_run(
+            if check and self.is_main:  # what the lock and the first write would meet
+                check_folder_unwritten(self.output_dir)
+            self._replace_run = writes and replaces_run(
                 self.output_dir, resume=resume, overwrite=overwrite
             )
             self._build(config, resume, hooks, loss_step)
@@ -292,7 +302,9 @@ class Trainer(TrainerState):
         self.best_epoch: int | None = None
         self.epoch_loss_sum = 0.0
         self.epoch_batches = self.epoch_skipped = 0  # epoch_skipped: bad samples (bad_samples)
-        self._check_schedule_length()
+        check_schedule_length(  # the warm-up within the run's steps, as the data count them
+            config.optim, tc, config.source, steps_per_epoch=self.sampler.num_batches()
+        )
         if self.is_main and not self._replace_run:  # a resumed run's recorded noise index
             check_noise_record(self.train_set, self.output_dir)
         # Every check has passed: the old run's files go now (--overwrite), before the first
@@ -300,27 +312,12 @@ class Trainer(TrainerState):
         if self._replace_run:
             clear_run_folder(self.output_dir)
             self._replace_run = False
-        for record in self._pending_records:
+        for record in self._pending_records if not self.check_only else ():
             self._log(record)
         self._pending_records.clear()
         if resume_state is not None:
             assert resume is not None  # resume_state was read from it
             self._load(resume, resume_state)
-
-    def _check_schedule_length(self) -> None:
-        """``optim.schedule = "cosine"`` needs more steps than its warm-up: refused here, with
-        the other checks, not at the first step after the run folder was written."""
-        optim = self.config.optim
-        if optim.schedule != "cosine" or not optim.warmup_steps:
-            return
-        total = self.config.train.epochs * self.sampler.num_batches()
-        if total <= optim.warmup_steps:
-            raise ConfigError(
-                self.config.source,
-                "optim.warmup_steps",
-                f"{optim.warmup_steps} must be below the run's {total} steps with "
-                "optim.schedule = 'cosine' (train.epochs x steps per epoch)",
-            )
 
     # -- checkpoints (state_dict and _load: TrainerState) ----------------------------------
 
@@ -421,6 +418,8 @@ class Trainer(TrainerState):
     def fit(self) -> TrainResult:
         """Train the remaining epochs; the run folder stays locked until this returns or
         raises (a second ``fit`` takes the lock again)."""
+        if self.check_only:
+            raise RuntimeError("a trainer built with check=True only checks; it cannot fit")
         if self.is_main and (self.run_lock is None or not self.run_lock.held):
             self._lock_folder(self.output_dir)
         try:

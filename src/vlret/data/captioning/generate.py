@@ -432,7 +432,7 @@ def caption_split(
     captioner = None
     bar = None
     if progress and skipped < n:
-        from ..._extras import progress_bar
+        from ..._progress import progress_bar
 
         bar = progress_bar(total=n, initial=skipped, unit="img", desc=f"caption {split}")
     generated = written = 0

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..._extras import progress_bar
+from ..._progress import progress_bar
 from ...eval import EnsembleScorer, PairModelScorer, TwoTowerScorer
 from ...losses import loss_capabilities
 from ..builders import build_optimizer, build_run_model
