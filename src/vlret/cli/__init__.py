@@ -3,9 +3,13 @@ synth | demo | losses | protocols | configs | plot``.
 
 One module per command, each with ``NAME``, ``add_parser(subparsers)`` (help, arguments,
 ``func=run``) and ``run(args) -> int`` (the exit status); what they share (exit statuses, the
-one-line error, the ``train`` extra check) is :mod:`vlret.cli._common`. A command module imports
-what it runs inside ``run``, so ``vlret --version | configs | losses | synth`` work with the core
-install (torch and numpy).
+one-line error, the ``train`` extra check) is :mod:`vlret.cli._common`. A command module
+imports what it runs inside ``run``, so ``vlret --version | configs | losses | synth`` work with
+the core install (torch and numpy).
+
+The commands of :data:`PROGRESS_COMMANDS` draw progress bars on a terminal and take
+``--no-progress``, added here, which switches every bar off for the command
+(:mod:`vlret._progress`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,19 @@ COMMANDS: tuple[ModuleType, ...] = (
     report,
 )
 
+#: The commands that draw progress bars (on stderr, when it is a terminal): each takes
+#: ``--no-progress`` (:func:`build_parser` adds it where the command's module does not).
+PROGRESS_COMMANDS: tuple[str, ...] = (
+    "train",
+    "eval",
+    "zeroshot",
+    "mine-negatives",
+    "caption",
+    "report",
+)
+
+NO_PROGRESS_HELP = "no progress bars (drawn on stderr only when it is a terminal)"
+
 
 def version_line() -> str:
     """``vlret X (torch Y, device Z)``: what a bug report needs first. The device is the one
@@ -95,7 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(subparsers)
+    for name in PROGRESS_COMMANDS:
+        _add_no_progress(subparsers.choices[name])
     return parser
+
+
+def _add_no_progress(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` on a command's parser, unless its module declares the option itself."""
+    try:
+        parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    except argparse.ArgumentError:  # already declared: argparse refuses a second one
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,14 +132,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     device, FIFO, socket, folder or symbolic link: :class:`vlret._files.OutputPathError`,
     status 2); a write refused for room or permission
     (disk full, ``RLIMIT_FSIZE``, a read-only folder) names the file (status 2); Ctrl-C is
-    ``interrupted`` with status 130."""
+    ``interrupted`` with status 130. ``--no-progress`` switches every progress bar off while
+    the command runs (:func:`vlret._progress.switched_off`)."""
     from .._extras import MissingExtra
     from .._files import OutputPathError, write_failure
+    from .._progress import switched_off
 
     args = None
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        with switched_off(bool(getattr(args, "no_progress", False))):
+            return args.func(args)
     except MissingExtra as err:
         print(err.for_command(getattr(args, "command", None)), file=sys.stderr)
         return EXIT_ERROR
@@ -130,4 +160,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-__all__ = ["COMMANDS", "build_parser", "main", "version_line"]
+__all__ = ["COMMANDS", "PROGRESS_COMMANDS", "build_parser", "main", "version_line"]

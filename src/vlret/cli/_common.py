@@ -20,9 +20,10 @@ EXIT_INTERRUPTED = 130
 #: torch; a test holds the two equal).
 DEFAULT_PREPROCESSINGS = ("openai-clip",)
 
-#: The modules of the ``train`` extra (PyYAML for a run folder's config.yaml, tqdm for the
-#: progress bars) that commands training, evaluating or writing run folders import.
-TRAIN_EXTRA_MODULES = ("yaml", "tqdm")
+#: The modules of the ``train`` extra that commands training, evaluating or writing run folders
+#: cannot run without (PyYAML, for a run folder's config.yaml). The extra's tqdm is not one:
+#: without it the commands run and draw no progress bar (:mod:`vlret._progress`).
+TRAIN_EXTRA_MODULES = ("yaml",)
 
 
 def fail(command: str, error: object) -> int:

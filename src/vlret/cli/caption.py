@@ -66,7 +66,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing FILE and discard the chunks of an earlier run",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.set_defaults(func=run)
     return p
 

@@ -38,7 +38,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-size", type=positive_int, default=256, help="encoding batch size")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.add_argument(
         "--overwrite",
         action="store_true",

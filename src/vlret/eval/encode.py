@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .._modules import unwrap_model
+from .._progress import progress_bar
 from ..data import RetrievalDataset
 from ..models import PairScorer
 
@@ -36,25 +37,30 @@ def encode_dataset(
     device: torch.device | str = "cpu",
     normalize: bool = True,
     num_workers: int = 0,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(img_emb (N_img, E), txt_emb (N_txt, E))`` in float32 on the CPU, each image encoded
-    once. The model is put in eval mode and restored afterwards."""
+    once. The model is put in eval mode and restored afterwards. ``progress``: a bar per
+    side, in batches (drawn on a terminal, :mod:`vlret._progress`)."""
     model = unwrap_model(model)
     was_training = model.training
     # Loaders with their own generator leave the global torch RNG untouched (exact resume).
     gen = torch.Generator().manual_seed(0)
     model.eval()
     try:
-        img_parts = encoded_images(model, dataset, batch_size, device, num_workers, gen)
+        img_parts = encoded_images(
+            model, dataset, batch_size, device, num_workers, gen, progress=progress
+        )
         texts = dataset.texts()
         txt_parts = []
-        for caps, lengths, _ in DataLoader(
+        loader = DataLoader(
             texts,
             batch_size=batch_size,
             collate_fn=texts.collate,
             num_workers=num_workers,
             generator=gen,
-        ):
+        )
+        for caps, lengths, _ in _bar(loader, "encoding captions", progress):
             if isinstance(caps, torch.Tensor):
                 caps = caps.to(device)
             encoded = cast(Any, model).encode_texts(caps, lengths)  # a vlret model's method
@@ -154,12 +160,14 @@ def encode_tokens(
     batch_size: int = 128,
     device: torch.device | str,
     num_workers: int = 0,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, TextTokens]:
     """``(regions (N_img, R, D), words)``: every image's region features and every caption's
     word features from ``model.encode_images`` / ``model.encode_texts``, each image and
     caption encoded once, in float32 on the CPU (words packed, :class:`TextTokens`).
 
-    The model is put in eval mode and its training mode restored afterwards."""
+    The model is put in eval mode and its training mode restored afterwards. ``progress``: a
+    bar per side, in batches (drawn on a terminal, :mod:`vlret._progress`)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     device = check_device(device)
@@ -168,16 +176,19 @@ def encode_tokens(
     gen = torch.Generator().manual_seed(0)  # loaders leave the global RNG untouched
     model.eval()
     try:
-        regions = encoded_images(model, dataset, batch_size, device, num_workers, gen)
+        regions = encoded_images(
+            model, dataset, batch_size, device, num_workers, gen, progress=progress
+        )
         texts = dataset.texts()
         packed, lengths = [], []
-        for caps, lens, _ in DataLoader(
+        loader = DataLoader(
             texts,
             batch_size=batch_size,
             collate_fn=texts.collate,
             num_workers=num_workers,
             generator=gen,
-        ):
+        )
+        for caps, lens, _ in _bar(loader, "encoding captions", progress):
             if lens is None:
                 raise ValueError(
                     "encode_tokens needs token ids (a dataset with a caption encoder), got raw text"
@@ -196,22 +207,31 @@ def encode_tokens(
     return torch.cat(regions), TextTokens(words, lens)
 
 
-def encoded_images(model, dataset, batch_size, device, num_workers, generator) -> list:
+def encoded_images(
+    model, dataset, batch_size, device, num_workers, generator, *, progress: bool = False
+) -> list:
     """``model.encode_images`` of each image once, per batch, float32 on the CPU (the caller
-    sets eval mode; the loader draws from ``generator``, never from the global RNG)."""
+    sets eval mode; the loader draws from ``generator``, never from the global RNG), behind a
+    bar when ``progress``."""
     images = dataset.images()
     out = []
-    for feats, _ in DataLoader(
+    loader = DataLoader(
         images,
         batch_size=batch_size,
         collate_fn=images.collate,
         num_workers=num_workers,
         generator=generator,
-    ):
+    )
+    for feats, _ in _bar(loader, "encoding images", progress):
         if hasattr(feats, "to"):  # a tensor or an ExpertBatch (image paths stay a list)
             feats = feats.to(device)
         out.append(model.encode_images(feats).float().cpu())
     return out
+
+
+def _bar(loader: DataLoader, desc: str, show: bool) -> Any:
+    """``loader`` behind a bar in batches, gone once done (the results table follows)."""
+    return progress_bar(loader, show=show, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
 
 
 __all__ = [

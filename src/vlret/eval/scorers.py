@@ -119,12 +119,14 @@ class TwoTowerScorer(MatrixScorer):
     """A two-tower model (``encode_images`` / ``encode_texts``): ``scoring`` ``cosine``
     normalises the embeddings, ``dot`` takes their dot products as they are. ``None`` (the
     default) is the model's own ``scoring`` (:class:`~vlret.models.RetrievalModel`'s, stored
-    with its spec), ``cosine`` for a model that does not declare one."""
+    with its spec), ``cosine`` for a model that does not declare one. ``progress``: bars
+    while the images and captions are encoded (:mod:`vlret._progress`)."""
 
     model: nn.Module
     scoring: str | None = None
     batch_size: int = 256
     device: torch.device | str = "cpu"
+    progress: bool = False
     members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -143,6 +145,7 @@ class TwoTowerScorer(MatrixScorer):
             batch_size=self.batch_size,
             device=self.device,
             normalize=self.scoring == "cosine",
+            progress=self.progress,
         )
 
     def scores(self, data: Any, *, blocks: Sequence[Block] | None = None) -> torch.Tensor:
@@ -162,7 +165,9 @@ class TwoTowerScorer(MatrixScorer):
 @dataclass
 class PairModelScorer(MatrixScorer):
     """A pair-scoring model: every image's regions and caption's words encoded once
-    (:func:`~vlret.eval.encode.encode_tokens`), pairs scored block by block on ``device``."""
+    (:func:`~vlret.eval.encode.encode_tokens`), pairs scored block by block on ``device``.
+    ``progress``: bars while they are encoded and while the pairs are scored
+    (:mod:`vlret._progress`)."""
 
     model: nn.Module
     batch_size: int = 256
@@ -179,7 +184,9 @@ class PairModelScorer(MatrixScorer):
 
     def tokens(self, data: Any) -> tuple[torch.Tensor, TextTokens]:
         """``(regions, words)`` of every image and caption of ``data``."""
-        return encode_tokens(self.model, data, batch_size=self.batch_size, device=self.device)
+        return encode_tokens(
+            self.model, data, batch_size=self.batch_size, device=self.device, progress=self.progress
+        )
 
     def scores(self, data: Any, *, blocks: Sequence[Block] | None = None) -> torch.Tensor:
         regions, texts = self.tokens(data)

@@ -25,12 +25,10 @@ The release mined with a two-tower first-round model (VSRN's global similarity),
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -344,10 +342,10 @@ def mine_blocks(
 
 
 def _bar(progress: bool, total: int) -> Any:
-    """A progress bar in captions, or a context giving one that shows nothing."""
-    if not progress:
-        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
-    return progress_bar(total=total, desc="mining", unit="caption", dynamic_ncols=True)
+    """A progress bar in captions (a context manager), drawn when ``progress`` and where
+    :mod:`vlret._progress` draws bars."""
+    options = {"desc": "mining", "unit": "caption", "dynamic_ncols": True}
+    return progress_bar(total=total, show=progress, **options)
 
 
 def _positive(name: str, value: Any) -> None:

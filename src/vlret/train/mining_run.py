@@ -65,14 +65,16 @@ def mine_checkpoint(
     check_k(k, dataset.num_images, torch.as_tensor(dataset.txt_to_img))  # before encoding
     options: dict[str, Any] = {"k": k, "block_size": block_size, "device": dev}
     if isinstance(model, PairScorer):
-        scorer = PairModelScorer(model, batch_size=batch_size, device=dev)
+        scorer = PairModelScorer(model, batch_size=batch_size, device=dev, progress=progress)
         regions, texts = scorer.tokens(dataset)
         mined = mine_pair_model(
             model, regions, texts, dataset.txt_to_img, progress=progress, **options
         )
         scoring = "pair scores"
     else:
-        tower = TwoTowerScorer(model, scoring=run.scoring, batch_size=batch_size, device=dev)
+        tower = TwoTowerScorer(
+            model, scoring=run.scoring, batch_size=batch_size, device=dev, progress=progress
+        )
         img, txt = tower.embeddings(dataset)
         mined = mine_embeddings(img, txt, dataset.txt_to_img, progress=progress, **options)
         scoring = str(tower.scoring)

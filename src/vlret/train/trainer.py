@@ -549,11 +549,14 @@ class Trainer(TrainerState):
             flag["saving"] = False
         raise TrainingInterrupted(path)
 
-    def _progress(self, loader: Any):
-        if not (self.config.train.progress and self.is_main):
-            return loader
+    def _progress(self, loader: Any) -> Any:
+        """The epoch's batches behind a bar on rank 0 when ``train.progress`` (drawn only where
+        :mod:`vlret._progress` draws bars: a terminal, bars not switched off); it is gone
+        (``leave=False``) before the epoch's summary line is printed."""
         desc = f"epoch {self.epoch} ({self.epoch + 1}/{self.config.train.epochs})"
-        return progress_bar(loader, desc=desc, unit="batch", dynamic_ncols=True, leave=False)
+        show = self.config.train.progress and self.is_main
+        options = {"desc": desc, "unit": "batch", "dynamic_ncols": True, "leave": False}
+        return progress_bar(loader, show=show, **options)
 
     def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
         self._log(step_record(self, loss, ctx, rate))

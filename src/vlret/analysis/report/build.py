@@ -11,6 +11,7 @@ from typing import Any
 
 from ..._files import atomic_write_text
 from ..._images import DEFAULT_MAX_IMAGE_PIXELS
+from ..._progress import progress_bar
 from .attention import WordAttention, pair_model, query_attention
 from .data import DIRECTIONS, ReportData, collect_report
 from .html import rank_histogram, render_html
@@ -92,18 +93,30 @@ def _shown_images(data: ReportData) -> set[int]:
     return shown
 
 
+def _bar(items: list[Any], desc: str, unit: str, show: bool) -> Any:
+    """``items`` behind a bar, gone once done (:mod:`vlret._progress`)."""
+    return progress_bar(items, show=show, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+
+
 def write_report(
-    data: ReportData, out: str | Path, *, word: str | None = None, data_dir: str | Path = "."
+    data: ReportData,
+    out: str | Path,
+    *,
+    word: str | None = None,
+    data_dir: str | Path = ".",
+    progress: bool = False,
 ) -> Path:
     """Write ``out/index.html``, ``out/report.json`` and ``out/thumbs/`` for ``data``; pair
     models get their word attention (``word``: the word shown, :func:`.attention.pick_word`);
-    region boxes are read from ``data_dir`` (:func:`.thumbs.load_boxes`). Returns the page."""
+    region boxes are read from ``data_dir`` (:func:`.thumbs.load_boxes`); ``progress``: bars
+    while the attention and the thumbnails are made (:mod:`vlret._progress`). Returns the
+    page."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     dataset = data.dataset
     model = pair_model(data.evaluation.scorer)
     if model is not None:
-        for q in data.queries:
+        for q in _bar(data.queries, "word attention", "query", progress):
             q.attention = query_attention(model, dataset, q, word=word)
     boxes = None
     folder = Path(getattr(dataset, "root", data_dir))
@@ -113,7 +126,7 @@ def write_report(
     # the run's data.max_image_pixels, which the data set's (capped) image transform holds
     cap = getattr(getattr(dataset, "image_transform", None), "max_pixels", DEFAULT_MAX_IMAGE_PIXELS)
     thumbs: dict[int, Thumb] = {}
-    for index in sorted(_shown_images(data)):
+    for index in _bar(sorted(_shown_images(data)), "thumbnails", "image", progress):
         thumb = write_thumb(dataset, index, out, fallback=rendered, max_pixels=cap)
         if thumb is not None:
             thumbs[index] = thumb
@@ -157,7 +170,7 @@ def build_report(
         device=device,
         progress=progress,
     )
-    return facts, write_report(facts, out, word=word, data_dir=data)
+    return facts, write_report(facts, out, word=word, data_dir=data, progress=progress)
 
 
 __all__ = ["build_report", "report_record", "write_report"]

@@ -244,13 +244,13 @@ class NCRStep(LossStep, TrainHook):
             num_workers=self.config.data.num_workers,
             generator=torch.Generator().manual_seed(0),  # the run's own stream is not drawn
         )
-        if self.config.train.progress and trainer.is_main:
-            desc = f"epoch {trainer.epoch}: NCR loss pass"
-            loader = progress_bar(loader, desc=desc, unit="block", leave=False)
+        show = self.config.train.progress and trainer.is_main
+        desc = f"epoch {trainer.epoch}: NCR loss pass"
+        bar = progress_bar(loader, show=show, desc=desc, unit="block", leave=False)
         out = [np.zeros(len(ds), dtype=np.float64) for _ in range(2)]
         nets = (trainer.model, self.model_b)
         with _eval_mode(*nets), torch.no_grad():
-            for batch in loader:
+            for batch in bar:
                 batch = batch.to(trainer.device)
                 ids = pair_ids(batch)
                 pos = ids[:, None] == ids[None, :]
