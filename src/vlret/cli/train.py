@@ -1,4 +1,5 @@
-"""``vlret train CONFIG [--set SECTION.KEY=VALUE ...] [--resume CKPT] [--overwrite]``."""
+"""``vlret train CONFIG [--set SECTION.KEY=VALUE ...] [--resume CKPT] [--overwrite]
+[--check | --check-config]``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,43 @@ from typing import Any
 from ._common import EXIT_INTERRUPTED, EXIT_OK, fail, require_train_extra
 
 NAME = "train"
+#: The keys ``vlret train --help`` lists below its options (the reference has every key).
+COMMON_KEYS = (
+    ("output_dir", "the run folder"),
+    ("data.root", "the data folder"),
+    ("train.epochs", "epochs to train"),
+    ("train.batch_size", "the global batch"),
+    ("train.max_steps_per_epoch", "cut each epoch to that many steps (a quick try)"),
+    ("train.progress", "the per-batch progress bar (true / false)"),
+    ("train.device", "auto, cpu, cuda or cuda:N"),
+    ("optim.lr", "the learning rate"),
+    ("optim.warmup_steps", "linear warm-up steps"),
+    ("loss.name", "any registered loss (vlret losses); its parameters are loss.<param>"),
+)
+#: Where every key is described (a page of the docs site, generated from the declarations).
+KEY_REFERENCE = "docs/reference/config.md"
+
+
+def epilog() -> str:
+    """The text under ``vlret train --help``'s options: the most used keys and where the others
+    are described."""
+    width = max(len(key) for key, _ in COMMON_KEYS)
+    keys = "\n".join(f"  {key:<{width}}  {doc}" for key, doc in COMMON_KEYS)
+    return (
+        f"most used config keys (set in the file or with --set KEY=VALUE):\n{keys}\n\n"
+        f"every key, with its type, default and constraint: {KEY_REFERENCE} in the source "
+        'tree, the "Config keys" page of the docs site'
+    )
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``train`` on the ``vlret`` sub-command parsers."""
-    p = subparsers.add_parser(NAME, help="train a retrieval model from a TOML/YAML config")
+    p = subparsers.add_parser(
+        NAME,
+        help="train a retrieval model from a TOML/YAML config",
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "config", type=Path, help="run config (.toml or .yaml) or a shipped config's name"
     )
@@ -29,6 +62,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace the run that output_dir already holds (refused without this flag)",
+    )
+    checks = p.add_mutually_exclusive_group()
+    checks.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, the data, the model folder and the output folder as the run "
+        "would before its first step, print the start-of-run summary and exit, writing nothing",
+    )
+    checks.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the config alone (keys, types, constraints, cross-checks, the model "
+        "section) without reading the data, model folder or output folder, and exit",
     )
     p.set_defaults(func=run)
     return p
@@ -49,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         main = env_from_torchrun().is_main
         config = load_config(args.config, args.set)
+        if args.check or args.check_config:
+            return _check(args, config)
         result = train(config, resume=args.resume, overwrite=args.overwrite)
     except TrainingInterrupted as err:
         if main:
@@ -75,6 +123,19 @@ def run(args: argparse.Namespace) -> int:
         epochs = _plural(result.epochs_done, "epoch")
         steps = _plural(result.steps, "step")
         print(f"done: {epochs}, {steps}{best}; {result.output_dir}")
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace, config: Any) -> int:
+    """``--check`` / ``--check-config``: the summary, then the line that says it passed."""
+    from ..train.run_check import CHECK_PASSED, CONFIG_PASSED, check_config, check_run
+
+    if args.check_config:
+        print(check_config(config))
+        print(CONFIG_PASSED)
+        return EXIT_OK
+    print(check_run(config, resume=args.resume, overwrite=args.overwrite))
+    print(CHECK_PASSED)
     return EXIT_OK
 
 

@@ -35,6 +35,7 @@ from .evaluate import (
 from .grad_cache import GradCache, split_batch
 from .hooks import ParamGroup, StepOutput, TrainHook
 from .loss_config import LossConfig
+from .run_check import check_config, check_run
 from .trainer import StepDecayWarmup, Trainer, TrainingInterrupted, TrainResult, train
 
 # vlret.train.PROTOCOLS: the registry's names now
@@ -61,6 +62,8 @@ __all__ = [
     "TrainingInterrupted",
     "apply_overrides",
     "capture_rng_state",
+    "check_config",
+    "check_run",
     "config_from_dict",
     "encode_dataset",
     "evaluate_checkpoint",

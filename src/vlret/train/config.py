@@ -81,7 +81,12 @@ from .loss_config import (
     switch_loss,
 )
 from .ring import check_exchange
-from .train_checks import check_loop_settings, check_zeroshot, lr_multipliers
+from .train_checks import (
+    check_loop_settings,
+    check_schedule_length,
+    check_zeroshot,
+    lr_multipliers,
+)
 from .warmup import warmup_refusal
 
 SECTIONS = ("data", "model", "loss", "optim", "train")
@@ -521,6 +526,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
     if train.exchange != "gather":  # ring / bidir: a loss that is a sum over independent pairs
         check_exchange(train.exchange, loss_capabilities(loss.name, loss.params), loss.name, source)
     check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
+    if train.max_steps_per_epoch is not None:  # a cosine's warm-up within the shortened run
+        check_schedule_length(optim, train, source, steps_per_epoch=train.max_steps_per_epoch)
     check_zeroshot(train, source)
     check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
     for section, built in (("data", data), ("optim", optim), ("train", train)):

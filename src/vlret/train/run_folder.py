@@ -54,6 +54,7 @@ from ..data.checks import read_npy_header
 from ..data.noisy import NOISE_INDEX_FILE, NOISE_SUMMARY_FILE, save_noise_record
 from .checkpoint import load_checkpoint, torch_load_quietly
 from .config import ConfigError, config_from_dict, save_config
+from .run_lock import check_unlocked
 
 RUN_FILES = (
     "config.yaml",
@@ -283,6 +284,23 @@ def prepare_run_folder(
         return folder
     remove_stale_temporaries(folder, RUN_FILES)
     return folder
+
+
+def check_folder_unwritten(folder: Path) -> None:
+    """What :func:`prepare_run_folder` with ``create`` and the run lock would refuse, found
+    without creating, probing or locking anything (:func:`vlret.train.check_run`): the folder,
+    or the nearest of its parents that exists, must be a folder this process may write, and no
+    live run may hold it (:func:`vlret.train.run_lock.check_unlocked`)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunFolderError(f"{existing}: is a file, so output_dir {folder} cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "output folder" if existing == folder else f"folder that would hold {folder}"
+        raise RunFolderError(f"{existing}: cannot write the {what} (permission denied)")
+    if existing == folder:
+        check_unlocked(folder)
 
 
 def _continue_hint(folder: Path, resume: str | Path | None) -> str:

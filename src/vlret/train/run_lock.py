@@ -355,12 +355,39 @@ def acquire_run_lock(folder: str | Path, *, notify: Callable[[str], None] | None
     raise RunFolderLocked(folder, _read_holder_at(path))  # pragma: no cover - endless churn
 
 
+def check_unlocked(folder: str | Path) -> None:
+    """Refuse the run ``folder`` as :func:`acquire_run_lock` would, without creating, locking or
+    writing anything (``vlret train --check``): a lock file that is no regular file, or one a
+    live process holds. A shared lock is tried on the file opened read-only and let go at once.
+
+    Raises:
+        RunFolderLocked: Another live process holds the folder.
+        LockFileRefused: The lock file's path is a symbolic link, a folder or a special file.
+    """
+    path = Path(folder) / LOCK_FILE
+    _refuse_unless_regular(path)
+    if fcntl is None or not path.exists():  # pragma: no cover - Windows
+        return
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+    except OSError:  # removed meanwhile, or unreadable: the real run's lock says more
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunFolderLocked(Path(folder), _read_holder(fd)) from None
+    finally:
+        os.close(fd)  # drops the shared lock too
+
+
 __all__ = [
     "LOCK_FILE",
     "LockFileRefused",
     "RunFolderLocked",
     "RunLock",
     "acquire_run_lock",
+    "check_unlocked",
     "describe_holder",
     "takeover_note",
 ]

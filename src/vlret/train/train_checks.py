@@ -139,6 +139,35 @@ def check_precision(train: Any, source: str) -> None:
         raise ConfigError(source, "train.compile", why)
 
 
+def check_schedule_length(optim: Any, train: Any, source: str, *, steps_per_epoch: int) -> None:
+    """``optim.schedule = "cosine"`` needs more steps than its warm-up (the cosine decays over
+    the steps after it): ``train.epochs x steps_per_epoch`` must exceed ``optim.warmup_steps``.
+
+    Called twice with one message: by :func:`vlret.train.config.config_from_dict` where
+    ``train.max_steps_per_epoch`` bounds the steps per epoch (so a shortened run is refused
+    before any data is read), and by the trainer with the data's own count, before anything is
+    written (:func:`vlret.train.check_run` reports it the same way)."""
+    if optim.schedule != "cosine" or not optim.warmup_steps:
+        return
+    total = train.epochs * steps_per_epoch
+    if total > optim.warmup_steps:
+        return
+    capped = train.max_steps_per_epoch is not None and steps_per_epoch >= train.max_steps_per_epoch
+    per_epoch = (
+        f"train.max_steps_per_epoch {steps_per_epoch}"
+        if capped
+        else f"{steps_per_epoch} steps per epoch"
+    )
+    raise ConfigError(
+        source,
+        "optim.warmup_steps",
+        f"{optim.warmup_steps} must be below the run's {total} steps with optim.schedule = "
+        f"'cosine' (train.epochs {train.epochs} x {per_epoch}); set "
+        f"optim.warmup_steps below {total}, or raise train.epochs"
+        + (" or train.max_steps_per_epoch" if capped else ""),
+    )
+
+
 __all__ = [
     "AMP_MODES",
     "FREEZE_BN",
@@ -150,6 +179,7 @@ __all__ = [
     "check_precision",
     "check_procedure",
     "check_schedule",
+    "check_schedule_length",
     "check_zeroshot",
     "lr_multipliers",
 ]

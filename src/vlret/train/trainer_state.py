@@ -45,6 +45,7 @@ class TrainerState:
     encoder: Any
     vocab_size: int | None
     is_main: bool
+    check_only: bool
     output_dir: Path
     print_fn: Any
 
@@ -108,7 +109,7 @@ class TrainerState:
         self.epoch_loss_sum = float(state["epoch_loss_sum"])
         self.epoch_batches = int(state["epoch_batches"])
         self.epoch_skipped = int(state.get("epoch_skipped", 0))
-        if self.is_main:
+        if self.is_main and not self.check_only:  # check_run writes nothing
             log = self.output_dir / LOG_FILE
             source_log = Path(path).parent / LOG_FILE
             if not log.exists() and source_log.is_file():  # resumed into another folder
