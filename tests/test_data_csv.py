@@ -104,7 +104,8 @@ def config(**data):
 def test_config_keys_build_and_errors(tmp_path):
     write_images(tmp_path, ["a.jpg"])
     (tmp_path / "t.tsv").write_text("title\tfilepath\n" + "a\ta.jpg\n" * 3, encoding="utf-8")
-    cfg = config_from_dict(config(root=str(tmp_path), csv="t.tsv", dev_csv="t.tsv"))
+    tsv = str(tmp_path / "t.tsv")  # relative to the current folder, not data.root
+    cfg = config_from_dict(config(root=str(tmp_path), csv=tsv, dev_csv=tsv))
     d = cfg.data
     assert (d.csv_img_key, d.csv_caption_key, d.csv_separator) == ("filepath", "title", "\t")
     dev = build_csv_dataset(d, "dev", None)

@@ -130,7 +130,8 @@ def test_item9_a_field_holding_line_breaks_needs_csv_multiline(tmp_path):
         read_csv_pairs(tmp_path / "t.csv", separator=",")
     with pytest.raises(DataFormatError, match=r"data.csv_multiline = true"):
         read_csv_pairs(tmp_path / "t.csv", separator=",")
-    raw = clip_raw(tmp_path / "run", {"root": str(tmp_path), "format": "csv", "csv": "t.csv"})
+    csv = str(tmp_path / "t.csv")  # relative to the current folder, not data.root
+    raw = clip_raw(tmp_path / "run", {"root": str(tmp_path), "format": "csv", "csv": csv})
     raw["data"].update(csv_separator=",", csv_multiline=True)
     ds = build_csv_dataset(config_from_dict(raw).data, "train", None)
     assert ds.captions[1] == "a caption\nover two lines, with a comma" and len(ds) == 4
@@ -145,7 +146,8 @@ def test_item13_an_early_unclosed_quote_is_named_not_fewer_than_one_batch(tmp_pa
     write_csv(tmp_path / "t.csv", rows)
     text = (tmp_path / "t.csv").read_text().replace("img5.jpg,photo 5", 'img5.jpg,"photo 5')
     (tmp_path / "t.csv").write_text(text)
-    raw = clip_raw(tmp_path / "run", {"root": str(tmp_path), "format": "csv", "csv": "t.csv"})
+    csv = str(tmp_path / "t.csv")  # relative to the current folder, not data.root
+    raw = clip_raw(tmp_path / "run", {"root": str(tmp_path), "format": "csv", "csv": csv})
     raw["data"]["csv_separator"] = ","
     (tmp_path / "run.json").write_text(json.dumps(raw))
     assert main(["train", str(tmp_path / "run.json")]) == 2
@@ -194,8 +196,9 @@ def test_item10_dev_shards_count_their_bad_samples_in_the_record_and_the_line(tm
     write_shard(tmp_path / "train0.tar", 8)
     write_shard(tmp_path / "train1.tar", 8)
     write_shard(tmp_path / "dev.tar", 8, bad={1, 5})  # 25% bad
-    data = {"root": str(tmp_path), "format": "webdataset", "shards": "train{0..1}.tar"}
-    data.update(dev_shards="dev.tar", train_num_samples=8, shuffle_buffer=1)
+    shards = str(tmp_path / "train{0..1}.tar")  # relative to the current folder, not data.root
+    data = {"root": str(tmp_path), "format": "webdataset", "shards": shards}
+    data.update(dev_shards=str(tmp_path / "dev.tar"), train_num_samples=8, shuffle_buffer=1)
     raw = clip_raw(tmp_path / "run", {**data, "max_bad_fraction": 0.3})
     printed: list[str] = []
     Trainer(config_from_dict(raw), print_fn=printed.append).fit()
@@ -217,7 +220,8 @@ def test_item12_a_csv_skips_and_counts_bad_images_in_training(tmp_path):
     (tmp_path / "img10.jpg").write_bytes(jpeg(10, (40, 40)))  # 1600 pixels, over the cap
     write_csv(tmp_path / "train.csv", rows)
     write_csv(tmp_path / "dev.csv", rows[:5])  # img3 among 4
-    data = {"root": str(tmp_path), "format": "csv", "csv": "train.csv", "dev_csv": "dev.csv"}
+    data = {"root": str(tmp_path), "format": "csv", "csv": str(tmp_path / "train.csv")}
+    data["dev_csv"] = str(tmp_path / "dev.csv")  # relative to the current folder, not data.root
     data.update(csv_separator=",", max_image_pixels=1000, max_bad_fraction=0.3)
     raw = clip_raw(tmp_path / "run", data)
     printed: list[str] = []

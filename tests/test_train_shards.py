@@ -78,13 +78,15 @@ def repack(path: Path, sources: list[Path], order: list[str]) -> None:
 
 
 def shard_config(root: Path, out: Path, overrides: list[str] = ()) -> Any:  # type: ignore[assignment]
+    """The run config over the shards in ``root``, named by their paths from the current folder
+    (as every path key: vlret.data.paths), not from data.root."""
     raw = {
         "output_dir": str(out),
         "data": {
             "max_bad_fraction": 0.5,
             "root": str(root),
             "format": "webdataset",
-            "shards": "{00000..00003}.tar",
+            "shards": str(root / "{00000..00003}.tar"),
             "train_num_samples": 16,
             "shuffle_buffer": 5,
             "train_transform": "random_resized_crop",
@@ -241,7 +243,6 @@ def test_the_readers_of_another_format_may_change_across_a_resume():
 
 
 TWO_RANKS = [
-    'data.shards=["{00000..00001}.tar"]',
     "data.train_num_samples=12",  # one pass: 2 shards of 6, 3 global batches of 4
     "data.shuffle_buffer=1",
     "train.epochs=1",
@@ -258,14 +259,15 @@ def rank_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
 
     try:
         log = Record()
-        trainer = Trainer(shard_config(Path(root), Path(out) / "ddp", TWO_RANKS), hooks=[log])
+        two = [*TWO_RANKS, f"data.shards={json.dumps([str(Path(root) / '{00000..00001}.tar')])}"]
+        trainer = Trainer(shard_config(Path(root), Path(out) / "ddp", two), hooks=[log])
         init = model_params(trainer.model)
         trainer.fit()
         trainer.close()
         state = {"init": init, "params": model_params(trainer.model), "steps": log.steps}
         state["loss"] = {k: v.clone() for k, v in trainer.loss_fn.state_dict().items()}
         # Ctrl-C on rank 0 after the first step, then both ranks resume
-        cfg = shard_config(Path(root), Path(out) / "cut", TWO_RANKS)
+        cfg = shard_config(Path(root), Path(out) / "cut", two)
         cut = Record(stop_after=1 if rank == 0 else None)
         try:
             Trainer(cfg, hooks=[cut]).fit()

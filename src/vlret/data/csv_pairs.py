@@ -45,6 +45,7 @@ from .._images import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, open_rgb
 from .bad_samples import SkipsBadImages, check_dev_fraction
 from .checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim
 from .dataset import CaptionEncoder
+from .paths import relative_path_hint
 
 
 @dataclass(frozen=True)
@@ -403,11 +404,6 @@ class CsvPairsDataset(SkipsBadImages):
             )
 
 
-def _resolve(root: str, path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else Path(root) / p
-
-
 def build_csv_dataset(
     data: Any,
     split: str,
@@ -418,10 +414,12 @@ def build_csv_dataset(
     """The ``train`` (``data.csv``; bad images skipped and counted) or ``dev``
     (``data.dev_csv``, its first ``data.dev_max_images`` images that read,
     :meth:`CsvPairsDataset.keep_readable`) set of a ``[data]`` section with ``format = "csv"``;
-    relative files are taken relative to ``data.root``.
+    a relative file is relative to the current folder, as every path (:mod:`vlret.data.paths`).
 
     Raises:
         ValueError: ``split`` is neither, or its file is not configured.
+        FileNotFoundError: Its file is missing (naming the key, and the file under
+            ``data.root`` where a config of the old rule meant it).
     """
     if split not in ("train", "dev"):
         raise ValueError(f"format 'csv' has the splits 'train' (data.csv) and 'dev', got {split!r}")
@@ -429,8 +427,13 @@ def build_csv_dataset(
     name = data.csv if split == "train" else data.dev_csv
     if name is None:
         raise ValueError(f"format 'csv' needs {key}")
+    if not Path(name).exists():
+        hint = relative_path_hint(name, data_root=data.root)
+        raise FileNotFoundError(
+            f"{key}: {name}: missing; expected a CSV/TSV of image paths and captions{hint}"
+        )
     ds = CsvPairsDataset(
-        _resolve(data.root, name),
+        name,
         img_key=data.csv_img_key,
         caption_key=data.csv_caption_key,
         separator=data.csv_separator,

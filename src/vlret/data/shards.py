@@ -7,7 +7,8 @@ a key is the file name up to its first dot, extensions lower-cased); the image i
 ``jpg``, ``png``, ``jpeg``, ``webp`` (open_clip's choice), the caption ``txt``.
 
 ``data.shards`` is a brace pattern (``"cc3m/{00000..00331}.tar"``) or a list of paths and
-patterns; relative ones start from ``data.root``. No file gives the dataset's size, so
+patterns; relative ones start from the current folder, as every path does
+(:mod:`vlret.data.paths`), not from ``data.root``. No file gives the dataset's size, so
 ``data.train_num_samples`` sets the epoch: ``train_num_samples // train.batch_size`` global
 batches (capped by ``train.max_steps_per_epoch``).
 
@@ -74,6 +75,7 @@ from .._images import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, open_rgb
 from .bad_samples import BadSample, check_dev_fraction, epoch_fraction_message
 from .checks import DataFormatError
 from .dataset import RetrievalBatch, RetrievalDataset, collate_retrieval
+from .paths import relative_path_hint
 
 #: The image members a sample is read from, in order of preference (open_clip's).
 IMAGE_EXTENSIONS = ("jpg", "png", "jpeg", "webp")
@@ -105,15 +107,22 @@ def _wds(what: str = "reading webdataset shards") -> Any:
 
 
 def expand_shards(
-    spec: str | Sequence[str], *, root: str | Path = ".", key: str = "data.shards"
+    spec: str | Sequence[str],
+    *,
+    root: str | Path = ".",
+    key: str = "data.shards",
+    data_root: str | Path | None = None,
 ) -> list[str]:
     """The shard files of a brace pattern or a list of paths / patterns, in the given order.
 
     Args:
         spec: ``"cc3m/{00000..00331}.tar"``, several such patterns joined with ``::``
             (open_clip's ``--train-data``), or a list of them.
-        root: The folder relative paths start from.
+        root: The folder relative paths start from: the current folder, as for every config
+            key (:mod:`vlret.data.paths`); a caller of the library may give another.
         key: The config key named in errors.
+        data_root: The config's ``data.root``: a missing shard found under it is reported
+            with the fix (:func:`vlret.data.paths.relative_path_hint`), never read from there.
 
     Returns:
         The files as strings.
@@ -137,7 +146,8 @@ def expand_shards(
         for name in names:
             path = Path(name) if Path(name).is_absolute() else Path(root) / name
             if not path.is_file():
-                raise FileNotFoundError(_not_a_shard(path, name, pattern, key))
+                hint = relative_path_hint(path, data_root=data_root, pattern=pattern)
+                raise FileNotFoundError(_not_a_shard(path, name, pattern, key) + hint)
             out.append(str(path))
     if not out:
         raise ValueError(f"{key}: {spec!r} names no shard")
@@ -535,7 +545,7 @@ def build_shard_source(
 ) -> ShardStream:
     """The :class:`ShardStream` of a ``[data]`` section with ``format = "webdataset"``."""
     return ShardStream(
-        expand_shards(data.shards, root=data.root),
+        expand_shards(data.shards, data_root=data.root),
         num_samples=data.train_num_samples,
         batch_size=batch_size,
         seed=seed,
@@ -557,7 +567,7 @@ def build_shard_dev_set(
     data: Any, *, image_transform: Any = None, encoder: Any = None, max_images: int | None = None
 ) -> ShardDevSet:
     """The dev set ``data.dev_shards`` of a ``[data]`` section."""
-    shards = expand_shards(data.dev_shards, root=data.root, key="data.dev_shards")
+    shards = expand_shards(data.dev_shards, key="data.dev_shards", data_root=data.root)
     return ShardDevSet(
         shards,
         image_transform=image_transform,
