@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint docs demo bench bench-gpu package clean
+.PHONY: test lint docs docs-check demo bench bench-gpu package clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,16 @@ test: lint
 # (a broken link, a docstring parameter missing from the signature).
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# Documentation that runs (scripts/check_docs.py): every shell block of README.md and docs/ as
+# written, page by page in a fresh folder outside the tree with the installed vlret first on
+# PATH; a block marked <!-- docs-check: skip REASON: why --> is checked without running (its
+# vlret commands parsed, its configs validated). One line per block and per command with its
+# time, then a table per page. Apart from `make test` (its 15-minute budget); .ci/run calls it
+# after the tests. Options: make docs-check DOCS_CHECK='--page README.md --keep'.
+DOCS_CHECK ?=
+docs-check: $(STAMP)
+	$(PY) scripts/check_docs.py $(DOCS_CHECK)
 
 # The six-loss comparison on the synthetic "small" world (docs/results.md); `vlret demo` alone
 # is the few-second tour of the losses on one batch.
