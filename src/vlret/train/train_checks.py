@@ -9,6 +9,7 @@ only what the config alone decides.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .config_files import ConfigError
@@ -168,11 +169,38 @@ def check_schedule_length(optim: Any, train: Any, source: str, *, steps_per_epoc
     )
 
 
+#: The ``data.format`` values whose files are found in ``data.root`` (their layout's own names).
+ROOT_FORMATS = ("precomp", "msrvtt")
+#: Those that find a default there: the annotation file and ``imgs/`` (vlret.data.pedes).
+PERSON_SEARCH_FORMATS = ("cuhk-pedes", "icfg-pedes", "rstpreid")
+
+
+def check_data_root(data: Any, source: str) -> None:
+    """``data.root`` is an existing folder where the run reads files from it (precomp and
+    MSR-VTT; person search without ``data.annotations`` and ``data.image_root`` /
+    ``data.features_dir``; Karpathy, webdataset and CSV files are named by their own keys):
+    one line naming ``data.root`` instead of the first file of the layout found missing.
+    Called by the trainer before the vocabulary is built (and so by ``vlret train --check``)."""
+    person_defaults = data.format in PERSON_SEARCH_FORMATS and (
+        data.annotations is None or (data.image_root is None and data.features_dir is None)
+    )
+    if data.format not in ROOT_FORMATS and not person_defaults:
+        return
+    root = Path(data.root)
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "no such folder"
+        why = f"{data.root}: {what} (relative paths start from the current folder, {Path.cwd()})"
+        raise ConfigError(source, "data.root", why)
+
+
 __all__ = [
     "AMP_MODES",
     "FREEZE_BN",
     "SCHEDULES",
     "STANDARD_PROCEDURE",
+    "PERSON_SEARCH_FORMATS",
+    "ROOT_FORMATS",
+    "check_data_root",
     "check_freeze",
     "check_lock",
     "check_loop_settings",

@@ -96,7 +96,7 @@ from .run_log import (
 )
 from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
 from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
-from .train_checks import check_schedule_length
+from .train_checks import check_data_root, check_schedule_length
 from .trainer_state import TrainerState
 
 
@@ -211,6 +211,7 @@ class Trainer(TrainerState):
         seed_everything(tc.seed)
 
         check_model_config(config)  # model-section errors before the (slow) vocabulary
+        check_data_root(config.data, config.source)  # one line naming data.root
         self.encoder = build_encoder(config.data, model=config.model, source=config.source)
         self.vocab_size = vocab_size(self.encoder)
         self.model = build_run_model(config, self.vocab_size).to(self.device)
