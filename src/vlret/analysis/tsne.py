@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Subset
 from .._extras import require
 from .._files import atomic_write_text
 from ..models import PairScorer
+from ..train.eval_inputs import run_checkpoint  # a run folder's best.pt (else last.pt)
 from ._plotting import new_figure, require_matplotlib, save_figure
 
 #: The group the points are coloured by on a synthetic world.
@@ -67,23 +68,6 @@ class TsnePoints:
     def counts(self) -> dict[str, int]:
         """Points per modality."""
         return {m: self.modality.count(m) for m in ("image", "text")}
-
-
-def run_checkpoint(run: str | Path) -> Path:
-    """``run``'s ``best.pt`` when ``run`` is a run folder, else ``run`` itself (a checkpoint).
-
-    Raises:
-        FileNotFoundError: No such folder or file, or a folder without ``best.pt``.
-    """
-    path = Path(run)
-    if path.is_dir():
-        best = path / "best.pt"
-        if not best.is_file():
-            raise FileNotFoundError(f"{path}: no best.pt (a run folder after its first epoch)")
-        return best
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; expected a run folder or a checkpoint")
-    return path
 
 
 def world_groups(root: str | Path, split: str, num_images: int) -> list[str] | None:
@@ -162,8 +146,7 @@ def tsne_points(
     """
     from ..train.builders import build_dataset, load_trained_model
     from ..train.distributed import resolve_device
-    from ..train.eval_data import eval_data_config
-    from ..train.evaluate import STREAM_FORMATS, karpathy_eval_data
+    from ..train.eval_data import eval_data_config, stored_eval_data
 
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
         raise ValueError(f"samples: expected an integer >= 2, got {samples!r}")
@@ -179,11 +162,8 @@ def tsne_points(
             f"{path}: model.kind {kind!r} scores pairs (cross-attention) and has no joint "
             "embedding space to map; t-SNE needs a two-tower checkpoint"
         )
-    data_config = run.data
-    if data_config.format in STREAM_FORMATS:
-        data_config = karpathy_eval_data(data_config)
     root = Path(data) if data is not None else Path(run.data.root)
-    config = eval_data_config(data_config, root)
+    config = eval_data_config(stored_eval_data(run.data), root)
     dataset = build_dataset(
         config, split, encoder, image_transform=getattr(model, "image_transform", None)
     )

@@ -1,5 +1,9 @@
-"""``vlret eval CKPT [CKPT ...] --data DIR --split SPLIT --protocol NAME``: a thin layer over
-:mod:`vlret.train.evaluate` (the evaluation itself, its table and its JSON record)."""
+"""``vlret eval RUN_OR_CKPT [...] --protocol NAME [--data DIR] [--split SPLIT] [--check]``: a
+thin layer over :mod:`vlret.train.evaluate` (the evaluation itself, its table and its JSON
+record). A run folder is evaluated from its ``best.pt`` (else ``last.pt``), on the data folder of
+its config and the protocol's split of that data unless ``--data`` / ``--split`` say otherwise
+(:mod:`vlret.train.eval_inputs`); ``--check`` loads and reads everything, prints what would be
+evaluated and writes nothing."""
 
 from __future__ import annotations
 
@@ -41,8 +45,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "checkpoint",
         type=Path,
         nargs="*",
-        help="checkpoint(s) written by vlret train (or vlret import-checkpoint); several: "
-        "an ensemble averaging their score matrices",
+        metavar="RUN_OR_CKPT",
+        help="run folder(s) of vlret train (their best.pt, else last.pt) or checkpoint(s) "
+        "(also of vlret import-checkpoint); several: an ensemble averaging their score matrices",
     )
     p.add_argument(
         "--model-dir",
@@ -63,15 +68,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--data",
         type=Path,
-        required=True,
-        help="data folder of the test split (Karpathy: dataset_*.json and images/ in it)",
+        help="data folder of the test split (Karpathy: dataset_*.json and images/ in it; a run "
+        "trained on shards or a CSV is evaluated on Karpathy data); default: the first "
+        "checkpoint's data.root (required with --model-dir)",
     )
     p.add_argument(
         "--split",
-        required=True,
         choices=eval_splits(),
         help="; ".join(f"{'/'.join(names)}: {splits}" for splits, names in by_splits.items())
-        + " (dev, val: model-selection checks; papers report the test splits)",
+        + " (dev, val: model-selection checks; papers report the test splits); default: the "
+        "first of the protocol's splits for the data (its paper's test split)",
     )
     p.add_argument(
         "--protocol",
@@ -133,6 +139,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     p.add_argument(
+        "--check",
+        action="store_true",
+        help="check everything (arguments, checkpoints or --model-dir, data, split, protocol), "
+        "print what would be evaluated and the split's size, exit without encoding or writing",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an existing --json file (refused without this flag)",
@@ -146,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
     from ..metrics.rescore import RescoreParameterError, make_rescoring
-    from ..train.evaluate import run_evaluation
+    from ..train.eval_inputs import resolve_eval_inputs
+    from ..train.evaluate import prepare_evaluation
 
     if args.model_dir is not None and args.checkpoint:
         return fail(
@@ -162,13 +175,22 @@ def run(args: argparse.Namespace) -> int:
             "--default-preprocessing applies to --model-dir (a Hugging Face CLIP directory); a "
             "checkpoint keeps its model's preprocessing",
         )
+    inputs = None
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json, overwrite=args.overwrite)
-        result = run_evaluation(
-            args.checkpoint[0] if len(args.checkpoint) == 1 else (args.checkpoint or None),
+        inputs = resolve_eval_inputs(
+            args.checkpoint,
+            protocol=args.protocol,
             data=args.data,
             split=args.split,
+            model_dir=args.model_dir,
+        )
+        checkpoints = inputs.checkpoints
+        prepared = prepare_evaluation(
+            checkpoints[0] if len(checkpoints) == 1 else (checkpoints or None),
+            data=inputs.data,
+            split=inputs.split,
             protocol=args.protocol,
             batch_size=args.batch_size,
             device=args.device,
@@ -189,11 +211,49 @@ def run(args: argparse.Namespace) -> int:
                 bank_size=args.bank_size,
             ),
         )
+        if args.check:
+            print(check_summary(prepared, inputs, args))
+            return EXIT_OK
+        for note in inputs.notes():  # the defaults taken: checkpoint, data, split
+            print(note)
+        result = prepared.run()
     except RescoreParameterError as err:  # named by its flag: --dsl-temperature 1e-320 is ...
         return fail(NAME, f"{RESCORE_FLAGS.get(err.param, err.param)} {err.detail}")
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
+        if inputs is not None and "split" in inputs.why and isinstance(err, FileNotFoundError):
+            return fail(
+                NAME,
+                f"--split {inputs.split} ({inputs.why['split']}, taken as no --split was given) "
+                f"is not in {inputs.data}: {err}",
+            )
         return fail(NAME, err)
     print(result.table())  # the Evaluation carries its protocol and split
     if args.json is not None:
         print(write_metrics_json(result.record(), args.json, overwrite=args.overwrite))
     return EXIT_OK
+
+
+def check_summary(prepared: Any, inputs: Any, args: argparse.Namespace) -> str:
+    """What ``vlret eval --check`` prints: the model(s), data, split, protocol and sizes of the
+    evaluation :func:`~vlret.train.evaluate.prepare_evaluation` built, and what would be
+    written."""
+    images, texts = prepared.sizes
+    visual = prepared.protocol.visual
+
+    def why(key: str) -> str:
+        return f" ({inputs.why[key]})" if key in inputs.why else ""
+
+    models = [f"{c}{why(str(c))}" for c in inputs.checkpoints]
+    models = models or [f"{args.model_dir} (a local Hugging Face CLIP folder)"]
+    lines = [
+        f"model: {', '.join(models)}"
+        + (f"; an ensemble of {len(prepared.members)}" if len(prepared.members) > 1 else ""),
+        f"data: {inputs.data}{why('data')}",
+        f"split: {prepared.split}{why('split')}",
+        f"protocol: {prepared.protocol.name}",
+        f"title: {prepared.protocol.title_for(prepared.split, images, texts)}",
+        f"size: {images} {visual}s x {texts} captions",
+        f"would write: {args.json if args.json is not None else 'nothing (no --json)'}",
+        "check passed: nothing encoded, nothing written",
+    ]
+    return "\n".join(lines)

@@ -2,15 +2,21 @@
 ``vlret eval --data`` names (:func:`eval_data_config`), and a person-search run's config for
 another person-search set (:func:`person_search_eval_data`, domain generalisation).
 
-Shared by ``vlret eval``, ``vlret mine-negatives``, ``vlret compare`` and ``vlret plot tsne``.
+Shared by ``vlret eval``, ``vlret mine-negatives``, ``vlret compare``, ``vlret report`` and
+``vlret plot tsne``: a run trained on shards or a CSV is evaluated on Karpathy JSON + images
+(:func:`karpathy_eval_data`, :func:`stored_eval_data`), and a protocol gives the split when none
+is named (:func:`default_split`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
+from ..data.synthetic.hint import META_FILE as SYNTHETIC_META
+from ..eval import EvalProtocol, get_protocol
 from .config import DataConfig
 
 
@@ -58,7 +64,7 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
                 want = stored or "dataset_<name>.json"
                 raise FileNotFoundError(
                     f"{folder}: expected the Karpathy JSON {want} in this folder, found "
-                    f"{[p.name for p in found] or 'none'}"
+                    f"{[p.name for p in found] or 'none'}{_karpathy_fix(folder, found)}"
                 )
             json_path = found[0]
     image_root = None
@@ -70,8 +76,31 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     )
 
 
+def _karpathy_fix(folder: Path, found: list[Path]) -> str:
+    """How to point ``vlret eval`` at Karpathy data, for the error of a folder without one JSON:
+    a synthetic world written in another format is rewritten with ``--format karpathy``."""
+    if found:
+        return "; pass the one to evaluate as --data FILE"
+    meta = folder / SYNTHETIC_META
+    if meta.is_file():
+        try:
+            written = json.loads(meta.read_text(encoding="utf-8")).get("format")
+        except (json.JSONDecodeError, AttributeError, OSError):
+            written = None
+        if written is not None and written != "karpathy":
+            return (
+                f"; this synthetic world was written in the {written} format: write it with "
+                "`vlret synth PRESET --out DIR --format karpathy` (plus --webdataset for shards) "
+                "to get its Karpathy JSON and images"
+            )
+    return (
+        "; --data names the folder of a Karpathy JSON (dataset_<name>.json with images/) or "
+        "the JSON file itself"
+    )
+
+
 #: what a training data source names that another format's evaluation data must not inherit
-#: (:func:`person_search_eval_data`, :func:`vlret.train.evaluate.karpathy_eval_data`)
+#: (:func:`person_search_eval_data`, :func:`karpathy_eval_data`)
 TRAINING_SOURCE_CLEARED: dict[str, Any] = {
     "shards": None,
     "dev_shards": None,
@@ -97,3 +126,59 @@ def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
         features_dir=None,
         **TRAINING_SOURCE_CLEARED,
     )
+
+
+#: training formats that hold no evaluation split of a paper protocol: a model trained on them
+#: from pixels is evaluated on Karpathy JSON + images (zero-shot retrieval, AdaCL Table 2)
+STREAM_FORMATS = ("webdataset", "csv")
+
+
+def karpathy_eval_data(data: DataConfig) -> DataConfig:
+    """The data config of a model trained from pixels on shards or a CSV, read as Karpathy JSON +
+    images for evaluation (``vlret eval CKPT --data DIR``: ``DIR/dataset_*.json`` and
+    ``DIR/images/``, five captions per image); the caption encoder stays the checkpoint's."""
+    return dataclasses.replace(
+        data,
+        format="karpathy",
+        karpathy_json=None,
+        image_root="images",
+        captions_per_image=5,
+        **TRAINING_SOURCE_CLEARED,
+    )
+
+
+def stored_eval_data(data: DataConfig, protocol: str | EvalProtocol | None = None) -> DataConfig:
+    """A stored run's data config read as the data it is evaluated on: a person-search
+    ``protocol`` of a run trained on other data reads the protocol's format
+    (:func:`person_search_eval_data`, domain generalisation), a run trained on shards or a CSV
+    reads Karpathy JSON + images (:func:`karpathy_eval_data`), any other run its own format.
+    Shared by ``vlret eval``, ``report``, ``compare`` and ``plot tsne``."""
+    chosen = get_protocol(protocol) if protocol is not None else None
+    if (
+        chosen is not None
+        and chosen.relevance == "same-identity"
+        and data.format not in chosen.splits
+    ):
+        (person_format,) = chosen.splits
+        return person_search_eval_data(data, person_format)
+    if data.format in STREAM_FORMATS:
+        return karpathy_eval_data(data)
+    return data
+
+
+def default_split(protocol: str | EvalProtocol, data_format: str) -> str:
+    """The split ``vlret eval`` scores when ``--split`` is not given: the first split
+    ``protocol`` evaluates in ``data_format`` (the format of :func:`stored_eval_data`), its
+    paper's test split (``f30k``: ``test``; ``coco5k`` / ``coco1k``: ``testall`` of precomp
+    data, ``test`` of a Karpathy JSON; person search: ``test``).
+
+    Raises:
+        ValueError: The protocol does not evaluate ``data_format`` data.
+    """
+    chosen = get_protocol(protocol)
+    if data_format not in chosen.splits:
+        raise ValueError(
+            f"protocol {chosen.name} evaluates {' or '.join(chosen.splits)} data, not "
+            f"{data_format} data"
+        )
+    return chosen.splits[data_format][0]

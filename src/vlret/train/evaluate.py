@@ -70,22 +70,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import Subset
 
 from .._moved import renamed_names
-from ..data import RetrievalDataset, check_features
+from ..data import RetrievalDataset
 from ..eval import (
     EnsembleScorer,
     EnsembleSplit,
     EvalProtocol,
     Evaluation,
-    MatrixScorer,
     PairModelScorer,
     RescoredScorer,
     Scorer,
     ShortlistScorer,
-    TwoTowerScorer,
     encode_dataset,
     eval_splits,
     evaluate,
@@ -95,6 +91,7 @@ from ..eval import (
     protocol_names,
 )
 from ..metrics import (
+    IDENTITY_PREFIX,
     IdentityMetrics,
     RetrievalMetrics,
     coco_5fold_metrics,
@@ -102,13 +99,25 @@ from ..metrics import (
     retrieval_metrics,
     similarity_stats,
 )
-from ..metrics.rescore import Rescoring, draw_bank
+from ..metrics.rescore import Rescoring
 from ..models import PairScorer
-from .builders import StoredRun, build_dataset, load_pretrained_member, load_trained_model
+from .builders import load_pretrained_member, load_trained_model
 from .checkpoint_members import checkpoint_members, member_names
-from .config import DataConfig
 from .distributed import resolve_device
-from .eval_data import TRAINING_SOURCE_CLEARED, eval_data_config, person_search_eval_data
+from .eval_data import STREAM_FORMATS, karpathy_eval_data  # re-exported: their old home
+from .eval_members import (
+    Member,
+    bank_data,
+    check_same_split,
+    eval_dataset,
+    load_member,
+    member_scorer,
+    shortlist_source,
+    with_caption_counts,
+)
+
+#: The old private name (tests, ensembles' split check), now :func:`.eval_members.check_same_split`.
+_check_same_split = check_same_split
 
 _deprecated = renamed_names(
     __name__,
@@ -144,7 +153,7 @@ def check_protocol(protocol: str) -> str:
 def check_eval_split(protocol: str, split: str, data_format: str) -> None:
     """Raise ``ValueError`` unless ``protocol`` evaluates ``split`` of ``data_format`` data (a
     run trained on shards or a CSV is evaluated on Karpathy JSON + images,
-    :func:`karpathy_eval_data`)."""
+    :func:`~vlret.train.eval_data.karpathy_eval_data`)."""
     get_protocol(protocol).check_split(
         split, "karpathy" if data_format in STREAM_FORMATS else data_format
     )
@@ -164,8 +173,9 @@ def dev_metrics(
 
     ``image_identity`` (person search: the dev set's
     :attr:`~vlret.data.dataset.RetrievalDataset.image_identity`) adds the identity-level
-    metrics of the person-search protocols, ``t2i_R1`` ... ``i2t_mINP``
-    (:func:`vlret.metrics.identity_retrieval_metrics`; ``t2i_R1`` is what IRRA selects on)."""
+    metrics of the person-search protocols, ``identity_t2i_r1`` ... ``identity_i2t_minp``
+    (:func:`vlret.metrics.identity_retrieval_metrics`; ``identity_t2i_r1`` is what IRRA
+    selects on)."""
     out = retrieval_metrics(img_emb, txt_emb, txt_to_img).as_dict()
     if image_identity is not None:
         img_ids = torch.as_tensor(image_identity, dtype=torch.long)
@@ -175,7 +185,7 @@ def dev_metrics(
             "i2t": (img_emb, txt_emb, img_ids, txt_ids),
         }.items():
             found = identity_retrieval_metrics_from_embeddings(q, g, qi, gi)
-            out.update({f"{d}_{k}": v for k, v in found.items()})
+            out.update({f"{IDENTITY_PREFIX}{d}_{k}": v for k, v in found.items()})
     # Cosines whatever the model's scoring; the scores above are the model's own.
     sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
     out.update(similarity_stats(sim, txt_to_img=txt_to_img))
@@ -238,10 +248,40 @@ def evaluate_checkpoint(
     ).metrics
 
 
-Member = tuple[nn.Module, StoredRun, Any]
+@dataclasses.dataclass(frozen=True)
+class PreparedEvaluation:
+    """Everything :func:`run_evaluation` checked and built before scoring: the scorer (models
+    loaded, nothing encoded yet), the split it reads, the protocol and split, and each
+    member's name and copy of the split. :meth:`run` scores it; ``vlret eval --check`` stops
+    here (:func:`prepare_evaluation`)."""
+
+    scorer: Scorer
+    data: Any
+    protocol: EvalProtocol
+    split: str
+    members: tuple[str, ...]
+    datasets: tuple[RetrievalDataset, ...]
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """``(images, texts)`` the split scores (videos for MSR-VTT)."""
+        first = self.datasets[0]
+        return first.num_images, first.num_captions
+
+    def run(self) -> Evaluation:
+        """Encode and score: the :class:`~vlret.eval.Evaluation`."""
+        return evaluate(self.scorer, self.data, self.protocol, split=self.split)
 
 
 def run_evaluation(
+    checkpoint: str | Path | Sequence[str | Path] | None, **options: Any
+) -> Evaluation:
+    """Load ``checkpoint``, encode a split and score a protocol: :func:`prepare_evaluation`
+    (the arguments, their checks and errors) then :meth:`PreparedEvaluation.run`."""
+    return prepare_evaluation(checkpoint, **options).run()
+
+
+def prepare_evaluation(
     checkpoint: str | Path | Sequence[str | Path] | None,
     *,
     data: str | Path,
@@ -257,8 +297,9 @@ def run_evaluation(
     captions_per_video: int | None = None,
     model_dir: str | Path | None = None,
     default_preprocessing: str | None = None,
-) -> Evaluation:
-    """Load ``checkpoint``, encode ``split`` of the data folder ``data`` and score ``protocol``:
+) -> PreparedEvaluation:
+    """Load ``checkpoint`` and read ``split`` of the data folder ``data`` for ``protocol``,
+    checking every argument, without encoding anything (:func:`run_evaluation` then scores):
     the checkpoint(s) become a scorer (:mod:`vlret.eval.scorers`) measured by
     :func:`vlret.eval.evaluate`; the :class:`~vlret.eval.Evaluation` carries the protocol and
     split and renders its own table and JSON record.
@@ -288,7 +329,7 @@ def run_evaluation(
         checkpoints = []
     else:
         checkpoints = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
-    load: Callable[..., Member] = _load_member
+    load: Callable[..., Member] = load_member
     if model_dir is not None:
         if checkpoints:
             raise ValueError(
@@ -335,8 +376,8 @@ def run_evaluation(
     sources: list[str | Path] = []  # each member's checkpoint (NCR's holds two networks)
     named_members: list[str] = []
     for c in checkpoints:
-        member = _with_caption_counts(load(c, chosen, split, dev), c, counts)
-        group = checkpoint_members(c, member) if load is _load_member else [member]
+        member = with_caption_counts(load(c, chosen, split, dev), c, counts)
+        group = checkpoint_members(c, member) if load is load_member else [member]
         members, sources = members + group, sources + [c] * len(group)
         named_members += member_names(c, len(group))
     names = tuple(named_members)
@@ -355,18 +396,18 @@ def run_evaluation(
     built: dict[str, RetrievalDataset] = {}  # a checkpoint's networks share its copy
     for c, m in zip(sources, members, strict=True):
         if str(c) not in built:
-            built[str(c)] = _eval_dataset(m, data, split, chosen)
+            built[str(c)] = eval_dataset(m, data, split, chosen)
     datasets = [built[str(c)] for c in sources]
     for name, ds in zip(names[1:], datasets[1:], strict=True):
-        _check_same_split(names[0], datasets[0], name, ds, split)
+        check_same_split(names[0], datasets[0], name, ds, split)
     split_data: Any = datasets[0] if len(datasets) == 1 else EnsembleSplit(tuple(datasets))
     options: dict[str, Any] = {"batch_size": batch_size, "device": dev, "progress": progress}
-    scorers = [_member_scorer(m, **options) for m in members]
+    scorers = [member_scorer(m, **options) for m in members]
     scorer: Scorer
     if shortlist is not None:
         source = None
         if shortlist_from is not None:
-            source = _shortlist_source(
+            source = shortlist_source(
                 shortlist_from,
                 data,
                 formats,
@@ -381,182 +422,10 @@ def run_evaluation(
     else:
         scorer = scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers, members=names)
         if rescore is not None:
-            bank = _bank_data(members, datasets, data, chosen, rescore)
+            bank = bank_data(members, datasets, data, chosen, rescore)
             scorer = RescoredScorer(scorer, rescore, bank, members=names)
     scorer.members = names
-    return evaluate(scorer, split_data, chosen, split=split)
-
-
-def _member_scorer(
-    member: Member, *, batch_size: int, device: torch.device, progress: bool
-) -> MatrixScorer:
-    """A checkpoint's scorer: pair scores, or its embeddings compared by its model's scoring."""
-    model, run, _ = member
-    if isinstance(model, PairScorer):
-        return PairModelScorer(model, batch_size=batch_size, device=device, progress=progress)
-    return TwoTowerScorer(model, scoring=run.scoring, batch_size=batch_size, device=device)
-
-
-def _shortlist_source(
-    checkpoint: str | Path,
-    data: str | Path,
-    formats: set[str],
-    protocol: EvalProtocol,
-    split: str,
-    first: tuple[str, RetrievalDataset],
-    counts: dict[str, int | None],
-    **options: Any,
-) -> tuple[TwoTowerScorer, RetrievalDataset]:
-    """The ``shortlist_from`` two-tower checkpoint's scorer and its copy of the split."""
-    member = _load_member(checkpoint, protocol, split, options["device"])
-    member = _with_caption_counts(member, checkpoint, counts)
-    if isinstance(member[0], PairScorer) or member[1].data.format not in formats:
-        raise ValueError(
-            f"shortlist_from: {checkpoint} must be a two-tower checkpoint trained on "
-            f"{formats.pop()} data"
-        )
-    ds = _eval_dataset(member, data, split, protocol)
-    _check_same_split(first[0], first[1], str(checkpoint), ds, split)
-    scorer = _member_scorer(member, **options)
-    assert isinstance(scorer, TwoTowerScorer)  # not a PairScorer (checked above)
-    return scorer, ds
-
-
-#: the data formats whose captions each count applies to (:func:`_with_caption_counts`)
-_COUNT_FORMATS = {"captions_per_image": ("precomp", "karpathy"), "captions_per_video": ("msrvtt",)}
-
-
-def _with_caption_counts(
-    member: Member, checkpoint: str | Path, counts: dict[str, int | None]
-) -> Member:
-    """``member`` with its stored data config's caption counts replaced where given; a count
-    of another data format is refused, naming the checkpoint's format."""
-    model, run, encoder = member
-    given: dict[str, Any] = {k: v for k, v in counts.items() if v is not None}
-    for key in given:
-        if run.data.format not in _COUNT_FORMATS[key]:
-            raise ValueError(
-                f"{key}: only used with {' or '.join(_COUNT_FORMATS[key])} data; {checkpoint} "
-                f"was trained on {run.data.format} data"
-            )
-    if not given:
-        return member
-    return model, dataclasses.replace(run, data=dataclasses.replace(run.data, **given)), encoder
-
-
-#: training formats that hold no evaluation split of a paper protocol: a model trained on them
-#: from pixels is evaluated on Karpathy JSON + images (zero-shot retrieval, AdaCL Table 2)
-STREAM_FORMATS = ("webdataset", "csv")
-
-
-def karpathy_eval_data(data: DataConfig) -> DataConfig:
-    """The data config of a model trained from pixels on shards or a CSV, read as Karpathy JSON +
-    images for evaluation (``vlret eval CKPT --data DIR``: ``DIR/dataset_*.json`` and
-    ``DIR/images/``, five captions per image); the caption encoder stays the checkpoint's."""
-    return dataclasses.replace(
-        data,
-        format="karpathy",
-        karpathy_json=None,
-        image_root="images",
-        captions_per_image=5,
-        **TRAINING_SOURCE_CLEARED,
-    )
-
-
-def _load_member(
-    checkpoint: str | Path, protocol: EvalProtocol, split: str, device: torch.device | str
-) -> Member:
-    model, run, encoder = load_trained_model(checkpoint, device=device)
-    if protocol.relevance == "same-identity" and run.data.format not in protocol.splits:
-        # domain generalisation: trained elsewhere, evaluated on the protocol's data set
-        (person_format,) = protocol.splits
-        run = dataclasses.replace(run, data=person_search_eval_data(run.data, person_format))
-    elif run.data.format in STREAM_FORMATS:
-        run = dataclasses.replace(run, data=karpathy_eval_data(run.data))
-    try:
-        protocol.check_split(split, run.data.format)
-    except ValueError as err:
-        raise ValueError(f"{checkpoint}: {err}") from None
-    return model, run, encoder
-
-
-def _eval_dataset(
-    member: Member, data: str | Path, split: str, protocol: EvalProtocol
-) -> RetrievalDataset:
-    model, run, encoder = member
-    transform = getattr(model, "image_transform", None)
-    dataset = build_dataset(
-        eval_data_config(run.data, data),
-        split,
-        encoder,
-        protocol=protocol.data_protocol,
-        image_transform=transform,
-    )
-    # NaN / inf or another feature size: the file and row now (DataFormatError), as training
-    # checks its splits, not "img_emb contains NaN or inf values" after encoding
-    in_dim = getattr(getattr(model, "image_encoder", None), "in_dim", None)
-    check_features(dataset, in_dim=in_dim if isinstance(in_dim, int) else None)
-    return dataset
-
-
-def _check_same_split(name_a: str, a: RetrievalDataset, name_b: str, b: RetrievalDataset, split):
-    """Ensemble members must score the same images and captions, in the same order."""
-    size_a, size_b = (a.num_images, a.num_captions), (b.num_images, b.num_captions)
-    if size_a != size_b:
-        raise ValueError(
-            f"{name_a} and {name_b} see different {split} splits: {size_a[0]} x {size_a[1]} "
-            f"and {size_b[0]} x {size_b[1]} images x texts (check their data settings)"
-        )
-    same_ids = list(a.image_ids) == list(b.image_ids)
-    if not same_ids or not torch.equal(
-        torch.as_tensor(a.txt_to_img), torch.as_tensor(b.txt_to_img)
-    ):
-        raise ValueError(
-            f"{name_a} and {name_b} see the {split} split's images or captions in another order"
-        )
-
-
-class _BankView:
-    """The test images with the querybank's training captions as texts (for scoring them)."""
-
-    def __init__(self, test: RetrievalDataset, train: RetrievalDataset, index: torch.Tensor):
-        self.test, self.captions, self.index = test, train.texts(), index.tolist()
-
-    def images(self):
-        return self.test.images()
-
-    def texts(self) -> Subset:
-        view = Subset(self.captions, self.index)
-        view.collate = self.captions.collate  # type: ignore[attr-defined]
-        return view
-
-
-def _bank_data(
-    members: list[Member],
-    datasets: list[RetrievalDataset],
-    data: str | Path,
-    protocol: EvalProtocol,
-    rescore: Rescoring,
-) -> Any:
-    """QB-Norm's querybank: ``rescore.bank_size`` captions of the ``train`` split (fixed seed)
-    with each member's test images (an :class:`~vlret.eval.EnsembleSplit` for ensembles);
-    ``None`` for a re-scoring without a querybank."""
-    if not rescore.needs_bank:
-        return None
-    views, index = [], None
-    for member, ds in zip(members, datasets, strict=True):
-        try:
-            train = _eval_dataset(member, data, "train", protocol)
-        except (FileNotFoundError, ValueError) as err:
-            msg = f"rescore qbnorm: the querybank is the train split's captions: {err}"
-            raise ValueError(msg) from None
-        if index is None:
-            n_train = train.num_captions
-            index = draw_bank(n_train, size=rescore.bank_size, seed=rescore.bank_seed)
-        elif train.num_captions != n_train:
-            raise ValueError("rescore qbnorm: the ensemble's members see different train splits")
-        views.append(_BankView(ds, train, index))
-    return views[0] if len(views) == 1 else EnsembleSplit(tuple(views))
+    return PreparedEvaluation(scorer, split_data, chosen, split, names, tuple(datasets))
 
 
 def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
@@ -570,6 +439,7 @@ def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[
 
 
 __all__ = [
+    "STREAM_FORMATS",
     "EVAL_SPLITS",  # noqa: F822 (module __getattr__, read from the registry)
     "Evaluation",
     "check_eval_split",
@@ -580,9 +450,12 @@ __all__ = [
     "evaluation_record",
     "evaluation_title",
     "format_metrics_table",
+    "karpathy_eval_data",
     "load_trained_model",
     "metrics_json",
     "protocol_metrics",
     "protocol_title",
+    "PreparedEvaluation",
+    "prepare_evaluation",
     "run_evaluation",
 ]
