@@ -128,10 +128,18 @@ def _display(lines: list[str]) -> str:
 
 
 def _tail(path: Path) -> list[str]:
+    """The last lines of an output file as a terminal shows them: a progress bar's redraws
+    (``\\r``) leave their last state, blank and repeated lines go."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        with path.open(encoding="utf-8", errors="replace", newline="") as stream:
+            text = stream.read()
     except OSError:
         return []
+    lines: list[str] = []
+    for row in text.split("\n"):
+        shown = row.rstrip("\r").rsplit("\r", 1)[-1].rstrip()
+        if shown.strip() and (not lines or lines[-1] != shown):
+            lines.append(shown)
     return lines[-TAIL_LINES:]
 
 
