@@ -122,6 +122,14 @@ class DocsCheck:
         for error in errors:
             _say(f"{error}  FAIL")
         for block in blocks:
+            if (
+                block.language == "console"
+                and block.mode != "none"
+                and not any(line.startswith("$ ") for line in block.lines)
+            ):
+                report.warnings.append(
+                    f"{block.where}: a console block without '$ ' lines (nothing to run or check)"
+                )
             for offset in unrun_command_lines(block):
                 report.warnings.append(
                     f"{name}:{block.page_line(offset)}: a command in "

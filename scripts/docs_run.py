@@ -157,6 +157,13 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
             continue
 
 
+def _stop_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class PageRunner:
     """Runs the blocks of one page in ``folder / "work"`` (created empty), in order."""
 
@@ -217,6 +224,7 @@ class PageRunner:
             try:
                 status = process.wait(timeout=max(timeout, 0.1))
                 timed_out = False
+                _stop_group(process.pid)  # what the block left running in the background
             except subprocess.TimeoutExpired:
                 self.killed_at = time.time()  # the trap bash runs as it dies is traced too
                 _kill(process)
