@@ -97,7 +97,6 @@ class DocsCheck:
         budget: float,
         dry_run: bool,
         keep_going: bool = False,
-        keep: bool = False,
     ) -> None:
         self.root = root
         self.bin_dir = bin_dir
@@ -106,7 +105,6 @@ class DocsCheck:
         self.budget = budget
         self.dry_run = dry_run
         self.keep_going = keep_going
-        self.keep = keep
         self.start = time.monotonic()
         self.reports: list[PageReport] = []
 
@@ -122,14 +120,6 @@ class DocsCheck:
         for error in errors:
             _say(f"{error}  FAIL")
         for block in blocks:
-            if (
-                block.language == "console"
-                and block.mode != "none"
-                and not any(line.startswith("$ ") for line in block.lines)
-            ):
-                report.warnings.append(
-                    f"{block.where}: a console block without '$ ' lines (nothing to run or check)"
-                )
             for offset in unrun_command_lines(block):
                 report.warnings.append(
                     f"{name}:{block.page_line(offset)}: a command in "
@@ -151,8 +141,6 @@ class DocsCheck:
                 if not self._run(block, report, runner, page_start) and not self.keep_going:
                     stopped = f"an earlier block failed: {report.failures[-1].splitlines()[0]}"
         report.seconds = time.monotonic() - page_start
-        if runner is not None and not self.keep:  # a page's worlds go before the next page's
-            shutil.rmtree(runner.folder, ignore_errors=True)
         return report
 
     def _check(self, block: Block, report: PageReport) -> None:
@@ -328,7 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         budget=args.budget,
         dry_run=args.dry_run,
         keep_going=args.keep_going,
-        keep=args.keep,
     )
     try:
         for path in pages:

@@ -117,10 +117,10 @@ def test_runs_select_on_t2i_r1_and_the_curves_plot_it(person_compare):
     for outcome in report.outcomes:
         lines = (outcome.spec.run_dir / "metrics.jsonl").read_text().splitlines()
         epoch = next(r for r in map(json.loads, lines) if r["kind"] == "epoch")
-        assert epoch["select_on"] == "t2i_R1" and epoch["best_epoch"] == 0
-        assert epoch["best_t2i_R1"] == epoch["dev_t2i_R1"]
+        assert epoch["select_on"] == "identity_t2i_r1" and epoch["best_epoch"] == 0
+        assert epoch["best_identity_t2i_r1"] == epoch["dev_identity_t2i_r1"]
     curves = report.curves.read_text()
-    assert curves.startswith("### Dev t2i_R1 (selects best.pt)")
+    assert curves.startswith("### Dev identity_t2i_r1 (selects best.pt)")
     assert "Dev rsum" in curves  # the caption-level curve is still there, after it
     assert any(p.name == "curves_loss_rsum.png" for p in report.plots)
 
@@ -139,3 +139,49 @@ def test_an_unknown_select_on_fails_before_any_run(tmp_path):
             overrides=["train.select_on=t2i_medr"],
         )
     assert not (tmp_path / "out" / "runs").exists()
+
+
+#: today's identity-level key -> as earlier releases wrote it (IRRA's labels)
+OLD_SPELLING = {
+    f"identity_{d}_{k}": f"{d}_{old}"
+    for d in ("t2i", "i2t")
+    for k, old in (("r1", "R1"), ("r5", "R5"), ("r10", "R10"), ("map", "mAP"), ("minp", "mINP"))
+}
+
+
+def _old(key: str) -> str:
+    """A key of today as an earlier release wrote it: dev_identity_t2i_r1 -> dev_t2i_R1."""
+    for new, old in OLD_SPELLING.items():
+        if key.endswith(new):
+            return key[: -len(new)] + old
+    return key
+
+
+def test_results_and_logs_of_the_older_key_spelling_still_read(person_compare):
+    """Run folders written before the key rename (result.json and metrics.jsonl with t2i_R1,
+    dev_t2i_R1, best_t2i_R1, select_on t2i_R1): a comparison reads them as cached runs and
+    makes the same table, and plots the same selection metric. Runs last: it rewrites them."""
+    world, report = person_compare
+    before = {s.label: dict(s.mean) for s in report.summaries}
+    for outcome in report.outcomes:
+        result = outcome.spec.run_dir / "result.json"
+        record = json.loads(result.read_text())
+        record["metrics"] = {_old(k): v for k, v in record["metrics"].items()}
+        assert "t2i_R1" in record["metrics"]
+        result.write_text(json.dumps(record))
+        log = outcome.spec.run_dir / "metrics.jsonl"
+        rows = []
+        for row in map(json.loads, log.read_text().splitlines()):
+            row = {_old(k): v for k, v in row.items()}
+            if row.get("select_on") in OLD_SPELLING:
+                row["select_on"] = OLD_SPELLING[row["select_on"]]
+            rows.append(json.dumps(row))
+        log.write_text("\n".join(rows) + "\n")
+    tmp = world.parent
+    again = compare(
+        tmp / "persons_compare.yaml", losses=LOSSES, seeds=2, out=tmp / "out", progress=False
+    )
+    assert all(o.status == "cached" for o in again.outcomes)
+    assert {s.label: dict(s.mean) for s in again.summaries} == before
+    assert set(next(iter(before.values()))) >= set(IDENTITY_KEYS)
+    assert again.curves.read_text().startswith("### Dev identity_t2i_r1 (selects best.pt)")

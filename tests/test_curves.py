@@ -236,6 +236,8 @@ def _dev_run(run_dir: Path, rows: list[dict], *, config: dict | None = None) -> 
 
 
 def _rows(train, dev, i2t, t2i, *, upper: bool = False):
+    """Epoch rows; ``upper``: a person-search log as earlier releases wrote it (``dev_t2i_R1``,
+    the identity level, beside the image-level ``dev_t2i_r1``)."""
     k = "R1" if upper else "r1"
     extra = {"dev_i2t_r1": -1.0, "dev_t2i_r1": -1.0} if upper else {}  # image-level, unused
     return [
@@ -255,8 +257,13 @@ def test_r1_keys_are_the_image_level_ones_or_person_searchs_identity_level():
     from vlret.analysis.epoch_curves import r1_keys
 
     assert r1_keys(_rows([1.0], [1.0], [2.0], [3.0])) == ("dev_i2t_r1", "dev_t2i_r1")
-    person = [{"kind": "epoch", **r} for r in _rows([1.0], [1.0], [2.0], [3.0], upper=True)]
-    assert r1_keys(person) == ("dev_i2t_R1", "dev_t2i_R1")
+    from vlret.metrics import normalise_metric_record
+
+    # an older person-search log (dev_t2i_R1) as read_metrics_log reads it
+    old = [{"kind": "epoch", **r} for r in _rows([1.0], [1.0], [2.0], [3.0], upper=True)]
+    person = [normalise_metric_record(r) for r in old]
+    assert r1_keys(person) == ("dev_identity_i2t_r1", "dev_identity_t2i_r1")
+    assert [person[0][k] for k in r1_keys(person)] == [2.0, 3.0]
     # a real epoch record's keys: the trainer logs the image-level recalls with a dev_ prefix
     from vlret.train.run_log import epoch_record
 

@@ -319,7 +319,7 @@ def test_vlret_train_on_a_cuhk_pedes_folder_with_irras_augmentation(cuhk, tmp_pa
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     epoch = next(r for r in records if r["kind"] == "epoch")
     assert epoch["step"] == 2 and np.isfinite(epoch["dev_rsum"])
-    for key in ("dev_t2i_R1", "dev_t2i_mAP", "dev_i2t_mINP"):  # identity-level dev metrics
+    for key in ("dev_identity_t2i_r1", "dev_identity_t2i_map", "dev_identity_i2t_minp"):
         assert 0.0 <= epoch[key] <= 100.0, key
     assert (out / "best.pt").is_file()
     # the trained checkpoint under the identity protocol, end to end through vlret eval
@@ -328,4 +328,4 @@ def test_vlret_train_on_a_cuhk_pedes_folder_with_irras_augmentation(cuhk, tmp_pa
     assert main([*cmd, "--protocol", "cuhk-pedes", "--json", str(record), "--no-progress"]) == 0
     found = json.loads(record.read_text())
     assert found["protocol"] == "cuhk-pedes" and found["split"] == "test"
-    assert 0.0 <= found["metrics"]["t2i_R1"] <= found["metrics"]["t2i_R10"] <= 100.0
+    assert 0.0 <= found["metrics"]["identity_t2i_r1"] <= found["metrics"]["identity_t2i_r10"] <= 100

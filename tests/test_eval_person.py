@@ -106,7 +106,7 @@ def test_person_protocols_are_registered_as_data():
     with pytest.raises(ValueError, match="needs cuhk-pedes data"):
         get_protocol("cuhk-pedes").check_split("test", "precomp")
     assert "val" in eval_splits()
-    assert len(IDENTITY_METRICS) == 10 and IDENTITY_METRICS[0] == "t2i_R1"
+    assert len(IDENTITY_METRICS) == 10 and IDENTITY_METRICS[0] == "identity_t2i_r1"
 
 
 def test_unknown_identity_metric_refused():
@@ -126,12 +126,12 @@ def test_two_tower_evaluation_matches_the_oracle_both_ways(tmp_path):
     assert table[0].startswith("CUHK-PEDES protocol on test split of 10 images x 20 texts")
     assert table[-3].split() == ["task", "R1", "R5", "R10", "mAP", "mINP"]
     assert table[-2].split()[0] == "t2i" and table[-1].split()[0] == "i2t"
-    assert float(table[-2].split()[1]) == pytest.approx(t2i["R1"], abs=0.005)
+    assert float(table[-2].split()[1]) == pytest.approx(t2i["r1"], abs=0.005)
     record = json.loads(json.dumps(result.record()))
     assert record["protocol"] == "cuhk-pedes" and record["split"] == "test"
     assert record["n_identities"] == 4 and record["title"] == result.title()
     assert set(record["metrics"]) == set(IDENTITY_METRICS)
-    assert record["metrics"]["i2t_mINP"] == pytest.approx(i2t["mINP"], abs=1e-9)
+    assert record["metrics"]["identity_i2t_minp"] == pytest.approx(i2t["minp"], abs=1e-9)
 
 
 def test_matrix_scorer_route_agrees_with_the_embedding_route():
@@ -167,8 +167,8 @@ def test_dev_metrics_add_the_identity_metrics():
     assert set(out) == set(plain) | set(IDENTITY_METRICS)
     assert all(out[k] == plain[k] for k in plain)
     t2i, i2t = _oracle(model, data)
-    assert close({k: out[f"t2i_{k}"] for k in t2i}, t2i)
-    assert close({k: out[f"i2t_{k}"] for k in i2t}, i2t)
+    assert close({k: out[f"identity_t2i_{k}"] for k in t2i}, t2i)
+    assert close({k: out[f"identity_i2t_{k}"] for k in i2t}, i2t)
 
 
 def test_protocol_metrics_refuses_identity_protocols():

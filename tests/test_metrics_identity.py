@@ -12,6 +12,7 @@ import torch
 
 from vlret.metrics import (
     IDENTITY_KEYS,
+    IDENTITY_METRIC_KEYS,
     IdentityMetrics,
     identity_retrieval_metrics,
     identity_retrieval_metrics_from_embeddings,
@@ -60,11 +61,11 @@ def irra_rank(similarity, q_pids, g_pids, max_rank=10) -> dict[str, float]:
     steps = torch.arange(1, tmp_cmc.shape[1] + 1, dtype=torch.float64)
     ap = ((tmp_cmc / steps) * matches).sum(1) / num_rel
     return {
-        "R1": float(all_cmc[0]),
-        "R5": float(all_cmc[4]),
-        "R10": float(all_cmc[9]),
-        "mAP": float(ap.mean() * 100),
-        "mINP": float(minp),
+        "r1": float(all_cmc[0]),
+        "r5": float(all_cmc[4]),
+        "r10": float(all_cmc[9]),
+        "map": float(ap.mean() * 100),
+        "minp": float(minp),
     }
 
 
@@ -92,9 +93,9 @@ def test_hand_worked_ties_count_against_the_query():
     # first, the relevant items sit at 2 and 3
     sim = torch.tensor([[0.9, 0.5, 0.9, 0.1]])
     out = identity_retrieval_metrics(sim, [1], [2, 1, 1, 3])
-    assert out["R1"] == 0.0 and out["R5"] == 100.0 and out["R10"] == 100.0
-    assert out["mAP"] == pytest.approx(100 * (1 / 2 + 2 / 3) / 2, abs=1e-12)
-    assert out["mINP"] == pytest.approx(100 * 2 / 3, abs=1e-12)
+    assert out["r1"] == 0.0 and out["r5"] == 100.0 and out["r10"] == 100.0
+    assert out["map"] == pytest.approx(100 * (1 / 2 + 2 / 3) / 2, abs=1e-12)
+    assert out["minp"] == pytest.approx(100 * 2 / 3, abs=1e-12)
     assert tuple(out) == IDENTITY_KEYS
 
 
@@ -103,9 +104,9 @@ def test_hand_worked_two_queries_relevant_items_tied_among_themselves():
     # q1 (id 6): its only relevant item is the best -> all 100
     sim = torch.tensor([[0.8, 0.8, 0.8, 0.2], [0.1, 0.3, 0.2, 0.9]])
     out = identity_retrieval_metrics(sim, [5, 6], [5, 9, 5, 6])
-    assert out["R1"] == 50.0
-    assert out["mAP"] == pytest.approx(100 * ((1 / 2 + 2 / 3) / 2 + 1) / 2, abs=1e-12)
-    assert out["mINP"] == pytest.approx(100 * (2 / 3 + 1) / 2, abs=1e-12)
+    assert out["r1"] == 50.0
+    assert out["map"] == pytest.approx(100 * ((1 / 2 + 2 / 3) / 2 + 1) / 2, abs=1e-12)
+    assert out["minp"] == pytest.approx(100 * (2 / 3 + 1) / 2, abs=1e-12)
 
 
 def test_all_scores_equal_rank_every_relevant_item_last():
@@ -113,9 +114,9 @@ def test_all_scores_equal_rank_every_relevant_item_last():
     g_ids = [0, 0, 1, 1, 1, 2]
     out = identity_retrieval_metrics(sim, [0, 1, 2], g_ids)
     assert close(out, naive(sim, [0, 1, 2], g_ids))
-    assert out["R1"] == 0.0 and out["R5"] == pytest.approx(200 / 3)  # ids 0 (5th) and 1 (4th)
+    assert out["r1"] == 0.0 and out["r5"] == pytest.approx(200 / 3)  # ids 0 (5th) and 1 (4th)
     # mINP: R / G for every query
-    assert out["mINP"] == pytest.approx(100 * (2 / 6 + 3 / 6 + 1 / 6) / 3, abs=1e-12)
+    assert out["minp"] == pytest.approx(100 * (2 / 6 + 3 / 6 + 1 / 6) / 3, abs=1e-12)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 1024])
@@ -259,8 +260,9 @@ def test_identity_metrics_record_and_table():
     t2i = dict(zip(IDENTITY_KEYS, (10.0, 20.0, 30.0, 40.0, 50.0), strict=True))
     i2t = dict(zip(IDENTITY_KEYS, (1.0, 2.0, 3.0, 4.0, 5.0), strict=True))
     m = IdentityMetrics(t2i, i2t, identities=7)
-    assert m.as_dict()["t2i_mAP"] == 40.0 and m["i2t_R10"] == 3.0 and len(m.as_dict()) == 10
-    rows = m.format_table("title").splitlines()
-    assert rows[0] == "title" and rows[1].split() == ["task", *IDENTITY_KEYS]
+    assert m.as_dict()["identity_t2i_map"] == 40.0 and m["identity_i2t_r10"] == 3.0
+    assert tuple(m.as_dict()) == IDENTITY_METRIC_KEYS and len(IDENTITY_METRIC_KEYS) == 10
+    rows = m.format_table("title").splitlines()  # IRRA's labels in the table, keys lower-case
+    assert rows[0] == "title" and rows[1].split() == ["task", "R1", "R5", "R10", "mAP", "mINP"]
     assert rows[2].split() == ["t2i", "10.00", "20.00", "30.00", "40.00", "50.00"]
     assert rows[3].split()[0] == "i2t"

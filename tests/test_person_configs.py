@@ -199,5 +199,5 @@ def test_a_flickr30k_checkpoint_evaluates_on_the_three_person_search_sets(tmp_pa
         want = naive_identity_metrics((txt @ img.T).numpy(), q_ids, [e["id"] for _, e in tests])
         got = found["metrics"]
         # float32 encoders on both sides, the same operations: equal rankings, so equal metrics
-        assert got["t2i_R1"] == pytest.approx(want["R1"], abs=1e-6)
-        assert got["t2i_mAP"] == pytest.approx(want["mAP"], abs=1e-4)
+        assert got["identity_t2i_r1"] == pytest.approx(want["R1"], abs=1e-6)
+        assert got["identity_t2i_map"] == pytest.approx(want["mAP"], abs=1e-4)

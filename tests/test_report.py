@@ -537,7 +537,7 @@ def test_person_search_ranks_count_every_image_of_the_person(persons, tmp_path):
     metrics = record["evaluation"]["metrics"]
     for d in ("i2t", "t2i"):
         r1 = 100.0 * sum(r == 1 for r in want[d].values()) / len(want[d])
-        assert metrics[f"{d}_R1"] == pytest.approx(r1, abs=1e-9)
+        assert metrics[f"identity_{d}_r1"] == pytest.approx(r1, abs=1e-9)
     # the person pictures are shown although the model reads their precomputed features
     assert (tmp_path / "thumbs").is_dir() and any((tmp_path / "thumbs").iterdir())
 

@@ -216,7 +216,7 @@ def test_a_checkpoint_of_one_domain_evaluates_on_another_worlds_features(tmp_pat
     sim = (txt @ img.T).numpy()
     g_ids = np.array([e["id"] for e in entries])
     r1 = [float(g_ids[row.argmax()] == q) for row, q in zip(sim, q_ids, strict=True)]
-    assert got["t2i_R1"] == pytest.approx(100 * np.mean(r1), abs=1e-6)
+    assert got["identity_t2i_r1"] == pytest.approx(100 * np.mean(r1), abs=1e-6)
     # the target's own feature folder is read: without it the evaluation names it
     (target / "features" / "test_ims.npy").unlink()
     capsys.readouterr()

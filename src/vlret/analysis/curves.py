@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
+from ..metrics import normalise_metric_record
 from ._plotting import new_figure, save_figure
 
 #: File names written by the functions of this module.
@@ -48,7 +49,10 @@ def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
         path: The log, or the run folder holding it.
 
     Returns:
-        Its JSON object records in order; a line that is not one (cut by a kill) is skipped.
+        Its JSON object records in order, metric keys in today's spelling (an older log's
+        ``dev_t2i_R1`` as ``dev_identity_t2i_r1``,
+        :func:`vlret.metrics.normalise_metric_record`); a line that is not one (cut by a
+        kill) is skipped.
 
     Raises:
         FileNotFoundError: No log at ``path``.
@@ -65,7 +69,7 @@ def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
         if isinstance(rec, dict):
-            records.append(rec)
+            records.append(normalise_metric_record(rec))
     return records
 
 
@@ -89,9 +93,9 @@ def epoch_series(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, fl
 
 def selection_key(records: Sequence[Mapping[str, Any]]) -> str:
     """The epoch-record key of the dev metric a run selected ``best.pt`` on:
-    ``dev_<select_on>`` as its epoch records name it (``dev_t2i_R1`` on person search), or
-    ``dev_rsum`` for a log written before ``train.select_on`` existed (those runs selected on
-    rsum)."""
+    ``dev_<select_on>`` as its epoch records name it (``dev_identity_t2i_r1`` on person
+    search), or ``dev_rsum`` for a log written before ``train.select_on`` existed (those runs
+    selected on rsum)."""
     for rec in records:
         name = rec.get("select_on")
         if rec.get("kind") == "epoch" and isinstance(name, str) and name:
@@ -211,9 +215,9 @@ def epoch_curve_markdown(
 
 def write_epoch_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> Path:
     """Write ``curves.md`` atomically: :func:`epoch_curve_markdown` of the metric the runs
-    selected on (:func:`selection_key`, e.g. ``dev_t2i_R1`` on person search) first, then of
-    each :data:`CURVE_KEYS` key that some run logged (metrics with one decimal, cosines and
-    the dev loss with three).
+    selected on (:func:`selection_key`, e.g. ``dev_identity_t2i_r1`` on person search) first,
+    then of each :data:`CURVE_KEYS` key that some run logged (metrics with one decimal, cosines
+    and the dev loss with three).
 
     Args:
         runs: Label -> the run folders of its seeds.

@@ -8,7 +8,8 @@
   ``train.select_on`` named another) and dev R@1 per direction, one colour per run.
 
 The R@1 keys (:func:`r1_keys`) are the image-level ``dev_i2t_r1`` / ``dev_t2i_r1`` of every
-run's epoch records, or on person search the identity-level ``dev_i2t_R1`` / ``dev_t2i_R1``
+run's epoch records, or on person search the identity-level ``dev_identity_i2t_r1`` /
+``dev_identity_t2i_r1``
 (any image of the caption's person counts, the R@1 the person-search papers report).
 matplotlib (the ``plot`` extra) is imported inside each function.
 """
@@ -32,11 +33,12 @@ DIRECTIONS = ("I->T", "T->I")
 
 def r1_keys(records: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """The epoch-record keys of dev R@1, image-to-text then text-to-image: the person-search
-    identity-level ``dev_i2t_R1`` / ``dev_t2i_R1`` when the run logged them, else
-    ``dev_i2t_r1`` / ``dev_t2i_r1``."""
+    identity-level ``dev_identity_i2t_r1`` / ``dev_identity_t2i_r1`` when the run logged them
+    (older logs' ``dev_t2i_R1`` read as such by :func:`~vlret.analysis.curves.read_metrics_log`),
+    else ``dev_i2t_r1`` / ``dev_t2i_r1``."""
     for rec in records:
-        if rec.get("kind") == "epoch" and "dev_t2i_R1" in rec:
-            return ("dev_i2t_R1", "dev_t2i_R1")
+        if rec.get("kind") == "epoch" and "dev_identity_t2i_r1" in rec:
+            return ("dev_identity_i2t_r1", "dev_identity_t2i_r1")
     return ("dev_i2t_r1", "dev_t2i_r1")
 
 

@@ -86,14 +86,14 @@ SYNTHETIC_KEYS: tuple[str, ...] = tuple(k for k, _ in SYNTHETIC_COLUMNS + SUBSET
 #: keys of :meth:`vlret.metrics.IdentityMetrics.as_dict`), text to image first as IRRA
 #: reports them, with their header labels.
 IDENTITY_COLUMNS: tuple[tuple[str, str], ...] = tuple(
-    (f"{d}_{k}", f"{arrow} {label}")
+    (f"identity_{d}_{k}", f"{arrow} {label}")
     for d, arrow in (("t2i", "T→I"), ("i2t", "I→T"))
     for k, label in (
-        ("R1", "R@1"),
-        ("R5", "R@5"),
-        ("R10", "R@10"),
-        ("mAP", "mAP"),
-        ("mINP", "mINP"),
+        ("r1", "R@1"),
+        ("r5", "R@5"),
+        ("r10", "R@10"),
+        ("map", "mAP"),
+        ("minp", "mINP"),
     )
 )
 IDENTITY_KEYS: tuple[str, ...] = tuple(k for k, _ in IDENTITY_COLUMNS)

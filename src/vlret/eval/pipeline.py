@@ -155,7 +155,8 @@ def metrics_record(
     metrics: RetrievalMetrics | IdentityMetrics, *, protocol: str, split: str, **extra: Any
 ) -> dict[str, Any]:
     """JSON record: the metrics' key names under ``metrics`` (and per fold under ``folds``;
-    person search: ``t2i_R1`` ... ``i2t_mINP`` and the split's ``n_identities``)."""
+    person search: ``identity_t2i_r1`` ... ``identity_i2t_minp`` and the split's
+    ``n_identities``)."""
     out: dict[str, Any] = {"protocol": protocol, "split": split, **extra}
     out["metrics"] = metrics.as_dict()
     if isinstance(metrics, IdentityMetrics):

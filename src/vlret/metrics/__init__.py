@@ -11,6 +11,9 @@ need a full relevance matrix.
 * :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
 * :mod:`~vlret.metrics.zeroshot`: zero-shot classification accuracy (top-1, top-5) and mean
   per-class recall, CLIP_benchmark's metrics.
+* :mod:`~vlret.metrics.keys`: the one casing of metric keys (lower case; person search's
+  ``identity_t2i_r1``) and the reader of older spellings
+  (:func:`~vlret.metrics.normalise_metric_key`).
 * :mod:`~vlret.metrics.rescore`: NON-STANDARD inference re-scoring of a score matrix (dual
   softmax, QB-Norm), never to be mixed with standard results.
 
@@ -19,10 +22,13 @@ This package is core: it imports no data format, model, trainer or analysis code
 
 from .identity import (
     IDENTITY_KEYS,
+    IDENTITY_LABELS,
+    IDENTITY_METRIC_KEYS,
     IdentityMetrics,
     identity_retrieval_metrics,
     identity_retrieval_metrics_from_embeddings,
 )
+from .keys import IDENTITY_PREFIX, normalise_metric_key, normalise_metric_record
 from .ranks import (
     RECALL_KEYS,
     Fold,
@@ -57,6 +63,9 @@ __all__ = [
     "RECALL_KEYS",
     "ZEROSHOT_METRICS",
     "IDENTITY_KEYS",
+    "IDENTITY_LABELS",
+    "IDENTITY_METRIC_KEYS",
+    "IDENTITY_PREFIX",
     "ExtendedMetrics",
     "Fold",
     "IdentityMetrics",
@@ -76,6 +85,8 @@ __all__ = [
     "identity_retrieval_metrics_from_embeddings",
     "make_rescoring",
     "metrics_from_ranks",
+    "normalise_metric_key",
+    "normalise_metric_record",
     "normalised_queries",
     "qb_norm",
     "querybank_activation",

@@ -3,13 +3,15 @@
 A query (a caption describing a pedestrian) is scored against the whole gallery (every test
 image); every gallery item of the query's person identity is relevant, so a query has several
 correct answers. Reported, in percent, as IRRA reports them (anosorae/IRRA,
-``utils/metrics.py``):
+``utils/metrics.py``), under lower-case keys as every vlret metric (per direction ``r1`` ...
+``minp``; a protocol's record ``identity_t2i_r1`` ... ``identity_i2t_minp``,
+:mod:`vlret.metrics.keys`; the tables keep IRRA's labels R1 ... mINP):
 
-* ``R1``, ``R5``, ``R10``: the fraction of queries with a relevant item in the top K;
-* ``mAP``: the mean over queries of the average precision over the full ranking,
+* ``r1``, ``r5``, ``r10``: the fraction of queries with a relevant item in the top K;
+* ``map``: the mean over queries of the average precision over the full ranking,
   ``AP = (1/R) sum_k k / pos_k`` with ``pos_k`` the 1-based position of the k-th relevant item
   and ``R`` the number of relevant items;
-* ``mINP`` (Ye et al., "Deep learning for person re-identification", TPAMI 2021): the mean over
+* ``minp`` (Ye et al., "Deep learning for person re-identification", TPAMI 2021): the mean over
   queries of ``R / pos_R``, the number of relevant items over the position of the LAST one
   (IRRA's ``tmp_cmc[last] / (last + 1)``).
 
@@ -29,7 +31,8 @@ so the cost is a few passes over the score matrix, not a ``Q x G`` argsort.
 :func:`identity_retrieval_metrics_from_embeddings` scores each block of queries from the
 embeddings when it ranks it, so no full score matrix is held (ICFG-PEDES: 19,873 x 19,848).
 
-This module is core: it imports torch, :mod:`vlret._checks` and :mod:`vlret.metrics.ranks`.
+This module is core: it imports torch, :mod:`vlret._checks`, :mod:`vlret.metrics.keys` and
+:mod:`vlret.metrics.ranks`.
 """
 
 from __future__ import annotations
@@ -42,10 +45,18 @@ import numpy as np
 import torch
 
 from .._checks import check_finite
+from .keys import IDENTITY_PREFIX
 from .ranks import _check_chunk, _check_finite, _eval_dtype, check_not_empty
 
 #: The keys of :func:`identity_retrieval_metrics`, in the order IRRA's table prints them.
-IDENTITY_KEYS = ("R1", "R5", "R10", "mAP", "mINP")
+IDENTITY_KEYS = ("r1", "r5", "r10", "map", "minp")
+#: The table label of each key (IRRA's column headers).
+IDENTITY_LABELS = {"r1": "R1", "r5": "R5", "r10": "R10", "map": "mAP", "minp": "mINP"}
+#: The keys of :meth:`IdentityMetrics.as_dict` (a person-search record, the dev metrics of a
+#: person-search run): ``identity_t2i_r1`` ... ``identity_i2t_minp``, text to image first.
+IDENTITY_METRIC_KEYS = tuple(
+    f"{IDENTITY_PREFIX}{d}_{k}" for d in ("t2i", "i2t") for k in IDENTITY_KEYS
+)
 #: The cut-offs of the recalls.
 _KS = (1, 5, 10)
 #: Scores per block of queries (a block is ``chunk_size`` queries, fewer on a wide gallery):
@@ -177,9 +188,9 @@ def _ranked(
         hits = [h + bh for h, bh in zip(hits, block_hits, strict=True)]
         ap_sum += ap
         inp_sum += inp
-    out = {f"R{cut}": 100.0 * h / n_q for cut, h in zip(_KS, hits, strict=True)}
-    out["mAP"] = 100.0 * ap_sum / n_q
-    out["mINP"] = 100.0 * inp_sum / n_q
+    out = {f"r{cut}": 100.0 * h / n_q for cut, h in zip(_KS, hits, strict=True)}
+    out["map"] = 100.0 * ap_sum / n_q
+    out["minp"] = 100.0 * inp_sum / n_q
     return out
 
 
@@ -268,8 +279,13 @@ class IdentityMetrics:
     identities: int = 0
 
     def as_dict(self) -> dict[str, float]:
-        """``{"t2i_R1": ..., "i2t_mINP": ...}``: the protocol's metric names."""
-        return {f"{d}_{k}": getattr(self, d)[k] for d in ("t2i", "i2t") for k in IDENTITY_KEYS}
+        """``{"identity_t2i_r1": ..., "identity_i2t_minp": ...}``: the protocol's metric
+        names (:data:`IDENTITY_METRIC_KEYS`)."""
+        return {
+            f"{IDENTITY_PREFIX}{d}_{k}": getattr(self, d)[k]
+            for d in ("t2i", "i2t")
+            for k in IDENTITY_KEYS
+        }
 
     def __getitem__(self, key: str) -> float:
         return self.as_dict()[key]
@@ -277,7 +293,7 @@ class IdentityMetrics:
     def format_table(self, title: str = "") -> str:
         """IRRA's table: one row per direction, R1 R5 R10 mAP mINP."""
         lines = [title] if title else []
-        lines.append("task " + "".join(f"{k:>8}" for k in IDENTITY_KEYS))
+        lines.append("task " + "".join(f"{IDENTITY_LABELS[k]:>8}" for k in IDENTITY_KEYS))
         for d in ("t2i", "i2t"):
             values = getattr(self, d)
             lines.append(f"{d:<5}" + "".join(f"{values[k]:8.2f}" for k in IDENTITY_KEYS))
@@ -286,6 +302,8 @@ class IdentityMetrics:
 
 __all__ = [
     "IDENTITY_KEYS",
+    "IDENTITY_LABELS",
+    "IDENTITY_METRIC_KEYS",
     "IdentityMetrics",
     "identity_retrieval_metrics",
     "identity_retrieval_metrics_from_embeddings",

@@ -29,6 +29,7 @@ import torch
 
 from .._files import atomic_write
 from ..data.expert_pickles import container_bounds_problem
+from ..metrics import normalise_metric_key
 
 CHECKPOINT_VERSION = 1
 
@@ -139,12 +140,14 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
 def best_selection(state: dict[str, Any]) -> tuple[str, float | None]:
     """``(select_on, best value)`` of a training checkpoint: its ``select_on`` and
     ``best_metric``, or for a checkpoint written before ``train.select_on`` existed
-    ``("rsum", best_rsum)`` (those runs selected on the dev rsum)."""
+    ``("rsum", best_rsum)`` (those runs selected on the dev rsum); an older spelling of the
+    metric is read as today's (``t2i_R1``: ``identity_t2i_r1``,
+    :func:`vlret.metrics.normalise_metric_key`)."""
     if state.get("select_on") is None:
         best = state.get("best_rsum")
         return "rsum", None if best is None else float(best)
     best = state.get("best_metric")
-    return str(state["select_on"]), None if best is None else float(best)
+    return normalise_metric_key(str(state["select_on"])), None if best is None else float(best)
 
 
 # --------------------------------------------------------------------------------------------

@@ -300,8 +300,8 @@ class TrainConfig:
     activation_checkpointing: bool = False
     #: The dev metric ``best.pt`` maximises, a "higher is better" key of the trainer's dev
     #: metrics (:func:`vlret.train.config_checks.selection_metric` lists them); ``None``: the
-    #: format's default, ``"t2i_R1"`` on the person-search formats (IRRA selects on R@1),
-    #: ``"rsum"`` otherwise. A resumed run keeps the checkpoint's.
+    #: format's default, ``"identity_t2i_r1"`` on the person-search formats (IRRA selects on
+    #: R@1), ``"rsum"`` otherwise. A resumed run keeps the checkpoint's.
     select_on: str | None = None
     #: The training procedure (:mod:`vlret.train.procedures`): ``"standard"`` (one model, the
     #: loss of each batch; ``"none"`` or null say the same and resolve to it) or a registered

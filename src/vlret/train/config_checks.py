@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..metrics import IDENTITY_METRIC_KEYS, normalise_metric_key
 from .config_files import ConfigError
 
 #: Epochs (and epoch counts) of a run.
@@ -339,9 +340,7 @@ def check_offline_negatives(
 SELECT_ON_RETRIEVAL = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
 #: On the person-search formats also the identity-level metrics the trainer logs there
 #: (:func:`vlret.train.evaluate.dev_metrics` with ``image_identity``), in percent.
-SELECT_ON_IDENTITY = tuple(
-    f"{d}_{k}" for d in ("t2i", "i2t") for k in ("R1", "R5", "R10", "mAP", "mINP")
-)
+SELECT_ON_IDENTITY = IDENTITY_METRIC_KEYS
 
 
 def selectable_metrics(data_format: str) -> tuple[str, ...]:
@@ -353,8 +352,10 @@ def selectable_metrics(data_format: str) -> tuple[str, ...]:
 def selection_metric(config: Any) -> str:
     """The dev metric ``best.pt`` maximises for the run config ``config`` (a
     :class:`~vlret.train.config.RunConfig`): ``train.select_on``, or when it is ``None``
-    ``"t2i_R1"`` on the person-search formats (as IRRA) and ``"rsum"`` otherwise. An epoch
-    improves on the best only when strictly higher (the first of equal epochs is kept).
+    ``"identity_t2i_r1"`` on the person-search formats (as IRRA) and ``"rsum"`` otherwise. An
+    epoch improves on the best only when strictly higher (the first of equal epochs is kept).
+    An older spelling (``"t2i_R1"``) is read as today's
+    (:func:`vlret.metrics.normalise_metric_key`).
 
     Raises:
         ConfigError: ``train.select_on`` names no metric of :func:`selectable_metrics`
@@ -362,11 +363,12 @@ def selection_metric(config: Any) -> str:
     """
     fmt, chosen = config.data.format, config.train.select_on
     if chosen is None:
-        return "t2i_R1" if fmt in PEDES_FORMATS else "rsum"
+        return IDENTITY_METRIC_KEYS[0] if fmt in PEDES_FORMATS else "rsum"
+    given, chosen = chosen, normalise_metric_key(chosen) if isinstance(chosen, str) else chosen
     valid = selectable_metrics(fmt)
     if chosen not in valid:
         where = "" if fmt in PEDES_FORMATS else f" (data.format {fmt!r}: not person search)"
-        why = f"unknown dev metric {chosen!r}{where}; expected one of {', '.join(valid)}"
+        why = f"unknown dev metric {given!r}{where}; expected one of {', '.join(valid)}"
         raise ConfigError(config.source, "train.select_on", why)
     return str(chosen)
 

@@ -372,7 +372,7 @@ class Validation:
                 F.normalize(img, dim=1) if cosine else img,
                 F.normalize(txt, dim=1) if cosine else txt,
                 torch.as_tensor(dev.txt_to_img),
-                image_identity=dev.image_identity,  # person search: t2i_R1 ... i2t_mINP
+                image_identity=dev.image_identity,  # person search: identity_t2i_r1 ...
             )
         }
         args = (img, txt, dev.txt_to_img)

@@ -91,6 +91,7 @@ from ..eval import (
     protocol_names,
 )
 from ..metrics import (
+    IDENTITY_PREFIX,
     IdentityMetrics,
     RetrievalMetrics,
     coco_5fold_metrics,
@@ -172,8 +173,9 @@ def dev_metrics(
 
     ``image_identity`` (person search: the dev set's
     :attr:`~vlret.data.dataset.RetrievalDataset.image_identity`) adds the identity-level
-    metrics of the person-search protocols, ``t2i_R1`` ... ``i2t_mINP``
-    (:func:`vlret.metrics.identity_retrieval_metrics`; ``t2i_R1`` is what IRRA selects on)."""
+    metrics of the person-search protocols, ``identity_t2i_r1`` ... ``identity_i2t_minp``
+    (:func:`vlret.metrics.identity_retrieval_metrics`; ``identity_t2i_r1`` is what IRRA
+    selects on)."""
     out = retrieval_metrics(img_emb, txt_emb, txt_to_img).as_dict()
     if image_identity is not None:
         img_ids = torch.as_tensor(image_identity, dtype=torch.long)
@@ -183,7 +185,7 @@ def dev_metrics(
             "i2t": (img_emb, txt_emb, img_ids, txt_ids),
         }.items():
             found = identity_retrieval_metrics_from_embeddings(q, g, qi, gi)
-            out.update({f"{d}_{k}": v for k, v in found.items()})
+            out.update({f"{IDENTITY_PREFIX}{d}_{k}": v for k, v in found.items()})
     # Cosines whatever the model's scoring; the scores above are the model's own.
     sim = F.normalize(img_emb.float(), dim=1) @ F.normalize(txt_emb.float(), dim=1).t()
     out.update(similarity_stats(sim, txt_to_img=txt_to_img))

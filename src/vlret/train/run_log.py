@@ -160,11 +160,11 @@ def epoch_record(
     dev loss beside it (``dev_loss``, :mod:`.dev_loss`; ``null`` when not computed), the
     learning rate, the time, the selection (``select_on``, the dev metric ``best.pt``
     maximises; its best value as ``best_metric`` and again as ``best_<select_on>``, e.g.
-    ``best_rsum`` or ``best_t2i_R1``; ``best_epoch``), the dev metrics with a ``dev_`` prefix,
-    the epoch's bad training samples skipped as ``skipped`` (a training set that skips them:
-    :func:`vlret.data.bad_samples.counts_skipped`) and, for a dev set that leaves its bad
-    samples out when it is read (:mod:`vlret.data.bad_samples`), their count as
-    ``dev_skipped``."""
+    ``best_rsum`` or ``best_identity_t2i_r1``; ``best_epoch``), the dev metrics with a
+    ``dev_`` prefix, the epoch's bad training samples skipped as ``skipped`` (a training set
+    that skips them: :func:`vlret.data.bad_samples.counts_skipped`) and, for a dev set that
+    leaves its bad samples out when it is read (:mod:`vlret.data.bad_samples`), their count
+    as ``dev_skipped``."""
     name = trainer.select_on
     dev_skipped = getattr(trainer.dev_set, "skipped", None)
     return {
@@ -231,11 +231,11 @@ def epoch_summary(
     dev_skipped: int | None = None,
 ) -> str:
     """The line printed after each epoch: ``epoch 2 (3/5): loss 0.81, dev loss 0.93, dev
-    t2i_R1 31.20 (best 31.20 at epoch 2), 4.1 s``; ``dev_loss``: the training loss on the dev
-    split (:mod:`.dev_loss`; shown when computed); ``dev_value`` / ``best_value``: this
-    epoch's and the best dev value of ``select_on``, the metric ``best.pt`` maximises; ``epoch`` and
-    ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do; ``skipped``:
-    the bad training samples skipped in the epoch (shown where they are counted);
+    identity_t2i_r1 31.20 (best 31.20 at epoch 2), 4.1 s``; ``dev_loss``: the training loss
+    on the dev split (:mod:`.dev_loss`; shown when computed); ``dev_value`` / ``best_value``:
+    this epoch's and the best dev value of ``select_on``, the metric ``best.pt`` maximises;
+    ``epoch`` and ``best_epoch`` count from 0, as the epoch records of ``metrics.jsonl`` do;
+    ``skipped``: the bad training samples skipped in the epoch (shown where they are counted);
     ``dev_skipped``: the bad samples the dev set left out (shown when there are any: the dev
     set is read once, so the count is the same every epoch; ``metrics.jsonl`` records it)."""
     line = f"epoch {epoch} ({epoch + 1}/{epochs}): loss {train_loss:.4g}"

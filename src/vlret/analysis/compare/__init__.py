@@ -64,9 +64,10 @@ Person search: with person-search data (``data.format`` ``cuhk-pedes``, ``icfg-p
 (``compare.protocol = "cuhk-pedes"`` ... names it) and each run's ``best.pt`` is the epoch of
 the best dev T->I R@1 (``train.select_on``; :mod:`vlret.train.config_checks`). ``table.md`` then
 has the identity-level columns, T->I then I->T R@1, R@5, R@10, mAP and mINP (mean +- sample std
-over seeds, the best in bold), ``results.csv`` / ``results.json`` those keys (``t2i_R1`` ...
-``i2t_mINP``, each run's ``vlret eval`` record), and ``curves.md`` and the training-curves plot
-the dev metric the runs select on (``dev_t2i_R1``) against epochs, as AdaCL Fig. 7 plots R@1.
+over seeds, the best in bold), ``results.csv`` / ``results.json`` those keys
+(``identity_t2i_r1`` ... ``identity_i2t_minp``, each run's ``vlret eval`` record), and
+``curves.md`` and the training-curves plot the dev metric the runs select on
+(``dev_identity_t2i_r1``) against epochs, as AdaCL Fig. 7 plots R@1.
 The synthetic world's extras do not apply and are skipped. Variants may be weighted
 combinations: ``[compare.losses."sdm+id"]`` (or ``name = "sdm+id"``).
 

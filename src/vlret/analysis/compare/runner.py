@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._files import atomic_write_text
+from ...metrics import normalise_metric_record
 from ...train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from ...train.hooks import EpochCallback
 from ...train.trainer import Trainer
@@ -225,7 +226,8 @@ def execute_run(
     result_path = run_dir / RESULT_FILE
     world = extras_world(settings, spec)  # None under a person-search protocol
     if result_path.is_file():
-        record = json.loads(result_path.read_text(encoding="utf-8"))
+        # a result written before the key rename reads as today's (t2i_R1: identity_t2i_r1)
+        record = normalise_metric_record(json.loads(result_path.read_text(encoding="utf-8")))
         tested = run_dir / str(record.get("checkpoint", ""))
         stored = (record.get("synthetic") or {}).get("metrics", {})
         outdated = "synthetic" not in record or (

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ...metrics import IDENTITY_KEYS, ZEROSHOT_METRICS, RetrievalMetrics
+from ...metrics import IDENTITY_METRIC_KEYS, ZEROSHOT_METRICS, RetrievalMetrics
 
 #: What counts as relevant to a query. The retrieval protocols of today use the first two
 #: (their ranks are the same computation: an image's rank is its best caption's); identity
@@ -25,8 +25,9 @@ RETRIEVAL_METRICS = tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k 
 #: The metrics a class-label protocol may report (:mod:`vlret.metrics.zeroshot`).
 CLASSIFICATION_METRICS = ZEROSHOT_METRICS
 #: The metrics a same-identity protocol may report: each direction's
-#: :func:`~vlret.metrics.identity_retrieval_metrics` (``t2i_R1`` ... ``i2t_mINP``).
-IDENTITY_METRICS = tuple(f"{d}_{k}" for d in ("t2i", "i2t") for k in IDENTITY_KEYS)
+#: :func:`~vlret.metrics.identity_retrieval_metrics` (``identity_t2i_r1`` ...
+#: ``identity_i2t_minp``, :data:`vlret.metrics.IDENTITY_METRIC_KEYS`).
+IDENTITY_METRICS = IDENTITY_METRIC_KEYS
 #: The metrics each relevance kind may report (the retrieval ones by default).
 _KNOWN_METRICS = {"class-label": CLASSIFICATION_METRICS, "same-identity": IDENTITY_METRICS}
 
