@@ -96,7 +96,12 @@ def test_the_checkpoint_classifies_the_image_folders_zero_shot(trained, world, t
     argv = ["zeroshot", "--model", str(trained / "best.pt"), "--dataset", "imagefolder"]
     assert main([*argv, "--data-root", str(folder), "--json", str(out), "--no-progress"]) == 0
     record = json.loads(out.read_text())
-    assert record["task"] == "zeroshot_classification" and record["dataset"] == "imagefolder"
+    assert record["task"] == "zeroshot_classification"
+    # CLIP_benchmark's columns: the set by its folder, the shipped config's architecture (the
+    # shape of synth_clip_pretrain's model), the checkpoint as the weights
+    assert record["dataset"] == "imagefolder/category"
+    assert record["model"] == "ViT-custom-v64x2-t64x2-p8-d64-32"
+    assert record["pretrained"] == str(trained / "best.pt")
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
     assert record["vlret"]["num_classes"] == len(classes)
     metrics = record["metrics"]

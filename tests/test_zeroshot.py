@@ -482,9 +482,11 @@ def test_cli_writes_clip_benchmark_json_for_a_hf_clip(clip_dir, tmp_path, monkey
     want = evaluate_zeroshot(model, data, ["a photo of a {c}"], tokenizer=tok).metrics
     assert record["metrics"]["acc1"] == pytest.approx(want["acc1"], abs=1e-12)
     assert record["metrics"]["acc5"] is None
+    # CLIP_benchmark's columns: the architecture in model, the weights in pretrained
     assert (record["dataset"], record["model"], record["pretrained"]) == (
-        "toy", str(clip_dir), "hf-clip",
+        "toy", "ViT-custom-v32x2-t32x2-p16-d16-32-quickgelu", str(clip_dir),
     )  # fmt: skip
+    assert record["vlret"]["model_source"] == "hf-clip"
     assert record["task"] == "zeroshot_classification" and record["language"] == "en"
     assert fake.calls == {"name": "toy", "root": tmp_path, "split": "test", "classnames": None}
 
@@ -537,5 +539,6 @@ def test_cli_on_a_real_imagefolder(clip_dir, tmp_path, capsys):
     argv += [str(tmp_path / "folder"), "--json", str(out), "--no-progress", "--device", "cpu"]
     assert main(argv) == 0
     record = json.loads(out.read_text())
-    assert record["dataset"] == "imagefolder" and set(record["metrics"]) == set(ZEROSHOT_METRICS)
+    assert record["dataset"] == "imagefolder/folder"  # the set named by its folder
+    assert set(record["metrics"]) == set(ZEROSHOT_METRICS)
     assert "(6 images, 3 classes" in capsys.readouterr().out

@@ -28,6 +28,7 @@ RESCORE_FLAGS = {
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` on the ``vlret`` sub-command parsers."""
     from ..eval import eval_splits, get_protocol, protocol_names
+    from ..eval.clip_benchmark import JSON_FORMATS
 
     # one help entry per set of accepted splits: "coco1k/coco5k: precomp testall/dev, ...; ..."
     by_splits: dict[str, list[str]] = {}
@@ -87,6 +88,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         + " (vlret protocols lists them)",
     )
     p.add_argument("--json", type=Path, help="also write the metrics as JSON")
+    p.add_argument(
+        "--json-format",
+        choices=JSON_FORMATS,
+        default="vlret",
+        help="--json's record: vlret (default; every metric, folds, sizes) or clip_benchmark "
+        "(CLIP_benchmark's zeroshot_retrieval record, image_retrieval_recall@K and "
+        "text_retrieval_recall@K for K = 1, 5, 10, which its build step merges; "
+        "vlret.eval.clip_benchmark)",
+    )
     p.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
     p.add_argument(
@@ -157,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate, print the protocol's table and (``--json``) write its record."""
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
+    from ..eval.clip_benchmark import check_retrieval_request, retrieval_record
     from ..metrics.rescore import RescoreParameterError, make_rescoring
     from ..train.eval_inputs import resolve_eval_inputs
     from ..train.evaluate import prepare_evaluation
@@ -179,6 +190,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json, overwrite=args.overwrite)
+        if args.json_format == "clip_benchmark":
+            if args.json is None:
+                raise ValueError("--json-format clip_benchmark: give --json OUT, the file to write")
+            check_retrieval_request(
+                args.protocol, approximate=args.shortlist is not None, rescored=bool(args.rescore)
+            )
         inputs = resolve_eval_inputs(
             args.checkpoint,
             protocol=args.protocol,
@@ -229,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(NAME, err)
     print(result.table())  # the Evaluation carries its protocol and split
     if args.json is not None:
-        print(write_metrics_json(result.record(), args.json, overwrite=args.overwrite))
+        record = result.record() if args.json_format == "vlret" else retrieval_record(result)
+        print(write_metrics_json(record, args.json, overwrite=args.overwrite))
     return EXIT_OK
 
 

@@ -14,8 +14,8 @@ from ._common import DEFAULT_PREPROCESSINGS, EXIT_OK, fail, positive_int, requir
 
 NAME = "zeroshot"
 
-#: The ``pretrained`` tag of the JSON record, per kind of ``--model``.
-PRETRAINED_TAGS = {"checkpoint": "vlret", "hf": "hf-clip"}
+#: What kind of model ``--model`` is, per kind (the JSON record's ``vlret.model_source``).
+MODEL_SOURCES = {"checkpoint": "vlret-checkpoint", "hf": "hf-clip"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,7 +62,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--num-workers", type=int, default=0, help="DataLoader workers decoding the images"
     )
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write CLIP_benchmark's JSON")
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="OUT",
+        help="also write CLIP_benchmark's JSON record: dataset (imagefolder/<folder> for an "
+        "image folder), model (the architecture, e.g. ViT-B-32), pretrained (--model's path)",
+    )
     p.add_argument(
         "--default-preprocessing",
         choices=DEFAULT_PREPROCESSINGS,
@@ -84,10 +90,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def load_zeroshot_model(
     path: str | Path, *, device: Any = "cpu", default_preprocessing: str | None = None
 ) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, pretrained tag)`` of ``--model``: a local Hugging Face CLIP
-    directory (:func:`vlret.eval.zeroshot.load_hf_clip`, with ``default_preprocessing`` for a
-    folder without processor file) or a ``vlret train`` checkpoint
-    (:func:`vlret.train.builders.load_trained_model`), which must read pixels.
+    """``(model, tokenizer, source)`` of ``--model`` (source: :data:`MODEL_SOURCES`): a
+    local Hugging Face CLIP directory (:func:`vlret.eval.zeroshot.load_hf_clip`, with
+    ``default_preprocessing`` for a folder without processor file) or a ``vlret train``
+    checkpoint (:func:`vlret.train.builders.load_trained_model`), which must read pixels.
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or a CLIP directory lacks a file it needs.
@@ -107,7 +113,7 @@ def load_zeroshot_model(
         model, tokenizer = load_hf_clip(
             path, device=device, default_preprocessing=default_preprocessing
         )
-        return model, tokenizer, PRETRAINED_TAGS["hf"]
+        return model, tokenizer, MODEL_SOURCES["hf"]
     if default_preprocessing is not None:
         raise ValueError(
             f"--default-preprocessing: applies to a Hugging Face CLIP directory; {path} is a "
@@ -120,7 +126,7 @@ def load_zeroshot_model(
             "features, not pixels; zero-shot classification needs a model that reads images "
             "(kind clip)"
         )
-    return model, encoder, PRETRAINED_TAGS["checkpoint"]
+    return model, encoder, MODEL_SOURCES["checkpoint"]
 
 
 def _classification() -> Any:
@@ -134,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_progress:
         require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
+    from ..eval.clip_benchmark import architecture_name
     from ..eval.zeroshot import evaluate_zeroshot
     from ..train.distributed import resolve_device
 
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             templates = sets.load_templates(args.templates)
         else:
             templates = sets.default_templates(args.dataset)
-        model, tokenizer, pretrained = load_zeroshot_model(
+        model, tokenizer, source = load_zeroshot_model(
             args.model, device=device, default_preprocessing=args.default_preprocessing
         )
         result = evaluate_zeroshot(
@@ -172,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(NAME, err)
     print(result.table())
     if args.json is not None:
-        record = result.record(model=str(args.model), pretrained=pretrained)
+        record = result.record(
+            model=architecture_name(model), pretrained=str(args.model), source=source
+        )
         print(write_metrics_json(record, args.json, overwrite=args.overwrite))
     return EXIT_OK

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._progress import progress_bar
 from .._modules import unwrap_model
+from .._progress import progress_bar
 from ..metrics import RetrievalMetrics, average_metrics, retrieval_metrics_from_similarity
 from .encode import TextTokens, check_device
 

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .._progress import progress_bar
 from .._modules import unwrap_model
+from .._progress import progress_bar
 from ..data.dataset import pad_captions
 from ..metrics import ZEROSHOT_METRICS, zeroshot_classification_metrics
 from .encode import check_device
@@ -189,11 +189,31 @@ class _Pixels(Dataset):
         return self.transform(self.data.image(i)), int(self.data.labels[i])
 
 
+#: Folder names that name a split, not a set (:func:`classification_set_name` looks past them).
+_SPLIT_FOLDERS = frozenset({"train", "training", "val", "valid", "validation", "dev", "test"})
+
+
+def classification_set_name(data: ClassificationData) -> str:
+    """The name results give ``data``: a released set's own name (``cifar10``), and for an
+    ``imagefolder`` the folder it was read from, past any folder named like a split
+    (``imagefolder/category`` for ``.../imagefolder/category/test``, or for
+    ``.../category`` holding ``test/``), so two image folders classified in one study give
+    rows that can be told apart (CLIP_benchmark's ``dataset`` column)."""
+    root = getattr(data, "root", None)
+    if data.name != "imagefolder" or root is None:
+        return data.name
+    folder = Path(root).absolute()
+    while folder.name.lower() in _SPLIT_FOLDERS and folder.parent != folder:
+        folder = folder.parent
+    return f"{data.name}/{folder.name}" if folder.name else data.name
+
+
 @dataclass(frozen=True)
 class ZeroShotResult:
     """The zero-shot classification of one split: its metrics (fractions, CLIP_benchmark's
     keys), what was scored, and the logits."""
 
+    #: the set's name (:func:`classification_set_name`: ``cifar10``, ``imagefolder/colour``)
     dataset: str
     split: str
     #: ``acc1``, ``acc5`` (NaN below 5 classes), ``mean_per_class_recall``: fractions
@@ -218,11 +238,30 @@ class ZeroShotResult:
         row = f"{cells[0]:>8} {cells[1]:>8} {cells[2]:>24}"
         return "\n".join([title, head, row])
 
-    def record(self, *, model: str, pretrained: str = "") -> dict[str, Any]:
+    def record(
+        self, *, model: str, pretrained: str = "", source: str | None = None
+    ) -> dict[str, Any]:
         """CLIP_benchmark's JSON record (``dataset``, ``model``, ``pretrained``, ``task``,
-        ``metrics`` as fractions, ``language``), so results merge with that suite's tables;
-        ``acc5`` below 5 classes is ``null``. What vlret scored is under ``vlret``."""
+        ``metrics`` as fractions, ``language``), so results merge with that suite's tables
+        (:mod:`vlret.eval.clip_benchmark`); ``acc5`` below 5 classes is ``null``. What vlret
+        scored is under ``vlret``.
+
+        Args:
+            model: The architecture, as CLIP_benchmark's ``model`` column names one
+                (:func:`vlret.eval.clip_benchmark.architecture_name`: ``ViT-B-32``).
+            pretrained: The weights: the checkpoint path or model folder.
+            source: What kind of model ``pretrained`` is (``vlret-checkpoint``,
+                ``hf-clip``), recorded under ``vlret`` when given.
+        """
         metrics = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
+        scored: dict[str, Any] = {
+            "split": self.split,
+            "num_images": self.num_images,
+            "num_classes": self.num_classes,
+            "num_templates": self.num_templates,
+        }
+        if source is not None:
+            scored["model_source"] = source
         return {
             "dataset": self.dataset,
             "model": model,
@@ -230,12 +269,7 @@ class ZeroShotResult:
             "task": TASK,
             "metrics": metrics,
             "language": "en",
-            "vlret": {
-                "split": self.split,
-                "num_images": self.num_images,
-                "num_classes": self.num_classes,
-                "num_templates": self.num_templates,
-            },
+            "vlret": scored,
         }
 
 
@@ -335,7 +369,7 @@ def evaluate_zeroshot(
     )
     metrics = zeroshot_classification_metrics(logits, list(data.labels), ties=ties)
     return ZeroShotResult(
-        dataset=data.name,
+        dataset=classification_set_name(data),
         split=data.split,
         metrics=metrics,
         num_images=len(data),
@@ -413,6 +447,7 @@ __all__ = [
     "TASK",
     "ClassificationData",
     "ZeroShotResult",
+    "classification_set_name",
     "encode_prompts",
     "evaluate_zeroshot",
     "fill_template",
