@@ -225,6 +225,7 @@ def test_hint_lines_train_on_the_shards_and_classify_the_folders(written):
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     data = apply_overrides({"data": {}}, sets)["data"]
     assert data == {
+        "root": str(root),  # the folder vlret eval of the run reads
         "format": "webdataset",
         "shards": f"{root}/webdataset/train/{{00000..00002}}.tar",
         "dev_shards": f"{root}/webdataset/dev/00000.tar",
@@ -233,13 +234,16 @@ def test_hint_lines_train_on_the_shards_and_classify_the_folders(written):
     assert list(braceexpand(data["shards"])) == [
         str(p) for p in sorted((root / "webdataset" / "train").glob("*.tar"))
     ]
+    # a precomp world holds no Karpathy images: the line after says how to get them
+    after = lines[lines.index(shard_line) + 1]
+    assert "vlret eval" in after and "--format karpathy" in after
     (zs_line,) = [x for x in lines if x.startswith("zero-shot classification: ")]
     argv = shlex.split(zs_line.split(": ", 1)[1])
-    assert argv[:7] == [
+    assert argv[:7] == [  # the CLIP the shards' line trains (synth_clip_pretrain's output_dir)
         "vlret",
         "zeroshot",
         "--model",
-        "PATH",
+        "runs/synth_clip_pretrain/best.pt",
         "--dataset",
         "imagefolder",
         "--data-root",

@@ -1,5 +1,7 @@
 """``vlret synth PRESET --out DIR``: a synthetic world (:mod:`vlret.data.synthetic`) written in
-a real data format, with the ``--set`` overrides a shipped config needs to train on it.
+a real data format, with the commands that train a shipped config on it (its ``--set``
+overrides), evaluate the run and classify its pictures: they run as printed from the folder
+``vlret synth`` ran in, a relative ``--out`` included (:mod:`vlret.data.synthetic.hint`).
 ``vlret synth persons --out DIR`` writes the person-search world
 (:mod:`vlret.data.synthetic.persons`, the CUHK-PEDES layout) and prints one summary line."""
 
@@ -233,6 +235,6 @@ def run(args: argparse.Namespace) -> int:
         print(Path(path) / RANDOM_BERT_DIR)
     from ..data.synthetic import train_hint_lines
 
-    for line in train_hint_lines(path):  # the --set overrides a shipped config needs
+    for line in train_hint_lines(path):  # train, evaluate and classify, runnable as printed
         print(line)
     return EXIT_OK

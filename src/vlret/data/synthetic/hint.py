@@ -5,6 +5,13 @@ them after writing).
 The shipped configs name real data folders and feature sizes (2048-d BUTD regions, the
 64-d f30k-like world); a world's own folder, format and feature size come from its
 ``synthetic.json``, so the overrides are derived from it, never hard-coded.
+
+The printed commands run as printed from the folder ``vlret synth`` ran in: the world's paths
+are the ``--out`` folder as given, relative to the current folder like every path
+(:mod:`vlret.data.paths`); each ``vlret train`` line is followed by the ``vlret eval`` of the run
+it writes (the run folder is the shipped config's ``output_dir``, the data folder and split
+come from the run and the protocol) and the zero-shot line names the CLIP a printed command
+trains.
 """
 
 from __future__ import annotations
@@ -38,8 +45,12 @@ MMT_CONFIG = "synth_video_experts_mmt"
 #: The folder inside a world where ``vlret synth --random-bert`` writes MMT's text encoder.
 RANDOM_BERT_DIR = "random-bert"
 #: The shipped config that pre-trains a small CLIP from scratch on a world's shards
-#: (``vlret synth --webdataset``).
+#: (``vlret synth --webdataset``), and on a Karpathy-format world's images (its run folder
+#: then :data:`KARPATHY_RUN`, beside the shards' run).
 SHARDS_CONFIG = "synth_clip_pretrain"
+KARPATHY_RUN = "runs/synth_clip_karpathy"
+#: The protocol ``vlret eval`` scores a world's test split with, by the data set it imitates.
+WORLD_PROTOCOLS = {"flickr30k": "f30k", "coco": "coco5k", "msrvtt": "msrvtt-full"}
 
 
 def config_hint(
@@ -103,7 +114,8 @@ def shard_hint(root: Path, shards: Mapping[str, Any]) -> dict[str, Any]:
         ``{"data": {...}}``.
     """
     splits = shards["splits"]
-    data: dict[str, Any] = {"format": "webdataset"}
+    # data.root: the folder `vlret eval RUN` evaluates the run on (Karpathy JSON + images)
+    data: dict[str, Any] = {"root": str(root), "format": "webdataset"}
     if "train" in splits:
         data["shards"] = str(root / splits["train"]["pattern"])
     if "dev" in splits:
@@ -166,15 +178,64 @@ def _command(config: str, overrides: list[str]) -> str:
     return f"vlret train {config} {sets}"
 
 
+def shipped_output_dir(config: str) -> str:
+    """The ``output_dir`` of the shipped config ``config``: the run folder its printed ``vlret
+    train`` line writes."""
+    from ...configs import shipped_config
+
+    path = shipped_config(config)
+    if path is None:  # pragma: no cover - a name of this module's own tables
+        raise ValueError(f"{config}: no shipped config of that name")
+    return str(tomllib.loads(path.read_text(encoding="utf-8"))["output_dir"])
+
+
+def world_protocol(meta: Mapping[str, Any]) -> str:
+    """The protocol the world's test split is scored with: by the data set it imitates
+    (:data:`WORLD_PROTOCOLS`), MSR-VTT's for any world written in the msrvtt format."""
+    if meta["train_config_hint"]["data"].get("format") == "msrvtt":
+        return WORLD_PROTOCOLS["msrvtt"]
+    return WORLD_PROTOCOLS.get(str(meta.get("config", {}).get("dataset")), "f30k")
+
+
+def _eval_line(run: str, protocol: str) -> str:
+    return f"  then evaluate it: vlret eval {shlex.quote(run)} --protocol {protocol}"
+
+
+def karpathy_clip_overrides(meta: Mapping[str, Any]) -> list[str]:
+    """:func:`train_overrides` of a Karpathy-format world for :data:`SHARDS_CONFIG`: its data
+    section pointed at the JSON and images instead of shards, its run folder
+    :data:`KARPATHY_RUN`."""
+    cleared = ["data.shards=null", "data.dev_shards=null", "data.train_num_samples=null"]
+    return [*train_overrides(meta), *cleared, f"output_dir={KARPATHY_RUN}"]
+
+
+def _trained_clip(meta: Mapping[str, Any]) -> str | None:
+    """The run folder of the CLIP a printed line trains (the shards' run first), or None."""
+    if meta.get("webdataset_config_hint"):
+        return shipped_output_dir(SHARDS_CONFIG)
+    if meta["train_config_hint"]["data"].get("format") == "karpathy":
+        return KARPATHY_RUN
+    return None
+
+
 def pixel_hint_lines(root: str | Path, meta: Mapping[str, Any]) -> list[str]:
     """The lines of :func:`train_hint_lines` for a world's pictures: a ``vlret train`` command
-    that pre-trains :data:`SHARDS_CONFIG` on its shards, and the ``vlret zeroshot`` command
-    that classifies its test image folder (empty when neither was written)."""
+    that pre-trains :data:`SHARDS_CONFIG` on its shards and its ``vlret eval`` (a world of
+    another format than Karpathy holds no evaluation images: the line says how to write them),
+    and the ``vlret zeroshot`` command that classifies its test image folder with the CLIP a
+    printed line trains (empty when neither was written)."""
     lines = []
     if meta.get("webdataset_config_hint"):
         data = meta["webdataset_config_hint"]["data"]
         overrides = [f"data.{key}={_value(value)}" for key, value in data.items()]
         lines.append(f"train CLIP on the shards: {_command(SHARDS_CONFIG, overrides)}")
+        if meta["train_config_hint"]["data"].get("format") == "karpathy":
+            lines.append(_eval_line(shipped_output_dir(SHARDS_CONFIG), world_protocol(meta)))
+        else:
+            lines.append(
+                "  (vlret eval scores this CLIP on Karpathy JSON + images: write the world with "
+                "--format karpathy to get them beside the shards)"
+            )
     folders = (meta.get("imagefolder") or {}).get("kinds") or {}
     if folders:
         base = Path(root) / meta["imagefolder"]["folder"]
@@ -182,22 +243,26 @@ def pixel_hint_lines(root: str | Path, meta: Mapping[str, Any]) -> list[str]:
         split = split or next(iter(next(iter(folders.values()))), None)
         if split is not None:
             first, *others = list(folders)
+            clip = _trained_clip(meta)
+            model = shlex.quote(f"{clip}/best.pt") if clip is not None else "PATH"
             line = (
-                f"vlret zeroshot --model PATH --dataset imagefolder --data-root "
+                f"vlret zeroshot --model {model} --dataset imagefolder --data-root "
                 f"{shlex.quote(str(base / first / split))}"
             )
             lines.append(f"zero-shot classification: {line}")
             for kind in others:
                 lines.append(f"  (by {kind}: --data-root {shlex.quote(str(base / kind / split))})")
-            lines.append("  (PATH: a vlret checkpoint or a local Hugging Face CLIP folder)")
+            if clip is None:
+                lines.append("  (PATH: a vlret checkpoint or a local Hugging Face CLIP folder)")
     return lines
 
 
 def train_hint_lines(root: str | Path) -> list[str]:
     """What ``vlret synth`` prints after writing ``root``: a ``vlret train`` command line that
     runs a shipped config on the world (for a multi-expert world, one for CE and one for MMT),
-    and for its pictures (``--webdataset``, ``--imagefolder``) :func:`pixel_hint_lines`.
-    Empty when ``root`` holds no ``synthetic.json``."""
+    each followed by the ``vlret eval`` of its run, and for its pictures (``--webdataset``,
+    ``--imagefolder``) :func:`pixel_hint_lines`. Empty when ``root`` holds no
+    ``synthetic.json``."""
     path = Path(root) / META_FILE
     if not path.is_file():
         return []
@@ -208,11 +273,15 @@ def train_hint_lines(root: str | Path) -> list[str]:
 def _format_hint_lines(root: str | Path, meta: Mapping[str, Any]) -> list[str]:
     """The ``vlret train`` lines for the world's own format (:func:`train_hint_lines`)."""
     fmt = meta["train_config_hint"]["data"].get("format", "precomp")
+    protocol = world_protocol(meta)
     if meta["train_config_hint"].get("experts"):
         lines = [
             f"train on it: {_command(EXPERTS_CONFIG, train_overrides(meta))}",
-            "  (add --set data.protocol=1k-A for the 1k-A split)",
+            _eval_line(shipped_output_dir(EXPERTS_CONFIG), protocol),
+            "  (add --set data.protocol=1k-A for the 1k-A split, evaluated with --protocol "
+            "msrvtt-1ka)",
             f"or with MMT: {_command(MMT_CONFIG, mmt_overrides(meta, root))}",
+            _eval_line(shipped_output_dir(MMT_CONFIG), protocol),
         ]
         bert = Path(root) / RANDOM_BERT_DIR
         if not (bert / "config.json").is_file():
@@ -220,12 +289,16 @@ def _format_hint_lines(root: str | Path, meta: Mapping[str, Any]) -> list[str]:
                 f"  (MMT's text side, {bert}, is written by vlret synth with --random-bert)"
             )
         return lines
+    if fmt == "karpathy":  # pixels: a small CLIP from scratch, as on the shards
+        return [
+            f"train a CLIP on it: {_command(SHARDS_CONFIG, karpathy_clip_overrides(meta))}",
+            _eval_line(KARPATHY_RUN, protocol),
+            f"  (or fine-tune a local pretrained CLIP: {EXAMPLE_CONFIGS['karpathy']} with the "
+            "same data overrides plus --set model.path=DIR)",
+        ]
     config = EXAMPLE_CONFIGS.get(fmt, EXAMPLE_CONFIGS["precomp"])
-    lines = [f"train on it: {_command(config, train_overrides(meta))}"]
-    if fmt == "karpathy":
-        lines.append("  (plus --set model.path=DIR, a local CLIP folder: the images are pixels)")
-    else:
-        lines.append(
-            "  (the other feature configs (vlret configs) and vlret compare take these too)"
-        )
-    return lines
+    return [
+        f"train on it: {_command(config, train_overrides(meta))}",
+        _eval_line(shipped_output_dir(config), protocol),
+        "  (the other feature configs (vlret configs) and vlret compare take these too)",
+    ]
