@@ -59,10 +59,11 @@ def _write_log(run_dir: Path, *, epochs: int = 3, dev_sims: bool = True, adacl: 
 def test_series_extraction(tmp_path):
     records = read_metrics_log(_write_log(tmp_path / "r"))
     assert len(records) == 9
-    assert epoch_series(records, "dev_rsum") == {1: 100.0, 2: 110.0, 3: 120.0}
-    assert epoch_series(records, "train_loss")[2] == pytest.approx(1.0)
-    # steps 3 and 4 are epoch 1 (0-based): mean of 0.05 + 0.03 and 0.05 + 0.04
-    assert step_epoch_means(records, "hardest_neg_sim")[2] == pytest.approx(0.085)
+    # epochs from 0, as metrics.jsonl and the console count them
+    assert epoch_series(records, "dev_rsum") == {0: 100.0, 1: 110.0, 2: 120.0}
+    assert epoch_series(records, "train_loss")[1] == pytest.approx(1.0)
+    # steps 3 and 4 are epoch 1: mean of 0.05 + 0.03 and 0.05 + 0.04
+    assert step_epoch_means(records, "hardest_neg_sim")[1] == pytest.approx(0.085)
     with pytest.raises(FileNotFoundError):
         read_metrics_log(tmp_path / "missing")
 
@@ -137,8 +138,8 @@ def test_epoch_curve_markdown_means_and_stds(tmp_path):
     text = epoch_curve_markdown(runs, "dev_rsum", title="Dev rsum")
     lines = text.splitlines()
     assert lines[:2] == ["### Dev rsum", ""]
-    assert lines[2] == "| Loss | ep 1 | ep 2 |"
-    # seeds 10 and 12: mean 11, sample std sqrt(2); epoch 2 only one seed
+    assert lines[2] == "| Loss | ep 0 | ep 1 |"  # from 0, as metrics.jsonl counts
+    # seeds 10 and 12: mean 11, sample std sqrt(2); epoch 1 only one seed
     assert lines[4] == f"| a | 11.0 ± {2**0.5:.1f} | 20.0 |"
     assert lines[5] == "| b | 5.0 | 7.0 |"
     path = write_epoch_curves(runs, tmp_path / "out")
@@ -164,7 +165,7 @@ def _warmup_run(run_dir: Path, losses: list[float], *, all_negatives_epochs: int
 
 def test_loss_plot_normalises_each_loss_definition_separately(tmp_path, monkeypatch):
     # Triplet-HN, GOAL and VSL sum the hinge over all negatives for the warm-up epochs, then
-    # take the hardest: divided by the epoch-1 (warm-up) loss, the hardest-negative phase
+    # take the hardest: divided by the first (warm-up) epoch's loss, the hardest-negative phase
     # showed as ~0 (4 / 100). Each definition is divided by its own first epoch instead, and
     # the switch is marked.
     from vlret.analysis import curves
@@ -191,30 +192,30 @@ def test_loss_plot_normalises_each_loss_definition_separately(tmp_path, monkeypa
             continue
         color = line.get_color()
         points.setdefault(color, {}).update(zip(xs, ys, strict=True))
-    assert switches == [2.5]  # after epoch 2, before epoch 3
-    by_first = {round(p[1.0], 6): p for p in points.values()}
-    assert set(by_first) == {1.0}  # every series starts at 1
-    triplet = next(p for p in points.values() if 3.0 in p and p[2.0] == pytest.approx(0.65))
-    # warm-up: mean over the seeds of (80 / 100, 60 / 120); hardest phase: / epoch 3 of its seed
-    assert [triplet[e] for e in (3.0, 4.0, 5.0)] == pytest.approx([1.0, 0.625, 0.625])
+    assert switches == [1.5]  # after epoch 1 (the second, epochs from 0), before epoch 2
+    by_first = {round(p[0.0], 6): p for p in points.values()}
+    assert set(by_first) == {1.0}  # every series starts at 1, at epoch 0
+    triplet = next(p for p in points.values() if 2.0 in p and p[1.0] == pytest.approx(0.65))
+    # warm-up: mean over the seeds of (80 / 100, 60 / 120); hardest phase: / epoch 2 of its seed
+    assert [triplet[e] for e in (2.0, 3.0, 4.0)] == pytest.approx([1.0, 0.625, 0.625])
     assert min(triplet.values()) > 0.5  # not the 0.03 of dividing by the warm-up's first epoch
-    infonce = next(p for p in points.values() if p[2.0] == pytest.approx(0.5))
-    assert [infonce[e] for e in (3.0, 4.0, 5.0)] == pytest.approx([0.4, 0.3, 0.2])
+    infonce = next(p for p in points.values() if p[1.0] == pytest.approx(0.5))
+    assert [infonce[e] for e in (2.0, 3.0, 4.0)] == pytest.approx([0.4, 0.3, 0.2])
     assert any(line.get_linestyle() == ":" for line in ax_rsum.get_lines())  # marked there too
 
 
 def test_relative_loss_segments_and_definition_starts(tmp_path):
     from vlret.analysis.curves import loss_definition_starts, relative_loss_segments
 
-    series = {1: 50.0, 2: 40.0, 3: 2.0, 4: 1.0}
-    assert relative_loss_segments(series, (1, 3)) == [{1: 1.0, 2: 0.8}, {3: 1.0, 4: 0.5}]
+    series = {0: 50.0, 1: 40.0, 2: 2.0, 3: 1.0}
+    assert relative_loss_segments(series, (0, 2)) == [{0: 1.0, 1: 0.8}, {2: 1.0, 3: 0.5}]
     assert relative_loss_segments(series) == [{e: v / 50.0 for e, v in series.items()}]
     # a run stopped during the warm-up has no second segment; a zero first value is skipped
-    assert relative_loss_segments({1: 5.0}, (1, 3)) == [{1: 1.0}, {}]
-    assert relative_loss_segments({1: 0.0, 2: 1.0}) == [{}]
+    assert relative_loss_segments({0: 5.0}, (0, 2)) == [{0: 1.0}, {}]
+    assert relative_loss_segments({0: 0.0, 1: 1.0}) == [{}]
     run = _warmup_run(tmp_path / "r", [1.0], all_negatives_epochs=5)
-    assert loss_definition_starts(run) == (1, 6)
-    assert loss_definition_starts(tmp_path / "no-config") == (1,)
+    assert loss_definition_starts(run) == (0, 5)  # epochs 0-4 warm up, epoch 5 is the next
+    assert loss_definition_starts(tmp_path / "no-config") == (0,)
 
 
 # -- dev loss and dev R@1 per direction (Unified Fig. 3a, AdaCL Fig. 7) -----------------------
@@ -317,8 +318,8 @@ def test_loss_plot_draws_the_dev_loss_by_the_training_losss_first_epoch(tmp_path
     ax_loss = figures[0].axes[0]
     (train,) = [p for _, s, p in _lines(ax_loss) if s == "-"]
     (dev,) = [p for _, s, p in _lines(ax_loss) if s == "--"]
-    assert train == {1.0: 1.0, 2.0: 0.5, 3.0: 0.25}
-    assert dev == {1.0: 0.75, 2.0: 0.625, 3.0: 0.5}  # / 4.0, the first training loss
+    assert train == {0.0: 1.0, 1.0: 0.5, 2.0: 0.25}
+    assert dev == {0.0: 0.75, 1.0: 0.625, 2.0: 0.5}  # / 4.0, the first training loss
     labels = ax_loss.get_legend_handles_labels()[1]
     assert labels == ["triplet", "triplet (dev)"]
 
@@ -334,8 +335,8 @@ def test_r1_plot_draws_each_direction_from_its_key(tmp_path, monkeypatch):
     )
     epoch_curves.plot_r1_curves({"clip": [image], "irra": [person]}, tmp_path)
     ax_i2t, ax_t2i = figures[0].axes[:2]
-    assert [p for _, _, p in _lines(ax_i2t)] == [{1.0: 10.0, 2.0: 20.0}, {1.0: 50.0, 2.0: 60.0}]
-    assert [p for _, _, p in _lines(ax_t2i)] == [{1.0: 30.0, 2.0: 40.0}, {1.0: 70.0, 2.0: 80.0}]
+    assert [p for _, _, p in _lines(ax_i2t)] == [{0.0: 10.0, 1.0: 20.0}, {0.0: 50.0, 1.0: 60.0}]
+    assert [p for _, _, p in _lines(ax_t2i)] == [{0.0: 30.0, 1.0: 40.0}, {0.0: 70.0, 1.0: 80.0}]
     assert ax_i2t.get_title() == "dev I->T R@1" and ax_t2i.get_title() == "dev T->I R@1"
 
 

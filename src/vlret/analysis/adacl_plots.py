@@ -156,7 +156,7 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
         ValueError: The log is invalid (:func:`load_stats`).
     """
     records = load_stats(stats_file)
-    from ._plotting import require_matplotlib, save_figure
+    from ._plotting import legend_outside, require_matplotlib, save_figure
 
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -169,7 +169,7 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
     if has_count:
         panels.append(("clone_count", "|S*|"))
 
-    fig = Figure(figsize=(7.0, 2.0 * len(panels) + 0.6))
+    fig = Figure(figsize=(7.0, 2.0 * len(panels) + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (key, label) in zip(axes, panels, strict=True):
@@ -185,10 +185,9 @@ def plot_adacl_margins(stats_file: Path, out_dir: Path) -> list[Path]:
     if guarded:
         gx, gy = zip(*guarded, strict=True)
         axes[0].scatter(gx, gy, marker="x", color="tab:red", zorder=3, label="guard kept margins")
-        axes[0].legend(loc="best", fontsize="small")
+        legend_outside(fig, *axes[0].get_legend_handles_labels())  # under the panels
     axes[-1].set_xlabel("training step")
     fig.suptitle("AdaCL adaptive margins (cf. paper Fig. 3a)")
-    fig.tight_layout()
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,10 @@
   all-negatives warm-up of ``train.all_negatives_epochs``) is drawn as one segment per
   definition, each relative to its own first epoch, and the switch is marked
   (:func:`loss_definition_starts`, :func:`relative_loss_segments`).
+
+Epochs are numbered from 0 on every axis and table, as the console and ``metrics.jsonl``
+number them. One legend per figure, outside the axes (:func:`._plotting.legend_outside`): a
+colour (and marker) per label, and the line styles' meanings once.
 * :func:`plot_similarity_curves`: mean positive and mean hardest-negative cosine on dev against
   epochs (Unified Fig. 4); runs logged without dev similarities fall back to the training
   batches' ``pos_sim`` / ``hardest_neg_sim`` step records, and the panel title says so.
@@ -35,7 +39,7 @@ from typing import Any
 
 from .._files import atomic_write_text
 from ..metrics import normalise_metric_record
-from ._plotting import new_figure, save_figure
+from ._plotting import integer_epochs, legend_outside, new_figure, save_figure, series_styles
 
 #: File names written by the functions of this module.
 TRAINING_FIGURE = "curves_loss_rsum.png"
@@ -81,13 +85,14 @@ def epoch_series(records: Sequence[Mapping[str, Any]], key: str) -> dict[int, fl
         key: The metric, e.g. ``"dev_rsum"``.
 
     Returns:
-        ``{epoch (1-based): value}`` over the ``kind = "epoch"`` records with a numeric value.
+        ``{epoch: value}`` (epochs from 0, as ``metrics.jsonl`` counts them) over the
+        ``kind = "epoch"`` records with a numeric value.
     """
     out = {}
     for rec in records:
         value = rec.get(key)
         if rec.get("kind") == "epoch" and isinstance(value, (int, float)):
-            out[int(rec["epoch"]) + 1] = float(value)
+            out[int(rec["epoch"])] = float(value)
     return out
 
 
@@ -111,14 +116,14 @@ def step_epoch_means(records: Sequence[Mapping[str, Any]], key: str) -> dict[int
         key: The step metric, e.g. ``"pos_sim"``.
 
     Returns:
-        ``{epoch (1-based): mean of key}`` over the ``kind = "step"`` records with a finite
+        ``{epoch (from 0): mean of key}`` over the ``kind = "step"`` records with a finite
         value.
     """
     sums: dict[int, list[float]] = {}
     for rec in records:
         value = rec.get(key)
         if rec.get("kind") == "step" and isinstance(value, (int, float)) and math.isfinite(value):
-            sums.setdefault(int(rec["epoch"]) + 1, []).append(float(value))
+            sums.setdefault(int(rec["epoch"]), []).append(float(value))
     return {e: sum(v) / len(v) for e, v in sums.items()}
 
 
@@ -137,23 +142,37 @@ def _aggregate(
 
 
 def _draw(
-    ax, series: Sequence[Mapping[int, float]], *, label: str | None, color, style="-"
+    ax,
+    series: Sequence[Mapping[int, float]],
+    *,
+    label: str | None,
+    color,
+    style="-",
+    marker: str = "o",
 ) -> bool:
     series = [s for s in series if s]
     if not series:
         return False
     epochs, mean, low, high = _aggregate(series)
-    ax.plot(epochs, mean, style, color=color, label=label, marker="o" if len(epochs) < 30 else None)
+    shown = marker if len(epochs) < 30 else None
+    ax.plot(epochs, mean, style, color=color, label=label, marker=shown)
     if len(series) > 1 and len(epochs) > 1:
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     return True
 
 
-def _colors(n: int) -> list:
-    from matplotlib import colormaps
+def _key(color: Any, marker: str | None, style: Any = "-") -> Any:
+    """A legend handle: a line of ``style`` with ``marker`` (a colour's or a style's key)."""
+    from matplotlib.lines import Line2D
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
+    return Line2D([], [], color=color, marker=marker, linestyle=style)
+
+
+def _epoch_axes(axes: Sequence[Any]) -> None:
+    for ax in axes:
+        ax.set_xlabel("epoch (from 0)")
+        integer_epochs(ax)
+        ax.grid(alpha=0.3)
 
 
 #: File written by :func:`write_epoch_curves` (no matplotlib needed).
@@ -181,9 +200,9 @@ def epoch_curve_markdown(
         digits: Decimals of each cell.
 
     Returns:
-        One row per label and one column per epoch (1-based): the mean over the seeds that
-        logged the epoch, with ``± sample std`` when there are two or more; ``-`` where none
-        did.
+        One row per label and one column per epoch (from 0, ``ep 0`` the first): the mean
+        over the seeds that logged the epoch, with ``± sample std`` when there are two or
+        more; ``-`` where none did.
 
     Raises:
         FileNotFoundError: A run folder has no ``metrics.jsonl``.
@@ -256,7 +275,7 @@ def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
             counts as no warm-up).
 
     Returns:
-        The 1-based start epochs: ``(1,)``, or ``(1, n + 1)`` for a run with
+        The start epochs (from 0): ``(0,)``, or ``(0, n)`` for a run with
         ``train.all_negatives_epochs = n`` (the hinge summed over all negatives, then the
         hardest; :mod:`vlret.train.warmup`).
     """
@@ -272,13 +291,13 @@ def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
     train = config.get("train") if isinstance(config, dict) else None
     warmup = train.get("all_negatives_epochs") if isinstance(train, dict) else None
     if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup > 0:
-        return (1, warmup + 1)
-    return (1,)
+        return (0, warmup)
+    return (0,)
 
 
 def relative_loss_segments(
     series: Mapping[int, float],
-    starts: Sequence[int] = (1,),
+    starts: Sequence[int] = (0,),
     *,
     reference: Mapping[int, float] | None = None,
 ) -> list[dict[int, float]]:
@@ -288,7 +307,7 @@ def relative_loss_segments(
 
     Args:
         series: Epoch -> training loss.
-        starts: The 1-based epochs at which a definition starts
+        starts: The epochs (from 0) at which a definition starts
             (:func:`loss_definition_starts`).
         reference: The series whose first value in each part is the divisor (the dev loss is
             scaled by the training loss's, so the two stay comparable); default ``series``.
@@ -337,11 +356,12 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
     """
     logs = {label: [read_metrics_log(d) for d in dirs] for label, dirs in runs.items()}
     starts = {label: [loss_definition_starts(d) for d in dirs] for label, dirs in runs.items()}
-    fig = new_figure((12.0, 4.4))
+    fig = new_figure((12.0, 5.0), layout="constrained")
     ax_loss, ax_rsum = fig.subplots(1, 2)
     switches: dict[int, list[str]] = {}
     selected: set[str] = set()
-    for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
+    handles, names, any_dev = [], [], False
+    for (color, marker), (label, recs) in zip(series_styles(len(logs)), logs.items(), strict=True):
         phases = max((len(s) for s in starts[label]), default=1)
         segments: list[list[dict[int, float]]] = [[] for _ in range(phases)]
         dev_segments: list[list[dict[int, float]]] = [[] for _ in range(phases)]
@@ -356,30 +376,35 @@ def plot_training_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str 
                 if label not in switches.setdefault(start, []):
                     switches[start].append(label)
         drawn = dev_drawn = False
+        look = {"color": color, "marker": marker}
         for phase in segments:
-            drawn |= _draw(ax_loss, phase, label=label if not drawn else None, color=color)
+            drawn |= _draw(ax_loss, phase, label=label if not drawn else None, **look)
         for phase in dev_segments:
             dev_label = f"{label} (dev)" if not dev_drawn else None
-            dev_drawn |= _draw(ax_loss, phase, label=dev_label, color=color, style="--")
+            dev_drawn |= _draw(ax_loss, phase, label=dev_label, style="--", **look)
+        any_dev |= dev_drawn
         key = selection_key(recs[0]) if recs else "dev_rsum"
         selected.add(key[len("dev_") :])
-        _draw(ax_rsum, [epoch_series(r, key) for r in recs], label=label, color=color)
+        _draw(ax_rsum, [epoch_series(r, key) for r in recs], label=label, **look)
+        handles.append(_key(color, marker))
+        names.append(label)
+    handles += [_key("0.2", None), _key("0.2", None, "--")] if any_dev else []
+    names += ["training loss (solid)", "dev loss (dashed)"] if any_dev else []
     for start, labels in sorted(switches.items()):
         text = f"all-negatives warm-up ends ({', '.join(labels)})"
         for ax in (ax_loss, ax_rsum):
             ax.axvline(start - 0.5, color="0.4", linestyle=":", linewidth=1.2, label=text)
+        handles.append(_key("0.4", None, ":"))
+        names.append(text)
     ax_loss.set_title("training loss, dev loss dashed (÷ |first training epoch|)", fontsize=10)
     ax_loss.set_ylabel("relative loss")
     name = selected.pop() if len(selected) == 1 else "selection metric"
     ax_rsum.set_title(f"dev {name}")
     ax_rsum.set_ylabel(name)
-    for ax in (ax_loss, ax_rsum):
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _epoch_axes((ax_loss, ax_rsum))
+    if handles:
+        legend_outside(fig, handles, names)
     fig.suptitle(f"Loss and dev {name} against epochs (cf. Unified loss Fig. 3)")
-    fig.tight_layout()
     return save_figure(fig, Path(out_dir) / TRAINING_FIGURE)
 
 
@@ -406,7 +431,7 @@ def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: st
     n = max(len(logs), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig = new_figure((4.6 * cols, 3.6 * rows + 0.5))
+    fig = new_figure((4.6 * cols, 3.6 * rows + 0.9), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
     for ax, (label, recs) in zip(axes, logs.items(), strict=False):
         pos = [epoch_series(r, "dev_pos_sim") for r in recs]
@@ -419,15 +444,13 @@ def plot_similarity_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: st
         _draw(ax, pos, label="positive", color="tab:blue")
         _draw(ax, neg, label="hardest negative", color="tab:red", style="--")
         ax.set_title(f"{label} ({where})", fontsize=10)
-        ax.set_xlabel("epoch")
         ax.set_ylabel("cosine similarity")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _epoch_axes(axes[: len(logs)])
     for ax in axes[len(logs) :]:
         ax.set_visible(False)
+    handles = [_key("tab:blue", "o"), _key("tab:red", "o", "--")]
+    legend_outside(fig, handles, ["mean positive", "mean hardest negative"])
     fig.suptitle("Positive and hardest-negative similarity against epochs (cf. Unified Fig. 4)")
-    fig.tight_layout()
     return save_figure(fig, Path(out_dir) / SIMILARITY_FIGURE)
 
 
@@ -466,14 +489,15 @@ def plot_sweep_curves(
         for values, mean, std in points:
             key = tuple((p, values[p]) for p in others)
             lines.setdefault(key, []).append((values[param], mean, std))
-        fig = new_figure((6.4, 4.4))
+        fig = new_figure((6.4, 4.8), layout="constrained")
         ax = fig.subplots()
         numeric = all(
             isinstance(v, (int, float)) and not isinstance(v, bool)
             for values, _, _ in points
             for v in [values[param]]
         )
-        for color, (key, pts) in zip(_colors(len(lines)), lines.items(), strict=True):
+        styles = series_styles(len(lines))
+        for (color, marker), (key, pts) in zip(styles, lines.items(), strict=True):
             pts = sorted(pts, key=lambda t: _value_key(t[0]))
             xs = [p[0] if numeric else str(p[0]) for p in pts]
             label = ", ".join(f"{k}={v}" for k, v in key) or None
@@ -481,7 +505,7 @@ def plot_sweep_curves(
                 xs,
                 [p[1] for p in pts],
                 yerr=[p[2] for p in pts],
-                marker="o",
+                marker=marker,
                 capsize=3,
                 color=color,
                 label=label,
@@ -489,11 +513,11 @@ def plot_sweep_curves(
         ax.set_xlabel(param)
         ax.set_ylabel(f"test {metric}")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            legend_outside(fig, handles, labels)
         name = f"{loss}: " if loss else ""
         ax.set_title(f"{name}{metric} against {param} (cf. Unified Fig. 5)")
-        fig.tight_layout()
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in param)
         paths.append(save_figure(fig, Path(out_dir) / f"sweep_{safe}.png"))
     return paths

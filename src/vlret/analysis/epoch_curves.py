@@ -11,7 +11,9 @@ The R@1 keys (:func:`r1_keys`) are the image-level ``dev_i2t_r1`` / ``dev_t2i_r1
 run's epoch records, or on person search the identity-level ``dev_identity_i2t_r1`` /
 ``dev_identity_t2i_r1``
 (any image of the caption's person counts, the R@1 the person-search papers report).
-matplotlib (the ``plot`` extra) is imported inside each function.
+Epochs are numbered from 0, as the console and ``metrics.jsonl`` number them; each figure has
+one legend, under its panels (:func:`._plotting.legend_outside`). matplotlib (the ``plot``
+extra) is imported inside each function.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._plotting import new_figure, save_figure
-from .curves import _colors, _draw, epoch_series, read_metrics_log, selection_key
+from ._plotting import legend_outside, new_figure, save_figure, series_styles
+from .curves import _draw, _epoch_axes, _key, epoch_series, read_metrics_log, selection_key
 
 #: File written by :func:`plot_r1_curves`.
 R1_FIGURE = "curves_r1.png"
@@ -62,21 +64,21 @@ def plot_r1_curves(runs: Mapping[str, Sequence[str | Path]], out_dir: str | Path
         ImportError: matplotlib is not installed.
     """
     logs = _logs(runs)
-    fig = new_figure((11.0, 4.2))
+    fig = new_figure((11.0, 4.8), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
-    for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
+    styles = series_styles(len(logs))
+    for (color, marker), (label, recs) in zip(styles, logs.items(), strict=True):
         keys = r1_keys([r for run in recs for r in run])
         for ax, key in zip(axes, keys, strict=True):
-            _draw(ax, [epoch_series(r, key) for r in recs], label=label, color=color)
+            series = [epoch_series(r, key) for r in recs]
+            _draw(ax, series, label=label, color=color, marker=marker)
     for ax, direction in zip(axes, DIRECTIONS, strict=True):
         ax.set_title(f"dev {direction} R@1")
-        ax.set_xlabel("epoch")
         ax.set_ylabel("R@1 (%)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _epoch_axes(axes)
+    if logs:
+        legend_outside(fig, [_key(c, m) for c, m in styles], list(logs))
     fig.suptitle("Dev R@1 against epochs (cf. AdaCL Fig. 7)")
-    fig.tight_layout()
     return save_figure(fig, Path(out_dir) / R1_FIGURE)
 
 
@@ -123,19 +125,21 @@ def plot_run_curves(run_dirs: Sequence[str | Path], out_dir: str | Path) -> Path
             log = path / "metrics.jsonl" if path.is_dir() else path
             raise ValueError(f"{log}: no epoch record yet (the run has not finished an epoch)")
         logs[label] = recs
-    fig = new_figure((15.0, 4.4))
+    fig = new_figure((15.0, 5.0), layout="constrained")
     ax_loss, ax_sel, ax_r1 = fig.subplots(1, 3)
     selected = set()
-    for color, (label, recs) in zip(_colors(len(logs)), logs.items(), strict=True):
-        _draw(ax_loss, [epoch_series(recs, "train_loss")], label=f"{label} train", color=color)
+    styles = series_styles(len(logs))
+    for (color, marker), (label, recs) in zip(styles, logs.items(), strict=True):
+        look = {"color": color, "marker": marker}
+        _draw(ax_loss, [epoch_series(recs, "train_loss")], label=f"{label} train", **look)
         dev = epoch_series(recs, "dev_loss")
-        _draw(ax_loss, [dev], label=f"{label} dev", color=color, style="--")
+        _draw(ax_loss, [dev], label=f"{label} dev", style="--", **look)
         key = selection_key(recs)
         selected.add(key[len("dev_") :])
-        _draw(ax_sel, [epoch_series(recs, key)], label=label, color=color)
-        for key, direction, style in zip(r1_keys(recs), DIRECTIONS, ("-", "--"), strict=True):
+        _draw(ax_sel, [epoch_series(recs, key)], label=label, **look)
+        for key, direction, line in zip(r1_keys(recs), DIRECTIONS, ("-", "--"), strict=True):
             series = [epoch_series(recs, key)]
-            _draw(ax_r1, series, label=f"{label} {direction}", color=color, style=style)
+            _draw(ax_r1, series, label=f"{label} {direction}", style=line, **look)
     name = selected.pop() if len(selected) == 1 else "selection metric"
     for ax, title in (
         (ax_loss, "loss: training (solid), dev (dashed)"),
@@ -143,15 +147,12 @@ def plot_run_curves(run_dirs: Sequence[str | Path], out_dir: str | Path) -> Path
         (ax_r1, "dev R@1: I->T (solid), T->I (dashed)"),
     ):
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _epoch_axes((ax_loss, ax_sel, ax_r1))
+    legend_outside(fig, [_key(c, m) for c, m in styles], list(logs))
     ax_loss.set_ylabel("loss")
     ax_sel.set_ylabel(name)
     ax_r1.set_ylabel("R@1 (%)")
     fig.suptitle("Training curves (cf. Unified Fig. 3, AdaCL Fig. 7)")
-    fig.tight_layout()
     return save_figure(fig, Path(out_dir) / RUN_FIGURE)
 
 

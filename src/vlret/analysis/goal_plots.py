@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..losses.goal import goal_pair_weights, goal_triplet_weight
-from ._plotting import new_figure, save_figure
+from ._plotting import legend_outside, new_figure, save_figure
 
 #: Settings of the figures: Fig. 2 uses m = 0.2 and tau = 10; Fig. 3 alpha = 2, beta = 10,
 #: lambda = 0.5 and relative terms m = 0.1 for the MS weights. circle_offset: our default.
@@ -126,7 +126,7 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
     plt.close(fig)
     paths.append(path)
 
-    fig, (ax_pos, ax_neg) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    fig, (ax_pos, ax_neg) = plt.subplots(1, 2, figsize=(11, 4.7), constrained_layout=True)
     for kind, label in PAIR_CURVES:
         sim, p_pos, p_neg = pair_weight_curves(kind)
         ax_pos.plot(sim.numpy(), p_pos.numpy(), label=label)
@@ -138,7 +138,8 @@ def plot_goal_weights(out_dir: Path) -> list[Path]:
     for ax in (ax_pos, ax_neg):
         ax.set_ylabel("weight")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend for both panels (the same five curves), under them: it covers no curve
+    legend_outside(fig, *ax_pos.get_legend_handles_labels())
     fig.suptitle(r"GOAL pair weights (Fig. 3): $\alpha=2$, $\beta=10$, $\lambda=0.5$")
     path = save_figure(fig, out_dir / GOAL_WEIGHT_FIGURES[1])
     plt.close(fig)

@@ -8,12 +8,13 @@ compare; raw for ``dot``), and runs scikit-learn's :class:`~sklearn.manifold.TSN
 images and texts together, so the two modalities share one map.
 
 Colours: on a synthetic world (:mod:`vlret.data.synthetic`; its ``{split}_synth.npz`` side
-file next to the data) each point is coloured by its image's **primary object category**
-(``square``, ``circle``, ...: the first object of the scene), the group a retrieval model
-should cluster; images are circles and texts crosses. Elsewhere points are coloured by
-modality and a thin line joins each matched image-text pair (their distance on the map is
-the alignment AdaCL Fig. 3 shows). A pair-scoring model (SCAN, BFAN, SGRAF) has no joint
-embedding space: refused.
+file next to the data) each point is drawn in the style of its image's **primary object
+category** (``square``, ``circle``, ...: the first object of the scene), the group a retrieval
+model should cluster: a colour of ten told apart, with a marker shape as the second cue past
+ten groups (:func:`vlret.analysis._plotting.series_styles`); images filled, texts hollow. The
+legend stands beside the map. Elsewhere points are coloured by modality and a thin line joins
+each matched image-text pair (their distance on the map is the alignment AdaCL Fig. 3 shows).
+A pair-scoring model (SCAN, BFAN, SGRAF) has no joint embedding space: refused.
 
 Written: the PNG, ``FILE.csv`` with one row per point (``modality``, ``image``: the split's
 image index, ``caption``: the caption index of a text, empty for an image, ``group``, ``x``,
@@ -38,7 +39,7 @@ from .._extras import require
 from .._files import atomic_write_text
 from ..models import PairScorer
 from ..train.eval_inputs import run_checkpoint  # a run folder's best.pt (else last.pt)
-from ._plotting import new_figure, require_matplotlib, save_figure
+from ._plotting import legend_outside, new_figure, require_matplotlib, save_figure, series_styles
 
 #: The group the points are coloured by on a synthetic world.
 GROUP_KIND = "primary object category"
@@ -211,31 +212,34 @@ def write_tsne(points: TsnePoints, out: str | Path) -> list[Path]:
     suffixes beside it (module docstring); returns the three paths."""
     require_matplotlib("the t-SNE plot")
     out = Path(out)
-    fig = new_figure((7.5, 6.5))
+    fig = new_figure((9.0, 6.5), layout="constrained")
     ax = fig.subplots()
     is_img = np.array([m == "image" for m in points.modality])
     n = int(is_img.sum())
     xy = points.xy
     if points.settings.get("groups"):
-        from .curves import _colors
-
         names = sorted({g for g in points.group if g is not None})
-        color_of = dict(zip(names, _colors(len(names)), strict=True))
-        colors = [color_of.get(g or "", "0.5") for g in points.group]
-        for g in names:  # one legend entry per group
-            ax.scatter([], [], color=color_of[g], label=g, s=20)
-        ax.scatter(xy[is_img, 0], xy[is_img, 1], c=colors[:n], marker="o", s=22, alpha=0.85)
-        ax.scatter(xy[~is_img, 0], xy[~is_img, 1], c=colors[n:], marker="x", s=22, alpha=0.85)
-        ax.scatter([], [], color="0.3", marker="o", label="image")
-        ax.scatter([], [], color="0.3", marker="x", label="text")
-        title = f"coloured by {GROUP_KIND}; images o, texts x"
+        style_of = dict(zip(names, series_styles(len(names)), strict=True))
+        for g in names:  # images filled, texts hollow, in the group's colour and marker
+            color, marker = style_of[g]
+            mine = np.array([x == g for x in points.group])
+            ax.scatter(*xy[mine & is_img].T, color=color, marker=marker, s=30, label=g)
+            ax.scatter(
+                *xy[mine & ~is_img].T, facecolors="none", edgecolors=color, marker=marker, s=30
+            )
+        other = np.array([x not in style_of for x in points.group])
+        if other.any():  # points of no group (none on a world's split): grey
+            ax.scatter(*xy[other].T, color="0.5", marker=".", s=20, label="no group")
+        ax.scatter([], [], color="0.3", marker="o", label="image (filled)")
+        ax.scatter([], [], facecolors="none", edgecolors="0.3", marker="o", label="text (hollow)")
+        title = f"by {GROUP_KIND}; images filled, texts hollow"
     else:
         for a, b in zip(xy[:n], xy[n:], strict=True):
             ax.plot([a[0], b[0]], [a[1], b[1]], color="0.75", linewidth=0.5, zorder=0)
         ax.scatter(xy[is_img, 0], xy[is_img, 1], color="tab:blue", marker="o", s=22, label="image")
         ax.scatter(xy[~is_img, 0], xy[~is_img, 1], color="tab:red", marker="x", s=22, label="text")
         title = "images o, texts x; lines join matched pairs"
-    ax.legend(fontsize=7, loc="best", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 12 else 1)
+    legend_outside(fig, *ax.get_legend_handles_labels(), where="right upper")
     ax.set_xticks([])
     ax.set_yticks([])
     s = points.settings
@@ -244,7 +248,6 @@ def write_tsne(points: TsnePoints, out: str | Path) -> list[Path]:
         f"{s.get('perplexity', 0):g}\n{title}",
         fontsize=10,
     )
-    fig.tight_layout()
     png = save_figure(fig, out)
     table = out.with_suffix(".csv")
     rows = io.StringIO(newline="")  # written whole, atomically, under the output-path rule
