@@ -25,6 +25,7 @@ shows it. The per-epoch summary line is printed either way.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -90,10 +91,9 @@ def _main_process() -> bool:
 def _tqdm() -> Any:
     """``tqdm.auto.tqdm``, or ``None`` when tqdm is not installed."""
     try:
-        from tqdm.auto import tqdm
+        return importlib.import_module("tqdm.auto").tqdm
     except ImportError:
         return None
-    return tqdm
 
 
 def shows(stream: TextIO | None = None) -> bool:
@@ -150,7 +150,7 @@ class QuietBar:
 
 
 def progress_bar(
-    iterable: Iterable[Any] | None = None, *, show: bool = True, **options: Any
+    iterable: Iterable[Any] | None = None, /, *, show: bool = True, **options: Any
 ) -> Any:
     """A ``tqdm.auto`` bar on ``sys.stderr`` over ``iterable`` (or counting ``update`` calls
     towards ``total``) when ``show`` and :func:`shows` (module docstring), else a
