@@ -225,3 +225,45 @@ def test_the_parsers_formats_are_the_librarys():
     from vlret.models.export import EXPORT_FORMATS
 
     assert FORMATS == EXPORT_FORMATS
+
+
+@pytest.mark.parametrize("layout", ["v5", "hub"])
+def test_a_clip_fine_tuned_from_a_hugging_face_folder_goes_back_whole(tmp_path, layout):
+    """A CLIP read from a folder ``transformers`` wrote (its BPE tokenizer, bilinear resize
+    to 40, its own mean and std, floor crop offsets), exported, gives its embeddings on every
+    image size, the odd margins included, and its tokenizer's ids, truncation included."""
+    from PIL import Image
+
+    from clip_folder_helpers import SIZES, tiny_clip_parts, write_folder
+    from vlret.data.vocab import load_hf_tokenizer
+    from vlret.models import build_model
+    from vlret.models.export.hf import export_hf
+
+    source = write_folder(tmp_path / "src", tiny_clip_parts(tmp_path), layout)
+    model = build_model({"kind": "clip", "path": str(source), "proj_dim": 0}).eval()
+    encoder = load_hf_tokenizer(source, max_positions=64)
+    assert export_hf(model, encoder=encoder, out=tmp_path / "hf", logit_scale=None) == []
+    clip = transformers.CLIPModel.from_pretrained(str(tmp_path / "hf")).eval()
+    processor = transformers.CLIPProcessor.from_pretrained(str(tmp_path / "hf"), backend="pil")
+    images = [Image.new("RGB", size) for size in SIZES]
+    rng = torch.Generator().manual_seed(0)
+    for image in images:  # noise, so that a one-pixel shift of the crop would show
+        pixels = torch.randint(0, 256, (image.size[1], image.size[0], 3), generator=rng)
+        image.paste(Image.fromarray(pixels.to(torch.uint8).numpy()))
+    captions = ["the cat", "a cat at the cat.", "cat " * 80, "'-,"]
+    inputs = processor(
+        images=images, text=captions, padding=True, truncation=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        theirs = clip.get_image_features(pixel_values=inputs["pixel_values"]).pooler_output
+        ours = model.encode_images(images)
+        theirs_text = clip.get_text_features(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+        ).pooler_output
+    assert (theirs - ours).abs().max() < TOL
+    assert (theirs_text - _vlret_text(encoder, model, captions)).abs().max() < TOL
+    for row, caption in enumerate(captions):
+        mask = inputs["attention_mask"][row].bool()
+        assert inputs["input_ids"][row][mask].tolist() == encoder.encode(caption)
+    assert len(encoder.encode(captions[2])) == 64
+    assert float(clip.logit_scale.detach()) == pytest.approx(2.6592)

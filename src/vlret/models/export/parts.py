@@ -124,7 +124,8 @@ def clip_parts(model: Any) -> CLIPParts:
             f"the model's image transform ({transform!r}) does not give its {pair[0]} x "
             f"{pair[1]} input"
         )
-    vision_config = image.vision_model.config.to_dict()
+    towers: tuple[Any, Any] = (image.vision_model, text.text_model)  # transformers' models
+    vision_config = towers[0].config.to_dict()
     vision_config["image_size"] = int(pair[0])
     return CLIPParts(
         vision_model=image.vision_model,
@@ -132,7 +133,7 @@ def clip_parts(model: Any) -> CLIPParts:
         visual_projection=image.visual_projection,
         text_projection=text.text_projection,
         vision_config=vision_config,
-        text_config=text.text_model.config.to_dict(),
+        text_config=towers[1].config.to_dict(),
         image_transform=transform,
         normalize=bool(getattr(model, "normalize", False)),
         scoring=str(getattr(model, "scoring", "cosine")),
