@@ -112,6 +112,8 @@ def test_errors_name_the_protocols_split_and_the_missing_data(
     assert "protocol msrvtt-full evaluates msrvtt data, not precomp" in capsys.readouterr().err
     assert main(["eval", str(run), "--protocol", "cuhk-pedes"]) == 2  # another data set: --data
     assert "pass its folder with --data" in capsys.readouterr().err
+    assert main(["eval", "--model-dir", str(tmp_path), "--protocol", "f30k"]) == 2  # no run
+    assert "--data: required with --model-dir" in capsys.readouterr().err
     # a run trained with a relative data.root, evaluated from another folder
     moved = tmp_path / "copy"
     shutil.copytree(run, moved)
@@ -163,21 +165,23 @@ def test_default_split_is_the_first_split_the_protocol_evaluates_in_that_format(
         ("icfg-pedes", "icfg-pedes"): "test",
     }
     for (protocol, fmt), split in expected.items():
-        assert default_split(protocol, fmt) == split
+        assert default_split(protocol, data_format=fmt) == split
     for name in protocol_names():  # every registered protocol: its paper's test split first
         protocol = get_protocol(name)
         for fmt in protocol.splits:
-            assert default_split(name, fmt) in protocol.paper_splits
+            assert default_split(name, data_format=fmt) in protocol.paper_splits
     with pytest.raises(ValueError, match="protocol f30k evaluates precomp or karpathy data, not"):
-        default_split("f30k", "msrvtt")
+        default_split("f30k", data_format="msrvtt")
 
 
 def test_a_shards_run_reads_karpathy_data_and_a_folder_without_it_names_the_fix(tmp_path):
     shards = DataConfig(root="w", format="webdataset", shards="w/s/{0..1}.tar")
     assert stored_eval_data(shards).format == "karpathy"
-    assert stored_eval_data(shards, "cuhk-pedes").format == "cuhk-pedes"  # domain generalisation
+    assert (
+        stored_eval_data(shards, protocol="cuhk-pedes").format == "cuhk-pedes"
+    )  # domain generalisation
     precomp = DataConfig(root="w", format="precomp")
-    assert stored_eval_data(precomp, "f30k") is precomp
+    assert stored_eval_data(precomp, protocol="f30k") is precomp
     world = write_synthetic("tiny", tmp_path / "w")  # precomp: no Karpathy JSON, no images
     with pytest.raises(FileNotFoundError) as err:
         eval_data_config(karpathy_eval_data(shards), world)

@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
         if args.check:
-            print(check_summary(prepared, inputs, args))
+            print(_check_summary(prepared, inputs, args))
             return EXIT_OK
         for note in inputs.notes():  # the defaults taken: checkpoint, data, split
             print(note)
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def check_summary(prepared: Any, inputs: Any, args: argparse.Namespace) -> str:
+def _check_summary(prepared: Any, inputs: Any, args: argparse.Namespace) -> str:
     """What ``vlret eval --check`` prints: the model(s), data, split, protocol and sizes of the
     evaluation :func:`~vlret.train.evaluate.prepare_evaluation` built, and what would be
     written."""

@@ -147,7 +147,7 @@ def karpathy_eval_data(data: DataConfig) -> DataConfig:
     )
 
 
-def stored_eval_data(data: DataConfig, protocol: str | EvalProtocol | None = None) -> DataConfig:
+def stored_eval_data(data: DataConfig, *, protocol: str | EvalProtocol | None = None) -> DataConfig:
     """A stored run's data config read as the data it is evaluated on: a person-search
     ``protocol`` of a run trained on other data reads the protocol's format
     (:func:`person_search_eval_data`, domain generalisation), a run trained on shards or a CSV
@@ -166,7 +166,7 @@ def stored_eval_data(data: DataConfig, protocol: str | EvalProtocol | None = Non
     return data
 
 
-def default_split(protocol: str | EvalProtocol, data_format: str) -> str:
+def default_split(protocol: str | EvalProtocol, *, data_format: str) -> str:
     """The split ``vlret eval`` scores when ``--split`` is not given: the first split
     ``protocol`` evaluates in ``data_format`` (the format of :func:`stored_eval_data`), its
     paper's test split (``f30k``: ``test``; ``coco5k`` / ``coco1k``: ``testall`` of precomp

@@ -114,7 +114,7 @@ def resolve_eval_inputs(
         if data is None:
             raise ValueError("--data: required with --model-dir (a CLIP folder holds no data)")
         if split is None:
-            split = default_split(chosen, "karpathy")
+            split = default_split(chosen, data_format="karpathy")
             why["split"] = f"protocol {chosen.name}'s test split of karpathy data"
         return EvalInputs(checkpoints, Path(data), split, why)
     first = checkpoints[0]
@@ -122,10 +122,10 @@ def resolve_eval_inputs(
     if not isinstance(state, dict) or "config" not in state:
         raise ValueError(f"{first}: not a `vlret train` checkpoint (no config)")
     trained = stored_run(state["config"], source=f"{first} (stored config)").data
-    evaluated = stored_eval_data(trained, chosen)
+    evaluated = stored_eval_data(trained, protocol=chosen)
     if split is None:
         try:
-            split = default_split(chosen, evaluated.format)
+            split = default_split(chosen, data_format=evaluated.format)
         except ValueError as err:
             raise ValueError(f"{first}: {err} (it was trained on {trained.format} data)") from None
         why["split"] = f"protocol {chosen.name}'s test split of {evaluated.format} data"

@@ -94,7 +94,7 @@ def load_member(
     (:func:`~vlret.train.eval_data.stored_eval_data`); ``ValueError`` naming the checkpoint
     when the protocol does not evaluate ``split`` of that data."""
     model, run, encoder = load_trained_model(checkpoint, device=device)
-    run = dataclasses.replace(run, data=stored_eval_data(run.data, protocol))
+    run = dataclasses.replace(run, data=stored_eval_data(run.data, protocol=protocol))
     try:
         protocol.check_split(split, run.data.format)
     except ValueError as err:
