@@ -23,6 +23,7 @@ from train_helpers import tiny_raw
 from vlret.analysis.report import build_report, counted_ranks, rank_histogram
 from vlret.analysis.report.attention import STOPWORDS
 from vlret.analysis.report.data import pick_queries
+from vlret.analysis.report.html import TRUTH_CARDS
 from vlret.analysis.report.thumbs import THUMB_SIZE
 from vlret.cli import main
 from vlret.data import PrecompDataset
@@ -110,14 +111,15 @@ def karpathy_world(root: Path) -> tuple[Path, Path]:
 
 class QueryParser(HTMLParser):
     """The report's query sections read back: ``(direction, group, query) -> rank`` from the
-    ``data-*`` attributes, and the heading text of each."""
+    ``data-*`` attributes, the heading text of each, its top-K cards ``(index, relevant)`` and
+    its cards of the ground truths below the top K ``(index, position)``, in page order."""
 
     def __init__(self) -> None:
         super().__init__()
         self.queries: dict[tuple[str, str, int], int] = {}
         self.headings: dict[tuple[str, str, int], str] = {}
         self.items: dict[tuple[str, str, int], list[tuple[int, bool]]] = {}
-        self.truths: dict[tuple[str, str, int], dict[int, int]] = {}
+        self.truths: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
         self._current: tuple[str, str, int] | None = None
         self._in_h4 = False
         self.text: list[str] = []
@@ -132,9 +134,9 @@ class QueryParser(HTMLParser):
         elif tag == "h4" and self._current is not None:
             self._in_h4 = True
             self.headings[self._current] = ""
-        elif tag == "span" and a.get("class") == "truth" and self._current is not None:
-            where = self.truths.setdefault(self._current, {})
-            where[int(str(a["data-index"]))] = int(str(a["data-position"]))
+        elif tag == "li" and self._current is not None and "truth" in str(a.get("class")).split():
+            where = self.truths.setdefault(self._current, [])
+            where.append((int(str(a["data-index"])), int(str(a["data-position"]))))
         elif tag == "li" and self._current is not None and "data-index" in a:
             self.items[self._current].append(
                 (int(str(a["data-index"])), a.get("data-relevant") == "1")
@@ -232,10 +234,17 @@ def check_page(facts, out: Path, *, samples: int, worst: int) -> QueryParser:
         else:
             truths = [c == t2i[q["query"]] for c in order]
         assert page.items[key] == list(zip(order, truths, strict=True))
-        # each ground truth's position in the whole ranked list (the other truths above count)
+        # each ground truth's position in the whole ranked list (the other truths above count),
+        # listed in rank order; those below the top K are shown as cards in that order
         ranked = sorted(inside, key=lambda c: (-float(row[c]), c))
-        for g in q["ground_truth"][:10]:
-            assert page.truths[key][g["index"]] == g["position"] == ranked.index(g["index"]) + 1
+        if q["direction"] == "i2t":
+            relevant = [c for c in inside if t2i[c] == q["query"]]
+        else:
+            relevant = [t2i[q["query"]]]
+        listed = [(g["index"], g["position"]) for g in q["ground_truth"]]
+        assert listed == sorted(((c, ranked.index(c) + 1) for c in relevant), key=lambda t: t[1])
+        below = [(c, n) for c, n in listed if n > len(order)]
+        assert page.truths.get(key, []) == below[:TRUTH_CARDS]
         assert [t["score"] for t in q["top"]] == pytest.approx([float(row[c]) for c in order])
     # the worst queries are the highest ranks; the sampled ones are as many as asked
     for d in ("i2t", "t2i"):

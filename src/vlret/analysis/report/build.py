@@ -14,7 +14,7 @@ from ..._images import DEFAULT_MAX_IMAGE_PIXELS
 from ..._progress import progress_bar
 from .attention import WordAttention, pair_model, query_attention
 from .data import DIRECTIONS, ReportData, collect_report
-from .html import rank_histogram, render_html
+from .html import TRUTH_CARDS, rank_histogram, render_html
 from .thumbs import Thumb, load_boxes, world_pictures, write_thumb
 
 
@@ -35,34 +35,37 @@ def report_record(
     data: ReportData, histograms: dict[str, list[dict[str, Any]]], thumbs: dict[int, Thumb]
 ) -> dict[str, Any]:
     """``report.json``: the evaluation's record (``vlret eval --json``'s), the histograms and
-    every reported query with its rank, top-K ids and scores, ground truths and attention."""
+    every reported query with its rank, top-K ids and scores, ground truths (in rank order)
+    and attention; under a same-identity protocol also the ``person`` of the query and of
+    each item."""
     record = data.evaluation.record(protocol=data.protocol, split=data.split)
     queries = []
     for q in data.queries:
-        queries.append(
-            {
-                "direction": q.direction,
-                "group": q.group,
-                "query": q.index,
-                "text": data.captions[q.index] if q.direction == "t2i" else None,
-                "image_id": data.image_ids[q.index] if q.direction == "i2t" else None,
-                "rank": q.rank,
-                "top": [
-                    {
-                        "index": t.index,
-                        "score": t.score,
-                        "position": t.position,
-                        "relevant": t.relevant,
-                    }
-                    for t in q.top
-                ],
-                "ground_truth": [
-                    {"index": g.index, "score": g.score, "rank": g.rank, "position": g.position}
-                    for g in q.ground_truth
-                ],
-                "attention": [_attention_record(a) for a in q.attention],
-            }
-        )
+        kind = "caption" if q.direction == "i2t" else "image"
+        top: list[dict[str, Any]] = [
+            {"index": t.index, "score": t.score, "position": t.position, "relevant": t.relevant}
+            for t in q.top
+        ]
+        truths: list[dict[str, Any]] = [
+            {"index": g.index, "score": g.score, "rank": g.rank, "position": g.position}
+            for g in q.ground_truth
+        ]
+        query: dict[str, Any] = {
+            "direction": q.direction,
+            "group": q.group,
+            "query": q.index,
+            "text": data.captions[q.index] if q.direction == "t2i" else None,
+            "image_id": data.image_ids[q.index] if q.direction == "i2t" else None,
+            "rank": q.rank,
+            "top": top,
+            "ground_truth": truths,
+            "attention": [_attention_record(a) for a in q.attention],
+        }
+        if data.identities is not None:  # who each one is (person search)
+            query["person"] = data.person("image" if kind == "caption" else "caption", q.index)
+            for item in top + truths:
+                item["person"] = data.person(kind, int(item["index"]))
+        queries.append(query)
     return {
         "evaluation": record,
         "top_k": data.top_k,
@@ -87,8 +90,9 @@ def _shown_images(data: ReportData) -> set[int]:
     for q in data.queries:
         if q.direction == "i2t":
             shown.add(q.index)
-        else:
+        else:  # the top K and the ground truths shown below them
             shown.update(t.index for t in q.top)
+            shown.update(g.index for g in q.truths_below[:TRUTH_CARDS])
         shown.update(a.image for a in q.attention)
     return shown
 

@@ -16,7 +16,12 @@ same rule on the score matrix with every image of the query's person relevant.
 
 **Queries**: per direction, ``samples`` queries drawn without replacement with ``seed``
 (numpy's ``default_rng``), and the ``worst`` queries (highest rank; ties: lower index first).
-A query in both groups is listed in both.
+A query in both groups is listed in both. Each query's ground truths are listed in rank order:
+by their position in its ranked list (:class:`GroundTruth`), the best first.
+
+**Persons** (``same-identity`` protocols): :attr:`ReportData.identities` holds the person of
+each image (the data set's ``image_identity``, the id its annotation file writes), so the page
+names who each query and each retrieved item is (:meth:`ReportData.person`).
 """
 
 from __future__ import annotations
@@ -75,9 +80,16 @@ class QueryFacts:
     #: 1-based rank of the best ground truth, as the metrics count it
     rank: int
     top: list[RetrievedItem]
+    #: in rank order (by position in the ranked list, the best first)
     ground_truth: list[GroundTruth]
     #: pair-scoring models: word attention over regions (:mod:`.attention`), else empty
     attention: list[Any] = field(default_factory=list)
+
+    @property
+    def truths_below(self) -> list[GroundTruth]:
+        """The ground truths ranked below the top-K list (the page shows each with its
+        picture or caption and its position), in rank order."""
+        return [g for g in self.ground_truth if g.position > len(self.top)]
 
 
 @dataclass
@@ -98,6 +110,16 @@ class ReportData:
     txt_to_img: torch.Tensor
     #: the gallery items relevant to each query are of the same person (person search)
     by_identity: bool = False
+    #: person search: the person of each image (``image_identity``); ``None`` otherwise
+    identities: torch.Tensor | None = None
+
+    def person(self, kind: str, index: int) -> int | None:
+        """The person of image (``kind="image"``) or caption (``"caption"``) ``index`` under
+        a same-identity protocol (a caption's is its image's); ``None`` otherwise."""
+        if self.identities is None:
+            return None
+        image = index if kind == "image" else int(self.txt_to_img[index])
+        return int(self.identities[image])
 
     @property
     def dataset(self) -> Any:
@@ -245,7 +267,7 @@ def query_facts(data: ReportData, direction: str, query: int, group: str) -> Que
         )
         for g in relevant.tolist()
     ]
-    truths.sort(key=lambda t: (t.rank, t.index))
+    truths.sort(key=lambda t: t.position)  # rank order; positions are distinct
     rank = int(data.ranks[direction][query])
     return QueryFacts(direction, group, query, rank, top, truths)
 
@@ -310,6 +332,7 @@ def collect_report(
         ranks = retrieval_query_ranks(evaluation, scores)
     first = evaluation.data.parts[0] if isinstance(evaluation.data, EnsembleSplit) else None
     dataset = first if first is not None else evaluation.data
+    identities = _identities(evaluation)[1] if by_identity else None
     report = ReportData(
         evaluation=evaluation,
         protocol=chosen,
@@ -322,6 +345,7 @@ def collect_report(
         image_ids=list(dataset.image_ids),
         txt_to_img=torch.as_tensor(dataset.txt_to_img, dtype=torch.long).cpu(),
         by_identity=by_identity,
+        identities=identities,
     )
     for direction in DIRECTIONS:
         picked = pick_queries(ranks[direction], samples=samples, worst=worst, seed=seed)

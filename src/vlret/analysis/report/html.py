@@ -1,16 +1,27 @@
 """The report's page: one static ``index.html`` (inline CSS and SVG, thumbnails by relative
 path, no script, no external URL), and ``report.json`` with the same facts.
 
+The page states each number once: the title, then one summary table (a row per direction, a
+column per metric, :func:`metrics_table`), the rank histograms, then the queries.
+
 Every query is one ``<section class="query">`` carrying ``data-direction``, ``data-group``,
 ``data-query`` and ``data-rank`` (the 1-based rank of its best ground truth, as the metrics
-count it), so scripts can read the page back; its heading says the same in words. Every text
-of the data (captions, ids, tokens, paths) is escaped with :func:`html.escape`.
+count it), so scripts can read the page back; its heading says the same in words. Its top-K
+list is ``<ol class="results">`` (ground truths marked); the ground truths ranked below it
+follow in rank order as ``<ol class="results truths">``, each a card with its picture (text
+queries) or caption (image queries) and its position ``#N`` in the ranked list (the first
+:data:`TRUTH_CARDS`; ``report.json`` lists all). Every card is an ``<li>`` with
+``data-index``, ``data-position``, ``data-score`` and ``data-relevant``. Person search: the
+query and every card name their person (``data-person``; ``same person`` or ``another
+person``). Every text of the data (captions, ids, tokens, paths) is escaped with
+:func:`html.escape`.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +36,21 @@ RANK_BINS = (
     (1, 1), (2, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, 500), (501, 1000),
     (1001, math.inf),
 )  # fmt: skip
+#: ground truths below the top K shown per query as cards (``report.json`` lists them all)
+TRUTH_CARDS = 10
 _DIRECTION_TITLES = {"i2t": "image → text", "t2i": "text → image"}
+#: a metric key of one direction (``i2t_r1``, ``identity_t2i_map``, ``t2i_R1``) and the column
+#: its name goes to
+_DIRECTION_KEY = re.compile(r"^(?:(?P<qualifier>[a-z_]+?)_)?(?P<direction>i2t|t2i)_(?P<name>\w+)$")
+_COLUMN_TITLES = {
+    "r1": "R@1",
+    "r5": "R@5",
+    "r10": "R@10",
+    "medr": "median rank",
+    "meanr": "mean rank",
+    "map": "mAP",
+    "minp": "mINP",
+}
 _GROUP_TITLES = {
     "sampled": "Sampled queries",
     "worst": "Worst queries (highest ground-truth rank)",
@@ -39,7 +64,8 @@ padding:.2em .6em;text-align:right}
 section.query{border:1px solid #ddd;border-radius:6px;margin:.8em 0;padding:.6em}
 section.query h4{margin:.1em 0 .4em}
 ol.results{display:flex;flex-wrap:wrap;gap:.5em;list-style:none;padding:0;margin:0}
-ol.results li{border:2px solid #ddd;border-radius:4px;padding:.3em;width:170px;font-size:.85em}
+ol.results li{border:2px solid #ddd;border-radius:4px;padding:.3em;width:170px;font-size:.85em;
+overflow-wrap:anywhere}
 ol.results li.gt{border-color:#1a8f3a;background:#eefaf0}
 .score{font-family:monospace}.badge{color:#1a8f3a;font-weight:bold}
 .qtext{font-style:italic}.tokens span{padding:0 .15em}
@@ -47,6 +73,9 @@ ol.results li.gt{border-color:#1a8f3a;background:#eefaf0}
 .attention{display:flex;flex-wrap:wrap;gap:1em;margin-top:.5em}
 .attention figure{margin:0}figcaption{font-size:.8em;max-width:340px}
 .note{color:#666;font-size:.85em}
+ol.results li.truth{border-style:dashed}
+.gtline{margin:.7em 0 .3em}
+.person{font-weight:bold}.person.same{color:#1a8f3a}.person.other{color:#b3261e}
 """
 
 
@@ -110,12 +139,57 @@ def _thumb_img(thumb: Thumb | None, alt: str) -> str:
     )
 
 
-def _item_html(data: ReportData, direction: str, index: int, thumbs: dict[int, Thumb]) -> str:
+def _person_html(person: int | None, query_person: int | None) -> str:
+    """Who a gallery item is (person search): its person, and whether it is the query's."""
+    if person is None:
+        return ""
+    same = person == query_person
+    words = "same person" if same else "another person"
+    return (
+        f'<br><span class="person {"same" if same else "other"}">person {esc(person)} '
+        f"({words})</span>"
+    )
+
+
+def _item_html(
+    data: ReportData, direction: str, index: int, thumbs: dict[int, Thumb], query_person: Any
+) -> str:
     """A gallery item: an image (thumbnail and id) for text queries, a caption for image
-    queries."""
+    queries; person search: its person too."""
     if direction == "t2i":
-        return _thumb_img(thumbs.get(index), f"image {index}") + _image_label(data, index)
-    return f"{esc(data.captions[index])}<br>{_caption_label(data, index)}"
+        body = _thumb_img(thumbs.get(index), f"image {index}") + _image_label(data, index)
+        return body + _person_html(data.person("image", index), query_person)
+    body = f"{esc(data.captions[index])}<br>{_caption_label(data, index)}"
+    return body + _person_html(data.person("caption", index), query_person)
+
+
+def _card(
+    data: ReportData,
+    q: QueryFacts,
+    thumbs: dict[int, Thumb],
+    *,
+    index: int,
+    position: int,
+    score: float,
+    relevant: bool,
+    below: bool = False,
+) -> str:
+    """One ranked item of a query as a card: its position, score and mark, then the item."""
+    query_person = data.person("caption" if q.direction == "t2i" else "image", q.index)
+    kind = "image" if q.direction == "t2i" else "caption"
+    person = data.person(kind, index)
+    classes = "item" + (" gt" if relevant else "") + (" truth" if below else "")
+    mark = ""
+    if relevant and not below:  # the cards below the top K are all relevant, as titled
+        words = "" if data.by_identity else " ground truth"  # the person line says whose
+        mark = f' <span class="badge">✓{words}</span>'
+    who = f' data-person="{esc(person)}"' if person is not None else ""
+    return (
+        f'<li class="{classes}" data-index="{index}" data-position="{position}" '
+        f'data-score="{score:.6g}" data-relevant="{int(relevant)}"{who}>'
+        f'#{position} <span class="score">{score:.4f}</span>{mark}<br>'
+        f"{_item_html(data, q.direction, index, thumbs, query_person)}</li>"
+    )
 
 
 def bars_svg(weights: Sequence[float]) -> str:
@@ -203,50 +277,106 @@ def attention_html(
 def query_html(
     data: ReportData, q: QueryFacts, thumbs: dict[int, Thumb], boxes: np.ndarray | None
 ) -> str:
-    """One query: what it is, its rank, its top-K list (ground truths marked) and where its
-    ground truths rank, and its attention maps."""
+    """One query: what it is (and who, on person search), its rank, its top-K list (ground
+    truths marked), the ground truths ranked below it in rank order as cards, and its
+    attention maps."""
+    person = data.person("caption" if q.direction == "t2i" else "image", q.index)
+    who = f"person {esc(person)}" if person is not None else ""
     if q.direction == "t2i":
-        what = f"Caption {q.index}"
+        what = f"Caption {q.index}" + (f" ({who})" if who else "")
         body = f'<p class="qtext">&ldquo;{esc(data.captions[q.index])}&rdquo;</p>'
     else:
-        what = f"Image {q.index} (id {esc(data.image_ids[q.index])})"
+        what = f"Image {q.index} (id {esc(data.image_ids[q.index])}" + (f", {who})" if who else ")")
         body = _thumb_img(thumbs.get(q.index), f"image {q.index}")
-    items = []
-    for item in q.top:
-        mark = ' <span class="badge">✓ ground truth</span>' if item.relevant else ""
-        items.append(
-            f'<li class="item{" gt" if item.relevant else ""}" data-index="{item.index}" '
-            f'data-score="{item.score:.6g}" data-relevant="{int(item.relevant)}">'
-            f'#{item.position} <span class="score">{item.score:.4f}</span>{mark}<br>'
-            f"{_item_html(data, q.direction, item.index, thumbs)}</li>"
+    items = [
+        _card(
+            data, q, thumbs, index=t.index, position=t.position, score=t.score, relevant=t.relevant
         )
-    kind = "caption" if q.direction == "i2t" else "image"
-    truths = ", ".join(
-        f'<span class="truth" data-index="{g.index}" data-position="{g.position}">{kind} '
-        f"{g.index} at #{g.position} (score {g.score:.4f})</span>"
-        for g in q.ground_truth[:10]
-    )
-    more = f" and {len(q.ground_truth) - 10} more" if len(q.ground_truth) > 10 else ""
+        for t in q.top
+    ]
+    below, k = q.truths_below, len(q.top)
+    noun = "the same person" if data.by_identity else "ground truth"
+    if below:
+        cards = [
+            _card(
+                data,
+                q,
+                thumbs,
+                index=g.index,
+                position=g.position,
+                score=g.score,
+                relevant=True,
+                below=True,
+            )
+            for g in below[:TRUTH_CARDS]
+        ]
+        more = ""
+        if len(below) > TRUTH_CARDS:
+            rest = len(below) - TRUTH_CARDS
+            more = f"; {rest} more down to #{below[-1].position} in report.json"
+        inside = len(q.ground_truth) - len(below)
+        marked = f"; {inside} marked ✓ above" if inside else ""
+        counts = f", in rank order ({len(below)} of {len(q.ground_truth)}{marked}){more}"
+        if len(q.ground_truth) == 1:
+            counts = ""  # one ground truth: nothing to order or count
+        truths = (
+            f'<p class="gtline">{noun.capitalize()} ranked below the top {k}{counts}:</p>'
+            f'<ol class="results truths">{"".join(cards)}</ol>'
+        )
+    else:
+        n = len(q.ground_truth)
+        plural = "items of the same person" if data.by_identity else "ground truths"
+        one = "The only item of the same person is" if data.by_identity else "The ground truth is"
+        which = one if n == 1 else f"All {n} {plural} are"
+        truths = f'<p class="gtline">{which} in the top {k} (marked ✓).</p>'
     attention = "".join(attention_html(data, a, thumbs, boxes) for a in q.attention)
     return (
         f'<section class="query" id="{q.direction}-{q.group}-{q.index}" '
         f'data-direction="{q.direction}" data-group="{q.group}" data-query="{q.index}" '
-        f'data-rank="{q.rank}"><h4>{what}: ground truth at rank {q.rank}</h4>{body}'
-        f'<ol class="results">{"".join(items)}</ol>'
-        f'<p class="gtline">Ground truth: {truths}{more}</p>'
+        f'data-rank="{q.rank}"'
+        + (f' data-person="{esc(person)}"' if person is not None else "")
+        + f"><h4>{what}: ground truth at rank {q.rank}</h4>{body}"
+        f'<ol class="results">{"".join(items)}</ol>{truths}'
         + (f'<div class="attention">{attention}</div>' if attention else "")
         + "</section>"
     )
 
 
+def _cell(value: Any, **attrs: Any) -> str:
+    extra = "".join(f' {k}="{esc(v)}"' for k, v in attrs.items())
+    text = f"{value:.2f}" if isinstance(value, float) else esc(value)
+    return f"<td{extra}>{text}</td>"
+
+
 def metrics_table(metrics: dict[str, Any]) -> str:
-    """The evaluation's metrics by name, as an HTML table."""
-    head = "".join(f"<th>{esc(k)}</th>" for k in metrics)
-    row = "".join(
-        f"<td>{v:.2f}</td>" if isinstance(v, float) else f"<td>{esc(v)}</td>"
-        for v in metrics.values()
-    )
-    return f'<table class="metrics"><tr>{head}</tr><tr>{row}</tr></table>'
+    """The evaluation's metrics as one HTML table, each number once: a row per direction
+    (``i2t_*``, ``t2i_*``; a qualified key such as ``identity_t2i_r1`` heads its own row), a
+    column per metric (R@1, R@5, R@10, median rank, ...), and the metrics of no direction
+    (rsum) in a last column spanning the rows."""
+    rows: dict[str, dict[str, Any]] = {}
+    columns: list[str] = []
+    whole: dict[str, Any] = {}
+    for key, value in metrics.items():
+        match = _DIRECTION_KEY.match(key)
+        if match is None:
+            whole[key] = value
+            continue
+        qualifier = (match["qualifier"] or "").replace("_", " ")
+        row = f"{qualifier} {_DIRECTION_TITLES[match['direction']]}".strip()
+        column = _COLUMN_TITLES.get(match["name"].lower(), match["name"])
+        rows.setdefault(row, {})[column] = value
+        if column not in columns:
+            columns.append(column)
+    head = "<th></th>" + "".join(f"<th>{esc(c)}</th>" for c in [*columns, *whole])
+    lines = [f"<tr>{head}</tr>"]
+    for r, (row, values) in enumerate(rows.items()):
+        cells = "".join(_cell(values[c]) if c in values else "<td></td>" for c in columns)
+        if r == 0:
+            cells += "".join(_cell(v, rowspan=len(rows)) for v in whole.values())
+        lines.append(f"<tr><th>{esc(row)}</th>{cells}</tr>")
+    if not rows:
+        lines.append("<tr><th></th>" + "".join(_cell(v) for v in whole.values()) + "</tr>")
+    return f'<table class="metrics">{"".join(lines)}</table>'
 
 
 def render_html(
@@ -258,18 +388,19 @@ def render_html(
 ) -> str:
     """The whole page (module docstring)."""
     ev = data.evaluation
-    title = ev.title(protocol=data.protocol, split=data.split)
+    title, *more = ev.title(protocol=data.protocol, split=data.split).splitlines()
+    if "checkpoint" in record:
+        more.append(f"checkpoint {record['checkpoint']}")
+    notes = "".join(f"{esc(line)}<br>" for line in more)
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        f"<title>vlret report: {esc(title.splitlines()[0])}</title><style>{_CSS}</style>",
+        f"<title>vlret report: {esc(title)}</title><style>{_CSS}</style>",
         "</head><body>",
-        f"<h1>Retrieval report: {esc(title.splitlines()[0])}</h1>",
-        f'<p class="note">protocol {esc(data.protocol.name)}, split {esc(data.split)}, '
-        f"{ev.n_images} images x {ev.n_texts} texts; top {data.top_k} per query; ranks are "
-        "1-based, the best ground truth's, ties counted against the query (as the metrics)."
-        "</p>",
+        f"<h1>Retrieval report: {esc(title)}</h1>",
+        f'<p class="note">{notes}protocol <code>{esc(data.protocol.name)}</code>; top '
+        f"{data.top_k} per query; ranks are 1-based, the best ground truth's, ties counted "
+        "against the query (as the metrics).</p>",
         "<h2>Summary</h2>",
-        f'<pre class="table">{esc(ev.table(protocol=data.protocol, split=data.split))}</pre>',
         metrics_table(record["metrics"]),
         "<h2>Rank histograms</h2><div>",
     ]
@@ -288,6 +419,7 @@ def render_html(
 
 __all__ = [
     "RANK_BINS",
+    "TRUTH_CARDS",
     "attention_html",
     "bars_svg",
     "boxes_svg",
