@@ -30,8 +30,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Evaluate as vlret eval does, then write OUT/index.html (open it in any "
         "browser, no server) and OUT/report.json: summary metrics, the top-K items of sampled "
         "and of the worst queries in both directions with their scores, the ground truth "
-        "marked and its rank, thumbnails where the data has images, pair-scoring models' "
-        "word attention over regions, and a rank histogram per direction.",
+        "marked, the ground truths ranked below the top K with their pictures or captions and "
+        "positions, in rank order; on person search who each result is; thumbnails where the "
+        "data has images, pair-scoring models' word attention over regions, and a rank "
+        "histogram per direction.",
     )
     p.add_argument(
         "checkpoint",
