@@ -27,6 +27,25 @@ given, relative to the folder the run was trained from.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+#: The ``[data]`` keys that name one file or folder (besides ``root`` itself; the shard patterns
+#: are checked file by file, :func:`vlret.data.shards.expand_shards`).
+DATA_PATH_KEYS = (
+    "features_dir",
+    "karpathy_json",
+    "image_root",
+    "vocab",
+    "tokenizer",
+    "csv",
+    "dev_csv",
+    "annotations",
+    "noise_index",
+    "offline_negatives",
+    "train_captions",
+    "dev_captions",
+    "test_captions",
+)
 
 
 def relative_path_hint(
@@ -58,4 +77,22 @@ def relative_path_hint(
     )
 
 
-__all__ = ["relative_path_hint"]
+def check_data_paths(data: Any) -> None:
+    """Refuse a ``[data]`` section (:class:`~vlret.train.config.DataConfig`) one of whose
+    :data:`DATA_PATH_KEYS` names a relative path that is missing from the current folder but
+    found under ``data.root``: the config was written as if paths started from ``data.root``.
+
+    Raises:
+        FileNotFoundError: ``data.KEY: PATH: missing; PATH is relative to the current folder,
+            not to data.root; did you mean 'ROOT/PATH'?``.
+    """
+    root = getattr(data, "root", None)
+    for key in DATA_PATH_KEYS:
+        value = getattr(data, key, None)
+        if isinstance(value, str) and value.strip():
+            hint = relative_path_hint(value, data_root=root)
+            if hint:
+                raise FileNotFoundError(f"data.{key}: {value}: missing{hint}")
+
+
+__all__ = ["DATA_PATH_KEYS", "check_data_paths", "relative_path_hint"]

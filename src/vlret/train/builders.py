@@ -32,6 +32,7 @@ from ..data import (
 from ..data.bad_samples import SkipsBadImages
 from ..data.captioning_files import captions_vocab_splits, split_captions_args
 from ..data.noisy import apply_noise_index, configured_noise
+from ..data.paths import check_data_paths
 from ..data.precomp import load_precomp_captions
 from ..data.transforms import capped
 from .config import (
@@ -136,6 +137,7 @@ def build_encoder(
     of a BERT / CLIP model's directory, ``data.vocab`` (a vocab JSON), or a vocabulary built
     from the train (+dev) captions. A CLIP built from a ``preset``: ``data.tokenizer`` or, with
     ``model.tokenizer = "bytes"``, :class:`~vlret.models.clip.CLIPByteTokenizer`."""
+    check_data_paths(data)  # a path written from data.root: the fix, before anything is read
     model = model or {}
     if model.get("kind") == "clip" and model.get("preset") is not None:
         byte_level = _clip_preset_encoder(data, model, source)
@@ -228,6 +230,7 @@ def build_dataset(
     """One split in the configured format (``root`` and ``protocol`` override the config).
     Image files reach ``image_transform`` read under ``data.max_image_pixels``
     (:func:`vlret.data.transforms.capped`)."""
+    check_data_paths(data)  # a path written from data.root: the fix, before anything is read
     root = Path(root if root is not None else data.root)
     if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):
         from ..data.pedes import build_irra_transforms, open_person_search
