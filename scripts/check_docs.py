@@ -77,7 +77,7 @@ def _failure(block: Block, outcome: RunOutcome, limit: str) -> str:
     line = outcome.failed_line or block.line
     command = outcome.failed_command or f"the {block.language or 'python'} block"
     if outcome.status == "timeout":
-        how = f"timed out after {outcome.seconds:.0f} s ({limit})"
+        how = f"stopped after {outcome.seconds:.0f} s in this block: {limit} was reached"
     else:
         how = f"exit status {outcome.exit_status}"
     tail = "\n".join(f"    | {row}" for row in outcome.tail) or "    | (no output)"
@@ -97,6 +97,7 @@ class DocsCheck:
         budget: float,
         dry_run: bool,
         keep_going: bool = False,
+        keep: bool = False,
     ) -> None:
         self.root = root
         self.bin_dir = bin_dir
@@ -105,6 +106,7 @@ class DocsCheck:
         self.budget = budget
         self.dry_run = dry_run
         self.keep_going = keep_going
+        self.keep = keep
         self.start = time.monotonic()
         self.reports: list[PageReport] = []
 
@@ -120,6 +122,14 @@ class DocsCheck:
         for error in errors:
             _say(f"{error}  FAIL")
         for block in blocks:
+            if (
+                block.language == "console"
+                and block.mode != "none"
+                and not any(line.startswith("$ ") for line in block.lines)
+            ):
+                report.warnings.append(
+                    f"{block.where}: a console block without '$ ' lines (nothing to run or check)"
+                )
             for offset in unrun_command_lines(block):
                 report.warnings.append(
                     f"{name}:{block.page_line(offset)}: a command in "
@@ -141,6 +151,8 @@ class DocsCheck:
                 if not self._run(block, report, runner, page_start) and not self.keep_going:
                     stopped = f"an earlier block failed: {report.failures[-1].splitlines()[0]}"
         report.seconds = time.monotonic() - page_start
+        if runner is not None and not self.keep:  # a page's worlds go before the next page's
+            shutil.rmtree(runner.folder, ignore_errors=True)
         return report
 
     def _check(self, block: Block, report: PageReport) -> None:
@@ -177,9 +189,9 @@ class DocsCheck:
         budget_left = self.budget - (now - self.start)
         left = min(page_left, budget_left)
         limit = (
-            f"the page's limit, --page-timeout {self.page_timeout:.0f}"
+            f"the page's time limit (--page-timeout {self.page_timeout:.0f} s for all its blocks)"
             if page_left <= budget_left
-            else f"the total budget, --budget {self.budget:.0f}"
+            else f"the total budget (--budget {self.budget:.0f} s for all pages)"
         )
         if left <= 0:
             report.failures.append(f"{block.where}: not run (the time limit is spent)")
@@ -316,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         budget=args.budget,
         dry_run=args.dry_run,
         keep_going=args.keep_going,
+        keep=args.keep,
     )
     try:
         for path in pages:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 try:
     import check_docs
     from docs_blocks import extract_blocks
+    from docs_run import _tail
     from docs_shell import (
         command_words,
         console_script,
@@ -135,6 +136,19 @@ def test_skip_marker_makes_a_block_checked_only_with_its_reason():
         "real-data",
         "needs Flickr30K's features",
     )
+
+
+def test_skip_marker_may_keep_the_conventions_word_reason():
+    text = "<!-- docs-check: skip REASON: install: CI installs vlret itself -->\n```bash\nls\n```\n"
+    blocks, errors = extract_blocks(text, "p.md")
+    assert errors == []
+    assert (blocks[0].mode, blocks[0].reason, blocks[0].why) == (
+        "check",
+        "install",
+        "CI installs vlret itself",
+    )
+    _, errors = extract_blocks(text.replace("install:", "setup:"), "p.md")
+    assert "unknown reason 'setup'" in errors[0].message
 
 
 def test_skip_marker_with_an_unknown_reason_is_an_error_naming_its_line():
@@ -464,7 +478,8 @@ def test_runner_refuses_pip_install_and_stops_at_the_time_limit(tmp_path, capsys
     out = capsys.readouterr().out
     assert "README.md:2: pip install vlret: CI does not install packages" in out
     assert "FAIL (refused, not run)" in out
-    assert "docs/slow.md:3: sleep 30" in out and "timed out after 1 s" in out
+    assert "docs/slow.md:3: sleep 30" in out
+    assert "stopped after 1 s in this block: the page's time limit (--page-timeout 1 s" in out
 
 
 def test_dry_run_checks_runnable_blocks_without_running_them(tmp_path, capsys):
@@ -476,6 +491,14 @@ def test_dry_run_checks_runnable_blocks_without_running_them(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "README.md:2: vlret synth tiny --out w --bogus" in out
     assert not (repo / "made").exists()
+
+
+def test_output_tail_shows_what_a_terminal_shows(tmp_path):
+    """A progress bar redrawn with carriage returns leaves its last state; blank and repeated
+    lines go, so the error line is not pushed out of the tail."""
+    log = tmp_path / "stderr.log"
+    log.write_bytes(b"start\r\n 10%\r 50%\r100%\n\n\n100%\nvlret train: data.root: missing\n")
+    assert _tail(log) == ["start", "100%", "vlret train: data.root: missing"]
 
 
 def test_the_repository_pages_markers_are_well_formed():
