@@ -81,7 +81,10 @@ def _failure(block: Block, outcome: RunOutcome, limit: str) -> str:
     else:
         how = f"exit status {outcome.exit_status}"
     tail = "\n".join(f"    | {row}" for row in outcome.tail) or "    | (no output)"
-    return f"{block.page}:{line}: {command}\n    {how}; output tail:\n{tail}"
+    return (
+        f"{block.page}:{line}: {command}\n    (the block at line {block.line}) {how}; "
+        f"output tail:\n{tail}"
+    )
 
 
 class DocsCheck:

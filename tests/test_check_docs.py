@@ -452,7 +452,8 @@ def test_runner_fails_on_a_failing_block_naming_page_line_command_and_stderr(tmp
     out = capsys.readouterr().out
     failures = out[out.index("failures (") :]
     assert "docs/guide.md:5: ls /no/such/docs-check-path -l" in failures
-    assert "exit status 2" in failures and "No such file or directory" in failures
+    assert "(the block at line 3) exit status 2" in failures
+    assert "No such file or directory" in failures
     assert "docs/guide.md:10: not run" in failures
     assert "never" not in out.replace("echo never", "")
 
