@@ -233,3 +233,23 @@ def test_report_shows_its_thumbnails(trained, tmp_path, capsys, monkeypatch):
     assert "encoding images" in err and "thumbnails" in err
     assert main([*argv, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
     assert "thumbnails" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_compare_draws_one_bar_over_its_plan_and_none_per_run(
+    terminal, tmp_path, capsys, monkeypatch
+):
+    raw = tiny_raw(tiny_data(tmp_path / "data"), tmp_path / "base")
+    raw["train"].pop("progress")  # the run's default: a bar, which a comparison's run leaves out
+    raw["train"]["epochs"] = 1
+    config = tmp_path / "cmp.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    if terminal:
+        on_a_terminal(monkeypatch)
+    argv = ["compare", str(config), "--losses", "triplet", "--seeds", "1"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert ("1/1 [" in err and "epoch" in err) == terminal  # the plan's bar, counted in epochs
+    assert "batch" not in err and "(1/1):" not in err  # no per-run, per-batch bar
+    stored = yaml.safe_load((tmp_path / "out/runs/triplet/seed0/config.yaml").read_text())
+    assert stored["train"]["progress"] is False

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._files import atomic_write_text
+from ..._progress import shows
 from ...metrics import normalise_metric_record
 from ...train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from ...train.hooks import EpochCallback
@@ -48,6 +49,9 @@ class ComparisonTrainer(Trainer):
         print_fn: Callable[[str], None] | None = None,
     ) -> None:
         hooks = [EpochCallback(on_epoch)] if on_epoch is not None else []
+        # no bar per run: the comparison draws one over its plan (demo's workers: epoch lines)
+        quiet = dataclasses.replace(config.train, progress=False)
+        config = dataclasses.replace(config, train=quiet)
         super().__init__(config, resume=resume, overwrite=overwrite, print_fn=print_fn, hooks=hooks)
 
 
@@ -300,10 +304,9 @@ def run_all(
     check_eval_plan(specs, settings)
     total = sum(s.config.train.epochs for s in specs)
     done = sum(s.config.train.epochs for s in specs if is_finished(s))
-    if progress:
-        from ..._extras import require
+    if progress and shows():  # a terminal, bars not switched off, tqdm installed
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # shows(): installed
 
-        tqdm = require("tqdm.auto", "the progress bar").tqdm
         bar: Any = tqdm(
             total=total, initial=done, unit="epoch", smoothing=0, dynamic_ncols=True, position=0
         )
