@@ -36,11 +36,12 @@ docs: $(STAMP)
 # written, page by page in a fresh folder outside the tree with the installed vlret first on
 # PATH; a block marked <!-- docs-check: skip REASON: why --> is checked without running (its
 # vlret commands parsed, its configs validated). One line per block and per command with its
-# time, then a table per page. Apart from `make test` (its 15-minute budget); .ci/run calls it
-# after the tests. Options: make docs-check DOCS_CHECK='--page README.md --keep'.
+# time, then a table per page; the same in build/docs-check.json. Apart from `make test` (its
+# 15-minute budget); .ci/run calls it after the tests. Options, e.g.
+# make docs-check DOCS_CHECK='--page README.md --keep' (or --budget SECONDS, --dry-run).
 DOCS_CHECK ?=
 docs-check: $(STAMP)
-	$(PY) scripts/check_docs.py $(DOCS_CHECK)
+	$(PY) scripts/check_docs.py --json build/docs-check.json $(DOCS_CHECK)
 
 # The six-loss comparison on the synthetic "small" world (docs/results.md); `vlret demo` alone
 # is the few-second tour of the losses on one batch.

@@ -6,6 +6,7 @@
     .venv/bin/python scripts/check_docs.py --list         # the blocks and what is done to each
     .venv/bin/python scripts/check_docs.py --dry-run      # check every block, run nothing
     .venv/bin/python scripts/check_docs.py --keep-going   # run on past a failed block
+    .venv/bin/python scripts/check_docs.py --json build/docs-check.json   # the times, as JSON
 
 The marker convention is in docs_blocks.py. The blocks of a page run in order in one fresh
 folder per page (outside the repository), with this interpreter's ``bin`` folder (the
@@ -21,12 +22,15 @@ skipped ones are checked.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,6 +54,7 @@ class PageReport:
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
 
 
 def find_pages(root: Path) -> list[Path]:
@@ -175,6 +180,17 @@ class DocsCheck:
         status = "FAIL" if errors else "ok"
         label = f"check ({block.reason})" if block.reason else "check"
         _say(f"{block.where:<28} {label:<20} {seconds:6.1f}s  {status}  ({'; '.join(notes)})")
+        report.blocks.append(
+            {
+                "line": block.line,
+                "mode": "check",
+                "reason": block.reason,
+                "seconds": round(seconds, 2),
+                "ok": not errors,
+                "vlret_commands_parsed": result.parsed,
+                "configs_validated": list(dict.fromkeys(result.validated)),
+            }
+        )
         for error in errors:
             report.failures.append(str(error))
             _say(f"    {error}")
@@ -201,6 +217,18 @@ class DocsCheck:
             _say(f"{block.where:<28} {block.mode:<20} {'-':>7}  FAIL: the time limit is spent")
             return False
         outcome = runner.run(block, timeout=left)
+        report.blocks.append(
+            {
+                "line": block.line,
+                "mode": block.mode,
+                "seconds": round(outcome.seconds, 2),
+                "ok": outcome.status == "ok",
+                "commands": [
+                    {"line": c.first, "command": c.text, "seconds": round(c.seconds, 2)}
+                    for c in outcome.commands
+                ],
+            }
+        )
         report.run += 1
         status = "ok" if outcome.status == "ok" else "FAIL"
         _say(f"{block.where:<28} {block.mode:<20} {outcome.seconds:6.1f}s  {status}")
@@ -243,6 +271,29 @@ class DocsCheck:
 
 def _slug(page: str) -> str:
     return page.replace("/", "__").removesuffix(".md")
+
+
+def write_json(path: Path, reports: list[PageReport]) -> None:
+    """The per-page record of ``--json`` (written whole: a temporary file renamed)."""
+    record = {
+        "pages": [
+            {
+                "page": r.page,
+                "blocks_run": r.run,
+                "blocks_checked": r.checked,
+                "seconds": round(r.seconds, 2),
+                "failures": r.failures,
+                "blocks": r.blocks,
+            }
+            for r in reports
+        ],
+        "seconds": round(sum(r.seconds for r in reports), 2),
+        "ok": not any(r.failures for r in reports),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(partial, path)
 
 
 def list_blocks(pages: list[Path], root: Path) -> int:
@@ -295,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
         "--budget", type=float, default=BUDGET, help=f"seconds for all pages ({BUDGET:.0f})"
     )
     parser.add_argument(
+        "--json",
+        type=Path,
+        help="also write the pages, blocks and commands with their times to this JSON file",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="after a failed block, run the page's next blocks anyway (to see every failure)",
@@ -343,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work_root, ignore_errors=True)
     print()
     print(check.summary())
+    if args.json is not None:
+        write_json(args.json, check.reports)
     return 1 if any(r.failures for r in check.reports) else 0
 
 

@@ -5,6 +5,7 @@ pages (a failing block, a timeout, a refused ``pip install``). Fast: nothing tra
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -420,12 +421,17 @@ def test_runner_runs_pages_in_order_in_their_own_folder(tmp_path, capsys):
                 """,
         },
     )
-    assert check_docs.main(["--root", str(repo)]) == 0
+    record = tmp_path / "out" / "docs-check.json"
+    assert check_docs.main(["--root", str(repo), "--json", str(record)]) == 0
     out = capsys.readouterr().out
     assert "README.md:1 " in out and "README.md:8 " in out and "README.md:16 " in out
     assert "README.md:9 " in out and "cat f.txt f.txt" in out  # the command's own time line
     table = out[out.index("page ") :]
     assert "README.md" in table and "docs/other.md" in table and "FAIL" not in out
+    pages = json.loads(record.read_text())["pages"]
+    assert [(p["page"], p["blocks_run"]) for p in pages] == [("README.md", 3), ("docs/other.md", 1)]
+    commands = [c["command"] for c in pages[0]["blocks"][1]["commands"]]
+    assert commands == ["cat f.txt f.txt"]
 
 
 def test_runner_fails_on_a_failing_block_naming_page_line_command_and_stderr(tmp_path, capsys):
