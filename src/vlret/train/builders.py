@@ -36,7 +36,6 @@ from ..data.paths import check_data_paths
 from ..data.precomp import load_precomp_captions
 from ..data.transforms import capped
 from .config import (
-    DATA_FORMATS,
     ConfigError,
     DataConfig,
     OptimConfig,
@@ -44,6 +43,7 @@ from .config import (
     _build,
     _check_choice,
 )
+from .config_sections import DATA_FORMATS
 from .hooks import ParamGroup
 from .loss_config import LossConfig
 from .offline_draw import with_offline_negatives
