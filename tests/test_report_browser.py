@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from test_report import karpathy_world, parse_report, precomp_world
+from report_helpers import karpathy_world, parse_report, precomp_world
 from vlret.analysis.report import build_report
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from test_report import karpathy_world, parse_report, persons, precomp_world, report  # noqa: F401
+from report_helpers import karpathy_world, parse_report, precomp_world
+from test_report import persons, report  # noqa: F401 (persons: a fixture)
 from vlret.analysis.report.html import TRUTH_CARDS, metrics_table
 
 #: a card of a query's ranked items: its classes, index, position and inner HTML
