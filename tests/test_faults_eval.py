@@ -262,7 +262,8 @@ def test_ctrl_c_during_eval_is_one_line_and_status_130(trained, capsys, monkeypa
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(evaluate_module, "run_evaluation", interrupted)
+    # while encoding and scoring: after the checkpoint and the split were read
+    monkeypatch.setattr(evaluate_module.PreparedEvaluation, "run", interrupted)
     assert run_cli(*eval_args(trained)) == 130
     assert one_line(capsys.readouterr().err, "vlret eval: ") == "vlret eval: interrupted"
 
