@@ -245,6 +245,7 @@ def no_evaluation(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("the evaluation ran before the refusal")
 
+    monkeypatch.setattr(evaluate_module, "prepare_evaluation", started)  # vlret eval's first step
     monkeypatch.setattr(evaluate_module, "run_evaluation", started)
 
 
