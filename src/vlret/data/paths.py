@@ -19,9 +19,11 @@ folder).
 
 Until this rule, ``data.shards``, ``data.dev_shards``, ``data.csv`` and ``data.dev_csv``
 started from ``data.root``. Such a config now names a missing file; where the file exists under
-``data.root`` the error says so (:func:`relative_path_hint`): ``... is relative to the current
-folder; did you mean data.root/...?``. A run folder's stored config keeps the paths as they were
-given, relative to the folder the run was trained from.
+``data.root`` the error says so, for these keys and every other path key
+(:func:`check_data_paths`, :func:`relative_path_hint`): ``data.shards: ...: missing; ... is
+relative to the current folder, not to data.root; did you mean 'ROOT/...'?``. A run folder's
+stored config keeps the paths as they were given, relative to the folder the run was trained
+from (``vlret eval RUN`` run elsewhere names ``--data``).
 """
 
 from __future__ import annotations
