@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,15 @@ from PIL import Image
 
 from train_helpers import tiny_data, tiny_raw
 from vlret import _progress
-from vlret._progress import QuietBar, bars_enabled, progress_bar, set_enabled, shows, switched_off
+from vlret._progress import (
+    QuietBar,
+    bars_enabled,
+    hugging_face_bars,
+    progress_bar,
+    set_enabled,
+    shows,
+    switched_off,
+)
 from vlret.cli import PROGRESS_COMMANDS, main
 
 
@@ -322,3 +331,47 @@ def test_zeroshot_shows_the_prompts_and_the_images_on_a_terminal(terminal, capsy
     err = capsys.readouterr().err
     assert ("class prompts" in err and "toy images" in err) == terminal
     assert terminal or err == ""
+
+
+@pytest.fixture
+def hf_logging(monkeypatch):
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+        pytest.skip("HF_HUB_DISABLE_PROGRESS_BARS decides Hugging Face's bars here")
+    logging = pytest.importorskip("transformers.utils.logging")
+    import huggingface_hub.utils as hub
+
+    assert logging.is_progress_bar_enabled() and not hub.are_progress_bars_disabled()
+    return logging, hub
+
+
+def test_hugging_face_bars_are_off_where_vlret_draws_none(hf_logging):
+    logging, hub = hf_logging
+    with hugging_face_bars(False):
+        assert not logging.is_progress_bar_enabled() and hub.are_progress_bars_disabled()
+    assert logging.is_progress_bar_enabled() and not hub.are_progress_bars_disabled()
+    with hugging_face_bars(True):
+        assert logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize(
+    ("terminal", "flag", "drawn"),
+    [(True, [], True), (True, ["--no-progress"], False), (False, [], False)],
+)
+def test_a_command_loads_models_without_their_bars_where_it_draws_none(
+    terminal, flag, drawn, hf_logging, monkeypatch, tmp_path
+):
+    import vlret.cli.zeroshot as zeroshot
+
+    logging, _ = hf_logging
+    seen = []
+
+    def run(args):
+        seen.append(logging.is_progress_bar_enabled())
+        return 0
+
+    monkeypatch.setattr(zeroshot, "run", run)
+    if terminal:
+        on_a_terminal(monkeypatch)
+    argv = ["zeroshot", "--model", str(tmp_path), "--dataset", "imagefolder"]
+    assert main([*argv, "--data-root", str(tmp_path), *flag]) == 0
+    assert seen == [drawn] and logging.is_progress_bar_enabled()

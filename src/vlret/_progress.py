@@ -28,11 +28,20 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["QuietBar", "bars_enabled", "progress_bar", "set_enabled", "shows", "switched_off"]
+__all__ = [
+    "QuietBar",
+    "bars_enabled",
+    "hugging_face_bars",
+    "progress_bar",
+    "set_enabled",
+    "shows",
+    "switched_off",
+]
 
 _ENABLED = True  # the process-wide switch (the command line's --no-progress)
 
@@ -102,6 +111,49 @@ def shows(stream: TextIO | None = None) -> bool:
     installed (module docstring)."""
     stream = sys.stderr if stream is None else stream
     return _ENABLED and _is_terminal(stream) and _main_process() and _tqdm() is not None
+
+
+@contextmanager
+def hugging_face_bars(show: bool) -> Iterator[None]:
+    """Hugging Face's own bars (transformers' "Loading weights", huggingface_hub's) follow the
+    rule inside the ``with`` block: off when ``show`` is false (vlret draws none either), as
+    they were afterwards. The command line wraps every command in it with :func:`shows`, so
+    ``--no-progress`` or a log file gets no bar from a model vlret loads either.
+
+    Args:
+        show: Whether bars are drawn (:func:`shows`); ``True`` leaves Hugging Face's alone.
+    """
+    try:
+        hub: Any = importlib.import_module("huggingface_hub.utils")
+    except ImportError:  # no transformers either: nothing draws those bars
+        hub = None
+    if show or hub is None:
+        yield
+        return
+    loaded = "transformers.utils.logging" in sys.modules
+    hub_was_off = hub.are_progress_bars_disabled()
+    transformers_was_on = _transformers_bars(None) if loaded else not hub_was_off
+    with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 "has priority": fine
+        warnings.simplefilter("ignore")
+        hub.disable_progress_bars()
+        if loaded:
+            _transformers_bars(False)
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if "transformers.utils.logging" in sys.modules:  # imported before or meanwhile
+                _transformers_bars(transformers_was_on)  # (which sets huggingface_hub's too)
+            (hub.disable_progress_bars if hub_was_off else hub.enable_progress_bars)()
+
+
+def _transformers_bars(on: bool | None) -> bool:
+    """transformers' own bar switch: set it (``on``) or read it (``None``); returns it."""
+    logging = sys.modules["transformers.utils.logging"]
+    if on is not None:
+        (logging.enable_progress_bar if on else logging.disable_progress_bar)()
+    return bool(logging.is_progress_bar_enabled())
 
 
 class QuietBar:

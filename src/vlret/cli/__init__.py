@@ -135,16 +135,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     status 2); a write refused for room or permission
     (disk full, ``RLIMIT_FSIZE``, a read-only folder) names the file (status 2); Ctrl-C is
     ``interrupted`` with status 130. ``--no-progress`` switches every progress bar off while
-    the command runs (:func:`vlret._progress.switched_off`)."""
+    the command runs (:func:`vlret._progress.switched_off`); where no bar is drawn, Hugging
+    Face's own are off too (:func:`vlret._progress.hugging_face_bars`)."""
     from .._extras import MissingExtra
     from .._files import OutputPathError, write_failure
-    from .._progress import switched_off
+    from .._progress import hugging_face_bars, shows, switched_off
 
     args = None
     try:
         args = build_parser().parse_args(argv)
         with switched_off(bool(getattr(args, "no_progress", False))):
-            return args.func(args)
+            with hugging_face_bars(shows()):
+                return args.func(args)
     except MissingExtra as err:
         print(err.for_command(getattr(args, "command", None)), file=sys.stderr)
         return EXIT_ERROR
