@@ -123,15 +123,17 @@ def hugging_face_bars(show: bool) -> Iterator[None]:
     Args:
         show: Whether bars are drawn (:func:`shows`); ``True`` leaves Hugging Face's alone.
     """
-    try:
-        hub: Any = importlib.import_module("huggingface_hub.utils")
-    except ImportError:  # no transformers either: nothing draws those bars
-        hub = None
-    if show or hub is None:
+    hub: Any = None
+    if not show:
+        try:  # its bar functions import tqdm when first used
+            hub = importlib.import_module("huggingface_hub.utils")
+            hub_was_off = hub.are_progress_bars_disabled()
+        except ImportError:  # no transformers or no tqdm: nothing draws those bars
+            hub = None
+    if hub is None:
         yield
         return
     loaded = "transformers.utils.logging" in sys.modules
-    hub_was_off = hub.are_progress_bars_disabled()
     transformers_was_on = _transformers_bars(None) if loaded else not hub_was_off
     with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 "has priority": fine
         warnings.simplefilter("ignore")
