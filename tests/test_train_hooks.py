@@ -363,10 +363,16 @@ def test_the_docs_worked_example_stops_a_stalled_run(tmp_path, data):
     exec(code.split("\nconfig = ", 1)[0], namespace)  # the hook class, not the demo run
     hook = namespace["StopWhenStalled"](patience=1)
     cfg = tiny_config(data, tmp_path / "run", ["train.epochs=8"])
-    with pytest.raises(TrainingInterrupted):
+    with pytest.raises(namespace["Stalled"]):
         Trainer(cfg, hooks=[hook]).fit()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     epochs = [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
     stalled = [r["epoch"] - r["best_epoch"] >= 1 for r in epochs]
     assert stalled[-1] and not any(stalled[:-1])  # stopped at the first stalled epoch
     assert len(epochs) < 8
+    # The page's claims: both checkpoints of the last epoch are written before the hook runs,
+    # best.pt holds the best epoch, and the run folder's lock is let go.
+    last = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=False)
+    assert last["epoch"] == len(epochs) and best["best_epoch"] == epochs[-1]["best_epoch"]
+    Trainer(cfg, hooks=[], resume=tmp_path / "run" / "last.pt").release_lock()  # not locked

@@ -1,6 +1,6 @@
 """Machinery shared by the pair-similarity losses: input preparation, reductions, the module base.
 
-Conventions (see ARCHITECTURE.md, "Core contract of a loss"):
+Conventions (docs/design.md, "The core contract of a loss"):
 
 * ``sim`` is ``(B, B)``, rows are images, columns are texts, ``sim[i, i]`` is anchor ``i``'s
   positive pair.
