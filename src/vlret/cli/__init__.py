@@ -72,6 +72,9 @@ PROGRESS_COMMANDS: tuple[str, ...] = (
     "mine-negatives",
     "caption",
     "report",
+    "compare",
+    "sweep",
+    "demo",
 )
 
 NO_PROGRESS_HELP = "no progress bars (drawn on stderr only when it is a terminal)"
