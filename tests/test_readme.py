@@ -151,8 +151,8 @@ def test_docs_command_list_is_vlret_help():
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     text = (DOCS / "index.md").read_text(encoding="utf-8")
-    block = re.search(r"## Commands\n\n```\n(.*?)```", text, re.S).group(1)
-    listed = [m.group(1) for m in re.finditer(r"^vlret (\S+)", block, flags=re.M)]
+    block = re.search(r"## Commands\n\n(.*?)\n\n", text, re.S).group(1)
+    listed = [m.group(1) for m in re.finditer(r"^\| `vlret (\S+)`", block, flags=re.M)]
     assert len(listed) == len(set(listed))
     assert set(listed) == set(sub.choices), "docs/index.md's command list vs vlret --help"
 
