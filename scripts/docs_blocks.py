@@ -7,7 +7,7 @@ The convention (every shell block of README.md and docs/ runs in CI, `make docs-
   commands, its other lines expected output.
 - ``<!-- docs-check: skip REASON: why -->`` on the line before a shell block (blank lines
   allowed) makes it checked without running (``mode == "check"``); REASON is one of
-  :data:`REASONS`.
+  :data:`REASONS`, written ``skip long: why`` or ``skip REASON: long: why``.
 - ``<!-- docs-check: setup: COMMAND -->`` before a run block runs COMMAND first.
 - ``<!-- docs-check: run -->`` before a ``python`` block runs it (``mode == "python"``); other
   blocks are not run (``mode == "none"``).
@@ -34,7 +34,8 @@ _FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)
 _FENCE_CLOSE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
 _MARKER_START = re.compile(r"^\s*<!--\s*docs-check\b")
 _MARKER = re.compile(r"^\s*<!--\s*docs-check:\s*(?P<body>.*?)\s*-->\s*$")
-_SKIP = re.compile(r"^skip\s+(?P<reason>[^\s:]+)\s*:\s*(?P<why>.*)$")
+#: ``skip long: why``, or with the convention's word kept: ``skip REASON: long: why``.
+_SKIP = re.compile(r"^skip\s+(?:REASON:\s*)?(?P<reason>[^\s:]+)\s*:\s*(?P<why>.*)$")
 _SETUP = re.compile(r"^setup\s*:\s*(?P<command>.*)$")
 
 
@@ -263,15 +264,16 @@ def _dedent(line: str, indent: int) -> str:
     return expanded[removed:]
 
 
-#: Lines of untagged or ``text`` blocks that look like commands nobody runs.
+#: Lines of untagged blocks that look like commands nobody runs.
 _COMMAND_LIKE = re.compile(
     r"^\s*(\$\s+)?(vlret\s+--?[a-z]|vlret\s+[a-z][a-z-]*(?=\s|$)|python3? -m vlret\b|torchrun\s)"
 )
 
 
 def unrun_command_lines(block: Block) -> list[int]:
-    """Content offsets of lines that look like ``vlret`` commands in an untagged or ``text``
-    block (a shell block tagged otherwise escapes the check: reported as a warning)."""
-    if block.language not in ("", "text", "txt"):
+    """Content offsets of lines that look like ``vlret`` commands in an untagged block (a
+    shell block left untagged escapes the check: reported as a warning; a ``text`` block is
+    taken to be a synopsis or output on purpose)."""
+    if block.language:
         return []
     return [i for i, line in enumerate(block.lines) if _COMMAND_LIKE.match(line)]
