@@ -190,3 +190,32 @@ def test_shipped_configs_pass_the_config_check(capsys):
         if status != 0:
             failed[name] = text.err.strip()
     assert failed == {}
+
+
+def test_the_readme_pixel_flow_checks_the_shipped_clip_config(tmp_path, monkeypatch, capsys):
+    """``vlret synth tiny ... --webdataset`` then ``vlret train synth_clip_pretrain --check``
+    from the same folder: the shards listed and checked, the summary printed, nothing written;
+    a missing shard and a shortened run's warm-up are named before anything runs."""
+    pytest.importorskip("webdataset")
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    synth = ["synth", "tiny", "--out", "runs/data-pix", "--format", "karpathy"]
+    assert main([*synth, "--webdataset", "--imagefolder", "--shard-size", "300"]) == 0
+    capsys.readouterr()
+    before = _tree(tmp_path)
+    assert main(["train", "synth_clip_pretrain", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "train 1200 samples (data.train_num_samples) from 4 shards" in out
+    assert "  steps: 18 steps per epoch, batch 64" in out
+    assert "  epochs: 40 epochs, numbered 0-39" in out
+    assert _tree(tmp_path) == before
+    short = ["--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=2"]
+    assert main(["train", "synth_clip_pretrain", *short, "--check"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "optim.warmup_steps: 20 must be below the run's 2 steps" in line
+    assert "set optim.warmup_steps below 2" in line
+    (tmp_path / "runs/data-pix/webdataset/train/00002.tar").unlink()
+    assert main(["train", "synth_clip_pretrain", "--check"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "data.shards" in line and "00002.tar" in line
+    assert not (tmp_path / "runs" / "synth_clip_pretrain").exists()
