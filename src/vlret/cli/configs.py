@@ -49,7 +49,8 @@ def listing(width: int | None = None) -> list[str]:
     footer = (
         f"{len(configs)} configs; `vlret train NAME` trains one (a comparison config its "
         "[loss]), `vlret compare NAME` a comparison config's [compare.losses]; `vlret configs "
-        "copy NAME DIR` writes one for editing"
+        "copy NAME DIR` writes one for editing; `vlret train NAME --check-config` checks one "
+        "alone, `--check` with its data, writing nothing; every key: docs/reference/config.md"
     )
     return [*lines, "", *(textwrap.wrap(footer, width) if width else [footer])]
 
