@@ -155,6 +155,52 @@ def loss_tables() -> list[str]:
     return lines
 
 
+def _default_cell(value: Any) -> str:
+    if value is ...:
+        return "required"
+    if value == {}:
+        return "table"
+    return f"`{shown_value(value)}`"
+
+
+def _defaults_table(prefix: str, defaults: dict[str, Any]) -> list[str]:
+    rows = ["| Key | Default |", "|:---|:---|"]
+    for key, value in defaults.items():
+        rows.append(f"| `{prefix}{key}` | {cell(_default_cell(value))} |")
+    return rows
+
+
+def model_tables() -> list[str]:
+    """The ``[model]`` keys of each kind, from the defaults ``vlret.models.build_model`` fills
+    in (its ``MODEL_DEFAULTS``, ``IMAGE_DEFAULTS``, ``TEXT_DEFAULTS`` and the pair scorers'
+    region and word defaults)."""
+    from vlret.models import IMAGE_DEFAULTS, MODEL_DEFAULTS, TEXT_DEFAULTS
+    from vlret.models.cross_model import REGION_DEFAULTS, WORD_DEFAULTS
+
+    lines = [
+        "## `[model]`",
+        "",
+        "Passed as is to `vlret.models.build_model`: `model.kind` chooses the model (`vse`, the "
+        "two-tower default; `clip`; `bert`; the pair scorers `scan`, `bfan`, `sgraf`; the "
+        "video-expert `ce`, `mmt`) and the other keys are that kind's; an unknown key is an "
+        "error listing the valid ones, and every kind also takes `model.scoring` (`cosine` or "
+        "`dot`). The tables list each kind's keys with the defaults `build_model` fills in; "
+        "what each key means is in the `vlret.models.retrieval` docstring (API reference: "
+        "models) and the shipped configs (`vlret configs show NAME`): model keys have no "
+        "one-line declaration yet.",
+    ]
+    for kind, defaults in MODEL_DEFAULTS.items():
+        lines += ["", f'### `model.kind = "{kind}"`', "", *_defaults_table("model.", defaults)]
+    for section, kinds in (("image", IMAGE_DEFAULTS), ("text", TEXT_DEFAULTS)):
+        for kind, defaults in kinds.items():
+            title = f'### `model.{section}.kind = "{kind}"` (two-tower models)'
+            lines += ["", title, "", *_defaults_table(f"model.{section}.", defaults)]
+    for section, defaults in (("image", REGION_DEFAULTS), ("text", WORD_DEFAULTS)):
+        title = f"### `model.{section}` of the pair scorers (`scan`, `bfan`, `sgraf`)"
+        lines += ["", title, "", *_defaults_table(f"model.{section}.", defaults)]
+    return lines
+
+
 def config_page() -> str:
     from vlret.analysis.compare.spec import COMPARE_KEYS
     from vlret.train.config_sections import SECTION_CLASSES
@@ -193,15 +239,8 @@ def config_page() -> str:
     }
     for section, cls in SECTION_CLASSES.items():
         lines += ["", f"## `[{section}]`", "", titles[section], "", *section_table(section, cls)]
+    lines += ["", *model_tables()]
     lines += [
-        "",
-        "## `[model]`",
-        "",
-        "Passed as is to `vlret.models.build_model`: `kind` chooses the model (a two-tower "
-        "`vse` model by default, `clip`, `bert`, the pair scorers `scan`, `bfan`, `sgraf`, the "
-        "video-expert `ce` and `mmt`) and the other keys are that kind's (an unknown key is an "
-        "error listing the valid ones). See the models API page and the shipped configs "
-        "(`vlret configs show NAME`) for each kind's keys.",
         "",
         "## `[loss]`",
         "",
