@@ -128,10 +128,18 @@ def _display(lines: list[str]) -> str:
 
 
 def _tail(path: Path) -> list[str]:
+    """The last lines of an output file as a terminal shows them: a progress bar's redraws
+    (``\\r``) leave their last state, blank and repeated lines go."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        with path.open(encoding="utf-8", errors="replace", newline="") as stream:
+            text = stream.read()
     except OSError:
         return []
+    lines: list[str] = []
+    for row in text.split("\n"):
+        shown = row.rstrip("\r").rsplit("\r", 1)[-1].rstrip()
+        if shown.strip() and (not lines or lines[-1] != shown):
+            lines.append(shown)
     return lines[-TAIL_LINES:]
 
 
@@ -147,6 +155,13 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _stop_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class PageRunner:
@@ -209,6 +224,7 @@ class PageRunner:
             try:
                 status = process.wait(timeout=max(timeout, 0.1))
                 timed_out = False
+                _stop_group(process.pid)  # what the block left running in the background
             except subprocess.TimeoutExpired:
                 self.killed_at = time.time()  # the trap bash runs as it dies is traced too
                 _kill(process)

@@ -1,6 +1,7 @@
 """Checks of documented commands that run nothing: each ``vlret`` command parsed by vlret's own
 parser (:func:`vlret.cli.build_parser`), the configs that ``vlret train | compare | sweep``
-name validated at the config level (no data read), and the refusals of a runnable block
+name validated at the config level as ``vlret train CONFIG --check-config`` does (no data,
+model folder or output folder read), and the refusals of a runnable block
 (a package installation, a ``$ `` prompt in a bash block, an unclosed quote).
 
 A config is validated when it is a shipped config's name or a ``.toml`` / ``.yaml`` file of the
@@ -108,19 +109,26 @@ def validate_config(namespace: argparse.Namespace, path: Path) -> str | None:
             _validate_comparison(namespace, path)
     except (ConfigError, CompareError, MissingExtra, ValueError, OSError) as err:
         return str(err)
+    except Exception as err:  # a bug in a check is reported at the line, the others still run
+        return f"{type(err).__name__}: {err}"
     return None
 
 
 def _validate_train(namespace: argparse.Namespace, path: Path) -> None:
+    """What ``vlret train CONFIG --check-config`` checks: the config with its overrides, and
+    its model section built once with a stand-in vocabulary."""
     from vlret.train import load_config
+    from vlret.train.run_check import check_config
 
-    load_config(path, namespace.set, note=None)
+    check_config(load_config(path, namespace.set, note=None))
 
 
 def _validate_comparison(namespace: argparse.Namespace, path: Path) -> None:
     """The checks ``vlret compare`` / ``vlret sweep`` make before their first run: the
-    ``[compare]`` section, the variants and every run's resolved config."""
+    ``[compare]`` section, the variants and every run's resolved config, then the config check
+    of ``vlret train --check-config`` on each variant's first seed."""
     from vlret.analysis.compare import spec, sweeps
+    from vlret.train.run_check import check_config
 
     raw, section = spec.read_compare_config(path, namespace.set)
     spec.eval_settings(raw, section)
@@ -139,7 +147,11 @@ def _validate_comparison(namespace: argparse.Namespace, path: Path) -> None:
         base = spec.make_variant(label, section.get("losses", {}).get(label, {}), raw)
         spec.check_params(base.label, base.loss, dict.fromkeys(grid), "--param")
         variants = sweeps.sweep_variants(base, grid)
-    spec.plan_runs(raw, variants, seeds, _NOWHERE)
+    checked: set[str] = set()
+    for run in spec.plan_runs(raw, variants, seeds, _NOWHERE):
+        if run.variant.label not in checked:  # the seed changes no key the check reads
+            checked.add(run.variant.label)
+            check_config(run.config)
 
 
 def check_block(block: Block, root: Path) -> StaticResult:
