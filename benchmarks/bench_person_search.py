@@ -66,12 +66,12 @@ def irra_rank(similarity, q_pids, g_pids, max_rank=10):
     tmp_cmc = torch.stack(tmp_cmc, 1) * matches
     ap = tmp_cmc.sum(1) / num_rel
     m_ap = ap.mean() * 100
-    return {
-        "R1": float(all_cmc[0]),
-        "R5": float(all_cmc[4]),
-        "R10": float(all_cmc[9]),
-        "mAP": float(m_ap),
-        "mINP": float(m_inp),
+    return {  # under vlret's metric names (IRRA prints them as R1 ... mINP)
+        "r1": float(all_cmc[0]),
+        "r5": float(all_cmc[4]),
+        "r10": float(all_cmc[9]),
+        "map": float(m_ap),
+        "minp": float(m_inp),
     }
 
 

@@ -3,6 +3,7 @@ its checks, the loader's released draw, and `vlret mine-negatives` end to end.""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -217,7 +218,8 @@ def test_negative_zero_ties_with_zero_and_infinities_are_ordered():
         assert mined.i2t[1].tolist() == [0, 3, 2] and mined.t2i[1].tolist() == [3, 0, 2]
 
 
-def test_the_accelerator_path_equals_the_cpu_path(capsys):
+def test_the_accelerator_path_equals_the_cpu_path(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # bars draw on a terminal only
     img, txt, t2img = integer_world(2, 50, 3)
     cpu = mine_embeddings(img, txt, t2img, k=7, block_size=16, progress=True)
     assert "150/150" in capsys.readouterr().err  # the bar counts captions
