@@ -52,6 +52,7 @@ import torch
 from .._files import atomic_write, remove_stale_temporaries
 from ..data.checks import read_npy_header
 from ..data.noisy import NOISE_INDEX_FILE, NOISE_SUMMARY_FILE, save_noise_record
+from ..data.paths import DATA_PATH_KEYS
 from .checkpoint import load_checkpoint, torch_load_quietly
 from .config import ConfigError, config_from_dict, save_config
 from .run_lock import check_unlocked
@@ -113,25 +114,9 @@ class RunFolderError(ValueError):
 
 
 #: The keys of :class:`~vlret.train.config.DataConfig` that name files or folders the run
-#: reads (a shard pattern's braces and anything after them are not part of the path).
-DATA_INPUT_KEYS = (
-    "root",
-    "features_dir",
-    "karpathy_json",
-    "image_root",
-    "vocab",
-    "tokenizer",
-    "shards",
-    "dev_shards",
-    "csv",
-    "dev_csv",
-    "annotations",
-    "noise_index",
-    "offline_negatives",
-    "train_captions",
-    "dev_captions",
-    "test_captions",
-)
+#: reads: the root, the shard patterns (a pattern's braces and anything after them are not part
+#: of the path) and every single-path key of :data:`vlret.data.paths.DATA_PATH_KEYS`.
+DATA_INPUT_KEYS = ("root", "shards", "dev_shards", *DATA_PATH_KEYS)
 #: The keys of :class:`~vlret.train.config.TrainConfig` that name what the run reads.
 TRAIN_INPUT_KEYS = ("init_from", "zeroshot_root")
 #: The keys, at any depth of the ``[model]`` section, whose string value is a local path.
