@@ -7,12 +7,9 @@ from __future__ import annotations
 import io
 import os
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import yaml
 from PIL import Image
 
@@ -28,6 +25,7 @@ from vlret._progress import (
     switched_off,
 )
 from vlret.cli import PROGRESS_COMMANDS, main
+from zeroshot_helpers import CharTokenizer, Toy, ToySet
 
 
 class Terminal(io.StringIO):
@@ -269,52 +267,6 @@ def test_compare_draws_one_bar_over_its_plan_and_none_per_run(
     assert stored["train"]["progress"] is False
 
 
-class ToyClip(torch.nn.Module):
-    """Text: the sum of its tokens' embeddings; image: a linear map of its 4 x 4 pixels."""
-
-    def __init__(self):
-        super().__init__()
-        self.words = torch.nn.Embedding(40, 6)
-        self.pixels = torch.nn.Linear(3 * 4 * 4, 6)
-
-    @staticmethod
-    def image_transform(image):
-        return torch.as_tensor(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
-
-    def encode_texts(self, ids, lengths):
-        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
-        return (self.words(ids) * mask[..., None]).sum(1)
-
-    def encode_images(self, pixels):
-        return self.pixels(pixels.flatten(1))
-
-
-class CharTokenizer:
-    pad_id = 0
-
-    def encode(self, text):
-        return [1, *(2 + ord(ch) % 37 for ch in text)]
-
-
-@dataclass
-class ToySet:
-    name: str
-    split: str
-    classnames: list[str]
-    labels: list[int]
-    images: list = field(repr=False)
-    root: Path = Path(".")
-
-    def __len__(self):
-        return len(self.labels)
-
-    def image(self, i):
-        return self.images[i]
-
-    def describe(self, i):
-        return f"image {i}"
-
-
 @pytest.mark.parametrize("terminal", [True, False])
 def test_zeroshot_shows_the_prompts_and_the_images_on_a_terminal(terminal, capsys, monkeypatch):
     from vlret.eval.zeroshot import evaluate_zeroshot
@@ -325,7 +277,7 @@ def test_zeroshot_shows_the_prompts_and_the_images_on_a_terminal(terminal, capsy
     if terminal:
         on_a_terminal(monkeypatch)
     result = evaluate_zeroshot(
-        ToyClip(), data, ["a {c}", "{c}"], tokenizer=CharTokenizer(), batch_size=2, progress=True
+        Toy(), data, ["a {c}", "{c}"], tokenizer=CharTokenizer(), batch_size=2, progress=True
     )
     assert (result.num_images, result.num_classes, result.num_templates) == (6, 2, 2)
     err = capsys.readouterr().err

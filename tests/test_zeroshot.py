@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import math
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from vlret.cli import main
 from vlret.eval import get_protocol, protocol_names
@@ -27,6 +25,7 @@ from vlret.eval.zeroshot import (
 )
 from vlret.metrics import ZEROSHOT_METRICS, zeroshot_classification_metrics
 from vlret.metrics import zeroshot as zs_metrics
+from zeroshot_helpers import CharTokenizer, Toy, ToySet, to_pixels
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -136,37 +135,6 @@ def test_unknown_tie_rule_is_refused():
 # ------------------------------------------------------------------------------------------
 
 
-class CharTokenizer:
-    pad_id = 0
-
-    def encode(self, text):
-        return [1, *(2 + ord(ch) % 37 for ch in text)]
-
-
-def to_pixels(image):
-    return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(
-        2, 0, 1
-    )
-
-
-class Toy(nn.Module):
-    """Text: the sum of its tokens' embeddings; image: a linear map of its pixels."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.words = nn.Embedding(40, 6)
-        self.pixels = nn.Linear(3 * 4 * 4, 6)
-        self.image_transform = to_pixels
-
-    def encode_texts(self, ids, lengths):
-        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
-        return (self.words(ids) * mask[..., None]).sum(1)
-
-    def encode_images(self, pixels):
-        return self.pixels(pixels.flatten(1))
-
-
 def oracle_classifier(model, classnames, templates):
     rows = []
     for c in classnames:
@@ -178,27 +146,6 @@ def oracle_classifier(model, classnames, templates):
         mean = torch.stack(embs).mean(0)
         rows.append(mean / mean.norm())
     return torch.stack(rows)
-
-
-@dataclass(frozen=True)
-class ToySet:
-    """A ClassificationSet-like object: name, split, classnames, labels, image(i)."""
-
-    name: str
-    split: str
-    classnames: list[str]
-    labels: list[int]
-    images: list = field(repr=False)
-    root: Path = Path(".")
-
-    def __len__(self):
-        return len(self.labels)
-
-    def image(self, i):
-        return self.images[i]
-
-    def describe(self, i):
-        return f"image {i}"
 
 
 def toy_set(n=11, classes=("cat", "dog", "red car")):
