@@ -192,3 +192,31 @@ def test_a_shards_run_reads_karpathy_data_and_a_folder_without_it_names_the_fix(
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="--data names the folder of a Karpathy JSON"):
         eval_data_config(dataclasses.replace(karpathy_eval_data(shards)), empty)
+
+
+def test_report_takes_a_run_folder_as_eval_does(trained, tmp_path, capsys):
+    run, world = trained / "run", trained / "w"
+    explicit = [str(run / "best.pt"), "--data", str(world), "--split", "test", "--no-progress"]
+    assert main(["report", *explicit, "--out", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    # the run folder alone: its best.pt, its data.root, the default protocol's test split
+    assert main(["report", str(run), "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [
+        f"checkpoint: {run / 'best.pt'} (the run's best.pt)",
+        f"data: {world} (the run's data.root)",
+        "split: test (protocol f30k's test split of precomp data)",
+    ]
+    given, taken = (
+        json.loads((tmp_path / d / "report.json").read_text())["evaluation"] for d in "ab"
+    )
+    assert taken["protocol"] == given["protocol"] == "f30k"
+    assert taken["split"] == "test" and taken["metrics"] == given["metrics"]
+    # an explicit --split wins; a protocol of other data names --data
+    assert main(["report", str(run), "--split", "dev", "--out", str(tmp_path / "c")]) == 0
+    dev = json.loads((tmp_path / "c" / "report.json").read_text())["evaluation"]
+    assert dev["split"] == "dev" and dev["metrics"] != given["metrics"]
+    capsys.readouterr()
+    assert main(["report", str(run), "--protocol", "cuhk-pedes", "--out", str(tmp_path / "d")]) == 2
+    assert "pass its folder with --data" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

@@ -417,7 +417,10 @@ def test_cli_writes_the_report_and_prints_its_page(world, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"checkpoint": "missing.pt"}, r"^vlret report: checkpoint \S*missing.pt: missing$"),
+        (
+            {"checkpoint": "missing.pt"},
+            r"^vlret report: \S*missing.pt: missing; expected a run folder or a checkpoint$",
+        ),
         ({"--split": "nosuch"}, r"^vlret report: --split: expected one of .*got 'nosuch'$"),
         ({"--top-k": "0"}, r"^vlret report: --top-k: expected a positive integer, got 0$"),
         ({"--worst": "-1"}, r"^vlret report: --worst: expected an integer >= 0, got -1$"),

@@ -1,6 +1,8 @@
-"""``vlret report CKPT [CKPT ...] --data DIR --split SPLIT [--protocol NAME] --out DIR``: a
-static HTML report of what a checkpoint (or an ensemble) retrieves, query by query
-(:mod:`vlret.analysis.report`; docs/report.md)."""
+"""``vlret report RUN_OR_CKPT [...] [--data DIR] [--split SPLIT] [--protocol NAME] --out DIR``:
+a static HTML report of what a checkpoint (or an ensemble) retrieves, query by query
+(:mod:`vlret.analysis.report`; docs/report.md). A run folder and a missing ``--data`` /
+``--split`` are resolved as ``vlret eval RUN`` resolves them
+(:mod:`vlret.train.eval_inputs`)."""
 
 from __future__ import annotations
 
@@ -39,14 +41,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "checkpoint",
         type=Path,
         nargs="+",
-        help="checkpoint(s) written by vlret train; several: an ensemble (mean of score matrices)",
+        help="run folder(s) (their best.pt, else last.pt) or checkpoint(s) written by vlret "
+        "train; several: an ensemble (mean of score matrices)",
     )
-    p.add_argument("--data", type=Path, required=True, help="data folder of the split")
-    p.add_argument("--split", required=True, help=f"one of {', '.join(eval_splits())}")
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="data folder of the split (default: the run's data.root, as vlret eval RUN)",
+    )
+    p.add_argument(
+        "--split",
+        help=f"one of {', '.join(eval_splits())} (default: the protocol's test split of the "
+        "run's data)",
+    )
     p.add_argument(
         "--protocol",
         help=f"one of {', '.join(protocol_names())} (default: the checkpoint's data format's "
-        "protocol that evaluates --split)",
+        "protocol that evaluates --split; without --split, the default protocol of its data)",
     )
     p.add_argument("--out", type=Path, required=True, help="the report folder (created)")
     p.add_argument("--top-k", type=int, default=5, help="items shown per query (5)")
@@ -82,27 +93,30 @@ def run(args: argparse.Namespace) -> int:
         if value < least:
             which = "a positive integer" if least else "an integer >= 0"
             return fail(NAME, f"{flag}: expected {which}, got {value}")
-    if args.split not in eval_splits():
+    if args.split is not None and args.split not in eval_splits():
         return fail(
             NAME, f"--split: expected one of {', '.join(eval_splits())}, got {args.split!r}"
         )
     if args.protocol is not None and args.protocol not in protocol_names():
         names = ", ".join(protocol_names())
         return fail(NAME, f"--protocol: expected one of {names}, got {args.protocol!r}")
-    for path in args.checkpoint:
-        if not path.is_file():
-            return fail(NAME, f"checkpoint {path}: missing")
-    if not args.data.exists():
-        return fail(NAME, f"--data {args.data}: missing")
+    try:  # run folders, and the data and split of the run where not given (as vlret eval)
+        inputs = _inputs(args)
+    except (FileNotFoundError, ValueError) as err:
+        return fail(NAME, err)
+    if not inputs.data.exists():
+        return fail(NAME, f"--data {inputs.data}: missing")
+    for note in inputs.notes():
+        print(note)
     try:  # the output-path rule (docs/training.md), before the evaluation
         check_output_dir(args.out, "--out", files=REPORT_FILES, overwrite=args.overwrite)
     except ValueError as err:  # OutputPathError
         return fail(NAME, err)
     try:
         facts, page = build_report(
-            args.checkpoint,
-            data=args.data,
-            split=args.split,
+            inputs.checkpoints,
+            data=inputs.data,
+            split=inputs.split,
             out=args.out,
             protocol=args.protocol,
             top_k=args.top_k,
@@ -119,3 +133,15 @@ def run(args: argparse.Namespace) -> int:
     print(facts.evaluation.table(protocol=facts.protocol, split=facts.split))
     print(page)
     return EXIT_OK
+
+
+def _inputs(args: argparse.Namespace) -> Any:
+    """The checkpoints, data folder and split (:class:`vlret.train.eval_inputs.EvalInputs`):
+    run folders give their checkpoint; a missing ``--data`` / ``--split`` is taken from the run
+    for ``--protocol``, or for the default protocol of the run's data."""
+    from ..train.eval_inputs import EvalInputs, resolve_eval_inputs, run_checkpoint, run_protocol
+
+    if args.data is not None and args.split is not None and args.protocol is None:
+        return EvalInputs([run_checkpoint(p) for p in args.checkpoint], args.data, args.split)
+    protocol = args.protocol if args.protocol is not None else run_protocol(args.checkpoint[0])
+    return resolve_eval_inputs(args.checkpoint, protocol=protocol, data=args.data, split=args.split)

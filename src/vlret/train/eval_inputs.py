@@ -145,4 +145,32 @@ def resolve_eval_inputs(
     return EvalInputs(checkpoints, Path(data), split, why)
 
 
-__all__ = ["RUN_CHECKPOINTS", "EvalInputs", "resolve_eval_inputs", "run_checkpoint"]
+def run_protocol(run: str | Path) -> str:
+    """The default protocol of the data ``run`` (a run folder or a checkpoint) is evaluated on
+    (:func:`~vlret.eval.default_protocol`; a run trained on shards or a CSV: Karpathy's), for a
+    command given a run but no ``--protocol`` (``vlret report RUN``).
+
+    Raises:
+        FileNotFoundError: As :func:`run_checkpoint`.
+        ValueError: Not a ``vlret train`` checkpoint, or no protocol is the default for its
+            data format.
+    """
+    from ..eval import default_protocol
+    from .builders import stored_run
+    from .checkpoint import load_checkpoint
+
+    checkpoint = run_checkpoint(run)
+    state = load_checkpoint(checkpoint)
+    if not isinstance(state, dict) or "config" not in state:
+        raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config)")
+    trained = stored_run(state["config"], source=f"{checkpoint} (stored config)").data
+    evaluated = stored_eval_data(trained)
+    protocol = default_protocol(evaluated.format)
+    if protocol is None:
+        raise ValueError(
+            f"{checkpoint}: no protocol is the default for {evaluated.format} data; pass --protocol"
+        )
+    return protocol.name
+
+
+__all__ = ["RUN_CHECKPOINTS", "EvalInputs", "resolve_eval_inputs", "run_checkpoint", "run_protocol"]
