@@ -7,7 +7,7 @@ The convention (every shell block of README.md and docs/ runs in CI, `make docs-
   commands, its other lines expected output.
 - ``<!-- docs-check: skip REASON: why -->`` on the line before a shell block (blank lines
   allowed) makes it checked without running (``mode == "check"``); REASON is one of
-  :data:`REASONS`, written ``skip long: why`` or ``skip REASON: long: why``.
+  :data:`REASONS`, written ``skip long: why``.
 - ``<!-- docs-check: setup: COMMAND -->`` before a run block runs COMMAND first.
 - ``<!-- docs-check: run -->`` before a ``python`` block runs it (``mode == "python"``); other
   blocks are not run (``mode == "none"``).
@@ -34,8 +34,8 @@ _FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)
 _FENCE_CLOSE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
 _MARKER_START = re.compile(r"^\s*<!--\s*docs-check\b")
 _MARKER = re.compile(r"^\s*<!--\s*docs-check:\s*(?P<body>.*?)\s*-->\s*$")
-#: ``skip long: why``, or with the convention's word kept: ``skip REASON: long: why``.
-_SKIP = re.compile(r"^skip\s+(?:REASON:\s*)?(?P<reason>[^\s:]+)\s*:\s*(?P<why>.*)$")
+#: ``skip long: why``: the reason word, a colon, the free text.
+_SKIP = re.compile(r"^skip\s+(?P<reason>[^\s:]+)\s*:\s*(?P<why>.*)$")
 _SETUP = re.compile(r"^setup\s*:\s*(?P<command>.*)$")
 
 

@@ -140,7 +140,7 @@ def test_skip_marker_makes_a_block_checked_only_with_its_reason():
 
 
 def test_skip_marker_may_keep_the_conventions_word_reason():
-    text = "<!-- docs-check: skip REASON: install: CI installs vlret itself -->\n```bash\nls\n```\n"
+    text = "<!-- docs-check: skip install: CI installs vlret itself -->\n```bash\nls\n```\n"
     blocks, errors = extract_blocks(text, "p.md")
     assert errors == []
     assert (blocks[0].mode, blocks[0].reason, blocks[0].why) == (
@@ -166,6 +166,7 @@ def test_skip_marker_with_an_unknown_reason_is_an_error_naming_its_line():
         ("<!-- docs-check: skip long -->", "expected 'skip REASON: why'"),
         ("<!-- docs-check: skip long: -->", "say why"),
         ("<!-- docs-check: skipped long: x -->", "REASON one of"),
+        ("<!-- docs-check: skip REASON: long: x -->", "unknown reason 'REASON'"),  # the placeholder
         ("<!-- docs-check: ignore -->", "not understood"),
         ("<!-- docs-check: skip long: x", "write it on one line"),
         ("<!-- docs-check: setup: -->", "no command"),
