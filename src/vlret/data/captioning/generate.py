@@ -366,7 +366,7 @@ def caption_split(
     arch: str = "auto",
     settings: CaptionSettings | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool = False,
     stop_after_chunks: int | None = None,
     load_captioner: Callable[..., Captioner] = Captioner,
 ) -> CaptionRun:
@@ -382,7 +382,8 @@ def caption_split(
         arch: ``blip``, ``blip2``, ``git`` or ``auto``.
         settings: Generation settings (defaults: :class:`CaptionSettings`).
         overwrite: Replace an existing ``out`` and discard the chunks of an earlier run.
-        progress: Show a progress bar (images and images/s).
+        progress: Show a progress bar (images and images/s), under the rule of ``vlret._progress``
+            (a terminal, rank 0, tqdm installed); off by default, as every library call.
         stop_after_chunks: Return after generating that many chunks, without writing ``out``
             (what an interrupted run leaves; tests).
         load_captioner: Builds the :class:`Captioner` (called only when a chunk is missing).
