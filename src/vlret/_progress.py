@@ -213,12 +213,15 @@ def progress_bar(
     Args:
         iterable: What the bar iterates over (``None``: a bar advanced by ``update``).
         show: Whether the caller wants a bar (``progress=True``, ``train.progress``).
-        **options: tqdm's keyword arguments (``total``, ``desc``, ``unit``, ``leave``, ...).
+        **options: tqdm's keyword arguments (``total``, ``desc``, ``unit``, ``leave``, ...);
+            vlret's bars fit the terminal's width as it changes (``dynamic_ncols=True``) unless
+            a caller passes otherwise.
 
     Returns:
         The bar: a tqdm bar, or a :class:`QuietBar`.
     """
     stream = options.pop("file", None) or sys.stderr
     if show and shows(stream):
+        options = {"dynamic_ncols": True, **options}
         return _tqdm()(iterable, file=stream, **options)
     return QuietBar(iterable, total=options.get("total"))

@@ -231,7 +231,7 @@ def encoded_images(
 
 def _bar(loader: DataLoader, desc: str, show: bool) -> Any:
     """``loader`` behind a bar in batches, gone once done (the results table follows)."""
-    return progress_bar(loader, show=show, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
+    return progress_bar(loader, show=show, desc=desc, unit="batch", leave=False)
 
 
 __all__ = [

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -79,13 +78,7 @@ def members_of(models, regions, texts) -> tuple[list, list, list]:
 def progress_pairs(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
-    options: dict[str, Any] = {
-        "desc": desc,
-        "unit": "pair",
-        "unit_scale": True,
-        "dynamic_ncols": True,
-    }
-    return progress_bar(total=total, leave=False, **options)
+    return progress_bar(total=total, desc=desc, unit="pair", unit_scale=True, leave=False)
 
 
 @torch.no_grad()

@@ -88,7 +88,7 @@ def _check_batch_size(batch_size: Any) -> int:
 
 
 def _bar(items: Iterable[Any], show: bool, **options: Any) -> Iterable[Any]:
-    return progress_bar(items, leave=False, dynamic_ncols=True, **options) if show else items
+    return progress_bar(items, show=show, leave=False, **options)
 
 
 class _EvalMode:

@@ -344,8 +344,7 @@ def mine_blocks(
 def _bar(progress: bool, total: int) -> Any:
     """A progress bar in captions (a context manager), drawn when ``progress`` and where
     :mod:`vlret._progress` draws bars."""
-    options = {"desc": "mining", "unit": "caption", "dynamic_ncols": True}
-    return progress_bar(total=total, show=progress, **options)
+    return progress_bar(total=total, show=progress, desc="mining", unit="caption")
 
 
 def _positive(name: str, value: Any) -> None:

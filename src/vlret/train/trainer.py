@@ -556,8 +556,7 @@ class Trainer(TrainerState):
         (``leave=False``) before the epoch's summary line is printed."""
         desc = f"epoch {self.epoch} ({self.epoch + 1}/{self.config.train.epochs})"
         show = self.config.train.progress and self.is_main
-        options = {"desc": desc, "unit": "batch", "dynamic_ncols": True, "leave": False}
-        return progress_bar(loader, show=show, **options)
+        return progress_bar(loader, show=show, desc=desc, unit="batch", leave=False)
 
     def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
         self._log(step_record(self, loss, ctx, rate))

@@ -99,7 +99,7 @@ def _shown_images(data: ReportData) -> set[int]:
 
 def _bar(items: list[Any], desc: str, unit: str, show: bool) -> Any:
     """``items`` behind a bar, gone once done (:mod:`vlret._progress`)."""
-    return progress_bar(items, show=show, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+    return progress_bar(items, show=show, desc=desc, unit=unit, leave=False)
 
 
 def write_report(
