@@ -108,7 +108,17 @@ class LossCapabilities:
             the module has ``pair_block_terms(img_emb, txt_emb, positives)``: each image
             row's sum of terms against one block of texts (``positives(start, stop)``, the
             bool ``z = +1`` entries of rows ``start:stop``). The ring exchange
-            (``train.exchange``, :mod:`vlret.train.ring`) adds these blocks up (SigLIP).
+            (``train.exchange``, :mod:`vlret.train.parallel.ring`) adds these blocks up (SigLIP).
+        soft_margins: The loss can train with a margin per pair (NCR's soft margins): its
+            ``from_similarity`` takes ``margins=`` (Unified), or it is the hinge loss whose
+            per-anchor soft-margin form :func:`~vlret.losses.triplet.soft_margin_triplet`
+            computes (Triplet).
+        hinge_terms: The loss is a mean of per-anchor hinge terms over hardest negatives that a
+            procedure may re-weight term by term (Meta-SPN's weighted triplet loss).
+        offline_negatives: The loss reads each caption's offline negatives, mined before
+            training (``data.offline_negatives``; AOQ): it trains with the ``"aoq"`` procedure.
+        train_identities: The loss classifies the training split's identities (its classes
+            are the training identities), so it has no value on a dev split (the ID loss).
     """
 
     local_shards: bool = False
@@ -120,6 +130,10 @@ class LossCapabilities:
     similarity_inputs: tuple[str, ...] = ()
     paper_comparison: int | None = None
     pairwise_sum: bool = False
+    soft_margins: bool = False
+    hinge_terms: bool = False
+    offline_negatives: bool = False
+    train_identities: bool = False
 
 
 def _signature(params: type[LossParams]) -> inspect.Signature:
@@ -231,6 +245,9 @@ class PairLoss(nn.Module):
         txt_ids: Ids | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         check_embeddings(img_emb, txt_emb)
+        # half-precision embeddings are scored in float32, as the tiled form scores them
+        dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
+        img_emb, txt_emb = img_emb.to(dtype), txt_emb.to(dtype)
         if self.normalize:
             sim = cosine_similarity(img_emb, txt_emb)
         else:
@@ -433,7 +450,7 @@ class HardestNegativeLoss(PairLoss):
     """A loss with a ``hardest`` parameter and VSE-infinity's all-negatives warm-up: while
     :meth:`set_all_negatives` is on, the loss runs with ``hardest=False`` (declare
     ``LossCapabilities.all_negatives_warmup``); a loss configured with ``hardest=False`` stays
-    so. Triplet-HN, SSP and AOQ (``train.all_negatives_epochs``, :mod:`vlret.train.warmup`)."""
+    so. Triplet-HN, SSP and AOQ (``train.all_negatives_epochs``, :mod:`vlret.run.warmup`)."""
 
     #: In the warm-up (:meth:`set_all_negatives`): the form over all negatives.
     all_negatives: bool = False

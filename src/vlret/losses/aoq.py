@@ -27,6 +27,7 @@ from .._checks import (
     check_embeddings,
     check_finite,
     check_reduction,
+    compute_dtype,
 )
 from ..similarity import Ids
 from ._base import HardestNegativeLoss, LossCapabilities, prepare, reduce_per_index
@@ -175,7 +176,9 @@ class AOQLoss(HardestNegativeLoss):
     batch without them.
     """
 
-    declared = LossCapabilities(similarity_inputs=OFFLINE_SCORES, all_negatives_warmup=True)
+    declared = LossCapabilities(
+        similarity_inputs=OFFLINE_SCORES, all_negatives_warmup=True, offline_negatives=True
+    )
     paper = "AOQ (Chen et al. 2020)"
     equation = "AOQ Sec. 3, the released ContrastiveLoss"
     Params = AOQParams
@@ -235,6 +238,9 @@ class AOQLoss(HardestNegativeLoss):
                 )
 
         def scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            # half precision scored in float32, as the batch's sim (numerics rule)
+            dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))
+            a, b = a.to(dtype), b.to(dtype)
             if self.normalize:
                 a, b = F.normalize(a, dim=-1, eps=1e-8), F.normalize(b, dim=-1, eps=1e-8)
             return (a * b).sum(dim=-1)

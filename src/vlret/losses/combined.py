@@ -356,6 +356,8 @@ def _union(caps: list[LossCapabilities], classes: list[type]) -> LossCapabilitie
         momentum_keys=any(c.momentum_keys for c in caps),
         similarity_inputs=tuple(dict.fromkeys(n for c in caps for n in c.similarity_inputs)),
         paper_comparison=None,
+        offline_negatives=any(c.offline_negatives for c in caps),
+        train_identities=any(c.train_identities for c in caps),
     )
 
 

@@ -27,7 +27,7 @@ state. The ids are the training identities: the trainer passes ``RetrievalBatch.
 (person-search data, relabelled ``0..N-1``) or, without identities, the image index (each
 training image its own class, as CMPC on Flickr30K). When the config gives neither
 ``num_classes`` nor ``dim``, the harness fills them from the training set and the model
-(:func:`vlret.train.loss_builder.build_run_loss`).
+(:func:`vlret.run.loss_builder.build_run_loss`).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class IdentityLoss(PairLoss):
 
     # no tiled form, so no local shards of its own; its terms are per pair, so it takes a
     # shard inside a combination whose other parts do (``pairwise_terms``)
-    declared = LossCapabilities()
+    declared = LossCapabilities(train_identities=True)
     #: Each pair's term depends on that pair only: ``shard=`` works without tiles.
     pairwise_terms = True
     paper = "ID loss / IRRA (Jiang & Ye 2023), CMPC"

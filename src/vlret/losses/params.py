@@ -7,7 +7,7 @@ Each field carries its default, its constraint (``vlret._checks``: ``Number``, `
   and the class's signature is generated from it),
 * the registry (``build_loss``, ``loss_parameters``, ``check_loss_params``: building the record
   checks a config's values without building the loss),
-* config validation (``vlret.train.config``: errors keyed ``loss.<param>``),
+* config validation (``vlret.run.config``: errors keyed ``loss.<param>``),
 * ``repr`` (:meth:`LossParams.describe`) and ``vlret losses``,
 * the dense and tiled entry points (:meth:`LossParams.arguments`, the fields handed to them).
 

@@ -166,7 +166,7 @@ def siglip_block_terms(
     normalize: bool = True,
 ) -> torch.Tensor:
     """Each image's sum of SigLIP pair terms against one block of texts: the ring exchange's
-    unit (``LossCapabilities.pairwise_sum``, :mod:`vlret.train.ring`).
+    unit (``LossCapabilities.pairwise_sum``, :mod:`vlret.train.parallel.ring`).
 
     Args:
         img_emb: ``(n, D)`` image embeddings (the rows).

@@ -171,7 +171,13 @@ class TripletLoss(HardestNegativeLoss):
     gradient goes to the first index instead of being split).
     """
 
-    declared = LossCapabilities(local_shards=True, all_negatives_warmup=True, paper_comparison=0)
+    declared = LossCapabilities(
+        local_shards=True,
+        all_negatives_warmup=True,
+        paper_comparison=0,
+        soft_margins=True,
+        hinge_terms=True,
+    )
     paper = "VSE++ (Faghri et al. 2018)"
     equation = "Unified Eq. (1)-(2)"
     Params = TripletParams

@@ -149,7 +149,7 @@ class UnifiedLoss(PairLoss):
     memory, same values and gradients); the dense ``weights`` form is then unavailable.
     """
 
-    declared = LossCapabilities(local_shards=True, paper_comparison=2)
+    declared = LossCapabilities(local_shards=True, paper_comparison=2, soft_margins=True)
     paper = "Unified Loss (Li et al.)"
     equation = "Unified Eq. (5), (24), (26)"
     Params = UnifiedParams

@@ -67,8 +67,8 @@ class AdaCLLoss(PairLoss):
       rank scores its own pairs and the queues all-gather the keys before enqueueing. With
       ``sync_margins`` the module declares its margins in :meth:`synced_buffers`, and the
       trainer broadcasts rank 0's after each step (a hook; a caller with its own loop calls
-      :func:`vlret.train.distributed.broadcast_from_main` on them), so the module must sit on
-      a device the backend supports.
+      :func:`vlret.train.parallel.distributed.broadcast_from_main` on them), so the module must sit
+      on a device the backend supports.
     * **Large batches.** ``chunk_size`` is the tile height, as for every tiled loss: with it
       set, ``forward`` never builds the ``(B, B)`` matrix nor the ``(B, K)`` queue blocks
       (:class:`TiledAdaCLBatch`, the same anchor selection over tiles), whatever the batch
@@ -210,7 +210,7 @@ class AdaCLLoss(PairLoss):
 
     def synced_buffers(self) -> tuple[torch.Tensor, ...]:
         """The buffers a data-parallel trainer overwrites with rank 0's after each training
-        step (``sync_margins``: the margins; :class:`vlret.train.hooks.SyncLossBuffers`)."""
+        step (``sync_margins``: the margins; :class:`vlret.train.hooks.core.SyncLossBuffers`)."""
         return (self.m1, self.m2) if self.config.sync_margins else ()
 
     def _accept(self, batch: Batch, anchor: float, log_sigma: float, row: int) -> str | None:
