@@ -97,7 +97,8 @@ import bench_train  # noqa: E402  (the batches are collated as bench_train does)
 import machine  # noqa: E402
 import vlret  # noqa: E402
 from vlret.data.writers import make_tiny_precomp, tiny_captions  # noqa: E402
-from vlret.train import Trainer, config_from_dict  # noqa: E402
+from vlret.run import config_from_dict
+from vlret.train import Trainer
 
 MODELS = ("gru", "bert", "bert-base")
 FEATURES = (36, 64)  # regions x dim of the synthetic f30k-like world

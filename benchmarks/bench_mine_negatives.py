@@ -1,7 +1,7 @@
 """`vlret mine-negatives` scoring rate vs the bare score-matrix GEMM (issue 29, item 8).
 
 Mining scores every caption against every image in blocks of captions and keeps each caption's
-top-K images and each image's top-K captions (:func:`vlret.train.mining.mine_embeddings`). The
+top-K images and each image's top-K captions (:func:`vlret.run.mining.mine_embeddings`). The
 lower bound is the bare GEMM of the same blocks (``txt[t0:t1] @ img.T``, nothing kept). Both run
 side by side on the same unit-norm embeddings (float32), alternating, best of ``--repeats``;
 the rate is image-caption pairs scored per second. Target: mining >= 0.8x the GEMM rate.
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
 from machine import load_average  # noqa: E402
-from vlret.train.mining import mine_embeddings  # noqa: E402
+from vlret.run.mining import mine_embeddings  # noqa: E402
 
 
 def sync(device: torch.device) -> None:

@@ -2,8 +2,8 @@
 
 After the warm-up, each NCR epoch starts with a pass that scores every training pair with both
 networks (eval mode, no gradient, blocks of the batch size) and fits the two mixtures
-(:meth:`vlret.train.ncr.NCRStep.before_epoch`); the epoch then trains both networks with their
-predictions, refined labels and soft margins. This runs a tiny SGR NCR run on a synthetic
+(:meth:`vlret.train.procedures.ncr.NCRStep.before_epoch`); the epoch then trains both networks with
+their predictions, refined labels and soft margins. This runs a tiny SGR NCR run on a synthetic
 noisy precomp folder (20% of the captions re-paired) and times, in the same run, each NCR
 epoch's division (pass + mixtures) and its training steps: epoch 1 before the noisy pairs
 enter, epoch 2 with them. Target: pass <= 0.3x the training epoch.
@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
 from vlret.data.writers import make_tiny_precomp  # noqa: E402
+from vlret.run.config import config_from_dict  # noqa: E402
 from vlret.train import Trainer  # noqa: E402
-from vlret.train.config import config_from_dict  # noqa: E402
-from vlret.train.hooks import TrainHook  # noqa: E402
+from vlret.train.hooks.core import TrainHook  # noqa: E402
 
 
 class Clock(TrainHook):

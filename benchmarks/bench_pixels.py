@@ -380,7 +380,8 @@ def run_config(spec: dict, out: Path) -> dict:
 
 
 def make_trainer(spec: dict, out: Path):
-    from vlret.train import Trainer, config_from_dict
+    from vlret.run import config_from_dict
+    from vlret.train import Trainer
 
     torch.manual_seed(0)
     return Trainer(config_from_dict(run_config(spec, out)), print_fn=None)

@@ -35,7 +35,8 @@ from torch.utils.data import DataLoader
 
 from vlret.data.writers import make_tiny_precomp
 from vlret.losses import available_losses
-from vlret.train import Trainer, config_from_dict
+from vlret.run import config_from_dict
+from vlret.train import Trainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402

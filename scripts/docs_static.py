@@ -100,7 +100,7 @@ def validate_config(namespace: argparse.Namespace, path: Path) -> str | None:
     overrides (and ``--losses``, ``--seeds``, ``--param``) without data; the error, or None."""
     from vlret._extras import MissingExtra
     from vlret.analysis.compare.spec import CompareError
-    from vlret.train import ConfigError
+    from vlret.run import ConfigError
 
     try:
         if namespace.command == "train":
@@ -117,7 +117,7 @@ def validate_config(namespace: argparse.Namespace, path: Path) -> str | None:
 def _validate_train(namespace: argparse.Namespace, path: Path) -> None:
     """What ``vlret train CONFIG --check-config`` checks: the config with its overrides, and
     its model section built once with a stand-in vocabulary."""
-    from vlret.train import load_config
+    from vlret.run import load_config
     from vlret.train.run_check import check_config
 
     check_config(load_config(path, namespace.set, note=None))

@@ -4,11 +4,11 @@
     python scripts/gen_reference.py --check    # exit 1 naming the pages that are not current
 
 ``docs/reference/config.md`` comes from the one declaration of each key: the ``setting()``
-fields of ``[data]``, ``[optim]`` and ``[train]`` (:mod:`vlret.train.config_sections`) and the
+fields of ``[data]``, ``[optim]`` and ``[train]`` (:mod:`vlret.run.config_sections`) and the
 ``param()`` fields of each registered loss (:mod:`vlret.losses.params`) for ``[loss]``.
 ``docs/reference/commands.md`` comes from the ``vlret`` argument parser
 (:func:`vlret.cli.build_parser`): each command, its usage, arguments and options with their
-help. Neither page is edited by hand; ``tests/test_reference.py`` fails when they are stale.
+help. Neither page is edited by hand; ``tests/project/test_reference.py`` fails when they are stale.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _default(f: dataclasses.Field) -> str:
 
 def section_table(section: str, cls: type) -> list[str]:
     """The rows of one ``setting()``-declared section."""
-    from vlret.train.config_sections import settings
+    from vlret.run.config_sections import settings
 
     hints = typing.get_type_hints(cls)
     rows = [
@@ -203,7 +203,7 @@ def model_tables() -> list[str]:
 
 def config_page() -> str:
     from vlret.analysis.compare.spec import COMPARE_KEYS
-    from vlret.train.config_sections import SECTION_CLASSES
+    from vlret.run.config_sections import SECTION_CLASSES
 
     intro = [
         "# Config keys",
@@ -218,7 +218,7 @@ def config_page() -> str:
         "`--set train.max_steps_per_epoch=2`, `--set 'optim.betas=[0.9, 0.98]'`).",
         "",
         "Each table is generated from the key's one declaration in the code: the `setting()` "
-        "fields of `vlret.train.config_sections` for `[data]`, `[optim]` and `[train]`, the "
+        "fields of `vlret.run.config_sections` for `[data]`, `[optim]` and `[train]`, the "
         "`param()` fields of each loss (`vlret.losses.params`) for `[loss]`. *Constraint* is "
         "what the config check refuses (`vlret train CONFIG --check-config` checks the config "
         "alone, `--check` the data, model folder and output folder too, writing nothing). "

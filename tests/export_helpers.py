@@ -12,9 +12,9 @@ import torch
 
 from vlret.configs import shipped_config
 from vlret.models import build_model
-from vlret.train.builders import build_encoder, encoder_state
-from vlret.train.checkpoint import save_checkpoint
-from vlret.train.config import load_config
+from vlret.run.builders import build_encoder, encoder_state
+from vlret.run.checkpoint import save_checkpoint
+from vlret.run.config import load_config
 
 #: synth_clip_pretrain's CLIP, narrower (the shipped config's other sections unchanged).
 TINY = {

@@ -17,9 +17,9 @@ from train_helpers import tiny_raw
 from vlret.data.vocab import build_precomp_vocab, build_vocab
 from vlret.data.writers import make_tiny_karpathy, make_tiny_precomp
 from vlret.models import build_model
-from vlret.train.builders import encoder_state
-from vlret.train.checkpoint import save_checkpoint
-from vlret.train.config import config_from_dict
+from vlret.run.builders import encoder_state
+from vlret.run.checkpoint import save_checkpoint
+from vlret.run.config import config_from_dict
 
 SMALL = {"embed_dim": 16, "image": {"in_dim": 16}, "text": {"word_dim": 8}}
 MODELS = {

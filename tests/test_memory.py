@@ -189,7 +189,7 @@ WORKER = textwrap.dedent(
     import torch.distributed as dist
     from vlret.losses import AdaCLLoss
     from vlret.memory import MemoryQueue
-    from vlret.train.distributed import broadcast_from_main
+    from vlret.train.parallel.distributed import broadcast_from_main
 
     rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world)
@@ -200,7 +200,7 @@ WORKER = textwrap.dedent(
     loss = AdaCLLoss()
     img = torch.randn(12, 16)
     loss(img, img + 0.7 * torch.randn(12, 16))
-    # The margin sync a training loop runs after each step (vlret.train.hooks.SyncLossBuffers).
+    # The margin sync a training loop runs after each step (vlret.train.hooks.core.SyncLossBuffers).
     broadcast_from_main(loss.synced_buffers())
     # gather=False: the rows are written as given, without the all-gather.
     local = MemoryQueue(6, 2)

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vlret.data.writers import make_tiny_msrvtt, make_tiny_precomp
-from vlret.train.config import RunConfig, apply_overrides, config_from_dict
+from vlret.run.config import RunConfig, apply_overrides, config_from_dict
 
 SIZES = {"train": 8, "dev": 2, "test": 2, "testall": 5}
 

@@ -25,7 +25,7 @@ per core; the expected time, printed first, comes from per-step costs measured o
 AMD EPYC (:data:`MEASURED_ON`, :func:`expected_seconds`) and is for idle cores.
 
 Triplet-HN, GOAL and VSL (triplet-HN base) get VSE-infinity's all-negatives warm-up
-(``train.all_negatives_epochs`` in the configs' ``[train]``; :mod:`vlret.train.warmup`), the
+(``train.all_negatives_epochs`` in the configs' ``[train]``; :mod:`vlret.run.warmup`), the
 other three losses have no hardest-negative phase to warm up.
 
 Layout of OUT (default ``runs/demo``): ``data-{preset}/`` (the world), ``demo_{preset}.yaml``

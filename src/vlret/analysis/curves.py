@@ -277,7 +277,7 @@ def loss_definition_starts(run_dir: str | Path) -> tuple[int, ...]:
     Returns:
         The start epochs (from 0): ``(0,)``, or ``(0, n)`` for a run with
         ``train.all_negatives_epochs = n`` (the hinge summed over all negatives, then the
-        hardest; :mod:`vlret.train.warmup`).
+        hardest; :mod:`vlret.run.warmup`).
     """
     from .._extras import require
 

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Subset
 from .._extras import require
 from .._files import atomic_write_text
 from ..models import PairScorer
-from ..train.eval_inputs import run_checkpoint  # a run folder's best.pt (else last.pt)
+from ..run.eval_inputs import run_checkpoint  # a run folder's best.pt (else last.pt)
 from ._plotting import legend_outside, new_figure, require_matplotlib, save_figure, series_styles
 
 #: The group the points are coloured by on a synthetic world.
@@ -145,9 +145,9 @@ def tsne_points(
         ValueError: A pair-scoring model, or a bad ``samples`` / ``perplexity``.
         MissingExtra: scikit-learn is not installed.
     """
-    from ..train.builders import build_dataset, load_trained_model
-    from ..train.distributed import resolve_device
-    from ..train.eval_data import eval_data_config, stored_eval_data
+    from ..run.builders import build_dataset, load_trained_model
+    from ..run.devices import resolve_device
+    from ..run.eval_data import eval_data_config, stored_eval_data
 
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
         raise ValueError(f"samples: expected an integer >= 2, got {samples!r}")

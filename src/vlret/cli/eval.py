@@ -1,8 +1,8 @@
 """``vlret eval RUN_OR_CKPT [...] --protocol NAME [--data DIR] [--split SPLIT] [--check]``: a
-thin layer over :mod:`vlret.train.evaluate` (the evaluation itself, its table and its JSON
+thin layer over :mod:`vlret.run.evaluate` (the evaluation itself, its table and its JSON
 record). A run folder is evaluated from its ``best.pt`` (else ``last.pt``), on the data folder of
 its config and the protocol's split of that data unless ``--data`` / ``--split`` say otherwise
-(:mod:`vlret.train.eval_inputs`); ``--check`` loads and reads everything, prints what would be
+(:mod:`vlret.run.eval_inputs`); ``--check`` loads and reads everything, prints what would be
 evaluated and writes nothing."""
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
     from .._files import check_json_path, write_metrics_json
     from ..eval.clip_benchmark import check_retrieval_request, retrieval_record
     from ..metrics.rescore import RescoreParameterError, make_rescoring
-    from ..train.eval_inputs import resolve_eval_inputs
-    from ..train.evaluate import prepare_evaluation
+    from ..run.eval_inputs import resolve_eval_inputs
+    from ..run.evaluate import prepare_evaluation
 
     if args.model_dir is not None and args.checkpoint:
         return fail(
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_summary(prepared: Any, inputs: Any, args: argparse.Namespace) -> str:
     """What ``vlret eval --check`` prints: the model(s), data, split, protocol and sizes of the
-    evaluation :func:`~vlret.train.evaluate.prepare_evaluation` built, and what would be
+    evaluation :func:`~vlret.run.evaluate.prepare_evaluation` built, and what would be
     written."""
     images, texts = prepared.sizes
     visual = prepared.protocol.visual

@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     require_train_extra(NAME)
     from .._files import OutputPathError
     from ..models.export import ExportRefused, check_export_dir
-    from ..train.builders import load_trained_model
-    from ..train.checkpoint import load_checkpoint
+    from ..run.builders import load_trained_model
+    from ..run.checkpoint import load_checkpoint
 
     try:
         check_export_dir(args.out, overwrite=args.overwrite)

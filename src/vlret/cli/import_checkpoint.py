@@ -1,5 +1,5 @@
 """``vlret import-checkpoint PATH --arch scan|bfan|sgraf --vocab VOCAB_JSON --out model.pt``: the
-conversion is :func:`vlret.train.import_checkpoint.import_reference_checkpoint`."""
+conversion is :func:`vlret.run.import_checkpoint.import_reference_checkpoint`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ NAME = "import-checkpoint"
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``import-checkpoint`` on the ``vlret`` sub-command parsers."""
-    from ..train.import_checkpoint import ARCHS
+    from ..run.import_checkpoint import ARCHS
 
     p = subparsers.add_parser(
         NAME,
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     """Convert, print the written checkpoint's path."""
     require_train_extra(NAME)
     from .._files import check_output_file
-    from ..train.import_checkpoint import import_reference_checkpoint
+    from ..run.import_checkpoint import import_reference_checkpoint
 
     try:
         # the output-path rule (docs/training.md), before the reference checkpoint is read

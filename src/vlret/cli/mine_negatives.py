@@ -1,7 +1,7 @@
 """``vlret mine-negatives CKPT --data DIR --out FILE``: AOQ's offline candidates of a split (each
 image's top-K captions, each caption's top-K images, own positives excluded) by a trained
 model's scores, written as one ``.npz`` (:mod:`vlret.data.offline_negatives`); a thin layer over
-:func:`vlret.train.mining_run.mine_checkpoint`."""
+:func:`vlret.run.mine.mine_checkpoint`."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     """Mine, write the file and print its path and sizes."""
     require_train_extra(NAME)
     from .._files import check_output_file
-    from ..train.mining_run import mine_checkpoint
+    from ..run.mine import mine_checkpoint
 
     try:
         # before the (slow) scoring: the output-path rule (docs/training.md)

@@ -2,7 +2,7 @@
 a static HTML report of what a checkpoint (or an ensemble) retrieves, query by query
 (:mod:`vlret.analysis.report`; docs/report.md). A run folder and a missing ``--data`` /
 ``--split`` are resolved as ``vlret eval RUN`` resolves them
-(:mod:`vlret.train.eval_inputs`)."""
+(:mod:`vlret.run.eval_inputs`)."""
 
 from __future__ import annotations
 
@@ -136,10 +136,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _inputs(args: argparse.Namespace) -> Any:
-    """The checkpoints, data folder and split (:class:`vlret.train.eval_inputs.EvalInputs`):
+    """The checkpoints, data folder and split (:class:`vlret.run.eval_inputs.EvalInputs`):
     run folders give their checkpoint; a missing ``--data`` / ``--split`` is taken from the run
     for ``--protocol``, or for the default protocol of the run's data."""
-    from ..train.eval_inputs import EvalInputs, resolve_eval_inputs, run_checkpoint, run_protocol
+    from ..run.eval_inputs import EvalInputs, resolve_eval_inputs, run_checkpoint, run_protocol
 
     if args.data is not None and args.split is not None and args.protocol is None:
         return EvalInputs([run_checkpoint(p) for p in args.checkpoint], args.data, args.split)

@@ -87,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
     require_train_extra(NAME)
     from .._files import write_failure
     from ..data import DataFormatError
-    from ..train import ConfigError, TrainingInterrupted, load_config, train
-    from ..train.distributed import env_from_torchrun
-    from ..train.run_folder import resume_command
+    from ..run import ConfigError, load_config
+    from ..run.devices import env_from_torchrun
+    from ..run.folder import resume_command
+    from ..train import TrainingInterrupted, train
 
     # Errors in the config or the data: one line on stderr, exit status 2, no traceback.
     try:

@@ -93,7 +93,7 @@ def load_zeroshot_model(
     """``(model, tokenizer, source)`` of ``--model`` (source: :data:`MODEL_SOURCES`): a
     local Hugging Face CLIP directory (:func:`vlret.eval.zeroshot.load_hf_clip`, with
     ``default_preprocessing`` for a folder without processor file) or a ``vlret train``
-    checkpoint (:func:`vlret.train.builders.load_trained_model`), which must read pixels.
+    checkpoint (:func:`vlret.run.builders.load_trained_model`), which must read pixels.
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or a CLIP directory lacks a file it needs.
@@ -101,7 +101,7 @@ def load_zeroshot_model(
             encodes precomputed features, or ``default_preprocessing`` with a checkpoint.
     """
     from ..eval.zeroshot import load_hf_clip
-    from ..train.builders import load_trained_model
+    from ..run.builders import load_trained_model
 
     path = Path(path)
     if not path.exists():
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from .._files import check_json_path, write_metrics_json
     from ..eval.clip_benchmark import architecture_name
     from ..eval.zeroshot import evaluate_zeroshot
-    from ..train.distributed import resolve_device
+    from ..run.devices import resolve_device
 
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table

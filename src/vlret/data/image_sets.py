@@ -2,7 +2,7 @@
 (:mod:`vlret.data.shards`) and CSV / TSV pairs (:mod:`vlret.data.csv_pairs`), the train set
 augmented as ``data.train_transform`` says; both count the samples they skip
 (:mod:`vlret.data.bad_samples`). The other formats' train sets come from the trainer's builder
-(:func:`vlret.train.builders.build_train_dataset`), which turns the same skipping on for a
+(:func:`vlret.run.builders.build_train_dataset`), which turns the same skipping on for a
 Karpathy or person-search split read from image files."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ returns to its own image stays clean, so the corrupted count can be a few below 
 gives both numbers.
 
 :func:`apply_noise_index` re-pairs a :class:`~vlret.data.dataset.RetrievalDataset` in place; the
-trainer applies it to the training split only (:func:`vlret.train.builders.build_train_dataset`),
+trainer applies it to the training split only (:func:`vlret.run.builders.build_train_dataset`),
 so validation, the test splits and ``vlret eval`` always see the clean pairs. A noisy training
 set carries, per caption (the contract of the noise-aware procedures, e.g. NCR's clean / noisy
 split):

@@ -316,7 +316,7 @@ def build_train_transform(data: Any, eval_transform: Any) -> RandomResizedCrop |
 
 def image_data_problem(data: Any, model: dict[str, Any]) -> tuple[str, str] | None:
     """The first problem of a ``[data]`` section's image-data keys (``train_transform``,
-    crops, shards, CSV), as ``(key, message)``, or None (:mod:`vlret.train.config` raises it);
+    crops, shards, CSV), as ``(key, message)``, or None (:mod:`vlret.run.config` raises it);
     ``model`` is the ``[model]`` section (a model directory with ``path`` brings its
     tokenizer)."""
     if data.train_transform not in TRAIN_TRANSFORMS:

@@ -41,7 +41,7 @@ overrides, only with a preset). ``proj_dim`` defaults to 768 with a path (Unifie
 None with a preset (pre-training adds no layer); ``0`` also means None (TOML has no null).
 ``tokenizer = "bytes"`` (only with a preset) tokenises captions with
 :class:`~vlret.models.clip.CLIPByteTokenizer`; otherwise a preset CLIP needs
-``data.tokenizer``, a local CLIP tokenizer directory (:func:`vlret.train.builders.build_encoder`).
+``data.tokenizer``, a local CLIP tokenizer directory (:func:`vlret.run.builders.build_encoder`).
 A local CLIP's images are preprocessed as its saved image processor says
 (``processor_config.json`` or ``preprocessor_config.json``, :mod:`vlret.models.clip_folder`); a
 folder with neither is refused unless ``default_preprocessing = "openai-clip"`` (OpenAI CLIP's).

@@ -59,9 +59,9 @@ import torch.nn.functional as F
 from .._modules import unwrap_model
 from ..eval import encode_dataset, encode_tokens, score_matrix
 from ..losses import PairLoss, StepInputs
-from .evaluate import dev_metrics
+from ..run.evaluate import dev_metrics
+from ..run.pair_scoring import dev_metrics_from_scores, pair_loss
 from .loss_step import LossStep
-from .pair_scoring import dev_metrics_from_scores, pair_loss
 
 #: The pair orders of :func:`dev_pair_order`.
 DEV_ORDERS = ("round", "split")
@@ -306,8 +306,8 @@ def dev_loss_skipped(loss_fn: PairLoss, loss_step: LossStep) -> str | None:
         name = getattr(type(module), "registry_name", None)
         if isinstance(module, PairLoss) and module.current_capabilities().needs_semantics:
             return f"loss {name!r} reads caption semantics fitted on the training split"
-        if name == "id":
-            return "loss 'id' classifies the training identities, which the dev split lacks"
+        if isinstance(module, PairLoss) and module.current_capabilities().train_identities:
+            return f"loss {name!r} classifies the training identities, which the dev split lacks"
     return None
 
 

@@ -19,16 +19,16 @@ import torch
 from torch import nn
 
 from ..losses import PairLoss, StepInputs
-from .distributed import (
+from ..run.pair_scoring import pair_loss
+from .parallel.distributed import (
     all_reduce_sum,
     gather_no_grad,
     gather_sum_grad,
     gather_tokens,
     gather_with_grad,
 )
-from .grad_cache import GradCache
-from .pair_scoring import pair_loss
-from .ring import ring_loss
+from .parallel.grad_cache import GradCache
+from .parallel.ring import ring_loss
 from .run_log import batch_similarity_stats
 
 
@@ -64,11 +64,11 @@ StepLoss = tuple[torch.Tensor, torch.Tensor, dict[str, Any]]
 class LossStep:
     """The loss of one local batch on a :class:`~vlret.train.Trainer` (see the module doc)."""
 
-    #: The name :mod:`vlret.train.procedures` registers the procedure under.
+    #: The name :mod:`vlret.train.procedures.registry` registers the procedure under.
     name = "standard"
 
     def hooks(self, trainer: Any) -> list[Any]:
-        """Training hooks the procedure needs (:class:`~vlret.train.hooks.TrainHook`; a
+        """Training hooks the procedure needs (:class:`~vlret.train.hooks.core.TrainHook`; a
         per-epoch pass over the training set, a second optimiser's step), added after the
         config's hooks. The standard step needs none."""
         return []

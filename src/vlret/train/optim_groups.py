@@ -18,20 +18,22 @@ substrings (``ln`` would also match a name such as ``kiln_proj``). ``temperature
 vlret's losses' learnable temperatures, which are one-element tensors (and so ``ndim<2``
 anyway when scalar).
 
-:class:`vlret.train.hooks.NoWeightDecay` splits every parameter group by the rule (after the
+:class:`vlret.train.hooks.core.NoWeightDecay` splits every parameter group by the rule (after the
 learning-rate multipliers, so both compose); :func:`set_group_weight_decay` gives each
-optimiser group its :class:`~vlret.train.hooks.ParamGroup`'s ``weight_decay``.
+optimiser group its :class:`~vlret.train.hooks.core.ParamGroup`'s ``weight_decay``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
-    from .config import OptimConfig
+    from ..run.config import OptimConfig
 
 #: The pattern for "fewer than two dimensions".
 NDIM_RULE = "ndim<2"
@@ -77,9 +79,47 @@ def set_group_weight_decay(
     return optimizer
 
 
+@dataclass(frozen=True)
+class ParamGroup:
+    """One optimiser parameter group: its parameters, their names, a learning-rate factor and
+    its weight decay.
+
+    The group's learning rate is ``optim.lr * lr_scale`` times the schedule's factor (warm-up
+    and decay multiply every group alike); its weight decay is ``weight_decay``, or
+    ``optim.weight_decay`` when that is None (:class:`NoWeightDecay` sets 0).
+    """
+
+    names: tuple[str, ...]
+    params: tuple[nn.Parameter, ...]
+    lr_scale: float = 1.0
+    weight_decay: float | None = None
+
+
+def build_optimizer(
+    optim: OptimConfig, params: Sequence[nn.Parameter] | Sequence[ParamGroup]
+) -> torch.optim.Optimizer:
+    """The configured optimiser (``adam``, ``adamw`` or ``sgd``) over ``params``: parameters
+    (one group at ``optim.lr``) or :class:`~vlret.train.hooks.core.ParamGroup` s (each at
+    ``optim.lr * lr_scale``, in their order)."""
+    groups: list[Any] = list(params)
+    if any(isinstance(g, ParamGroup) for g in groups):
+        groups = [{"params": list(g.params), "lr": optim.lr * g.lr_scale} for g in groups]
+    if optim.name in ("adam", "adamw"):
+        kind = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
+        betas = cast("tuple[float, float]", tuple(optim.betas))  # two (config_from_dict)
+        return kind(
+            groups, lr=optim.lr, betas=betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+    return torch.optim.SGD(
+        groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+    )
+
+
 __all__ = [
     "NDIM_RULE",
     "OPEN_CLIP_NO_DECAY",
+    "ParamGroup",
+    "build_optimizer",
     "exempt_from_decay",
     "no_decay_rule",
     "set_group_weight_decay",

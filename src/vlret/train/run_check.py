@@ -5,7 +5,7 @@ Two levels, both writing nothing:
 * :func:`check_config`: the config alone, as :func:`vlret.train.load_config` reads it (every
   key, type, constraint and cross-check between keys, a cosine warm-up within
   ``train.max_steps_per_epoch``) plus the ``[model]`` section built once with a stand-in
-  vocabulary (:func:`vlret.train.builders.check_model_config`). No data, model folder or
+  vocabulary (:func:`vlret.run.builders.check_model_config`). No data, model folder or
   output folder is read, so it serves configs whose data is elsewhere (the paper configs).
 * :func:`check_run`: everything a run checks before its first step, by the run's own code: a
   :class:`~vlret.train.Trainer` built with ``check=True`` opens the splits (shards listed and
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .builders import check_model_config
-from .config import RunConfig
-from .distributed import shutdown_distributed
+from ..run.builders import check_model_config
+from ..run.config import RunConfig
+from .parallel.distributed import shutdown_distributed
 from .run_log import run_summary
 
 #: The last line of ``vlret train --check``.

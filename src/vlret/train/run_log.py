@@ -122,7 +122,7 @@ def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> 
     matrix when ``ctx`` holds one), the loss's own statistics, the training procedure's
     (``ctx["stats"]``, a callable returning them, called only on the logging steps: AOQ's
     ``aoq_weight_*``, Meta-SPN's ``metaspn_*``) and the AMP loss scale."""
-    from .pair_scoring import score_stats
+    from ..run.pair_scoring import score_stats
 
     record: dict[str, Any] = {
         "kind": "step",

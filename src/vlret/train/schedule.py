@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError
-from .hooks import lock_modules
+from ..run.config import ConfigError
+from .hooks.core import lock_modules
 
 if TYPE_CHECKING:
-    from .config import OptimConfig, TrainConfig
+    from ..run.config import OptimConfig, TrainConfig
 
 
 class _FactorSchedule:
@@ -261,7 +261,7 @@ def enable_activation_checkpointing(model: nn.Module, *, source: str = "<config>
 def prepare_model(model: nn.Module, train: TrainConfig, *, source: str = "<config>") -> None:
     """What is done to the model before DistributedDataParallel wraps it: the ``train.lock``
     towers' parameters stop requiring gradients (DDP then never reduces them; see
-    :class:`vlret.train.hooks.LockModules`), ``train.activation_checkpointing`` and
+    :class:`vlret.train.hooks.core.LockModules`), ``train.activation_checkpointing`` and
     ``train.compile`` (:meth:`torch.nn.Module.compile` in place: the forward is compiled, the
     parameter names and the checkpoint stay the model's; ``true``: torch's default backend,
     a string: that backend, e.g. ``"aot_eager"``).

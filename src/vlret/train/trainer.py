@@ -36,10 +36,9 @@ from ..data.image_sets import build_image_sets
 from ..data.shards import IMAGE_FORMATS, ShardStream
 from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
-from .builders import (
+from ..run.builders import (
     build_dataset,
     build_encoder,
-    build_optimizer,
     build_run_model,
     build_train_dataset,
     check_model_config,
@@ -47,30 +46,11 @@ from .builders import (
     encoder_state,
     vocab_size,
 )
-from .checkpoint import save_checkpoint
-from .config import ConfigError, RunConfig
-from .config_checks import selection_metric
-from .config_hooks import config_hooks
-from .dev_loss import Validation
-from .distributed import (
-    ShardedBatchSampler,
-    any_rank,
-    collective,
-    init_distributed,
-    resolve_device,
-    shutdown_distributed,
-)
-from .grad_cache import GradCache
-from .hooks import HookList, StepOutput, TrainHook, TrainResult, param_groups
-from .init_weights import load_init_weights
-from .loss_builder import build_run_loss
-from .loss_step import LossStep, StepLoss
-from .optim_groups import set_group_weight_decay
-from .pair_queue import with_pair_bank
-from .pair_scoring import scores_pairs
-from .procedures import build_procedure
-from .ring import exchange_mode
-from .run_folder import (
+from ..run.checkpoint import save_checkpoint
+from ..run.config import ConfigError, RunConfig
+from ..run.config_checks import selection_metric
+from ..run.devices import resolve_device
+from ..run.folder import (
     check_folder_unwritten,
     check_noise_record,
     check_resume_config,
@@ -84,7 +64,27 @@ from .run_folder import (
     run_input_paths,
     save_run_files,
 )
-from .run_lock import RunLock, acquire_run_lock
+from ..run.init_weights import load_init_weights
+from ..run.lock import RunLock, acquire_run_lock
+from ..run.loss_builder import build_run_loss
+from ..run.pair_scoring import scores_pairs
+from ..run.train_checks import check_data_root, check_schedule_length
+from .dev_loss import Validation
+from .hooks.core import HookList, StepOutput, TrainHook, TrainResult, param_groups
+from .hooks.from_config import config_hooks
+from .loss_step import LossStep, StepLoss
+from .optim_groups import build_optimizer, set_group_weight_decay
+from .parallel.distributed import (
+    ShardedBatchSampler,
+    any_rank,
+    collective,
+    init_distributed,
+    shutdown_distributed,
+)
+from .parallel.grad_cache import GradCache
+from .parallel.ring import exchange_mode
+from .procedures.pair_bank import with_pair_bank
+from .procedures.registry import build_procedure
 from .run_log import (
     LOG_FILE,
     append_record,
@@ -96,7 +96,6 @@ from .run_log import (
 )
 from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
 from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
-from .train_checks import check_data_root, check_schedule_length
 from .trainer_state import TrainerState
 
 
@@ -125,7 +124,7 @@ class Trainer(TrainerState):
     ) -> None:
         """``resume``: a ``last.pt`` (or ``best.pt``) to continue exactly; ``overwrite``: replace
         the run that ``config.output_dir`` holds (refused otherwise, see
-        :mod:`vlret.train.run_folder`); ``print_fn``: where the per-epoch summary line goes on
+        :mod:`vlret.run.folder`); ``print_fn``: where the per-epoch summary line goes on
         rank 0 (None: nowhere); ``hooks``: run after the config's own (:mod:`.hooks`);
         ``loss_step``: what a step computes (default :class:`.loss_step.LossStep`); ``check``:
         build and check everything as a run would, creating, locking and writing nothing
@@ -250,7 +249,7 @@ class Trainer(TrainerState):
         #: ``train.exchange`` under torchrun (``"gather"`` in one process): :mod:`.ring`.
         self.exchange = exchange_mode(tc.exchange, self.world)
         #: Multi-process with a tiled loss that takes local shards: each rank computes only the
-        #: terms of its own pairs (``vlret.train.distributed``, "Local shards").
+        #: terms of its own pairs (``vlret.train.parallel.distributed``, "Local shards").
         self.local_shards = bool(
             self.gather
             and self.exchange == "gather"
@@ -571,7 +570,7 @@ def train(
 ) -> TrainResult:
     """Build a :class:`Trainer` (with the extra ``hooks``, :mod:`.hooks`), run it, then release
     the DDP wrapper and the process group this call created
-    (:func:`~vlret.train.distributed.shutdown_distributed`)."""
+    (:func:`~vlret.train.parallel.distributed.shutdown_distributed`)."""
     try:
         with Trainer(config, resume=resume, overwrite=overwrite, hooks=hooks) as trainer:
             return trainer.fit()

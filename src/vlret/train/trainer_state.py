@@ -14,9 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .builders import encoder_state
-from .checkpoint import CHECKPOINT_VERSION, best_selection, capture_rng_state, restore_rng_state
-from .run_folder import RunFolderError, restore_best
+from ..run.builders import encoder_state
+from ..run.checkpoint import (
+    CHECKPOINT_VERSION,
+    best_selection,
+    capture_rng_state,
+    restore_rng_state,
+)
+from ..run.folder import RunFolderError, restore_best
 from .run_log import LOG_FILE, copy_log, truncate_log
 
 

@@ -4,7 +4,7 @@
 [--goal-grid] [--set k=v ...]`` and ``vlret sweep CONFIG --param margin=0,0.1,0.2 --param
 gamma=20,40,60 [--loss unified]`` call :func:`compare` and :func:`sweep`.
 
-CONFIG is an ordinary run config (see :mod:`vlret.train.config`) with an optional ``[compare]``
+CONFIG is an ordinary run config (see :mod:`vlret.run.config`) with an optional ``[compare]``
 section::
 
     [compare]
@@ -33,7 +33,7 @@ labels of ``[compare.losses]`` in file order, else the six papers' losses
 combinations, labelled ``goal-{T}-{P}``, with the other parameters of the ``goal`` variant.
 Train settings that only apply to some losses are dropped for the others, as their
 capabilities say (:func:`vlret.losses.loss_capabilities`): ``all_negatives_epochs`` where
-``all_negatives_warmup`` (see :mod:`vlret.train.warmup`), ``momentum_encoder`` where the loss
+``all_negatives_warmup`` (see :mod:`vlret.run.warmup`), ``momentum_encoder`` where the loss
 owns a queue that takes ``momentum_keys``.
 ``--set compare.KEY=VALUE`` overrides the ``[compare]`` section; other ``--set`` overrides
 apply to the run config as in ``vlret train``.
@@ -62,7 +62,7 @@ two-tower embeddings or its score matrix (:func:`synthetic_extras`).
 Person search: with person-search data (``data.format`` ``cuhk-pedes``, ``icfg-pedes`` or
 ``rstpreid``) the protocol defaults to the one the registry declares for the format
 (``compare.protocol = "cuhk-pedes"`` ... names it) and each run's ``best.pt`` is the epoch of
-the best dev T->I R@1 (``train.select_on``; :mod:`vlret.train.config_checks`). ``table.md`` then
+the best dev T->I R@1 (``train.select_on``; :mod:`vlret.run.config_checks`). ``table.md`` then
 has the identity-level columns, T->I then I->T R@1, R@5, R@10, mAP and mINP (mean +- sample std
 over seeds, the best in bold), ``results.csv`` / ``results.json`` those keys
 (``identity_t2i_r1`` ... ``identity_i2t_minp``, each run's ``vlret eval`` record), and

@@ -14,8 +14,8 @@ from typing import Any
 from ..._files import atomic_write_text
 from ..._progress import shows
 from ...metrics import normalise_metric_record
-from ...train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
-from ...train.hooks import EpochCallback
+from ...run.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from ...train.hooks.core import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult
 from .scoring import evaluate_run, extras_world, synthetic_extras
@@ -36,7 +36,7 @@ class RunOutcome:
 
 class ComparisonTrainer(Trainer):
     """The trainer with ``on_epoch(epochs_done)`` after each epoch (the progress display), an
-    :class:`~vlret.train.hooks.EpochCallback` hook; the dev similarities of the plots
+    :class:`~vlret.train.hooks.core.EpochCallback` hook; the dev similarities of the plots
     (``dev_pos_sim`` / ``dev_hardest_neg_sim``) are logged by :meth:`Trainer.validate` itself."""
 
     def __init__(
@@ -141,13 +141,13 @@ def _write_json(path: Path, value: Any) -> None:
 
 def check_eval_plan(specs: Sequence[RunSpec], settings: EvalSettings) -> None:
     """Before any training: the test protocol evaluates the test split of every run's data
-    format (:func:`~vlret.train.evaluate.check_eval_split`), the test data folder exists, and
+    format (:func:`~vlret.run.evaluate.check_eval_split`), the test data folder exists, and
     the split opens there as the evaluation will open it, with the protocol's folds fitting its
     images (:func:`_check_eval_data`), so a wrong ``[compare]`` protocol / split / data (a
     world with only ``testall`` under the default ``test``) fails in seconds, not after the
     runs."""
     from ...eval import get_protocol
-    from ...train.evaluate import check_eval_split
+    from ...run.evaluate import check_eval_split
 
     opened: set[str] = set()  # the runs of a comparison share their test data: opened once
     for spec in specs:
@@ -171,14 +171,14 @@ def _check_eval_data(
     spec: RunSpec, settings: EvalSettings, protocol: Any, data: Path, opened: set[str]
 ) -> None:
     """Open the test split of ``data`` with the data settings the evaluation of ``spec``'s
-    checkpoint will use (:func:`vlret.train.evaluate.run_evaluation`: a run on shards or a CSV
+    checkpoint will use (:func:`vlret.run.evaluate.run_evaluation`: a run on shards or a CSV
     is evaluated on Karpathy JSON + images, one on other data under a person-search protocol in
     that protocol's format) and check the protocol's folds against its images; captions are
     not encoded (no vocabulary yet). A problem is a :class:`CompareError` naming
     ``compare.split`` and ``compare.protocol``. ``opened``: the settings already checked."""
-    from ...train.builders import build_dataset
-    from ...train.eval_data import eval_data_config, person_search_eval_data
-    from ...train.evaluate import STREAM_FORMATS, karpathy_eval_data
+    from ...run.builders import build_dataset
+    from ...run.eval_data import eval_data_config, person_search_eval_data
+    from ...run.evaluate import STREAM_FORMATS, karpathy_eval_data
 
     run_data = spec.config.data
     if protocol.relevance == "same-identity" and run_data.format not in protocol.splits:

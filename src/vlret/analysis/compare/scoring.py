@@ -19,7 +19,7 @@ from .spec import EvalSettings, RunSpec
 def evaluate_run(checkpoint: Path, spec: RunSpec, settings: EvalSettings) -> Evaluation:
     """A comparison run's test :class:`~vlret.eval.Evaluation` under ``settings`` (its
     protocol, split, data folder and batch size, on the run's device)."""
-    from ...train.evaluate import run_evaluation
+    from ...run.evaluate import run_evaluation
 
     return run_evaluation(
         checkpoint,
@@ -105,7 +105,7 @@ def synthetic_extras(
 
     ``run``: the run's :class:`~vlret.eval.Evaluation` under ``settings`` (its split, scorer
     and embeddings or scores are reused), or a checkpoint, evaluated here
-    (:func:`~vlret.train.evaluate.run_evaluation`). ``scores``: a cross-attention model's
+    (:func:`~vlret.run.evaluate.run_evaluation`). ``scores``: a cross-attention model's
     full test score matrix when the caller has it already."""
     from ...data.synthetic import evaluate_synthetic, load_synthetic
 

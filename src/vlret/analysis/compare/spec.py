@@ -16,10 +16,10 @@ from typing import Any
 
 from ..._files import check_output_dir
 from ...losses import compared_losses, loss_capabilities
-from ...train.config import ConfigError, RunConfig, apply_overrides, config_from_dict
-from ...train.config_checks import selection_metric
-from ...train.config_files import parse_value, read_config_file
-from ...train.run_lock import acquire_run_lock
+from ...run.config import ConfigError, RunConfig, apply_overrides, config_from_dict
+from ...run.config_checks import selection_metric
+from ...run.config_files import parse_value, read_config_file
+from ...run.lock import acquire_run_lock
 
 #: The losses of the four papers, compared by default: the registry's losses that declare
 #: ``paper_comparison``, in their declared order (:func:`vlret.losses.compared_losses`).
@@ -318,7 +318,7 @@ def output_folder(
 @contextlib.contextmanager
 def locked_output(out_dir: Path) -> Iterator[Path]:
     """Hold ``out_dir`` (created) for one comparison or sweep: the run-folder lock
-    (:mod:`vlret.train.run_lock`) on the report folder, so a second ``vlret compare`` /
+    (:mod:`vlret.run.lock`) on the report folder, so a second ``vlret compare`` /
     ``sweep`` into it is refused naming the holder instead of racing on ``spec.json``,
     ``result.json`` and the tables (each run's own folder is locked by its trainer)."""
     out_dir.mkdir(parents=True, exist_ok=True)

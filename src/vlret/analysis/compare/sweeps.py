@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...train.config_files import parse_value
+from ...run.config_files import parse_value
 from .report import ComparisonReport, add_plot, evaluation_title, write_report
 from .runner import run_all
 from .spec import (

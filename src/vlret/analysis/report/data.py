@@ -1,7 +1,7 @@
 """The facts of a retrieval report: one evaluation of a checkpoint (or an ensemble) on a split,
 every query's rank, and for the reported queries the top-K retrieved items with their scores.
 
-The evaluation is :func:`vlret.train.evaluate.run_evaluation` itself (the numbers ``vlret eval``
+The evaluation is :func:`vlret.run.evaluate.run_evaluation` itself (the numbers ``vlret eval``
 prints); the report keeps the split's full ``(N_img, N_txt)`` score matrix (COCO 1K: NaN outside
 the fold blocks; COCO 5K is 5000 x 25000 float32, 500 MB).
 
@@ -131,9 +131,9 @@ class ReportData:
 def choose_protocol(checkpoint: str | Path, split: str) -> str:
     """The protocol of ``split`` for the data the checkpoint was trained on: the format's
     default protocol when it evaluates ``split``, else the first registered one that does."""
-    from ...train.builders import stored_run
-    from ...train.checkpoint import load_checkpoint
-    from ...train.evaluate import STREAM_FORMATS
+    from ...run.builders import stored_run
+    from ...run.checkpoint import load_checkpoint
+    from ...run.evaluate import STREAM_FORMATS
 
     state = load_checkpoint(checkpoint)
     if not isinstance(state, dict) or "config" not in state:
@@ -300,9 +300,9 @@ def collect_report(
 ) -> ReportData:
     """Evaluate ``checkpoints`` (several: an ensemble, the mean of their score matrices) on
     ``split`` of the data folder ``data`` under ``protocol`` (default:
-    :func:`choose_protocol`) with :func:`~vlret.train.evaluate.run_evaluation`, and gather
+    :func:`choose_protocol`) with :func:`~vlret.run.evaluate.run_evaluation`, and gather
     the report's facts (module docstring)."""
-    from ...train.evaluate import run_evaluation
+    from ...run.evaluate import run_evaluation
 
     for name, value, low in (("top_k", top_k, 1), ("samples", samples, 0), ("worst", worst, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -16,7 +16,7 @@ images, 6,156 captions; ICFG-PEDES 1,000 identities, 19,848 images, 19,873 capti
 Checkpoint selection: IRRA selects checkpoints on the test split by default
 (``--val_dataset test``), one reason its reproductions fall short of the paper (IRRA#45). Here a
 run selects on ``val``; on ICFG-PEDES, which has none, only a ``test`` the user names
-(``data.dev_split = "test"``; :func:`vlret.train.config_checks.check_person_search`).
+(``data.dev_split = "test"``; :func:`vlret.run.config_checks.check_person_search`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,325 @@
+"""Run configuration: TOML or YAML files, ``--set section.key=value`` overrides, dataclasses.
+
+A config file has the sections ``data``, ``model``, ``loss``, ``optim``, ``train`` and the
+top-level key ``output_dir``::
+
+    output_dir = "runs/vsepp_f30k_unified"
+
+    [data]
+    root = "data/f30k_precomp"
+    format = "precomp"            # precomp | msrvtt | karpathy
+
+    [model]                       # passed as is to vlret.models.build_model
+    embed_dim = 1024
+    image = { kind = "precomp", in_dim = 2048, pooling = "max" }
+    text = { kind = "gru", word_dim = 300, bidirectional = true, pooling = "last" }
+
+    [loss]
+    name = "unified"              # any registered loss; the other keys are its parameters
+    margin = 0.2
+    gamma = 60.0
+
+    [optim]                       # name, lr, decay_epochs, ...
+    lr = 5e-4
+
+    [train]                       # epochs, batch_size, seed, ...
+    epochs = 20
+
+``--set`` keys are dotted; a part holding dots itself is quoted as in TOML
+(``optim.lr_multipliers."text_encoder.bert"=0.1``). ``--set loss.name=NEW`` on a config of
+another loss drops the old loss's parameters that NEW does not declare, with a one-line note on
+stderr (:func:`apply_overrides`).
+
+A ``[compare]`` section (the settings of ``vlret compare``) is accepted and ignored for
+training: it is neither validated here nor kept in the resolved config. Every other unknown
+key is an error naming the file and the dotted key; so is a value of the wrong
+type. Loss parameters are checked against the loss's one parameter declaration
+(:mod:`vlret.losses.params`): their names (an old name the declaration renamed is mapped to the
+new one with a DeprecationWarning, and the resolved config keeps the new name), their types as
+the declared constraint takes them (a number, an integer, true/false, a string), then the
+constraints themselves (:func:`vlret.losses.check_loss_params`; a nested one keyed like
+``loss.base_params.margin``).
+YAML files are read with a safe loader that also reads exponent floats without a dot
+(``lr: 1e-3``) as numbers, as TOML does, and refuses aliases.
+What is read is bounded before it is walked or built: nesting depth, the number of values and
+finite numbers (:func:`vlret.run.config_files.check_tree`), integer settings and model sizes
+within sane ranges (:mod:`vlret.run.config_checks`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._files import atomic_write_text
+from .._moved import moved_names
+from ..data.transforms import image_data_problem
+from ..losses import loss_capabilities
+from . import config_files
+from .config_checks import (
+    check_captions_files,
+    check_int_ranges,
+    check_model_sizes,
+    check_msrvtt,
+    check_noise,
+    check_offline_negatives,
+    check_person_search,
+)
+from .config_files import ConfigError, check_tree, stderr_note
+from .config_sections import (
+    DataConfig,
+    OptimConfig,
+    TrainConfig,
+    check_declared,
+)
+from .config_types import check_type
+from .devices import check_timeout, parse_device
+from .loss_config import (
+    LossConfig,
+    check_momentum_encoder,
+    loss_config,
+    model_with_scoring,
+    switch_loss,
+)
+from .train_checks import (
+    check_exchange,
+    check_loop_settings,
+    check_schedule_length,
+    check_zeroshot,
+    lr_multipliers,
+)
+from .warmup import warmup_refusal
+
+SECTIONS = ("data", "model", "loss", "optim", "train")
+#: Sections of a run config that training ignores: ``[compare]`` belongs to ``vlret compare``
+#: / ``vlret sweep`` (:mod:`vlret.analysis.compare`), so ``vlret train`` runs a compare config.
+IGNORED_SECTIONS = ("compare",)
+
+
+@dataclass
+class RunConfig:
+    """A resolved run configuration (see the module docstring)."""
+
+    data: DataConfig
+    model: dict[str, Any]
+    loss: LossConfig
+    optim: OptimConfig
+    train: TrainConfig
+    output_dir: str
+    source: str = "<dict>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, in the file layout (loss params flattened into ``loss``)."""
+        return {
+            "output_dir": self.output_dir,
+            "data": dataclasses.asdict(self.data),
+            "model": copy.deepcopy(self.model),
+            "loss": {"name": self.loss.name, **copy.deepcopy(self.loss.params)},
+            "optim": dataclasses.asdict(self.optim),
+            "train": dataclasses.asdict(self.train),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and overriding
+# --------------------------------------------------------------------------------------------
+
+
+def apply_overrides(
+    raw: dict[str, Any],
+    overrides: list[str] | None,
+    *,
+    note: Callable[[str], None] | None = stderr_note,
+) -> dict[str, Any]:
+    """A copy of ``raw`` with ``section.key[.sub]=value`` overrides applied (typed values).
+
+    A key part may be quoted to hold dots (``optim.lr_multipliers."text_encoder.bert"=0.1``,
+    :func:`~vlret.run.config_files.override_keys`). An override that sets ``loss.name`` to
+    another loss drops the old loss's parameters that the new one does not declare (a one-line
+    ``note`` lists them); those given with ``--set`` too are kept and checked against the new
+    loss (:func:`~vlret.run.loss_config.switch_loss`)."""
+    out = copy.deepcopy(raw)
+    given: list[tuple[str, ...]] = []  # the key paths the overrides set, in order
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError("--set", item, "expected section.key=value")
+        dotted, value = item.split("=", 1)
+        dotted = dotted.strip()
+        keys = config_files.override_keys(dotted)
+        if not all(keys):
+            raise ConfigError("--set", dotted, "empty key component")
+        if keys[0] not in (*SECTIONS, "output_dir"):
+            raise ConfigError(
+                "--set",
+                dotted,
+                f"unknown section {keys[0]!r}; expected one of "
+                f"{', '.join((*SECTIONS, 'output_dir'))}",
+            )
+        if keys[0] == "output_dir" and len(keys) > 1:
+            raise ConfigError("--set", dotted, "output_dir has no sub-keys")
+        parsed = config_files.parse_value(value, dotted)
+        config_files.set_override(out, keys, parsed, given=given, dotted=dotted)
+        given.append(tuple(keys))
+    if ("loss", "name") in given:
+        switch_loss(raw, out, {k[1] for k in given if k[0] == "loss" and len(k) > 1}, note=note)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _build(cls: type, raw: Any, source: str, section: str) -> Any:
+    """The dataclass ``cls`` of the raw ``[section]`` table: an unknown key, a missing
+    required one or a value of the wrong type is a :class:`ConfigError` naming
+    ``section.key`` (an unknown key's message lists the valid ones)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, section, f"expected a table/mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            source,
+            f"{section}.{unknown[0]}",
+            f"unknown key; valid keys of [{section}]: {', '.join(known)}",
+        )
+    kwargs = {}
+    for name, f in known.items():
+        key = f"{section}.{name}"
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(source, key, "required key is missing")
+            continue
+        kwargs[name] = check_type(raw[name], hints[name], source, key)
+    built = cls(**kwargs)
+    check_declared(built, section, source)  # each key's declared choices and lower bound
+    return built
+
+
+def _check_choice(value: str, choices: tuple[str, ...], source: str, key: str) -> None:
+    if value not in choices:
+        raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {value!r}")
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
+    """Validate a raw mapping (file layout) into a :class:`RunConfig`."""
+    source = str(source)
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "", "expected a mapping of sections")
+    check_tree(raw, source)  # depth, size and finite numbers, before anything walks it
+    unknown = sorted(set(raw) - {*SECTIONS, *IGNORED_SECTIONS, "output_dir"})
+    if unknown:
+        raise ConfigError(
+            source,
+            unknown[0],
+            f"unknown section; expected {', '.join(SECTIONS)}, output_dir "
+            f"(and {', '.join(IGNORED_SECTIONS)}, read by vlret compare)",
+        )
+    for section in IGNORED_SECTIONS:
+        if section in raw and not isinstance(raw[section], dict):
+            raise ConfigError(source, section, f"expected a table/mapping, got {raw[section]!r}")
+    for section in ("data", "loss", "train"):
+        if section not in raw:
+            raise ConfigError(source, section, "required section is missing")
+    if "output_dir" not in raw:
+        raise ConfigError(source, "output_dir", "required key is missing")
+    output_dir = check_type(raw["output_dir"], str, source, "output_dir")
+    if not output_dir.strip():
+        raise ConfigError(
+            source, "output_dir", "empty; expected a run folder (it would write into the cwd)"
+        )
+    data = _build(DataConfig, raw["data"], source, "data")
+    train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
+    validate = train_raw.get("validate", True)
+    check_person_search(data, raw["data"], validate, source)
+    check_msrvtt(data, raw["data"], validate, source)
+    check_noise(data, source)
+    check_captions_files(data, source)
+    model = raw.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
+    check_model_sizes(model, source)
+    if (problem := image_data_problem(data, model)) is not None:
+        raise ConfigError(source, f"data.{problem[0]}", problem[1])
+    if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
+        data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
+    loss = loss_config(raw["loss"], source, model)
+    optim = _build(OptimConfig, raw.get("optim", {}), source, "optim")
+    if optim.lr <= 0:
+        raise ConfigError(source, "optim.lr", f"expected a positive number, got {optim.lr!r}")
+    optim.lr_multipliers = lr_multipliers(optim.lr_multipliers, source)
+    if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
+        why = f"expected two numbers in [0, 1), got {optim.betas!r}"
+        raise ConfigError(source, "optim.betas", why)
+    if not (isinstance(optim.eps, int | float) and 0.0 < float(optim.eps) < 1.0):
+        raise ConfigError(source, "optim.eps", f"expected a number in (0, 1), got {optim.eps!r}")
+    if optim.decay_every and optim.decay_epochs:
+        why = "give decay_epochs (a list) or decay_every (a period), not both"
+        raise ConfigError(source, "optim.decay_every", why)
+    if optim.decay_factor <= 0:
+        why = f"expected a positive number, got {optim.decay_factor!r}"
+        raise ConfigError(source, "optim.decay_factor", why)
+    train = _build(TrainConfig, raw["train"], source, "train")
+    try:
+        check_timeout(train.dist_timeout)
+    except ValueError as err:
+        raise ConfigError(source, "train.dist_timeout", str(err).partition(": ")[2]) from None
+    try:  # "auto" or a device name (whether it exists is checked when training starts)
+        parse_device(train.device)
+    except ValueError as err:
+        raise ConfigError(source, "train.device", str(err)) from None
+    refusal = warmup_refusal(loss.name, loss.params) if train.all_negatives_epochs else None
+    if refusal:
+        raise ConfigError(source, "train.all_negatives_epochs", refusal)
+    if train.momentum_encoder is not None:
+        check_momentum_encoder(train.momentum_encoder, loss, source)
+    if train.exchange != "gather":  # ring / bidir: a loss that is a sum over independent pairs
+        check_exchange(train.exchange, loss_capabilities(loss.name, loss.params), loss.name, source)
+    check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
+    if train.max_steps_per_epoch is not None:  # a cosine's warm-up within the shortened run
+        check_schedule_length(optim, train, source, steps_per_epoch=train.max_steps_per_epoch)
+    check_zeroshot(train, source)
+    check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
+    for section, built in (("data", data), ("optim", optim), ("train", train)):
+        check_int_ranges(built, section, source)  # upper bounds: a run that can start
+    return RunConfig(
+        data=data,
+        model=model_with_scoring(model, loss),
+        loss=loss,
+        optim=optim,
+        train=train,
+        output_dir=output_dir,
+        source=source,
+    )
+
+
+def load_config(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    note: Callable[[str], None] | None = stderr_note,
+) -> RunConfig:
+    """Read ``path`` (TOML or YAML), apply ``--set`` overrides and validate; ``note``: where
+    :func:`apply_overrides` says what a change of ``loss.name`` dropped (default stderr)."""
+    raw = apply_overrides(config_files.read_config_file(path), overrides, note=note)
+    return config_from_dict(raw, source=path)
+
+
+def save_config(config: RunConfig, path: str | Path) -> Path:
+    """Write the resolved config as YAML (loadable by :func:`load_config`)."""
+    yaml = config_files._yaml("the run folder's config.yaml")
+    return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+# Reading config files is vlret.run.config_files; its old import path here warns.
+__getattr__ = moved_names(
+    __name__,
+    {"parse_value": "vlret.run.config_files", "read_config_file": "vlret.run.config_files"},
+)

@@ -1,0 +1,407 @@
+"""Sane ranges of a run config's integer settings and model sizes (:mod:`vlret.run.config`).
+
+A value so large that the run cannot start (``train.epochs = 10**20``, ``model.embed_dim =
+10**8``) is refused when the config is read, as one :class:`ConfigError` naming the key and the
+value, instead of a run that never ends or an allocation traceback when the model is built.
+The bounds are far above any real run:
+
+* ``[train]``: ``epochs`` (and the epoch counts ``all_negatives_epochs``, ``freeze_epochs``)
+  at most :data:`MAX_EPOCHS`; ``batch_size``, ``eval_batch_size`` and ``grad_cache_chunk`` at
+  most :data:`MAX_BATCH`; step counts at most :data:`MAX_STEPS`; ``seed`` within
+  +-:data:`MAX_SEED`.
+* ``[data]``: ``num_workers`` at most :data:`MAX_WORKERS`, captions per item at most
+  :data:`MAX_CAPTIONS`.
+* ``[optim]``: ``decay_epochs`` and ``decay_every`` within ``[0, MAX_EPOCHS]``,
+  ``warmup_steps`` at most :data:`MAX_STEPS`.
+* ``[model]`` (read at any depth, e.g. ``model.text.word_dim``): a size (a key ending in
+  ``_dim`` or ``_size``, ``max_frames``, ``vlad_clusters``, the per-expert sizes of
+  ``experts``) is an integer in ``[1, MAX_DIM]`` (``vocab_size``: ``[1, MAX_VOCAB]``); a count
+  (``num_*``, ``*_layers``, ``*_heads``, ``*_steps``) an integer in ``[0, MAX_COUNT]``; and the
+  two largest sizes together, one weight matrix's elements, at most :data:`MAX_MATRIX`.
+  A float where an integer belongs is refused (``embed_dim = 1e8``); values that are no number
+  are left to the model's own checks.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..losses import loss_capabilities
+from ..metrics import IDENTITY_METRIC_KEYS, normalise_metric_key
+from .config_files import ConfigError
+
+#: Epochs (and epoch counts) of a run.
+MAX_EPOCHS = 100_000
+#: Items of a batch (training, evaluation, a gradient-cache chunk).
+MAX_BATCH = 2**20
+#: Steps (per epoch, warm-up, logging and checkpoint periods).
+MAX_STEPS = 10**9
+#: Absolute value of a seed (seeds + epochs stay within torch's 64-bit seeds).
+MAX_SEED = 2**62
+#: DataLoader workers.
+MAX_WORKERS = 1024
+#: Captions per image or video.
+MAX_CAPTIONS = 10_000
+#: A model size: an embedding width, an input or hidden dimension, frames, clusters.
+MAX_DIM = 65_536
+#: A vocabulary size.
+MAX_VOCAB = 2**24
+#: A count of layers, heads or steps inside the model.
+MAX_COUNT = 1024
+#: Elements of one weight matrix (the two largest sizes' product): 4 GiB of float32.
+MAX_MATRIX = 2**30
+
+#: ``section -> key -> (lowest, highest)`` of the integer settings (None is always allowed
+#: where the schema allows it; the lower bounds with their own reasons are checked in
+#: :func:`vlret.run.config.config_from_dict` first).
+INT_RANGES: dict[str, dict[str, tuple[int, int]]] = {
+    "data": {
+        "dev_max_images": (1, MAX_STEPS),
+        "captions_per_image": (1, MAX_CAPTIONS),
+        "captions_per_video": (1, MAX_CAPTIONS),
+        "min_count": (0, MAX_STEPS),
+        "num_workers": (0, MAX_WORKERS),
+    },
+    "optim": {
+        "decay_epochs": (0, MAX_EPOCHS),
+        "decay_every": (0, MAX_EPOCHS),
+        "warmup_steps": (0, MAX_STEPS),
+    },
+    "train": {
+        "epochs": (1, MAX_EPOCHS),
+        "batch_size": (2, MAX_BATCH),
+        "eval_batch_size": (1, MAX_BATCH),
+        "grad_cache_chunk": (1, MAX_BATCH),
+        "seed": (-MAX_SEED, MAX_SEED),
+        "log_every": (0, MAX_STEPS),
+        "checkpoint_every": (0, MAX_STEPS),
+        "max_steps_per_epoch": (1, MAX_STEPS),
+        "all_negatives_epochs": (0, MAX_EPOCHS),
+        "freeze_epochs": (0, MAX_EPOCHS),
+    },
+}
+
+_SIZE_KEY = re.compile(r"^(?:.*_)?dim$|_size$|^(?:experts|max_frames|vlad_clusters)$")
+_COUNT_KEY = re.compile(r"^num_|_layers$|_heads$|_steps$")
+
+
+def _out_of_range(source: str, key: str, value: int, low: int, high: int) -> ConfigError:
+    return ConfigError(source, key, f"expected an integer in [{low}, {high}], got {value!r}")
+
+
+def check_int_ranges(obj: Any, section: str, source: str) -> None:
+    """Each integer setting of the built section ``obj`` (a dataclass of
+    :mod:`vlret.run.config`) within :data:`INT_RANGES`."""
+    for name, (low, high) in INT_RANGES[section].items():
+        value = getattr(obj, name)
+        values = value if isinstance(value, list) else [value]
+        for i, v in enumerate(values):
+            if v is not None and not low <= v <= high:
+                key = f"{section}.{name}" + (f"[{i}]" if isinstance(value, list) else "")
+                raise _out_of_range(source, key, v, low, high)
+
+
+def check_model_sizes(model: dict[str, Any], source: str) -> None:
+    """The ``[model]`` section's sizes and counts (see the module docstring), before any
+    module is built."""
+    sizes: list[tuple[int, str]] = []
+
+    def visit(node: Any, prefix: str, kind: str | None) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                name = str(k)
+                here = kind  # a table under a size key (per-expert sizes) keeps its kind
+                if _SIZE_KEY.search(name):
+                    here = "vocab" if name == "vocab_size" else "size"
+                elif _COUNT_KEY.search(name):
+                    here = "count"
+                visit(v, f"{prefix}.{name}", here)
+            return
+        if kind is None or isinstance(node, bool) or not isinstance(node, (int, float)):
+            return  # not a size, or no number: the model's own checks say what is expected
+        if not isinstance(node, int):
+            raise ConfigError(source, prefix, f"expected an integer, got {node!r}")
+        if prefix == "model.proj_dim" and node == 0:
+            return  # CLIP without an added layer (TOML has no null; models.retrieval)
+        low, high = {"size": (1, MAX_DIM), "vocab": (1, MAX_VOCAB), "count": (0, MAX_COUNT)}[kind]
+        if not low <= node <= high:
+            raise _out_of_range(source, prefix, node, low, high)
+        if kind != "count":
+            sizes.append((node, prefix))
+
+    visit(model, "model", None)
+    if len(sizes) >= 2:
+        (a, key_a), (b, key_b) = sorted(sizes, reverse=True)[:2]
+        if a * b > MAX_MATRIX:
+            raise ConfigError(
+                source,
+                key_a,
+                f"{a} x {key_b} {b} = {a * b} elements in one weight matrix (more than "
+                f"{MAX_MATRIX}, 4 GiB of float32); the model would not fit",
+            )
+
+
+PEDES_FORMATS = ("cuhk-pedes", "icfg-pedes", "rstpreid")
+
+
+def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
+    """Person search (:mod:`vlret.data.pedes`): ``annotations`` is only read by its formats;
+    model selection reads the whole validation split unless ``dev_max_images`` is given (as
+    IRRA); ICFG-PEDES has no validation split: without ``dev_split`` it trains without
+    validation (``best.pt`` is the last epoch), ``val`` / ``dev`` is an error, and checkpoints
+    are selected on the test split only when ``dev_split = "test"`` says so by name."""
+    if data.format not in PEDES_FORMATS:
+        if data.annotations is not None:
+            why = f"only read with formats {', '.join(PEDES_FORMATS)}"
+            raise ConfigError(source, "data.annotations", why)
+        return
+    if "dev_max_images" not in raw_data:
+        data.dev_max_images = None
+    if data.format != "icfg-pedes":
+        if data.dev_split not in (None, "val", "dev", "test"):
+            why = f'expected "val" (or "dev"), "test" or null, got {data.dev_split!r}'
+            raise ConfigError(source, "data.dev_split", why)
+        return
+    if "dev_split" not in raw_data:
+        data.dev_split = None
+    elif data.dev_split not in (None, "test") and validate is not False:
+        raise ConfigError(
+            source,
+            "data.dev_split",
+            f"ICFG-PEDES has no {data.dev_split!r} split (only train and test): set "
+            "data.dev_split = null (no validation; best.pt is the last epoch) or "
+            '"test" (checkpoints selected on the test split)',
+        )
+
+
+def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
+    """MSR-VTT (``data`` a :class:`~vlret.run.config.DataConfig`, whose ``dev_split`` this
+    may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
+    train and test: no validation unless ``dev_split`` says test."""
+    experts = data.experts
+    if experts is not None and data.format != "msrvtt":
+        raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
+    names = ["all"] if experts == "all" else experts if isinstance(experts, list) else [None]
+    if experts is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+        why = f'expected "all" or a non-empty list of expert names, got {experts!r}'
+        raise ConfigError(source, "data.experts", why)
+    if data.format != "msrvtt":
+        return
+    from ..data.msrvtt import normalise_protocol
+
+    try:
+        protocol = normalise_protocol(data.protocol)
+    except ValueError as err:
+        raise ConfigError(source, "data.protocol", str(err)) from None
+    if protocol != "1k-A":
+        return
+    if "dev_split" not in raw_data:
+        data.dev_split = None
+    elif data.dev_split not in (None, "test") and validate is not False:
+        raise ConfigError(
+            source,
+            "data.dev_split",
+            f"MSR-VTT 1k-A has no {data.dev_split!r} split (only train and test); set "
+            "data.dev_split = null (no validation; best.pt is the last epoch)",
+        )
+
+
+def check_noise(data: Any, source: str) -> None:
+    """Noisy correspondence on the training split (:mod:`vlret.data.noisy`): ``noise_format``
+    is ``auto``, ``ncr`` or ``decl``; ``noise_ratio`` in ``[0, 1]``; ``noise_seed`` in ``[0,
+    2**32 - 1]`` (``numpy.random.RandomState``'s seeds); a file (``noise_index``) or a ratio,
+    not both; and only the formats with one image per training caption (precomp, karpathy).
+    The file itself is read and checked when the training split is built."""
+    from ..data.noisy import MAX_NOISE_SEED, NOISE_DATA_FORMATS, NOISE_FORMATS
+
+    if data.noise_format not in NOISE_FORMATS:
+        why = f"expected one of {', '.join(NOISE_FORMATS)}, got {data.noise_format!r}"
+        raise ConfigError(source, "data.noise_format", why)
+    if not 0.0 <= data.noise_ratio <= 1.0:
+        why = f"expected a fraction in [0, 1] (0: clean), got {data.noise_ratio!r}"
+        raise ConfigError(source, "data.noise_ratio", why)
+    if not 0 <= data.noise_seed <= MAX_NOISE_SEED:
+        raise _out_of_range(source, "data.noise_seed", data.noise_seed, 0, MAX_NOISE_SEED)
+    if data.noise_index is not None and not data.noise_index.strip():
+        raise ConfigError(source, "data.noise_index", "empty; expected a .npy noise index")
+    if data.noise_index is not None and data.noise_ratio > 0:
+        why = (
+            f"{data.noise_index!r} and data.noise_ratio {data.noise_ratio!r} both given; keep "
+            "one (a released index, or a ratio to generate one)"
+        )
+        raise ConfigError(source, "data.noise_index", why)
+    key = "data.noise_index" if data.noise_index is not None else "data.noise_ratio"
+    if (data.noise_index is not None or data.noise_ratio > 0) and (
+        data.format not in NOISE_DATA_FORMATS
+    ):
+        formats = " or ".join(NOISE_DATA_FORMATS)
+        why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
+        raise ConfigError(source, key, why)
+
+
+#: The data formats whose splits can read a captions file (``data.train_captions`` ...).
+CAPTIONS_FILE_FORMATS = ("precomp", "karpathy")
+#: The captions-file keys of ``[data]``, in split order.
+CAPTIONS_FILE_KEYS = ("train_captions", "dev_captions", "test_captions")
+
+
+def check_captions_files(data: Any, source: str) -> None:
+    """``data.train_captions``, ``dev_captions`` and ``test_captions`` (captions files,
+    :mod:`vlret.data.captioning_files`): a non-empty path, for the formats of
+    :data:`CAPTIONS_FILE_FORMATS`; ``dev_captions`` needs a ``dev_split``. Each file is read
+    and checked against its split (existence, line count, sidecar) when the split is built,
+    the error naming the key and the file."""
+    for name in CAPTIONS_FILE_KEYS:
+        path = getattr(data, name)
+        if path is None:
+            continue
+        key = f"data.{name}"
+        if not path.strip():
+            raise ConfigError(source, key, "empty; expected a captions file (docs/captions.md)")
+        if data.format not in CAPTIONS_FILE_FORMATS:
+            formats = " or ".join(CAPTIONS_FILE_FORMATS)
+            why = f"applies to data.format {formats}, not {data.format!r}"
+            raise ConfigError(source, key, why)
+        if name == "dev_captions" and data.dev_split is None:
+            raise ConfigError(source, key, f"{path!r} given but data.dev_split is null")
+
+
+#: The data formats whose training split AOQ's offline negatives apply to (one image per
+#: caption, read as a map-style dataset: :func:`vlret.run.builders.build_train_dataset`).
+OFFLINE_DATA_FORMATS = ("precomp", "karpathy")
+#: The pair-scoring model kinds AOQ trains (each pair's score depends on that pair alone, so the
+#: offline pairs can be scored on their own); two-tower models are always accepted.
+OFFLINE_PAIR_KINDS = ("scan", "bfan")
+#: Pair-scoring kinds refused with AOQ, and why.
+OFFLINE_REFUSED_KINDS = {
+    "sgraf": "its BatchNorms normalise over the pairs of each scoring call, so an offline "
+    "pair's score would depend on the pairs scored with it",
+    "ce": "its offline pairs would need the videos' expert features (only scan and bfan "
+    "score pairs for AOQ)",
+    "mmt": "its offline pairs would need the videos' expert features (only scan and bfan "
+    "score pairs for AOQ)",
+}
+
+
+def _reads_offline_negatives(loss: Any) -> bool:
+    """Whether the configured loss declares ``LossCapabilities.offline_negatives`` (AOQ's);
+    an unknown name reads none (the loss section's own check names it)."""
+    try:
+        return loss_capabilities(loss.name, loss.params).offline_negatives
+    except (TypeError, ValueError):
+        return False
+
+
+def check_offline_negatives(
+    data: Any, loss: Any, model: dict[str, Any], train: Any, source: str
+) -> None:
+    """AOQ's keys (:mod:`vlret.data.offline_negatives`, docs/aoq.md): ``data.offline_negatives``
+    and a loss that reads them (``LossCapabilities.offline_negatives``: ``loss.name = "aoq"``)
+    go together (each refused without the other, naming both keys);
+    ``data.offline_candidates`` is a positive integer or None; the data format has one image
+    per caption (:data:`OFFLINE_DATA_FORMATS`); the procedure is ``"aoq"`` (or ``"standard"``,
+    which :func:`vlret.train.procedures.registry.build_procedure` turns into ``"aoq"``); a
+    pair-scoring model is one of :data:`OFFLINE_PAIR_KINDS`; no gradient caching. The file
+    itself is read and checked against the training split when that split is built."""
+    path, aoq = data.offline_negatives, _reads_offline_negatives(loss)
+    if path is not None and not aoq:
+        why = f'{path!r} is only read by loss.name = "aoq" (the loss is {loss.name!r})'
+        raise ConfigError(source, "data.offline_negatives", why)
+    if path is None and aoq:
+        why = (
+            'required by loss.name = "aoq": the .npz `vlret mine-negatives` writes for the '
+            "training split with a first-round model (docs/aoq.md)"
+        )
+        raise ConfigError(source, "data.offline_negatives", why)
+    if train.procedure == "aoq" and not aoq:
+        why = f'trains loss.name = "aoq" only (the loss is {loss.name!r})'
+        raise ConfigError(source, "train.procedure", why)
+    if not aoq:
+        return
+    if not path.strip():
+        raise ConfigError(source, "data.offline_negatives", "empty; expected a mined .npz file")
+    n = data.offline_candidates
+    if n is not None and n < 1:
+        why = f"expected a positive number of candidates (null: all K of the file), got {n!r}"
+        raise ConfigError(source, "data.offline_candidates", why)
+    if data.format not in OFFLINE_DATA_FORMATS:
+        formats = " or ".join(OFFLINE_DATA_FORMATS)
+        why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
+        raise ConfigError(source, "data.offline_negatives", why)
+    if train.procedure not in ("standard", "aoq"):
+        why = (
+            f'loss.name = "aoq" trains with the "aoq" procedure (its offline negatives), not '
+            f"{train.procedure!r}"
+        )
+        raise ConfigError(source, "train.procedure", why)
+    kind = model.get("kind")
+    if kind in OFFLINE_REFUSED_KINDS:
+        why = f'loss.name = "aoq" with model.kind {kind!r}: {OFFLINE_REFUSED_KINDS[kind]}'
+        raise ConfigError(source, "model.kind", why)
+    if train.grad_cache_chunk is not None:
+        why = 'loss.name = "aoq" encodes each batch with its offline negatives in one pass'
+        raise ConfigError(source, "train.grad_cache_chunk", why)
+
+
+#: The dev metrics ``best.pt`` may maximise on every format (``train.select_on``): the
+#: caption-level recalls of :func:`vlret.metrics.retrieval_metrics` and their sum. Left out:
+#: the ranks (``*_medr``, ``*_meanr``) and ``hardest_neg_sim`` (lower is better) and
+#: ``pos_sim`` (a collapsed model has the highest), which no paper selects on.
+SELECT_ON_RETRIEVAL = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
+#: On the person-search formats also the identity-level metrics the trainer logs there
+#: (:func:`vlret.run.evaluate.dev_metrics` with ``image_identity``), in percent.
+SELECT_ON_IDENTITY = IDENTITY_METRIC_KEYS
+
+
+def selectable_metrics(data_format: str) -> tuple[str, ...]:
+    """The values ``train.select_on`` may take with ``data.format = data_format``."""
+    identity = SELECT_ON_IDENTITY if data_format in PEDES_FORMATS else ()
+    return (*identity, *SELECT_ON_RETRIEVAL)
+
+
+def selection_metric(config: Any) -> str:
+    """The dev metric ``best.pt`` maximises for the run config ``config`` (a
+    :class:`~vlret.run.config.RunConfig`): ``train.select_on``, or when it is ``None``
+    ``"identity_t2i_r1"`` on the person-search formats (as IRRA) and ``"rsum"`` otherwise. An
+    epoch improves on the best only when strictly higher (the first of equal epochs is kept).
+    An older spelling (``"t2i_R1"``) is read as today's
+    (:func:`vlret.metrics.normalise_metric_key`).
+
+    Raises:
+        ConfigError: ``train.select_on`` names no metric of :func:`selectable_metrics`
+            (naming the key and listing the valid ones).
+    """
+    fmt, chosen = config.data.format, config.train.select_on
+    if chosen is None:
+        return IDENTITY_METRIC_KEYS[0] if fmt in PEDES_FORMATS else "rsum"
+    given, chosen = chosen, normalise_metric_key(chosen) if isinstance(chosen, str) else chosen
+    valid = selectable_metrics(fmt)
+    if chosen not in valid:
+        where = "" if fmt in PEDES_FORMATS else f" (data.format {fmt!r}: not person search)"
+        why = f"unknown dev metric {given!r}{where}; expected one of {', '.join(valid)}"
+        raise ConfigError(config.source, "train.select_on", why)
+    return str(chosen)
+
+
+__all__ = [
+    "CAPTIONS_FILE_FORMATS",
+    "CAPTIONS_FILE_KEYS",
+    "INT_RANGES",
+    "MAX_BATCH",
+    "MAX_CAPTIONS",
+    "MAX_COUNT",
+    "MAX_DIM",
+    "MAX_EPOCHS",
+    "MAX_MATRIX",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_VOCAB",
+    "MAX_WORKERS",
+    "check_int_ranges",
+    "check_model_sizes",
+    "check_captions_files",
+    "check_msrvtt",
+    "check_noise",
+    "check_offline_negatives",
+]
