@@ -1,6 +1,7 @@
 """One parameter declaration per loss family (issue 25): the constructor, the registry, the
 config, ``repr`` and both entry points read it; the pure functions' defaults and the deprecated
-old names (GoalConfig, AdaCLConfig, GOAL_PARAMS, ADACL_PARAMS, VSL's chunk_size) agree with it."""
+0.1.0 names (GoalConfig, AdaCLConfig, GOAL_PARAMS, VSL's chunk_size: vlret.losses.deprecated)
+agree with it."""
 
 from __future__ import annotations
 
@@ -141,32 +142,45 @@ def test_an_input_the_tiled_form_does_not_take_is_refused():
     [
         ("vlret.losses", "GoalConfig", GoalParams),
         ("vlret.losses.goal", "GoalConfig", GoalParams),
-        ("vlret.losses.goal.weights", "GoalConfig", GoalParams),
         ("vlret.losses.adacl", "AdaCLConfig", AdaCLParams),
-        ("vlret.losses.adacl.config", "AdaCLConfig", AdaCLParams),
     ],
 )
 def test_old_record_names_are_deprecated_aliases(module, old, new):
     import importlib
 
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated"):
+    message = rf"{module}\.{old} is deprecated and will be removed in 0\.3\.0; use .*{new.__name__}"
+    with pytest.warns(DeprecationWarning, match=message):
         alias = getattr(importlib.import_module(module), old)
     assert alias is new
 
 
-def test_old_spec_tables_are_the_declarations_specs():
-    from vlret.losses import adacl, goal
+@pytest.mark.parametrize(
+    ("module", "old"),
+    [
+        # served by the package that exported them in 0.1.0 only, not by the defining module
+        ("vlret.losses.goal.weights", "GoalConfig"),
+        ("vlret.losses.goal.weights", "GOAL_PARAMS"),
+        ("vlret.losses.adacl.config", "AdaCLConfig"),
+        # never exported by a package in 0.1.0 (a constant of adacl/config.py): removed
+        ("vlret.losses.adacl.config", "ADACL_PARAMS"),
+        ("vlret.losses.adacl", "ADACL_PARAMS"),
+        ("vlret.losses", "GOAL_PARAMS"),
+    ],
+)
+def test_old_names_are_served_only_where_0_1_0_exported_them(module, old):
+    import importlib
 
-    with pytest.warns(DeprecationWarning, match="ADACL_PARAMS"):
-        adacl_specs = adacl.ADACL_PARAMS
-    with pytest.warns(DeprecationWarning, match="GOAL_PARAMS"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match=f"has no attribute '{old}'"):
+            getattr(importlib.import_module(module), old)
+
+
+def test_old_goal_spec_table_is_the_declarations_specs():
+    from vlret.losses import goal
+
+    with pytest.warns(DeprecationWarning, match="GOAL_PARAMS is deprecated.*GoalParams.specs()"):
         goal_specs = goal.GOAL_PARAMS
-    # ADACL_PARAMS keeps its old keys (the 17 of b84b800), the declaration's constraints
-    old_adacl = "anchor_selection embed_dim eps m1_init m2_init margin_momentum max_anchor max_m1"
-    old_adacl += " min_variance negative_temperature p_u queue_size scale_negatives seed"
-    old_adacl += " sync_margins top_k warmup_steps"
-    assert sorted(adacl_specs) == old_adacl.split()
-    assert adacl_specs == {k: v for k, v in AdaCLParams.specs().items() if k not in COMMON}
     old_goal = "alpha beta circle_offset epsilon lam margin pair_weight reduction tau"
     assert sorted(goal_specs) == [*old_goal.split(), "triplet_weight"]  # GOAL_PARAMS at b84b800
     assert goal_specs.items() <= GoalParams.specs().items()
@@ -183,6 +197,14 @@ def test_old_adacl_config_records_build_as_before():
         AdaCLConfig(p_u=0.6, eps=0.5)
 
 
+def test_renamed_parameters_are_the_ones_the_deprecation_module_lists():
+    from vlret.losses import deprecated
+
+    assert deprecated.OLD_PARAMETERS == {"vsl": {"chunk_size": "rank_block"}}
+    for name in available_losses():
+        assert dict(loss_class(name).Params.renamed) == deprecated.OLD_PARAMETERS.get(name, {})
+
+
 # ----------------------------------------------------------------------------- VSL rank_block
 
 
@@ -197,7 +219,8 @@ def test_vsl_rank_block_and_its_deprecated_old_name_give_the_same_loss():
     semantic = _semantic(6)
     new = VisualSemanticLoss(semantic=semantic, rank_block=2)
     with pytest.warns(
-        DeprecationWarning, match="'chunk_size' is deprecated; it is now 'rank_block'"
+        DeprecationWarning,
+        match=r"'chunk_size' is deprecated; it is now 'rank_block' \(.* removed in 0\.3\.0",
     ):
         old = VisualSemanticLoss(semantic=semantic, chunk_size=2)
     assert old.config == new.config and old.rank_block == 2 and old.chunk_size is None
@@ -211,7 +234,7 @@ def test_vsl_rank_block_and_its_deprecated_old_name_give_the_same_loss():
 def test_smooth_rank_and_vsl_function_take_chunk_size_as_deprecated_rank_block():
     gen = torch.Generator().manual_seed(1)
     m = torch.randn(5, 7, generator=gen, dtype=torch.float64)
-    with pytest.warns(DeprecationWarning, match="now rank_block"):
+    with pytest.warns(DeprecationWarning, match="now rank_block.*removed in 0.3.0"):
         old = smooth_rank(m, chunk_size=2)
     torch.testing.assert_close(old, smooth_rank(m, rank_block=2), rtol=0, atol=0)
     sim = cosine_similarity(m[:, :5].t().contiguous(), m[:, 2:].t().contiguous())

@@ -12,12 +12,14 @@ registers itself (``build_loss``, configs, ``vlret losses``) without an edit her
 import importlib
 import pkgutil
 
+from .._deprecation import module_getattr
 from ._base import LossCapabilities, PairLoss
 from .adacl import AdaCLLoss, adacl_anchor, adacl_loss, adacl_margins, tiled_adacl_loss
 from .aoq import AOQLoss, aoq_loss
 from .cmpm import CMPMLoss, cmpm_loss, tiled_cmpm_loss
 from .combined import CombinedLoss, CombinedParams
 from .dcl import DCLLoss, dcl_loss, tiled_dcl_loss
+from .deprecated import OLD_NAMES
 from .dml import (
     BinomialDevianceLoss,
     CircleLoss,
@@ -155,13 +157,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # GoalConfig, the deprecated name of GoalParams (issue 25), warned about by its module
-    if name == "GoalConfig":
-        from .goal import weights
-
-        return weights.GoalConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# 0.1.0's names that were renamed since, each warned about (vlret.losses.deprecated)
+__getattr__ = module_getattr(__name__, OLD_NAMES)
 
 
 def _import_families() -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from .._checks import CHUNK_SIZE, FLAG, REDUCTION, Number, ParamError, ParamSpec
+from .deprecated import REMOVED_IN
 
 #: The parameters every loss has, handled by ``PairLoss`` rather than by a family's functions.
 COMMON = ("reduction", "normalize", "chunk_size")
@@ -98,7 +99,8 @@ class LossParams:
     reduction: str = reduction_param("mean")
     normalize: bool = normalize_param(True)
 
-    #: Old parameter names still accepted, each mapped to its new name with a DeprecationWarning.
+    #: Old parameter names still accepted, each mapped to its new name with a DeprecationWarning
+    #: (listed in :data:`vlret.losses.deprecated.OLD_PARAMETERS`).
     renamed: ClassVar[Mapping[str, str]] = {}
 
     def __post_init__(self) -> None:
@@ -164,7 +166,8 @@ class LossParams:
             if new in out:
                 raise ParamError(old, f"{old} is the old name of {new}; give {new} only")
             warnings.warn(
-                f"loss parameter {old!r} is deprecated; it is now {new!r}",
+                f"loss parameter {old!r} is deprecated; it is now {new!r} (the old name is "
+                f"removed in {REMOVED_IN}: vlret.losses.deprecated)",
                 DeprecationWarning,
                 stacklevel=3,
             )

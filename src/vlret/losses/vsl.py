@@ -41,6 +41,7 @@ from .._checks import (
 )
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, prepare, reduce_terms
+from .deprecated import OLD_PARAMETERS, REMOVED_IN
 from .params import LossParams, param
 from .registry import (
     available_losses,
@@ -73,7 +74,7 @@ def _rank_block(rank_block: int | None, chunk_size: int | None) -> int | None:
             raise ValueError("chunk_size is the old name of rank_block; give rank_block only")
         warnings.warn(
             "chunk_size of the smooth rank is deprecated; it is now rank_block (chunk_size "
-            "means a tiled loss's tile height)",
+            f"means a tiled loss's tile height; the old name is removed in {REMOVED_IN})",
             DeprecationWarning,
             stacklevel=3,
         )
@@ -310,7 +311,7 @@ class VSLParams(LossParams):
         None, RANK_BLOCK, "rows per smooth-rank block (None: 4M pairwise terms)"
     )
 
-    renamed = {"chunk_size": "rank_block"}
+    renamed = OLD_PARAMETERS["vsl"]  # chunk_size -> rank_block
 
     def check_relations(self) -> None:
         """Check ``base`` (a registered name other than ``"vsl"``, or a loss module) with its

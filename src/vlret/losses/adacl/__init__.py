@@ -13,7 +13,9 @@ No public code exists; each reading of the paper is written where it is made. Mo
 declaration) and ``module`` (Algorithm 1).
 """
 
+from ..._deprecation import module_getattr
 from .._tiling import QueueBlock
+from ..deprecated import OLD_NAMES
 from .anchor import AdaCLAnchor, ScoreTiles, adacl_anchor, select_anchor
 from .config import ANCHOR_SELECTIONS, DEFAULT_EPS, DEFAULT_P_U, GUARDS, AdaCLParams
 from .gda import GDAFit, clone_log_odds, clone_posterior, clone_region, fit_gda
@@ -46,8 +48,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # the deprecated names of AdaCLParams (AdaCLConfig, ADACL_PARAMS), warned about by config
-    from . import config
-
-    return getattr(config, name)
+# 0.1.0's AdaCLConfig, warned about (vlret.losses.deprecated)
+__getattr__ = module_getattr(__name__, OLD_NAMES)

@@ -2,7 +2,7 @@
 
 :class:`AdaCLParams` declares the hyper-parameters of :class:`~vlret.losses.AdaCLLoss`
 (default, constraint and description of each; read by the module, the registry and the
-config; ``AdaCLConfig`` and ``ADACL_PARAMS`` are its deprecated old names) and
+config; its 0.1.0 name ``AdaCLConfig`` is deprecated: :mod:`vlret.losses.deprecated`) and
 :func:`check_relations` the constraints between them. The ``check_*`` functions
 validate the arguments of the pure functions (:func:`~vlret.losses.adacl_loss`,
 :func:`~vlret.losses.adacl_margins`).
@@ -27,7 +27,6 @@ from ..._checks import (
     Number,
     ParamError,
 )
-from ..._moved import renamed_names
 from ..params import TiledLossParams, param
 
 #: Anchor selection rules on Delta S (paper Table 5).
@@ -95,16 +94,6 @@ class AdaCLParams(TiledLossParams):
 
     def check_relations(self) -> None:
         check_relations(dataclasses.asdict(self))
-
-
-# AdaCLConfig and ADACL_PARAMS became AdaCLParams (issue 25): kept importable
-__getattr__ = renamed_names(
-    "vlret.losses.adacl",
-    {
-        "AdaCLConfig": ("AdaCLParams", lambda: AdaCLParams),
-        "ADACL_PARAMS": ("AdaCLParams.family_specs()", AdaCLParams.family_specs),
-    },
-)
 
 
 def check_relations(params: Mapping[str, Any]) -> None:

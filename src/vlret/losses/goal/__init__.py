@@ -1,10 +1,13 @@
 """GOAL: gradient-defined objectives, triplet weight x pair weight (Xuan & Chen, Eq. 3-13).
 
 :mod:`~vlret.losses.goal.weights` holds the weights and the parameter declaration
-(``GoalParams``; ``GoalConfig`` and ``GOAL_PARAMS`` are its deprecated old names),
+(``GoalParams``; ``GoalConfig`` and ``GOAL_PARAMS``, its old names, are deprecated:
+:mod:`vlret.losses.deprecated`),
 :mod:`~vlret.losses.goal.objective` the dense and tiled objective and the module.
 """
 
+from ..._deprecation import module_getattr
+from ..deprecated import OLD_NAMES
 from .objective import GoalFunction, GoalObjective, goal_objective, tiled_goal_objective
 from .weights import (
     PAIR_WEIGHTS,
@@ -29,8 +32,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # the deprecated names of GoalParams, resolved (and warned about) by the weights module
-    from . import weights
-
-    return getattr(weights, name)
+# 0.1.0's GoalConfig and GOAL_PARAMS, each warned about (vlret.losses.deprecated)
+__getattr__ = module_getattr(__name__, OLD_NAMES)

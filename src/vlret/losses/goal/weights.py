@@ -60,8 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError, ParamSpec
-from ..._moved import renamed_names
+from ..._checks import MARGIN, NON_NEGATIVE, POSITIVE, REAL, Choice, ParamError
 from ..params import TiledLossParams, param, reduction_param
 
 #: Triplet weights: constant (Eq. 5), NCA (Eq. 7), circle (Eq. 8).
@@ -110,22 +109,6 @@ class GoalParams(TiledLossParams):
     def __post_init__(self) -> None:
         _check_kind(self.triplet_weight, self.pair_weight)  # lists the valid combinations
         super().__post_init__()
-
-
-def _old_goal_params() -> dict[str, ParamSpec]:
-    """The old ``GOAL_PARAMS`` table: the family's parameters and ``reduction`` (not the
-    ``normalize`` / ``chunk_size`` every loss declares now)."""
-    return {**GoalParams.family_specs(), "reduction": GoalParams.specs()["reduction"]}
-
-
-# GoalConfig and GOAL_PARAMS became GoalParams (issue 25): kept importable
-__getattr__ = renamed_names(
-    "vlret.losses.goal",
-    {
-        "GoalConfig": ("GoalParams", lambda: GoalParams),
-        "GOAL_PARAMS": ("GoalParams.specs()", _old_goal_params),
-    },
-)
 
 
 def goal_triplet_weight(
