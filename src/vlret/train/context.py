@@ -142,6 +142,8 @@ class TrainerView(Protocol):
     @property
     def scores_pairs(self) -> bool: ...
     @property
+    def loss_step(self) -> Any: ...
+    @property
     def grad_cache(self) -> GradCache | None: ...
     @property
     def output_dir(self) -> Path: ...
@@ -296,6 +298,14 @@ class TrainContext:
         """Whether the model scores (image, caption) pairs itself (SCAN, BFAN, SGRAF) instead
         of embedding each side (:mod:`vlret.run.pair_scoring`)."""
         return self._trainer.scores_pairs
+
+    @property
+    def procedure(self) -> str:
+        """The name of the training procedure the run's steps compute, as resolved from
+        ``train.procedure`` (:func:`vlret.train.procedures.registry.resolve_procedure`:
+        ``"standard"`` becomes ``"aoq"`` or ``"pair_bank"`` where the loss and the model need
+        them)."""
+        return str(self._trainer.loss_step.name)
 
     @property
     def grad_cache(self) -> GradCache | None:
