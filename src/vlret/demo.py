@@ -50,10 +50,6 @@ from typing import Any
 import torch
 
 from ._files import atomic_write_text
-from ._moved import moved_names
-
-# The quick demo lives in vlret.tour; its old import path here warns.
-__getattr__ = moved_names(__name__, {"loss_rows": "vlret.tour", "run_demo": "vlret.tour"})
 
 #: Where the costs below were measured. Per-step costs are CPU seconds of one step with one
 #: thread (the wall time of a step when its process has a core to itself), medians of 1-6

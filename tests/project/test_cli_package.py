@@ -1,10 +1,9 @@
-"""The command-line package: one module per command with one convention, the shared helpers,
-and the old import paths of every name that moved (they warn and return the same object)."""
+"""The command-line package: one module per command with one convention and the shared
+helpers; importing the public names of the packages warns about nothing."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import subprocess
 import sys
 
@@ -91,62 +90,13 @@ def test_a_bad_positive_int_is_a_usage_error_naming_the_option(capsys):
     assert "argument --epochs: expected a positive integer, got '0'" in capsys.readouterr().err
 
 
-#: Old path -> the module that holds the name now (and its name there).
-MOVED = [
-    ("vlret.data.cli", "add_synth_parser", "vlret.cli.synth", "add_parser"),
-    ("vlret.data.cli", "add_convert_parser", "vlret.cli.convert_experts", "add_parser"),
-    (
-        "vlret.run.import_checkpoint",
-        "add_import_parser",
-        "vlret.cli.import_checkpoint",
-        "add_parser",
-    ),
-    ("vlret.run.config", "parse_value", "vlret.run.config_files", "parse_value"),
-    ("vlret.run.config", "read_config_file", "vlret.run.config_files", "read_config_file"),
-    ("vlret.demo", "loss_rows", "vlret.tour", "loss_rows"),
-    ("vlret.demo", "run_demo", "vlret.tour", "run_demo"),
-    ("vlret.data.precomp", "RetrievalBatch", "vlret.data.dataset", "RetrievalBatch"),
-    ("vlret.data.precomp", "RetrievalItem", "vlret.data.dataset", "RetrievalItem"),
-    ("vlret.data.precomp", "collate_retrieval", "vlret.data.dataset", "collate_retrieval"),
-    ("vlret.data.precomp", "pad_captions", "vlret.data.dataset", "pad_captions"),
-    ("vlret.data.precomp", "stack_features", "vlret.data.dataset", "stack_features"),
-    ("vlret.data.precomp", "check_features", "vlret.data.dataset", "check_features"),
-    ("vlret.data.precomp", "ImageView", "vlret.data.dataset", "ImageView"),
-    ("vlret.data.precomp", "CaptionView", "vlret.data.dataset", "CaptionView"),
-    ("vlret.data.precomp", "NonFinite", "vlret.data.checks", "NonFinite"),
-    ("vlret.data.precomp", "ExpertBatch", "vlret.data.expert_batch", "ExpertBatch"),
-]
-
-
-@pytest.mark.parametrize(("old", "name", "new", "new_name"), MOVED)
-def test_an_old_import_path_warns_and_gives_the_same_object(old, name, new, new_name):
-    module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} is deprecated.*{new}"):
-        value = getattr(module, name)
-    assert value is getattr(importlib.import_module(new), new_name)
-
-
-def test_an_old_from_import_warns_too():
-    with pytest.warns(DeprecationWarning, match="vlret.data.precomp.RetrievalBatch"):
-        from vlret.data.precomp import RetrievalBatch
-    from vlret.data import RetrievalBatch as public
-
-    assert RetrievalBatch is public
-
-
-@pytest.mark.parametrize("old", ["vlret.data.cli", "vlret.demo", "vlret.data.precomp"])
-def test_an_unknown_name_of_a_module_with_moved_names_is_an_attribute_error(old):
-    module, name = importlib.import_module(old), "nope"
-    with pytest.raises(AttributeError, match=f"module '{old}' has no attribute 'nope'"):
-        getattr(module, name)
-
-
 def test_the_public_names_of_vlret_data_and_vlret_train_do_not_warn():
     code = (
         "import warnings; warnings.simplefilter('error', DeprecationWarning); "
         "import vlret.data, vlret.train, vlret.cli, vlret.demo; "
         "from vlret.data import *; from vlret.train import *; "
-        "from vlret.data.precomp import *; vlret.cli.build_parser(); print('ok')"
+        "from vlret.data.precomp import *; from vlret.losses import *; "
+        "from vlret.run import *; vlret.cli.build_parser(); print('ok')"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._moved import moved_names
 from .captioning_files import read_captions_file
 from .checks import (
     SCAN_CHUNK_BYTES,
@@ -254,29 +253,5 @@ def load_precomp_captions(
         out.extend(PrecompDataset(root, split, captions_per_image=captions_per_image).captions)
     return out
 
-
-# The dataset contract of every format moved to vlret.data.dataset (and the checks to
-# vlret.data.checks); their old import paths here warn.
-__getattr__ = moved_names(
-    __name__,
-    {
-        **dict.fromkeys(
-            (
-                "CaptionView",
-                "ImageView",
-                "RetrievalBatch",
-                "RetrievalItem",
-                "check_features",
-                "collate_retrieval",
-                "pad_captions",
-                "stack_features",
-            ),
-            "vlret.data.dataset",
-        ),
-        "NonFinite": "vlret.data.checks",
-        "ExpertBatch": "vlret.data.expert_batch",
-        "ExpertSample": "vlret.data.expert_batch",
-    },
-)
 
 __all__ = ["SPLITS", "VOCAB_SPLITS", "PrecompDataset", "load_precomp_captions", "parse_precomp_ids"]

@@ -67,7 +67,6 @@ import torch
 from torch import nn
 
 from .._files import check_output_file
-from .._moved import moved_names
 from ..data.expert_pickles import container_bounds_problem
 from ..data.vocab import Vocabulary
 from .checkpoint import (
@@ -436,6 +435,3 @@ __all__ = [
     "reference_key_map",
     "run_config_from_opt",
 ]
-
-# The command moved into the command-line package (one module per command).
-__getattr__ = moved_names(__name__, {"add_import_parser": "vlret.cli.import_checkpoint:add_parser"})

@@ -8,6 +8,8 @@ objects built from it, its folder and checkpoints, evaluating a checkpoint) is
 :mod:`vlret.run`.
 """
 
+from .._deprecation import module_getattr
+from .deprecated import OLD_NAMES
 from .hooks.core import StepOutput, TrainHook
 from .optim_groups import ParamGroup
 from .parallel.distributed import (
@@ -38,3 +40,7 @@ __all__ = [
     "split_batch",
     "train",
 ]
+
+# 0.1.0's names of the run (config, checkpoints, evaluation) now in vlret.run, each warned
+# about (vlret.train.deprecated)
+__getattr__ = module_getattr(__name__, OLD_NAMES)
