@@ -10,7 +10,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from ..._checks import check_embeddings
+from ..._checks import check_embeddings, compute_dtype
 from ...memory import MemoryQueue, as_id_tensor
 from ...similarity import Ids
 from .._base import LossCapabilities, PairLoss
@@ -390,6 +390,9 @@ class AdaCLLoss(PairLoss):
         if not isinstance(gathered, bool):
             raise ValueError(f"gathered must be a bool, got {gathered!r}")
         check_embeddings(img_emb, txt_emb)
+        # half precision is scored in float32, against the queue too (as the tiled batch does)
+        dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
+        img_emb, txt_emb = img_emb.to(dtype), txt_emb.to(dtype)
         size = img_emb.shape[0]
         # chunk_size is the tile height: set, the batch is tiled even when it fits in one tile
         tiled = self.chunk_size is not None
