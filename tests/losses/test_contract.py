@@ -501,6 +501,28 @@ def test_half_precision(name, entry, dtype):
         assert g.dtype == dtype and torch.isfinite(g).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tiled", [False, True], ids=["dense", "tiled"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_stateful_half_precision_over_steps(name, tiled, dtype):
+    """With a memory queue, a half-precision batch is scored against the queue in float32
+    too: over steps that fill the queue, the values are those of a twin fed the same (rounded)
+    values in float32."""
+    params = stateful_params(name)
+    if not caps(name, params).owns_queue:
+        pytest.skip(f"{name}: LossCapabilities.owns_queue is False (no queue_size)")
+    if tiled:
+        needs_tiled_form(name)
+        params = {**params, "chunk_size": TILES[1]}
+    half, full = (build(name, dtype=torch.float32, **params) for _ in range(2))
+    for seed in range(3):
+        x, y = (t.detach().to(dtype) for t in batch(seed))
+        value = half(x, y, **embedding_inputs(name, dtype))
+        assert value.dtype == torch.float32
+        twin = full(x.float(), y.float(), **embedding_inputs(name, torch.float32))
+        close(value, twin, 2 * B * D * torch.finfo(torch.float32).eps, f"step {seed}")
+
+
 # -- named errors -----------------------------------------------------------------------------
 
 
