@@ -1,6 +1,8 @@
-"""AdaCL's memory bank for pair scorers (vlret.train.procedures.pair_bank): the loss with the bank
-equals the loss of the queued items concatenated to the batch by hand, FIFO order and wrap-around,
-exact resume, the stated memory, and bad sizes refused naming the key."""
+"""AdaCL's memory bank for pair scorers (vlret.train.procedures.pair_memory, and the "pair_bank"
+procedure of vlret.train.procedures.pair_bank): the loss with the bank equals the loss of the
+queued items concatenated to the batch by hand, FIFO order and wrap-around, exact resume, the
+stated memory, the procedure resolved from the loss and the model and refused where it does not
+fit, and bad sizes refused naming the key."""
 
 from __future__ import annotations
 
@@ -18,7 +20,13 @@ from vlret.models import build_model
 from vlret.run.checkpoint import load_checkpoint
 from vlret.run.config import ConfigError, apply_overrides, config_from_dict
 from vlret.train import Trainer, TrainingInterrupted
-from vlret.train.procedures.pair_bank import PairMemoryBank, bank_loss, bank_scores, buffers_kept
+from vlret.train.procedures.pair_bank import PairBankStep
+from vlret.train.procedures.pair_memory import (
+    PairMemoryBank,
+    bank_loss,
+    bank_scores,
+    buffers_kept,
+)
 
 #: Tiny scorers on 4 regions of 16 features.
 MODELS = {
@@ -240,6 +248,60 @@ def test_bad_bank_settings_are_refused_naming_the_key(tmp_path, overrides, key, 
     with pytest.raises(ConfigError) as err:
         Trainer(bank_config(tmp_path / "no_data_here", tmp_path / "out", "scan", overrides))
     assert err.value.key == key and message in str(err.value)
+
+
+def test_the_procedure_is_resolved_from_the_loss_and_the_model_and_named(tmp_path, data):
+    """ "standard" (the default) with a pair scorer whose loss holds a queue is the "pair_bank"
+    procedure, as naming it is; a two-tower model keeps the loss's own embedding queue."""
+    from vlret.train.procedures.registry import resolve_procedure
+
+    lines: list[str] = []
+    for procedure in ("standard", "pair_bank"):
+        cfg = bank_config(data, tmp_path / procedure, "scan", [f"train.procedure={procedure}"])
+        assert resolve_procedure(cfg, scores_pairs=True) == "pair_bank"
+        trainer = Trainer(cfg, print_fn=lines.append)
+        assert isinstance(trainer.loss_step, PairBankStep)
+        assert trainer.loss_step.name == "pair_bank"
+        assert len(trainer.loss_step.ready_bank()) == 0
+    cfg = bank_config(data, tmp_path / "two_tower", "scan")
+    assert resolve_procedure(cfg, scores_pairs=False) == "standard"
+    raw = tiny_raw(data, tmp_path / "two_tower")
+    raw["loss"] = {"name": "adacl", "queue_size": 12}
+    raw["train"]["momentum_encoder"] = 0.9
+    trainer = Trainer(config_from_dict(raw), print_fn=None)
+    assert trainer.loss_step.name == "standard" and trainer.loss_fn.img_queue is not None
+
+
+#: A queue that fills from a momentum encoder (AdaCL's), and a loss without one.
+QUEUE = {"name": "adacl", "queue_size": 12}
+
+
+@pytest.mark.parametrize(
+    ("model", "loss", "procedure", "words"),
+    [
+        (None, QUEUE, "pair_bank", "this run has a two-tower model"),
+        ("scan", {"name": "adacl", "queue_size": 0}, "pair_bank", "a loss without a queue"),
+        ("scan", {"name": "triplet"}, "pair_bank", "a loss without a queue"),
+        ("scan", QUEUE, "ncr", 'trains with the "pair_bank" procedure'),
+    ],
+)
+def test_the_procedure_is_refused_where_it_does_not_fit(
+    tmp_path, data, model, loss, procedure, words
+):
+    """One line naming train.procedure: the bank named for a two-tower model or a loss
+    without a queue, another procedure for a pair scorer's bank."""
+    raw = tiny_raw(data, tmp_path / "out")
+    if model is not None:
+        raw["model"] = {**MODELS[model], "embed_dim": 16, "image": {"in_dim": 16}}
+        raw["model"]["text"] = {"word_dim": 8}
+    raw["loss"] = dict(loss)
+    raw["train"]["procedure"] = procedure
+    if loss.get("queue_size"):
+        raw["train"]["momentum_encoder"] = 0.9
+    with pytest.raises(ConfigError) as err:
+        Trainer(config_from_dict(raw), print_fn=None)
+    assert err.value.key == "train.procedure" and words in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_ctrl_c_then_resume_equals_uninterrupted_with_the_bank(tmp_path, data, monkeypatch):

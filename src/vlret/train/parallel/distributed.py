@@ -62,6 +62,16 @@ match one process is what depends on the set of images a rank holds in training 
 SGRAF's BatchNorm statistics (computed over the local images on each rank, as any DDP model
 with BatchNorm) and the random dropout masks.
 
+**Procedures that call the model's methods.** AdaCL's memory bank for pair scorers and AOQ's
+pair-scoring path (:mod:`vlret.train.procedures.pair_bank`, :mod:`~vlret.train.procedures.aoq`)
+need the encodings themselves, so they call ``encode_images``, ``encode_texts`` and ``score``
+of the unwrapped model, gather the same row blocks (plus their own ``(B, K)`` bank scores or
+per-item offline scores, stacked in rank order with :func:`gather_with_grad`) and compute the
+whole loss on every rank, scaled by ``N`` as above. Without the DDP forward the wrapper
+reduces nothing in ``backward``; :func:`average_replicas` (run by the procedures' hook before
+the optimiser step) averages the gradients and gives every rank rank 0's buffers, as DDP
+would, so the same argument gives the single-process gradient (tested with 2 gloo processes).
+
 Only rank 0 writes files (:func:`is_main_process`).
 
 **A stalled rank** (a paused process, SIGSTOP, a data read that never returns) would leave the
@@ -310,6 +320,49 @@ def gather_no_grad(local: torch.Tensor) -> torch.Tensor:
     with collective("all_gather"):
         dist.all_gather(parts, local.contiguous())
     return torch.cat(parts, dim=0)
+
+
+def average_replicas(module: torch.nn.Module) -> None:
+    """By hand, what DistributedDataParallel does for a step that called ``module`` through its
+    wrapper: average each parameter's gradient over the ranks, and give every rank rank 0's
+    buffers (BatchNorm statistics; DDP broadcasts them before each forward). No-op in one
+    process.
+
+    For a training step that calls the model's own methods (``encode_images``, ``score``)
+    instead of the DDP forward, as the pair bank and AOQ's pair-scoring path do
+    (:mod:`vlret.train.procedures.replicas`, "Procedures"): without the DDP forward the wrapper
+    expects no backward and reduces nothing, so the gradients are each rank's own until this
+    runs, after ``backward`` and before the optimiser step. A parameter keeps ``grad = None``
+    only where it has none on every rank (a frozen module); else a missing gradient counts as
+    zeros. One all-reduce per dtype of the gradients, one broadcast per buffer.
+    """
+    world = world_size()
+    if world == 1:
+        return
+    params = [p for p in module.parameters() if p.requires_grad]
+    if params:
+        flags = [int(p.grad is not None) for p in params]
+        has = torch.tensor(flags, dtype=torch.int32, device=params[0].device)
+        with collective("all_reduce"):
+            dist.all_reduce(has)
+        used = [p for p, n in zip(params, has.tolist(), strict=True) if n]
+        for p in used:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in used:
+            assert p.grad is not None  # set above
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            with collective("all_reduce of the gradients"):
+                dist.all_reduce(flat)
+            flat.div_(world)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(part.view_as(g))
+    for buffer in module.buffers():
+        with collective("broadcast"):
+            dist.broadcast(buffer, src=0)
 
 
 def any_rank(flag: bool, *, device: torch.device) -> bool:

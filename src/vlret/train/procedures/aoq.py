@@ -19,7 +19,14 @@ images and captions of a plain batch, as the release does.
   ``s(I'_i, T'_i)`` and ``s(I''_i, T''_i)`` from the same ``score`` on the aligned pairs, in
   blocks of ``pair_block`` items whose diagonal is kept (the release scores them one pair at a
   time; a block of ``b`` items costs ``b`` times the pairs it keeps and ``1/b`` the calls).
-  One process only (the per-item scores are not gathered across ranks).
+  Under torchrun each rank scores its images against every rank's captions (the standard
+  step's row blocks, :mod:`vlret.train.parallel.distributed`, "Pair scorers") and its own
+  items' four aligned scores; the row blocks and the per-item scores are gathered with their
+  gradient in rank order, every rank computes the whole loss, and the model's gradients are
+  averaged by hand (:class:`~vlret.train.procedures.replicas.AverageReplicas`: the step calls
+  the model's methods, not the DistributedDataParallel forward). An item's offline draws are a
+  function of its caption index, not of the rank or the batch, so every rank holds the
+  gradient of one process on the concatenated batch (tested with 2 gloo processes).
 
 ``train.procedure_options``: ``pair_block`` (default 16), the block of the aligned pair
 scores. The step holds no state of its own: the draws are a function of ``(train.seed, epoch,
@@ -41,13 +48,16 @@ import torch.nn.functional as F
 
 from ..._modules import unwrap_model
 from ...data.dataset import RetrievalBatch
+from ...models.text import check_captions
 from ...run.config import RunConfig
 from ...run.config_checks import OFFLINE_PAIR_KINDS
 from ...similarity import positive_mask
+from ..context import TrainContext
 from ..hooks.core import TrainHook
 from ..loss_step import LossStep, StepLoss, pair_ids
-from ..parallel.distributed import gather_no_grad, gather_with_grad
+from ..parallel.distributed import gather_no_grad, gather_tokens, gather_with_grad
 from .registry import register_procedure
+from .replicas import AverageReplicas
 
 #: The procedure's options and their defaults.
 OPTIONS: dict[str, int] = {"pair_block": 16}
@@ -74,53 +84,51 @@ class AOQStep(LossStep):
             )
         self.pair_block = pair_block
 
-    def hooks(self, trainer: Any) -> list[Any]:
+    def hooks(self, ctx: TrainContext) -> list[TrainHook]:
         """Checks the run can train AOQ (the training set carries offline negatives; a
-        pair-scoring model is SCAN or BFAN in one process) and returns the hook that gives the
-        draws their seed."""
-        if not callable(getattr(trainer.train_set, "set_seed", None)):
+        pair-scoring model is SCAN or BFAN) and returns the hook that gives the draws their
+        seed, and for a pair-scoring model under torchrun the one that averages the
+        gradients."""
+        if not callable(getattr(ctx.train_set, "set_seed", None)):
             raise ValueError(
                 'train.procedure "aoq": the training set has no offline negatives (set '
                 "data.offline_negatives to the .npz `vlret mine-negatives` wrote)"
             )
-        if trainer.scores_pairs:
-            kind = trainer.config.model.get("kind")
+        hooks: list[TrainHook] = [DrawSeed()]
+        if ctx.scores_pairs:
+            kind = ctx.config.model.get("kind")
             if kind not in OFFLINE_PAIR_KINDS:
                 raise ValueError(
                     f"model.kind {kind!r}: AOQ scores the offline pairs of a pair-scoring "
                     f"model with {' or '.join(OFFLINE_PAIR_KINDS)} only"
                 )
-            if trainer.world > 1:
-                raise ValueError(
-                    f"model.kind {kind!r}: AOQ with a pair-scoring model trains in one process "
-                    f"(this run has {trainer.world}); its per-item offline scores are not "
-                    "gathered across ranks"
-                )
-        return [DrawSeed()]
+            if ctx.world_size > 1:  # the pair path calls the model's methods, not DDP's forward
+                hooks.append(AverageReplicas())
+        return hooks
 
-    def __call__(self, trainer: Any, batch: Any) -> StepLoss:
+    def __call__(self, ctx: TrainContext, batch: Any) -> StepLoss:
         if getattr(batch, "offline", None) is None:
             raise ValueError(
                 "the AOQ procedure needs batches with their offline negatives (the training "
                 "set of data.offline_negatives)"
             )
-        if trainer.scores_pairs:
-            return self.aoq_pair_loss(trainer, batch)
-        return self.aoq_embedding_loss(trainer, batch)
+        if ctx.scores_pairs:
+            return self.aoq_pair_loss(ctx, batch)
+        return self.aoq_embedding_loss(ctx, batch)
 
-    def aoq_embedding_loss(self, trainer: Any, batch: RetrievalBatch) -> StepLoss:
+    def aoq_embedding_loss(self, ctx: TrainContext, batch: RetrievalBatch) -> StepLoss:
         """A two-tower model: one forward of the ``3B`` items (two when they do not stack)."""
         n = len(batch.img_index)
         offline = batch.offline
         assert offline is not None  # __call__ checked it
         joined = join_batches(batch, offline)
-        with trainer._autocast():
+        with ctx.autocast():
             if joined is not None:
-                img_all, txt_all = trainer.ddp_model(joined)
+                img_all, txt_all = ctx.ddp_model(joined)
                 img, txt, off_img, off_txt = img_all[:n], txt_all[:n], img_all[n:], txt_all[n:]
             else:  # the second forward outside the DDP wrapper: one reducer pass per step
-                img, txt = trainer.ddp_model(batch)
-                off_img, off_txt = trainer.model(offline)
+                img, txt = ctx.ddp_model(batch)
+                off_img, off_txt = ctx.model(offline)
         wide = torch.promote_types(img.dtype, torch.float32)
         img, txt, off_img, off_txt = (t.to(wide) for t in (img, txt, off_img, off_txt))
         extra = {
@@ -129,33 +137,32 @@ class AOQStep(LossStep):
             "quintuplet_img_emb": off_img[1::2],
             "quintuplet_txt_emb": off_txt[1::2],
         }
-        if trainer.gather:
+        if ctx.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
             extra = {k: gather_with_grad(v) for k, v in extra.items()}
         ids = gather_no_grad(pair_ids(batch))
         try:
-            loss = trainer.loss_fn(img, txt, ids, ids, **extra)
+            loss = ctx.loss_fn(img, txt, ids, ids, **extra)
             logged = loss.detach()
-            ctx: dict[str, Any] = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
+            out: dict[str, Any] = {"img": img.detach(), "txt": txt.detach(), "ids": ids}
             held = (img.detach(), txt.detach(), {k: v.detach() for k, v in extra.items()})
             # computed on logging steps only (run_log.step_record calls it)
-            ctx["stats"] = lambda: self.embedding_weight_stats(trainer, *held[:2], ids, held[2])
-            return self.scaled(trainer, loss, logged), logged, ctx
+            out["stats"] = lambda: self.embedding_weight_stats(ctx, *held[:2], ids, held[2])
+            return self.scaled(ctx, loss, logged), logged, out
         except (ValueError, FloatingPointError) as err:
-            self.explain_non_finite(trainer, batch, img, txt, err)
+            self.explain_non_finite(ctx, batch, img, txt, err)
             raise
 
-    def aoq_pair_loss(self, trainer: Any, batch: RetrievalBatch) -> StepLoss:
+    def aoq_pair_loss(self, ctx: TrainContext, batch: RetrievalBatch) -> StepLoss:
         """A pair-scoring model: the ``3B`` images and captions encoded once, the batch's score
-        matrix and the four aligned offline scores from the model's ``score``."""
-        from ...models.text import check_captions
-
-        model: Any = unwrap_model(trainer.ddp_model)
+        matrix and the four aligned offline scores from the model's ``score``; under torchrun
+        this rank's row block and its items' aligned scores, gathered (module doc)."""
+        model: Any = unwrap_model(ctx.model)
         n = len(batch.img_index)
         offline = batch.offline
         assert offline is not None  # __call__ checked it
         joined = join_batches(batch, offline)
-        with trainer._autocast():
+        with ctx.autocast():
             if joined is not None:
                 regions = model.encode_images(joined.features)
                 caps, lengths = check_captions(cast(torch.Tensor, joined.captions), joined.lengths)
@@ -170,7 +177,8 @@ class AOQStep(LossStep):
                     rows = model.token_lengths(lengths).to(words.device)
                     parts.append((model.encode_images(b.features), words, rows))
             (r, w, lw), (ro, wo, lo) = parts
-            sim = model.score(r, w, lw)
+            every_w, every_lw = gather_tokens(w, lw)  # every rank's captions (one process: w)
+            sim = model.score(r, every_w, every_lw)  # this rank's row block
             block = self.pair_block
             scores = {
                 "offline_txt_sim": aligned_scores(model, r, wo[0::2], lo[0::2], block),
@@ -179,23 +187,23 @@ class AOQStep(LossStep):
                 "quintuplet_sim": aligned_scores(model, ro[1::2], wo[1::2], lo[1::2], block),
             }
         wide = torch.promote_types(sim.dtype, torch.float32)
-        sim = sim.to(wide)
-        scores = {k: v.to(wide) for k, v in scores.items()}
-        ids = pair_ids(batch)
+        sim = gather_with_grad(sim.to(wide))  # the rank blocks in rank order
+        scores = {k: gather_with_grad(v.to(wide)) for k, v in scores.items()}
+        ids = gather_no_grad(pair_ids(batch))
         try:
             pos_mask = positive_mask(ids, ids).to(sim.device)
-            loss = trainer.loss_fn.from_similarity(sim, pos_mask, **scores)
-            ctx: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
+            loss = ctx.loss_fn.from_similarity(sim, pos_mask, **scores)
+            out: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
             held_scores = {k: v.detach() for k, v in scores.items()}
-            ctx["stats"] = lambda: self.weight_stats(trainer, sim.detach(), pos_mask, held_scores)
-            return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+            out["stats"] = lambda: self.weight_stats(ctx, sim.detach(), pos_mask, held_scores)
+            return self.scaled(ctx, loss, loss.detach()), loss.detach(), out
         except (ValueError, FloatingPointError) as err:
-            self.explain_non_finite(trainer, batch, None, None, err)
+            self.explain_non_finite(ctx, batch, None, None, err)
             raise
 
     def embedding_weight_stats(
         self,
-        trainer: Any,
+        ctx: TrainContext,
         img: torch.Tensor,
         txt: torch.Tensor,
         ids: torch.Tensor,
@@ -203,7 +211,7 @@ class AOQStep(LossStep):
     ) -> dict[str, float]:
         """:meth:`weight_stats` from embeddings, scored as the loss scores them."""
         with torch.no_grad():
-            normalize = bool(getattr(trainer.loss_fn, "normalize", True))
+            normalize = bool(getattr(ctx.loss_fn, "normalize", True))
 
             def unit(a: torch.Tensor) -> torch.Tensor:
                 return F.normalize(a, dim=-1, eps=1e-8) if normalize else a
@@ -213,17 +221,20 @@ class AOQStep(LossStep):
                 "offline_txt_sim": (i * unit(extra["offline_txt_emb"])).sum(-1),
                 "offline_img_sim": (unit(extra["offline_img_emb"]) * t).sum(-1),
             }
-            return self.weight_stats(trainer, i @ t.T, positive_mask(ids, ids), offline)
+            return self.weight_stats(ctx, i @ t.T, positive_mask(ids, ids), offline)
 
     @staticmethod
     def weight_stats(
-        trainer: Any, sim: torch.Tensor, pos_mask: torch.Tensor, scores: dict[str, torch.Tensor]
+        ctx: TrainContext,
+        sim: torch.Tensor,
+        pos_mask: torch.Tensor,
+        scores: dict[str, torch.Tensor],
     ) -> dict[str, float]:
         """The means of the adaptive weights ``beta - (offline - hardest online) / alpha`` of
         the batch (caption side ``aoq_weight_txt``, image side ``aoq_weight_img``) and the
         fraction below zero (``aoq_weight_negative``); anchors without an online negative are
         left out."""
-        config = getattr(trainer.loss_fn, "config", None)
+        config = getattr(ctx.loss_fn, "config", None)
         alpha, beta = getattr(config, "alpha", None), getattr(config, "beta", None)
         if alpha is None or beta is None:
             return {}
@@ -286,8 +297,8 @@ class DrawSeed(TrainHook):
     """Gives the training set's offline draws the run seed (``train.seed``) before each epoch
     (and a resumed one), before the epoch's DataLoader copies the set into its workers."""
 
-    def before_epoch(self, trainer: Any) -> None:
-        trainer.train_set.set_seed(trainer.config.train.seed)
+    def before_epoch(self, ctx: TrainContext) -> None:
+        ctx.train_set.set_seed(ctx.config.train.seed)
 
 
 @register_procedure("aoq")

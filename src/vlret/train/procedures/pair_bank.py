@@ -1,363 +1,73 @@
-"""AdaCL's momentum memory bank for models that score pairs themselves (SCAN, BFAN, SGRAF).
+"""AdaCL's momentum memory bank for models that score pairs themselves (SCAN, BFAN, SGRAF):
+the ``"pair_bank"`` training procedure.
 
-A two-tower model's queue holds one embedding per past image and caption
-(:class:`~vlret.memory.MemoryQueue`). A pair scorer has none: it scores an image's regions
-against a caption's words together. Its bank (:class:`PairMemoryBank`) therefore holds each
-past item's *encodings*, the model's per-item output before cross-attention: the ``(R, D)``
-region features of an image and the ``(W, D)`` word features of a caption with their length,
-plus the image id of each entry. AdaCL (Sec. 3.1, 4.1, A.9; its Table 12 trains SCAN with a
-bank of 2048 to 8192) fills it, as MoCo does, from the momentum encoder
-(``train.momentum_encoder``, 0.99).
+A config gets it when its model scores pairs and its loss holds a memory queue
+(``LossCapabilities.owns_queue``: AdaCL with ``loss.queue_size > 0``) and ``train.procedure``
+is ``"standard"`` (the default), as :func:`~vlret.train.procedures.registry.build_procedure`
+resolves it; naming ``train.procedure = "pair_bank"`` for another model or loss is refused with
+one line naming the key, and so is another procedure for such a config (no other step fills a
+pair scorer's bank). The run's start prints the bank's size and bytes, and ``vlret train
+--check`` reports it.
+
+The bank (:class:`~vlret.train.procedures.pair_memory.PairMemoryBank`) holds each past item's
+encodings (an image's ``(R, D)`` regions, a caption's ``(W, D)`` words and its length, the
+image id); AdaCL (Sec. 3.1, 4.1, A.9; its Table 12 trains SCAN with a bank of 2048 to 8192)
+fills it, as MoCo does, from the momentum encoder (``train.momentum_encoder``, 0.99).
 
 Each training step (:class:`PairBankStep`) encodes the batch, scores it as the standard step
-does (``(B, B)``), then scores the current images against the queued captions ``(B, K)`` and
-the queued images against the current captions ``(K, B)`` with the model's own ``score``
-(:func:`bank_scores`), and hands these to the loss's ``from_similarity`` as its
-``extra_neg_txt`` / ``extra_neg_img`` with the masks of the entries that are negatives (filled,
-and of another image than the row's), exactly as AdaCL's two-tower queue hands its
-similarities. The batch's momentum encodings are enqueued after the optimiser step (a hook), so
-the scores and their backward read the bank as it was before the step.
+does, then scores the current images against the queued captions ``(B, K)`` and the queued
+images against the current captions ``(K, B)`` with the model's own ``score``
+(:func:`~vlret.train.procedures.pair_memory.bank_scores`), and hands these to the loss's
+``from_similarity`` as its ``extra_neg_txt`` / ``extra_neg_img`` with the masks of the entries
+that are negatives (filled, and of another image than the row's), exactly as AdaCL's two-tower
+queue hands its similarities. The batch's momentum encodings are enqueued after the optimiser
+step (a hook), so the scores and their backward read the bank as it was before the step.
 
-**Memory.** The bank holds ``size x (R x D + W x D)`` numbers in its dtype (float32 by default:
-4 bytes each), ``W`` the longest caption of the training split in the model's rows
-(:attr:`PairMemoryBank.feature_bytes`; ids, lengths and flags add ``17 x size`` bytes). The
-trainer prints it when the run starts. Scoring it costs ``2 x B x K`` pair scores a step
-against ``B x B`` without it; the queued pairs are scored ``block_pairs`` pairs at a time, each
-block under activation checkpointing, so the step keeps one block's intermediates (recomputed
-in backward) instead of all of them.
+**Several processes** (torchrun). Every rank holds the same bank. Each rank encodes its ``B``
+items, scores its images against every rank's captions (gathered as the standard step gathers
+them, :mod:`vlret.train.parallel.distributed`, "Pair scorers") and its own images and captions
+against the bank: ``(B, K)`` and ``(K, B)``. These blocks are gathered with their gradient into
+the global ``(N*B, N*B)``, ``(N*B, K)`` and ``(K, N*B)`` scores, on which every rank computes
+the whole loss; the model's gradients are averaged by hand
+(:class:`~vlret.train.procedures.replicas.AverageReplicas`, the step calls the model's methods
+rather than the DistributedDataParallel forward), so every rank holds the gradient of one
+process on the concatenated batch. The momentum encodings of all ranks are gathered in rank
+order and enqueued on every rank: the bank holds on every rank what one process holds (tested
+with 2 gloo processes over several steps). Each rank scores ``2 x B x K`` queued pairs, so the
+bank's cost is divided by the number of ranks; its memory is not (each rank holds all of it).
+SGRAF in training mode normalises over the images of each call, which are the rank's own, as
+for the standard step.
 
-**Choices** (where the paper says nothing):
-
-* Every pair score of SCAN and BFAN depends only on its own regions and words, so the scores
-  equal those of the queued items concatenated to the batch. SGRAF in evaluation mode too; in
-  training mode its BatchNorms normalise over the images of a call and dropout draws per call:
-  the current images' blocks are normalised over the current batch (as the in-batch scores),
-  each block of queued images over that block, and the bank's calls leave the running
-  statistics untouched (restored after each call), so they follow the batch as without a
-  bank.
-* The bank runs in one process, with the standard training procedure: under torchrun the
-  scores would have to come out of the DistributedDataParallel forward (refused with a
-  message).
-* The loss's own embedding queues (AdaCL's ``img_queue`` / ``txt_queue``, which the score-matrix
-  path never reads) are dropped; ``loss.queue_size`` sizes the bank instead.
+**Choices** (where the paper says nothing): the loss's own embedding queues (AdaCL's
+``img_queue`` / ``txt_queue``, which the score-matrix path never reads) are dropped;
+``loss.queue_size`` sizes the bank instead. The procedure takes no ``train.procedure_options``.
+The bank is the procedure's state in a checkpoint (``procedure["pair_bank"]``, as before the
+procedure had its own name).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-import torch.utils.checkpoint as activation_checkpoint
 from torch import nn
 
 from ..._modules import unwrap_model
-from ...memory import NO_ID, as_id_tensor
+from ...losses import loss_capabilities
 from ...models.pair_scorer import PairScoringModel
 from ...models.text import check_batch, check_captions
-from ...run.config import ConfigError
-from ...similarity import positive_mask
+from ...run.config import ConfigError, RunConfig
+from ..context import TrainContext
 from ..hooks.core import StepOutput, TrainHook
 from ..loss_step import LossStep, StepLoss, pair_ids
+from ..parallel.distributed import gather_no_grad, gather_tokens, gather_with_grad
+from .pair_memory import DEFAULT_BLOCK_PAIRS, PairMemoryBank, bank_loss, bank_scores, positive_int
+from .registry import register_procedure
+from .replicas import AverageReplicas
 
-#: Queued pairs scored per call (per block) by default: ``B x entries`` or ``entries x B``.
-DEFAULT_BLOCK_PAIRS = 8192
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-class PairMemoryBank(nn.Module):
-    """First-in first-out bank of encoded images and captions of past batches.
-
-    Buffers (all in ``state_dict``): ``regions`` ``(size, R, D)``, ``words`` ``(size, W, D)``
-    (zero past each caption's length), ``lengths`` ``(size,)`` (the rows of each caption, the
-    model's ``token_lengths``), ``ids`` ``(size,)`` (the image id of each entry, ``-1`` where
-    unknown), ``valid`` ``(size,)`` and ``ptr`` (the next slot). Slots are written in order and
-    wrap around, so the filled slots are always ``0 .. len(bank) - 1`` (:meth:`entries` gives
-    views of them, no copy); a batch longer than the bank keeps its last ``size`` rows.
-
-    Args:
-        size: Number of entries (AdaCL's ``M``: ``loss.queue_size``).
-        regions: Rows per image ``R`` (regions, or experts).
-        dim: Feature size ``D`` of a region.
-        words_max: Rows per caption ``W`` the bank can hold (the longest caption).
-        word_dim: Feature size of a word (default ``dim``).
-        dtype: Floating-point dtype of the stored features.
-
-    Raises:
-        ValueError: A size is not a positive integer or ``dtype`` is not floating point.
-    """
-
-    regions: torch.Tensor
-    words: torch.Tensor
-    lengths: torch.Tensor
-    ids: torch.Tensor
-    valid: torch.Tensor
-    ptr: torch.Tensor
-
-    def __init__(
-        self,
-        size: int,
-        regions: int,
-        dim: int,
-        words_max: int,
-        *,
-        word_dim: int | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__()
-        self.size = _positive_int(size, "size")
-        self.num_regions = _positive_int(regions, "regions")
-        self.dim = _positive_int(dim, "dim")
-        self.words_max = _positive_int(words_max, "words_max")
-        self.word_dim = _positive_int(dim if word_dim is None else word_dim, "word_dim")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
-        self.register_buffer("regions", torch.zeros(size, regions, dim, dtype=dtype))
-        self.register_buffer("words", torch.zeros(size, words_max, self.word_dim, dtype=dtype))
-        self.register_buffer("lengths", torch.zeros(size, dtype=torch.long))
-        self.register_buffer("ids", torch.full((size,), NO_ID, dtype=torch.long))
-        self.register_buffer("valid", torch.zeros(size, dtype=torch.bool))
-        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
-
-    @staticmethod
-    def bytes_for(
-        size: int, regions: int, dim: int, words_max: int, word_dim: int, dtype: torch.dtype
-    ) -> int:
-        """``size x (regions x dim + words_max x word_dim) x bytes per number``: the features'
-        bytes of a bank of these sizes."""
-        per_number = torch.empty((), dtype=dtype).element_size()
-        return size * (regions * dim + words_max * word_dim) * per_number
-
-    @property
-    def feature_bytes(self) -> int:
-        """Bytes of the stored features (``regions`` and ``words``), as :meth:`bytes_for`."""
-        return self.bytes_for(
-            self.size, self.num_regions, self.dim, self.words_max, self.word_dim, self.words.dtype
-        )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every buffer: the features plus ids, lengths, flags and the pointer."""
-        return sum(b.nbytes for b in self.buffers())
-
-    def describe(self) -> str:
-        """One line: entries, their shapes and the bank's bytes."""
-        per = self.words.element_size()
-        return (
-            f"memory bank: {self.size} entries x ({self.num_regions} regions x {self.dim} + "
-            f"{self.words_max} words x {self.word_dim}) x {per} bytes = "
-            f"{self.feature_bytes / 2**20:.1f} MiB ({self.feature_bytes} bytes)"
-        )
-
-    def __len__(self) -> int:
-        """Number of filled entries."""
-        return int(self.valid.sum())
-
-    @torch.no_grad()
-    def enqueue(
-        self,
-        regions: torch.Tensor,
-        words: torch.Tensor,
-        lengths: torch.Tensor,
-        ids: torch.Tensor | Sequence[int] | None = None,
-    ) -> None:
-        """Write a batch's encodings (detached) at the pointer, wrapping around.
-
-        Args:
-            regions: ``(n, R, D)`` encoded images.
-            words: ``(n, L, D)`` encoded captions, ``L <= words_max`` rows (zero-padded here).
-            lengths: ``(n,)`` rows of each caption, in ``1..words_max``.
-            ids: The image id of each entry (``>= 0``); None stores ``-1`` (no query's).
-
-        Raises:
-            ValueError: A shape, length or id that does not fit the bank, or NaN / inf.
-        """
-        n = regions.shape[0] if isinstance(regions, torch.Tensor) else -1
-        want = (n, self.num_regions, self.dim)
-        if not isinstance(regions, torch.Tensor) or regions.dim() != 3 or regions.shape != want:
-            got = tuple(regions.shape) if isinstance(regions, torch.Tensor) else type(regions)
-            want_s = f"(n, {self.num_regions}, {self.dim})"
-            raise ValueError(f"regions must have shape {want_s}, got {got}")
-        if not isinstance(words, torch.Tensor) or words.dim() != 3 or words.shape[0] != n:
-            got = tuple(words.shape) if isinstance(words, torch.Tensor) else type(words)
-            raise ValueError(f"words must have shape ({n}, L, {self.word_dim}), got {got}")
-        if words.shape[2] != self.word_dim:
-            raise ValueError(f"words must have {self.word_dim} features, got {words.shape[2]}")
-        lengths = torch.as_tensor(lengths)
-        if lengths.shape != (n,) or lengths.dtype.is_floating_point:
-            raise ValueError(f"lengths must be ({n},) integers, got {tuple(lengths.shape)}")
-        if n and (int(lengths.min()) < 1 or int(lengths.max()) > self.words_max):
-            raise ValueError(
-                f"lengths must lie in 1..words_max={self.words_max}, got "
-                f"{int(lengths.min())}..{int(lengths.max())} (a caption longer than the "
-                "longest of the training split)"
-            )
-        for name, t in (("regions", regions), ("words", words)):
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"{name} holds NaN or inf")
-        id_t = (
-            torch.full((n,), NO_ID, dtype=torch.long)
-            if ids is None
-            else as_id_tensor(ids, "ids", n)
-        )
-        if n == 0:
-            return
-        device, dtype = self.regions.device, self.regions.dtype
-        width = min(words.shape[1], self.words_max)
-        padded = torch.zeros(n, self.words_max, self.word_dim, dtype=dtype, device=device)
-        padded[:, :width] = words[:, :width].to(device, dtype)
-        rows = torch.arange(self.words_max, device=device)[None, :] < lengths.to(device)[:, None]
-        padded.masked_fill_(~rows[..., None], 0.0)  # nothing past a caption's length
-        regions = regions.detach().to(device, dtype)
-        lengths, id_t = lengths.to(device, torch.long), id_t.to(device)
-        if n > self.size:  # only the newest `size` rows survive, where the overflow ends
-            start = int(self.ptr) + n - self.size
-            regions, padded, lengths, id_t = (
-                t[-self.size :] for t in (regions, padded, lengths, id_t)
-            )
-        else:
-            start = int(self.ptr)
-        slots = (start + torch.arange(regions.shape[0], device=device)) % self.size
-        self.regions.index_copy_(0, slots, regions)
-        self.words.index_copy_(0, slots, padded)
-        self.lengths.index_copy_(0, slots, lengths)
-        self.ids.index_copy_(0, slots, id_t)
-        self.valid[slots] = True
-        self.ptr.fill_((int(self.ptr) + n) % self.size)
-
-    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Views of the filled entries in slot order: ``(regions, words, lengths, ids)``."""
-        n = len(self)
-        return self.regions[:n], self.words[:n], self.lengths[:n], self.ids[:n]
-
-    def negative_mask(self, query_ids: torch.Tensor) -> torch.Tensor:
-        """``(n_query, len(bank))`` bool: the filled entries of another image than the query's
-        (an entry is never a negative of its own image's queries)."""
-        ids = self.entries()[3]
-        q = as_id_tensor(query_ids, "query_ids", query_ids.shape[0]).to(ids.device)
-        return ids[None, :] != q[:, None]
-
-    @torch.no_grad()
-    def reset(self) -> None:
-        """Empty the bank."""
-        for t in (self.regions, self.words, self.lengths, self.valid, self.ptr):
-            t.zero_()
-        self.ids.fill_(NO_ID)
-
-    def extra_repr(self) -> str:
-        return (
-            f"size={self.size}, regions={self.num_regions}, dim={self.dim}, "
-            f"words_max={self.words_max}, word_dim={self.word_dim}"
-        )
-
-
-@contextmanager
-def buffers_kept(model: nn.Module) -> Iterator[None]:
-    """Restore every buffer of ``model`` (BatchNorm running statistics) on exit."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, copy in saved:
-                b.copy_(copy)
-
-
-def _blocks(total: int, per_block: int) -> list[tuple[int, int]]:
-    """``total`` entries in near-equal blocks of at least ``min(per_block, total)`` each (so a
-    training-mode BatchNorm never sees a block of one image when ``per_block >= 2``)."""
-    if total == 0:
-        return []
-    count = max(1, total // per_block)
-    bounds = [round(i * total / count) for i in range(count + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
-
-
-def bank_scores(
-    model: nn.Module,
-    regions: torch.Tensor,
-    words: torch.Tensor,
-    rows: torch.Tensor,
-    bank: PairMemoryBank,
-    *,
-    block_pairs: int = DEFAULT_BLOCK_PAIRS,
-    checkpoint: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The current batch scored against the bank by the model's own ``score``.
-
-    Args:
-        model: A :class:`~vlret.models.PairScorer`.
-        regions: ``(B, R, D)`` the batch's encoded images (with gradient).
-        words: ``(B, L, D)`` the batch's encoded captions.
-        rows: ``(B,)`` rows of each caption (``token_lengths``).
-        bank: The bank; its filled entries are scored.
-        block_pairs: Queued pairs per ``score`` call: ``max(2, block_pairs // B)`` entries a
-            block (in near-equal blocks).
-        checkpoint: Recompute each block in backward instead of keeping its intermediates
-            (when gradient is on).
-
-    Returns:
-        ``(to_txt, to_img)``: the ``(B, K)`` scores of the current images with the queued
-        captions and the ``(K, B)`` scores of the queued images with the current captions,
-        ``K = len(bank)``. The model's buffers are as before the call.
-    """
-    q_regions, q_words, q_rows, _ = bank.entries()
-    k, b = q_regions.shape[0], regions.shape[0]
-    dtype = torch.promote_types(regions.dtype, torch.float32)
-    if k == 0:
-        empty = regions.new_zeros((b, 0), dtype=dtype)
-        return empty, empty.t()
-    per_block = max(2, _positive_int(block_pairs, "block_pairs") // max(b, 1))
-    scorer = cast(PairScoringModel, unwrap_model(model))
-
-    def score(r: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        with buffers_kept(scorer):  # running statistics: the batch's call only
-            return scorer.score(r, w, n)
-
-    def call(*args: torch.Tensor) -> torch.Tensor:
-        if checkpoint and torch.is_grad_enabled():
-            out = activation_checkpoint.checkpoint(score, *args, use_reentrant=False)
-            assert isinstance(out, torch.Tensor)  # score returns one tensor
-            return out
-        return score(*args)
-
-    q_regions, q_words = q_regions.to(regions.dtype), q_words.to(words.dtype)
-    to_txt, to_img = [], []
-    for k0, k1 in _blocks(k, per_block):
-        top = int(q_rows[k0:k1].max())  # each block trimmed to its longest caption
-        to_txt.append(call(regions, q_words[k0:k1, :top], q_rows[k0:k1]))
-        to_img.append(call(q_regions[k0:k1], words, rows))
-    return torch.cat(to_txt, dim=1), torch.cat(to_img, dim=0)
-
-
-def bank_loss(
-    loss_fn: Any,
-    sim: torch.Tensor,
-    ids: torch.Tensor,
-    to_txt: torch.Tensor,
-    to_img: torch.Tensor,
-    bank: PairMemoryBank,
-) -> torch.Tensor:
-    """The loss of the in-batch scores ``sim`` ``(B, B)`` with the bank's as extra negatives:
-    ``loss_fn.from_similarity(sim, pos_mask, extra_neg_txt=to_txt, extra_neg_img=to_img,
-    ...)`` with the masks of the entries of another image than each row's (column's)."""
-    pos_mask = positive_mask(ids, ids).to(sim.device)
-    negatives = bank.negative_mask(ids).to(sim.device)  # (B, K)
-    wide = sim.dtype
-    return loss_fn.from_similarity(
-        sim,
-        pos_mask,
-        extra_neg_txt=to_txt.to(wide),
-        extra_neg_txt_mask=negatives,
-        extra_neg_img=to_img.to(wide),
-        extra_neg_img_mask=negatives.t(),
-    )
+#: The procedure's name (``train.procedure``) and its state's key in a checkpoint.
+NAME = "pair_bank"
 
 
 class EnqueueAfterStep(TrainHook):
@@ -366,20 +76,28 @@ class EnqueueAfterStep(TrainHook):
     def __init__(self, step: PairBankStep) -> None:
         self.step = step
 
-    def after_step(self, trainer: Any, step: StepOutput) -> None:
+    def after_step(self, ctx: TrainContext, step: StepOutput) -> None:
         self.step.flush()
 
 
 class PairBankStep(LossStep):
     """The standard step of a pair scorer with AdaCL's memory bank (see the module doc).
 
+    The bank is built when the trainer asks for the procedure's hooks (:meth:`hooks`): the
+    loss's ``queue_size`` entries shaped by the model's encodings of one training item and the
+    longest training caption (:func:`build_bank`); a bank given here is used as it is.
+
     Args:
-        bank: The bank (its state is the procedure's, in a checkpoint's ``procedure``).
-        block_pairs: Queued pairs per score call (:func:`bank_scores`).
+        bank: A bank to use instead of building one.
+        block_pairs: Queued pairs per score call
+            (:func:`~vlret.train.procedures.pair_memory.bank_scores`).
         checkpoint: Activation checkpointing of each block.
+
+    Raises:
+        ValueError: ``block_pairs`` is not a positive integer.
     """
 
-    name = "standard"
+    name = NAME
     #: Why ``dev_loss`` is null for these runs (:func:`vlret.train.dev_loss.dev_loss_skipped`).
     dev_loss_note = (
         "the pair scorer's memory bank (loss.queue_size) adds queued negatives to each step's "
@@ -388,73 +106,134 @@ class PairBankStep(LossStep):
 
     def __init__(
         self,
-        bank: PairMemoryBank,
         *,
+        bank: PairMemoryBank | None = None,
         block_pairs: int = DEFAULT_BLOCK_PAIRS,
         checkpoint: bool = True,
     ) -> None:
         self.bank = bank
-        self.block_pairs = _positive_int(block_pairs, "block_pairs")
+        self.block_pairs = positive_int(block_pairs, "block_pairs")
         self.checkpoint = checkpoint
         self.pending: tuple[torch.Tensor, ...] | None = None
 
-    def hooks(self, trainer: Any) -> list[Any]:
-        return [EnqueueAfterStep(self)]
+    def hooks(self, ctx: TrainContext) -> list[TrainHook]:
+        """Checks the run fits the bank (a pair-scoring model, a loss with a queue), builds the
+        bank on the run's device (its size printed; the loss's embedding queues dropped) and
+        returns the hook that fills it, and under torchrun the one that averages the
+        gradients.
+
+        Raises:
+            ConfigError: The model does not score pairs or the loss holds no queue (named
+                ``train.procedure``).
+        """
+        config = ctx.config
+        if not (ctx.scores_pairs and ctx.loss_caps.owns_queue):
+            why = "a two-tower model" if not ctx.scores_pairs else "a loss without a queue"
+            raise ConfigError(config.source, "train.procedure", misfit(config, why))
+        if self.bank is None:
+            self.bank = build_bank(ctx)
+            ctx.print(f"{config.source}: {self.bank.describe()}")
+        replicas: list[TrainHook] = [AverageReplicas()] if ctx.world_size > 1 else []
+        return [*replicas, EnqueueAfterStep(self)]
+
+    def ready_bank(self) -> PairMemoryBank:
+        """The bank (built by :meth:`hooks`)."""
+        if self.bank is None:
+            raise RuntimeError("the pair bank is built by PairBankStep.hooks(ctx) before a step")
+        return self.bank
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pair_bank": self.bank.state_dict()}
+        return {NAME: self.ready_bank().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"pair_bank"}:
+        if set(state) != {NAME}:
             raise ValueError(
                 "the checkpoint holds no pair-scoring memory bank (procedure state "
                 f"{sorted(state)}); it was trained without loss.queue_size"
             )
-        self.bank.load_state_dict(state["pair_bank"])
+        self.ready_bank().load_state_dict(state[NAME])
         self.pending = None
 
     def flush(self) -> None:
         """Enqueue the last step's momentum encodings (once)."""
         if self.pending is not None:
-            self.bank.enqueue(*self.pending)
+            self.ready_bank().enqueue(*self.pending)
             self.pending = None
 
-    def pair_loss(self, trainer: Any, batch: Any) -> StepLoss:
-        model = cast(PairScoringModel, unwrap_model(trainer.ddp_model))
+    def __call__(self, ctx: TrainContext, batch: Any) -> StepLoss:
+        """The loss of the batch with the bank's scores as extra negatives; under torchrun of
+        the global batch (module doc, "Several processes")."""
+        bank = self.ready_bank()
+        model = cast(PairScoringModel, unwrap_model(ctx.model))
         check_batch(batch)
         captions, lengths = check_captions(batch.captions, batch.lengths)
-        with trainer._autocast():  # the standard step's forward, its encodings kept
+        with ctx.autocast():  # the standard step's forward, its encodings kept
             regions = model.encode_images(batch.features)
             words = model.encode_texts(captions, lengths)
             rows = model.token_lengths(lengths).to(words.device)
-            sim = model.score(regions, words, rows)
+            every_words, every_rows = gather_tokens(words, rows)  # as they are in one process
+            sim = model.score(regions, every_words, every_rows)  # (B, N*B)
             to_txt, to_img = bank_scores(
                 model,
                 regions,
                 words,
                 rows,
-                self.bank,
+                bank,
                 block_pairs=self.block_pairs,
                 checkpoint=self.checkpoint,
             )
-            keys = cast(
-                PairScoringModel, trainer.momentum_encoder.module
-            )  # the config check: a momentum encoder
+            momentum = ctx.momentum_encoder  # the config check: a momentum encoder
+            assert momentum is not None
+            keys = cast(PairScoringModel, momentum.module)
             with torch.no_grad():
                 k_regions = keys.encode_images(batch.features)
                 k_words = keys.encode_texts(captions, lengths)
-                k_rows = keys.token_lengths(lengths)
-        sim = sim.to(torch.promote_types(sim.dtype, torch.float32))
-        ids = pair_ids(batch)
+                k_rows = keys.token_lengths(lengths).to(k_words.device)
+        wide = torch.promote_types(sim.dtype, torch.float32)
+        sim, to_txt, to_img = sim.to(wide), to_txt.to(wide), to_img.to(wide)
+        # row blocks of each rank stacked in rank order (the batch itself in one process)
+        sim = gather_with_grad(sim)
+        if to_txt.shape[1]:  # the same K on every rank: the same bank
+            to_txt = gather_with_grad(to_txt)
+            to_img = gather_with_grad(to_img.t().contiguous()).t()  # each rank's columns
+        else:
+            to_txt = sim.new_zeros((sim.shape[0], 0))
+            to_img = to_txt.t()
+        ids = gather_no_grad(pair_ids(batch))
         try:
-            loss = bank_loss(trainer.loss_fn, sim, ids, to_txt, to_img, self.bank)
+            loss = bank_loss(ctx.loss_fn, sim, ids, to_txt, to_img, bank)
         except (ValueError, FloatingPointError) as err:
-            self.explain_non_finite(trainer, batch, None, None, err)
+            self.explain_non_finite(ctx, batch, None, None, err)
             raise
-        self.pending = (k_regions, k_words, k_rows, ids)
+        with torch.no_grad():  # every rank enqueues every rank's keys, in rank order
+            k_words, k_rows = gather_tokens(k_words, k_rows)
+            self.pending = (gather_no_grad(k_regions), k_words, k_rows, ids)
         used = {"bank_entries": int(to_txt.shape[1])}  # the entries this step scored
-        ctx = {"sim": sim.detach(), "ids": ids, "stats": lambda: used}
-        return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+        ctx_out = {"sim": sim.detach(), "ids": ids, "stats": lambda: used}
+        return self.scaled(ctx, loss, loss.detach()), loss.detach(), ctx_out
+
+
+def misfit(config: RunConfig, why: str) -> str:
+    """The one line refusing ``train.procedure = "pair_bank"`` for a run it does not fit."""
+    return (
+        f'"{NAME}" is the memory bank of a pair-scoring model (SCAN, BFAN, SGRAF) whose loss '
+        f"holds a queue (loss.queue_size > 0); this run has {why} (model.kind "
+        f"{config.model.get('kind')!r}, loss.name {config.loss.name!r})"
+    )
+
+
+def build_bank(ctx: TrainContext) -> PairMemoryBank:
+    """The bank of ``loss.queue_size`` entries for the run's model and training captions, on
+    its device; the loss's own embedding queues (never read on the score-matrix path) are
+    dropped."""
+    loss_fn = ctx.loss_fn
+    size = int(cast(Any, loss_fn).config.queue_size)
+    for name in ("img_queue", "txt_queue"):
+        if getattr(loss_fn, name, None) is not None:
+            setattr(loss_fn, name, None)
+    regions, dim, word_dim = encoding_shapes(ctx.model, ctx.train_set, ctx.device)
+    words_max = longest_caption(ctx.train_set, ctx.encoder, ctx.model)
+    return PairMemoryBank(size, regions, dim, words_max, word_dim=word_dim).to(ctx.device)
 
 
 def longest_caption(train_set: Any, encoder: Any, model: nn.Module) -> int:
@@ -485,53 +264,32 @@ def encoding_shapes(model: nn.Module, train_set: Any, device: torch.device) -> t
     return int(regions.shape[1]), int(regions.shape[2]), int(words.shape[2])
 
 
-def with_pair_bank(trainer: Any, step: LossStep) -> LossStep:
-    """``step``, or a :class:`PairBankStep` when the trainer's model scores pairs and its loss
-    owns a queue (``loss.queue_size > 0``): the bank is built on the trainer's device, its size
-    printed, and the loss's embedding queues dropped.
+@register_procedure(NAME)
+def build(config: RunConfig) -> LossStep:
+    """The pair bank's step with ``loss.queue_size`` entries (no ``train.procedure_options``).
 
     Raises:
-        ConfigError: The run uses another training procedure or several processes.
+        ConfigError: Options given, or a loss without a queue (named ``train.procedure``).
     """
-    if not (trainer.scores_pairs and trainer.loss_caps.owns_queue):
-        return step
-    config = trainer.config
-    if type(step) is not LossStep:
+    if config.train.procedure_options:
+        keys = ", ".join(sorted(config.train.procedure_options))
         raise ConfigError(
-            config.source,
-            "train.procedure",
-            f"the memory bank of a pair scorer (loss.queue_size) runs with the standard "
-            f"procedure, not {config.train.procedure!r}",
+            config.source, "train.procedure_options", f'"{NAME}" takes no options, got {keys}'
         )
-    if trainer.world > 1:
+    if not loss_capabilities(config.loss.name, config.loss.params).owns_queue:
         raise ConfigError(
-            config.source,
-            "loss.queue_size",
-            f"the memory bank of a pair scorer runs in one process, not {trainer.world} "
-            "(torchrun); set queue_size = 0",
+            config.source, "train.procedure", misfit(config, "a loss without a queue")
         )
-    loss_fn = trainer.loss_fn
-    size = int(loss_fn.config.queue_size)
-    for name in ("img_queue", "txt_queue"):  # embeddings: never read on the score-matrix path
-        if getattr(loss_fn, name, None) is not None:
-            setattr(loss_fn, name, None)
-    regions, dim, word_dim = encoding_shapes(trainer.model, trainer.train_set, trainer.device)
-    words_max = longest_caption(trainer.train_set, trainer.encoder, trainer.model)
-    bank = PairMemoryBank(size, regions, dim, words_max, word_dim=word_dim).to(trainer.device)
-    if trainer.print_fn is not None:
-        trainer.print_fn(f"{config.source}: {bank.describe()}")
-    return PairBankStep(bank)
+    return PairBankStep()
 
 
 __all__ = [
-    "DEFAULT_BLOCK_PAIRS",
+    "NAME",
     "EnqueueAfterStep",
     "PairBankStep",
-    "PairMemoryBank",
-    "bank_loss",
-    "bank_scores",
-    "buffers_kept",
+    "build",
+    "build_bank",
     "encoding_shapes",
     "longest_caption",
-    "with_pair_bank",
+    "misfit",
 ]

@@ -2,11 +2,12 @@
 
 A procedure is a :class:`~vlret.train.loss_step.LossStep` (or subclass) built from the run
 config: ``"standard"`` is the one-model step every loss trains with (``"none"`` and null name
-it too); the others change what a
-step or an epoch does (NCR's two co-trained networks with a per-epoch split of the training
-pairs, Meta-SPN's meta step, AOQ's offline negatives). A procedure may add training hooks
-(:meth:`LossStep.hooks`) and keeps its own state in the checkpoint
-(:meth:`LossStep.state_dict`, a checkpoint's ``procedure``), so a resume continues it.
+it too); the others change what a step or an epoch does (NCR's two co-trained networks with a
+per-epoch split of the training pairs, Meta-SPN's meta step, AOQ's offline negatives, AdaCL's
+memory bank of a pair scorer). ``"standard"`` is resolved from what the loss and the model
+need (:func:`resolve_procedure`). A procedure may add training hooks (:meth:`LossStep.hooks`)
+and keeps its own state in the checkpoint (:meth:`LossStep.state_dict`, a checkpoint's
+``procedure``), so a resume continues it.
 
 Register one with :func:`register_procedure`; its module is imported when a config names it
 (:data:`MODULES`), so the core never imports the procedures it does not run::
@@ -22,7 +23,7 @@ import importlib
 from collections.abc import Callable
 
 from ...losses import loss_capabilities
-from ...run.config import RunConfig
+from ...run.config import ConfigError, RunConfig
 from ...run.train_checks import STANDARD_PROCEDURE
 from ..loss_step import LossStep
 
@@ -33,6 +34,7 @@ MODULES: dict[str, str] = {}
 MODULES["aoq"] = "vlret.train.procedures.aoq"
 MODULES["metaspn"] = "vlret.train.procedures.metaspn"
 MODULES["ncr"] = "vlret.train.procedures.ncr"
+MODULES["pair_bank"] = "vlret.train.procedures.pair_bank"
 
 
 def register_procedure(
@@ -62,23 +64,49 @@ def procedure_names() -> list[str]:
     return sorted(set(PROCEDURES) | set(MODULES))
 
 
-def build_procedure(config: RunConfig) -> LossStep:
-    """The procedure ``config.train.procedure`` names, built from ``config``.
+def resolve_procedure(config: RunConfig, *, scores_pairs: bool = False) -> str:
+    """The name of the procedure ``config`` trains with.
 
     ``None`` and ``"none"`` (a config the checks did not resolve) are ``"standard"``
-    (:func:`vlret.run.train_checks.check_procedure`). A config whose loss declares
-    ``LossCapabilities.offline_negatives`` (AOQ's) and whose procedure is ``"standard"`` (the
-    default) gets ``"aoq"``: such a loss needs the offline negatives only that step encodes.
+    (:func:`vlret.run.train_checks.check_procedure`). ``"standard"`` (the default) is resolved
+    from what the loss and the model can do: a loss that declares
+    ``LossCapabilities.offline_negatives`` (AOQ's) gets ``"aoq"``, the one step that encodes
+    each batch's offline negatives; a pair-scoring model (``scores_pairs``) whose loss holds a
+    queue (``LossCapabilities.owns_queue``: AdaCL's ``queue_size``) gets ``"pair_bank"``, the
+    one step that fills a pair scorer's bank (:mod:`.pair_bank`).
+
+    Raises:
+        ConfigError: Another procedure named for a pair scorer whose loss holds a queue
+            (``train.procedure``).
+    """
+    name = config.train.procedure
+    if name is None or name.strip().lower() == "none":
+        name = STANDARD_PROCEDURE
+    caps = loss_capabilities(config.loss.name, config.loss.params)
+    bank = scores_pairs and caps.owns_queue
+    if name == STANDARD_PROCEDURE and caps.offline_negatives:
+        return "aoq"
+    if name == STANDARD_PROCEDURE and bank:
+        return "pair_bank"
+    if bank and name != "pair_bank":
+        why = (
+            f'the memory bank of a pair scorer (loss.queue_size) trains with the "pair_bank" '
+            f"procedure (or standard), not {name!r}"
+        )
+        raise ConfigError(config.source, "train.procedure", why)
+    return name
+
+
+def build_procedure(config: RunConfig, *, scores_pairs: bool = False) -> LossStep:
+    """The procedure ``config.train.procedure`` names (:func:`resolve_procedure`: ``"standard"``
+    resolved from the loss's capabilities and ``scores_pairs``, whether the run's model scores
+    pairs), built from ``config``.
 
     Raises:
         ValueError: An unknown name (the error lists the known ones) or bad options (the
             procedure's own message).
     """
-    name = config.train.procedure
-    if name is None or name.strip().lower() == "none":
-        name = STANDARD_PROCEDURE
-    if name == "standard" and loss_capabilities(config.loss.name).offline_negatives:
-        name = "aoq"  # the one procedure that encodes each batch's offline negatives
+    name = resolve_procedure(config, scores_pairs=scores_pairs)
     if name not in PROCEDURES and name in MODULES:
         importlib.import_module(MODULES[name])
     if name not in PROCEDURES:
@@ -87,4 +115,11 @@ def build_procedure(config: RunConfig) -> LossStep:
     return PROCEDURES[name](config)
 
 
-__all__ = ["MODULES", "PROCEDURES", "build_procedure", "procedure_names", "register_procedure"]
+__all__ = [
+    "MODULES",
+    "PROCEDURES",
+    "build_procedure",
+    "procedure_names",
+    "register_procedure",
+    "resolve_procedure",
+]
