@@ -27,6 +27,7 @@ from vlret.train.procedures.pair_memory import (
     bank_scores,
     buffers_kept,
 )
+from vlret.train.run_check import check_run
 
 #: Tiny scorers on 4 regions of 16 features.
 MODELS = {
@@ -263,6 +264,14 @@ def test_the_procedure_is_resolved_from_the_loss_and_the_model_and_named(tmp_pat
         assert isinstance(trainer.loss_step, PairBankStep)
         assert trainer.loss_step.name == "pair_bank"
         assert len(trainer.loss_step.ready_bank()) == 0
+    # the run's summary (vlret train --check prints it, and the run when it starts) names it
+    summary = check_run(bank_config(data, tmp_path / "checked", "scan")).splitlines()
+    assert summary[-2] == (
+        "  procedure: pair_bank (train.procedure 'standard' resolved by what the loss and the "
+        "model need)"
+    )
+    named = check_run(bank_config(data, tmp_path / "named", "scan", ["train.procedure=pair_bank"]))
+    assert "  procedure: pair_bank" in named.splitlines()
     cfg = bank_config(data, tmp_path / "two_tower", "scan")
     assert resolve_procedure(cfg, scores_pairs=False) == "standard"
     raw = tiny_raw(data, tmp_path / "two_tower")

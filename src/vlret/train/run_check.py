@@ -101,7 +101,7 @@ def check_run(
     try:
         trainer = Trainer(config, resume=resume, overwrite=overwrite, print_fn=None, check=True)
         try:
-            return run_summary(trainer)
+            return run_summary(trainer.context)
         finally:
             trainer.close()
     finally:
