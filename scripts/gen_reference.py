@@ -3,9 +3,12 @@
     python scripts/gen_reference.py            # (re)write docs/reference/config.md, commands.md
     python scripts/gen_reference.py --check    # exit 1 naming the pages that are not current
 
-``docs/reference/config.md`` comes from the one declaration of each key: the ``setting()``
-fields of ``[data]``, ``[optim]`` and ``[train]`` (:mod:`vlret.run.config_sections`) and the
-``param()`` fields of each registered loss (:mod:`vlret.losses.params`) for ``[loss]``.
+``docs/reference/config.md`` comes from the one declaration of each key
+(:mod:`vlret._settings`): the ``setting()`` fields of ``[data]``
+(:mod:`vlret.data.config`), ``[optim]`` and ``[train]`` (:mod:`vlret.run.config_sections`),
+the ``param()`` fields of each registered loss (:mod:`vlret.losses.params`) for ``[loss]``
+and the declared options of each training procedure
+(:mod:`vlret.train.procedures.options`).
 ``docs/reference/commands.md`` comes from the ``vlret`` argument parser
 (:func:`vlret.cli.build_parser`): each command, its usage, arguments and options with their
 help. Neither page is edited by hand; ``tests/project/test_reference.py`` fails when they are stale.
@@ -45,8 +48,8 @@ def shown_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}"
-    if isinstance(value, str | list | dict):
-        return json.dumps(value)
+    if isinstance(value, str | list | tuple | dict):
+        return json.dumps(value)  # a tuple default is written as the list a config gives
     return str(value)
 
 
@@ -59,8 +62,8 @@ def shown_type(hint: Any) -> str:
         return "any"
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         return " | ".join(shown_type(a) for a in typing.get_args(hint))
-    if origin is list:
-        (item,) = typing.get_args(hint) or (typing.Any,)
+    if origin in (list, tuple):  # a config file gives a tuple field as a list
+        item = (typing.get_args(hint) or (typing.Any,))[0]
         return f"list[{shown_type(item)}]"
     if origin is dict:
         args = typing.get_args(hint)
@@ -94,64 +97,75 @@ def _default(f: dataclasses.Field) -> str:
 # -- the config page ---------------------------------------------------------------------------
 
 
-def section_table(section: str, cls: type) -> list[str]:
-    """The rows of one ``setting()``-declared section."""
-    from vlret.run.config_sections import settings
+def section_table(prefix: str, cls: type) -> list[str]:
+    """The rows of one declared record (``setting()`` fields), each key ``prefix.name``."""
+    from vlret._settings import declared
 
     hints = typing.get_type_hints(cls)
     rows = [
         "| Key | Type | Default | Constraint | Description |",
         "|:---|:---|:---|:---|:---|",
     ]
-    for f, declared in settings(cls):
+    for f, setting in declared(cls):
+        if not setting.config:
+            continue
+        constraint = setting.constraint_text() or ("checked by the loss" if setting.spec else "")
         rows.append(
-            f"| `{section}.{f.name}` | {cell(shown_type(hints[f.name]))} | {cell(_default(f))} "
-            f"| {cell(declared.constraint_text())} | {cell(declared.doc)} |"
+            f"| `{prefix}.{f.name}` | {cell(shown_type(hints[f.name]))} | {cell(_default(f))} "
+            f"| {cell(constraint)} | {cell(setting.doc)} |"
         )
     return rows
 
 
-def spec_text(spec: Any) -> str:
-    """A loss parameter's declared constraint in words."""
-    from vlret._checks import Choice, Flag, Number
+def sane_bounds() -> list[str]:
+    """The sane integer ranges of the declared sections, in one sentence."""
+    from vlret._settings import declared
+    from vlret.run.config_sections import SECTION_CLASSES
 
-    if isinstance(spec, Number):
-        return spec.expected()
-    if isinstance(spec, Flag):
-        return "true or false"
-    if isinstance(spec, Choice):
-        return "one of " + ", ".join(f"`{o}`" for o in spec.options)
-    return "checked by the loss" if spec is not None else ""
+    bounds = [
+        f"`{section}.{f.name}` in [{s.sane[0]}, {s.sane[1]}]"
+        for section, cls in SECTION_CLASSES.items()
+        for f, s in declared(cls)
+        if s.sane is not None
+    ]
+    return [
+        "Counts are also bounded far above any real run, so a value that would never let the "
+        "run start is refused when the config is read (a list: each item): "
+        + ", ".join(bounds)
+        + "."
+    ]
+
+
+def procedure_tables() -> list[str]:
+    """One table per training procedure with options: its declared record."""
+    from vlret.train.procedures.ncr.options import NCROptions
+    from vlret.train.procedures.options import AOQOptions, MetaSPNOptions
+
+    declared_options = {"ncr": NCROptions, "metaspn": MetaSPNOptions, "aoq": AOQOptions}
+
+    lines = [
+        "## `[train] procedure_options`",
+        "",
+        "The options of the procedure `train.procedure` names, each declared once with its "
+        "procedure (an unknown key or a bad value is an error naming "
+        "`train.procedure_options.<key>`); the standard step takes none.",
+    ]
+    for name, cls in declared_options.items():
+        title = f'### `train.procedure = "{name}"`'
+        lines += ["", title, "", *section_table("train.procedure_options", cls)]
+    return lines
 
 
 def loss_tables() -> list[str]:
     """One table per registered loss: its ``param()`` declaration's config keys."""
     from vlret.losses import available_losses, loss_class
-    from vlret.losses.params import info
 
     lines: list[str] = []
     for name in available_losses():
-        params = loss_class(name).Params
-        hints = typing.get_type_hints(params)
-        rows = []
-        for f in dataclasses.fields(params):
-            declared = info(f)
-            if not declared.config:
-                continue
-            rows.append(
-                f"| `loss.{f.name}` | {cell(shown_type(hints[f.name]))} | {cell(_default(f))} "
-                f"| {cell(spec_text(declared.spec))} | {cell(declared.doc)} |"
-            )
+        rows = section_table("loss", loss_class(name).Params)
         first = (loss_class(name).__doc__ or "").strip().split("\n\n")[0]
         lines += ["", f"### `{name}`", "", cell(first), ""]
-        if rows:
-            lines += [
-                "| Key | Type | Default | Constraint | Description |",
-                "|:---|:---|:---|:---|:---|",
-                *rows,
-            ]
-        else:
-            lines.append("No parameters.")
+        lines += rows if len(rows) > 2 else ["No parameters."]
     return lines
 
 
@@ -217,9 +231,12 @@ def config_page() -> str:
         "`--set section.key=value` (repeatable; the value is read as TOML: "
         "`--set train.max_steps_per_epoch=2`, `--set 'optim.betas=[0.9, 0.98]'`).",
         "",
-        "Each table is generated from the key's one declaration in the code: the `setting()` "
-        "fields of `vlret.run.config_sections` for `[data]`, `[optim]` and `[train]`, the "
-        "`param()` fields of each loss (`vlret.losses.params`) for `[loss]`. *Constraint* is "
+        "Each table is generated from the key's one declaration in the code (`vlret._settings`): "
+        "the `setting()` fields of `vlret.data.config` for `[data]` and of "
+        "`vlret.run.config_sections` for `[optim]` and `[train]`, the `param()` fields of each "
+        "loss (`vlret.losses.params`) for `[loss]`, the options records of the training "
+        "procedures (`vlret.train.procedures.options`) for `train.procedure_options`. "
+        "*Constraint* is "
         "what the config check refuses (`vlret train CONFIG --check-config` checks the config "
         "alone, `--check` the data, model folder and output folder too, writing nothing). "
         "A relative path in any key starts from the current folder.",
@@ -239,6 +256,7 @@ def config_page() -> str:
     }
     for section, cls in SECTION_CLASSES.items():
         lines += ["", f"## `[{section}]`", "", titles[section], "", *section_table(section, cls)]
+    lines += ["", *sane_bounds(), "", *procedure_tables()]
     lines += ["", *model_tables()]
     lines += [
         "",

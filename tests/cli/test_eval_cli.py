@@ -20,7 +20,7 @@ from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metric
 from vlret.models import build_model
 from vlret.run.builders import build_dataset
 from vlret.run.checkpoint import load_checkpoint
-from vlret.run.config import DataConfig
+from vlret.data.config import DataConfig
 from vlret.run.eval_data import eval_data_config
 from vlret.train import TrainingInterrupted
 

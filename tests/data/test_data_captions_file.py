@@ -11,9 +11,10 @@ import torch
 from vlret.data import DataFormatError, KarpathyDataset, PrecompDataset
 from vlret.data.captioning import read_captions_file, sidecar_path, write_captions_file
 from vlret.data.captioning_files import captions_file_key
+from vlret.data.config import DataConfig
 from vlret.data.writers import make_tiny_karpathy, make_tiny_precomp
 from vlret.run.builders import build_dataset, build_encoder
-from vlret.run.config import ConfigError, DataConfig, config_from_dict
+from vlret.run.config import ConfigError, config_from_dict
 
 
 def _pseudo(n_images: int, k: int, tag: str = "pc") -> list[str]:

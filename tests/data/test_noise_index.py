@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from vlret.data import DataFormatError
+from vlret.data.config import DataConfig
 from vlret.data.noisy import (
     apply_noise_index,
     generate_noise_index,
@@ -27,7 +28,7 @@ from vlret.data.noisy import (
 from vlret.eval.encode import encode_dataset
 from vlret.metrics import retrieval_metrics
 from vlret.run.builders import build_dataset, build_train_dataset, load_trained_model
-from vlret.run.config import ConfigError, DataConfig, config_from_dict
+from vlret.run.config import ConfigError, config_from_dict
 from vlret.run.eval_data import eval_data_config
 from vlret.run.evaluate import run_evaluation
 from vlret.run.folder import RunFolderError, check_resume_config

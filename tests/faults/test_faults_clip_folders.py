@@ -316,7 +316,7 @@ def test_item7_training_on_a_clip_folder_without_tokenizer_files_is_refused(tmp_
     """The caption encoder of a run fine-tuning a local CLIP is the folder's tokenizer: the same
     refusal before training (unless data.tokenizer names another tokenizer folder)."""
     from vlret.run.builders import build_encoder
-    from vlret.run.config import DataConfig
+    from vlret.data.config import DataConfig
 
     folder = write_folder(tmp_path / "clip", parts, "v5", tokenizer_files=False)
     data = DataConfig(root=str(tmp_path), format="karpathy")
@@ -429,7 +429,7 @@ def test_a_tokenizer_without_model_max_length_is_cut_to_the_text_positions(tmp_p
     else:
         from vlret.models import build_model
         from vlret.run.builders import build_encoder, encoder_from_state
-        from vlret.run.config import DataConfig
+        from vlret.data.config import DataConfig
 
         config = {"kind": "clip", "path": str(folder), "proj_dim": None}
         encoder = build_encoder(DataConfig(root=str(tmp_path), format="karpathy"), model=config)
@@ -470,7 +470,7 @@ def test_a_smaller_model_max_length_is_kept_and_a_preset_caps_too(tmp_path, part
     """A tokenizer limit below the text positions stays; a CLIP built from a preset truncates
     ``data.tokenizer``'s captions to its own (configured) positions."""
     from vlret.run.builders import build_encoder
-    from vlret.run.config import DataConfig
+    from vlret.data.config import DataConfig
 
     model, _, image_processor = parts
     (tmp_path / "bpe").mkdir()

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from fault_helpers import read_only_folder
+from vlret._settings import MAX_EPOCHS
 from vlret.cli import main
 from vlret.cli.configs import listing
 from vlret.configs import describe, first_sentence, shipped_config, shipped_configs
 from vlret.run import config_files
 from vlret.run.config import apply_overrides, config_from_dict, load_config
-from vlret.run.config_checks import MAX_DIM, MAX_EPOCHS, MAX_MATRIX
+from vlret.run.config_checks import MAX_DIM, MAX_MATRIX
 from vlret.run.config_files import (
     MAX_DEPTH,
     MAX_VALUES,

@@ -48,7 +48,7 @@ def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_cap_is_the_config_default() -> None:
-    from vlret.run.config import DataConfig
+    from vlret.data.config import DataConfig
 
     assert DataConfig(root="data").max_image_pixels == DEFAULT_MAX_IMAGE_PIXELS
 
@@ -332,7 +332,7 @@ def test_classification_set_reads_under_the_cap_given(tmp_path: Path, kind: str)
 
 
 def karpathy_config(root: Path, **keys: Any) -> Any:
-    from vlret.run.config import DataConfig
+    from vlret.data.config import DataConfig
 
     return DataConfig(
         root=str(root),
@@ -434,7 +434,7 @@ def test_person_search_images_and_thumbnails_name_the_bad_image(
     from vlret.analysis.report.thumbs import write_thumb
     from vlret.models.clip import CLIPImageTransform
     from vlret.run.builders import build_dataset
-    from vlret.run.config import DataConfig
+    from vlret.data.config import DataConfig
 
     root = person_search_world(tmp_path / "persons")
     bad = root / "imgs" / "cam" / "5.jpg"

@@ -28,7 +28,8 @@ from vlret._files import (
     check_output_file,
 )
 from vlret.cli import main
-from vlret.run.config import ConfigError, DataConfig, TrainConfig
+from vlret.data.config import DataConfig
+from vlret.run.config import ConfigError, TrainConfig
 from vlret.run.folder import (
     DATA_INPUT_KEYS,
     TRAIN_INPUT_KEYS,

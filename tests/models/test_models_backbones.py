@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from vlret.data import RetrievalBatch
+from vlret.data.config import DataConfig
 from vlret.models import build_model
 from vlret.models.backbones import IMAGENET_MEAN, IMAGENET_STD, BackboneImageEncoder
 from vlret.models.clip import CLIPByteTokenizer
 from vlret.run.builders import build_encoder, encoder_from_state, encoder_state
-from vlret.run.config import ConfigError, DataConfig
+from vlret.run.config import ConfigError
 from vlret.train.hooks.core import FreezeModules, LrMultipliers, param_groups
 
 transformers = pytest.importorskip("transformers")

@@ -80,7 +80,7 @@ def relative_path_hint(
 
 
 def check_data_paths(data: Any) -> None:
-    """Refuse a ``[data]`` section (:class:`~vlret.run.config.DataConfig`) one of whose
+    """Refuse a ``[data]`` section (:class:`~vlret.data.config.DataConfig`) one of whose
     :data:`DATA_PATH_KEYS` names a relative path that is missing from the current folder but
     found under ``data.root``: the config was written as if paths started from ``data.root``.
 

@@ -1,7 +1,10 @@
 """One declaration of a loss family's parameters: a frozen dataclass of :func:`param` fields.
 
 Each field carries its default, its constraint (``vlret._checks``: ``Number``, ``Flag``,
-``Choice``) and a one-line description. The declaration is the one source the rest reads:
+``Choice``) and a one-line description: :func:`param` is the one declaration of every setting
+(:func:`vlret._settings.setting`, which also declares the run config's sections and the
+training procedures' options) in a loss's words. The declaration is the one source the rest
+reads:
 
 * the module constructor (``PairLoss.__init__`` builds the record, stored as ``loss.config``,
   and the class's signature is generated from it),
@@ -25,35 +28,17 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from .._checks import CHUNK_SIZE, FLAG, REDUCTION, Number, ParamError, ParamSpec
+from .._settings import Setting, info, setting
 from .deprecated import REMOVED_IN
 
 #: The parameters every loss has, handled by ``PairLoss`` rather than by a family's functions.
 COMMON = ("reduction", "normalize", "chunk_size")
 
 _Params = TypeVar("_Params", bound="LossParams")
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    """What a :func:`param` field declares besides its default.
-
-    Attributes:
-        spec: The constraint its values must meet (``None``: an object checked by the family's
-            :meth:`LossParams.check_relations`).
-        doc: One line saying what it is.
-        passed: Handed to the family's dense and tiled functions by :meth:`LossParams.arguments`
-            (``False`` for module-only settings such as a learnable temperature's switch).
-        config: Settable from a config file (``False`` for objects built by the harness).
-    """
-
-    spec: ParamSpec | None
-    doc: str
-    passed: bool = True
-    config: bool = True
 
 
 def param(
@@ -64,8 +49,20 @@ def param(
     passed: bool = True,
     config: bool = True,
 ) -> Any:
-    """A field of a :class:`LossParams` declaration (see :class:`ParamInfo`)."""
-    return field(default=default, metadata={"vlret": ParamInfo(spec, doc, passed, config)})
+    """A field of a :class:`LossParams` declaration: :func:`vlret._settings.setting` with the
+    constraint first, as every family writes it.
+
+    Args:
+        default: The family's default.
+        spec: The constraint its values meet (``None``: an object checked by the family's
+            :meth:`LossParams.check_relations`).
+        doc: One line saying what it is.
+        passed: Handed to the family's dense and tiled functions by
+            :meth:`LossParams.arguments` (``False`` for module-only settings such as a
+            learnable temperature's switch).
+        config: Settable from a config file (``False`` for objects built by the harness).
+    """
+    return setting(default, doc, spec=spec, passed=passed, config=config)
 
 
 def reduction_param(default: str) -> Any:
@@ -80,11 +77,6 @@ def normalize_param(default: bool) -> Any:
     return param(
         default, FLAG, "L2-normalise the embeddings (False: raw dot products)", passed=False
     )
-
-
-def info(f: dataclasses.Field) -> ParamInfo:
-    """The :class:`ParamInfo` of a declaration's field."""
-    return f.metadata["vlret"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,7 +259,7 @@ class TiledLossParams(LossParams):
 __all__ = [
     "COMMON",
     "LossParams",
-    "ParamInfo",
+    "Setting",
     "TiledLossParams",
     "info",
     "normalize_param",

@@ -31,18 +31,13 @@ from ..data import (
 )
 from ..data.bad_samples import SkipsBadImages
 from ..data.captioning_files import captions_vocab_splits, split_captions_args
+from ..data.config import DataConfig
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.paths import check_data_paths
 from ..data.precomp import load_precomp_captions
 from ..data.transforms import capped
-from .config import (
-    ConfigError,
-    DataConfig,
-    RunConfig,
-    _build,
-    _check_choice,
-)
-from .config_sections import DATA_FORMATS
+from .config import ConfigError, RunConfig
+from .config_sections import build_section
 from .loss_config import LossConfig
 from .offline_draw import with_offline_negatives
 from .pair_scoring import check_pair_scoring, scores_pairs
@@ -421,8 +416,7 @@ def stored_run(raw: Any, *, source: str) -> StoredRun:
     section's ``normalize`` read as plain data (``dot`` when false, else ``cosine``)."""
     if not isinstance(raw, dict):
         raise ConfigError(source, "config", f"expected a table/mapping, got {type(raw).__name__}")
-    data = _build(DataConfig, raw.get("data"), source, "data")
-    _check_choice(data.format, DATA_FORMATS, source, "data.format")
+    data = build_section(DataConfig, raw.get("data"), source, "data")
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")

@@ -50,20 +50,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
-from .._moved import moved_names
+from ..data.config import DataConfig
 from ..data.transforms import image_data_problem
 from ..losses import loss_capabilities
 from . import config_files
 from .config_checks import (
     check_captions_files,
-    check_int_ranges,
     check_model_sizes,
     check_msrvtt,
     check_noise,
@@ -71,14 +69,7 @@ from .config_checks import (
     check_person_search,
 )
 from .config_files import ConfigError, check_tree, stderr_note
-from .config_sections import (
-    DataConfig,
-    OptimConfig,
-    TrainConfig,
-    check_declared,
-)
-from .config_types import check_type
-from .devices import check_timeout, parse_device
+from .config_sections import OptimConfig, TrainConfig, build_section
 from .loss_config import (
     LossConfig,
     check_momentum_encoder,
@@ -175,42 +166,9 @@ def apply_overrides(
 # --------------------------------------------------------------------------------------------
 
 
-def _build(cls: type, raw: Any, source: str, section: str) -> Any:
-    """The dataclass ``cls`` of the raw ``[section]`` table: an unknown key, a missing
-    required one or a value of the wrong type is a :class:`ConfigError` naming
-    ``section.key`` (an unknown key's message lists the valid ones)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(source, section, f"expected a table/mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(
-            source,
-            f"{section}.{unknown[0]}",
-            f"unknown key; valid keys of [{section}]: {', '.join(known)}",
-        )
-    kwargs = {}
-    for name, f in known.items():
-        key = f"{section}.{name}"
-        if name not in raw:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(source, key, "required key is missing")
-            continue
-        kwargs[name] = check_type(raw[name], hints[name], source, key)
-    built = cls(**kwargs)
-    check_declared(built, section, source)  # each key's declared choices and lower bound
-    return built
-
-
-def _check_choice(value: str, choices: tuple[str, ...], source: str, key: str) -> None:
-    if value not in choices:
-        raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {value!r}")
-
-
-def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
-    """Validate a raw mapping (file layout) into a :class:`RunConfig`."""
-    source = str(source)
+def _top_level(raw: Any, source: str) -> str:
+    """The sections a run config has (each known; ``[data]``, ``[loss]`` and ``[train]`` given;
+    an ignored one a table) and its ``output_dir``, which is returned."""
     if not isinstance(raw, dict):
         raise ConfigError(source, "", "expected a mapping of sections")
     check_tree(raw, source)  # depth, size and finite numbers, before anything walks it
@@ -230,51 +188,52 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
             raise ConfigError(source, section, "required section is missing")
     if "output_dir" not in raw:
         raise ConfigError(source, "output_dir", "required key is missing")
-    output_dir = check_type(raw["output_dir"], str, source, "output_dir")
+    output_dir = raw["output_dir"]
+    if not isinstance(output_dir, str):
+        raise ConfigError(source, "output_dir", f"expected a string, got {output_dir!r}")
     if not output_dir.strip():
         raise ConfigError(
             source, "output_dir", "empty; expected a run folder (it would write into the cwd)"
         )
-    data = _build(DataConfig, raw["data"], source, "data")
-    train_raw = raw["train"] if isinstance(raw["train"], dict) else {}
-    validate = train_raw.get("validate", True)
-    check_person_search(data, raw["data"], validate, source)
-    check_msrvtt(data, raw["data"], validate, source)
-    check_noise(data, source)
-    check_captions_files(data, source)
+    return output_dir
+
+
+def _model_section(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The ``[model]`` table (passed as is to ``vlret.models.build_model``) with sane sizes."""
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(source, "model", f"expected a table/mapping, got {model!r}")
     check_model_sizes(model, source)
+    return model
+
+
+def _data_checks(data: DataConfig, model: dict[str, Any], raw: dict[str, Any], source: str) -> None:
+    """The checks between ``[data]`` keys and the other sections, in order (person search and
+    MSR-VTT may clear ``dev_split`` before the captions files read it; a CE / MMT model names
+    MSR-VTT's experts)."""
+    validate = raw["train"].get("validate", True) if isinstance(raw["train"], dict) else True
+    check_person_search(data, raw["data"], validate, source)
+    check_msrvtt(data, raw["data"], validate, source)
+    check_noise(data, source)
+    check_captions_files(data, source)
     if (problem := image_data_problem(data, model)) is not None:
         raise ConfigError(source, f"data.{problem[0]}", problem[1])
     if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
         data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
-    loss = loss_config(raw["loss"], source, model)
-    optim = _build(OptimConfig, raw.get("optim", {}), source, "optim")
-    if optim.lr <= 0:
-        raise ConfigError(source, "optim.lr", f"expected a positive number, got {optim.lr!r}")
-    optim.lr_multipliers = lr_multipliers(optim.lr_multipliers, source)
-    if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
-        why = f"expected two numbers in [0, 1), got {optim.betas!r}"
-        raise ConfigError(source, "optim.betas", why)
-    if not (isinstance(optim.eps, int | float) and 0.0 < float(optim.eps) < 1.0):
-        raise ConfigError(source, "optim.eps", f"expected a number in (0, 1), got {optim.eps!r}")
+
+
+def _loop_checks(
+    data: DataConfig,
+    model: dict[str, Any],
+    loss: LossConfig,
+    optim: OptimConfig,
+    train: TrainConfig,
+    source: str,
+) -> None:
+    """The checks between ``[optim]`` / ``[train]`` keys and the other sections, in order."""
     if optim.decay_every and optim.decay_epochs:
         why = "give decay_epochs (a list) or decay_every (a period), not both"
         raise ConfigError(source, "optim.decay_every", why)
-    if optim.decay_factor <= 0:
-        why = f"expected a positive number, got {optim.decay_factor!r}"
-        raise ConfigError(source, "optim.decay_factor", why)
-    train = _build(TrainConfig, raw["train"], source, "train")
-    try:
-        check_timeout(train.dist_timeout)
-    except ValueError as err:
-        raise ConfigError(source, "train.dist_timeout", str(err).partition(": ")[2]) from None
-    try:  # "auto" or a device name (whether it exists is checked when training starts)
-        parse_device(train.device)
-    except ValueError as err:
-        raise ConfigError(source, "train.device", str(err)) from None
     refusal = warmup_refusal(loss.name, loss.params) if train.all_negatives_epochs else None
     if refusal:
         raise ConfigError(source, "train.all_negatives_epochs", refusal)
@@ -282,13 +241,28 @@ def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> R
         check_momentum_encoder(train.momentum_encoder, loss, source)
     if train.exchange != "gather":  # ring / bidir: a loss that is a sum over independent pairs
         check_exchange(train.exchange, loss_capabilities(loss.name, loss.params), loss.name, source)
-    check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, amp, compile
+    check_loop_settings(optim, train, source)  # schedule, no_decay, freeze, lock, compile
     if train.max_steps_per_epoch is not None:  # a cosine's warm-up within the shortened run
         check_schedule_length(optim, train, source, steps_per_epoch=train.max_steps_per_epoch)
     check_zeroshot(train, source)
     check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
-    for section, built in (("data", data), ("optim", optim), ("train", train)):
-        check_int_ranges(built, section, source)  # upper bounds: a run that can start
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
+    """Validate a raw mapping (file layout) into a :class:`RunConfig`: each section is read by
+    its declaration (:func:`~vlret.run.config_sections.build_section`; the ``[loss]`` keys by
+    the loss's, :func:`~vlret.run.loss_config.loss_config`), then the checks between
+    sections run."""
+    source = str(source)
+    output_dir = _top_level(raw, source)
+    data = build_section(DataConfig, raw["data"], source, "data")
+    model = _model_section(raw, source)
+    _data_checks(data, model, raw, source)
+    loss = loss_config(raw["loss"], source, model)
+    optim = build_section(OptimConfig, raw.get("optim", {}), source, "optim")
+    optim.lr_multipliers = lr_multipliers(optim.lr_multipliers, source)
+    train = build_section(TrainConfig, raw["train"], source, "train")
+    _loop_checks(data, model, loss, optim, train, source)
     return RunConfig(
         data=data,
         model=model_with_scoring(model, loss),
@@ -316,10 +290,3 @@ def save_config(config: RunConfig, path: str | Path) -> Path:
     """Write the resolved config as YAML (loadable by :func:`load_config`)."""
     yaml = config_files._yaml("the run folder's config.yaml")
     return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
-
-
-# Reading config files is vlret.run.config_files; its old import path here warns.
-__getattr__ = moved_names(
-    __name__,
-    {"parse_value": "vlret.run.config_files", "read_config_file": "vlret.run.config_files"},
-)

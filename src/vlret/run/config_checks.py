@@ -1,25 +1,22 @@
-"""Sane ranges of a run config's integer settings and model sizes (:mod:`vlret.run.config`).
+"""The checks of a run config that read more than one key (:mod:`vlret.run.config`), and the
+sane sizes of the ``[model]`` section.
 
-A value so large that the run cannot start (``train.epochs = 10**20``, ``model.embed_dim =
-10**8``) is refused when the config is read, as one :class:`ConfigError` naming the key and the
-value, instead of a run that never ends or an allocation traceback when the model is built.
-The bounds are far above any real run:
+A single key's constraint is its declaration's (:mod:`vlret._settings`: the ``[data]``,
+``[optim]`` and ``[train]`` fields, with their sane integer ranges such as
+:data:`vlret._settings.MAX_EPOCHS`); here are the relations: a data format's own keys
+(person search, MSR-VTT, noisy correspondence, captions files), AOQ's keys with the loss, the
+model and the procedure, and ``train.select_on`` with the format.
 
-* ``[train]``: ``epochs`` (and the epoch counts ``all_negatives_epochs``, ``freeze_epochs``)
-  at most :data:`MAX_EPOCHS`; ``batch_size``, ``eval_batch_size`` and ``grad_cache_chunk`` at
-  most :data:`MAX_BATCH`; step counts at most :data:`MAX_STEPS`; ``seed`` within
-  +-:data:`MAX_SEED`.
-* ``[data]``: ``num_workers`` at most :data:`MAX_WORKERS`, captions per item at most
-  :data:`MAX_CAPTIONS`.
-* ``[optim]``: ``decay_epochs`` and ``decay_every`` within ``[0, MAX_EPOCHS]``,
-  ``warmup_steps`` at most :data:`MAX_STEPS`.
-* ``[model]`` (read at any depth, e.g. ``model.text.word_dim``): a size (a key ending in
-  ``_dim`` or ``_size``, ``max_frames``, ``vlad_clusters``, the per-expert sizes of
-  ``experts``) is an integer in ``[1, MAX_DIM]`` (``vocab_size``: ``[1, MAX_VOCAB]``); a count
-  (``num_*``, ``*_layers``, ``*_heads``, ``*_steps``) an integer in ``[0, MAX_COUNT]``; and the
-  two largest sizes together, one weight matrix's elements, at most :data:`MAX_MATRIX`.
-  A float where an integer belongs is refused (``embed_dim = 1e8``); values that are no number
-  are left to the model's own checks.
+``[model]`` has no declaration of its keys (``vlret.models.build_model`` checks them), so a
+value so large that the run cannot start (``model.embed_dim = 10**8``) is refused here when
+the config is read, as one :class:`ConfigError` naming the key and the value, instead of an
+allocation traceback when the model is built. Read at any depth (e.g.
+``model.text.word_dim``): a size (a key ending in ``_dim`` or ``_size``, ``max_frames``,
+``vlad_clusters``, the per-expert sizes of ``experts``) is an integer in ``[1, MAX_DIM]``
+(``vocab_size``: ``[1, MAX_VOCAB]``); a count (``num_*``, ``*_layers``, ``*_heads``,
+``*_steps``) an integer in ``[0, MAX_COUNT]``; and the two largest sizes together, one weight
+matrix's elements, at most :data:`MAX_MATRIX`. A float where an integer belongs is refused
+(``embed_dim = 1e8``); values that are no number are left to the model's own checks.
 """
 
 from __future__ import annotations
@@ -27,22 +24,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..data.pedes.common import PEDES_FORMATS
 from ..losses import loss_capabilities
 from ..metrics import IDENTITY_METRIC_KEYS, normalise_metric_key
 from .config_files import ConfigError
 
-#: Epochs (and epoch counts) of a run.
-MAX_EPOCHS = 100_000
-#: Items of a batch (training, evaluation, a gradient-cache chunk).
-MAX_BATCH = 2**20
-#: Steps (per epoch, warm-up, logging and checkpoint periods).
-MAX_STEPS = 10**9
-#: Absolute value of a seed (seeds + epochs stay within torch's 64-bit seeds).
-MAX_SEED = 2**62
-#: DataLoader workers.
-MAX_WORKERS = 1024
-#: Captions per image or video.
-MAX_CAPTIONS = 10_000
 #: A model size: an embedding width, an input or hidden dimension, frames, clusters.
 MAX_DIM = 65_536
 #: A vocabulary size.
@@ -52,54 +38,12 @@ MAX_COUNT = 1024
 #: Elements of one weight matrix (the two largest sizes' product): 4 GiB of float32.
 MAX_MATRIX = 2**30
 
-#: ``section -> key -> (lowest, highest)`` of the integer settings (None is always allowed
-#: where the schema allows it; the lower bounds with their own reasons are checked in
-#: :func:`vlret.run.config.config_from_dict` first).
-INT_RANGES: dict[str, dict[str, tuple[int, int]]] = {
-    "data": {
-        "dev_max_images": (1, MAX_STEPS),
-        "captions_per_image": (1, MAX_CAPTIONS),
-        "captions_per_video": (1, MAX_CAPTIONS),
-        "min_count": (0, MAX_STEPS),
-        "num_workers": (0, MAX_WORKERS),
-    },
-    "optim": {
-        "decay_epochs": (0, MAX_EPOCHS),
-        "decay_every": (0, MAX_EPOCHS),
-        "warmup_steps": (0, MAX_STEPS),
-    },
-    "train": {
-        "epochs": (1, MAX_EPOCHS),
-        "batch_size": (2, MAX_BATCH),
-        "eval_batch_size": (1, MAX_BATCH),
-        "grad_cache_chunk": (1, MAX_BATCH),
-        "seed": (-MAX_SEED, MAX_SEED),
-        "log_every": (0, MAX_STEPS),
-        "checkpoint_every": (0, MAX_STEPS),
-        "max_steps_per_epoch": (1, MAX_STEPS),
-        "all_negatives_epochs": (0, MAX_EPOCHS),
-        "freeze_epochs": (0, MAX_EPOCHS),
-    },
-}
-
 _SIZE_KEY = re.compile(r"^(?:.*_)?dim$|_size$|^(?:experts|max_frames|vlad_clusters)$")
 _COUNT_KEY = re.compile(r"^num_|_layers$|_heads$|_steps$")
 
 
 def _out_of_range(source: str, key: str, value: int, low: int, high: int) -> ConfigError:
     return ConfigError(source, key, f"expected an integer in [{low}, {high}], got {value!r}")
-
-
-def check_int_ranges(obj: Any, section: str, source: str) -> None:
-    """Each integer setting of the built section ``obj`` (a dataclass of
-    :mod:`vlret.run.config`) within :data:`INT_RANGES`."""
-    for name, (low, high) in INT_RANGES[section].items():
-        value = getattr(obj, name)
-        values = value if isinstance(value, list) else [value]
-        for i, v in enumerate(values):
-            if v is not None and not low <= v <= high:
-                key = f"{section}.{name}" + (f"[{i}]" if isinstance(value, list) else "")
-                raise _out_of_range(source, key, v, low, high)
 
 
 def check_model_sizes(model: dict[str, Any], source: str) -> None:
@@ -142,9 +86,6 @@ def check_model_sizes(model: dict[str, Any], source: str) -> None:
             )
 
 
-PEDES_FORMATS = ("cuhk-pedes", "icfg-pedes", "rstpreid")
-
-
 def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
     """Person search (:mod:`vlret.data.pedes`): ``annotations`` is only read by its formats;
     model selection reads the whole validation split unless ``dev_max_images`` is given (as
@@ -176,7 +117,7 @@ def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, sour
 
 
 def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
-    """MSR-VTT (``data`` a :class:`~vlret.run.config.DataConfig`, whose ``dev_split`` this
+    """MSR-VTT (``data`` a :class:`~vlret.data.config.DataConfig`, whose ``dev_split`` this
     may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
     train and test: no validation unless ``dev_split`` says test."""
     experts = data.experts
@@ -208,23 +149,13 @@ def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str
 
 
 def check_noise(data: Any, source: str) -> None:
-    """Noisy correspondence on the training split (:mod:`vlret.data.noisy`): ``noise_format``
-    is ``auto``, ``ncr`` or ``decl``; ``noise_ratio`` in ``[0, 1]``; ``noise_seed`` in ``[0,
-    2**32 - 1]`` (``numpy.random.RandomState``'s seeds); a file (``noise_index``) or a ratio,
-    not both; and only the formats with one image per training caption (precomp, karpathy).
-    The file itself is read and checked when the training split is built."""
-    from ..data.noisy import MAX_NOISE_SEED, NOISE_DATA_FORMATS, NOISE_FORMATS
+    """Noisy correspondence on the training split (:mod:`vlret.data.noisy`; ``noise_format``,
+    ``noise_ratio`` and ``noise_seed`` are checked by their declarations): a file
+    (``noise_index``) or a ratio, not both; and only the formats with one image per training
+    caption (precomp, karpathy). The file itself is read and checked when the training split
+    is built."""
+    from ..data.noisy import NOISE_DATA_FORMATS
 
-    if data.noise_format not in NOISE_FORMATS:
-        why = f"expected one of {', '.join(NOISE_FORMATS)}, got {data.noise_format!r}"
-        raise ConfigError(source, "data.noise_format", why)
-    if not 0.0 <= data.noise_ratio <= 1.0:
-        why = f"expected a fraction in [0, 1] (0: clean), got {data.noise_ratio!r}"
-        raise ConfigError(source, "data.noise_ratio", why)
-    if not 0 <= data.noise_seed <= MAX_NOISE_SEED:
-        raise _out_of_range(source, "data.noise_seed", data.noise_seed, 0, MAX_NOISE_SEED)
-    if data.noise_index is not None and not data.noise_index.strip():
-        raise ConfigError(source, "data.noise_index", "empty; expected a .npy noise index")
     if data.noise_index is not None and data.noise_ratio > 0:
         why = (
             f"{data.noise_index!r} and data.noise_ratio {data.noise_ratio!r} both given; keep "
@@ -248,17 +179,15 @@ CAPTIONS_FILE_KEYS = ("train_captions", "dev_captions", "test_captions")
 
 def check_captions_files(data: Any, source: str) -> None:
     """``data.train_captions``, ``dev_captions`` and ``test_captions`` (captions files,
-    :mod:`vlret.data.captioning_files`): a non-empty path, for the formats of
-    :data:`CAPTIONS_FILE_FORMATS`; ``dev_captions`` needs a ``dev_split``. Each file is read
-    and checked against its split (existence, line count, sidecar) when the split is built,
-    the error naming the key and the file."""
+    :mod:`vlret.data.captioning_files`; a non-empty path by their declarations): for the
+    formats of :data:`CAPTIONS_FILE_FORMATS`; ``dev_captions`` needs a ``dev_split``. Each
+    file is read and checked against its split (existence, line count, sidecar) when the split
+    is built, the error naming the key and the file."""
     for name in CAPTIONS_FILE_KEYS:
         path = getattr(data, name)
         if path is None:
             continue
         key = f"data.{name}"
-        if not path.strip():
-            raise ConfigError(source, key, "empty; expected a captions file (docs/captions.md)")
         if data.format not in CAPTIONS_FILE_FORMATS:
             formats = " or ".join(CAPTIONS_FILE_FORMATS)
             why = f"applies to data.format {formats}, not {data.format!r}"
@@ -298,8 +227,7 @@ def check_offline_negatives(
 ) -> None:
     """AOQ's keys (:mod:`vlret.data.offline_negatives`, docs/aoq.md): ``data.offline_negatives``
     and a loss that reads them (``LossCapabilities.offline_negatives``: ``loss.name = "aoq"``)
-    go together (each refused without the other, naming both keys);
-    ``data.offline_candidates`` is a positive integer or None; the data format has one image
+    go together (each refused without the other, naming both keys); the data format has one image
     per caption (:data:`OFFLINE_DATA_FORMATS`); the procedure is ``"aoq"`` (or ``"standard"``,
     which :func:`vlret.train.procedures.registry.build_procedure` turns into ``"aoq"``); a
     pair-scoring model is one of :data:`OFFLINE_PAIR_KINDS`; no gradient caching. The file
@@ -319,12 +247,6 @@ def check_offline_negatives(
         raise ConfigError(source, "train.procedure", why)
     if not aoq:
         return
-    if not path.strip():
-        raise ConfigError(source, "data.offline_negatives", "empty; expected a mined .npz file")
-    n = data.offline_candidates
-    if n is not None and n < 1:
-        why = f"expected a positive number of candidates (null: all K of the file), got {n!r}"
-        raise ConfigError(source, "data.offline_candidates", why)
     if data.format not in OFFLINE_DATA_FORMATS:
         formats = " or ".join(OFFLINE_DATA_FORMATS)
         why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
@@ -387,18 +309,10 @@ def selection_metric(config: Any) -> str:
 __all__ = [
     "CAPTIONS_FILE_FORMATS",
     "CAPTIONS_FILE_KEYS",
-    "INT_RANGES",
-    "MAX_BATCH",
-    "MAX_CAPTIONS",
     "MAX_COUNT",
     "MAX_DIM",
-    "MAX_EPOCHS",
     "MAX_MATRIX",
-    "MAX_SEED",
-    "MAX_STEPS",
     "MAX_VOCAB",
-    "MAX_WORKERS",
-    "check_int_ranges",
     "check_model_sizes",
     "check_captions_files",
     "check_msrvtt",

@@ -113,7 +113,7 @@ class RunFolderError(ValueError):
     """An output folder or a resume that would lose or mix up a run's files."""
 
 
-#: The keys of :class:`~vlret.run.config.DataConfig` that name files or folders the run
+#: The keys of :class:`~vlret.data.config.DataConfig` that name files or folders the run
 #: reads: the root, the shard patterns (a pattern's braces and anything after them are not part
 #: of the path) and every single-path key of :data:`vlret.data.paths.DATA_PATH_KEYS`.
 DATA_INPUT_KEYS = ("root", "shards", "dev_shards", *DATA_PATH_KEYS)

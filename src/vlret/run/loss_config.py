@@ -133,11 +133,10 @@ def model_with_scoring(model: dict[str, Any], loss: LossConfig) -> dict[str, Any
 
 
 def check_momentum_encoder(momentum: float, loss: LossConfig, source: str) -> None:
-    """A momentum in [0, 1], for a loss whose memory queue takes momentum keys."""
+    """A loss whose memory queue takes momentum keys, for ``train.momentum_encoder`` (the
+    momentum's range is its declaration's)."""
     from ..losses import loss_capabilities
 
-    if not 0.0 <= momentum <= 1.0:
-        raise ConfigError(source, "train.momentum_encoder", "expected a momentum in [0, 1]")
     caps = loss_capabilities(loss.name, loss.params)
     if not (caps.owns_queue and caps.momentum_keys):
         raise ConfigError(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..data import RetrievalDataset
-from .config import DataConfig
+from ..data.config import DataConfig
 
 
 def with_offline_negatives(data: DataConfig, dataset: RetrievalDataset, split: str) -> Any:

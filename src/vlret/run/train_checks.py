@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..data.pedes.common import PEDES_FORMATS
 from .config_files import ConfigError
 
 if TYPE_CHECKING:
@@ -125,11 +126,8 @@ def check_procedure(train: Any, source: str) -> None:
 
 
 def check_precision(train: Any, source: str) -> None:
-    """``amp`` is true, false, ``"bf16"`` or ``"fp16"``; ``compile`` true, false or a backend
-    name."""
-    if isinstance(train.amp, str) and train.amp not in AMP_MODES:
-        why = f"expected true or false, or one of {', '.join(AMP_MODES)}, got {train.amp!r}"
-        raise ConfigError(source, "train.amp", why)
+    """``compile`` is true, false or a backend name (``amp``'s values are declared,
+    :mod:`vlret.run.config_sections`)."""
     if isinstance(train.compile, str) and not train.compile.strip():
         why = "expected true, false or a torch.compile backend name, got ''"
         raise ConfigError(source, "train.compile", why)
@@ -166,8 +164,6 @@ def check_schedule_length(optim: Any, train: Any, source: str, *, steps_per_epoc
 
 #: The ``data.format`` values whose files are found in ``data.root`` (their layout's own names).
 ROOT_FORMATS = ("precomp", "msrvtt")
-#: Those that find a default there: the annotation file and ``imgs/`` (vlret.data.pedes).
-PERSON_SEARCH_FORMATS = ("cuhk-pedes", "icfg-pedes", "rstpreid")
 
 
 def check_data_root(data: Any, source: str) -> None:
@@ -176,7 +172,7 @@ def check_data_root(data: Any, source: str) -> None:
     ``data.features_dir``; Karpathy, webdataset and CSV files are named by their own keys):
     one line naming ``data.root`` instead of the first file of the layout found missing.
     Called by the trainer before the vocabulary is built (and so by ``vlret train --check``)."""
-    person_defaults = data.format in PERSON_SEARCH_FORMATS and (
+    person_defaults = data.format in PEDES_FORMATS and (
         data.annotations is None or (data.image_root is None and data.features_dir is None)
     )
     if data.format not in ROOT_FORMATS and not person_defaults:
@@ -218,7 +214,6 @@ __all__ = [
     "FREEZE_BN",
     "SCHEDULES",
     "STANDARD_PROCEDURE",
-    "PERSON_SEARCH_FORMATS",
     "ROOT_FORMATS",
     "check_data_root",
     "check_freeze",

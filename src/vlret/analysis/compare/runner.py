@@ -13,8 +13,9 @@ from typing import Any
 
 from ..._files import atomic_write_text
 from ..._progress import shows
+from ...data.config import DataConfig
 from ...metrics import normalise_metric_record
-from ...run.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from ...run.config import OptimConfig, RunConfig, TrainConfig
 from ...train.hooks.core import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult

@@ -127,7 +127,7 @@ def shard_hint(root: Path, shards: Mapping[str, Any]) -> dict[str, Any]:
 
 def _reads_back(text: str) -> bool:
     """Whether ``--set key=TEXT`` gives the plain string ``TEXT``: the rule of
-    :func:`vlret.run.config.parse_value` (a null word, a TOML literal or a ``true``/``false``
+    :func:`vlret.run.config_files.parse_value` (a null word, a TOML literal or a ``true``/``false``
     in any case is typed; anything else is kept as stripped), restated here because
     ``vlret.data`` must not import ``vlret.train``."""
     if text != text.strip() or text.lower() in ("null", "none", "~", "true", "false"):
@@ -140,7 +140,7 @@ def _reads_back(text: str) -> bool:
 
 
 def _value(value: Any) -> str:
-    """``value`` as ``--set`` reads it back (:func:`vlret.run.config.parse_value`)."""
+    """``value`` as ``--set`` reads it back (:func:`vlret.run.config_files.parse_value`)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
