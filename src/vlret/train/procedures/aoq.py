@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._modules import unwrap_model
+from ..._settings import defaults
 from ...data.dataset import RetrievalBatch
 from ...models.text import check_captions
 from ...run.config import RunConfig
@@ -56,11 +57,12 @@ from ..context import TrainContext
 from ..hooks.core import TrainHook
 from ..loss_step import LossStep, StepLoss, pair_ids
 from ..parallel.distributed import gather_no_grad, gather_tokens, gather_with_grad
+from .options import AOQOptions, aoq_options
 from .registry import register_procedure
 from .replicas import AverageReplicas
 
-#: The procedure's options and their defaults.
-OPTIONS: dict[str, int] = {"pair_block": 16}
+#: The procedure's options and their defaults (declared by :class:`~.options.AOQOptions`).
+OPTIONS: dict[str, Any] = defaults(AOQOptions)
 
 
 class AOQStep(LossStep):
@@ -303,15 +305,8 @@ class DrawSeed(TrainHook):
 
 @register_procedure("aoq")
 def build(config: RunConfig) -> LossStep:
-    """The AOQ step with ``train.procedure_options`` (:data:`OPTIONS`)."""
-    options = dict(config.train.procedure_options)
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"train.procedure_options.{unknown[0]}: not an option of the aoq procedure "
-            f"(options: {', '.join(OPTIONS)})"
-        )
-    return AOQStep(**options)
+    """The AOQ step with ``train.procedure_options`` (:class:`~.options.AOQOptions`)."""
+    return AOQStep(pair_block=aoq_options(config.train.procedure_options).pair_block)
 
 
 __all__ = ["OPTIONS", "AOQStep", "DrawSeed", "aligned_scores", "join_batches"]
