@@ -31,9 +31,14 @@ another loss drops the old loss's parameters that NEW does not declare, with a o
 stderr (:func:`apply_overrides`).
 
 A ``[compare]`` section (the settings of ``vlret compare``) is accepted and ignored for
-training: it is neither validated here nor kept in the resolved config. Every other unknown
-key is an error naming the file and the dotted key; so is a value of the wrong
-type. Loss parameters are checked against the loss's one parameter declaration
+training: it is neither validated here nor kept in the resolved config. ``[data]``,
+``[optim]`` and ``[train]`` are read by their keys' declarations
+(:class:`vlret.data.config.DataConfig`, :mod:`vlret.run.config_sections`,
+:mod:`vlret._settings`): an unknown key, a value of the wrong type or one its declaration
+refuses is an error naming the file and the dotted key; the checks between keys and sections
+follow (:mod:`vlret.run.config_checks`, :mod:`vlret.run.train_checks`), in the order
+:func:`config_from_dict` composes them. Loss parameters are checked against the loss's one
+parameter declaration
 (:mod:`vlret.losses.params`): their names (an old name the declaration renamed is mapped to the
 new one with a DeprecationWarning, and the resolved config keeps the new name), their types as
 the declared constraint takes them (a number, an integer, true/false, a string), then the
@@ -42,8 +47,8 @@ constraints themselves (:func:`vlret.losses.check_loss_params`; a nested one key
 YAML files are read with a safe loader that also reads exponent floats without a dot
 (``lr: 1e-3``) as numbers, as TOML does, and refuses aliases.
 What is read is bounded before it is walked or built: nesting depth, the number of values and
-finite numbers (:func:`vlret.run.config_files.check_tree`), integer settings and model sizes
-within sane ranges (:mod:`vlret.run.config_checks`).
+finite numbers (:func:`vlret.run.config_files.check_tree`), integer settings within their
+declared sane ranges and model sizes within those of :mod:`vlret.run.config_checks`.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ from typing import Any
 
 from ..._files import atomic_write_text
 from ..._progress import shows
-from ...data.config import DataConfig
+from ..._settings import defaults
 from ...metrics import normalise_metric_record
-from ...run.config import OptimConfig, RunConfig, TrainConfig
+from ...run.config import RunConfig
+from ...run.config_sections import SECTION_CLASSES
 from ...train.hooks.core import EpochCallback
 from ...train.trainer import Trainer
 from ..tables import SYNTHETIC_KEYS, RunResult
@@ -77,17 +78,12 @@ def run_fingerprint(spec: RunSpec, settings: EvalSettings) -> dict[str, Any]:
 
 
 def _section_defaults() -> dict[str, dict[str, Any]]:
-    """Each dataclass section's field defaults (``data``, ``optim``, ``train``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for section, cls in (("data", DataConfig), ("optim", OptimConfig), ("train", TrainConfig)):
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                values[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                values[f.name] = f.default_factory()
-        out[section] = values
-    return out
+    """Each declared section's defaults (``data``, ``optim``, ``train``; a required key has
+    none), from the keys' declarations (:func:`vlret._settings.defaults`)."""
+    return {
+        section: {k: v for k, v in defaults(cls).items() if v is not ...}
+        for section, cls in SECTION_CLASSES.items()
+    }
 
 
 def same_run(stored: dict[str, Any], fingerprint: dict[str, Any]) -> bool:
