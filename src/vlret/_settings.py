@@ -27,6 +27,12 @@ words, or a bound alone where the annotation types the value), :class:`OneOf`,
 (``expected an integer, got 'x'``) and the spec checks what is left. ``sane`` bounds a count
 far above any real run, so a value that would never let the run start is refused when the
 config is read.
+
+Two wordings, one constraint: a loss's record checks itself when it is built (in code as in a
+config), so its :mod:`vlret._checks` spec speaks of the argument (``margin must be >= 0, got
+-1``, a :class:`~vlret._checks.ParamError`); a record read here speaks of the config key
+(:func:`spec_problem`: ``loss.margin`` is the loss's message under its key, ``train.epochs:
+expected >= 1, got 0``, a :class:`SettingError`).
 """
 
 from __future__ import annotations
@@ -80,10 +86,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _bound(value: float | None) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 @dataclass(frozen=True)
 class Range(Number):
     """A :class:`~vlret._checks.Number` with a config file's words.
@@ -130,13 +132,6 @@ class Items:
     words: str | None = None
     typed: bool = False
 
-    def check(self, value: Any, name: str) -> None:
-        if (problem := spec_problem(self, value)) is not None:
-            raise SettingError(name, problem)
-
-    def type_mismatch(self, value: Any) -> str | None:
-        return None if isinstance(value, list | tuple) else "expected a list"
-
 
 @dataclass(frozen=True)
 class Text:
@@ -146,13 +141,6 @@ class Text:
     what: str
     typed: bool = False
 
-    def check(self, value: Any, name: str) -> None:
-        if (problem := spec_problem(self, value)) is not None:
-            raise SettingError(name, problem)
-
-    def type_mismatch(self, value: Any) -> str | None:
-        return None if isinstance(value, str | None) else "expected a string"
-
 
 @dataclass(frozen=True)
 class Checked:
@@ -161,13 +149,6 @@ class Checked:
 
     check_value: Callable[[Any], Any]
     typed: bool = False
-
-    def check(self, value: Any, name: str) -> None:
-        if (problem := spec_problem(self, value)) is not None:
-            raise SettingError(name, problem)
-
-    def type_mismatch(self, value: Any) -> str | None:
-        return None
 
 
 def spec_problem(spec: Any, value: Any, reason: str = "") -> str | None:
