@@ -32,9 +32,10 @@ from vlret.analysis.tables import (
     TABLE_COLUMNS,
 )
 from vlret.cli import main
-from vlret.run.builders import build_dataset
+from vlret.eval import encode_dataset
+from vlret.run.builders import build_dataset, load_trained_model
 from vlret.run.config import config_from_dict
-from vlret.run.evaluate import encode_dataset, evaluate_checkpoint, load_trained_model
+from vlret.run.evaluate import evaluate_checkpoint
 from vlret.train import Trainer, TrainingInterrupted
 
 pytest.importorskip("matplotlib")

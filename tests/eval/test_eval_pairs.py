@@ -1,4 +1,4 @@
-"""Evaluation of pair-scoring models (vlret.run.evaluate_pairs): packed tokens, block scoring
+"""Evaluation of pair-scoring models (vlret.eval): packed tokens, block scoring
 against a naive double loop over pairs, ensembles, COCO fold blocks, shortlists, the CLI."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from vlret.models import build_model
 from vlret.run.builders import encoder_state
 from vlret.run.checkpoint import save_checkpoint
 from vlret.run.config import config_from_dict
-from vlret.run.evaluate import _check_same_split
+from vlret.run.evaluate import check_same_split
 from vlret.run.pair_scoring import dev_metrics_from_scores
 
 
@@ -597,8 +597,8 @@ def test_members_must_see_the_same_split():
     with pytest.raises(
         ValueError, match="A.pt and B.pt see different test splits: 2 x 4 and 2 x 2"
     ):
-        _check_same_split("A.pt", a, "B.pt", b, "test")
+        check_same_split("A.pt", a, "B.pt", b, "test")
     c = SimpleNamespace(num_images=2, num_captions=4, image_ids=[2, 1], txt_to_img=a.txt_to_img)
     with pytest.raises(ValueError, match="in another order"):
-        _check_same_split("A.pt", a, "C.pt", c, "test")
-    _check_same_split("A.pt", a, "A2.pt", SimpleNamespace(**vars(a)), "test")
+        check_same_split("A.pt", a, "C.pt", c, "test")
+    check_same_split("A.pt", a, "A2.pt", SimpleNamespace(**vars(a)), "test")

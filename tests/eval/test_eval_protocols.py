@@ -4,7 +4,6 @@ numbers, titles and errors of the tables they replace, and a new protocol is one
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from vlret.eval.protocols import register_protocol, registry
 from vlret.eval.scorers import Measured, Scorer
 from vlret.metrics import retrieval_metrics_from_similarity
 
-# The tables of vlret.run.evaluate before the registry, written out as the oracle.
+# The tables of vlret.train.evaluate before the registry, written out as the oracle.
 OLD_SPLITS = {
     "f30k": {"precomp": ("test", "dev"), "karpathy": ("test", "dev")},
     "coco1k": {"precomp": ("testall", "dev"), "karpathy": ("test", "testall", "dev")},
@@ -77,25 +76,6 @@ def test_split_and_name_errors_are_the_old_ones():
     with pytest.raises(ValueError, match=r"on precomp data evaluates the split\(s\) testall, dev"):
         get_protocol("coco5k").check_split("test", "precomp")
     get_protocol("coco5k").check_split("test", "karpathy")  # accepted
-
-
-def test_the_old_module_names_still_work():
-    from vlret.train import evaluate as old
-
-    with pytest.warns(DeprecationWarning, match="PROTOCOLS is deprecated"):
-        assert old.PROTOCOLS[:5] == tuple(OLD_TITLES)
-    assert old.check_protocol("coco1k") == "coco1k"
-    with pytest.raises(ValueError, match="protocol must be one of"):
-        old.check_protocol("coco")
-    assert old.protocol_title("f30k", "test", 1000, 5000) == "Flickr30K 1K test"
-    with pytest.warns(DeprecationWarning, match="PROTOCOL_SPLITS"):
-        splits = old.PROTOCOL_SPLITS
-    assert {
-        n: {f: tuple(s) for f, s in v.items()} for n, v in splits.items() if n in OLD_SPLITS
-    } == OLD_SPLITS
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from vlret.run.evaluate import EVAL_SPLITS, check_eval_split  # noqa: F401
 
 
 def test_records_refuse_what_they_cannot_mean():
@@ -181,10 +161,9 @@ def test_splits_and_defaults_are_read_from_the_registry(monkeypatch):
     import vlret.train
     from vlret.analysis.compare import CompareError, eval_settings
     from vlret.eval import default_protocol, eval_splits
-    from vlret.train import evaluate as old
 
     # val: the person-search protocols' validation split
-    assert eval_splits() == ("test", "testall", "dev", "val") == old.EVAL_SPLITS
+    assert eval_splits() == ("test", "testall", "dev", "val")
     assert [default_protocol(f).name for f in ("precomp", "karpathy", "msrvtt")] == [
         "f30k",
         "f30k",
@@ -205,10 +184,10 @@ def test_splits_and_defaults_are_read_from_the_registry(monkeypatch):
         get_protocol("coco5k"), name="late", splits={"odd": ("holdout",)}, default_for=("odd",)
     )
     register_protocol(late)  # registered after the import of every module above
-    assert eval_splits()[-1] == "holdout" and old.EVAL_SPLITS[-1] == "holdout"
+    assert eval_splits()[-1] == "holdout"
     assert eval_settings({"data": {"format": "odd"}}, {}).protocol == "late"
     with pytest.warns(DeprecationWarning):
-        assert old.PROTOCOLS[-1] == "late"
+        assert vlret.train.PROTOCOLS[-1] == "late"
     with pytest.raises(ValueError, match="late is already the default for odd data"):
         register_protocol(dataclasses.replace(late, name="later"))
     with pytest.raises(ValueError, match="default_for names precomp, a format whose splits"):

@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 import yaml
 
 import vlret.analysis.compare.report as compare_report
+import vlret.eval
 import vlret.run.evaluate as evaluate_module
 from fault_helpers import read_only_folder
 from train_helpers import tiny_config, tiny_data, tiny_msrvtt_run_config, tiny_raw
@@ -263,8 +264,9 @@ def test_ctrl_c_during_eval_is_one_line_and_status_130(trained, capsys, monkeypa
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    # while encoding and scoring: after the checkpoint and the split were read
-    monkeypatch.setattr(evaluate_module.PreparedEvaluation, "run", interrupted)
+    # while encoding and scoring: after the checkpoint and the split were read (vlret eval
+    # calls the evaluation core on what prepare_evaluation built)
+    monkeypatch.setattr(vlret.eval, "evaluate", interrupted)
     assert run_cli(*eval_args(trained)) == 130
     assert one_line(capsys.readouterr().err, "vlret eval: ") == "vlret eval: interrupted"
 

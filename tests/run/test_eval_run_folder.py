@@ -14,17 +14,17 @@ import pytest
 pytest.importorskip("yaml")
 
 from vlret.cli import main  # noqa: E402
+from vlret.data.config import DataConfig  # noqa: E402
 from vlret.data.synthetic import write_synthetic  # noqa: E402
 from vlret.eval import get_protocol, protocol_names  # noqa: E402
 from vlret.run import load_config
-from vlret.run.config import DataConfig  # noqa: E402
 from vlret.run.eval_data import (  # noqa: E402
     default_split,
     eval_data_config,
     karpathy_eval_data,
     stored_eval_data,
 )
-from vlret.run.eval_inputs import run_checkpoint  # noqa: E402
+from vlret.run.eval_members import run_checkpoint  # noqa: E402
 from vlret.train import train
 
 SHORT = [
@@ -221,3 +221,43 @@ def test_report_takes_a_run_folder_as_eval_does(trained, tmp_path, capsys):
     assert main(["report", str(run), "--protocol", "cuhk-pedes", "--out", str(tmp_path / "d")]) == 2
     assert "pass its folder with --data" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_prepare_evaluation_reads_each_checkpoint_once_and_takes_the_runs_defaults(
+    trained, monkeypatch
+):
+    """The phases of vlret.run.evaluate: a run folder and a protocol alone give the run's
+    best.pt, data.root and the protocol's split; the checkpoint file is read once (before:
+    three times, for the defaults, the model and NCR's networks) and the split opened once."""
+    import vlret.run.eval_members as members_module
+    import vlret.run.evaluate as evaluate_module
+    from vlret.run.evaluate import prepare_evaluation
+
+    run, world = trained / "run", trained / "w"
+    reads: list[Path] = []
+    opened: list[str] = []
+    real_load, real_build = members_module.load_checkpoint, evaluate_module.build_dataset
+
+    def counted_load(path, **kwargs):
+        reads.append(Path(path))
+        return real_load(path, **kwargs)
+
+    def counted_build(data, split, *args, **kwargs):
+        opened.append(split)
+        return real_build(data, split, *args, **kwargs)
+
+    monkeypatch.setattr(members_module, "load_checkpoint", counted_load)
+    monkeypatch.setattr(evaluate_module, "build_dataset", counted_build)
+    prepared = prepare_evaluation(run, protocol="f30k", device="cpu")
+    assert reads == [run / "best.pt"] and opened == ["test"]
+    assert (prepared.root, prepared.split, prepared.checkpoints) == (world, "test", (reads[0],))
+    assert prepared.notes == (
+        f"checkpoint: {run / 'best.pt'} (the run's best.pt)",
+        f"data: {world} (the run's data.root)",
+        "split: test (protocol f30k's test split of precomp data)",
+    )
+    taken = prepared.run().metrics
+    given = prepare_evaluation(
+        run / "best.pt", data=world, split="test", protocol="f30k", device="cpu"
+    )
+    assert given.notes == () and given.run().metrics == taken

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from vlret.cli.import_checkpoint import add_parser as add_import_parser
 from vlret.data.writers import write_precomp
 from vlret.eval import metrics_from_scores
-from vlret.run.builders import encoder_from_state
+from vlret.run.builders import encoder_from_state, load_trained_model
 from vlret.run.checkpoint import load_checkpoint
-from vlret.run.evaluate import load_trained_model, run_evaluation
+from vlret.run.evaluate import run_evaluation
 from vlret.run.import_checkpoint import CheckpointImportError, import_reference_checkpoint
 
 E, WORD_DIM, IMG_DIM, SIM_DIM, N_REGIONS = 12, 7, 10, 6, 36

@@ -30,8 +30,8 @@ from vlret.data import MSRVTTDataset
 from vlret.data.experts import ExpertFeatures, write_expert_features
 from vlret.data.writers import make_tiny_msrvtt
 from vlret.metrics import retrieval_metrics_from_similarity
+from vlret.run.builders import load_trained_model
 from vlret.run.config import apply_overrides, config_from_dict
-from vlret.run.evaluate import load_trained_model
 from vlret.train import Trainer
 
 EXPERTS = {"rgb": 12, "audio": 6, "scene": 10}

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Subset
 from .._extras import require
 from .._files import atomic_write_text
 from ..models import PairScorer
-from ..run.eval_inputs import run_checkpoint  # a run folder's best.pt (else last.pt)
+from ..run.eval_members import run_checkpoint  # a run folder's best.pt (else last.pt)
 from ._plotting import legend_outside, new_figure, require_matplotlib, save_figure, series_styles
 
 #: The group the points are coloured by on a synthetic world.

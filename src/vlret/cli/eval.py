@@ -1,9 +1,10 @@
 """``vlret eval RUN_OR_CKPT [...] --protocol NAME [--data DIR] [--split SPLIT] [--check]``: a
-thin layer over :mod:`vlret.run.evaluate` (the evaluation itself, its table and its JSON
-record). A run folder is evaluated from its ``best.pt`` (else ``last.pt``), on the data folder of
-its config and the protocol's split of that data unless ``--data`` / ``--split`` say otherwise
-(:mod:`vlret.run.eval_inputs`); ``--check`` loads and reads everything, prints what would be
-evaluated and writes nothing."""
+thin layer over :func:`vlret.run.evaluate.prepare_evaluation` (the request checked, the
+members loaded, the split opened, the scorer built) and :func:`vlret.eval.evaluate` (the
+metrics, their table and JSON record). A run folder is evaluated from its ``best.pt`` (else
+``last.pt``), on the data folder of its config and the protocol's split of that data unless
+``--data`` / ``--split`` say otherwise; ``--check`` loads and reads everything, prints what
+would be evaluated and writes nothing."""
 
 from __future__ import annotations
 
@@ -167,9 +168,9 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate, print the protocol's table and (``--json``) write its record."""
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
+    from ..eval import evaluate
     from ..eval.clip_benchmark import check_retrieval_request, retrieval_record
     from ..metrics.rescore import RescoreParameterError, make_rescoring
-    from ..run.eval_inputs import resolve_eval_inputs
     from ..run.evaluate import prepare_evaluation
 
     if args.model_dir is not None and args.checkpoint:
@@ -186,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
             "--default-preprocessing applies to --model-dir (a Hugging Face CLIP directory); a "
             "checkpoint keeps its model's preprocessing",
         )
-    inputs = None
     try:
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json, overwrite=args.overwrite)
@@ -196,18 +196,11 @@ def run(args: argparse.Namespace) -> int:
             check_retrieval_request(
                 args.protocol, approximate=args.shortlist is not None, rescored=bool(args.rescore)
             )
-        inputs = resolve_eval_inputs(
-            args.checkpoint,
-            protocol=args.protocol,
-            data=args.data,
-            split=args.split,
-            model_dir=args.model_dir,
-        )
-        checkpoints = inputs.checkpoints
+        checkpoints = args.checkpoint
         prepared = prepare_evaluation(
             checkpoints[0] if len(checkpoints) == 1 else (checkpoints or None),
-            data=inputs.data,
-            split=inputs.split,
+            data=args.data,
+            split=args.split,
             protocol=args.protocol,
             batch_size=args.batch_size,
             device=args.device,
@@ -229,20 +222,15 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
         if args.check:
-            print(_check_summary(prepared, inputs, args))
+            print(_check_summary(prepared, args))
             return EXIT_OK
-        for note in inputs.notes():  # the defaults taken: checkpoint, data, split
+        for note in prepared.notes:  # the defaults taken: checkpoint, data, split
             print(note)
-        result = prepared.run()
+        # the last phase: the evaluation core, on what was prepared
+        result = evaluate(prepared.scorer, prepared.data, prepared.protocol, split=prepared.split)
     except RescoreParameterError as err:  # named by its flag: --dsl-temperature 1e-320 is ...
         return fail(NAME, f"{RESCORE_FLAGS.get(err.param, err.param)} {err.detail}")
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
-        if inputs is not None and "split" in inputs.why and isinstance(err, FileNotFoundError):
-            return fail(
-                NAME,
-                f"--split {inputs.split} ({inputs.why['split']}, taken as no --split was given) "
-                f"is not in {inputs.data}: {err}",
-            )
         return fail(NAME, err)
     print(result.table())  # the Evaluation carries its protocol and split
     if args.json is not None:
@@ -251,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_summary(prepared: Any, inputs: Any, args: argparse.Namespace) -> str:
+def _check_summary(prepared: Any, args: argparse.Namespace) -> str:
     """What ``vlret eval --check`` prints: the model(s), data, split, protocol and sizes of the
     evaluation :func:`~vlret.run.evaluate.prepare_evaluation` built, and what would be
     written."""
@@ -259,14 +247,14 @@ def _check_summary(prepared: Any, inputs: Any, args: argparse.Namespace) -> str:
     visual = prepared.protocol.visual
 
     def why(key: str) -> str:
-        return f" ({inputs.why[key]})" if key in inputs.why else ""
+        return f" ({prepared.why[key]})" if key in prepared.why else ""
 
-    models = [f"{c}{why(str(c))}" for c in inputs.checkpoints]
+    models = [f"{c}{why(str(c))}" for c in prepared.checkpoints]
     models = models or [f"{args.model_dir} (a local Hugging Face CLIP folder)"]
     lines = [
         f"model: {', '.join(models)}"
         + (f"; an ensemble of {len(prepared.members)}" if len(prepared.members) > 1 else ""),
-        f"data: {inputs.data}{why('data')}",
+        f"data: {prepared.root}{why('data')}",
         f"split: {prepared.split}{why('split')}",
         f"protocol: {prepared.protocol.name}",
         f"title: {prepared.protocol.title_for(prepared.split, images, texts)}",

@@ -139,7 +139,8 @@ def _inputs(args: argparse.Namespace) -> Any:
     """The checkpoints, data folder and split (:class:`vlret.run.eval_inputs.EvalInputs`):
     run folders give their checkpoint; a missing ``--data`` / ``--split`` is taken from the run
     for ``--protocol``, or for the default protocol of the run's data."""
-    from ..run.eval_inputs import EvalInputs, resolve_eval_inputs, run_checkpoint, run_protocol
+    from ..run.eval_inputs import EvalInputs, resolve_eval_inputs, run_protocol
+    from ..run.eval_members import run_checkpoint
 
     if args.data is not None and args.split is not None and args.protocol is None:
         return EvalInputs([run_checkpoint(p) for p in args.checkpoint], args.data, args.split)

@@ -11,6 +11,7 @@ these. The training loop itself is :mod:`vlret.train`, which imports this packag
 package never imports the loop.
 """
 
+from ..eval import encode_dataset
 from .checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from .config import (
     ConfigError,
@@ -25,7 +26,6 @@ from .config import (
 )
 from .config_files import parse_value
 from .evaluate import (
-    encode_dataset,
     evaluate_checkpoint,
     format_metrics_table,
     metrics_json,

@@ -467,10 +467,18 @@ def load_trained_model(
 ) -> tuple[nn.Module, StoredRun, Any]:
     """``(model, stored run, caption encoder)`` rebuilt from a training checkpoint, from its
     model and data sections, encoder and scoring only (:func:`stored_run`; never its loss)."""
-    from ..models import build_model
     from .checkpoint import load_checkpoint
 
-    state = load_checkpoint(checkpoint)
+    return trained_model_from_state(load_checkpoint(checkpoint), checkpoint, device=device)
+
+
+def trained_model_from_state(
+    state: dict[str, Any], checkpoint: str | Path, *, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, StoredRun, Any]:
+    """:func:`load_trained_model` of a checkpoint already read (``state``, named in errors as
+    ``checkpoint``), for a caller that reads more of it (``vlret eval``: NCR's networks)."""
+    from ..models import build_model
+
     if "config" not in state or "encoder" not in state:
         raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config or encoder)")
     run = stored_run(state["config"], source=f"{checkpoint} (stored config)")

@@ -5,19 +5,22 @@ another person-search set (:func:`person_search_eval_data`, domain generalisatio
 Shared by ``vlret eval``, ``vlret mine-negatives``, ``vlret compare``, ``vlret report`` and
 ``vlret plot tsne``: a run trained on shards or a CSV is evaluated on Karpathy JSON + images
 (:func:`karpathy_eval_data`, :func:`stored_eval_data`), and a protocol gives the split when none
-is named (:func:`default_split`).
+is named (:func:`default_split`). :func:`member_eval_data` is the one adaptation an evaluation
+makes of each member's stored data config: all of the above, the caption counts given, and the
+data folder and split taken from the run where not given.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..data.config import DataConfig
 from ..data.synthetic.hint import META_FILE as SYNTHETIC_META
 from ..eval import EvalProtocol, get_protocol
-from .config import DataConfig
 
 
 def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
@@ -182,3 +185,94 @@ def default_split(protocol: str | EvalProtocol, *, data_format: str) -> str:
             f"{data_format} data"
         )
     return chosen.splits[data_format][0]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+    """What one member of an evaluation reads (:func:`member_eval_data`): its data config as
+    evaluated, pointed at the data folder ``root``, the ``split``, and why each default was
+    taken (``why``: ``"data"`` or ``"split"`` -> the reason, what ``vlret eval`` prints)."""
+
+    config: DataConfig
+    root: Path
+    split: str
+    why: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+#: the data formats whose captions each count applies to (:func:`member_eval_data`)
+CAPTION_COUNT_FORMATS = {
+    "captions_per_image": ("precomp", "karpathy"),
+    "captions_per_video": ("msrvtt",),
+}
+
+
+def member_eval_data(
+    trained: DataConfig,
+    *,
+    protocol: str | EvalProtocol,
+    source: str,
+    data: str | Path | None = None,
+    split: str | None = None,
+    counts: Mapping[str, int | None] | None = None,
+    same_as: tuple[str, str] | None = None,
+) -> EvalData:
+    """The data a member trained on ``trained`` is evaluated on under ``protocol``, in one
+    step: the stored config read as the protocol's data (:func:`stored_eval_data`), the caption
+    ``counts`` given (``captions_per_image`` / ``captions_per_video``; ``None`` keeps the
+    stored one), the ``split`` (default: the protocol's test split of that data,
+    :func:`default_split`), and the folder ``data`` (default: the run's ``data.root``, a path
+    relative to the folder the run was trained from), which the config is pointed at
+    (:func:`eval_data_config`). ``source`` (the checkpoint) is named in the errors;
+    ``same_as``: ``(source, data format)`` of an ensemble's first member, whose data format
+    this member's must be.
+
+    Raises:
+        FileNotFoundError: The data folder (given, or the run's) is missing, or lacks what its
+            format reads first (a Karpathy JSON).
+        ValueError: A caption count of another format, a split the protocol does not evaluate
+            in that data, no data folder to take (a run evaluated on another data set), or an
+            ensemble member trained on other data than ``same_as``.
+    """
+    chosen = get_protocol(protocol)
+    evaluated = stored_eval_data(trained, protocol=chosen)
+    if same_as is not None and evaluated.format != same_as[1]:
+        raise ValueError(
+            "the ensemble's checkpoints were trained on different data: "
+            f"{same_as[0]} {same_as[1]}, {source} {evaluated.format}"
+        )
+    given: dict[str, Any] = {k: v for k, v in (counts or {}).items() if v is not None}
+    for key in given:
+        if evaluated.format not in CAPTION_COUNT_FORMATS[key]:
+            raise ValueError(
+                f"{key}: only used with {' or '.join(CAPTION_COUNT_FORMATS[key])} data; "
+                f"{source} was trained on {evaluated.format} data"
+            )
+    if given:
+        evaluated = dataclasses.replace(evaluated, **given)
+    why: dict[str, str] = {}
+    if split is None:
+        try:
+            split = default_split(chosen, data_format=evaluated.format)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err} (it was trained on {trained.format} data)") from None
+        why["split"] = f"protocol {chosen.name}'s test split of {evaluated.format} data"
+    else:
+        try:
+            chosen.check_split(split, evaluated.format)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
+    if data is None:
+        if evaluated.format != trained.format and trained.format not in STREAM_FORMATS:
+            raise ValueError(
+                f"--data: {source} was trained on {trained.format} data and protocol "
+                f"{chosen.name} evaluates {evaluated.format} data; pass its folder with --data"
+            )
+        if not Path(trained.root).exists():
+            raise FileNotFoundError(
+                f"{source}: its data.root {trained.root} is missing (relative paths start from "
+                "the folder the run was trained from); pass the data folder with --data"
+            )
+        data = trained.root
+        why["data"] = "the run's data.root"
+    root = Path(data)
+    return EvalData(eval_data_config(evaluated, root), root, split, why)

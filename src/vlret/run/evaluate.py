@@ -1,94 +1,46 @@
-"""Evaluation of a trained model under the papers' protocols.
+"""Evaluating checkpoints (the path of ``vlret eval``), in phases each visited once:
 
-The protocols (their data, splits, sizes and folds) are records in a registry,
-:mod:`vlret.eval.protocols`; ``vlret protocols`` lists them, one line each. ``vlret eval
---split`` is one of the splits some protocol evaluates (:func:`vlret.eval.eval_splits`), checked
-against the protocol and the checkpoint's data format (:func:`check_eval_split`). ``dev``
-(precomp dev, Karpathy val, MSR-VTT validate) is for checking model selection; papers report
-the test splits. A protocol with folds (``coco1k``) needs a number of images divisible by them.
+1. validate the request (the arguments alone, nothing read): :func:`prepare_evaluation`;
+2. load the members, each checkpoint read once and each member's data config adapted by one
+   function (:func:`~vlret.run.eval_members.load_members`,
+   :func:`~vlret.run.eval_data.member_eval_data`);
+3. open each split once and check that the members agree (:func:`open_splits`);
+4. build the scorer (:func:`build_scorer`);
+5. call :func:`vlret.eval.evaluate` (:meth:`PreparedEvaluation.run`).
 
-This module builds the scorer of a checkpoint (or several) and runs the one pipeline
-:func:`vlret.eval.evaluate`. A checkpoint is evaluated from its model, encoder and the model's
-``scoring`` only, never its loss (:func:`~vlret.run.builders.load_trained_model`).
-
-A two-tower checkpoint goes through :func:`vlret.metrics.retrieval_metrics` (or
-:func:`~vlret.metrics.coco_5fold_metrics`) on its embeddings (cosine scores unless its model's
-``scoring`` is ``dot``): the
-image-to-text rank there is already the rank of an image's best caption, which is the
-dual-encoding video-to-text definition of MSR-VTT full. A pair-scoring (cross-attention)
-checkpoint (a :class:`~vlret.models.PairScorer`: SCAN, BFAN, SGRAF, CE, MMT) is scored pair
-by pair into a score matrix (:mod:`vlret.eval.scores`; COCO 1K: the 5 diagonal fold blocks
-only), ranked by :func:`vlret.metrics.retrieval_metrics_from_similarity`.
-
-Several checkpoints (``vlret eval A.pt B.pt``) are an ensemble: the mean of their score matrices
-(cosine matrices for two-tower members), each member encoding the split with its own data
-settings and vocabulary; they must evaluate the same data format and split (same images and
-captions in the same order). A checkpoint that holds two networks (NCR, ``train.procedure =
-"ncr"``) is two members (:mod:`.checkpoint_members`).
-
-``shortlist=K`` (``--shortlist K``) is an opt-in, approximate protocol for pair-scoring models:
-each query keeps its top ``K`` candidates by a two-tower score, which are re-ranked by the exact
-pair scores; every other candidate ranks below them (among themselves by the two-tower score;
-:func:`~vlret.eval.shortlist.shortlist_metrics`). The two-tower score is the cosine of a
-``shortlist_from`` two-tower checkpoint's embeddings, or by default the cosine of the
-pair-scoring model's own mean-pooled region and word features (for an ensemble, the mean of the
-members' cosines). Results say "approximate" and report the fraction of queries whose ground
-truth was shortlisted, per direction. The default is always the exact protocol.
-
-``model_dir`` (``vlret eval --model-dir DIR``) evaluates a local pretrained Hugging Face CLIP
-that vlret never trained, zero-shot (no checkpoint): CLIP's own towers and projections, no
-added layer, its own tokenizer and image preprocessing, cosine scores, on Karpathy JSON + image
-data (:func:`~vlret.run.builders.load_pretrained_clip`); exclusive with checkpoints.
-
-Person search (``cuhk-pedes``, ``icfg-pedes``, ``rstpreid``; relevance ``same-identity``):
-every image of the caption's person is a correct answer; :func:`vlret.eval.evaluate` ranks the
-data set's captions against its images (and images against captions) by
-:func:`~vlret.metrics.identity_retrieval_metrics` with its ``image_identity``, R@1/5/10, mAP
-and mINP per direction. It takes neither ``shortlist`` nor ``rescore``. ICFG-PEDES has no
-validation split: checkpoints are selected on its test split only when the user names it
-(:func:`vlret.run.config_checks.check_person_search`). A checkpoint trained on other data
-(Flickr30K: AdaCL Table 7's domain generalisation) is evaluated on a person-search folder
-without fine-tuning: its data config is read as the protocol's format
-(:func:`~vlret.run.eval_data.person_search_eval_data`); its caption encoder and image
-transform stay its own.
-
-``rescore`` (``--rescore dsl | qbnorm``) is an opt-in, NON-STANDARD re-scoring of the score
-matrix (:mod:`vlret.metrics.rescore`, docs/rescoring.md), for two-tower and pair-scoring models
-and ensembles (of the mean matrix), not with ``shortlist``. Dual softmax uses the test matrix's
-own statistics; QB-Norm re-scores text->image only, with a querybank of ``bank_size`` captions
-of the data folder's ``train`` split (fixed seed) scored against the test images. COCO 1K
-re-scores each fold's block on its own. Titles and JSON records say NON-STANDARD.
+What each protocol scores, ensembles, the shortlist, re-scoring, person search and
+``--model-dir`` are described in docs/evaluation.md ("Evaluating a checkpoint"). A checkpoint
+is evaluated from its model, encoder and the model's ``scoring`` only, never its loss.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Subset
 
-from .._moved import renamed_names
-from ..data import RetrievalDataset
+from ..data import RetrievalDataset, check_features
 from ..eval import (
     EnsembleScorer,
     EnsembleSplit,
     EvalProtocol,
     Evaluation,
+    MatrixScorer,
     PairModelScorer,
     RescoredScorer,
     Scorer,
     ShortlistScorer,
-    encode_dataset,
+    TwoTowerScorer,
     eval_splits,
     evaluate,
     format_table,
     get_protocol,
     metrics_record,
-    protocol_names,
 )
 from ..metrics import (
     IDENTITY_PREFIX,
@@ -99,55 +51,13 @@ from ..metrics import (
     retrieval_metrics,
     similarity_stats,
 )
-from ..metrics.rescore import Rescoring
+from ..metrics.rescore import Rescoring, draw_bank
 from ..models import PairScorer
-from .builders import load_pretrained_member, load_trained_model
-from .checkpoint_members import checkpoint_members, member_names
+from .builders import build_dataset
 from .devices import resolve_device
-from .eval_data import STREAM_FORMATS, karpathy_eval_data  # re-exported: their old home
-from .eval_members import (
-    Member,
-    bank_data,
-    check_same_split,
-    eval_dataset,
-    load_member,
-    member_scorer,
-    shortlist_source,
-    with_caption_counts,
-)
-
-#: The old private name (tests, ensembles' split check), now :func:`.eval_members.check_same_split`.
-_check_same_split = check_same_split
-
-_deprecated = renamed_names(
-    __name__,
-    {
-        "PROTOCOLS": ("vlret.eval.protocol_names()", protocol_names),
-        # the per-protocol table of before the registry, rebuilt from it
-        "PROTOCOL_SPLITS": (
-            "vlret.eval.get_protocol(name).splits",
-            lambda: {n: dict(get_protocol(n).splits) for n in protocol_names()},
-        ),
-    },
-)
-
-
-def __getattr__(name: str) -> Any:
-    # read from the registry at each access, so a protocol registered later is included
-    if name == "EVAL_SPLITS":
-        return eval_splits()
-    return _deprecated(name)
-
-
-def protocol_title(protocol: str, split: str | None, n_images: int, n_texts: int) -> str:
-    """The table title: the paper's label only when ``split`` and the sizes are the paper's
-    test set; otherwise what was actually scored (:meth:`vlret.eval.EvalProtocol.title_for`)."""
-    return get_protocol(protocol).title_for(split, n_images, n_texts)
-
-
-def check_protocol(protocol: str) -> str:
-    """``protocol`` if it is registered (:func:`vlret.eval.get_protocol`), else ``ValueError``."""
-    return get_protocol(protocol).name
+from .eval_data import STREAM_FORMATS
+from .eval_data import karpathy_eval_data as karpathy_eval_data  # compare's runner reads it here
+from .eval_members import Member, Members, load_members
 
 
 def check_eval_split(protocol: str, split: str, data_format: str) -> None:
@@ -250,10 +160,12 @@ def evaluate_checkpoint(
 
 @dataclasses.dataclass(frozen=True)
 class PreparedEvaluation:
-    """Everything :func:`run_evaluation` checked and built before scoring: the scorer (models
-    loaded, nothing encoded yet), the split it reads, the protocol and split, and each
-    member's name and copy of the split. :meth:`run` scores it; ``vlret eval --check`` stops
-    here (:func:`prepare_evaluation`)."""
+    """Everything :func:`prepare_evaluation` checked and built before scoring: the scorer
+    (models loaded, nothing encoded yet), the split it reads (``data``), the protocol and
+    split, each member's name and copy of the split, the checkpoints the given paths stood for
+    (a run folder: its ``best.pt``), the data folder, and why each default was taken
+    (``why``; ``notes``: one line each, what ``vlret eval`` prints). :meth:`run` scores it;
+    ``vlret eval --check`` stops before."""
 
     scorer: Scorer
     data: Any
@@ -261,6 +173,10 @@ class PreparedEvaluation:
     split: str
     members: tuple[str, ...]
     datasets: tuple[RetrievalDataset, ...]
+    checkpoints: tuple[Path, ...] = ()
+    root: Path | None = None
+    why: dict[str, str] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -284,9 +200,9 @@ def run_evaluation(
 def prepare_evaluation(
     checkpoint: str | Path | Sequence[str | Path] | None,
     *,
-    data: str | Path,
-    split: str,
     protocol: str | EvalProtocol,
+    data: str | Path | None = None,
+    split: str | None = None,
     batch_size: int = 256,
     device: str = "auto",
     shortlist: int | None = None,
@@ -304,24 +220,30 @@ def prepare_evaluation(
     :func:`vlret.eval.evaluate`; the :class:`~vlret.eval.Evaluation` carries the protocol and
     split and renders its own table and JSON record.
 
-    ``checkpoint``: one checkpoint, or several for an ensemble (the mean of their score
-    matrices, see the module docstring). ``data`` replaces the training data paths (for
+    ``checkpoint``: a checkpoint or a run folder of ``vlret train`` (its ``best.pt``, else
+    ``last.pt``), or several for an ensemble (the mean of their score matrices; a checkpoint
+    of NCR holds two networks, two members). ``data`` replaces the training data paths (for
     Karpathy data: the JSON and the image folder under it, see
-    :func:`~vlret.run.eval_data.eval_data_config`); a missing folder raises
-    ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``. ``shortlist``
-    / ``shortlist_from``: the approximate protocol (module docstring); ``progress``: a tqdm bar
-    while pairs are scored; ``rescore``: a NON-STANDARD re-scoring (a method name takes its
-    defaults; module docstring). ``captions_per_image`` (precomp, Karpathy) /
-    ``captions_per_video`` (MSR-VTT) replace the stored data config's count (a model trained
-    on 1 caption per image, evaluated on 5-caption data); ``None`` keeps the stored one.
-    ``model_dir``: a local pretrained Hugging Face CLIP evaluated zero-shot instead of
-    checkpoints (pass ``checkpoint=None``; module docstring), with ``default_preprocessing``
-    (``"openai-clip"``) where its folder holds no image processor file."""
+    :func:`~vlret.run.eval_data.eval_data_config`); ``None``: the first checkpoint's stored
+    ``data.root``. ``split``: ``None`` takes the protocol's test split of the data
+    (:func:`~vlret.run.eval_data.default_split`). A missing folder raises
+    ``FileNotFoundError``, a split the protocol does not evaluate ``ValueError``.
+    ``shortlist`` / ``shortlist_from``: the approximate protocol for pair-scoring models
+    (each query's top ``shortlist`` candidates by a two-tower score, re-ranked by the exact
+    pair scores); ``progress``: a tqdm bar while pairs are scored; ``rescore``: a
+    NON-STANDARD re-scoring (a method name takes its defaults). ``captions_per_image``
+    (precomp, Karpathy) / ``captions_per_video`` (MSR-VTT) replace the stored data config's
+    count (a model trained on 1 caption per image, evaluated on 5-caption data); ``None``
+    keeps the stored one. ``model_dir``: a local pretrained Hugging Face CLIP evaluated
+    zero-shot instead of checkpoints (pass ``checkpoint=None``; ``data`` is then required),
+    with ``default_preprocessing`` (``"openai-clip"``) where its folder holds no image
+    processor file. docs/evaluation.md describes each."""
+    # 1. The request: the arguments alone, before anything is read.
     chosen = get_protocol(protocol)
     splits = eval_splits()
-    if split not in splits:
+    if split is not None and split not in splits:
         raise ValueError(f"split must be one of {', '.join(splits)}, got {split!r}")
-    if not Path(data).exists():
+    if data is not None and not Path(data).exists():
         raise FileNotFoundError(f"{data}: missing; expected the data folder of the test split")
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
@@ -329,18 +251,22 @@ def prepare_evaluation(
         checkpoints = []
     else:
         checkpoints = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
-    load: Callable[..., Member] = load_member
     if model_dir is not None:
         if checkpoints:
             raise ValueError(
                 "model_dir: evaluates a local pretrained CLIP without a checkpoint; give "
                 "checkpoints or model_dir, not both"
             )
-        load = partial(load_pretrained_member, default_preprocessing=default_preprocessing)
-        checkpoints = [model_dir]
+        if data is None:
+            raise ValueError("--data: required with --model-dir (a CLIP folder holds no data)")
+        if split is not None:  # before its weights are read: Karpathy data only
+            try:
+                chosen.check_split(split, "karpathy")
+            except ValueError as err:
+                raise ValueError(f"{model_dir} (Karpathy JSON + images): {err}") from None
     elif default_preprocessing is not None:
         raise ValueError("default_preprocessing: only with model_dir (a checkpoint keeps its own)")
-    if not checkpoints:
+    elif not checkpoints:
         raise ValueError("checkpoint: expected at least one checkpoint (or model_dir)")
     if shortlist is not None and (
         isinstance(shortlist, bool) or not isinstance(shortlist, int) or shortlist < 1
@@ -362,100 +288,228 @@ def prepare_evaluation(
             f"{which}: protocol {chosen.name} ranks by person identity on the exact scores; "
             f"it does not combine with {which}"
         )
-    try:
-        dev = resolve_device(device)
-    except ValueError as err:
-        raise ValueError(f"device: {err}") from None
     counts = {"captions_per_image": captions_per_image, "captions_per_video": captions_per_video}
     for key, value in counts.items():
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise ValueError(f"{key}: expected a positive integer, got {value!r}")
-    members: list[Member] = []
-    sources: list[str | Path] = []  # each member's checkpoint (NCR's holds two networks)
-    named_members: list[str] = []
-    for c in checkpoints:
-        member = with_caption_counts(load(c, chosen, split, dev), c, counts)
-        group = checkpoint_members(c, member) if load is load_member else [member]
-        members, sources = members + group, sources + [c] * len(group)
-        named_members += member_names(c, len(group))
-    names = tuple(named_members)
-    formats = {m[1].data.format for m in members}
-    if len(formats) > 1:
-        named = ", ".join(f"{c} {m[1].data.format}" for c, m in zip(sources, members, strict=True))
-        raise ValueError(f"the ensemble's checkpoints were trained on different data: {named}")
-    if shortlist is not None and not all(isinstance(m[0], PairScorer) for m in members):
-        two_tower = [
-            c for c, m in zip(names, members, strict=True) if not isinstance(m[0], PairScorer)
-        ]
+    try:
+        dev = resolve_device(device)
+    except ValueError as err:
+        raise ValueError(f"device: {err}") from None
+    # 2. The members: each checkpoint read once, each data config adapted once.
+    loaded = load_members(
+        checkpoints,
+        protocol=chosen,
+        device=dev,
+        data=data,
+        split=split,
+        counts=counts,
+        model_dir=model_dir,
+        default_preprocessing=default_preprocessing,
+        shortlist_from=shortlist_from,
+    )
+    names = tuple(m.name for m in loaded.members)
+    two_tower = [m.name for m in loaded.members if not isinstance(m.model, PairScorer)]
+    if shortlist is not None and two_tower:
         raise ValueError(
             f"shortlist re-ranks pair scores; {', '.join(two_tower)} is a two-tower model, "
             "whose exact evaluation is already one matrix product (drop --shortlist)"
         )
-    built: dict[str, RetrievalDataset] = {}  # a checkpoint's networks share its copy
-    for c, m in zip(sources, members, strict=True):
-        if str(c) not in built:
-            built[str(c)] = eval_dataset(m, data, split, chosen)
-    datasets = [built[str(c)] for c in sources]
-    for name, ds in zip(names[1:], datasets[1:], strict=True):
-        check_same_split(names[0], datasets[0], name, ds, split)
-    split_data: Any = datasets[0] if len(datasets) == 1 else EnsembleSplit(tuple(datasets))
+    # 3. Each split opened once; the members must see the same one.
+    datasets, shortlisted, bank = open_splits(loaded, chosen, rescore)
+    # 4. The scorer.
     options: dict[str, Any] = {"batch_size": batch_size, "device": dev, "progress": progress}
-    scorers = [member_scorer(m, **options) for m in members]
+    scorer = build_scorer(
+        loaded, shortlisted, bank, shortlist=shortlist, rescore=rescore, **options
+    )
+    split_data: Any = datasets[0] if len(datasets) == 1 else EnsembleSplit(tuple(datasets))
+    notes = [
+        f"checkpoint: {c} ({loaded.why[str(c)]})"
+        for c in loaded.checkpoints
+        if str(c) in loaded.why
+    ]
+    notes += [
+        f"{key}: {value} ({loaded.why[key]})"
+        for key, value in (("data", loaded.root), ("split", loaded.split))
+        if key in loaded.why
+    ]
+    return PreparedEvaluation(
+        scorer,
+        split_data,
+        chosen,
+        loaded.split,
+        names,
+        tuple(datasets),
+        checkpoints=loaded.checkpoints,
+        root=loaded.root,
+        why=loaded.why,
+        notes=tuple(notes),
+    )
+
+
+def open_splits(
+    loaded: Members, protocol: EvalProtocol, rescore: Rescoring | None
+) -> tuple[list[RetrievalDataset], RetrievalDataset | None, Any]:
+    """The split each member reads (a checkpoint's networks share one copy), checked to be the
+    same images and captions in the same order; the ``shortlist_from`` member's copy; and
+    QB-Norm's querybank: ``rescore.bank_size`` captions of the ``train`` split (fixed seed)
+    with each member's test images (``None`` for a re-scoring without one).
+
+    Raises:
+        FileNotFoundError: The split is not in the data folder (a split taken by default says
+            so).
+        ValueError: Members that see different splits, or a querybank that cannot be read.
+    """
+    split = loaded.split
+    opened: dict[str, RetrievalDataset] = {}
+    for member in loaded.members + ((loaded.shortlist,) if loaded.shortlist else ()):
+        if member.source not in opened:
+            try:
+                opened[member.source] = _open(member, split, protocol)
+            except FileNotFoundError as err:
+                if "split" not in loaded.why:
+                    raise
+                raise FileNotFoundError(
+                    f"--split {split} ({loaded.why['split']}, taken as no --split was given) "
+                    f"is not in {loaded.root}: {err}"
+                ) from None
+    datasets = [opened[m.source] for m in loaded.members]
+    first = loaded.members[0]
+    for member, ds in zip(loaded.members[1:], datasets[1:], strict=True):
+        check_same_split(first.name, datasets[0], member.name, ds, split)
+    shortlisted = None
+    if loaded.shortlist is not None:
+        shortlisted = opened[loaded.shortlist.source]
+        check_same_split(first.name, datasets[0], loaded.shortlist.name, shortlisted, split)
+    bank = None
+    if rescore is not None and rescore.needs_bank:
+        views, index = [], None
+        for member, ds in zip(loaded.members, datasets, strict=True):
+            try:
+                train = _open(member, "train", protocol)
+            except (FileNotFoundError, ValueError) as err:
+                msg = f"rescore qbnorm: the querybank is the train split's captions: {err}"
+                raise ValueError(msg) from None
+            if index is None:
+                n_train = train.num_captions
+                index = draw_bank(n_train, size=rescore.bank_size, seed=rescore.bank_seed)
+            elif train.num_captions != n_train:
+                raise ValueError(
+                    "rescore qbnorm: the ensemble's members see different train splits"
+                )
+            views.append(_BankView(ds, train, index))
+        bank = views[0] if len(views) == 1 else EnsembleSplit(tuple(views))
+    return datasets, shortlisted, bank
+
+
+def _open(member: Member, split: str, protocol: EvalProtocol) -> RetrievalDataset:
+    """``split`` of the member's data, its features checked (NaN / inf or another feature
+    size: the file and row now, as training checks its splits, not after encoding)."""
+    dataset = build_dataset(
+        member.data.config,
+        split,
+        member.encoder,
+        protocol=protocol.data_protocol,
+        image_transform=getattr(member.model, "image_transform", None),
+    )
+    in_dim = getattr(getattr(member.model, "image_encoder", None), "in_dim", None)
+    check_features(dataset, in_dim=in_dim if isinstance(in_dim, int) else None)
+    return dataset
+
+
+def check_same_split(
+    name_a: str, a: RetrievalDataset, name_b: str, b: RetrievalDataset, split: str
+) -> None:
+    """Ensemble members must score the same images and captions, in the same order."""
+    size_a, size_b = (a.num_images, a.num_captions), (b.num_images, b.num_captions)
+    if size_a != size_b:
+        raise ValueError(
+            f"{name_a} and {name_b} see different {split} splits: {size_a[0]} x {size_a[1]} "
+            f"and {size_b[0]} x {size_b[1]} images x texts (check their data settings)"
+        )
+    same_ids = list(a.image_ids) == list(b.image_ids)
+    if not same_ids or not torch.equal(
+        torch.as_tensor(a.txt_to_img), torch.as_tensor(b.txt_to_img)
+    ):
+        raise ValueError(
+            f"{name_a} and {name_b} see the {split} split's images or captions in another order"
+        )
+
+
+class _BankView:
+    """The test images with the querybank's training captions as texts (for scoring them)."""
+
+    def __init__(self, test: RetrievalDataset, train: RetrievalDataset, index: torch.Tensor):
+        self.test, self.captions, self.index = test, train.texts(), index.tolist()
+
+    def images(self):
+        return self.test.images()
+
+    def texts(self) -> Subset:
+        view = Subset(self.captions, self.index)
+        view.collate = self.captions.collate  # type: ignore[attr-defined]
+        return view
+
+
+def build_scorer(
+    loaded: Members,
+    shortlisted: RetrievalDataset | None,
+    bank: Any,
+    *,
+    shortlist: int | None,
+    rescore: Rescoring | None,
+    batch_size: int,
+    device: torch.device,
+    progress: bool,
+) -> Scorer:
+    """The scorer of the members: one member's (pair scores, or its embeddings compared by its
+    model's scoring), the mean of several (:class:`~vlret.eval.EnsembleScorer`), the
+    shortlist over them (:class:`~vlret.eval.ShortlistScorer`; the two-tower scores of the
+    ``shortlist_from`` member and its copy of the split ``shortlisted``, or by default the
+    pair-scoring models' own mean-pooled features), or a re-scoring of their matrix
+    (:class:`~vlret.eval.RescoredScorer`, with QB-Norm's querybank ``bank``)."""
+    options: dict[str, Any] = {"batch_size": batch_size, "device": device, "progress": progress}
+
+    def scorer_of(member: Member) -> MatrixScorer:
+        if isinstance(member.model, PairScorer):
+            return PairModelScorer(member.model, **options)
+        return TwoTowerScorer(member.model, scoring=member.run.scoring, **options)
+
+    names = tuple(m.name for m in loaded.members)
+    scorers = [scorer_of(m) for m in loaded.members]
     scorer: Scorer
     if shortlist is not None:
         source = None
-        if shortlist_from is not None:
-            source = shortlist_source(
-                shortlist_from,
-                data,
-                formats,
-                chosen,
-                split,
-                (names[0], datasets[0]),
-                counts=counts,
-                **options,
-            )
+        if loaded.shortlist is not None and shortlisted is not None:
+            tower = scorer_of(loaded.shortlist)
+            assert isinstance(tower, TwoTowerScorer)  # a two-tower member (load_members)
+            source = (tower, shortlisted)
+        origin = loaded.shortlist.name if loaded.shortlist is not None else "None"
         pairs = [s for s in scorers if isinstance(s, PairModelScorer)]
-        scorer = ShortlistScorer(pairs, shortlist, source, str(shortlist_from), members=names)
+        scorer = ShortlistScorer(pairs, shortlist, source, origin, members=names)
     else:
         scorer = scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers, members=names)
         if rescore is not None:
-            bank = bank_data(members, datasets, data, chosen, rescore)
             scorer = RescoredScorer(scorer, rescore, bank, members=names)
     scorer.members = names
-    return PreparedEvaluation(scorer, split_data, chosen, split, names, tuple(datasets))
-
-
-def evaluation_title(result: Evaluation, protocol: str, split: str) -> str:
-    """:meth:`vlret.eval.Evaluation.title` under ``protocol`` and ``split``."""
-    return result.title(protocol=protocol, split=split)
-
-
-def evaluation_record(result: Evaluation, *, protocol: str, split: str) -> dict[str, Any]:
-    """:meth:`vlret.eval.Evaluation.record` under ``protocol`` and ``split``."""
-    return result.record(protocol=protocol, split=split)
+    return scorer
 
 
 __all__ = [
     "STREAM_FORMATS",
-    "EVAL_SPLITS",  # noqa: F822 (module __getattr__, read from the registry)
     "Evaluation",
-    "check_eval_split",
-    "check_protocol",
-    "dev_metrics",
-    "encode_dataset",
-    "evaluate_checkpoint",
-    "evaluation_record",
-    "evaluation_title",
-    "format_metrics_table",
-    "karpathy_eval_data",
-    "load_trained_model",
-    "metrics_json",
-    "protocol_metrics",
-    "protocol_title",
     "PreparedEvaluation",
+    "build_scorer",
+    "check_eval_split",
+    "check_same_split",
+    "dev_metrics",
+    "evaluate_checkpoint",
+    "format_metrics_table",
+    "metrics_json",
+    "open_splits",
     "prepare_evaluation",
+    "protocol_metrics",
     "run_evaluation",
 ]

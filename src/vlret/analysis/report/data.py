@@ -131,16 +131,11 @@ class ReportData:
 def choose_protocol(checkpoint: str | Path, split: str) -> str:
     """The protocol of ``split`` for the data the checkpoint was trained on: the format's
     default protocol when it evaluates ``split``, else the first registered one that does."""
-    from ...run.builders import stored_run
-    from ...run.checkpoint import load_checkpoint
-    from ...run.evaluate import STREAM_FORMATS
-
-    state = load_checkpoint(checkpoint)
-    if not isinstance(state, dict) or "config" not in state:
-        raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config)")
-    fmt = stored_run(state["config"], source=f"{checkpoint} (stored config)").data.format
-    fmt = "karpathy" if fmt in STREAM_FORMATS else fmt
     from ...eval import default_protocol
+    from ...run.eval_data import stored_eval_data
+    from ...run.eval_inputs import stored_data_config
+
+    fmt = stored_eval_data(stored_data_config(checkpoint)).format
 
     preferred = default_protocol(fmt)
     names = ([preferred.name] if preferred is not None else []) + list(protocol_names())
