@@ -542,23 +542,3 @@ def load_pretrained_clip(
         source=source,
     )
     return model.to(device).eval(), run, encoder
-
-
-def load_pretrained_member(
-    model_dir: str | Path,
-    protocol: Any,
-    split: str,
-    device: torch.device | str,
-    *,
-    default_preprocessing: str | None = None,
-) -> tuple[nn.Module, StoredRun, Any]:
-    """:func:`load_pretrained_clip` as an evaluation member (``vlret eval --model-dir``), once
-    ``protocol`` (an :class:`~vlret.eval.EvalProtocol`) is known to evaluate ``split`` of
-    Karpathy JSON + images, the only data such a model is evaluated on."""
-    try:
-        protocol.check_split(split, "karpathy")
-    except ValueError as err:
-        raise ValueError(f"{model_dir} (Karpathy JSON + images): {err}") from None
-    return load_pretrained_clip(
-        model_dir, device=device, default_preprocessing=default_preprocessing
-    )
