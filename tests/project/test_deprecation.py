@@ -4,9 +4,11 @@ and the shims of names 0.1.0 never exported are gone."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +145,42 @@ def test_the_shim_only_modules_are_gone():
     assert callable(synth.add_parser) and callable(convert_experts.add_parser)
     assert RetrievalBatch.__module__ == "vlret.data.dataset"
     assert collate_retrieval.__module__ == "vlret.data.dataset"
+
+
+#: The modules that may raise a DeprecationWarning: the mechanism of the ``deprecated`` modules,
+#: and the renamed keyword parameters of a loss (``Params.renamed``; VSL's pure functions).
+WARNERS = {"_deprecation.py", "losses/params.py", "losses/vsl.py"}
+
+
+def _source_files() -> dict[str, ast.Module]:
+    root = Path(vlret.__file__).parent
+    return {p.relative_to(root).as_posix(): ast.parse(p.read_text()) for p in root.rglob("*.py")}
+
+
+def test_no_module_keeps_a_shim_of_its_own():
+    sources = _source_files()
+    warners = {
+        name
+        for name, tree in sources.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id == "DeprecationWarning"
+    }
+    assert warners == WARNERS
+    # a module-level __getattr__ serves old names: only a package's, from its deprecated module
+    getattrs = {
+        name
+        for name, tree in sources.items()
+        for node in tree.body
+        if (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+        or (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__getattr__" for t in node.targets)
+        )
+    }
+    assert getattrs == {
+        "losses/__init__.py",
+        "losses/goal/__init__.py",
+        "losses/adacl/__init__.py",
+        "train/__init__.py",
+    }
+    assert not (Path(vlret.__file__).parent / "_moved.py").exists()
