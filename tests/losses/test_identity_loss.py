@@ -3,7 +3,6 @@ harness around a loss that owns parameters: the trainer's optimiser and checkpoi
 
 from __future__ import annotations
 
-import contextlib
 import math
 from types import SimpleNamespace
 
@@ -141,21 +140,28 @@ class _FixedModel(nn.Module):
 
 
 def _step_trainer(loss_fn, img, txt):
-    return SimpleNamespace(
-        ddp_model=_FixedModel(img, txt),
-        loss_fn=loss_fn,
-        train_set=None,
-        scores_pairs=False,
-        gather=False,
-        local_shards=False,
-        env=SimpleNamespace(rank=0),
-        world=1,
-        epoch=0,
-        step=0,
-        config=None,
-        grad_cache=None,
-        momentum_encoder=None,
-        _autocast=contextlib.nullcontext,
+    """The TrainContext a step receives, over the few trainer values a standard step reads."""
+    from vlret.run.devices import DistEnv
+    from vlret.train.context import TrainContext
+
+    return TrainContext(
+        SimpleNamespace(
+            ddp_model=_FixedModel(img, txt),
+            loss_fn=loss_fn,
+            train_set=None,
+            scores_pairs=False,
+            gather=False,
+            local_shards=False,
+            exchange="gather",
+            env=DistEnv(rank=0, world_size=1, local_rank=0),
+            epoch=0,
+            step=0,
+            config=None,
+            grad_cache=None,
+            momentum_encoder=None,
+            amp_dtype=None,
+            device=torch.device("cpu"),
+        )
     )
 
 

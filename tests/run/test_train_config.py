@@ -331,7 +331,7 @@ def test_all_negatives_schedule_respects_loss_hardest(tmp_path, tiny, hardest, s
     seen = []
     for epoch in (0, 1):
         trainer.epoch = epoch
-        trainer.hooks.before_epoch(trainer)
+        trainer.hooks.before_epoch(trainer.context)
         seen.append(trainer.loss_fn.hardest)
     assert seen == schedule
 

@@ -372,6 +372,6 @@ def test_what_the_procedure_needs_of_the_config(data, tmp_path, overrides, messa
 def test_one_process_and_no_gradient_caching():
     step = MetaSPNStep(metaspn_options({}))
     with pytest.raises(ValueError, match="runs in one process .* world size of 2"):
-        step.hooks(SimpleNamespace(world=2, grad_cache=None))
+        step.hooks(SimpleNamespace(world_size=2, grad_cache=None))
     with pytest.raises(ValueError, match="train.grad_cache_chunk: Meta-SPN"):
-        step.hooks(SimpleNamespace(world=1, grad_cache=4))
+        step.hooks(SimpleNamespace(world_size=1, grad_cache=4))

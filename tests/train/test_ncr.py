@@ -200,7 +200,7 @@ def test_co_divide_a_trains_with_bs_division(world, monkeypatch):
     trainer = Trainer(_config(world))
     ncr = trainer.loss_step
     trainer.epoch = 1
-    ncr.before_epoch(trainer)  # the pass on the (untrained) networks
+    ncr.before_epoch(trainer.context)  # the pass on the (untrained) networks
     d = ncr.division
     d["clean_a"] = torch.zeros_like(d["clean_a"])  # A's division: every pair noisy
     d["clean_b"] = torch.ones_like(d["clean_b"])  # B's: every pair clean
@@ -212,7 +212,7 @@ def test_co_divide_a_trains_with_bs_division(world, monkeypatch):
     )
     ncr.options = NCROptions(warmup_epochs=1, noisy_from=5)  # noisy pairs not yet trained
     batch = trainer.train_set.collate([trainer.train_set[i] for i in range(10)])
-    loss, _, ctx = ncr(trainer, batch)
+    loss, _, ctx = ncr(trainer.context, batch)
     # B trains on A's division (no clean pair, no noisy pair yet: nothing), A on B's (all ten)
     assert ctx["sim"].shape == (10, 10) and float(loss.detach()) > 0
     assert any(torch.equal(w, torch.full((10,), 0.25, dtype=w.dtype)) for w in seen)
@@ -279,3 +279,58 @@ def test_ncr_refuses_a_loss_without_margins(world):
     config.loss.name = "infonce"
     with pytest.raises(ValueError, match="loss.name must be triplet or unified"):
         Trainer(config)
+
+
+def _older_layout(state):
+    """A checkpoint as written while B had its own optimiser, schedule and scaler (the naive
+    inverse of the merge: the optimiser groups holding B's parameters, renumbered from 0)."""
+    opt, sched = state["optimizer"], state["scheduler"]
+    sizes = [len(g["params"]) for g in opt["param_groups"]]
+    n_a = len(sizes) // 2  # A's groups, then B's mirrors of them
+    offset = sum(sizes[:n_a])
+    groups_b = [
+        {**g, "params": [i - offset for i in g["params"]]} for g in opt["param_groups"][n_a:]
+    ]
+    moments_b = {i - offset: v for i, v in opt["state"].items() if i >= offset}
+    old = dict(state)
+    old["optimizer"] = {
+        "state": {i: v for i, v in opt["state"].items() if i < offset},
+        "param_groups": opt["param_groups"][:n_a],
+    }
+    old["scheduler"] = {**sched, "base_lrs": sched["base_lrs"][:n_a]}
+    old["procedure"] = {
+        **state["procedure"],
+        "optimizer_b": {"state": moments_b, "param_groups": groups_b},
+        "scheduler_b": {**sched, "base_lrs": sched["base_lrs"][n_a:]},
+        "scaler_b": state["scaler"],
+    }
+    return old
+
+
+def test_a_checkpoint_of_the_older_layout_resumes_as_the_current_one(world):
+    """Before network B joined the trainer's optimiser, a checkpoint's procedure held B's own
+    optimiser, schedule and scaler: resuming one restores the same state as the current layout."""
+    from vlret.train import Trainer
+
+    first = Trainer(_config(world, "first", epochs=1))
+    first.fit()
+    # B's parameters are in the trainer's optimiser, in groups after A's
+    names = [n for n, _ in first.loss_step.model_b.named_parameters()]
+    in_optimizer = {id(p) for g in first.optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in in_optimizer for p in first.loss_step.model_b.parameters()) and names
+    state = torch.load(world / "first" / "last.pt", weights_only=False)
+    assert "optimizer_b" not in state["procedure"]
+    old = world / "old.pt"
+    torch.save(_older_layout(state), old)
+    now = Trainer(_config(world, "now"), resume=world / "first" / "last.pt")
+    then = Trainer(_config(world, "then"), resume=old)
+    a, b = now.optimizer.state_dict(), then.optimizer.state_dict()
+    assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+    for i in a["state"]:
+        for key, value in a["state"][i].items():
+            assert torch.equal(value, b["state"][i][key]), (i, key)
+    assert now.scheduler.base_lrs == then.scheduler.base_lrs
+    for p, q in zip(_params(now), _params(then), strict=True):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="optimizer_b, scheduler_b, scaler_b of the layout"):
+        then.loss_step.load_state_dict(_older_layout(state)["procedure"])

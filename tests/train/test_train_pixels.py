@@ -215,7 +215,7 @@ def test_freeze_bn_rule_for_running_statistics(bn):
     stats = model.backbone[1].running_mean
     x = torch.randn(8, 3) + 5.0
     for epoch in (0, 1):
-        trainer = SimpleNamespace(epoch=epoch, world=1)
+        trainer = SimpleNamespace(epoch=epoch, world_size=1)  # a TrainContext's names
         hook.before_epoch(trainer)  # type: ignore[arg-type]
         model.train()  # what the trainer does after before_epoch
         hook.before_step(trainer, None)  # type: ignore[arg-type]

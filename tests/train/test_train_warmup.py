@@ -43,7 +43,7 @@ def _batch(trainer: Trainer):
 
 def _loss_at(trainer: Trainer, epoch: int, batch) -> tuple[float, dict]:
     trainer.epoch = epoch
-    trainer.hooks.before_epoch(trainer)
+    trainer.hooks.before_epoch(trainer.context)
     _, logged, ctx = trainer.compute_loss(batch)
     return float(logged), ctx
 
@@ -83,7 +83,7 @@ def test_goal_warmup_switches_to_the_gradient_objective(tmp_path, data):
     grads = {}
     for epoch in (0, 1):
         trainer.epoch = epoch
-        trainer.hooks.before_epoch(trainer)
+        trainer.hooks.before_epoch(trainer.context)
         img.grad = txt.grad = None
         trainer.loss_fn(img, txt, ids, ids).backward()
         grads[epoch] = torch.cat([img.grad, txt.grad])
@@ -130,7 +130,7 @@ def test_configured_all_negatives_loss_stays_all_negatives(tmp_path, data, name)
     target = trainer.loss_fn.base if name == "vsl" else trainer.loss_fn
     for epoch in (0, 1, 2):
         trainer.epoch = epoch
-        trainer.hooks.before_epoch(trainer)
+        trainer.hooks.before_epoch(trainer.context)
         assert target.hardest is False
 
 

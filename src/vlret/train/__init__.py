@@ -9,6 +9,7 @@ objects built from it, its folder and checkpoints, evaluating a checkpoint) is
 """
 
 from .._deprecation import module_getattr
+from .context import TrainContext, TrainControl
 from .deprecated import OLD_NAMES
 from .hooks.core import StepOutput, TrainHook
 from .optim_groups import ParamGroup
@@ -28,6 +29,8 @@ __all__ = [
     "ShardedBatchSampler",
     "StepDecayWarmup",
     "StepOutput",
+    "TrainContext",
+    "TrainControl",
     "TrainHook",
     "TrainResult",
     "Trainer",

@@ -19,20 +19,23 @@ been honoured:
 
 1. **After each step**: after ``after_step`` of every hook, the step log and the step's
    counters (``ctx.step`` counts the step, ``ctx.batch_in_epoch`` the batches of the epoch
-   done), before the interrupt check and the ``train.checkpoint_every`` /
-   ``checkpoint_minutes`` checkpoint, in this order:
+   done). Ctrl-C / SIGTERM is checked first (``last.pt``, then ``TrainingInterrupted``); then,
+   in this order:
 
    * ``should_evaluate``: validation runs now (rank 0, as at an epoch's end) and writes a
      ``kind: dev`` record (``epoch``, ``step``, the dev metrics with a ``dev_`` prefix) to
      ``metrics.jsonl``; every hook's ``after_evaluate(ctx, record)`` then sees it. It does
-     not touch the selection (``best.pt`` is chosen at epoch ends only), and the model is put
-     back in training mode afterwards.
+     not touch the selection (``best.pt`` is chosen at epoch ends only), and the model and
+     the loss are put back in training mode afterwards.
    * ``should_save``: ``last.pt`` is written now, a mid-epoch checkpoint exactly like
      ``train.checkpoint_every``'s (``--resume`` continues after this step).
    * ``should_stop``: ``last.pt`` is written as Ctrl-C writes it (a resume continues after
      this step, bit for bit as the uninterrupted run), the epoch is left without its end
      (no validation, no epoch record), ``on_fit_end`` runs and :meth:`~vlret.train.Trainer.fit`
      returns normally, its :class:`~vlret.train.hooks.core.TrainResult` saying ``stopped``.
+
+   The ``train.checkpoint_every`` / ``checkpoint_minutes`` checkpoint follows when due (not
+   written twice when ``should_save`` just wrote it).
 
 2. **After each epoch's end**: after ``after_epoch`` of every hook (the epoch was validated,
    logged and checkpointed). ``should_stop`` ends training there (``last.pt`` already holds
@@ -223,7 +226,7 @@ class TrainContext:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The one optimiser; it steps every trainable parameter (the model's, the loss's and
-        a procedure's own networks, :meth:`vlret.train.loss_step.LossStep.trained_modules`)."""
+        a procedure's own networks, :meth:`vlret.train.loss_step.LossStep.networks`)."""
         return self._trainer.optimizer
 
     @property

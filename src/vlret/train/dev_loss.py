@@ -61,6 +61,7 @@ from ..eval import encode_dataset, encode_tokens, score_matrix
 from ..losses import PairLoss, StepInputs
 from ..run.evaluate import dev_metrics
 from ..run.pair_scoring import dev_metrics_from_scores, pair_loss
+from .context import TrainContext
 from .loss_step import LossStep
 
 #: The pair orders of :func:`dev_pair_order`.
@@ -314,10 +315,17 @@ def dev_loss_skipped(loss_fn: PairLoss, loss_step: LossStep) -> str | None:
 class Validation:
     """The trainer's validation: a procedure's own (:meth:`LossStep.validate`) or the standard
     one, the dev metrics of :meth:`vlret.train.Trainer.validate` plus ``"loss"``, the dev loss
-    (``None`` when not computed; the reason printed once)."""
+    (``None`` when not computed; the reason printed once).
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    Args:
+        ctx: The run in training (:class:`~vlret.train.context.TrainContext`).
+        procedure: The run's training procedure (its own validation, if it has one, and what
+            its step's loss means for the dev loss).
+    """
+
+    def __init__(self, ctx: TrainContext, *, procedure: LossStep) -> None:
+        self.ctx = ctx
+        self.procedure = procedure
         self.noted = False
 
     def note(self, reason: str) -> None:
@@ -325,20 +333,17 @@ class Validation:
         if self.noted:
             return
         self.noted = True
-        t = self.trainer
-        if t.print_fn is not None:
-            t.print_fn(f"{t.config.source}: dev_loss not computed: {reason}")
+        self.ctx.print(f"{self.ctx.config.source}: dev_loss not computed: {reason}")
 
     def reason(self) -> str | None:
         """Why the dev loss is not computed now (``None``: it is; ``"off"``: not asked)."""
-        t = self.trainer
-        if not t.config.train.dev_loss:
+        if not self.ctx.config.train.dev_loss:
             return "off"
-        return dev_loss_skipped(t.loss_fn, t.loss_step)
+        return dev_loss_skipped(self.ctx.loss_fn, self.procedure)
 
     def __call__(self) -> dict[str, float | None]:
-        t = self.trainer
-        own = t.loss_step.validate(t)  # a procedure's own (NCR: both networks' scores)
+        t = self.ctx
+        own = self.procedure.validate(t)  # a procedure's own (NCR: both networks' scores)
         why = self.reason()
         if why not in (None, "off"):
             self.note(why)
@@ -382,7 +387,7 @@ class Validation:
     def loss(self, fn: Any, *args: Any, common: dict[str, Any]) -> float | None:
         """``fn(loss_fn, *args, **common)``; a loss that refuses a dev block: ``None``, noted."""
         try:
-            return fn(self.trainer.loss_fn, *args, **common)
+            return fn(self.ctx.loss_fn, *args, **common)
         except ValueError as err:
             self.note(f"the loss refused a dev block: {err}")
             return None

@@ -8,18 +8,30 @@ columns' caption strings) and hand it to the loss: ``forward_step`` on embedding
 ``similarity_step`` on a pair scorer's score matrix. It holds no state of its own (the trainer
 checkpoints everything a step reads); a training procedure that computes its loss differently
 (two co-trained networks, a meta step) is a subclass given to the trainer, not a branch here.
+
+The contract: a procedure receives the run as a :class:`~vlret.train.context.TrainContext`
+(never the trainer) and returns its losses from :meth:`LossStep.__call__`. A network it trains
+on the training loss (NCR's network B) is a submodule it owns and declares in
+:meth:`LossStep.networks`; it steps no optimiser for it: the trainer puts the network's
+trainable parameters into its one optimiser (named ``procedure.<network>.<name>``), so the
+schedule, the AMP scaler, gradient clipping and the weight-decay rules apply to it as to the
+model, and the loss the step returns for backward holds that network's loss too (open_clip's
+``TrainingTask`` shape). A network learned on another objective than the step's loss
+(Meta-SPN's weighting network, trained on a dev batch's meta loss inside the step) keeps its
+own optimiser and is no member of :meth:`LossStep.networks`.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..losses import PairLoss, StepInputs
+from ..losses import StepInputs
 from ..run.pair_scoring import pair_loss
+from .context import TrainContext
+from .hooks.core import TrainHook
 from .parallel.distributed import (
     all_reduce_sum,
     gather_no_grad,
@@ -31,32 +43,6 @@ from .parallel.grad_cache import GradCache
 from .parallel.ring import ring_loss
 from .run_log import batch_similarity_stats
 
-
-class Trainer(Protocol):
-    """What a step reads from the trainer (a :class:`vlret.train.Trainer`)."""
-
-    ddp_model: nn.Module
-    loss_fn: PairLoss
-    train_set: Any
-    scores_pairs: bool
-    gather: bool
-    local_shards: bool
-    exchange: str
-    env: Any
-    world: int
-    epoch: int
-    step: int
-    config: Any
-
-    @property
-    def grad_cache(self) -> GradCache | int | None: ...  # 0 / None: the batch in one pass
-
-    @property
-    def momentum_encoder(self) -> nn.Module | None: ...
-
-    def _autocast(self) -> AbstractContextManager[Any]: ...
-
-
 #: ``(loss for backward, logged global loss, context for the step log)``
 StepLoss = tuple[torch.Tensor, torch.Tensor, dict[str, Any]]
 
@@ -67,13 +53,26 @@ class LossStep:
     #: The name :mod:`vlret.train.procedures.registry` registers the procedure under.
     name = "standard"
 
-    def hooks(self, trainer: Any) -> list[Any]:
+    def hooks(self, ctx: TrainContext) -> list[TrainHook]:
         """Training hooks the procedure needs (:class:`~vlret.train.hooks.core.TrainHook`; a
-        per-epoch pass over the training set, a second optimiser's step), added after the
-        config's hooks. The standard step needs none."""
+        per-epoch pass over the training set), added after the config's hooks; called once
+        while the trainer is built, before :meth:`networks` is read and before the optimiser
+        exists (the place to build and check the procedure's own networks). The standard step
+        needs none."""
         return []
 
-    def validate(self, trainer: Any) -> dict[str, float] | None:
+    def networks(self) -> nn.ModuleDict:
+        """The procedure's own trainable networks, keyed by name (NCR: ``model_b``): modules
+        it owns and has put on ``ctx.device``. The trainer's optimiser steps their trainable
+        parameters (``procedure.<name>.<parameter>`` in parameter-group names; a hook's
+        :meth:`~vlret.train.hooks.core.TrainHook.param_groups` may regroup them) and clips each
+        network's gradients on its own, as it clips the model's. They are not put in training
+        mode for the procedure: it sets their mode in its step. Their weights are the
+        procedure's to checkpoint (:meth:`state_dict`); their optimiser state is the trainer's.
+        Empty for the standard step."""
+        return nn.ModuleDict()
+
+    def validate(self, ctx: TrainContext) -> dict[str, float] | None:
         """The dev metrics of the procedure's model, when they are not the trainer's model's
         (NCR evaluates the mean of its two networks' scores); ``None``: the trainer's own
         validation, as for the standard step."""
@@ -81,8 +80,8 @@ class LossStep:
 
     def state_dict(self) -> dict[str, Any]:
         """What the procedure holds besides the trainer's own state (a checkpoint's
-        ``procedure``): a second network and its optimiser, a weighting network. ``{}`` for
-        the standard step, which holds nothing."""
+        ``procedure``): a second network's weights, a weighting network and its optimiser.
+        ``{}`` for the standard step, which holds nothing."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -93,39 +92,45 @@ class LossStep:
                 f"({', '.join(sorted(state))}); this run's procedure is {self.name!r}"
             )
 
-    def __call__(self, trainer: Trainer, batch: Any) -> StepLoss:
-        if trainer.scores_pairs:
-            return self.pair_loss(trainer, batch)
-        return self.embedding_loss(trainer, batch)
+    def adapt_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A whole checkpoint (``last.pt``'s dict) written by an earlier layout of this
+        procedure, in its current layout, before a resume loads it (NCR: network B's own
+        optimiser merged into the trainer's); the standard step's: ``state`` unchanged."""
+        return state
 
-    def embedding_loss(self, trainer: Trainer, batch: Any) -> StepLoss:
+    def __call__(self, ctx: TrainContext, batch: Any) -> StepLoss:
+        if ctx.scores_pairs:
+            return self.pair_loss(ctx, batch)
+        return self.embedding_loss(ctx, batch)
+
+    def embedding_loss(self, ctx: TrainContext, batch: Any) -> StepLoss:
         """A two-tower model's loss: under torchrun the loss sees the global batch, or with
         local shards each rank only its own pairs' terms (:mod:`.distributed`)."""
-        cache = trainer.grad_cache if isinstance(trainer.grad_cache, GradCache) else None
+        cache = ctx.grad_cache if isinstance(ctx.grad_cache, GradCache) else None
         if cache is not None:  # leaves; train_step back-propagates into the model
             img, txt = cache.forward(batch)
         else:
-            with trainer._autocast():
-                img, txt = trainer.ddp_model(batch)
+            with ctx.autocast():
+                img, txt = ctx.ddp_model(batch)
         wide = torch.promote_types(img.dtype, torch.float32)  # half -> float32, float64 kept
         img, txt = img.to(wide), txt.to(wide)
         keys: list[torch.Tensor] = []  # the momentum encoder's image and text keys
-        if trainer.momentum_encoder is not None:
+        if ctx.momentum_encoder is not None:
             chunks = cache.chunks(batch) if cache is not None else [batch]
-            with trainer._autocast():
-                outs = [trainer.momentum_encoder(chunk) for chunk in chunks]
+            with ctx.autocast():
+                outs = [ctx.momentum_encoder(chunk) for chunk in chunks]
             keys = [torch.cat(k).to(wide) for k in zip(*outs, strict=True)]
-        exchange = getattr(trainer, "exchange", "gather")
+        exchange = ctx.exchange
         if exchange != "gather":  # neighbour exchange of the text blocks, no all-gather
-            return self.ring_loss(trainer, batch, img, txt, bidir=exchange == "bidir")
+            return self.ring_loss(ctx, batch, img, txt, bidir=exchange == "bidir")
         shard = None
-        if trainer.local_shards:
+        if ctx.local_shards:
             # Each rank computes only its own pairs' terms against the gathered batch; the
             # gather's backward brings back the gradients the other ranks' terms send here.
-            start = trainer.env.rank * img.shape[0]
+            start = ctx.rank * img.shape[0]
             shard = (start, start + img.shape[0])
             img, txt = gather_sum_grad(img), gather_sum_grad(txt)
-        elif trainer.gather:
+        elif ctx.gather:
             img, txt = gather_with_grad(img), gather_with_grad(txt)
             keys = [gather_no_grad(k) for k in keys]
         ids = gather_no_grad(pair_ids(batch))  # the local ids in a single process
@@ -133,62 +138,60 @@ class LossStep:
             img_ids=ids,
             txt_ids=ids,
             shard=shard,
-            gathered=trainer.gather and not trainer.local_shards,
+            gathered=ctx.gather and not ctx.local_shards,
             img_keys=keys[0] if keys else None,
             txt_keys=keys[1] if keys else None,
-            captions=self.captions(trainer, batch),
-            epoch=trainer.epoch,
-            step=trainer.step,
+            captions=self.captions(ctx, batch),
+            epoch=ctx.epoch,
+            step=ctx.step,
         )
         try:
-            loss = trainer.loss_fn.forward_step(img, txt, inputs)
-            logged = all_reduce_sum(loss) if trainer.local_shards else loss.detach()
-            ctx = self.context(trainer, img, txt, ids, cached=cache is not None)
-            return self.scaled(trainer, loss, logged), logged, ctx
+            loss = ctx.loss_fn.forward_step(img, txt, inputs)
+            logged = all_reduce_sum(loss) if ctx.local_shards else loss.detach()
+            out = self.context(ctx, img, txt, ids, cached=cache is not None)
+            return self.scaled(ctx, loss, logged), logged, out
         except (ValueError, FloatingPointError) as err:  # "sim contains NaN", a NaN loss
-            self.explain_non_finite(trainer, batch, img, txt, err)
+            self.explain_non_finite(ctx, batch, img, txt, err)
             raise
 
     def ring_loss(
-        self, trainer: Trainer, batch: Any, img: torch.Tensor, txt: torch.Tensor, *, bidir: bool
+        self, ctx: TrainContext, batch: Any, img: torch.Tensor, txt: torch.Tensor, *, bidir: bool
     ) -> StepLoss:
         """``train.exchange = "ring"`` / ``"bidir"`` (:mod:`.ring`): this rank's images against
         every rank's texts, passed from neighbour to neighbour; the logged loss is the sum over
         ranks, the step log's batch statistics are this rank's local batch."""
         ids = pair_ids(batch)
         try:
-            loss = ring_loss(trainer.loss_fn, img, txt, ids, bidir=bidir)
+            loss = ring_loss(ctx.loss_fn, img, txt, ids, bidir=bidir)
             logged = all_reduce_sum(loss)
-            cached = isinstance(trainer.grad_cache, GradCache)
-            ctx = self.context(trainer, img, txt, ids, cached=cached)
-            return self.scaled(trainer, loss, logged), logged, ctx
+            cached = isinstance(ctx.grad_cache, GradCache)
+            out = self.context(ctx, img, txt, ids, cached=cached)
+            return self.scaled(ctx, loss, logged), logged, out
         except (ValueError, FloatingPointError) as err:
-            self.explain_non_finite(trainer, batch, img, txt, err)
+            self.explain_non_finite(ctx, batch, img, txt, err)
             raise
 
-    def pair_loss(self, trainer: Trainer, batch: Any) -> StepLoss:
+    def pair_loss(self, ctx: TrainContext, batch: Any) -> StepLoss:
         """A pair scorer's loss: under torchrun each rank scores its images against every
         rank's captions (gathered inside the DDP forward) and the row blocks are gathered into
         the global score matrix (:mod:`.distributed`, "Pair scorers")."""
-        with trainer._autocast():
-            sim = trainer.ddp_model(batch, gather_texts=gather_tokens if trainer.gather else None)
+        with ctx.autocast():
+            sim = ctx.ddp_model(batch, gather_texts=gather_tokens if ctx.gather else None)
         sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), pair_ids(batch)
-        if trainer.gather:
+        if ctx.gather:
             sim, ids = gather_with_grad(sim), gather_no_grad(ids)
-        inputs = StepInputs(
-            captions=self.captions(trainer, batch), epoch=trainer.epoch, step=trainer.step
-        )
+        inputs = StepInputs(captions=self.captions(ctx, batch), epoch=ctx.epoch, step=ctx.step)
         try:
-            loss = pair_loss(trainer.loss_fn, sim, ids, inputs)
-            ctx = {"sim": sim.detach(), "ids": ids}
-            return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+            loss = pair_loss(ctx.loss_fn, sim, ids, inputs)
+            out = {"sim": sim.detach(), "ids": ids}
+            return self.scaled(ctx, loss, loss.detach()), loss.detach(), out
         except (ValueError, FloatingPointError) as err:
-            self.explain_non_finite(trainer, batch, None, None, err)
+            self.explain_non_finite(ctx, batch, None, None, err)
             raise
 
     @staticmethod
     def explain_non_finite(
-        trainer: Trainer,
+        ctx: TrainContext,
         batch: Any,
         img: torch.Tensor | None,
         txt: torch.Tensor | None,
@@ -199,9 +202,8 @@ class LossStep:
         when those are finite, embeddings) are not finite; return when none are (``err``
         stands). The features' own check before training
         (``data.check_features``, on by default) names the file, row and value instead."""
-        where = f"epoch {trainer.epoch} step {trainer.step}"
-        data = getattr(trainer, "config", None)
-        data = getattr(data, "data", None)
+        where = f"epoch {ctx.epoch} step {ctx.step}"
+        data = ctx.config.data
         split = f"{data.train_split!r} split in {data.root}" if data is not None else "train split"
         skipped = (
             "; data.check_features = false skipped the check before training that names the "
@@ -221,8 +223,8 @@ class LossStep:
                     f"are NaN or inf{skipped}"
                 ) from err
         n = len(images)
-        gathered = trainer.gather and img is not None and img.shape[0] > n  # not the ring's
-        start = trainer.env.rank * n if gathered else 0
+        gathered = ctx.gather and img is not None and img.shape[0] > n  # not the ring's
+        start = ctx.rank * n if gathered else 0
         for side, rows, emb in (("image", images, img), ("text", captions, txt)):
             bad = _non_finite_rows(emb[start : start + n]) if emb is not None else []
             if bad:
@@ -233,38 +235,38 @@ class LossStep:
                 ) from err
 
     @staticmethod
-    def captions(trainer: Trainer, batch: Any) -> list[str] | None:
+    def captions(ctx: TrainContext, batch: Any) -> list[str] | None:
         """The caption strings of the (global) batch's columns, in rank order, when the loss
         declares ``"captions"`` (VSL Eq. 7); ``None`` otherwise (no lookup, no collective)."""
-        if "captions" not in trainer.loss_fn.step_inputs():
+        if "captions" not in ctx.loss_fn.step_inputs():
             return None
         cap_index = gather_no_grad(batch.cap_index)  # every rank holds the train set
-        return [trainer.train_set.captions[i] for i in cap_index.tolist()]
+        return [ctx.train_set.captions[i] for i in cap_index.tolist()]
 
     @staticmethod
     def context(
-        trainer: Trainer, img: torch.Tensor, txt: torch.Tensor, ids: torch.Tensor, *, cached: bool
+        ctx: TrainContext, img: torch.Tensor, txt: torch.Tensor, ids: torch.Tensor, *, cached: bool
     ) -> dict[str, Any]:
         """The step's context for the step log and the hooks: the detached embeddings, or with
         gradient caching (``cached``; keeping them would hold ``B x D`` through the chunks'
         re-encoding) their batch statistics, taken now and only on a logging step."""
         if not cached:
             return {"img": img.detach(), "txt": txt.detach(), "ids": ids}
-        ctx: dict[str, Any] = {"ids": ids}
-        every = trainer.config.train.log_every
-        if every and (trainer.step + 1) % every == 0:  # train_step counts the step after
-            ctx["batch_stats"] = batch_similarity_stats(img, txt, ids)
-        return ctx
+        out: dict[str, Any] = {"ids": ids}
+        every = ctx.config.train.log_every
+        if every and (ctx.step + 1) % every == 0:  # train_step counts the step after
+            out["batch_stats"] = batch_similarity_stats(img, txt, ids)
+        return out
 
     @staticmethod
-    def scaled(trainer: Trainer, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:
+    def scaled(ctx: TrainContext, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:
         """The loss for backward (times the world size, see :mod:`.distributed`), after a check
         that the logged global loss is finite."""
         if not torch.isfinite(logged):
             raise FloatingPointError(
-                f"non-finite loss {float(logged)} at epoch {trainer.epoch} step {trainer.step}"
+                f"non-finite loss {float(logged)} at epoch {ctx.epoch} step {ctx.step}"
             )
-        return loss * trainer.world if trainer.gather else loss
+        return loss * ctx.world_size if ctx.gather else loss
 
 
 def pair_ids(batch: Any) -> torch.Tensor:

@@ -25,7 +25,7 @@ optimiser group its :class:`~vlret.train.hooks.core.ParamGroup`'s ``weight_decay
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -115,7 +115,24 @@ def build_optimizer(
     )
 
 
+def clip_sets(
+    optimizer: torch.optim.Optimizer, networks: Mapping[str, nn.Module]
+) -> list[list[nn.Parameter]]:
+    """The parameter sets whose gradient norm ``optim.grad_clip`` bounds, each on its own, in
+    the optimiser's order: the model's and the loss's parameters together (every one that is
+    in no network of ``networks``), then each of a training procedure's own ``networks``
+    (NCR's network B is clipped by its own norm, as the release clips each network); empty
+    sets are left out."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    owner = {id(p): k for k, (_, net) in enumerate(networks.items()) for p in net.parameters()}
+    sets: list[list[nn.Parameter]] = [[] for _ in range(len(networks) + 1)]
+    for p in params:
+        sets[owner.get(id(p), -1) + 1].append(p)
+    return [s for s in sets if s]
+
+
 __all__ = [
+    "clip_sets",
     "NDIM_RULE",
     "OPEN_CLIP_NO_DECAY",
     "ParamGroup",

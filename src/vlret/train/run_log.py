@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .._files import WriteFailed, atomic_write_text, write_failure
+from .context import TrainContext
 
 LOG_FILE = "metrics.jsonl"
 
@@ -116,38 +117,40 @@ def batch_similarity_stats(
         }
 
 
-def step_record(trainer: Any, loss: float, ctx: dict[str, Any], rate: float) -> dict[str, Any]:
+def step_record(
+    ctx: TrainContext, loss: float, context: dict[str, Any], rate: float
+) -> dict[str, Any]:
     """The ``kind: step`` record of ``metrics.jsonl``: loss, learning rate, pairs per second,
     the positive and hardest-negative cosines of the batch (from the pair scorer's score
-    matrix when ``ctx`` holds one), the loss's own statistics, the training procedure's
-    (``ctx["stats"]``, a callable returning them, called only on the logging steps: AOQ's
-    ``aoq_weight_*``, Meta-SPN's ``metaspn_*``) and the AMP loss scale."""
+    matrix when the step's ``context`` holds one), the loss's own statistics, the training
+    procedure's (``context["stats"]``, a callable returning them, called only on the logging
+    steps: AOQ's ``aoq_weight_*``, Meta-SPN's ``metaspn_*``) and the AMP loss scale."""
     from ..run.pair_scoring import score_stats
 
     record: dict[str, Any] = {
         "kind": "step",
-        "epoch": trainer.epoch,
-        "step": trainer.step,
+        "epoch": ctx.epoch,
+        "step": ctx.step,
         "loss": loss,
-        "lr": ctx["lr"],
+        "lr": context["lr"],
         "pairs_per_s": rate,
     }
-    if "sim" in ctx:
-        record.update(score_stats(ctx["sim"], ctx["ids"]))
-    elif "batch_stats" in ctx:  # gradient caching: taken before the re-encoding
-        record.update(ctx["batch_stats"])
+    if "sim" in context:
+        record.update(score_stats(context["sim"], context["ids"]))
+    elif "batch_stats" in context:  # gradient caching: taken before the re-encoding
+        record.update(context["batch_stats"])
     else:
-        record.update(batch_similarity_stats(ctx["img"], ctx["txt"], ctx["ids"]))
-    record.update({f"loss_{k}": v for k, v in trainer.loss_fn.last_stats.items()})
-    if "stats" in ctx:
-        record.update(ctx["stats"]())
-    if trainer.scaler.is_enabled():
-        record["amp_scale"] = float(trainer.scaler.get_scale())
+        record.update(batch_similarity_stats(context["img"], context["txt"], context["ids"]))
+    record.update({f"loss_{k}": v for k, v in ctx.loss_fn.last_stats.items()})
+    if "stats" in context:
+        record.update(context["stats"]())
+    if ctx.scaler.is_enabled():
+        record["amp_scale"] = float(ctx.scaler.get_scale())
     return record
 
 
 def epoch_record(
-    trainer: Any,
+    ctx: TrainContext,
     epoch: int,
     *,
     train_loss: float,
@@ -165,20 +168,20 @@ def epoch_record(
     that skips them: :func:`vlret.data.bad_samples.counts_skipped`) and, for a dev set that
     leaves its bad samples out when it is read (:mod:`vlret.data.bad_samples`), their count
     as ``dev_skipped``."""
-    name = trainer.select_on
-    dev_skipped = getattr(trainer.dev_set, "skipped", None)
+    name = ctx.select_on
+    dev_skipped = getattr(ctx.dev_set, "skipped", None)
     return {
         "kind": "epoch",
         "epoch": epoch,
-        "step": trainer.step,
+        "step": ctx.step,
         "train_loss": train_loss,
         **({"dev_loss": dev_loss} if dev is not None else {}),
-        "lr": trainer.optimizer.param_groups[0]["lr"],
+        "lr": ctx.optimizer.param_groups[0]["lr"],
         "time_s": seconds,
         "select_on": name,
-        "best_metric": trainer.best_metric,
-        f"best_{name}": trainer.best_metric,
-        "best_epoch": trainer.best_epoch,
+        "best_metric": ctx.best_metric,
+        f"best_{name}": ctx.best_metric,
+        "best_epoch": ctx.best_epoch,
         **({f"dev_{k}": v for k, v in dev.items()} if dev else {}),
         **({"skipped": skipped} if skipped is not None else {}),
         **({"dev_skipped": dev_skipped} if isinstance(dev_skipped, int) else {}),
@@ -199,11 +202,11 @@ def selected_value(dev: dict[str, float | None] | None, select_on: str) -> float
     return float(value)
 
 
-def epoch_line(trainer: Any, record: dict[str, Any], *, dev_value: float | None) -> str:
-    """:func:`epoch_summary` of the epoch ``record`` (:func:`epoch_record`) of ``trainer``."""
+def epoch_line(ctx: TrainContext, record: dict[str, Any], *, dev_value: float | None) -> str:
+    """:func:`epoch_summary` of the epoch ``record`` (:func:`epoch_record`) of the run ``ctx``."""
     return epoch_summary(
         record["epoch"],
-        trainer.config.train.epochs,
+        ctx.config.train.epochs,
         train_loss=record["train_loss"],
         dev_loss=record.get("dev_loss"),
         dev_value=dev_value,
@@ -272,14 +275,14 @@ def _sizes(dataset: Any) -> str:
     return line
 
 
-def run_summary(trainer: Any) -> str:
-    """The lines a :class:`~vlret.train.Trainer` prints when a run starts: device and
+def run_summary(ctx: TrainContext) -> str:
+    """The lines a :class:`~vlret.train.Trainer` (its ``ctx``) prints when a run starts: device and
     processes, the splits' sizes, steps per epoch and the batch (``train.batch_size`` is the
     global batch: each of the ``world`` processes takes ``batch_size / world``), the epochs
     (numbered from 0) and the output folder."""
-    tc, world, dev_set = trainer.config.train, trainer.world, trainer.dev_set
+    tc, world, dev_set = ctx.config.train, ctx.world_size, ctx.dev_set
     batch_size, epochs, warmup_epochs = tc.batch_size, tc.epochs, tc.all_negatives_epochs
-    steps_per_epoch = trainer.sampler.num_batches()
+    steps_per_epoch = ctx.steps_per_epoch
     processes = "1 process" if world == 1 else f"{world} processes (torchrun)"
     dev = f"dev {_sizes(dev_set)}" if dev_set is not None else "no dev set (best.pt = last epoch)"
     per_rank = batch_size // world
@@ -295,14 +298,18 @@ def run_summary(trainer: Any) -> str:
         span += (
             f"; all-negatives warm-up in {first}, the hardest negative from epoch {warmup_epochs}"
         )
-    if trainer.epoch:
-        span += f"; resuming in epoch {trainer.epoch}"
-    return "\n".join(
-        [
-            f"run: device {trainer.device}, {processes}",
-            f"  data: train {_sizes(trainer.train_set)}, {dev}",
-            f"  steps: {_plural(steps_per_epoch, 'step')} per epoch, {batch}",
-            f"  epochs: {span}",
-            f"  output: {trainer.output_dir}",
-        ]
-    )
+    if ctx.epoch:
+        span += f"; resuming in epoch {ctx.epoch}"
+    lines = [
+        f"run: device {ctx.device}, {processes}",
+        f"  data: train {_sizes(ctx.train_set)}, {dev}",
+        f"  steps: {_plural(steps_per_epoch, 'step')} per epoch, {batch}",
+        f"  epochs: {span}",
+        f"  output: {ctx.output_dir}",
+    ]
+    if ctx.procedure != tc.procedure:  # "standard" resolved by the loss's and model's needs
+        why = f"train.procedure {tc.procedure!r} resolved by what the loss and the model need"
+        lines.insert(-1, f"  procedure: {ctx.procedure} ({why})")
+    elif ctx.procedure != "standard":
+        lines.insert(-1, f"  procedure: {ctx.procedure}")
+    return "\n".join(lines)

@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from .._progress import progress_bar
-from ..data.bad_samples import check_bad_fraction, epoch_skipped
 from ..data.image_sets import build_image_sets
 from ..data.shards import IMAGE_FORMATS, ShardStream
 from ..losses import loss_capabilities
@@ -62,54 +58,41 @@ from ..run.folder import (
     read_state,
     replaces_run,
     run_input_paths,
-    save_run_files,
 )
 from ..run.init_weights import load_init_weights
 from ..run.lock import RunLock, acquire_run_lock
 from ..run.loss_builder import build_run_loss
 from ..run.pair_scoring import scores_pairs
 from ..run.train_checks import check_data_root, check_schedule_length
+from .context import TrainContext
 from .dev_loss import Validation
-from .hooks.core import HookList, StepOutput, TrainHook, TrainResult, param_groups
+from .hooks.core import HookList, TrainHook, TrainResult, param_groups
 from .hooks.from_config import config_hooks
-from .loss_step import LossStep, StepLoss
-from .optim_groups import build_optimizer, set_group_weight_decay
+from .loop import TrainingInterrupted as TrainingInterrupted  # vlret.train's import path
+from .loop import TrainLoop
+from .loss_step import LossStep
+from .optim_groups import build_optimizer, clip_sets, set_group_weight_decay
 from .parallel.distributed import (
     ShardedBatchSampler,
-    any_rank,
-    collective,
     init_distributed,
     shutdown_distributed,
 )
 from .parallel.grad_cache import GradCache
 from .parallel.ring import exchange_mode
-from .procedures.pair_bank import with_pair_bank
 from .procedures.registry import build_procedure
 from .run_log import (
     LOG_FILE,
     append_record,
-    epoch_line,
-    epoch_record,
-    run_summary,
-    selected_value,
-    step_record,
 )
 from .schedule import StepDecayWarmup as StepDecayWarmup  # vlret.train's import path
-from .schedule import amp_dtype, build_schedule, interrupt_flag, prepare_model, seed_everything
+from .schedule import amp_dtype, build_schedule, prepare_model, seed_everything
 from .trainer_state import TrainerState
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Raised by :meth:`Trainer.fit` after Ctrl-C (or SIGTERM) once ``last.pt`` is written."""
-
-    def __init__(self, checkpoint: Path | None) -> None:
-        super().__init__(f"training interrupted; checkpoint: {checkpoint}")
-        self.checkpoint = checkpoint
-
-
-class Trainer(TrainerState):
-    """Builds everything from a :class:`RunConfig` and runs :meth:`fit`, calling its hooks
-    (:mod:`.hooks`) at fixed points; a step hands the loss one :class:`~vlret.losses.StepInputs`."""
+class Trainer(TrainerState, TrainLoop):
+    """Builds everything from a :class:`RunConfig` and runs :meth:`fit` (:mod:`.loop`), calling
+    its hooks (:mod:`.hooks`) at fixed points with its :attr:`context`; a step hands the loss
+    one :class:`~vlret.losses.StepInputs`."""
 
     def __init__(
         self,
@@ -130,6 +113,8 @@ class Trainer(TrainerState):
         build and check everything as a run would, creating, locking and writing nothing
         (:func:`vlret.train.check_run`; such a trainer cannot :meth:`fit`)."""
         self.config = config
+        #: What hooks and procedures see of this run (:mod:`.context`), never the trainer.
+        self.context = TrainContext(self)
         #: Built by :func:`vlret.train.check_run`: nothing is created, locked or written.
         self.check_only = check
         tc = config.train
@@ -267,21 +252,27 @@ class Trainer(TrainerState):
             )
         else:
             self.ddp_model = self.model
-        self.grad_cache = tc.grad_cache_chunk and GradCache(  # the batch encoded in chunks
-            self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self._autocast
-        )
+        self.grad_cache: GradCache | None = None
+        if tc.grad_cache_chunk:  # the batch encoded in chunks
+            self.grad_cache = GradCache(
+                self.ddp_model, chunk_size=tc.grad_cache_chunk, autocast=self.context.autocast
+            )
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self.loss_step = build_procedure(config) if loss_step is None else loss_step
-        self.loss_step = with_pair_bank(self, self.loss_step)  # SCAN/SGRAF + loss.queue_size
-        self.validation = Validation(self)  # the dev metrics and the dev loss
+        if loss_step is None:  # "standard" resolved from the loss's and model's capabilities
+            loss_step = build_procedure(config, scores_pairs=self.scores_pairs)
+        self.loss_step = loss_step
+        self.validation = Validation(self.context, procedure=self.loss_step)  # dev metrics, loss
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
         #: The config's hooks (:mod:`.config_hooks`), then the caller's, in call order.
-        self.hooks = HookList([*config_hooks(self), *self.loss_step.hooks(self), *hooks])
-        groups = param_groups(self, self.hooks)
+        ctx = self.context
+        self.hooks = HookList([*config_hooks(ctx), *self.loss_step.hooks(ctx), *hooks])
+        networks = self.loss_step.networks()  # a procedure's own, built by its hooks()
+        groups = param_groups(ctx, self.hooks, networks=networks)
         optimizer = build_optimizer(config.optim, groups)
         self.optimizer = set_group_weight_decay(optimizer, groups)  # optim.no_decay's groups
+        self.clip_sets = clip_sets(self.optimizer, networks)
         self.scheduler = build_schedule(  # a cosine's total steps are read at the first step
             self.optimizer,
             config.optim,
@@ -330,70 +321,7 @@ class Trainer(TrainerState):
             return None
         return save_checkpoint(self.state_dict(), self.output_dir / name)
 
-    # -- one step ----------------------------------------------------------------------------
-
-    def compute_loss(self, batch) -> StepLoss:
-        """``(loss for backward, logged loss, context)`` of one local batch (:mod:`.loss_step`)."""
-        return self.loss_step(self, batch)
-
-    def _autocast(self) -> torch.autocast:
-        on = self.amp_dtype is not None
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype, enabled=on)
-
-    def train_step(self, batch) -> tuple[float, dict[str, Any]]:
-        """One optimisation step on a local batch; returns the (global) loss value."""
-        oc = self.config.optim
-        self.hooks.before_step(self, batch)
-        lr = self.scheduler.apply(epoch=self.epoch, step=self.step)
-        batch = batch.to(self.device, non_blocking=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        scaled, loss, ctx = self.compute_loss(batch)
-        # DDP's gradient all-reduce runs inside backward: a stalled rank ends it after
-        # train.dist_timeout with the same one line as vlret's own collectives
-        with collective("DDP's gradient all-reduce"):
-            self.scaler.scale(scaled).backward()
-            del scaled  # the loss's graph and what it holds: gone before re-encoding chunks
-            if self.grad_cache:  # the cached embedding gradients into the encoders
-                self.grad_cache.backward()
-            if self.gather:
-                # Loss parameters (e.g. a learnable temperature) see the full global loss on
-                # every rank and are not averaged by DDP: undo the world-size factor.
-                for p in self.loss_params:
-                    if p.grad is not None:
-                        if self.local_shards or self.exchange != "gather":  # own share
-                            torch.distributed.all_reduce(p.grad)
-                        p.grad.div_(self.world)
-        self.hooks.before_optimizer_step(self)
-        self.scaler.unscale_(self.optimizer)
-        if oc.grad_clip and oc.grad_clip > 0:
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            torch.nn.utils.clip_grad_norm_(params, oc.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if self.momentum_encoder is not None:
-            self.momentum_encoder.update(self.model)
-        self.step += 1
-        ctx["lr"] = lr
-        done = StepOutput(loss=float(loss), lr=lr, context=ctx)
-        self.hooks.after_step(self, done)
-        return done.loss, ctx
-
-    # -- validation --------------------------------------------------------------------------
-
-    def validate(self) -> dict[str, float | None] | None:
-        """Dev metrics (logged with a ``dev_`` prefix in the epoch record): the retrieval
-        metrics, plus ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
-        ``hardest_neg_sim``, the mean over every image and every caption query of its hardest
-        non-matching cosine (Unified Fig. 4); for a pair scorer the same on its own scores
-        (:func:`.pair_scoring.pair_dev_metrics`); a procedure's own
-        (:meth:`.loss_step.LossStep.validate`) instead where it has one. ``"loss"``: the dev
-        loss from the same encoding (``None`` when not computed; :mod:`.dev_loss`). ``None``
-        without a dev set."""
-        if self.dev_set is None:
-            return None
-        return self.validation()
-
-    # -- the loop ----------------------------------------------------------------------------
+    # -- the end ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Drop the DistributedDataParallel wrapper and the run folder's lock; call it when
@@ -405,7 +333,7 @@ class Trainer(TrainerState):
         self.release_lock()
         if self.ddp_model is not self.model:
             self.ddp_model = self.model
-            if self.grad_cache:  # it holds the wrapper too
+            if self.grad_cache is not None:  # it holds the wrapper too
                 self.grad_cache.model = self.model
             gc.collect()  # the wrapper sits in reference cycles; free its reducer now
 
@@ -414,151 +342,6 @@ class Trainer(TrainerState):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def fit(self) -> TrainResult:
-        """Train the remaining epochs; the run folder stays locked until this returns or
-        raises (a second ``fit`` takes the lock again)."""
-        if self.check_only:
-            raise RuntimeError("a trainer built with check=True only checks; it cannot fit")
-        if self.is_main and (self.run_lock is None or not self.run_lock.held):
-            self._lock_folder(self.output_dir)
-        try:
-            return self._fit()
-        finally:
-            self.release_lock()
-
-    def _fit(self) -> TrainResult:
-        tc = self.config.train
-        if self.print_fn is not None:
-            self.print_fn(run_summary(self))
-        if self.is_main:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            save_run_files(self.config, self.encoder, self.train_set, self.output_dir)
-        last = self.output_dir / "last.pt"
-        # Without a dev set (validate off, dev_split null, MSR-VTT 1k-A) best.pt = last epoch.
-        best_path: Path | None = self.output_dir / "best.pt"
-        with interrupt_flag() as flag:
-            self._check_stop(flag)  # a signal that came while the data was loading
-            self.hooks.on_fit_start(self)
-            while self.epoch < tc.epochs:
-                started = time.perf_counter()
-                self._train_epoch(flag)
-                self._end_epoch(started=started)
-                if self.world > 1:
-                    dist.barrier()
-                self._check_stop(flag)
-        result = TrainResult(
-            output_dir=self.output_dir,
-            epochs_done=self.epoch,
-            steps=self.step,
-            best_rsum=self.best_rsum,
-            last_checkpoint=last,
-            best_checkpoint=best_path,
-            best_metric=self.best_metric,
-            select_on=self.select_on,
-        )
-        self.hooks.on_fit_end(self, result)
-        return result
-
-    def _train_epoch(self, flag: dict[str, bool]) -> None:
-        tc = self.config.train
-        self.hooks.before_epoch(self)
-        self.train_set.set_epoch(self.epoch)  # augmentation keys (seed, epoch, index)
-        self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
-        loader = self.sampler.loader(
-            self.train_set, num_workers=self.config.data.num_workers, seed=tc.seed + self.epoch
-        )
-        self.ddp_model.train()
-        self.loss_fn.train()
-        t_log, n_log = time.perf_counter(), 0
-        t_saved = time.monotonic()
-        bar = self._progress(loader)
-        for batch in bar:
-            self.epoch_skipped += getattr(batch, "skipped", 0)
-            loss, ctx = self.train_step(batch)
-            self.batch_in_epoch += 1
-            self.epoch_loss_sum += loss
-            self.epoch_batches += 1
-            n_log += len(batch.img_index) * self.world
-            if tc.log_every and self.step % tc.log_every == 0:
-                now = time.perf_counter()
-                rate = n_log / max(now - t_log, 1e-9)
-                self._log_step(loss, ctx, rate)
-                if hasattr(bar, "set_postfix"):
-                    bar.set_postfix(loss=f"{loss:.4g}", pairs_per_s=f"{rate:.0f}")
-                t_log, n_log = now, 0
-            self._check_stop(flag)
-            due = tc.checkpoint_every and self.step % tc.checkpoint_every == 0
-            if tc.checkpoint_minutes and time.monotonic() - t_saved >= 60 * tc.checkpoint_minutes:
-                due = True
-            if due:
-                self.save()
-                t_saved = time.monotonic()
-        if hasattr(bar, "close"):
-            bar.close()
-
-    def _end_epoch(self, *, started: float) -> None:
-        """Validate, log, print the summary line and write the checkpoints: ``best.pt`` (when
-        the dev value of ``train.select_on`` improved) before ``last.pt``, so a kill between
-        the two never leaves a ``last.pt`` that claims a best epoch ``best.pt`` does not hold."""
-        tc = self.config.train
-        train_loss = self.epoch_loss_sum / max(self.epoch_batches, 1)
-        dev = self.validate() if self.is_main else None
-        dev_loss = dev.pop("loss", None) if dev is not None else None
-        value = selected_value(dev, self.select_on)
-        improved = False
-        if value is not None and (self.best_metric is None or value > self.best_metric):
-            self.best_metric, self.best_epoch, improved = float(value), self.epoch, True
-        finished_epoch = self.epoch
-        # the bad training samples over all ranks (every rank takes part; bad_samples)
-        skipped = epoch_skipped(self.train_set, self.epoch_skipped, device=self.device)
-        self.epoch += 1
-        self.batch_in_epoch = 0
-        self.epoch_loss_sum, self.epoch_batches, self.epoch_skipped = 0.0, 0, 0
-        seconds = time.perf_counter() - started  # training and validation
-        record = epoch_record(
-            self,
-            finished_epoch,
-            train_loss=train_loss,
-            dev_loss=dev_loss,
-            seconds=seconds,
-            dev=dev,
-            skipped=skipped,
-        )
-        self._log(record)
-        if self.print_fn is not None:
-            self.print_fn(epoch_line(self, record, dev_value=value))
-        used = self.sampler.num_batches() * tc.batch_size  # after the line
-        check_bad_fraction(skipped, self.train_set, used=used)
-        if self.dev_set is None and self.epoch == tc.epochs:
-            self.best_epoch, improved = finished_epoch, True
-        if improved:
-            self.save("best.pt")
-        self.save()
-        self.hooks.after_epoch(self, record)
-
-    def _check_stop(self, flag: dict[str, bool]) -> None:
-        """After Ctrl-C / SIGTERM: write ``last.pt`` (a second signal meanwhile is ignored)
-        and raise :class:`TrainingInterrupted`."""
-        if not any_rank(flag["set"], device=self.device):
-            return
-        flag["saving"] = True
-        try:
-            path = self.save()
-        finally:
-            flag["saving"] = False
-        raise TrainingInterrupted(path)
-
-    def _progress(self, loader: Any) -> Any:
-        """The epoch's batches behind a bar on rank 0 when ``train.progress`` (drawn only where
-        :mod:`vlret._progress` draws bars: a terminal, bars not switched off); it is gone
-        (``leave=False``) before the epoch's summary line is printed."""
-        desc = f"epoch {self.epoch} ({self.epoch + 1}/{self.config.train.epochs})"
-        show = self.config.train.progress and self.is_main
-        return progress_bar(loader, show=show, desc=desc, unit="batch", leave=False)
-
-    def _log_step(self, loss: float, ctx: dict[str, Any], rate: float) -> None:
-        self._log(step_record(self, loss, ctx, rate))
 
 
 def train(

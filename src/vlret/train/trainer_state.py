@@ -5,7 +5,8 @@ scaler, the loss module's state (AdaCL margins and queues, an identity classifie
 momentum encoder, the RNG state, the position in training (epoch, batch in epoch, step), the
 selection state, the config and the caption encoder, and ``procedure``: the state of the
 training procedure (:meth:`vlret.train.loss_step.LossStep.state_dict`; ``{}`` for the standard
-step, a second network and its optimiser for NCR, a weighting network for Meta-SPN).
+step, NCR's network B and its division, Meta-SPN's weighting network and its optimiser; the
+optimiser state of a procedure's own networks is in ``optimizer``, the trainer's).
 :meth:`TrainerState._load` restores all of it, so a resumed run continues where it stopped.
 """
 
@@ -89,6 +90,7 @@ class TrainerState:
         }
 
     def _load(self, path: str | Path, state: dict[str, Any]) -> None:
+        state = self.loss_step.adapt_checkpoint(state)  # a procedure's earlier layout
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])

@@ -2,30 +2,38 @@
 
 What differs between training procedures (VSE-infinity's all-negatives warm-up, a backbone
 frozen for the first epochs, a smaller learning rate for BERT, AdaCL's margin sync, a
-comparison's progress display) is a :class:`TrainHook`, not a branch of the step. The trainer
-calls every hook's methods in the order of its hook list, at fixed points:
+comparison's progress display) is a :class:`TrainHook`, not a branch of the step. A hook never
+receives the trainer: every method gets a :class:`~vlret.train.context.TrainContext` ``ctx``,
+the typed read-only view of the run in training, whose ``ctx.control``
+(:class:`~vlret.train.context.TrainControl`) asks the loop to stop, save or evaluate. The
+trainer calls every hook's methods in the order of its hook list, at fixed points:
 
-1. ``param_groups(trainer, groups)`` once, while the trainer is built, before the optimiser:
+1. ``param_groups(ctx, groups)`` once, while the trainer is built, before the optimiser:
    each hook may split or re-scale the parameter groups the previous one returned.
-2. ``on_fit_start(trainer)`` when :meth:`~vlret.train.Trainer.fit` starts (after a resume).
-3. For each epoch: ``before_epoch(trainer)`` (also when a resumed run re-enters an epoch in
-   its middle), then for each batch ``before_step(trainer, batch)`` (before the learning
+2. ``on_fit_start(ctx)`` when :meth:`~vlret.train.Trainer.fit` starts (after a resume).
+3. For each epoch: ``before_epoch(ctx)`` (also when a resumed run re-enters an epoch in
+   its middle), then for each batch ``before_step(ctx, batch)`` (before the learning
    rate is set and the batch moved to the device), the forward and backward pass,
-   ``before_optimizer_step(trainer)`` (gradients final: after DDP's all-reduce, before
+   ``before_optimizer_step(ctx)`` (gradients final: after DDP's all-reduce, before
    unscaling, clipping and the optimiser step), the optimiser step and the momentum encoder's
-   update, then ``after_step(trainer, step)`` (before a mid-epoch checkpoint).
+   update, then ``after_step(ctx, step)``; then the control's flags are honoured
+   (:mod:`vlret.train.context`), a requested validation ending in ``after_evaluate(ctx,
+   record)``, and the mid-epoch checkpoint is written when due.
 4. At the end of each epoch, after validation, the epoch record and the checkpoints:
-   ``after_epoch(trainer, record)``; ``trainer.epoch`` is then the number of epochs done.
-5. ``on_fit_end(trainer, result)`` when the last epoch is done (not after an interrupt).
+   ``after_epoch(ctx, record)``; ``ctx.epoch`` is then the number of epochs done. The
+   control's ``should_stop`` is read after it.
+5. ``on_fit_end(ctx, result)`` when training ends without an interrupt: the last epoch
+   done, or a stop the control asked for (``result.stopped``); not after Ctrl-C.
 
 The hooks built from the config (:mod:`vlret.train.hooks.from_config`) come first, in the order
 :class:`AllNegativesWarmup`, :class:`FreezeModules`, :class:`LockModules`,
 :class:`LrMultipliers`, :class:`NoWeightDecay`, :class:`SyncLossBuffers`, then the zero-shot
-check (:class:`vlret.train.hooks.zeroshot.ZeroShotEvery`); the hooks given to
-``Trainer(..., hooks=...)`` follow in their order. Every hook method runs on every rank. A
-hook reads the trainer's state (``epoch``, ``step``, ``model``, ``loss_fn``, ``optimizer``,
-``world``) and keeps none of its own that a resume would need: what it does is a function of
-that state, so ``--resume`` stays exact.
+check (:class:`vlret.train.hooks.zeroshot.ZeroShotEvery`); a training procedure's own hooks
+(:meth:`vlret.train.loss_step.LossStep.hooks`) follow, then the hooks given to
+``Trainer(..., hooks=...)`` in their order. Every hook method runs on every rank. A hook reads
+the run's state (``ctx.epoch``, ``ctx.step``, ``ctx.model``, ``ctx.loss_fn``,
+``ctx.optimizer``, ``ctx.world_size``) and keeps none of its own that a resume would need: what
+it does is a function of that state, so ``--resume`` stays exact.
 """
 
 from __future__ import annotations
@@ -39,29 +47,19 @@ import torch
 from torch import nn
 
 from ...run.config import ConfigError, RunConfig
+from ..context import TrainContext
 from ..optim_groups import ParamGroup, exempt_from_decay
 from ..parallel.distributed import broadcast_from_main
 
 if TYPE_CHECKING:
     from ...data.dataset import RetrievalBatch
-    from ...losses._base import PairLoss
 
 #: The key under which the loss's own parameters (a learnable temperature) appear in
 #: parameter names: ``loss.<name>``; the model's keep their ``named_parameters`` names.
 LOSS_PREFIX = "loss"
-
-
-class HookedTrainer(Protocol):
-    """What a hook may read from the trainer (a :class:`vlret.train.Trainer`)."""
-
-    config: RunConfig
-    model: nn.Module
-    loss_fn: PairLoss
-    optimizer: torch.optim.Optimizer
-    epoch: int
-    step: int
-    world: int
-    is_main: bool
+#: The key under which a training procedure's own networks' parameters appear in parameter
+#: names: ``procedure.<network>.<name>`` (NCR's network B: ``procedure.model_b.<name>``).
+PROCEDURE_PREFIX = "procedure"
 
 
 @dataclass
@@ -70,7 +68,9 @@ class TrainResult:
 
     ``best_metric`` is the best dev value of ``select_on``, the metric ``best.pt`` maximises
     (``train.select_on``); ``best_rsum`` is the same value when that metric is ``"rsum"`` and
-    ``None`` otherwise (``None`` too without validation)."""
+    ``None`` otherwise (``None`` too without validation). ``stopped``: a hook or a procedure
+    ended training before ``train.epochs`` through ``ctx.control.should_stop``
+    (``last.pt`` holds where it stopped; ``--resume`` continues from there)."""
 
     output_dir: Path
     epochs_done: int
@@ -80,6 +80,7 @@ class TrainResult:
     best_checkpoint: Path | None
     best_metric: float | None = None
     select_on: str = "rsum"
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,30 +108,36 @@ class TrainHook:
     See the module docstring for when each method runs.
     """
 
-    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+    def param_groups(self, ctx: TrainContext, groups: list[ParamGroup]) -> list[ParamGroup]:
         """The parameter groups of the optimiser (default: ``groups`` unchanged)."""
         return groups
 
-    def on_fit_start(self, trainer: HookedTrainer) -> None:
+    def on_fit_start(self, ctx: TrainContext) -> None:
         """Training starts (or continues after a resume)."""
 
-    def before_epoch(self, trainer: HookedTrainer) -> None:
-        """Epoch ``trainer.epoch`` starts (or is re-entered by a resume)."""
+    def before_epoch(self, ctx: TrainContext) -> None:
+        """Epoch ``ctx.epoch`` starts (or is re-entered by a resume)."""
 
-    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
-        """A step on the local ``batch`` starts (``trainer.step`` steps taken before it)."""
+    def before_step(self, ctx: TrainContext, batch: RetrievalBatch) -> None:
+        """A step on the local ``batch`` starts (``ctx.step`` steps taken before it)."""
 
-    def before_optimizer_step(self, trainer: HookedTrainer) -> None:
+    def before_optimizer_step(self, ctx: TrainContext) -> None:
         """The gradients of the step are final; the optimiser has not stepped yet."""
 
-    def after_step(self, trainer: HookedTrainer, step: StepOutput) -> None:
-        """A step is done (``trainer.step`` counts it)."""
+    def after_step(self, ctx: TrainContext, step: StepOutput) -> None:
+        """A step is done (``ctx.step`` counts it); the control's flags are read next."""
 
-    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
+    def after_evaluate(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
+        """A validation ``ctx.control.should_evaluate`` asked for is done: ``record`` is its
+        ``kind: dev`` record (the dev metrics with a ``dev_`` prefix). Rank 0 only, the rank
+        that validates. The epoch's own validation reaches hooks as ``after_epoch``'s record."""
+
+    def after_epoch(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
         """An epoch is done: validated, logged as ``record`` and checkpointed."""
 
-    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
-        """Training finished every epoch."""
+    def on_fit_end(self, ctx: TrainContext, result: TrainResult) -> None:
+        """Training ended: every epoch done, or a stop the control asked for
+        (``result.stopped``)."""
 
 
 class HookList(TrainHook):
@@ -148,60 +155,84 @@ class HookList(TrainHook):
     def __len__(self) -> int:
         return len(self.hooks)
 
-    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+    def param_groups(self, ctx: TrainContext, groups: list[ParamGroup]) -> list[ParamGroup]:
         for hook in self.hooks:
-            groups = hook.param_groups(trainer, groups)
+            groups = hook.param_groups(ctx, groups)
         return groups
 
-    def on_fit_start(self, trainer: HookedTrainer) -> None:
+    def on_fit_start(self, ctx: TrainContext) -> None:
         for hook in self.hooks:
-            hook.on_fit_start(trainer)
+            hook.on_fit_start(ctx)
 
-    def before_epoch(self, trainer: HookedTrainer) -> None:
+    def before_epoch(self, ctx: TrainContext) -> None:
         for hook in self.hooks:
-            hook.before_epoch(trainer)
+            hook.before_epoch(ctx)
 
-    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+    def before_step(self, ctx: TrainContext, batch: RetrievalBatch) -> None:
         for hook in self.hooks:
-            hook.before_step(trainer, batch)
+            hook.before_step(ctx, batch)
 
-    def before_optimizer_step(self, trainer: HookedTrainer) -> None:
+    def before_optimizer_step(self, ctx: TrainContext) -> None:
         for hook in self.hooks:
-            hook.before_optimizer_step(trainer)
+            hook.before_optimizer_step(ctx)
 
-    def after_step(self, trainer: HookedTrainer, step: StepOutput) -> None:
+    def after_step(self, ctx: TrainContext, step: StepOutput) -> None:
         for hook in self.hooks:
-            hook.after_step(trainer, step)
+            hook.after_step(ctx, step)
 
-    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
+    def after_evaluate(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
         for hook in self.hooks:
-            hook.after_epoch(trainer, record)
+            hook.after_evaluate(ctx, record)
 
-    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
+    def after_epoch(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
         for hook in self.hooks:
-            hook.on_fit_end(trainer, result)
+            hook.after_epoch(ctx, record)
+
+    def on_fit_end(self, ctx: TrainContext, result: TrainResult) -> None:
+        for hook in self.hooks:
+            hook.on_fit_end(ctx, result)
 
 
-def named_trainable(model: nn.Module, loss_fn: nn.Module) -> list[tuple[str, nn.Parameter]]:
+def named_trainable(
+    model: nn.Module, loss_fn: nn.Module, networks: Mapping[str, nn.Module] | None = None
+) -> list[tuple[str, nn.Parameter]]:
     """The parameters the optimiser updates, named: the model's, then the loss's as
-    ``loss.<name>`` (the order of the single default group)."""
+    ``loss.<name>``, then those of a training procedure's own ``networks``
+    (:meth:`vlret.train.loss_step.LossStep.networks`) as ``procedure.<network>.<name>``
+    (the order of the single default group)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     named += [(f"{LOSS_PREFIX}.{n}", p) for n, p in loss_fn.named_parameters() if p.requires_grad]
+    for key, net in (networks or {}).items():
+        prefix = f"{PROCEDURE_PREFIX}.{key}"
+        named += [(f"{prefix}.{n}", p) for n, p in net.named_parameters() if p.requires_grad]
     return named
 
 
-def param_groups(trainer: HookedTrainer, hooks: TrainHook) -> list[nn.Parameter] | list[ParamGroup]:
-    """The optimiser's parameters: one group of :func:`named_trainable` refined by each hook's
-    :meth:`~TrainHook.param_groups` in turn; a single group at factor 1 and the optimiser's
-    weight decay comes back as the plain parameter list (the optimiser built exactly as without
-    hooks), after :func:`check_something_to_train`."""
-    named = named_trainable(trainer.model, trainer.loss_fn)
+def param_groups(
+    ctx: TrainContext, hooks: TrainHook, *, networks: Mapping[str, nn.Module] | None = None
+) -> list[nn.Parameter] | list[ParamGroup]:
+    """The optimiser's parameters: one group of :func:`named_trainable` (the model, the loss
+    and the procedure's ``networks``) refined by each hook's :meth:`~TrainHook.param_groups`
+    in turn; a single group at factor 1 and the optimiser's weight decay comes back as the
+    plain parameter list (the optimiser built exactly as without hooks), after
+    :func:`check_something_to_train` (asked of the model's and the loss's parameters: a
+    procedure's second network does not make a run whose own model trains nothing valid)."""
+    named = named_trainable(ctx.model, ctx.loss_fn, networks)
     groups = [ParamGroup(tuple(n for n, _ in named), tuple(p for _, p in named))]
-    groups = hooks.param_groups(trainer, groups)
-    check_something_to_train(trainer.config, groups, hooks)
+    groups = hooks.param_groups(ctx, groups)
+    own = []  # the groups without the procedure's networks
+    for g in groups:
+        kept = [(n, p) for n, p in zip(g.names, g.params, strict=True) if not _procedure(n)]
+        names, params = tuple(n for n, _ in kept), tuple(p for _, p in kept)
+        own.append(ParamGroup(names, params, g.lr_scale, g.weight_decay))
+    check_something_to_train(ctx.config, own, hooks)
     if len(groups) == 1 and groups[0].lr_scale == 1.0 and groups[0].weight_decay is None:
         return list(groups[0].params)
     return groups
+
+
+def _procedure(name: str) -> bool:
+    return name.startswith(PROCEDURE_PREFIX + ".")
 
 
 def check_something_to_train(
@@ -275,7 +306,7 @@ class LrMultipliers(TrainHook):
         self.multipliers = dict(multipliers)
         self.source = source
 
-    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+    def param_groups(self, ctx: TrainContext, groups: list[ParamGroup]) -> list[ParamGroup]:
         names = [n for g in groups for n in g.names]
         # keyed by an incoming group's (lr_scale, weight_decay)
         by_prefix: dict[str, list[tuple[str, nn.Parameter, tuple[float, float | None]]]] = {
@@ -341,7 +372,7 @@ class FreezeModules(TrainHook):
     moment update) and, in a single process, ``requires_grad`` is off so the backward pass does
     not compute them. DistributedDataParallel fixes at construction which parameters it
     reduces, so under torchrun they stay differentiable and only the update is skipped. From
-    epoch ``epochs`` on they train. The phase is read from ``trainer.epoch`` at each epoch
+    epoch ``epochs`` on they train. The phase is read from ``ctx.epoch`` at each epoch
     start, so a run resumed inside the frozen phase continues identically.
 
     ``bn``: the modules' mode while frozen. ``"eval"`` (default): put in eval mode before every
@@ -378,23 +409,23 @@ class FreezeModules(TrainHook):
         self.bn = bn
         self.frozen = False
 
-    def before_epoch(self, trainer: HookedTrainer) -> None:
-        self.frozen = trainer.epoch < self.epochs
-        if trainer.world == 1:
+    def before_epoch(self, ctx: TrainContext) -> None:
+        self.frozen = ctx.epoch < self.epochs
+        if ctx.world_size == 1:
             for p in self.params:
                 p.requires_grad_(not self.frozen)
 
-    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+    def before_step(self, ctx: TrainContext, batch: RetrievalBatch) -> None:
         if self.frozen and self.bn == "eval":  # after the epoch's model.train()
             for module in self.modules:
                 module.eval()
 
-    def before_optimizer_step(self, trainer: HookedTrainer) -> None:
+    def before_optimizer_step(self, ctx: TrainContext) -> None:
         if self.frozen:
             for p in self.params:
                 p.grad = None
 
-    def on_fit_end(self, trainer: HookedTrainer, result: TrainResult) -> None:
+    def on_fit_end(self, ctx: TrainContext, result: TrainResult) -> None:
         for p in self.params:  # a run shorter than the phase leaves the model trainable
             p.requires_grad_(True)
 
@@ -431,7 +462,7 @@ class LockModules(TrainHook):
     def __init__(self, model: nn.Module, names: Sequence[str], *, source: str = "<hooks>") -> None:
         self.modules = lock_modules(model, names, source=source)
 
-    def before_step(self, trainer: HookedTrainer, batch: RetrievalBatch) -> None:
+    def before_step(self, ctx: TrainContext, batch: RetrievalBatch) -> None:
         for module in self.modules:
             module.eval()
 
@@ -445,7 +476,7 @@ class NoWeightDecay(TrainHook):
     def __init__(self, patterns: Sequence[str]) -> None:
         self.patterns = tuple(patterns)
 
-    def param_groups(self, trainer: HookedTrainer, groups: list[ParamGroup]) -> list[ParamGroup]:
+    def param_groups(self, ctx: TrainContext, groups: list[ParamGroup]) -> list[ParamGroup]:
         if not self.patterns:
             return groups
         out: list[ParamGroup] = []
@@ -464,17 +495,16 @@ class NoWeightDecay(TrainHook):
 class AllNegativesWarmup(TrainHook):
     """VSE-infinity's warm-up (``[train] all_negatives_epochs``): all negatives instead of the
     hardest for the first ``epochs`` epochs (:mod:`vlret.run.warmup`), read from
-    ``trainer.epoch`` so a resume keeps the schedule. When the warm-up ends, a note goes to the
-    trainer's ``print_fn`` (rank 0's console): the loss changes scale from that epoch."""
+    ``ctx.epoch`` so a resume keeps the schedule. When the warm-up ends, a note goes to the
+    run's ``print_fn`` (rank 0's console): the loss changes scale from that epoch."""
 
     def __init__(self, epochs: int) -> None:
         self.epochs = int(epochs)
 
-    def before_epoch(self, trainer: HookedTrainer) -> None:
-        trainer.loss_fn.set_all_negatives(trainer.epoch < self.epochs)
-        show = getattr(trainer, "print_fn", None)
-        if trainer.epoch == self.epochs and self.epochs > 0 and show is not None:
-            show(warmup_end_note(self.epochs))
+    def before_epoch(self, ctx: TrainContext) -> None:
+        ctx.loss_fn.set_all_negatives(ctx.epoch < self.epochs)
+        if ctx.epoch == self.epochs and self.epochs > 0:
+            ctx.print(warmup_end_note(self.epochs))
 
 
 def warmup_end_note(epochs: int) -> str:
@@ -500,7 +530,7 @@ class SyncLossBuffers(TrainHook):
     def __init__(self, buffers: Sequence[torch.Tensor]) -> None:
         self.buffers = tuple(buffers)
 
-    def after_step(self, trainer: HookedTrainer, step: StepOutput) -> None:
+    def after_step(self, ctx: TrainContext, step: StepOutput) -> None:
         broadcast_from_main(self.buffers)
 
 
@@ -510,9 +540,9 @@ class EpochCallback(TrainHook):
     def __init__(self, callback: Callable[[int], None]) -> None:
         self.callback = callback
 
-    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
-        if trainer.is_main:
-            self.callback(trainer.epoch)
+    def after_epoch(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
+        if ctx.is_main:
+            self.callback(ctx.epoch)
 
 
 __all__ = [
@@ -520,7 +550,6 @@ __all__ = [
     "EpochCallback",
     "FreezeModules",
     "HookList",
-    "HookedTrainer",
     "LockModules",
     "LrMultipliers",
     "NoWeightDecay",

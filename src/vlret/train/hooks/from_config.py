@@ -5,11 +5,11 @@ config's hooks run before the caller's (:mod:`vlret.train.hooks.core` documents 
 
 from __future__ import annotations
 
+from ..context import TrainContext
 from ..optim_groups import no_decay_rule
 from .core import (
     AllNegativesWarmup,
     FreezeModules,
-    HookedTrainer,
     LockModules,
     LrMultipliers,
     NoWeightDecay,
@@ -20,14 +20,14 @@ from .core import (
 from .zeroshot import ZeroShotEvery
 
 
-def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
-    """The hooks ``trainer.config`` asks for, in their fixed order (see the module docstring),
+def config_hooks(ctx: TrainContext) -> list[TrainHook]:
+    """The hooks ``ctx.config`` asks for, in their fixed order (see the module docstring),
     for its model and loss (called before the optimiser exists).
 
     Raises:
         ConfigError: A ``train.freeze`` or ``train.lock`` name that is no module of the model.
     """
-    config, model, loss_fn, world = trainer.config, trainer.model, trainer.loss_fn, trainer.world
+    config, model, loss_fn, world = ctx.config, ctx.model, ctx.loss_fn, ctx.world_size
     tc, oc = config.train, config.optim
     hooks: list[TrainHook] = []
     if tc.all_negatives_epochs:
@@ -46,7 +46,7 @@ def config_hooks(trainer: HookedTrainer) -> list[TrainHook]:
     if world > 1 and isinstance(loss_fn, SyncedBuffers) and loss_fn.synced_buffers():
         hooks.append(SyncLossBuffers(loss_fn.synced_buffers()))
     if tc.zeroshot_every > 0:
-        hooks.append(ZeroShotEvery.from_config(trainer))
+        hooks.append(ZeroShotEvery.from_config(ctx))
     return hooks
 
 

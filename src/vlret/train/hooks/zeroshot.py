@@ -31,8 +31,9 @@ from typing import Any
 from ..._modules import unwrap_model
 from ...eval.zeroshot import ClassificationData, evaluate_zeroshot
 from ...run.config import ConfigError
+from ..context import TrainContext
 from ..run_log import LOG_FILE, append_record
-from .core import HookedTrainer, TrainHook
+from .core import TrainHook
 
 #: the ``kind`` of the records this hook writes to metrics.jsonl
 RECORD_KIND = "zeroshot"
@@ -67,17 +68,17 @@ class ZeroShotEvery(TrainHook):
         self.num_workers = num_workers
 
     @classmethod
-    def from_config(cls, trainer: HookedTrainer) -> ZeroShotEvery:
-        """The hook ``trainer.config.train`` asks for; rank 0 reads the data set now, so a
+    def from_config(cls, ctx: TrainContext) -> ZeroShotEvery:
+        """The hook ``ctx.config.train`` asks for; rank 0 reads the data set now, so a
         wrong folder stops the run before its first epoch.
 
         Raises:
             ConfigError: The model does not read pixels, or the data set or templates cannot
                 be read (naming the ``train.zeroshot_*`` key).
         """
-        config = trainer.config
+        config = ctx.config
         tc, source = config.train, config.source
-        if getattr(unwrap_model(trainer.model), "image_transform", None) is None:
+        if getattr(unwrap_model(ctx.model), "image_transform", None) is None:
             raise ConfigError(
                 source,
                 "train.zeroshot_every",
@@ -85,14 +86,14 @@ class ZeroShotEvery(TrainHook):
                 "model encodes precomputed features",
             )
         data, templates = None, []
-        if trainer.is_main:
+        if ctx.is_main:
             sets = importlib.import_module("vlret.data.classification")
             try:
                 data = sets.load_classification(
                     tc.zeroshot_dataset,
                     tc.zeroshot_root,
                     split=tc.zeroshot_split,
-                    max_pixels=trainer.config.data.max_image_pixels,  # the run's cap
+                    max_pixels=config.data.max_image_pixels,  # the run's cap
                 )
             except (FileNotFoundError, ValueError) as err:
                 raise ConfigError(source, "train.zeroshot_root", str(err)) from None
@@ -113,33 +114,31 @@ class ZeroShotEvery(TrainHook):
         """Whether the check runs after ``epochs_done`` of ``epochs`` epochs."""
         return epochs_done % self.every == 0 or epochs_done == epochs
 
-    def after_epoch(self, trainer: HookedTrainer, record: Mapping[str, Any]) -> None:
-        if not trainer.is_main or self.data is None:
+    def after_epoch(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
+        if not ctx.is_main or self.data is None:
             return
-        if not self.due(trainer.epoch, trainer.config.train.epochs):
+        if not self.due(ctx.epoch, ctx.config.train.epochs):
             return
-        t: Any = trainer  # the Trainer's encoder, device and run folder
         result = evaluate_zeroshot(
-            trainer.model,
+            ctx.model,
             self.data,
             self.templates,
-            tokenizer=t.encoder,
+            tokenizer=ctx.encoder,
             batch_size=self.batch_size,
-            device=t.device,
+            device=ctx.device,
             num_workers=self.num_workers,
         )
         line = {
             "kind": RECORD_KIND,
-            "epoch": record.get("epoch", trainer.epoch - 1),
-            "step": trainer.step,
+            "epoch": record.get("epoch", ctx.epoch - 1),
+            "step": ctx.step,
             "dataset": result.dataset,
             "split": result.split,
             **{f"zeroshot_{k}": v for k, v in result.metrics.items()},
         }
-        append_record(t.output_dir / LOG_FILE, line)
-        show = getattr(trainer, "print_fn", None)
-        if show is not None:
-            show(summary_line(line))
+        append_record(ctx.output_dir / LOG_FILE, line)
+        if ctx.print_fn is not None:
+            ctx.print_fn(summary_line(line))
 
 
 def summary_line(record: Mapping[str, Any]) -> str:

@@ -71,11 +71,13 @@ from torch import nn
 from torch.func import functional_call
 
 from ..._modules import unwrap_model
-from ...losses import loss_capabilities
+from ...losses import available_losses, loss_capabilities
 from ...losses._base import prepare, reduce_terms
 from ...losses.triplet import triplet_loss
 from ...run.config import ConfigError, RunConfig
 from ...similarity import positive_mask
+from ..context import TrainContext
+from ..hooks.core import TrainHook
 from ..loss_step import LossStep, StepLoss, pair_ids
 from .registry import register_procedure
 
@@ -280,8 +282,8 @@ class MetaSPNStep(LossStep):
     """The Meta-SPN procedure (module doc): the weighted triplet loss of a step, after the
     weighting network's meta step on a dev batch every ``meta_every`` steps.
 
-    Built by the ``"metaspn"`` factory from the config; :meth:`hooks` binds it to the trainer
-    (the dev batches, the network on the trainer's device). ``last_meta_loss`` and
+    Built by the ``"metaspn"`` factory from the config; :meth:`hooks` binds it to the run
+    (the dev batches, the network on the run's device). ``last_meta_loss`` and
     ``last_mean_weight`` hold the last meta loss and the last step's mean pair weight.
     """
 
@@ -303,27 +305,30 @@ class MetaSPNStep(LossStep):
 
     # -- binding and state -------------------------------------------------------------------
 
-    def hooks(self, trainer: Any) -> list[Any]:
-        """Check the trainer (one process, no gradient caching), move the weighting network to
+    def hooks(self, ctx: TrainContext) -> list[TrainHook]:
+        """Check the run (one process, no gradient caching), move the weighting network to
         its device and open the dev batches; no hook is needed (the meta step is part of the
-        step)."""
-        if trainer.world > 1:
+        step). The weighting network is no member of :meth:`networks`: it learns from the meta
+        loss of a dev batch inside the step, with its own optimiser, not from the step's
+        loss."""
+        if ctx.world_size > 1:
             raise ValueError(
                 f"train.procedure 'metaspn' runs in one process (its virtual step "
                 f"differentiates through the model outside DistributedDataParallel); got a "
-                f"world size of {trainer.world}"
+                f"world size of {ctx.world_size}"
             )
-        if trainer.grad_cache:
+        if ctx.grad_cache is not None:
             raise ValueError(
                 "train.grad_cache_chunk: Meta-SPN differentiates through the whole batch's "
                 "forward (its virtual step); remove grad_cache_chunk"
             )
         from ...run.builders import build_dataset
 
-        data = trainer.config.data
-        dataset = build_dataset(data, data.dev_split, trainer.encoder)
+        data = ctx.config.data
+        assert data.dev_split is not None  # build_metaspn refused a config without one
+        dataset = build_dataset(data, data.dev_split, ctx.encoder)
         self.dev = DevBatches(dataset, self.meta_batch_size, seed=self.seed)
-        self.net.to(trainer.device)
+        self.net.to(ctx.device)
         return []
 
     def state_dict(self) -> dict[str, Any]:
@@ -346,24 +351,24 @@ class MetaSPNStep(LossStep):
 
     # -- the step ----------------------------------------------------------------------------
 
-    def __call__(self, trainer: Any, batch: Any) -> StepLoss:
-        model = unwrap_model(trainer.ddp_model)
-        due = trainer.step % self.options.meta_every == 0
+    def __call__(self, ctx: TrainContext, batch: Any) -> StepLoss:
+        model = unwrap_model(ctx.ddp_model)
+        due = ctx.step % self.options.meta_every == 0
         recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
-        no_cudnn = due and recurrent and trainer.device.type == "cuda"
+        no_cudnn = due and recurrent and ctx.device.type == "cuda"
         flags = torch.backends.cudnn.flags(enabled=False) if no_cudnn else contextlib.nullcontext()
         with flags:
-            with trainer._autocast():
+            with ctx.autocast():
                 out = model(batch)
             ids = pair_ids(batch)
-            sim, pos_mask = batch_similarity(trainer.loss_fn, out, ids)
+            sim, pos_mask = batch_similarity(ctx.loss_fn, out, ids)
             if due:
                 if self.dev is None:
-                    raise RuntimeError("MetaSPNStep.hooks(trainer) was not called")
-                dev_batch = self.dev.next().to(trainer.device)
-                lrs = self.learning_rates(model, trainer.optimizer)
+                    raise RuntimeError("MetaSPNStep.hooks(ctx) was not called")
+                dev_batch = self.dev.next().to(ctx.device)
+                lrs = self.learning_rates(model, ctx.optimizer)
                 meta, grads = self.meta_gradients(
-                    model, trainer.loss_fn, sim, pos_mask, dev_batch, lrs, trainer._autocast
+                    model, ctx.loss_fn, sim, pos_mask, dev_batch, lrs, ctx.autocast
                 )
                 self.meta_optimizer.zero_grad(set_to_none=True)
                 for p, g in zip(self.net.parameters(), grads, strict=True):
@@ -373,17 +378,17 @@ class MetaSPNStep(LossStep):
             with torch.no_grad():
                 w_i2t, w_t2i = pair_weights(self.net, sim)
             self.last_mean_weight = float(w_i2t.mean())
-            loss = self.weighted_loss(trainer.loss_fn, sim, pos_mask, w_i2t, w_t2i)
+            loss = self.weighted_loss(ctx.loss_fn, sim, pos_mask, w_i2t, w_t2i)
         logged = loss.detach()
         if isinstance(out, torch.Tensor):
-            ctx: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
+            context: dict[str, Any] = {"sim": sim.detach(), "ids": ids}
         else:
-            ctx = {"img": out[0].detach(), "txt": out[1].detach(), "ids": ids}
+            context = {"img": out[0].detach(), "txt": out[1].detach(), "ids": ids}
         stats = {"metaspn_mean_weight": self.last_mean_weight}
         if self.last_meta_loss is not None:
             stats["metaspn_meta_loss"] = self.last_meta_loss
-        ctx["stats"] = lambda: stats
-        return self.scaled(trainer, loss, logged), logged, ctx
+        context["stats"] = lambda: stats
+        return self.scaled(ctx, loss, logged), logged, context
 
     @staticmethod
     def weighted_loss(
@@ -460,11 +465,13 @@ def build_metaspn(config: RunConfig) -> MetaSPNStep:
 
     options = metaspn_options(config.train.procedure_options, source=config.source)
     if not loss_capabilities(config.loss.name, config.loss.params).hinge_terms:
+        takers = [n for n in available_losses() if loss_capabilities(n).hinge_terms]
         raise ConfigError(
             config.source,
             "loss.name",
-            "Meta-SPN weighs a loss's per-anchor hinge terms (LossCapabilities.hinge_terms; "
-            f'"triplet": its margin, hardest and reduction are used), got {config.loss.name!r}',
+            f"Meta-SPN weighs the {' or '.join(takers)} loss's per-anchor hinge terms "
+            "(LossCapabilities.hinge_terms; its margin, hardest and reduction are used), "
+            f"got {config.loss.name!r}",
         )
     if config.loss.params.get("chunk_size") is not None:
         raise ConfigError(

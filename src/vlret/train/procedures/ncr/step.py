@@ -3,9 +3,13 @@ pairs, label refinement and soft margins (Huang et al., NeurIPS 2021; ``docs/ncr
 
 The trainer's model is network A; :class:`NCRStep` builds network B from the same config
 (its initial weights drawn from ``model_b_seed`` on a forked generator, so A's run is the run
-the same config trains without NCR up to the loss), gives it an optimiser, schedule and AMP
-scaler built by the trainer's own builders from A's parameter groups, and steps it inside each
-training step. Per epoch:
+the same config trains without NCR up to the loss) and owns it as a submodule
+(:meth:`NCRStep.networks`). It steps no optimiser: the trainer's one optimiser holds B's
+parameters (``procedure.model_b.<name>``) in groups that mirror A's (the same learning-rate
+factors and weight decays, :meth:`NCRStep.param_groups`), and each step returns the sum of both
+networks' losses for the trainer's single backward pass. So the schedule, the AMP scaler, the
+weight-decay rules and gradient clipping (B by its own norm, as released) reach B through the
+trainer, as they reach A. Per epoch:
 
 * epochs ``< warmup_epochs``: both networks train on every pair of the batch with the loss's
   all-negatives form (:meth:`~vlret.losses.PairLoss.set_all_negatives`: triplet sums the hinge
@@ -25,15 +29,18 @@ training step. Per epoch:
   pairs from a second loader into separate batches; here they share the batch's score matrix
   (before ``noisy_from`` they are left out of it, so only clean pairs are negatives then).
 
-A checkpoint's ``procedure`` holds B (``ensemble_models``: the networks whose score matrices
-evaluation averages with the model's, :mod:`vlret.run.evaluate`), its optimiser, schedule
-and scaler, and the division. One process only (B is not wrapped for torchrun).
+A checkpoint's ``procedure`` holds B's weights (``ensemble_models``: the networks whose score
+matrices evaluation averages with the model's, :mod:`vlret.run.evaluate`) and the division;
+B's optimiser moments are in the checkpoint's ``optimizer`` with A's. A checkpoint written
+before B joined the trainer's optimiser (its ``procedure`` holds ``optimizer_b`` and
+``scheduler_b``) is brought to this layout when it is resumed (:meth:`NCRStep.adapt_checkpoint`).
+One process only (B is not wrapped for torchrun).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,16 +51,17 @@ from torch.utils.data import DataLoader
 
 from ...._progress import progress_bar
 from ....eval import EnsembleScorer, PairModelScorer, TwoTowerScorer
-from ....losses import loss_capabilities
+from ....losses import available_losses, loss_capabilities
 from ....run.builders import build_run_model
 from ....run.checkpoint_members import ENSEMBLE_KEY
 from ....run.config import RunConfig
 from ....run.pair_scoring import dev_metrics_from_scores, pair_loss
-from ...hooks.core import TrainHook
+from ...context import TrainContext
+from ...hooks.core import PROCEDURE_PREFIX, TrainHook
 from ...loss_step import LossStep, StepLoss, pair_ids
-from ...optim_groups import ParamGroup, build_optimizer, set_group_weight_decay
+from ...optim_groups import ParamGroup
 from ...run_log import LOG_FILE, append_record
-from ...schedule import build_schedule, prepare_model
+from ...schedule import prepare_model
 from .division import (
     clean_probability,
     noisy_split_quality,
@@ -68,6 +76,9 @@ from .options import NCROptions
 
 #: The ``kind`` of the per-epoch records this procedure writes to ``metrics.jsonl``.
 RECORD_KIND = "ncr"
+#: The ``procedure`` keys of a checkpoint written while B had its own optimiser, schedule and
+#: scaler (:meth:`NCRStep.adapt_checkpoint` moves the first two into the trainer's).
+OLDER_KEYS = ("optimizer_b", "scheduler_b", "scaler_b")
 
 
 class NCRStep(LossStep, TrainHook):
@@ -80,10 +91,9 @@ class NCRStep(LossStep, TrainHook):
         self.config = config
         self.options = options
         self.noisy_from = options.noisy_start(config.train.epochs)
-        self.model_b: nn.Module | None = None
-        self.optimizer_b: torch.optim.Optimizer | None = None
-        self.scheduler_b: Any = None
-        self.scaler_b: torch.amp.GradScaler | None = None
+        #: The networks this procedure owns and trains besides the trainer's model: ``model_b``
+        #: once :meth:`hooks` built it.
+        self.nets = nn.ModuleDict()
         #: ``epoch``, ``prob_a`` / ``prob_b`` (float64) and ``clean_a`` / ``clean_b`` (bool),
         #: one entry per training pair; ``None`` before the first pass.
         self.division: dict[str, Any] | None = None
@@ -92,113 +102,141 @@ class NCRStep(LossStep, TrainHook):
         self.passes = 0
         self.margin = 0.2
 
+    @property
+    def model_b(self) -> nn.Module:
+        """Network B (built by :meth:`hooks`)."""
+        if "model_b" not in self.nets:
+            raise RuntimeError("NCRStep.hooks(ctx) was not called: network B is not built")
+        return self.nets["model_b"]
+
     # -- building ----------------------------------------------------------------------------
 
-    def hooks(self, trainer: Any) -> list[Any]:
-        """Check the run, build network B and return this object as the run's hook."""
-        self._check(trainer)
+    def hooks(self, ctx: TrainContext) -> list[TrainHook]:
+        """Check the run, build network B on the run's device and return this object as the
+        run's hook."""
+        self._check(ctx)
         tc = self.config.train
         seed = tc.seed + 1 if self.options.model_b_seed is None else self.options.model_b_seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model_b = build_run_model(self.config, trainer.vocab_size)
-        self.model_b = model_b.to(trainer.device)
+            model_b = build_run_model(self.config, ctx.vocab_size)
+        self.nets["model_b"] = model_b.to(ctx.device)
         prepare_model(self.model_b, tc, source=self.config.source)
-        self.scaler_b = torch.amp.GradScaler("cuda", enabled=trainer.amp_dtype == torch.float16)
-        self.margin = float(getattr(trainer.loss_fn.config, "margin", 0.2))
+        self.margin = float(getattr(ctx.loss_fn.config, "margin", 0.2))
         return [self]
 
-    def _check(self, trainer: Any) -> None:
+    def networks(self) -> nn.ModuleDict:
+        """``model_b``: network B, trained by the trainer's optimiser."""
+        return self.nets
+
+    def _check(self, ctx: TrainContext) -> None:
         why = "train.procedure = 'ncr'"
-        if trainer.world > 1:
+        if ctx.world_size > 1:
             raise ValueError(f"{why} runs in one process; network B is not wrapped for torchrun")
-        if trainer.momentum_encoder is not None or trainer.grad_cache:
+        if ctx.momentum_encoder is not None or ctx.grad_cache is not None:
             raise ValueError(f"{why} takes no train.momentum_encoder or train.grad_cache_chunk")
-        if not hasattr(trainer.train_set, "txt_to_img") or not hasattr(
-            trainer.train_set, "collate"
-        ):
+        if not hasattr(ctx.train_set, "txt_to_img") or not hasattr(ctx.train_set, "collate"):
             raise ValueError(
                 f"{why} needs an indexed training split (precomp, karpathy), not a stream"
             )
-        loss = trainer.loss_fn
+        loss = ctx.loss_fn
         if any(True for _ in loss.parameters()) or any(True for _ in loss.buffers()):
             raise ValueError(
                 f"{why}: loss {self.config.loss.name!r} holds parameters or buffers, but both "
                 "networks train with the one loss module; use triplet or unified"
             )
         if not loss_capabilities(loss).soft_margins:
+            takers = [n for n in available_losses() if loss_capabilities(n).soft_margins]
             raise ValueError(
-                f"{why} feeds per-pair soft margins to the loss: loss {self.config.loss.name!r} "
-                "takes none (LossCapabilities.soft_margins: triplet, unified)"
+                f"{why} feeds per-pair soft margins to the loss: loss.name must be "
+                f"{' or '.join(takers)} (LossCapabilities.soft_margins); "
+                f"{self.config.loss.name!r} takes none"
             )
 
-    def param_groups(self, trainer: Any, groups: list[ParamGroup]) -> list[ParamGroup]:
-        """B's optimiser over B's parameters of the same names, groups, learning-rate factors
-        and weight decays as A's (the loss's own parameters excepted); A's groups unchanged."""
-        assert self.model_b is not None  # hooks() built it
-        named = dict(self.model_b.named_parameters())
-        groups_b = []
+    def param_groups(self, ctx: TrainContext, groups: list[ParamGroup]) -> list[ParamGroup]:
+        """A's groups as they came (B's parameters taken out of them), then B's parameters in
+        groups that mirror A's: the parameters of the same names, at the same learning-rate
+        factors and weight decays (the loss's own parameters excepted)."""
+        prefix = f"{PROCEDURE_PREFIX}.model_b."
+        out = []
         for g in groups:
-            kept = [(n, named[n]) for n in g.names if n in named]
+            pairs = zip(g.names, g.params, strict=True)
+            kept = [(n, p) for n, p in pairs if not n.startswith(prefix)]
             if kept:
                 names, params = tuple(n for n, _ in kept), tuple(p for _, p in kept)
-                groups_b.append(ParamGroup(names, params, g.lr_scale, g.weight_decay))
-        plain = len(groups_b) == 1 and groups_b[0].lr_scale == 1.0
-        built: list[Any] = (
-            list(groups_b[0].params) if plain and groups_b[0].weight_decay is None else groups_b
-        )
-        self.optimizer_b = set_group_weight_decay(build_optimizer(self.config.optim, built), built)
-        epochs = self.config.train.epochs
-        self.scheduler_b = build_schedule(
-            self.optimizer_b,
-            self.config.optim,
-            total_steps=lambda: epochs * trainer.sampler.num_batches(),
-        )
-        return groups
+                out.append(ParamGroup(names, params, g.lr_scale, g.weight_decay))
+        named = dict(self.model_b.named_parameters())
+        for g in list(out):
+            mirror = [(n, named[n]) for n in g.names if n in named and named[n].requires_grad]
+            if mirror:
+                names = tuple(prefix + n for n, _ in mirror)
+                params = tuple(p for _, p in mirror)
+                out.append(ParamGroup(names, params, g.lr_scale, g.weight_decay))
+        return out
 
     # -- checkpoint --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.model_b is not None and self.optimizer_b is not None
-        assert self.scaler_b is not None
         return {
             ENSEMBLE_KEY: [self.model_b.state_dict()],
-            "optimizer_b": self.optimizer_b.state_dict(),
-            "scheduler_b": self.scheduler_b.state_dict(),
-            "scaler_b": self.scaler_b.state_dict(),
             "division": None if self.division is None else dict(self.division),
             "report": dict(self.report),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = [k for k in (ENSEMBLE_KEY, "optimizer_b", "scheduler_b") if k not in state]
-        if missing:
+        if ENSEMBLE_KEY not in state:
             raise ValueError(
-                f"the checkpoint holds no NCR state ({', '.join(missing)} missing); it was not "
+                f"the checkpoint holds no NCR state ({ENSEMBLE_KEY} missing); it was not "
                 "trained with train.procedure = 'ncr'"
             )
-        assert self.model_b is not None and self.optimizer_b is not None
-        assert self.scaler_b is not None
+        older = [k for k in OLDER_KEYS if k in state]
+        if older:  # adapt_checkpoint takes them out first
+            raise ValueError(
+                f"the checkpoint's NCR state holds {', '.join(older)} of the layout before "
+                "network B joined the trainer's optimiser; load it through the trainer"
+            )
         self.model_b.load_state_dict(state[ENSEMBLE_KEY][0])
-        self.optimizer_b.load_state_dict(state["optimizer_b"])
-        self.scheduler_b.load_state_dict(state["scheduler_b"])
-        if state.get("scaler_b"):
-            self.scaler_b.load_state_dict(state["scaler_b"])
         self.division = None if state.get("division") is None else dict(state["division"])
         self.report = dict(state.get("report") or {})
 
+    def adapt_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint whose ``procedure`` holds B's own optimiser, schedule and scaler (the
+        layout before B joined the trainer's optimiser) in this layout: B's optimiser groups
+        and moments appended to the checkpoint's ``optimizer`` (whose groups then are A's and
+        B's mirrors, as :meth:`param_groups` builds them), B's base learning rates to the
+        schedule's, and B's AMP scaler dropped (the trainer's one scaler serves both)."""
+        proc = state.get("procedure") or {}
+        if "optimizer_b" not in proc:
+            return state
+        opt_a, opt_b = state["optimizer"], proc["optimizer_b"]
+        offset = sum(len(g["params"]) for g in opt_a["param_groups"])
+        groups = [dict(g) for g in opt_a["param_groups"]]
+        for g in opt_b["param_groups"]:
+            groups.append({**g, "params": [i + offset for i in g["params"]]})
+        moments = dict(opt_a["state"])
+        moments.update({int(k) + offset: v for k, v in opt_b["state"].items()})
+        schedule = dict(state["scheduler"])
+        schedule["base_lrs"] = [*schedule["base_lrs"], *proc["scheduler_b"]["base_lrs"]]
+        rest = {k: v for k, v in proc.items() if k not in OLDER_KEYS}
+        return {
+            **state,
+            "optimizer": {"state": moments, "param_groups": groups},
+            "scheduler": schedule,
+            "procedure": rest,
+        }
+
     # -- the per-epoch division --------------------------------------------------------------
 
-    def before_epoch(self, trainer: Any) -> None:
+    def before_epoch(self, ctx: TrainContext) -> None:
         """The warm-up's all-negatives switch, then (after the warm-up) the loss pass and the
         division, unless the checkpoint already holds this epoch's."""
-        warm = trainer.epoch < self.options.warmup_epochs
-        if loss_capabilities(trainer.loss_fn).all_negatives_warmup:
-            trainer.loss_fn.set_all_negatives(warm)
-        if warm or (self.division is not None and self.division["epoch"] == trainer.epoch):
+        warm = ctx.epoch < self.options.warmup_epochs
+        if loss_capabilities(ctx.loss_fn).all_negatives_warmup:
+            ctx.loss_fn.set_all_negatives(warm)
+        if warm or (self.division is not None and self.division["epoch"] == ctx.epoch):
             return
-        losses_a, losses_b = self.loss_pass(trainer)
-        o, base = self.options, int(self.config.train.seed) * 7919 + 2 * trainer.epoch
+        losses_a, losses_b = self.loss_pass(ctx)
+        o, base = self.options, int(self.config.train.seed) * 7919 + 2 * ctx.epoch
         probs = [
             clean_probability(
                 losses,
@@ -211,13 +249,13 @@ class NCRStep(LossStep, TrainHook):
         ]
         clean = [split_clean(p, o.p_threshold) for p in probs]
         self.division = {
-            "epoch": trainer.epoch,
+            "epoch": ctx.epoch,
             "prob_a": torch.from_numpy(probs[0]),
             "prob_b": torch.from_numpy(probs[1]),
             "clean_a": torch.from_numpy(clean[0]),
             "clean_b": torch.from_numpy(clean[1]),
         }
-        corrupted = getattr(trainer.train_set, "corrupted", None)
+        corrupted = getattr(ctx.train_set, "corrupted", None)
         truth = None if corrupted is None else torch.as_tensor(corrupted).numpy()
         report: dict[str, Any] = {}
         for suffix, c in (("", clean[0]), ("_b", clean[1])):
@@ -225,16 +263,13 @@ class NCRStep(LossStep, TrainHook):
                 report[f"ncr_{key}{suffix}"] = value
         self.report = report
         self.passes += 1
-        show = getattr(trainer, "print_fn", None)
-        if show is not None:
-            show(division_line(trainer.epoch, report))
+        ctx.print(division_line(ctx.epoch, report))
 
-    def loss_pass(self, trainer: Any) -> tuple[np.ndarray, np.ndarray]:
+    def loss_pass(self, ctx: TrainContext) -> tuple[np.ndarray, np.ndarray]:
         """Each network's :func:`~.division.per_pair_loss` of every training pair, ``(N,)``
         float64 each: blocks of ``pass_batch_size`` consecutive pairs, eval mode, no
         gradient, a progress bar when ``train.progress``."""
-        assert self.model_b is not None
-        ds = trainer.train_set
+        ds = ctx.train_set
         size = self.options.pass_batch_size or self.config.train.batch_size
         loader = DataLoader(
             ds,
@@ -244,73 +279,70 @@ class NCRStep(LossStep, TrainHook):
             num_workers=self.config.data.num_workers,
             generator=torch.Generator().manual_seed(0),  # the run's own stream is not drawn
         )
-        show = self.config.train.progress and trainer.is_main
-        desc = f"epoch {trainer.epoch}: NCR loss pass"
+        show = self.config.train.progress and ctx.is_main
+        desc = f"epoch {ctx.epoch}: NCR loss pass"
         bar = progress_bar(loader, show=show, desc=desc, unit="block", leave=False)
         out = [np.zeros(len(ds), dtype=np.float64) for _ in range(2)]
-        nets = (trainer.model, self.model_b)
+        nets = (ctx.model, self.model_b)
         with _eval_mode(*nets), torch.no_grad():
             for batch in bar:
-                batch = batch.to(trainer.device)
+                batch = batch.to(ctx.device)
                 ids = pair_ids(batch)
                 pos = ids[:, None] == ids[None, :]
                 rows = batch.cap_index.cpu().numpy()
                 for k, net in enumerate(nets):
-                    sim = self._scores(trainer, net, batch)
+                    sim = self._scores(ctx, net, batch)
                     loss = per_pair_loss(sim, margin=self.margin, pos_mask=pos)
                     out[k][rows] = loss.double().cpu().numpy()
         return out[0], out[1]
 
-    def after_epoch(self, trainer: Any, record: Mapping[str, Any]) -> None:
+    def after_epoch(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
         """One ``kind: ncr`` record in ``metrics.jsonl`` after the epoch's own (as the zero-shot
         check's): the epoch's division sizes and, on noisy data, its quality."""
-        if not self.report or not trainer.is_main:
+        if not self.report or not ctx.is_main:
             return
         if self.division is None or self.division["epoch"] != record.get("epoch"):
             return
-        line = {"kind": RECORD_KIND, "epoch": record.get("epoch"), "step": trainer.step}
-        append_record(trainer.output_dir / LOG_FILE, {**line, **self.report})
+        line = {"kind": RECORD_KIND, "epoch": record.get("epoch"), "step": ctx.step}
+        append_record(ctx.output_dir / LOG_FILE, {**line, **self.report})
 
     # -- one step ----------------------------------------------------------------------------
 
-    def __call__(self, trainer: Any, batch: Any) -> StepLoss:
-        if trainer.epoch < self.options.warmup_epochs or self.division is None:
-            return self._warmup(trainer, batch)
-        return self._co_divided(trainer, batch)
+    def __call__(self, ctx: TrainContext, batch: Any) -> StepLoss:
+        """Both networks' losses on ``batch``: B's first (its forward in train mode), then
+        A's; the loss for backward is their sum (the graphs are disjoint: each network's
+        gradient is its own loss's), the logged loss A's."""
+        if ctx.epoch < self.options.warmup_epochs or self.division is None:
+            return self._warmup(ctx, batch)
+        return self._co_divided(ctx, batch)
 
-    def _warmup(self, trainer: Any, batch: Any) -> StepLoss:
-        assert self.model_b is not None
+    def _warmup(self, ctx: TrainContext, batch: Any) -> StepLoss:
         ids = pair_ids(batch)
-        self._train_b(
-            trainer,
-            lambda: pair_loss(
-                trainer.loss_fn, self._scores_grad(trainer, self.model_b, batch), ids
-            ),
+        loss_b = self._loss_b(
+            ctx, lambda: pair_loss(ctx.loss_fn, self._scores_grad(ctx, self.model_b, batch), ids)
         )
-        sim = self._scores_grad(trainer, trainer.model, batch)
-        loss = pair_loss(trainer.loss_fn, sim, ids)
-        return self._out(trainer, loss, sim, ids)
+        sim = self._scores_grad(ctx, ctx.model, batch)
+        loss = pair_loss(ctx.loss_fn, sim, ids)
+        return self._out(ctx, loss, loss_b, sim, ids)
 
-    def _co_divided(self, trainer: Any, batch: Any) -> StepLoss:
+    def _co_divided(self, ctx: TrainContext, batch: Any) -> StepLoss:
         d = self.division
-        assert d is not None and self.model_b is not None
+        assert d is not None
         rows = batch.cap_index.cpu()
         ids = pair_ids(batch)
         pos = ids[:, None] == ids[None, :]
-        with _eval_mode(trainer.model, self.model_b), torch.no_grad():
-            p_a = predictions(
-                self._scores(trainer, trainer.model, batch), margin=self.margin, pos_mask=pos
-            )
+        with _eval_mode(ctx.model, self.model_b), torch.no_grad():
+            p_a = predictions(self._scores(ctx, ctx.model, batch), margin=self.margin, pos_mask=pos)
             p_b = predictions(
-                self._scores(trainer, self.model_b, batch), margin=self.margin, pos_mask=pos
+                self._scores(ctx, self.model_b, batch), margin=self.margin, pos_mask=pos
             )
-        noisy_on = trainer.epoch >= self.noisy_from
+        noisy_on = ctx.epoch >= self.noisy_from
         # co-divide: each network trains with the other's division
         plan_b = self._plan(d["clean_a"][rows], d["prob_a"][rows], p_b, (p_a + p_b) / 2, noisy_on)
         plan_a = self._plan(d["clean_b"][rows], d["prob_b"][rows], p_a, (p_a + p_b) / 2, noisy_on)
-        self._train_b(trainer, lambda: self._soft_loss(trainer, self.model_b, batch, *plan_b))
-        loss, sim, sub_ids = self._soft_loss(trainer, trainer.model, batch, *plan_a, keep=True)
-        return self._out(trainer, loss, sim, sub_ids)
+        loss_b = self._loss_b(ctx, lambda: self._soft_loss(ctx, self.model_b, batch, *plan_b))
+        loss, sim, sub_ids = self._soft_loss(ctx, ctx.model, batch, *plan_a, keep=True)
+        return self._out(ctx, loss, loss_b, sim, sub_ids)
 
     def _plan(
         self,
@@ -331,7 +363,7 @@ class NCRStep(LossStep, TrainHook):
 
     def _soft_loss(
         self,
-        trainer: Any,
+        ctx: TrainContext,
         net: nn.Module,
         batch: Any,
         where: torch.Tensor,
@@ -348,10 +380,10 @@ class NCRStep(LossStep, TrainHook):
             zero = torch.as_tensor(zero, device=ids.device, dtype=torch.float32)
             return (zero, None, ids[:0]) if keep else zero
         sub = _select(batch, where) if len(where) < len(ids) else batch
-        sim = self._scores_grad(trainer, net, sub)
+        sim = self._scores_grad(ctx, net, sub)
         sub_ids = pair_ids(sub)
         pos = sub_ids[:, None] == sub_ids[None, :]
-        loss_fn = trainer.loss_fn
+        loss_fn = ctx.loss_fn
         if _takes_margins(loss_fn):
             loss = loss_fn.from_similarity(sim, pos, margins=margins)
         else:  # triplet: the per-anchor form with the module's own settings
@@ -361,65 +393,59 @@ class NCRStep(LossStep, TrainHook):
             )
         return (loss, sim, sub_ids) if keep else loss
 
-    def _train_b(self, trainer: Any, loss_of_b: Any) -> None:
-        """One optimiser step of B on ``loss_of_b()`` (train mode, its own schedule, scaler and
-        the config's gradient clipping)."""
-        assert self.model_b is not None and self.optimizer_b is not None
-        assert self.scaler_b is not None
-        self.scheduler_b.apply(epoch=trainer.epoch, step=trainer.step)
+    def _loss_b(self, ctx: TrainContext, loss_of_b: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """B's loss ``loss_of_b()`` with B in train mode (the trainer steps B with A)."""
         self.model_b.train()
-        self.optimizer_b.zero_grad(set_to_none=True)
         loss = loss_of_b()
         if not torch.isfinite(loss.detach()):
             raise FloatingPointError(
-                f"network B: non-finite loss {float(loss)} at epoch {trainer.epoch} step "
-                f"{trainer.step}"
+                f"network B: non-finite loss {float(loss)} at epoch {ctx.epoch} step {ctx.step}"
             )
-        self.scaler_b.scale(loss).backward()
-        self.scaler_b.unscale_(self.optimizer_b)
-        clip = self.config.optim.grad_clip
-        if clip and clip > 0:
-            params = [p for g in self.optimizer_b.param_groups for p in g["params"]]
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        self.scaler_b.step(self.optimizer_b)
-        self.scaler_b.update()
+        return loss
 
-    def _out(self, trainer: Any, loss: torch.Tensor, sim: Any, ids: torch.Tensor) -> StepLoss:
-        ctx: dict[str, Any] = {"ids": ids}
-        ctx["sim"] = sim.detach() if sim is not None else torch.zeros(0, 0, device=ids.device)
-        return self.scaled(trainer, loss, loss.detach()), loss.detach(), ctx
+    def _out(
+        self,
+        ctx: TrainContext,
+        loss: torch.Tensor,
+        loss_b: torch.Tensor,
+        sim: torch.Tensor | None,
+        ids: torch.Tensor,
+    ) -> StepLoss:
+        out: dict[str, Any] = {"ids": ids}
+        out["sim"] = sim.detach() if sim is not None else torch.zeros(0, 0, device=ids.device)
+        # B's loss was checked by _loss_b; one process (no world-size factor for B to take)
+        return self.scaled(ctx, loss, loss.detach()) + loss_b, loss.detach(), out
 
-    def _scores(self, trainer: Any, net: nn.Module, batch: Any) -> torch.Tensor:
+    def _scores(self, ctx: TrainContext, net: nn.Module, batch: Any) -> torch.Tensor:
         """``net``'s ``(B, B)`` score matrix of the batch (a two-tower model's through the
         loss's similarity: cosines when the loss normalises), at least float32."""
-        with trainer._autocast():
-            if trainer.scores_pairs:
+        with ctx.autocast():
+            if ctx.scores_pairs:
                 sim = net(batch)
             else:
                 img, txt = net(batch)
-                sim = trainer.loss_fn.similarity_and_mask(img, txt)[0]
+                sim = ctx.loss_fn.similarity_and_mask(img, txt)[0]
         return sim.to(torch.promote_types(sim.dtype, torch.float32))
 
     _scores_grad = _scores  # the same forward, named for where gradients flow
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def validate(self, trainer: Any) -> dict[str, float]:
+    def validate(self, ctx: TrainContext) -> dict[str, float]:
         """Dev metrics of the two-network ensemble: the mean of A's and B's score matrices
         (:class:`~vlret.eval.EnsembleScorer`; cosines for two-tower models), ranked as a pair
         scorer's dev metrics are (:func:`~vlret.run.pair_scoring.dev_metrics_from_scores`)."""
-        assert self.model_b is not None
-        size, device = self.config.train.eval_batch_size, trainer.device
+        size, device = self.config.train.eval_batch_size, ctx.device
         scorers: list[Any] = []
-        for net in (trainer.model, self.model_b):
-            if trainer.scores_pairs:
+        for net in (ctx.model, self.model_b):
+            if ctx.scores_pairs:
                 scorers.append(PairModelScorer(net, batch_size=size, device=device))
             else:
                 scoring = getattr(net, "scoring", "cosine")
                 scorers.append(TwoTowerScorer(net, scoring=scoring, batch_size=size, device=device))
-        with _eval_mode(trainer.model, self.model_b):
-            sim = EnsembleScorer(scorers).scores(trainer.dev_set)
-        return dev_metrics_from_scores(sim, torch.as_tensor(trainer.dev_set.txt_to_img))
+        with _eval_mode(ctx.model, self.model_b):
+            sim = EnsembleScorer(scorers).scores(ctx.dev_set)
+        return dev_metrics_from_scores(sim, torch.as_tensor(ctx.dev_set.txt_to_img))
 
 
 def division_line(epoch: int, report: Mapping[str, Any]) -> str:
