@@ -334,3 +334,19 @@ def test_a_checkpoint_of_the_older_layout_resumes_as_the_current_one(world):
         assert torch.equal(p, q)
     with pytest.raises(ValueError, match="optimizer_b, scheduler_b, scaler_b of the layout"):
         then.loss_step.load_state_dict(_older_layout(state)["procedure"])
+
+
+def test_a_step_whose_clean_pairs_are_fewer_than_two_is_logged(world):
+    """Small batches before noisy_from: a batch may hold fewer than two of A's clean pairs, so A
+    trains on none and has no score matrix; its step record says so (null batch statistics)
+    instead of failing on an empty one."""
+    from vlret.train import Trainer
+
+    options = {"warmup_epochs": 1, "noisy_from": 5}
+    config = _config(world, "small", batch_size=4, epochs=3, log_every=1, procedure_options=options)
+    Trainer(config).fit()
+    steps = [json.loads(x) for x in (world / "small" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    assert len(steps) == 3 * 10  # 40 pairs in batches of 4, every step logged
+    empty = [r for r in steps if r["pos_sim"] is None]
+    assert empty and all(r["hardest_neg_sim"] is None and r["epoch"] >= 1 for r in empty)

@@ -412,7 +412,10 @@ class NCRStep(LossStep, TrainHook):
         ids: torch.Tensor,
     ) -> StepLoss:
         out: dict[str, Any] = {"ids": ids}
-        out["sim"] = sim.detach() if sim is not None else torch.zeros(0, 0, device=ids.device)
+        if sim is not None:
+            out["sim"] = sim.detach()
+        else:  # A trained on fewer than two pairs: no score matrix, no batch statistics
+            out["batch_stats"] = {"pos_sim": None, "hardest_neg_sim": None}
         # B's loss was checked by _loss_b; one process (no world-size factor for B to take)
         return self.scaled(ctx, loss, loss.detach()) + loss_b, loss.detach(), out
 
