@@ -2,7 +2,7 @@
 
 Two levels, both writing nothing:
 
-* :func:`check_config`: the config alone, as :func:`vlret.train.load_config` reads it (every
+* :func:`check_config`: the config alone, as :func:`vlret.run.load_config` reads it (every
   key, type, constraint and cross-check between keys, a cosine warm-up within
   ``train.max_steps_per_epoch``) plus the ``[model]`` section built once with a stand-in
   vocabulary (:func:`vlret.run.builders.check_model_config`). No data, model folder or
@@ -17,7 +17,7 @@ Two levels, both writing nothing:
   by a live run). It creates no folder, takes no lock and writes no file; what it returns is the
   start-of-run summary a real run prints.
 
-Both raise what the run raises (:class:`~vlret.train.ConfigError` naming the key,
+Both raise what the run raises (:class:`~vlret.run.ConfigError` naming the key,
 :class:`~vlret.data.DataFormatError`, ``FileNotFoundError``, ``ValueError``); the command line
 prints it as one line with exit status 2.
 """
@@ -41,13 +41,13 @@ CONFIG_PASSED = (
 
 
 def check_config(config: RunConfig) -> str:
-    """Check the config alone: what :func:`vlret.train.load_config` checked, plus the
+    """Check the config alone: what :func:`vlret.run.load_config` checked, plus the
     ``[model]`` section built once with a stand-in vocabulary (skipped for the kinds that load
     weights from disk, whose folder only :func:`check_run` reads).
 
     Args:
-        config: A config read by :func:`vlret.train.load_config` or
-            :func:`vlret.train.config_from_dict` (which ran the key checks).
+        config: A config read by :func:`vlret.run.load_config` or
+            :func:`vlret.run.config_from_dict` (which ran the key checks).
 
     Returns:
         A short summary: the loss, the model kind, the data format and where it would be read,
@@ -82,7 +82,7 @@ def check_run(
     """Check everything a run of ``config`` checks before its first step, writing nothing.
 
     Args:
-        config: The run config (from :func:`vlret.train.load_config`).
+        config: The run config (from :func:`vlret.run.load_config`).
         resume: The checkpoint a ``--resume`` would continue from (read and checked against the
             config; the run folder's log and ``best.pt`` are left as they are).
         overwrite: Check as ``--overwrite`` would run: another run in ``output_dir`` is not an
