@@ -4,7 +4,7 @@
 a ``model_best.pth.tar`` of kuanghuei/SCAN, CrossmodalGroup/BFAN or Paranioar/SGRAF, whose
 ``train.py`` saves ``{"epoch", "model": [img_enc, txt_enc(, sim_enc)] (state dicts),
 "best_rsum", "opt": argparse.Namespace, "Eiters"}``, and writes what
-:func:`vlret.run.evaluate.load_trained_model` reads: the model state, a run config built from
+:func:`vlret.run.builders.load_trained_model` reads: the model state, a run config built from
 ``opt``, the caption encoder, the vocabulary size and an ``imported_from`` record (file and
 SHA-256, reference epoch and best dev rsum, every ``opt`` value).
 
