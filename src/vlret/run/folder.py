@@ -5,7 +5,7 @@ only with noisy correspondence: :func:`save_run_files`). Rules:
 
 * an empty ``output_dir``, a path that is a file, or a folder that cannot be written is refused
   before any data is read;
-* one process at a time: the folder is locked (:mod:`.run_lock`) before anything in it is read
+* one process at a time: the folder is locked (:mod:`.lock`) before anything in it is read
   or deleted, and a folder in use by a live run is refused;
 * a ``--resume`` checkpoint that does not exist is refused as missing, naming the checkpoints
   the folder does hold;

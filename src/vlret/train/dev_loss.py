@@ -15,11 +15,11 @@ turns it off):
   default) a last partial block is dropped, as training never sees a batch of that size,
   unless it is the only block (a dev split smaller than one batch is one block); a last block
   of a single pair (no negatives) is dropped in any case.
-* **The loss of a block** is what a training step computes: the run's loss module, in eval
-  mode, without gradient, through ``forward_step`` (two-tower models) or ``similarity_step``
-  on the block's score matrix (pair-scoring models: :func:`.pair_scoring.pair_loss`), with the
-  ids a training step gives it (the image index, or the person identity on person search:
-  equal ids are further positives) and the block's captions when the loss declares them.
+* **The loss of a block** is what a training step computes: the run's loss module, in eval mode,
+  without gradient, through ``forward_step`` (two-tower models) or ``similarity_step`` on the
+  block's score matrix (pair-scoring models: :func:`vlret.run.pair_scoring.pair_loss`), with the
+  ids a training step gives it (the image index, or the person identity on person search: equal
+  ids are further positives) and the block's captions when the loss declares them.
   A loss with a warm-up (``train.all_negatives_epochs``) is evaluated in the definition of
   the epoch just trained.
 * **dev_loss** is the mean of the blocks' losses weighted by their sizes (in float64).

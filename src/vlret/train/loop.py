@@ -155,7 +155,7 @@ class TrainLoop:
         metrics, plus ``pos_sim``, the mean cosine of the matching (image, caption) pairs, and
         ``hardest_neg_sim``, the mean over every image and every caption query of its hardest
         non-matching cosine (Unified Fig. 4); for a pair scorer the same on its own scores
-        (:func:`.pair_scoring.pair_dev_metrics`); a procedure's own
+        (:func:`vlret.run.pair_scoring.pair_dev_metrics`); a procedure's own
         (:meth:`.loss_step.LossStep.validate`) instead where it has one. ``"loss"``: the dev
         loss from the same encoding (``None`` when not computed; :mod:`.dev_loss`). ``None``
         without a dev set."""

@@ -105,7 +105,7 @@ class LossStep:
 
     def embedding_loss(self, ctx: TrainContext, batch: Any) -> StepLoss:
         """A two-tower model's loss: under torchrun the loss sees the global batch, or with
-        local shards each rank only its own pairs' terms (:mod:`.distributed`)."""
+        local shards each rank only its own pairs' terms (:mod:`.parallel.distributed`)."""
         cache = ctx.grad_cache if isinstance(ctx.grad_cache, GradCache) else None
         if cache is not None:  # leaves; train_step back-propagates into the model
             img, txt = cache.forward(batch)
@@ -157,9 +157,9 @@ class LossStep:
     def ring_loss(
         self, ctx: TrainContext, batch: Any, img: torch.Tensor, txt: torch.Tensor, *, bidir: bool
     ) -> StepLoss:
-        """``train.exchange = "ring"`` / ``"bidir"`` (:mod:`.ring`): this rank's images against
-        every rank's texts, passed from neighbour to neighbour; the logged loss is the sum over
-        ranks, the step log's batch statistics are this rank's local batch."""
+        """``train.exchange = "ring"`` / ``"bidir"`` (:mod:`.parallel.ring`): this rank's images
+        against every rank's texts, passed from neighbour to neighbour; the logged loss is the
+        sum over ranks, the step log's batch statistics are this rank's local batch."""
         ids = pair_ids(batch)
         try:
             loss = ring_loss(ctx.loss_fn, img, txt, ids, bidir=bidir)
@@ -174,7 +174,7 @@ class LossStep:
     def pair_loss(self, ctx: TrainContext, batch: Any) -> StepLoss:
         """A pair scorer's loss: under torchrun each rank scores its images against every
         rank's captions (gathered inside the DDP forward) and the row blocks are gathered into
-        the global score matrix (:mod:`.distributed`, "Pair scorers")."""
+        the global score matrix (:mod:`.parallel.distributed`, "Pair scorers")."""
         with ctx.autocast():
             sim = ctx.ddp_model(batch, gather_texts=gather_tokens if ctx.gather else None)
         sim, ids = sim.to(torch.promote_types(sim.dtype, torch.float32)), pair_ids(batch)
@@ -260,8 +260,8 @@ class LossStep:
 
     @staticmethod
     def scaled(ctx: TrainContext, loss: torch.Tensor, logged: torch.Tensor) -> torch.Tensor:
-        """The loss for backward (times the world size, see :mod:`.distributed`), after a check
-        that the logged global loss is finite."""
+        """The loss for backward (times the world size, see :mod:`.parallel.distributed`), after
+        a check that the logged global loss is finite."""
         if not torch.isfinite(logged):
             raise FloatingPointError(
                 f"non-finite loss {float(logged)} at epoch {ctx.epoch} step {ctx.step}"

@@ -2,13 +2,13 @@
 
 ``Trainer(config).fit()`` trains ``vlret.models.build_model(config.model)`` with the registered
 loss ``config.loss.name`` (a model that scores pairs itself, SCAN, BFAN or SGRAF, through the
-loss's ``from_similarity``: :mod:`.pair_scoring`); the output folder receives ``config.yaml``
-(resolved config), ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch, every
-``checkpoint_every`` steps, every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and
+loss's ``from_similarity``: :mod:`vlret.run.pair_scoring`); the output folder receives
+``config.yaml`` (resolved config), ``vocab.json``, ``metrics.jsonl``, ``last.pt`` (every epoch,
+every ``checkpoint_every`` steps, every ``checkpoint_minutes``, and on Ctrl-C / SIGTERM) and
 ``best.pt`` (the best dev value of ``train.select_on``: rsum on the first 1000 images / 5000
 captions, T->I R@1 over the whole validation split on person search; written before
-``last.pt``). The folder rules (no training into another run's folder, what a resumed config
-may change) are in :mod:`.run_folder`.
+``last.pt``). The folder rules (no training into another run's folder, what a resumed config may
+change) are in :mod:`vlret.run.folder`.
 
 Exact resume: the batch order of epoch ``e`` is a function of ``seed + e`` only, and a
 checkpoint holds every other piece of state that a step reads (weights, optimiser, schedule,
@@ -128,7 +128,7 @@ class Trainer(TrainerState, TrainLoop):
             self.device = resolve_device(tc.device, local_rank=self.env.local_rank)
         except ValueError as err:
             raise ConfigError(config.source, "train.device", str(err)) from None
-        #: The run folder's lock (:mod:`.run_lock`), held by rank 0 until :meth:`fit` ends.
+        #: The run folder's lock (:mod:`vlret.run.lock`), held by rank 0 until :meth:`fit` ends.
         self.run_lock: RunLock | None = None
         # Folder and checkpoint problems before the (slow) vocabulary and data; the folder is
         # locked before anything in it is read, and nothing in it is written or deleted before
@@ -206,7 +206,7 @@ class Trainer(TrainerState, TrainLoop):
             self._pending_records.append({"kind": "init_from", **start})
             if self.print_fn is not None:
                 self.print_fn(f"{config.source}: model weights from {tc.init_from}")
-        #: A score matrix instead of embeddings (SCAN, BFAN, SGRAF): see :mod:`.pair_scoring`.
+        #: A score matrix instead of embeddings (SCAN, BFAN, SGRAF): :mod:`vlret.run.pair_scoring`.
         self.scores_pairs = scores_pairs(self.model)
         transform = getattr(self.model, "image_transform", None)
         validates = bool(tc.validate and config.data.dev_split and self.is_main)
@@ -231,7 +231,7 @@ class Trainer(TrainerState, TrainLoop):
         # Every loss sees the global batch; a loss's queue is then told (gathered=True) that its
         # keys are global already, so it enqueues them once without gathering them again.
         self.gather = self.world > 1
-        #: ``train.exchange`` under torchrun (``"gather"`` in one process): :mod:`.ring`.
+        #: ``train.exchange`` under torchrun (``"gather"`` in one process): :mod:`.parallel.ring`.
         self.exchange = exchange_mode(tc.exchange, self.world)
         #: Multi-process with a tiled loss that takes local shards: each rank computes only the
         #: terms of its own pairs (``vlret.train.parallel.distributed``, "Local shards").
@@ -328,7 +328,7 @@ class Trainer(TrainerState, TrainLoop):
         training is over.
 
         Its reducer must be gone before the interpreter exits or the process group is destroyed
-        (:mod:`.distributed`, "Shutdown"); the group itself is left alone. Idempotent.
+        (:mod:`.parallel.distributed`, "Shutdown"); the group itself is left alone. Idempotent.
         """
         self.release_lock()
         if self.ddp_model is not self.model:
