@@ -111,8 +111,8 @@ class LossCapabilities:
             (``train.exchange``, :mod:`vlret.train.parallel.ring`) adds these blocks up (SigLIP).
         soft_margins: The loss can train with a margin per pair (NCR's soft margins): its
             ``from_similarity`` takes ``margins=`` (Unified), or it is the hinge loss whose
-            per-anchor soft-margin form :func:`~vlret.losses.triplet.soft_margin_triplet`
-            computes (Triplet).
+            per-anchor soft-margin form NCR's procedure computes
+            (:func:`vlret.train.procedures.ncr.division.soft_margin_triplet`; Triplet).
         hinge_terms: The loss is a mean of per-anchor hinge terms over hardest negatives that a
             procedure may re-weight term by term (Meta-SPN's weighted triplet loss).
         offline_negatives: The loss reads each caption's offline negatives, mined before
