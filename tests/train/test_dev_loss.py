@@ -59,12 +59,12 @@ class KeepModels(TrainHook):
         self.loss_after_step: dict = {}
         self.loss_after_epoch: list[dict] = []
 
-    def after_step(self, trainer, step) -> None:
-        self.loss_after_step = copy.deepcopy(trainer.loss_fn.state_dict())
+    def after_step(self, ctx, step) -> None:
+        self.loss_after_step = copy.deepcopy(ctx.loss_fn.state_dict())
 
-    def after_epoch(self, trainer, record) -> None:
-        self.models.append(copy.deepcopy(trainer.model.state_dict()))
-        self.loss_after_epoch.append(copy.deepcopy(trainer.loss_fn.state_dict()))
+    def after_epoch(self, ctx, record) -> None:
+        self.models.append(copy.deepcopy(ctx.model.state_dict()))
+        self.loss_after_epoch.append(copy.deepcopy(ctx.loss_fn.state_dict()))
 
 
 def epoch_records(out: Path) -> list[dict]:

@@ -217,9 +217,9 @@ class CopyAfterEpoch(TrainHook):
     def __init__(self, out: Path, epoch: int = 1) -> None:
         self.out, self.epoch = out, epoch
 
-    def after_epoch(self, trainer, record):
-        if trainer.epoch == self.epoch:
-            shutil.copy(trainer.output_dir / "last.pt", self.out)
+    def after_epoch(self, ctx, record):
+        if ctx.epoch == self.epoch:
+            shutil.copy(ctx.output_dir / "last.pt", self.out)
 
 
 def test_a_run_trains_checkpoints_and_resumes_exactly(data, tmp_path):

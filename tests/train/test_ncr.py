@@ -176,12 +176,12 @@ def _killer(**when):
     from vlret.train.hooks.core import TrainHook
 
     class Killer(TrainHook):
-        def before_epoch(self, trainer):
-            if when.get("before_epoch") == trainer.epoch:
+        def before_epoch(self, ctx):
+            if when.get("before_epoch") == ctx.epoch:
                 raise Kill
 
-        def after_step(self, trainer, step):
-            if when.get("after_step") == trainer.step:
+        def after_step(self, ctx, step):
+            if when.get("after_step") == ctx.step:
                 raise Kill
 
     return Killer()

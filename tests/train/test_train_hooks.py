@@ -37,36 +37,36 @@ class Recorder(TrainHook):
     def _note(self, name: str, trainer) -> None:
         self.calls.append((name, trainer.epoch, trainer.step))
 
-    def param_groups(self, trainer, groups):
-        self._note("param_groups", trainer)
+    def param_groups(self, ctx, groups):
+        self._note("param_groups", ctx)
         return groups
 
-    def on_fit_start(self, trainer):
-        self._note("on_fit_start", trainer)
+    def on_fit_start(self, ctx):
+        self._note("on_fit_start", ctx)
 
-    def before_epoch(self, trainer):
-        self._note("before_epoch", trainer)
+    def before_epoch(self, ctx):
+        self._note("before_epoch", ctx)
 
-    def before_step(self, trainer, batch):
-        self._note("before_step", trainer)
+    def before_step(self, ctx, batch):
+        self._note("before_step", ctx)
 
-    def before_optimizer_step(self, trainer):
+    def before_optimizer_step(self, ctx):
         # the gradients exist here and the parameters have not moved yet
-        assert any(p.grad is not None for p in trainer.model.parameters())
-        self._note("before_optimizer_step", trainer)
+        assert any(p.grad is not None for p in ctx.model.parameters())
+        self._note("before_optimizer_step", ctx)
 
-    def after_step(self, trainer, step):
+    def after_step(self, ctx, step):
         assert isinstance(step, StepOutput) and math.isfinite(step.loss)
-        self._note("after_step", trainer)
+        self._note("after_step", ctx)
 
-    def after_epoch(self, trainer, record):
-        assert record["epoch"] == trainer.epoch - 1  # trainer.epoch counts the epochs done
-        assert (trainer.output_dir / "last.pt").is_file()
-        self._note("after_epoch", trainer)
+    def after_epoch(self, ctx, record):
+        assert record["epoch"] == ctx.epoch - 1  # ctx.epoch counts the epochs done
+        assert (ctx.output_dir / "last.pt").is_file()
+        self._note("after_epoch", ctx)
 
-    def on_fit_end(self, trainer, result):
-        assert result.epochs_done == trainer.epoch
-        self._note("on_fit_end", trainer)
+    def on_fit_end(self, ctx, result):
+        assert result.epochs_done == ctx.epoch
+        self._note("on_fit_end", ctx)
 
 
 def test_hooks_are_called_in_the_documented_order(tmp_path, data):
@@ -119,9 +119,9 @@ class LrLog(TrainHook):
     def __init__(self) -> None:
         self.seen: list[tuple[int, int, list[float]]] = []
 
-    def before_optimizer_step(self, trainer):
-        lrs = [g["lr"] for g in trainer.optimizer.param_groups]
-        self.seen.append((trainer.epoch, trainer.step, lrs))
+    def before_optimizer_step(self, ctx):
+        lrs = [g["lr"] for g in ctx.optimizer.param_groups]
+        self.seen.append((ctx.epoch, ctx.step, lrs))
 
 
 def test_lr_multipliers_make_groups_kept_through_warmup_and_decay(tmp_path, data):
@@ -212,12 +212,12 @@ class Snapshots(TrainHook):
         self.after: dict[int, dict[str, torch.Tensor]] = {}
         self.stop_at = stop_at
 
-    def after_step(self, trainer, step):
-        if trainer.step == self.stop_at:
-            signal.raise_signal(signal.SIGINT)  # the trainer saves last.pt and stops
+    def after_step(self, ctx, step):
+        if ctx.step == self.stop_at:
+            signal.raise_signal(signal.SIGINT)  # the ctx saves last.pt and stops
 
-    def after_epoch(self, trainer, record):
-        self.after[trainer.epoch] = model_params(trainer.model)
+    def after_epoch(self, ctx, record):
+        self.after[ctx.epoch] = model_params(ctx.model)
 
 
 FREEZE = ['train.freeze=["text_encoder.gru", "image_encoder"]', "train.freeze_epochs=2"]
