@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -79,64 +78,8 @@ from ...similarity import positive_mask
 from ..context import TrainContext
 from ..hooks.core import TrainHook
 from ..loss_step import LossStep, StepLoss, pair_ids
+from .options import MetaSPNOptions, metaspn_options
 from .registry import register_procedure
-
-OPTION_KEYS = ("hidden", "meta_lr", "meta_every", "virtual_lr", "meta_batch_size", "meta_loss")
-
-
-@dataclass(frozen=True)
-class MetaSPNOptions:
-    """The checked ``train.procedure_options`` of Meta-SPN (see the module doc)."""
-
-    hidden: tuple[int, ...] = (100,)
-    meta_lr: float = 1e-3
-    meta_every: int = 1
-    virtual_lr: float | None = None
-    meta_batch_size: int | None = None
-    meta_loss: str = "hardest"
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def metaspn_options(options: Mapping[str, Any], *, source: str = "<config>") -> MetaSPNOptions:
-    """``train.procedure_options`` checked: a :class:`ConfigError` (a ValueError) naming
-    ``train.procedure_options.KEY`` and the value for an unknown key or a bad value."""
-
-    def bad(key: str, why: str) -> ConfigError:
-        return ConfigError(source, f"train.procedure_options.{key}", why)
-
-    for key in options:
-        if key not in OPTION_KEYS:
-            raise bad(key, f"unknown Meta-SPN option; known: {', '.join(OPTION_KEYS)}")
-    out: dict[str, Any] = {}
-    if "hidden" in options:
-        hidden = options["hidden"]
-        if not isinstance(hidden, list | tuple) or not all(_integer(h) and h > 0 for h in hidden):
-            raise bad("hidden", f"expected a list of positive hidden sizes, got {hidden!r}")
-        out["hidden"] = tuple(int(h) for h in hidden)
-    for key in ("meta_lr", "virtual_lr"):
-        if key in options:
-            value = options[key]
-            if not _number(value) or not value > 0 or not np.isfinite(value):
-                raise bad(key, f"expected a positive number, got {value!r}")
-            out[key] = float(value)
-    for key, low in (("meta_every", 1), ("meta_batch_size", 2)):
-        if key in options:
-            value = options[key]
-            if not _integer(value) or value < low:
-                raise bad(key, f"expected an integer >= {low}, got {value!r}")
-            out[key] = int(value)
-    if "meta_loss" in options:
-        if options["meta_loss"] not in ("hardest", "all"):
-            raise bad("meta_loss", f"expected 'hardest' or 'all', got {options['meta_loss']!r}")
-        out["meta_loss"] = options["meta_loss"]
-    return MetaSPNOptions(**out)
 
 
 class WeightingNetwork(nn.Module):
