@@ -350,3 +350,16 @@ def test_a_step_whose_clean_pairs_are_fewer_than_two_is_logged(world):
     assert len(steps) == 3 * 10  # 40 pairs in batches of 4, every step logged
     empty = [r for r in steps if r["pos_sim"] is None]
     assert empty and all(r["hardest_neg_sim"] is None and r["epoch"] >= 1 for r in empty)
+
+
+def test_ncr_under_torchrun_is_refused_in_one_line_saying_why(world):
+    """NCR's division and clean-pair steps assume one process holds the whole batch: under
+    torchrun the check refuses it, in one line naming the procedure, the reason and the world."""
+    from types import SimpleNamespace
+
+    from vlret.train.procedures.ncr import NCRStep
+
+    step = NCRStep(_config(world), NCROptions())
+    with pytest.raises(ValueError, match=r"'ncr' runs in one process .* world size of 2") as err:
+        step.hooks(SimpleNamespace(world_size=2))
+    assert "\n" not in str(err.value)

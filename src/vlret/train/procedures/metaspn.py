@@ -256,9 +256,10 @@ class MetaSPNStep(LossStep):
         loss."""
         if ctx.world_size > 1:
             raise ValueError(
-                f"train.procedure 'metaspn' runs in one process (its virtual step "
-                f"differentiates through the model outside DistributedDataParallel); got a "
-                f"world size of {ctx.world_size}"
+                "train.procedure 'metaspn' runs in one process (docs/metaspn.md, 'Several "
+                "processes'): its virtual step differentiates the batch's gradient "
+                "(autograd.grad with create_graph), which DistributedDataParallel does not "
+                f"reduce over ranks; got a world size of {ctx.world_size}"
             )
         if ctx.grad_cache is not None:
             raise ValueError(

@@ -132,7 +132,12 @@ class NCRStep(LossStep, TrainHook):
     def _check(self, ctx: TrainContext) -> None:
         why = "train.procedure = 'ncr'"
         if ctx.world_size > 1:
-            raise ValueError(f"{why} runs in one process; network B is not wrapped for torchrun")
+            raise ValueError(
+                f"{why} runs in one process (docs/ncr.md, 'Several processes'): its division "
+                "fits the two mixtures to every training pair's loss and each step trains on "
+                "the batch's clean pairs, both of which assume one process holds the whole "
+                f"batch; got a world size of {ctx.world_size}"
+            )
         if ctx.momentum_encoder is not None or ctx.grad_cache is not None:
             raise ValueError(f"{why} takes no train.momentum_encoder or train.grad_cache_chunk")
         if not hasattr(ctx.train_set, "txt_to_img") or not hasattr(ctx.train_set, "collate"):
