@@ -104,7 +104,7 @@ def test_nothing_points_outside_the_repository():
     offenders = []
     for name in tracked:
         path = ROOT / name
-        if name.startswith("tests/test_readme.py") or not path.is_file():
+        if name == Path(__file__).resolve().relative_to(ROOT).as_posix() or not path.is_file():
             continue
         if path.suffix not in {".md", ".py", ".toml", ".yml", ".yaml", ".cfg", ".txt", ""}:
             continue
