@@ -15,12 +15,12 @@ import yaml
 from train_helpers import tiny_data, tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
+from vlret.data.config import DataConfig
 from vlret.data.writers import make_tiny_karpathy
 from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from vlret.models import build_model
 from vlret.run.builders import build_dataset
 from vlret.run.checkpoint import load_checkpoint
-from vlret.data.config import DataConfig
 from vlret.run.eval_data import eval_data_config
 from vlret.train import TrainingInterrupted
 

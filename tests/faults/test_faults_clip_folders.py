@@ -315,8 +315,8 @@ def test_item6_backbone_folders_read_either_layout_too(tmp_path, nested):
 def test_item7_training_on_a_clip_folder_without_tokenizer_files_is_refused(tmp_path, parts):
     """The caption encoder of a run fine-tuning a local CLIP is the folder's tokenizer: the same
     refusal before training (unless data.tokenizer names another tokenizer folder)."""
-    from vlret.run.builders import build_encoder
     from vlret.data.config import DataConfig
+    from vlret.run.builders import build_encoder
 
     folder = write_folder(tmp_path / "clip", parts, "v5", tokenizer_files=False)
     data = DataConfig(root=str(tmp_path), format="karpathy")
@@ -427,9 +427,9 @@ def test_a_tokenizer_without_model_max_length_is_cut_to_the_text_positions(tmp_p
 
         model, encoder = load_hf_clip(folder)
     else:
+        from vlret.data.config import DataConfig
         from vlret.models import build_model
         from vlret.run.builders import build_encoder, encoder_from_state
-        from vlret.data.config import DataConfig
 
         config = {"kind": "clip", "path": str(folder), "proj_dim": None}
         encoder = build_encoder(DataConfig(root=str(tmp_path), format="karpathy"), model=config)
@@ -469,8 +469,8 @@ def test_vlret_eval_model_dir_with_long_captions_agrees_with_transformers(tmp_pa
 def test_a_smaller_model_max_length_is_kept_and_a_preset_caps_too(tmp_path, parts):
     """A tokenizer limit below the text positions stays; a CLIP built from a preset truncates
     ``data.tokenizer``'s captions to its own (configured) positions."""
-    from vlret.run.builders import build_encoder
     from vlret.data.config import DataConfig
+    from vlret.run.builders import build_encoder
 
     model, _, image_processor = parts
     (tmp_path / "bpe").mkdir()

@@ -432,9 +432,9 @@ def test_person_search_images_and_thumbnails_name_the_bad_image(
     tmp_path: Path, decodes: DecodeLog, kind: str
 ) -> None:
     from vlret.analysis.report.thumbs import write_thumb
+    from vlret.data.config import DataConfig
     from vlret.models.clip import CLIPImageTransform
     from vlret.run.builders import build_dataset
-    from vlret.data.config import DataConfig
 
     root = person_search_world(tmp_path / "persons")
     bad = root / "imgs" / "cam" / "5.jpg"

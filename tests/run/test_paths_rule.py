@@ -137,8 +137,8 @@ def test_relative_path_hint_only_for_a_missing_relative_path_found_under_data_ro
 
 @pytest.mark.parametrize("key", ["karpathy_json", "vocab", "test_captions", "features_dir"])
 def test_every_data_path_key_written_from_data_root_is_refused_with_the_fix(world, key):
-    from vlret.run.builders import build_dataset, build_encoder
     from vlret.data.config import DataConfig
+    from vlret.run.builders import build_dataset, build_encoder
 
     # any file or folder under data.root will do: the refusal comes before it is read
     name = "shards" if key == "features_dir" else "pairs.csv"
