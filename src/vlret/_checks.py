@@ -94,8 +94,10 @@ def check_real(value: float | torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
-def check_embeddings(img_emb: torch.Tensor, txt_emb: torch.Tensor) -> None:
-    """Paired batch embeddings: two 2-D finite float tensors of identical shape (B, D)."""
+def check_embeddings(img_emb: torch.Tensor, txt_emb: torch.Tensor, *, finite: bool = True) -> None:
+    """Paired batch embeddings: two 2-D float tensors of identical shape (B, D), finite
+    unless ``finite=False`` (a caller that checks finiteness later, where it costs nothing
+    on a finite batch, and still names ``img_emb`` / ``txt_emb``)."""
     for name, t in (("img_emb", img_emb), ("txt_emb", txt_emb)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -112,9 +114,9 @@ def check_embeddings(img_emb: torch.Tensor, txt_emb: torch.Tensor) -> None:
             "img_emb and txt_emb must have the same shape (B, D) for paired batches, got "
             f"{tuple(img_emb.shape)} and {tuple(txt_emb.shape)}"
         )
-    # named here, before a score matrix built from them would report a NaN in "sim"
-    check_finite(img_emb, "img_emb")
-    check_finite(txt_emb, "txt_emb")
+    if finite:  # named here, before a score matrix built from them would report "sim"
+        check_finite(img_emb, "img_emb")
+        check_finite(txt_emb, "txt_emb")
 
 
 # ----------------------------------------------------------------------------- parameters

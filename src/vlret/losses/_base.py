@@ -14,7 +14,8 @@ Conventions (docs/design.md, "The core contract of a loss"):
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ from torch import nn
 from .._checks import (
     ParamSpec,
     check_embeddings,
+    check_finite,
     check_pos_mask,
     check_similarity,
     compute_dtype,
@@ -147,6 +149,23 @@ def _signature(params: type[LossParams]) -> inspect.Signature:
     )
 
 
+@contextmanager
+def naming_embeddings(
+    sim: torch.Tensor, img_emb: torch.Tensor, txt_emb: torch.Tensor
+) -> Iterator[None]:
+    """Around the loss of a score matrix built from embeddings: a ``ValueError`` raised while
+    ``sim`` holds a NaN or inf names the embedding it came from (``img_emb contains NaN ...``)
+    instead of ``sim``. The embeddings are checked only on that error, so a finite batch pays
+    nothing for the name (:meth:`PairLoss.similarity_and_mask` leaves them unchecked)."""
+    try:
+        yield
+    except ValueError:
+        if not bool(torch.isfinite(sim).all()):
+            check_finite(img_emb, "img_emb")
+            check_finite(txt_emb, "txt_emb")
+        raise
+
+
 class PairLoss(nn.Module):
     """Base of the losses on a ``(B, B)`` similarity matrix.
 
@@ -244,7 +263,7 @@ class PairLoss(nn.Module):
         img_ids: Ids | None = None,
         txt_ids: Ids | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        check_embeddings(img_emb, txt_emb)
+        check_embeddings(img_emb, txt_emb, finite=False)  # forward names them if sim is not
         # half-precision embeddings are scored in float32, as the tiled form scores them
         dtype = compute_dtype(torch.promote_types(img_emb.dtype, txt_emb.dtype))
         img_emb, txt_emb = img_emb.to(dtype), txt_emb.to(dtype)
@@ -297,7 +316,8 @@ class PairLoss(nn.Module):
         if self.chunk_size is not None:
             return self.tiled_forward(img_emb, txt_emb, img_ids, txt_ids, shard=shard, **inputs)
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
-        return self.from_similarity(sim, pos_mask=pos_mask, **inputs)
+        with naming_embeddings(sim, img_emb, txt_emb):
+            return self.from_similarity(sim, pos_mask=pos_mask, **inputs)
 
     def step_inputs(self) -> frozenset[str]:
         """The :class:`~vlret.losses.step.StepInputs` fields this module takes in

@@ -40,7 +40,7 @@ from .._checks import (
     compute_dtype,
 )
 from ..similarity import Ids
-from ._base import LossCapabilities, PairLoss, prepare, reduce_terms
+from ._base import LossCapabilities, PairLoss, naming_embeddings, prepare, reduce_terms
 from .deprecated import OLD_PARAMETERS, REMOVED_IN
 from .params import LossParams, param
 from .registry import (
@@ -490,15 +490,16 @@ class VisualSemanticLoss(PairLoss):
             ValueError: Bad embeddings or ids, or an error of :meth:`from_similarity`.
         """
         sim, pos_mask = self.similarity_and_mask(img_emb, txt_emb, img_ids, txt_ids)
-        return self.from_similarity(
-            sim,
-            pos_mask=pos_mask,
-            img_ids=img_ids,
-            txt_ids=txt_ids,
-            captions=captions,
-            semantic_sim=semantic_sim,
-            text_semantic_sim=text_semantic_sim,
-        )
+        with naming_embeddings(sim, img_emb, txt_emb):
+            return self.from_similarity(
+                sim,
+                pos_mask=pos_mask,
+                img_ids=img_ids,
+                txt_ids=txt_ids,
+                captions=captions,
+                semantic_sim=semantic_sim,
+                text_semantic_sim=text_semantic_sim,
+            )
 
     def from_similarity(  # type: ignore[override]  # its own keywords: ids, captions, matrices
         self,

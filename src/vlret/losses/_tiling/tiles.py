@@ -109,7 +109,7 @@ def prepare_embeddings(
     Raises:
         ValueError: Bad shapes, ids, ``chunk_size`` or non-finite values, naming the argument.
     """
-    check_embeddings(img_emb, txt_emb)
+    check_embeddings(img_emb, txt_emb, finite=False)  # checked once below, after the cast
     # the one tile-height spec a loss's declaration checks too (a direct call may pass anything)
     if chunk_size is None:
         raise ValueError("chunk_size (the tile height) is required by a tiled form, got None")
