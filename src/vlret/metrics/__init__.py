@@ -6,6 +6,9 @@ need a full relevance matrix.
 * :mod:`~vlret.metrics.stats`: the positive and hardest-negative score statistics.
 * :mod:`~vlret.metrics.relevance`: R-Precision and mAP@R in both directions and the ambiguity
   rate, from an ``(N_txt, N_img)`` relevance matrix.
+* :mod:`~vlret.metrics.relevance_kinds`: what counts as relevant (image-of-caption,
+  any-caption-of-video, same-identity, class-label) as objects with their capabilities, and
+  their registry (:func:`~vlret.metrics.get_relevance`).
 * :mod:`~vlret.metrics.identity`: identity-level retrieval (person search): R@1/5/10, mAP and
   mINP when every gallery item of the query's identity is relevant.
 * :mod:`~vlret.metrics.subsets`: recall@K of a subset of the queries.
@@ -44,6 +47,16 @@ from .ranks import (
     retrieval_ranks_from_similarity,
 )
 from .relevance import ExtendedMetrics, ambiguity, extended_metrics, rprecision_map_at_r
+from .relevance_kinds import (
+    AnyCaptionOfVideo,
+    ClassLabel,
+    ImageOfCaption,
+    Relevance,
+    SameIdentity,
+    get_relevance,
+    register_relevance,
+    relevance_names,
+)
 from .rescore import (
     Rescoring,
     draw_bank,
@@ -66,11 +79,16 @@ __all__ = [
     "IDENTITY_LABELS",
     "IDENTITY_METRIC_KEYS",
     "IDENTITY_PREFIX",
+    "AnyCaptionOfVideo",
+    "ClassLabel",
     "ExtendedMetrics",
     "Fold",
     "IdentityMetrics",
+    "ImageOfCaption",
+    "Relevance",
     "Rescoring",
     "RetrievalMetrics",
+    "SameIdentity",
     "SubsetRecall",
     "ambiguity",
     "average_metrics",
@@ -81,6 +99,7 @@ __all__ = [
     "dual_softmax_rank_keys",
     "extended_metrics",
     "fold_blocks",
+    "get_relevance",
     "identity_retrieval_metrics",
     "identity_retrieval_metrics_from_embeddings",
     "make_rescoring",
@@ -90,6 +109,8 @@ __all__ = [
     "normalised_queries",
     "qb_norm",
     "querybank_activation",
+    "register_relevance",
+    "relevance_names",
     "rescored_metrics",
     "retrieval_metrics",
     "retrieval_metrics_from_similarity",
