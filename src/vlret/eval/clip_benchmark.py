@@ -186,7 +186,7 @@ def check_retrieval_request(
     """
     chosen = get_protocol(protocol)
     why = ""
-    if chosen.relevance not in ("image-of-caption", "any-caption-of-video"):
+    if not chosen.relevance_kind.clip_benchmark:
         why = (
             f"protocol {chosen.name} counts {chosen.relevance} as relevant; CLIP_benchmark's "
             "zeroshot_retrieval record counts only a caption's own image"

@@ -17,15 +17,13 @@ import torch
 from ..metrics import (
     IdentityMetrics,
     RetrievalMetrics,
+    get_relevance,
     identity_retrieval_metrics,
     identity_retrieval_metrics_from_embeddings,
+    relevance_names,
 )
 from .protocols import EvalProtocol, get_protocol
 from .scorers import EnsembleSplit, MatrixScorer, Scorer, TwoTowerScorer
-
-#: The relevance kinds whose ranks the retrieval pipeline counts (an image's or video's rank is
-#: its best caption's, a caption's its own image's).
-_RETRIEVAL_RELEVANCE = ("image-of-caption", "any-caption-of-video")
 
 
 @dataclass
@@ -174,12 +172,15 @@ def evaluate(
     ``protocol`` (a registered name or record); ``split`` names the split in the title and
     record."""
     chosen = get_protocol(protocol)
-    if chosen.relevance == "same-identity":
+    kind = chosen.relevance_kind
+    if kind.identities:
         return _identity_evaluation(scorer, data, chosen, split)
-    if chosen.relevance not in _RETRIEVAL_RELEVANCE:
+    if not kind.captions:
+        ranked = (get_relevance(name) for name in relevance_names())
+        ranks = ", ".join(k.name for k in ranked if k.captions or k.identities)
         raise ValueError(
             f"protocol {chosen.name}: relevance {chosen.relevance!r} is not ranked by the "
-            f"retrieval pipeline (it ranks {', '.join(_RETRIEVAL_RELEVANCE)})"
+            f"retrieval pipeline (it ranks {ranks})"
         )
     if not isinstance(scorer, Scorer):
         raise ValueError(f"scorer: expected a vlret.eval Scorer, got {type(scorer).__name__}")

@@ -109,7 +109,7 @@ def protocol_metrics(
     person-search protocol needs the identities, :func:`vlret.eval.evaluate` (a
     ``ValueError`` here)."""
     chosen = get_protocol(protocol)
-    if chosen.relevance != "image-of-caption" and chosen.relevance != "any-caption-of-video":
+    if not chosen.relevance_kind.captions:
         raise ValueError(
             f"protocol {chosen.name}: relevance {chosen.relevance!r} is not ranked from "
             "embeddings and txt_to_img alone (use vlret.eval.evaluate on the data set)"
@@ -282,10 +282,14 @@ def prepare_evaluation(
         raise ValueError(
             "rescore re-scores the full score matrix; it does not combine with shortlist"
         )
-    if chosen.relevance == "same-identity" and (rescore is not None or shortlist is not None):
+    kind = chosen.relevance_kind
+    if (rescore is not None and not kind.rescoring) or (
+        shortlist is not None and not kind.shortlists
+    ):
         which = "rescore" if rescore is not None else "shortlist"
+        ranks = "by person identity" if kind.identities else f"by {kind.name} relevance"
         raise ValueError(
-            f"{which}: protocol {chosen.name} ranks by person identity on the exact scores; "
+            f"{which}: protocol {chosen.name} ranks {ranks} on the exact scores; "
             f"it does not combine with {which}"
         )
     counts = {"captions_per_image": captions_per_image, "captions_per_video": captions_per_video}

@@ -178,7 +178,7 @@ def _check_eval_data(
     from ...run.evaluate import STREAM_FORMATS, karpathy_eval_data
 
     run_data = spec.config.data
-    if protocol.relevance == "same-identity" and run_data.format not in protocol.splits:
+    if protocol.relevance_kind.identities and run_data.format not in protocol.splits:
         (person_format,) = protocol.splits
         run_data = person_search_eval_data(run_data, person_format)
     elif run_data.format in STREAM_FORMATS:

@@ -320,7 +320,7 @@ def collect_report(
         progress=progress,
     )
     scores = score_matrix_of(evaluation)
-    by_identity = chosen.relevance == "same-identity"
+    by_identity = chosen.relevance_kind.identities
     if by_identity:
         ranks = identity_query_ranks(evaluation, scores)
     else:

@@ -21,6 +21,7 @@ run selects on ``val``; on ICFG-PEDES, which has none, only a ``test`` the user 
 
 from __future__ import annotations
 
+from ...metrics import SameIdentity
 from .registry import IDENTITY_METRICS, EvalProtocol, register_protocol
 
 #: The official splits of each person-search format (ICFG-PEDES has no validation split).
@@ -53,7 +54,7 @@ def _person(
             paper_texts=captions,
             paper_identities=identities,
             splits={name: evaluated},
-            relevance="same-identity",
+            relevance=SameIdentity.name,
             metrics=IDENTITY_METRICS,
             default_for=(name,),
             note=note,

@@ -12,14 +12,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ...metrics import IDENTITY_METRIC_KEYS, ZEROSHOT_METRICS, RetrievalMetrics
+from ...metrics import (
+    IDENTITY_METRIC_KEYS,
+    ZEROSHOT_METRICS,
+    Relevance,
+    RetrievalMetrics,
+    get_relevance,
+    relevance_names,
+)
 
-#: What counts as relevant to a query. The retrieval protocols of today use the first two
-#: (their ranks are the same computation: an image's rank is its best caption's); identity
-#: and class-level relevance are for person search and zero-shot classification.
-RELEVANCE_KINDS = ("image-of-caption", "any-caption-of-video", "same-identity", "class-label")
-#: The table's word for the visual side, per relevance kind.
-_VISUAL = {"image-of-caption": "image", "any-caption-of-video": "video"}
+#: What counts as relevant to a query: the names of the relevance kinds
+#: (:mod:`vlret.metrics.relevance_kinds`, each an object with its capabilities).
+RELEVANCE_KINDS = relevance_names()
 #: The metrics a retrieval protocol reports by default: the recalls, rsum and ranks.
 RETRIEVAL_METRICS = tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k != "folds")
 #: The metrics a class-label protocol may report (:mod:`vlret.metrics.zeroshot`).
@@ -28,8 +32,6 @@ CLASSIFICATION_METRICS = ZEROSHOT_METRICS
 #: :func:`~vlret.metrics.identity_retrieval_metrics` (``identity_t2i_r1`` ...
 #: ``identity_i2t_minp``, :data:`vlret.metrics.IDENTITY_METRIC_KEYS`).
 IDENTITY_METRICS = IDENTITY_METRIC_KEYS
-#: The metrics each relevance kind may report (the retrieval ones by default).
-_KNOWN_METRICS = {"class-label": CLASSIFICATION_METRICS, "same-identity": IDENTITY_METRICS}
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class EvalProtocol:
     #: (default :attr:`paper_set`) and the protocol scoring it whole, if any
     fold_set: str = ""
     unfolded: str | None = None
+    #: the relevance kind's registry name (:func:`vlret.metrics.get_relevance`);
+    #: :attr:`relevance_kind` is the object
     relevance: str = "image-of-caption"
     #: the metrics it reports (keys of :class:`~vlret.metrics.RetrievalMetrics`; of
     #: :data:`CLASSIFICATION_METRICS` for ``class-label`` relevance, of
@@ -71,12 +75,11 @@ class EvalProtocol:
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.relevance not in RELEVANCE_KINDS:
-            raise ValueError(
-                f"protocol {self.name}: relevance must be one of {', '.join(RELEVANCE_KINDS)}, "
-                f"got {self.relevance!r}"
-            )
-        known = _KNOWN_METRICS.get(self.relevance, RETRIEVAL_METRICS)
+        try:
+            kind = get_relevance(self.relevance)
+        except ValueError as err:
+            raise ValueError(f"protocol {self.name}: {err}") from None
+        known = kind.metrics
         unknown = [m for m in self.metrics if m not in known]
         if unknown:
             raise ValueError(f"protocol {self.name}: unknown metrics {unknown}")
@@ -94,7 +97,12 @@ class EvalProtocol:
     @property
     def visual(self) -> str:
         """The table's word for the visual side (``image`` or ``video``)."""
-        return _VISUAL.get(self.relevance, "image")
+        return self.relevance_kind.visual
+
+    @property
+    def relevance_kind(self) -> Relevance:
+        """What counts as relevant, as an object: its directions, labels and capabilities."""
+        return get_relevance(self.relevance)
 
     def check_split(self, split: str, data_format: str) -> None:
         """Raise ``ValueError`` unless this protocol evaluates ``split`` of ``data_format``."""
