@@ -7,8 +7,9 @@ Three measurements, each a ratio taken side by side in one run, the machine prin
     like photos rather than like noise or flat colour) into ``--shards`` tar shards in the
     img2dataset layout (``KEY.jpg``, ``KEY.txt``, ``KEY.json``; webdataset's ``TarWriter``).
 
-    * pipeline: the real training input path, :class:`vlret.data.shards.ShardStream` read
-      through :class:`~vlret.data.shards.ShardLoader` with ``--workers`` DataLoader workers, a
+    * pipeline: the real training input path, :class:`vlret.data.formats.shards.ShardStream` read
+      through :class:`~vlret.data.formats.shards.ShardLoader` with ``--workers`` DataLoader
+      workers, a
       shuffle buffer of ``--shuffle-buffer``, ``train_transform = "random_resized_crop"`` as
       open_clip sets it (scale (0.9, 1.0), bicubic) on CLIP's eval transform
       ``CLIPImageTransform(224)`` and the preset's byte tokenizer: tar reading, grouping,
@@ -87,7 +88,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
 from bench_grad_cache import peak_of_step  # noqa: E402
-from vlret.data.shards import ShardStream  # noqa: E402
+from vlret.data.formats.shards import ShardStream  # noqa: E402
 from vlret.data.transforms import RandomResizedCrop  # noqa: E402
 from vlret.models.clip import CLIPByteTokenizer, CLIPImageTransform  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 The tests sit in folders that mirror ``src/vlret`` (tests/losses, tests/run, tests/train, ...);
 the helper modules they share (``train_helpers``, ``fault_helpers``, ...) stay in this folder.
-This folder and its test folders are put on ``sys.path`` here, as pytest's default import mode
+This folder and every test folder under it are put on ``sys.path`` here, as pytest's default import mode
 does for the folder of each test file it collects, so a test imports a helper module, or a
 function of another test module in another folder, by its bare name (file names are unique).
 """
@@ -16,8 +16,10 @@ import pytest
 import torch
 
 _TESTS = Path(__file__).resolve().parent
-for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir())]:
-    if _folder.name not in ("fixtures", "__pycache__") and str(_folder) not in sys.path:
+_SKIPPED = ("fixtures", "__pycache__")
+for _folder in [_TESTS, *sorted(p for p in _TESTS.rglob("*") if p.is_dir())]:
+    inside = _folder.relative_to(_TESTS).parts
+    if not any(part in _SKIPPED for part in inside) and str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
 

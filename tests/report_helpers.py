@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from train_helpers import tiny_raw
-from vlret.data.vocab import build_precomp_vocab, build_vocab
+from vlret.data.formats.precomp import build_precomp_vocab
+from vlret.data.vocab import build_vocab
 from vlret.data.writers import make_tiny_karpathy, make_tiny_precomp
 from vlret.models import build_model
 from vlret.run.builders import encoder_state
@@ -149,7 +150,7 @@ def parse_report(folder: Path) -> tuple[QueryParser, dict[str, Any]]:
 def persons_world(root: Path) -> tuple[Path, Path]:
     """A synthetic persons world (CUHK-PEDES layout with region features; test: 3 people x 2
     pictures) and a SCAN checkpoint with seeded weights."""
-    from vlret.data.synthetic.persons import write_persons
+    from vlret.worlds.persons import write_persons
 
     world = root / "world"
     write_persons(

@@ -140,8 +140,8 @@ def _packaged_raw(preset: str, tmp_path: Path) -> dict:
 def test_small_demo_is_expected_within_six_minutes_on_two_cores(tmp_path):
     # `make demo` took 10 min 49 s on a 2-core AMD EPYC (README: 5 min 39 s): the expected
     # duration, from per-step costs measured there, must stay within 6 min on 2 cores.
-    from vlret.data.synthetic import get_preset
     from vlret.demo import expected_seconds, steps_per_run
+    from vlret.worlds import get_preset
 
     for name, preset in DEMO_PRESETS.items():
         raw = _packaged_raw(name, tmp_path)

@@ -154,7 +154,7 @@ def ensure_world(
 ) -> tuple[Path, bool]:
     """Write the synthetic world of ``preset`` to ``root``, or reuse it when ``root`` already
     holds the same world (preset, seed, config, format, no noise); ``(root, written)``."""
-    from .data.synthetic import META_FILE, get_preset, write_synthetic
+    from .worlds import META_FILE, get_preset, write_synthetic
 
     p = DEMO_PRESETS[preset]
     root = Path(root)
@@ -454,7 +454,7 @@ def run_comparison_demo(
     n_workers = max(1, min(workers or usable_cores(), len(pending)))
     print_fn(f"comparison: {cmp_dir} ({n_seeds} seed(s), {n_epochs} epochs)")
     if pending:
-        from .data.synthetic import get_preset
+        from .worlds import get_preset
 
         labels = [s.variant.label for s in pending]
         steps = steps_per_run(raw, get_preset(DEMO_PRESETS[preset].world))

@@ -345,7 +345,7 @@ def test_trainer_logs_dev_similarities_equal_to_loops(tmp_path):
 
 @pytest.fixture(scope="module")
 def synthetic_comparison(tmp_path_factory):
-    from vlret.data.synthetic import write_synthetic
+    from vlret.worlds import write_synthetic
 
     tmp = tmp_path_factory.mktemp("syn")
     world = write_synthetic("tiny", tmp / "world")
@@ -367,7 +367,7 @@ def _subset_value(subsets, key: str) -> float:
 
 
 def test_synthetic_extras_equal_evaluate_synthetic(synthetic_comparison):
-    from vlret.data.synthetic import evaluate_synthetic, load_synthetic
+    from vlret.worlds import evaluate_synthetic, load_synthetic
 
     world, out, _ = synthetic_comparison
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
@@ -539,10 +539,10 @@ def test_cli_synth_passes_options(tmp_path, monkeypatch, capsys):
         seen.update(preset=preset, out=out, **options)
         return Path(out) / "made"
 
-    fake = types.ModuleType("vlret.data.synthetic")
+    fake = types.ModuleType("vlret.worlds")
     fake.synth_main = synth_main
     fake.train_hint_lines = lambda path: []  # the fake world has no synthetic.json
-    monkeypatch.setitem(sys.modules, "vlret.data.synthetic", fake)
+    monkeypatch.setitem(sys.modules, "vlret.worlds", fake)
     argv = ["synth", "tiny", "--out", str(tmp_path), "--seed", "3", "--format", "karpathy"]
     assert main([*argv, "--noise", "permute_captions:0.2"]) == 0
     assert seen == {
@@ -564,8 +564,8 @@ def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, 
     evaluate_synthetic on every pair scored on its own, and the pairs are scored once."""
     from vlret import eval as eval_package
     from vlret.analysis import compare as compare_module
-    from vlret.data.synthetic import evaluate_synthetic, load_synthetic, write_synthetic
     from vlret.eval import encode_tokens, scorers
+    from vlret.worlds import evaluate_synthetic, load_synthetic, write_synthetic
 
     world = write_synthetic("tiny", tmp_path / "world")
     hint = json.loads((world / "synthetic.json").read_text(encoding="utf-8"))["train_config_hint"]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from vlret.analysis.compare import scoring
-from vlret.data.synthetic import evaluate_synthetic, load_synthetic, write_synthetic
 from vlret.eval import Evaluation, MatrixScorer
 from vlret.metrics import retrieval_metrics_from_similarity
+from vlret.worlds import evaluate_synthetic, load_synthetic, write_synthetic
 
 
 def flat(value):

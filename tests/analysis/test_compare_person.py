@@ -16,7 +16,7 @@ from pedes_helpers import TINY_CLIP
 from vlret.analysis.compare import CompareError, compare
 from vlret.analysis.tables import IDENTITY_COLUMNS, IDENTITY_KEYS
 from vlret.cli import main
-from vlret.data.synthetic.persons import write_persons
+from vlret.worlds.persons import write_persons
 
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")

@@ -449,8 +449,8 @@ def test_a_synthetic_world_read_from_features_shows_its_rendered_pictures(tmp_pa
     from PIL import Image
 
     from vlret.analysis.report.thumbs import world_pictures, write_thumb
-    from vlret.data.captioning.images import split_images
-    from vlret.data.synthetic import write_synthetic
+    from vlret.captioning.images import split_images
+    from vlret.worlds import write_synthetic
 
     root = tmp_path / "world"
     write_synthetic("tiny", root, format="precomp", seed=3)

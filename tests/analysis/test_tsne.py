@@ -17,9 +17,9 @@ pytest.importorskip("sklearn")
 from train_helpers import tiny_data, tiny_raw  # noqa: E402
 from vlret.analysis.tsne import sample_pairs, world_groups  # noqa: E402
 from vlret.cli import main  # noqa: E402
-from vlret.data.synthetic import write_synthetic  # noqa: E402
 from vlret.run.config import apply_overrides, config_from_dict  # noqa: E402
 from vlret.train import Trainer  # noqa: E402
+from vlret.worlds import write_synthetic  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ONE_STEP = ["train.epochs=1", "train.max_steps_per_epoch=1", "train.batch_size=8"]
@@ -63,7 +63,7 @@ def test_points_carry_their_images_world_category(world_run, tmp_path, capsys):
     # the categories straight from the world's side file: scenes (N, 4, 6), the primary
     # object's category in [i, 0, 0]; the names from the lexicon file's canonical names
     scenes = np.load(world / "dev_synth.npz")["scenes"]
-    from vlret.data.synthetic.language import CATEGORIES
+    from vlret.worlds.language import CATEGORIES
 
     t2i = np.load(world / "dev_synth.npz")["txt_to_img"]
     for r in rows:

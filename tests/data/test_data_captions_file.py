@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vlret.captioning import read_captions_file, sidecar_path, write_captions_file
 from vlret.data import DataFormatError, KarpathyDataset, PrecompDataset
-from vlret.data.captioning import read_captions_file, sidecar_path, write_captions_file
 from vlret.data.captioning_files import captions_file_key
 from vlret.data.config import DataConfig
 from vlret.data.writers import make_tiny_karpathy, make_tiny_precomp

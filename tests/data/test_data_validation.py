@@ -23,7 +23,7 @@ from vlret.data import (
     read_train_csv,
 )
 from vlret.data.checks import find_non_finite
-from vlret.data.msrvtt import msrvtt_vocab_captions
+from vlret.data.formats.msrvtt import msrvtt_vocab_captions
 from vlret.data.writers import (
     make_tiny_karpathy,
     make_tiny_msrvtt,

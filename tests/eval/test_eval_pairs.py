@@ -17,7 +17,7 @@ from torch import nn
 from train_helpers import tiny_raw
 from vlret.cli import main
 from vlret.data import PrecompDataset
-from vlret.data.vocab import build_precomp_vocab
+from vlret.data.formats.precomp import build_precomp_vocab
 from vlret.data.writers import make_tiny_precomp
 from vlret.eval import (
     TextTokens,

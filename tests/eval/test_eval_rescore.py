@@ -16,7 +16,7 @@ import yaml
 from train_helpers import tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
-from vlret.data.vocab import build_precomp_vocab
+from vlret.data.formats.precomp import build_precomp_vocab
 from vlret.data.writers import make_tiny_precomp
 from vlret.metrics import (
     Rescoring,

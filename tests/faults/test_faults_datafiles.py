@@ -23,10 +23,10 @@ from pedes_helpers import write_pedes
 from train_helpers import tiny_raw
 from vlret.cli import main
 from vlret.data import DataFormatError
+from vlret.data.formats.pedes import CUHKPedesDataset, open_person_search, read_pedes_json
+from vlret.data.formats.precomp import PrecompDataset
 from vlret.data.noisy import read_noise_index
 from vlret.data.offline_negatives import split_fingerprint
-from vlret.data.pedes import CUHKPedesDataset, open_person_search, read_pedes_json
-from vlret.data.precomp import PrecompDataset
 from vlret.data.writers import make_tiny_precomp
 from vlret.run.builders import build_encoder, build_train_dataset
 from vlret.run.config import config_from_dict

@@ -455,7 +455,7 @@ def test_person_search_images_and_thumbnails_name_the_bad_image(
 def test_captioning_images_name_the_bad_image(
     tmp_path: Path, decodes: DecodeLog, kind: str
 ) -> None:
-    from vlret.data.captioning.images import split_images
+    from vlret.captioning.images import split_images
 
     karpathy_world(tmp_path / "data")
     bad = tmp_path / "data" / "images" / "0.jpg"
@@ -480,7 +480,7 @@ def sixteen_bit_png(path: Path) -> np.ndarray:
 
 def test_readers_do_not_clip_sixteen_bit_pngs_to_white(tmp_path: Path) -> None:
     """Before: ``convert("RGB")`` clipped every value above 255: the picture read all white."""
-    from vlret.data.captioning.images import split_images
+    from vlret.captioning.images import split_images
     from vlret.data.classification import load_classification
 
     folder = image_folder(tmp_path / "folder")
@@ -602,7 +602,7 @@ def test_a_data_loader_worker_error_stays_one_line(tmp_path: Path, big: bool) ->
 def test_irra_augmentation_reads_under_data_max_image_pixels(tmp_path: Path) -> None:
     """Before: IRRA's transforms read every file at the default cap, so a run that lowered (or
     raised) data.max_image_pixels was not obeyed by person search's training images."""
-    from vlret.data.pedes.augment import build_augment
+    from vlret.data.formats.pedes.augment import build_augment
     from vlret.models.clip import CLIPImageTransform
 
     karpathy_world(tmp_path)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import vlret.data.synthetic.bert as bert_module
-import vlret.data.synthetic.io as io_module
+import vlret.worlds.bert as bert_module
+import vlret.worlds.io as io_module
 from vlret.cli import main
-from vlret.data.synthetic import PRESETS
+from vlret.worlds import PRESETS
 
 #: a cut of the video-experts world: seconds, not the preset's 3000 / 300 / 1000 videos
 SMALL = {"train": 12, "dev": 4, "test": 6}

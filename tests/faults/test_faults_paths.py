@@ -478,8 +478,8 @@ def test_the_held_run_hint_names_no_checkpoint_that_is_not_there(tmp_path, data,
 
 def test_caption_has_no_progress_and_keeps_the_whole_load_error(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
+    from vlret.captioning.generate import Captioner, CaptioningError
     from vlret.cli import build_parser
-    from vlret.data.captioning.generate import Captioner, CaptioningError
 
     args = build_parser().parse_args(
         ["caption", "m", "--data", "d", "--split", "train", "--out", "o", "--no-progress"]
@@ -499,7 +499,7 @@ def test_caption_has_no_progress_and_keeps_the_whole_load_error(tmp_path, monkey
 
 
 def test_a_partial_folder_without_chunks_does_not_refuse_another_model(tmp_path):
-    from vlret.data.captioning.generate import _prepare_partial
+    from vlret.captioning.generate import _prepare_partial
 
     partial = tmp_path / "caps.txt.partial"
     _prepare_partial(partial, {"model_dir": "a"}, overwrite=False)  # a load that then failed
@@ -535,7 +535,7 @@ def test_cli_report_and_plot_refuse_files_already_in_their_out_folder(
 
 
 def test_a_partial_folder_that_is_a_link_is_refused_not_followed(tmp_path):
-    from vlret.data.captioning.generate import CaptioningError, _prepare_partial
+    from vlret.captioning.generate import CaptioningError, _prepare_partial
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

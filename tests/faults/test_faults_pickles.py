@@ -31,7 +31,7 @@ from test_import_checkpoint import (
 from fault_helpers import read_only_folder
 from vlret.cli import main
 from vlret.data import DataFormatError
-from vlret.data.experts import convert_experts
+from vlret.data.formats.experts.features import convert_experts
 from vlret.run.checkpoint import load_checkpoint, save_checkpoint
 from vlret.run.import_checkpoint import CheckpointImportError, load_reference_checkpoint
 
@@ -301,7 +301,7 @@ def test_convert_experts_out_that_cannot_be_written_is_refused_first(
     def unread(*args, **kwargs):
         raise AssertionError("the pickles were read before --out was checked")
 
-    monkeypatch.setattr("vlret.data.experts.read_released_experts", unread)
+    monkeypatch.setattr("vlret.data.formats.experts.features.read_released_experts", unread)
     taken = tmp_path / "taken"
     taken.write_text("x")
     if kind == "file":

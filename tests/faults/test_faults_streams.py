@@ -1,5 +1,6 @@
-"""Issue 39's faults in the pixel readers: webdataset shards (vlret.data.shards) and CSV / TSV
-pairs (vlret.data.csv_pairs). Each test failed before its fix; the item numbers are the
+"""Issue 39's faults in the pixel readers: webdataset shards (vlret.data.formats.shards) and CSV /
+TSV
+pairs (vlret.data.formats.csv). Each test failed before its fix; the item numbers are the
 issue's.
 
 - 9 (silent): an unclosed quote swallowed the rest of a CSV; rows read are now checked
@@ -32,8 +33,8 @@ Image = pytest.importorskip("PIL.Image")
 from vlret.cli import main  # noqa: E402
 from vlret.data.bad_samples import TooManyBadSamples  # noqa: E402
 from vlret.data.checks import DataFormatError  # noqa: E402
-from vlret.data.csv_pairs import CsvPairsDataset, build_csv_dataset, read_csv_pairs  # noqa: E402
-from vlret.data.shards import (  # noqa: E402
+from vlret.data.formats.csv import CsvPairsDataset, build_csv_dataset, read_csv_pairs  # noqa: E402
+from vlret.data.formats.shards import (  # noqa: E402
     ShardStream,
     build_shard_dev_set,
     expand_shards,

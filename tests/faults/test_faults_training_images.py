@@ -29,7 +29,7 @@ from pedes_helpers import TINY_CLIP, write_pedes  # noqa: E402
 from vlret._images import ImageReadError  # noqa: E402
 from vlret.cli import main  # noqa: E402
 from vlret.data import KarpathyDataset  # noqa: E402
-from vlret.data.pedes import PersonSearchDataset  # noqa: E402
+from vlret.data.formats.pedes import PersonSearchDataset  # noqa: E402
 from vlret.run.builders import build_dataset, build_train_dataset  # noqa: E402
 from vlret.run.config import config_from_dict  # noqa: E402
 from vlret.train import Trainer  # noqa: E402

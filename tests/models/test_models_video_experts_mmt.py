@@ -16,10 +16,10 @@ from test_models_video_experts import (
     naive_scores,
 )
 
-from vlret.data.synthetic.bert import write_random_bert
 from vlret.models import build_model
 from vlret.models.video_experts import MultiModalTransformer
 from vlret.run.builders import model_tokenizer_path
+from vlret.worlds.bert import write_random_bert
 
 EXPERTS = {"appearance": 6, "audio": 4, "ocr": 5, "face": 3}
 CAPTION = "a man runs . a red dog"  # the tiny BERT's whole lexicon: 5 special tokens + 6 words

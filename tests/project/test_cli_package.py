@@ -95,7 +95,7 @@ def test_the_public_names_of_vlret_data_and_vlret_train_do_not_warn():
         "import warnings; warnings.simplefilter('error', DeprecationWarning); "
         "import vlret.data, vlret.train, vlret.cli, vlret.demo; "
         "from vlret.data import *; from vlret.train import *; "
-        "from vlret.data.precomp import *; from vlret.losses import *; "
+        "from vlret.data.formats.precomp import *; from vlret.losses import *; "
         "from vlret.run import *; vlret.cli.build_parser(); print('ok')"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -48,7 +48,11 @@ def _resolve(dotted: str) -> object:
 
 
 def test_the_packages_with_deprecations_each_have_one_module():
-    assert _deprecation_modules() == ["vlret.losses.deprecated", "vlret.train.deprecated"]
+    assert _deprecation_modules() == [
+        "vlret.data.deprecated",
+        "vlret.losses.deprecated",
+        "vlret.train.deprecated",
+    ]
 
 
 @pytest.mark.parametrize("old", _old_names(), ids=lambda old: f"{old.module}.{old.name}")
@@ -88,6 +92,18 @@ def test_the_0_1_0_names_of_vlret_train_are_the_runs_now():
         vlret.train.nope  # noqa: B018
 
 
+def test_the_0_1_0_synthetic_names_are_the_worlds_now():
+    import vlret.worlds
+    from vlret.data.deprecated import SYNTHETIC_NAMES
+
+    assert set(SYNTHETIC_NAMES) <= set(vlret.worlds.__all__)
+    with pytest.warns(DeprecationWarning, match="use vlret.worlds.generate_world"):
+        from vlret.data.synthetic import generate_world
+    assert generate_world is vlret.worlds.generate_world
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("vlret.data.synthetic.io")  # module paths were never API
+
+
 def test_module_getattr_serves_only_its_own_modules_entries():
     entries = (
         OldName(module="pkg", name="Old", replacement="x.New", removed_in="9.0", target="math:pi"),
@@ -122,13 +138,13 @@ def test_an_old_name_needs_one_place_to_find_its_value(fields, message):
         ("vlret.demo", "run_demo"),
         ("vlret.demo", "loss_rows"),
         ("vlret.run.import_checkpoint", "add_import_parser"),
-        ("vlret.data.precomp", "ExpertBatch"),
-        ("vlret.data.precomp", "stack_features"),
+        ("vlret.data.formats.precomp", "ExpertBatch"),
+        ("vlret.data.formats.precomp", "stack_features"),
         # in precomp.py's __all__ in 0.1.0 but documented as vlret.data's (still there) or
         # internal views; the module-level paths go
-        ("vlret.data.precomp", "RetrievalBatch"),
-        ("vlret.data.precomp", "CaptionView"),
-        ("vlret.data.precomp", "NonFinite"),
+        ("vlret.data.formats.precomp", "RetrievalBatch"),
+        ("vlret.data.formats.precomp", "CaptionView"),
+        ("vlret.data.formats.precomp", "NonFinite"),
     ],
 )
 def test_shims_of_names_no_release_exported_are_gone(module, name):
@@ -178,6 +194,7 @@ def test_no_module_keeps_a_shim_of_its_own():
         )
     }
     assert getattrs == {
+        "data/synthetic/__init__.py",
         "losses/__init__.py",
         "losses/goal/__init__.py",
         "losses/adacl/__init__.py",

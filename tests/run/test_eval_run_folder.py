@@ -15,7 +15,6 @@ pytest.importorskip("yaml")
 
 from vlret.cli import main  # noqa: E402
 from vlret.data.config import DataConfig  # noqa: E402
-from vlret.data.synthetic import write_synthetic  # noqa: E402
 from vlret.eval import get_protocol, protocol_names  # noqa: E402
 from vlret.run import load_config
 from vlret.run.eval_data import (  # noqa: E402
@@ -26,6 +25,7 @@ from vlret.run.eval_data import (  # noqa: E402
 )
 from vlret.run.eval_members import run_checkpoint  # noqa: E402
 from vlret.train import train
+from vlret.worlds import write_synthetic  # noqa: E402
 
 SHORT = [
     "train.epochs=1",

@@ -16,9 +16,9 @@ wds = pytest.importorskip("webdataset")
 Image = pytest.importorskip("PIL.Image")
 
 from vlret.cli import main  # noqa: E402
-from vlret.data.csv_pairs import build_csv_dataset  # noqa: E402
+from vlret.data.formats.csv import build_csv_dataset  # noqa: E402
+from vlret.data.formats.shards import build_shard_dev_set, build_shard_source  # noqa: E402
 from vlret.data.paths import relative_path_hint  # noqa: E402
-from vlret.data.shards import build_shard_dev_set, build_shard_source  # noqa: E402
 from vlret.run.config import config_from_dict  # noqa: E402
 
 TOWER = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}

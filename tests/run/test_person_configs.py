@@ -98,7 +98,7 @@ def test_dg_configs_train_on_flickr30k_and_name_the_three_evaluations(name):
 
 @pytest.mark.parametrize("name", [*FINE_TUNING[:4], DG[1]])
 def test_the_configs_losses_build_on_a_person_search_training_set(name, tmp_path):
-    from vlret.data.pedes import CUHKPedesDataset
+    from vlret.data.formats.pedes import CUHKPedesDataset
     from vlret.run.loss_builder import build_run_loss
 
     cfg = load_config(shipped_configs()[name])

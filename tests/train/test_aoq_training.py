@@ -14,13 +14,13 @@ from torch.utils.data import DataLoader
 
 from train_helpers import assert_same_params, model_params, tiny_data, tiny_raw
 from vlret.cli import main
+from vlret.data.formats.precomp import PrecompDataset
 from vlret.data.offline_negatives import (
     FINGERPRINT,
     OfflineNegatives,
     load_offline_negatives,
     split_fingerprint,
 )
-from vlret.data.precomp import PrecompDataset
 from vlret.losses import aoq_loss
 from vlret.run.builders import build_encoder, build_train_dataset
 from vlret.run.config import ConfigError, apply_overrides, config_from_dict

@@ -27,7 +27,7 @@ from train_helpers import (
 )
 from vlret.cli import main
 from vlret.data import MSRVTTDataset
-from vlret.data.experts import ExpertFeatures, write_expert_features
+from vlret.data.formats.experts.features import ExpertFeatures, write_expert_features
 from vlret.data.writers import make_tiny_msrvtt
 from vlret.metrics import retrieval_metrics_from_similarity
 from vlret.run.builders import load_trained_model
@@ -77,8 +77,8 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory, data):
     pytest.importorskip("transformers")
-    from vlret.data.msrvtt import DATA_JSON, read_msrvtt_json
-    from vlret.data.synthetic.bert import write_random_bert
+    from vlret.data.formats.msrvtt import DATA_JSON, read_msrvtt_json
+    from vlret.worlds.bert import write_random_bert
 
     captions = read_msrvtt_json(data / DATA_JSON).captions.values()
     out = tmp_path_factory.mktemp("bert") / "random-bert"

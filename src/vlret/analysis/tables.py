@@ -12,7 +12,7 @@ identity-level metrics instead (:data:`IDENTITY_COLUMNS`: T→I then I→T R@1, 
 mINP, IRRA's order); :func:`markdown_table` then renders those columns, and ``results.csv`` /
 ``results.json`` hold those keys.
 
-Runs tested on a synthetic world (:mod:`vlret.data.synthetic`) also carry the metrics of
+Runs tested on a synthetic world (:mod:`vlret.worlds`) also carry the metrics of
 :data:`SYNTHETIC_COLUMNS` (clone forced choice, R-Precision / mAP@R on the exhaustive
 relevance, text-to-image R@1 of the secondary-content captions); they get the same treatment
 in a second table of ``table.md`` (:func:`synthetic_markdown_table`), and extra columns in
@@ -67,7 +67,7 @@ SYNTHETIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("secondary_t2i_r1", "Secondary T→I R@1"),
 )
 #: Standard recall of query subsets of the synthetic world (percent; see
-#: :func:`vlret.data.synthetic.evaluate_synthetic`): captions of a secondary object alone or of
+#: :func:`vlret.worlds.evaluate_synthetic`): captions of a secondary object alone or of
 #: the primary object alone, and the queries of images in a clone group or in none.
 SUBSET_COLUMNS: tuple[tuple[str, str], ...] = (
     ("secondary_t2i_r5", "Secondary T→I R@5"),

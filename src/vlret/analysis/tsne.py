@@ -7,7 +7,7 @@ both with the model (L2-normalised when the model scores by cosine, the space it
 compare; raw for ``dot``), and runs scikit-learn's :class:`~sklearn.manifold.TSNE` on the
 images and texts together, so the two modalities share one map.
 
-Colours: on a synthetic world (:mod:`vlret.data.synthetic`; its ``{split}_synth.npz`` side
+Colours: on a synthetic world (:mod:`vlret.worlds`; its ``{split}_synth.npz`` side
 file next to the data) each point is drawn in the style of its image's **primary object
 category** (``square``, ``circle``, ...: the first object of the scene), the group a retrieval
 model should cluster: a colour of ten told apart, with a marker shape as the second cue past
@@ -75,7 +75,7 @@ def world_groups(root: str | Path, split: str, num_images: int) -> list[str] | N
     """The primary object category of each image of ``split`` of the synthetic world at
     ``root``, or ``None`` when ``root`` holds no world side file of that split, or one of
     another number of images."""
-    from ..data.synthetic.language import CATEGORIES
+    from ..worlds.language import CATEGORIES
 
     for name in _WORLD_SPLITS.get(split, (split,)):
         path = Path(root) / f"{name}_synth.npz"

@@ -1,6 +1,6 @@
 """``vlret caption MODEL_DIR --data DIR --split SPLIT --out FILE``: pseudo captions for a
 split's images from a local Hugging Face captioner (BLIP, BLIP-2, GIT), written as a captions
-file that ``data.train_captions`` reads (:mod:`vlret.data.captioning`, docs/captions.md)."""
+file that ``data.train_captions`` reads (:mod:`vlret.captioning`, docs/captions.md)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     """Caption the split; print the file and a summary line."""
     from .._extras import MissingExtra
     from .._files import OutputPathError
-    from ..data.captioning.generate import CaptionSettings, caption_split
+    from ..captioning.generate import CaptionSettings, caption_split
 
     settings = CaptionSettings(
         batch_size=args.batch_size,

@@ -1,5 +1,5 @@
 """``vlret convert-experts SRC --out DIR``: the CE / MMT released expert features in vlret's
-multi-expert layout (:func:`vlret.data.experts.convert_experts`)."""
+multi-expert layout (:func:`vlret.data.formats.experts.features.convert_experts`)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Transformer (pickled dicts of numpy arrays: a folder with one pickle per expert, or "
             "one pickle {video_id: {expert: array}}) with a restricted unpickler (numpy arrays "
             "and builtin containers only) and write the memory-mapped multi-expert layout that "
-            "[data] experts reads (docs: vlret.data.experts)."
+            "[data] experts reads (docs: vlret.data.formats.experts.features)."
         ),
     )
     p.add_argument("src", type=Path, metavar="SRC", help="the folder of pickles, or one pickle")
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     """Convert, print the written folder."""
     from .._files import check_output_dir
     from ..data.checks import DataFormatError
-    from ..data.experts import convert_experts
+    from ..data.formats.experts.features import convert_experts
 
     try:
         check_output_dir(args.out, "--out")

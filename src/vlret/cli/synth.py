@@ -1,9 +1,9 @@
-"""``vlret synth PRESET --out DIR``: a synthetic world (:mod:`vlret.data.synthetic`) written in
+"""``vlret synth PRESET --out DIR``: a synthetic world (:mod:`vlret.worlds`) written in
 a real data format, with the commands that train a shipped config on it (its ``--set``
 overrides), evaluate the run and classify its pictures: they run as printed from the folder
-``vlret synth`` ran in, a relative ``--out`` included (:mod:`vlret.data.synthetic.hint`).
+``vlret synth`` ran in, a relative ``--out`` included (:mod:`vlret.worlds.hint`).
 ``vlret synth persons --out DIR`` writes the person-search world
-(:mod:`vlret.data.synthetic.persons`, the CUHK-PEDES layout) and prints one summary line."""
+(:mod:`vlret.worlds.persons`, the CUHK-PEDES layout) and prints one summary line."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def _image_size(text: str) -> tuple[int, int]:
 def run_persons(args: argparse.Namespace) -> int:
     """``vlret synth persons``: write the world, print its summary line."""
     from .._extras import MissingExtra
-    from ..data.synthetic.persons import summary_line, write_persons
+    from ..worlds.persons import summary_line, write_persons
 
     for key, flag, unset in _PRESET_OPTIONS:
         if getattr(args, key) != unset:
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             return fail(NAME, f"{flag}: an option of `vlret synth persons` only")
     try:
-        from ..data.synthetic import synth_main
+        from ..worlds import synth_main
     except ImportError as err:
         return fail(NAME, f"the synthetic world is not available: {err}")
     from .._extras import MissingExtra
@@ -225,15 +225,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError, MissingExtra) as err:
         return fail(NAME, err)
     print(path)
-    if args.pseudo_captions:  # the world's own captioner (vlret.data.synthetic.terse)
-        from ..data.synthetic.terse import write_terse_captions
+    if args.pseudo_captions:  # the world's own captioner (vlret.worlds.terse)
+        from ..worlds.terse import write_terse_captions
 
         print(write_terse_captions(path, split="train"))
     if args.random_bert:  # MMT's text side: a local BERT, trained from scratch on the world
-        from ..data.synthetic.hint import RANDOM_BERT_DIR
+        from ..worlds.hint import RANDOM_BERT_DIR
 
         print(Path(path) / RANDOM_BERT_DIR)
-    from ..data.synthetic import train_hint_lines
+    from ..worlds import train_hint_lines
 
     for line in train_hint_lines(path):  # train, evaluate and classify, runnable as printed
         print(line)

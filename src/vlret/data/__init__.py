@@ -1,14 +1,18 @@
 """On-disk data formats, tokenisation and retrieval datasets.
 
 * :mod:`~vlret.data.dataset`: the contract every format implements (one item per caption).
-* :mod:`~vlret.data.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
-* :mod:`~vlret.data.karpathy`: Karpathy split JSON plus an image folder.
-* :mod:`~vlret.data.shards`: img2dataset / webdataset tar shards, streamed (``pixels`` extra).
-* :mod:`~vlret.data.csv_pairs`: a CSV / TSV of image paths and captions (open_clip's).
-* :mod:`~vlret.data.transforms`: seeded training augmentation (random-resized crop, flip).
-* :mod:`~vlret.data.pedes`: person search (CUHK-PEDES, ICFG-PEDES, RSTPReid), IRRA's augmentation.
-* :mod:`~vlret.data.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
-* :mod:`~vlret.data.experts`: per-video multi-expert features (CE, MMT) and their converter.
+* :mod:`~vlret.data.formats.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
+* :mod:`~vlret.data.formats.karpathy`: Karpathy split JSON plus an image folder.
+* :mod:`~vlret.data.formats.shards`: img2dataset / webdataset tar shards, streamed (``pixels``
+extra).
+* :mod:`~vlret.data.formats.csv`: a CSV / TSV of image paths and captions (open_clip's).
+* :mod:`~vlret.data.transforms`: seeded training augmentation (random-resized crop,
+flip).
+* :mod:`~vlret.data.formats.pedes`: person search (CUHK-PEDES, ICFG-PEDES, RSTPReid), IRRA's
+  augmentation.
+* :mod:`~vlret.data.formats.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
+* :mod:`~vlret.data.formats.experts.features`: per-video multi-expert features (CE, MMT) and
+  their converter.
 * :mod:`~vlret.data.vocab`: regex tokeniser, vocabulary JSON, local Hugging Face tokenizers.
 * :mod:`~vlret.data.writers`: writers of these formats and tiny generated data sets.
 
@@ -19,7 +23,6 @@ features for NaN / inf and a size other than the model's ``in_dim`` before train
 """
 
 from .checks import DataFormatError
-from .csv_pairs import CsvPairsDataset, read_csv_pairs
 from .dataset import (
     CaptionEncoder,
     RetrievalBatch,
@@ -30,13 +33,14 @@ from .dataset import (
     pad_captions,
 )
 from .expert_batch import ExpertBatch, ExpertSample
-from .experts import (
+from .formats.csv import CsvPairsDataset, read_csv_pairs
+from .formats.experts.features import (
     ExpertFeatures,
     ExpertSpec,
     convert_experts,
     write_expert_features,
 )
-from .karpathy import (
+from .formats.karpathy import (
     KarpathyData,
     KarpathyDataset,
     KarpathyImage,
@@ -44,7 +48,7 @@ from .karpathy import (
     build_karpathy_vocab,
     read_karpathy_json,
 )
-from .msrvtt import (
+from .formats.msrvtt import (
     FULL_SPLIT_SIZES,
     ONE_K_A_SIZES,
     MSRVTTDataset,
@@ -54,7 +58,7 @@ from .msrvtt import (
     read_msrvtt_json,
     read_train_csv,
 )
-from .pedes import (
+from .formats.pedes import (
     PEDES_FORMATS,
     CUHKPedesDataset,
     ICFGPedesDataset,
@@ -63,14 +67,13 @@ from .pedes import (
     RSTPReidDataset,
     read_pedes_json,
 )
-from .precomp import SPLITS, PrecompDataset
-from .shards import ShardDevSet, ShardError, ShardStream, expand_shards
+from .formats.precomp import SPLITS, PrecompDataset, build_precomp_vocab
+from .formats.shards import ShardDevSet, ShardError, ShardStream, expand_shards
 from .transforms import RandomResizedCrop
 from .vocab import (
     SPECIAL_TOKENS,
     HFTokenizer,
     Vocabulary,
-    build_precomp_vocab,
     build_vocab,
     load_hf_tokenizer,
     tokenize,

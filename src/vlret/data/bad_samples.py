@@ -1,6 +1,6 @@
-"""Samples the image-caption readers skip and count: shards (:mod:`vlret.data.shards`), CSV
-pairs (:mod:`vlret.data.csv_pairs`), and the Karpathy (:mod:`vlret.data.karpathy`) and
-person-search (:mod:`vlret.data.pedes`) training splits read from image files.
+"""Samples the image-caption readers skip and count: shards (:mod:`vlret.data.formats.shards`), CSV
+pairs (:mod:`vlret.data.formats.csv`), and the Karpathy (:mod:`vlret.data.formats.karpathy`) and
+person-search (:mod:`vlret.data.formats.pedes`) training splits read from image files.
 
 A sample whose image does not decode (not an image, truncated, corrupt), is larger than
 ``data.max_image_pixels`` (:func:`vlret._images.open_rgb` refuses it from the header, before

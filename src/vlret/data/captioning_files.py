@@ -9,8 +9,8 @@ on consecutive lines, ``k`` the same for every image, images in the image order 
     {"split": "train", "images": 29000, "captions_per_image": 1,
      "source": "blip:/models/blip-base", ...generation settings...}
 
-``vlret caption`` (:mod:`vlret.data.captioning.generate`) and ``vlret synth --pseudo-captions``
-(:mod:`vlret.data.synthetic.terse`) write them; ``data.train_captions`` (and
+``vlret caption`` (:mod:`vlret.captioning.generate`) and ``vlret synth --pseudo-captions``
+(:mod:`vlret.worlds.terse`) write them; ``data.train_captions`` (and
 ``data.dev_captions``, ``data.test_captions``) make a split read its captions from one, with
 the file's own ``k`` (docs/captions.md).
 """

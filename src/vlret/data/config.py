@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._settings import MAX_CAPTIONS, MAX_STEPS, MAX_WORKERS, Range, Text, setting
+from .formats.pedes.common import PEDES_FORMATS
 from .noisy import MAX_NOISE_SEED, NOISE_FORMATS
-from .pedes.common import PEDES_FORMATS
 from .transforms import INTERPOLATIONS, TRAIN_TRANSFORMS
 
-#: The values of ``data.format`` (the person-search ones: :mod:`vlret.data.pedes`).
+#: The values of ``data.format`` (the person-search ones: :mod:`vlret.data.formats.pedes`).
 DATA_FORMATS = ("precomp", "msrvtt", "karpathy", "webdataset", "csv", *PEDES_FORMATS)
 
 _CAPTIONS_FILE = Text("a captions file (docs/captions.md)")
@@ -32,8 +32,9 @@ class DataConfig:
     (:func:`~vlret._settings.setting`); the key reference of the docs lists them all.
     ``format``: ``precomp`` (SCAN / VSE-infinity folder), ``msrvtt``, ``karpathy``
     (``karpathy_json`` + ``image_root``; images go through the model's transform),
-    ``webdataset`` shards or ``csv`` pairs (:mod:`vlret.data.shards`,
-    :mod:`vlret.data.csv_pairs`) or a person-search set (:mod:`vlret.data.pedes`). Relative
+    ``webdataset`` shards or ``csv`` pairs (:mod:`vlret.data.formats.shards`,
+    :mod:`vlret.data.formats.csv`) or a person-search set (:mod:`vlret.data.formats.pedes`).
+    Relative
     paths start from the current folder (:mod:`vlret.data.paths`).
     """
 
@@ -63,8 +64,8 @@ class DataConfig:
     )
     experts: str | list[str] | None = setting(
         None,
-        "MSR-VTT multi-expert features: `all` or a list of names (vlret.data.experts); a CE / "
-        "MMT model defaults it to its own experts",
+        "MSR-VTT multi-expert features: `all` or a list of names "
+        "(vlret.data.formats.experts.features); a CE / MMT model defaults it to its own experts",
     )
     karpathy_json: str | None = setting(
         None, "the Karpathy split JSON (`dataset_coco.json`, ...)", constraint="format karpathy"

@@ -1,5 +1,6 @@
 """The train and dev sets of a run on pixels read by vlret's own readers: webdataset shards
-(:mod:`vlret.data.shards`) and CSV / TSV pairs (:mod:`vlret.data.csv_pairs`), the train set
+(:mod:`vlret.data.formats.shards`) and CSV / TSV pairs (:mod:`vlret.data.formats.csv`), the train
+set
 augmented as ``data.train_transform`` says; both count the samples they skip
 (:mod:`vlret.data.bad_samples`). The other formats' train sets come from the trainer's builder
 (:func:`vlret.run.builders.build_train_dataset`), which turns the same skipping on for a
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .csv_pairs import build_csv_dataset
-from .shards import IMAGE_FORMATS, build_shard_dev_set, build_shard_source
+from .formats.csv import build_csv_dataset
+from .formats.shards import IMAGE_FORMATS, build_shard_dev_set, build_shard_source
 
 
 def build_image_sets(
@@ -23,13 +24,13 @@ def build_image_sets(
     other: Any = None,
 ) -> tuple[Any, Any]:
     """``(train set, dev set or None)`` of a run ``config`` with ``data.format``
-    ``webdataset`` (a :class:`~vlret.data.shards.ShardStream` and ``data.dev_shards``) or
+    ``webdataset`` (a :class:`~vlret.data.formats.shards.ShardStream` and ``data.dev_shards``) or
     ``csv`` (``data.csv``, ``data.dev_csv``), the train set augmented as
     ``data.train_transform`` says (``eval_transform``: the model's; ``env``: ``rank`` and
     ``world_size``, None for one process; ``dev``: whether this process evaluates); for another
     format ``(other(data, train_split, encoder, image_transform=...), None)``: the trainer's
     builder, which builds that format's dev set."""
-    from .pedes.augment import build_augment
+    from .formats.pedes.augment import build_augment
 
     data, tc = config.data, config.train
     augment = build_augment(data, eval_transform)  # data.train_transform's

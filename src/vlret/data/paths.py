@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 #: The ``[data]`` keys that name one file or folder (besides ``root`` itself; the shard patterns
-#: are checked file by file, :func:`vlret.data.shards.expand_shards`).
+#: are checked file by file, :func:`vlret.data.formats.shards.expand_shards`).
 DATA_PATH_KEYS = (
     "features_dir",
     "karpathy_json",

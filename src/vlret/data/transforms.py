@@ -45,7 +45,7 @@ from .._extras import require
 from .._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from .pixel_batch import PixelSample
 
-#: "irra": IRRA's person-search augmentation (vlret.data.pedes.augment)
+#: "irra": IRRA's person-search augmentation (vlret.data.formats.pedes.augment)
 TRAIN_TRANSFORMS = ("none", "random_resized_crop", "irra")
 INTERPOLATIONS = ("bicubic", "bilinear")
 

@@ -34,7 +34,6 @@ from typing import Any
 
 from .._files import atomic_write_text
 from .checks import DataFormatError, read_json
-from .precomp import VOCAB_SPLITS, load_precomp_captions
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIAL_TOKENS = (PAD, START, END, UNK)
@@ -127,6 +126,10 @@ def word_tokenizer(name: str) -> Callable[[str], list[str]]:
         _nltk_tokenizer()  # ImportError now, not at the first caption
         return nltk_tokenize  # a module function: a Vocabulary stays picklable (DataLoader)
     raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {name!r}")
+
+
+#: Splits whose captions may build a vocabulary (never a test split).
+VOCAB_SPLITS = ("train", "dev")
 
 
 def check_vocab_splits(splits: Sequence[str]) -> None:
@@ -346,28 +349,6 @@ def build_vocab(
     return Vocabulary([*SPECIAL_TOKENS, *kept], tokenizer=tokenizer)
 
 
-def build_precomp_vocab(
-    root: str | Path, *, splits: Sequence[str] = VOCAB_SPLITS, min_count: int = DEFAULT_MIN_COUNT
-) -> Vocabulary:
-    """Build a vocabulary from a precomputed folder's captions (:func:`build_vocab`).
-
-    Args:
-        root: The precomputed data folder (captions are checked against their features).
-        splits: The splits to count; test splits are refused.
-        min_count: The least number of occurrences a kept word has.
-
-    Returns:
-        The vocabulary, with the ``"vlret"`` tokeniser.
-
-    Raises:
-        ValueError: A test split, or ``min_count`` not a positive int.
-        FileNotFoundError: A split's files are missing.
-        DataFormatError: A split's files are malformed or disagree.
-    """
-    check_vocab_splits(splits)
-    return build_vocab(load_precomp_captions(root, splits), min_count=min_count)
-
-
 class HFTokenizer:
     """A Hugging Face tokenizer as a :class:`~vlret.data.dataset.CaptionEncoder`.
 
@@ -452,11 +433,11 @@ def load_hf_tokenizer(
 
 
 __all__ = [
+    "VOCAB_SPLITS",
     "SPECIAL_TOKENS",
     "TOKENIZERS",
     "HFTokenizer",
     "Vocabulary",
-    "build_precomp_vocab",
     "build_vocab",
     "load_hf_tokenizer",
     "nltk_tokenize",

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .karpathy import KarpathyImage, KarpathySentence
-from .msrvtt import (
+from .formats.karpathy import KarpathyImage, KarpathySentence
+from .formats.msrvtt import (
     DATA_JSON,
     FEATURE_IDS,
     FEATURES_NPY,
@@ -374,7 +374,7 @@ def write_jsfusion_csv(path: str | Path, pairs: Sequence[tuple[str, str]]) -> Pa
 def write_video_features(
     features_dir: str | Path, video_ids: Sequence[str], features: np.ndarray
 ) -> dict[str, Path]:
-    """Write ``video_feats.npy`` and ``video_ids.txt`` (:mod:`vlret.data.msrvtt`'s layout).
+    """Write ``video_feats.npy`` and ``video_ids.txt`` (:mod:`vlret.data.formats.msrvtt`'s layout).
 
     Args:
         features_dir: The folder (created if missing).

@@ -32,9 +32,9 @@ from ..data import (
 from ..data.bad_samples import SkipsBadImages
 from ..data.captioning_files import captions_vocab_splits, split_captions_args
 from ..data.config import DataConfig
+from ..data.formats.precomp import load_precomp_captions
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.paths import check_data_paths
-from ..data.precomp import load_precomp_captions
 from ..data.transforms import capped
 from .config import ConfigError, RunConfig
 from .config_sections import build_section
@@ -161,7 +161,7 @@ def build_encoder(
     if data.format == "msrvtt":
         return build_msrvtt_vocab(root, protocol=data.protocol, min_count=data.min_count)
     if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # train + val captions
-        from ..data.pedes import person_search_vocab_captions
+        from ..data.formats.pedes import person_search_vocab_captions
 
         captions = person_search_vocab_captions(data.format, root, annotations=data.annotations)
         return build_vocab(captions, min_count=data.min_count)
@@ -226,7 +226,7 @@ def build_dataset(
     check_data_paths(data)  # a path written from data.root: the fix, before anything is read
     root = Path(root if root is not None else data.root)
     if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):
-        from ..data.pedes import build_irra_transforms, open_person_search
+        from ..data.formats.pedes import build_irra_transforms, open_person_search
 
         if data.train_transform == "irra" and data.features_dir is None:
             image_transform = build_irra_transforms(image_transform)[1]  # IRRA's resize

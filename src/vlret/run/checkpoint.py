@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .._files import atomic_write
-from ..data.expert_pickles import container_bounds_problem
+from ..data.formats.experts.pickles import container_bounds_problem
 from ..metrics import normalise_metric_key
 
 CHECKPOINT_VERSION = 1

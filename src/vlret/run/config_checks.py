@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..data.pedes.common import PEDES_FORMATS
+from ..data.formats.pedes.common import PEDES_FORMATS
 from ..losses import loss_capabilities
 from ..metrics import IDENTITY_METRIC_KEYS, normalise_metric_key
 from .config_files import ConfigError
@@ -87,7 +87,7 @@ def check_model_sizes(model: dict[str, Any], source: str) -> None:
 
 
 def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, source: str) -> None:
-    """Person search (:mod:`vlret.data.pedes`): ``annotations`` is only read by its formats;
+    """Person search (:mod:`vlret.data.formats.pedes`): ``annotations`` is only read by its formats;
     model selection reads the whole validation split unless ``dev_max_images`` is given (as
     IRRA); ICFG-PEDES has no validation split: without ``dev_split`` it trains without
     validation (``best.pt`` is the last epoch), ``val`` / ``dev`` is an error, and checkpoints
@@ -129,7 +129,7 @@ def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str
         raise ConfigError(source, "data.experts", why)
     if data.format != "msrvtt":
         return
-    from ..data.msrvtt import normalise_protocol
+    from ..data.formats.msrvtt import normalise_protocol
 
     try:
         protocol = normalise_protocol(data.protocol)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..data.config import DataConfig
-from ..data.synthetic.hint import META_FILE as SYNTHETIC_META
 from ..eval import EvalProtocol, get_protocol
+from ..worlds.hint import META_FILE as SYNTHETIC_META
 
 
 def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
@@ -157,11 +157,7 @@ def stored_eval_data(data: DataConfig, *, protocol: str | EvalProtocol | None = 
     reads Karpathy JSON + images (:func:`karpathy_eval_data`), any other run its own format.
     Shared by ``vlret eval``, ``report``, ``compare`` and ``plot tsne``."""
     chosen = get_protocol(protocol) if protocol is not None else None
-    if (
-        chosen is not None
-        and chosen.relevance == "same-identity"
-        and data.format not in chosen.splits
-    ):
+    if chosen is not None and chosen.relevance_kind.identities and data.format not in chosen.splits:
         (person_format,) = chosen.splits
         return person_search_eval_data(data, person_format)
     if data.format in STREAM_FORMATS:

@@ -23,7 +23,7 @@ only with noisy correspondence: :func:`save_run_files`). Rules:
   (:data:`FROZEN_KEYS`); other keys (epochs, logging, device, data location) may change;
 * a run on webdataset shards also keeps the keys its epoch order is a function of
   (:data:`SHARD_FROZEN_KEYS`: the readers and the stream) and its number of ranks
-  (:func:`check_stream_resume`), since :mod:`vlret.data.shards` resumes by replaying the
+  (:func:`check_stream_resume`), since :mod:`vlret.data.formats.shards` resumes by replaying the
   epoch's stream; the shards' location may change (the files must be the same, in the same
   order: not checked).
 
@@ -439,7 +439,7 @@ def check_stream_resume(
 
     The order of a shard epoch is a function of the seed, the epoch, the number of ranks and
     of DataLoader workers, the shuffle buffer, resampling and the epoch length
-    (:mod:`vlret.data.shards`); a resume skips the batches the checkpoint trained, so with
+    (:mod:`vlret.data.formats.shards`); a resume skips the batches the checkpoint trained, so with
     another of these it would repeat some samples and skip others. Nothing to check for the
     other formats (their sampler's order does not depend on the workers).
 

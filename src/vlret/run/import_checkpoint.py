@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from .._files import check_output_file
-from ..data.expert_pickles import container_bounds_problem
+from ..data.formats.experts.pickles import container_bounds_problem
 from ..data.vocab import Vocabulary
 from .checkpoint import (
     CHECKPOINT_VERSION,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..data.pedes.common import PEDES_FORMATS
+from ..data.formats.pedes.common import PEDES_FORMATS
 from .config_files import ConfigError
 
 if TYPE_CHECKING:

@@ -262,7 +262,7 @@ def _plural(n: int, word: str) -> str:
 def _sizes(dataset: Any) -> str:
     """A split's size for the start-of-run summary, with where it was read from (a CSV's rows
     against its lines) and the bad samples a dev set left out."""
-    if hasattr(dataset, "shards"):  # a shard stream (vlret.data.shards): no size on disk
+    if hasattr(dataset, "shards"):  # a shard stream (vlret.data.formats.shards): no size on disk
         shards = _plural(len(dataset.shards), "shard")
         return f"{_plural(dataset.num_samples, 'sample')} (data.train_num_samples) from {shards}"
     line = f"{_plural(dataset.num_images, 'image')} / {_plural(dataset.num_captions, 'caption')}"

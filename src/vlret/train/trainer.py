@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.formats.shards import IMAGE_FORMATS, ShardStream
 from ..data.image_sets import build_image_sets
-from ..data.shards import IMAGE_FORMATS, ShardStream
 from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from ..run.builders import (

@@ -52,8 +52,8 @@ run's data format, and the test split is opened in the data folder as the evalua
 it, its images counted against the protocol's folds (:func:`check_eval_plan`): a world with only
 ``testall`` under the default ``split = "test"`` is refused in one line naming ``compare.split``
 and ``compare.protocol``, not after every run has trained. When the test data folder is a
-synthetic world (``synthetic.json``, :mod:`vlret.data.synthetic`), each run is also scored with
-:func:`~vlret.data.synthetic.evaluate_synthetic` on the same split: clone forced choice,
+synthetic world (``synthetic.json``, :mod:`vlret.worlds`), each run is also scored with
+:func:`~vlret.worlds.evaluate_synthetic` on the same split: clone forced choice,
 R-Precision / mAP@R on the exhaustive relevance and T->I R@1 of the secondary-content captions
 (``result.json`` key ``synthetic``; extra columns of ``results.csv`` / ``results.json`` and a
 second table in ``table.md``), from the run's :class:`~vlret.eval.Evaluation`: its split, its

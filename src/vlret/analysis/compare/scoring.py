@@ -1,5 +1,5 @@
 """The synthetic world's extra metrics of a trained run, when the test data folder is a
-synthetic world (:mod:`vlret.data.synthetic`).
+synthetic world (:mod:`vlret.worlds`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def evaluate_run(checkpoint: Path, spec: RunSpec, settings: EvalSettings) -> Eva
 def synthetic_root(data: str | Path) -> Path | None:
     """The synthetic world behind the data folder ``data`` (a folder with ``synthetic.json``;
     ``data`` may also be a Karpathy JSON inside it), else ``None``."""
-    from ...data.synthetic import META_FILE
+    from ...worlds import META_FILE
 
     folder = Path(data)
     if folder.is_file():
@@ -49,7 +49,7 @@ def extras_world(settings: EvalSettings, spec: RunSpec) -> Path | None:
     the retrieval worlds; ``vlret synth persons`` writes none of their side files)."""
     from ...eval import get_protocol
 
-    if get_protocol(settings.protocol).relevance == "same-identity":
+    if get_protocol(settings.protocol).relevance_kind.identities:
         return None
     return synthetic_root(settings.data or spec.config.data.root)
 
@@ -66,7 +66,7 @@ def _synthetic_split(root: Path, split: str) -> str | None:
 def _as_embeddings(
     evaluation: Evaluation, scores: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """What :func:`~vlret.data.synthetic.evaluate_synthetic` scores with ``img @ txt.T``: a
+    """What :func:`~vlret.worlds.evaluate_synthetic` scores with ``img @ txt.T``: a
     two-tower run's embeddings as its evaluation scored them; otherwise the full score matrix
     ``S`` as the pair ``(I, S^T)`` (none of its metrics normalises, so ``img @ txt.T`` is
     exactly ``S``; the identity is ``N_img`` wide, the smaller side: 4 MB, not 1.6 GB, for
@@ -98,7 +98,7 @@ def synthetic_extras(
     scores: torch.Tensor | None = None,
 ) -> dict[str, Any] | None:
     """The synthetic world's extras of a trained run on the test split, through
-    :func:`~vlret.data.synthetic.evaluate_synthetic`: ``{"split", "metrics", "trials"}`` with
+    :func:`~vlret.worlds.evaluate_synthetic`: ``{"split", "metrics", "trials"}`` with
     the :data:`~vlret.analysis.tables.SYNTHETIC_KEYS` metrics (NaN as ``None``) and the
     forced-choice trial counts; ``None`` (with a warning) when the evaluated captions are not
     the world's split one to one (e.g. MSR-VTT 1k-A, one caption per test video).
@@ -107,7 +107,7 @@ def synthetic_extras(
     and embeddings or scores are reused), or a checkpoint, evaluated here
     (:func:`~vlret.run.evaluate.run_evaluation`). ``scores``: a cross-attention model's
     full test score matrix when the caller has it already."""
-    from ...data.synthetic import evaluate_synthetic, load_synthetic
+    from ...worlds import evaluate_synthetic, load_synthetic
 
     name = _synthetic_split(root, settings.split)
     if name is None:

@@ -70,13 +70,13 @@ def _picture(dataset: Any, index: int, max_pixels: int | None) -> Any:
 def world_pictures(folder: Path, split: str) -> Callable[[int], Any] | None:
     """The rendered pictures of ``split`` when ``folder`` is a synthetic world read from its
     features (precomp: ``synthetic.json`` and ``{split}_synth.npz``), drawn from its scenes as
-    ``vlret caption`` draws them (:func:`vlret.data.captioning.images.synthetic_images`, the
+    ``vlret caption`` draws them (:func:`vlret.captioning.images.synthetic_images`, the
     same JPEG bytes as the world's Karpathy ``images/``); ``None`` for any other folder."""
-    from ...data.synthetic.hint import META_FILE
+    from ...worlds.hint import META_FILE
 
     if not (folder / META_FILE).is_file() or not (folder / f"{split}_synth.npz").is_file():
         return None
-    from ...data.captioning.images import synthetic_images
+    from ...captioning.images import synthetic_images
 
     return synthetic_images(folder, split).load
 

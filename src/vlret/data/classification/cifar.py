@@ -2,7 +2,7 @@
 
 The batches are pickles of a dict (``data``: uint8 ``N x 3072`` CHW planes; ``labels`` or
 ``fine_labels``; names in ``batches.meta`` / ``meta``), written by Python 2: read with
-:class:`vlret.data.expert_pickles.RestrictedUnpickler`, which builds dicts, lists, strings,
+:class:`vlret.data.formats.experts.pickles.RestrictedUnpickler`, which builds dicts, lists, strings,
 integers and numpy arrays only and refuses any other global (``os.system``, a custom class)
 before importing or calling it, naming the file and the global. Keys may be ``str`` or
 ``bytes`` (a file re-pickled by Python 3 with ``encoding="bytes"``).
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import DataFormatError
-from ..expert_pickles import load_pickle
+from ..formats.experts.pickles import load_pickle
 from ._set import ArrayImages, ClassificationSet, as_labels, check_split, find_root
 
 #: per set: the top folder of the release, its meta file, the batches of each split, the key of

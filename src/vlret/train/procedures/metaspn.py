@@ -405,7 +405,7 @@ class MetaSPNStep(LossStep):
 def build_metaspn(config: RunConfig) -> MetaSPNStep:
     """``train.procedure = "metaspn"``: check the options and what the procedure needs of the
     config (a triplet loss, a dense one; a dev split the meta batches index)."""
-    from ...data.shards import IMAGE_FORMATS
+    from ...data.formats.shards import IMAGE_FORMATS
 
     options = metaspn_options(config.train.procedure_options, source=config.source)
     if not loss_capabilities(config.loss.name, config.loss.params).hinge_terms:

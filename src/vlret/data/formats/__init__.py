@@ -1,0 +1,1 @@
+"""The data formats: one record per format, its reader beside it."""
