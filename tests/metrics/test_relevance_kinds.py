@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from vlret.metrics import (
+    RETRIEVAL_METRIC_KEYS,
     AnyCaptionOfVideo,
     ClassLabel,
     ImageOfCaption,
     Relevance,
+    RetrievalMetrics,
     SameIdentity,
     get_relevance,
     relevance_names,
@@ -94,3 +96,8 @@ def test_capabilities() -> None:
     assert (caption.visual, video.visual, person.visual) == ("image", "video", "image")
     assert caption.metrics == video.metrics and "rsum" in caption.metrics
     assert person.metrics[0] == "identity_t2i_r1" and label.metrics[0] == "acc1"
+
+
+def test_retrieval_metric_keys_are_the_fields_of_retrieval_metrics() -> None:
+    fields = tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k != "folds")
+    assert RETRIEVAL_METRIC_KEYS == fields == get_relevance("image-of-caption").metrics

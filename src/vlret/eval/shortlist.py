@@ -3,7 +3,6 @@ score, re-ranked by a pair-scoring model's exact scores (:func:`shortlist_metric
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,7 +10,7 @@ import torch
 from torch import nn
 
 from .._modules import unwrap_model
-from ..metrics import RetrievalMetrics, average_metrics, metrics_from_ranks
+from ..metrics import RetrievalMetrics, average_metrics, metrics_from_ranks, rank_blocks
 from .encode import TextTokens, check_device
 from .scores import TEXT_BLOCK, Block, check_blocks, members_of, progress_pairs
 
@@ -170,9 +169,13 @@ def _shortlist_ranks(
     """0-based ranks of each query under the shortlist protocol and whether its ground truth
     (i2t: any of the image's captions) was shortlisted. ``tt (n_img, n_txt)`` is the shortlist
     score, ``shortlist (n_q, k)`` the candidates of each query, ``exact (n_q, k)`` their
-    exact scores; the queries outside their shortlist are ranked ``tile`` rows at a time."""
+    exact scores; the queries outside their shortlist are ranked ``tile`` rows at a time. Both
+    are counted by the ranking core (:func:`~vlret.metrics.rank_blocks`, ties against the
+    query) with each block's own relevance mask: a query's gallery is its shortlist, or the
+    candidates left out of it."""
     n_img = tt.shape[0]
-    queries = torch.arange(shortlist.shape[0])
+    n_q, k = shortlist.shape
+    queries = torch.arange(n_q)
     if images_are_queries:
         is_gt = txt_to_img[shortlist] == queries[:, None]
         scores = tt  # rows = queries
@@ -180,20 +183,23 @@ def _shortlist_ranks(
         is_gt = shortlist == txt_to_img[:, None]
         scores = tt.t()
     inside = is_gt.any(dim=1)
-    best = exact.masked_fill(~is_gt, -math.inf).amax(dim=1)
-    ranks = ((exact >= best[:, None]) & ~is_gt).sum(dim=1)
+    ranks = torch.empty(n_q, dtype=torch.long)
+    listed = torch.nonzero(inside).squeeze(1)
+    if listed.numel():  # by exact score among the shortlist
+        blocks = [(0, exact.index_select(0, listed), is_gt.index_select(0, listed))]
+        ranks[listed] = rank_blocks(blocks, n_queries=listed.numel()).first
     outside = torch.nonzero(~inside).squeeze(1)
     for a in range(0, outside.numel(), tile):
+        # below the shortlist, by shortlist score among the candidates left out of it
         q = outside[a : a + tile]
         row = scores.index_select(0, q)  # (c, n_cand)
         if images_are_queries:
             gt = txt_to_img[None, :] == q[:, None]
         else:
             gt = torch.arange(n_img)[None, :] == txt_to_img[q][:, None]
-        best_tt = row.masked_fill(~gt, -math.inf).amax(dim=1, keepdim=True)
-        beats = (row >= best_tt) & ~gt
-        in_list = beats.gather(1, shortlist[q])
-        ranks[q] = shortlist.shape[1] + beats.sum(dim=1) - in_list.sum(dim=1)
+        rest = torch.ones_like(gt).scatter_(1, shortlist[q], False)  # k distinct candidates
+        left = (row[rest].view(len(q), -1), gt[rest].view(len(q), -1))
+        ranks[q] = k + rank_blocks([(0, *left)], n_queries=len(q)).first
     return ranks, inside
 
 

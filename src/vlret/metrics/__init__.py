@@ -1,6 +1,10 @@
 """Retrieval metrics: ranks, recall@K and rsum of the papers' protocols, and the metrics that
 need a full relevance matrix.
 
+* :mod:`~vlret.metrics.ranking`: the ranking core: each query's rank counted from score blocks
+  under a relevance kind (:func:`~vlret.metrics.rank_blocks`, ties against the query), and
+  the metrics as functions of those counts (recall@K, medr, meanr, rsum, mAP, mINP,
+  R-Precision, mAP@R, zero-shot accuracy).
 * :mod:`~vlret.metrics.ranks`: 0-based ranks (ties count against the query), recall@K, rsum,
   median / mean rank, the COCO 5-fold 1K protocol (its folds: :func:`~vlret.metrics.coco_folds`).
 * :mod:`~vlret.metrics.stats`: the positive and hardest-negative score statistics.
@@ -24,14 +28,36 @@ This package is core: it imports no data format, model, trainer or analysis code
 """
 
 from .identity import (
-    IDENTITY_KEYS,
     IDENTITY_LABELS,
-    IDENTITY_METRIC_KEYS,
     IdentityMetrics,
     identity_retrieval_metrics,
     identity_retrieval_metrics_from_embeddings,
 )
-from .keys import IDENTITY_PREFIX, normalise_metric_key, normalise_metric_record
+from .keys import (
+    IDENTITY_KEYS,
+    IDENTITY_METRIC_KEYS,
+    IDENTITY_PREFIX,
+    RETRIEVAL_METRIC_KEYS,
+    ZEROSHOT_METRICS,
+    normalise_metric_key,
+    normalise_metric_record,
+)
+from .ranking import (
+    QueryRanks,
+    accuracy_at_k,
+    block_rows,
+    matrix_blocks,
+    mean_average_precision,
+    mean_inverse_negative_penalty,
+    mean_per_class_recall,
+    mean_rank,
+    median_rank,
+    rank_blocks,
+    rank_queries,
+    recall_at_k,
+    rprecision_map_at_r_of,
+    rsum,
+)
 from .ranks import (
     RECALL_KEYS,
     Fold,
@@ -70,10 +96,25 @@ from .rescore import (
 )
 from .stats import similarity_stats
 from .subsets import SubsetRecall, subset_recalls
-from .zeroshot import ZEROSHOT_METRICS, zeroshot_classification_metrics
+from .zeroshot import zeroshot_classification_metrics
 
 __all__ = [
+    "QueryRanks",
+    "accuracy_at_k",
+    "block_rows",
+    "matrix_blocks",
+    "mean_average_precision",
+    "mean_inverse_negative_penalty",
+    "mean_per_class_recall",
+    "mean_rank",
+    "median_rank",
+    "rank_blocks",
+    "rank_queries",
+    "recall_at_k",
+    "rprecision_map_at_r_of",
+    "rsum",
     "RECALL_KEYS",
+    "RETRIEVAL_METRIC_KEYS",
     "ZEROSHOT_METRICS",
     "IDENTITY_KEYS",
     "IDENTITY_LABELS",

@@ -23,16 +23,16 @@ themselves changes no metric. IRRA sorts with ``torch.argsort``, whose order of 
 unspecified; without ties both give the same numbers (the tests check it). A collapsed model
 (all scores equal) thus scores at the bottom, never at the top.
 
-Nothing is sorted along the gallery: for each query, each relevant item's ``c_k`` is counted
-(``>=`` comparisons summed by a matrix-vector product, or, for queries with many relevant items,
-a ``searchsorted`` of every score into the query's few relevant scores), in blocks of queries,
-so the cost is a few passes over the score matrix, not a ``Q x G`` argsort.
+Nothing is sorted along the gallery: the ranking core (:mod:`vlret.metrics.ranking`) counts
+each relevant item's ``c_k`` in blocks of queries (``>=`` comparisons summed by a
+matrix-vector product), so the cost is a few passes over the score matrix, not a ``Q x G``
+argsort; mAP and mINP are its functions of those positions.
 
 :func:`identity_retrieval_metrics_from_embeddings` scores each block of queries from the
 embeddings when it ranks it, so no full score matrix is held (ICFG-PEDES: 19,873 x 19,848).
 
-This module is core: it imports torch, :mod:`vlret._checks`, :mod:`vlret.metrics.keys` and
-:mod:`vlret.metrics.ranks`.
+This module is core: it imports torch, :mod:`vlret._checks`, :mod:`vlret.metrics.keys`,
+:mod:`vlret.metrics.ranking` and :mod:`vlret.metrics.ranks`.
 """
 
 from __future__ import annotations
@@ -45,32 +45,26 @@ import numpy as np
 import torch
 
 from .._checks import check_finite
-from .keys import IDENTITY_PREFIX
+from .keys import IDENTITY_KEYS, IDENTITY_PREFIX
+from .ranking import (
+    _Gallery,
+    block_rows,
+    mean_average_precision,
+    mean_inverse_negative_penalty,
+    rank_blocks,
+)
 from .ranks import _check_chunk, _check_finite, _eval_dtype, check_not_empty
 
-#: The keys of :func:`identity_retrieval_metrics`, in the order IRRA's table prints them.
-IDENTITY_KEYS = ("r1", "r5", "r10", "map", "minp")
 #: The table label of each key (IRRA's column headers).
 IDENTITY_LABELS = {"r1": "R1", "r5": "R5", "r10": "R10", "map": "mAP", "minp": "mINP"}
-#: The keys of :meth:`IdentityMetrics.as_dict` (a person-search record, the dev metrics of a
-#: person-search run): ``identity_t2i_r1`` ... ``identity_i2t_minp``, text to image first.
-IDENTITY_METRIC_KEYS = tuple(
-    f"{IDENTITY_PREFIX}{d}_{k}" for d in ("t2i", "i2t") for k in IDENTITY_KEYS
-)
 #: The cut-offs of the recalls.
 _KS = (1, 5, 10)
-#: Scores per block of queries (a block is ``chunk_size`` queries, fewer on a wide gallery):
-#: 4 MiB of float32, so that the passes over a block find it in cache. On one EPYC core, the
-#: CUHK-PEDES-sized evaluation (bench_person_search.py) took 1.06x / 1.19x the matmul (t2i /
-#: i2t) with such blocks, 1.39x / 1.53x with blocks of 2**25 scores.
-_BLOCK_SCORES = 1 << 20
-#: Up to this many relevant items in a block, one ``>=`` pass per relevant item (over the rows
-#: that have that many); above it, a ``searchsorted`` of the block into the relevant scores
-#: (log2 of them per score, but scalar: a pass of ``>=`` and a BLAS sum cost ~0.3 ns a score on
-#: one EPYC core, ``searchsorted`` ~10 ns).
+#: mAP and mINP sum the queries' values in order of R, ``chunk_size`` at a time, fewer when
+#: that many rows would exceed this many scores: the order they were always summed in, so the
+#: numbers stay the same to the last bit whatever blocks the scores were ranked in.
+_SUM_GROUP_SCORES = 1 << 20
+#: the ranking core's ``compare_max`` (:func:`~vlret.metrics.ranking.rank_blocks`)
 _COMPARE_MAX = 48
-#: Counts of 0/1 summed in float32 are exact up to this many terms.
-_FLOAT32_EXACT = 1 << 24
 
 
 def _ids(x: Any, name: str, n: int, what: str, device: torch.device) -> torch.Tensor:
@@ -88,63 +82,6 @@ def _ids(x: Any, name: str, n: int, what: str, device: torch.device) -> torch.Te
     return x.to(device=device, dtype=torch.long)
 
 
-def _count_at_least(block: torch.Tensor, thr: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """``(b, W)``: per row, the entries of ``block (b, G)`` scoring ``>= thr[row, k]``, for
-    ``k < r[row]`` (``r`` ascending: threshold ``k`` is counted on the rows from the first with
-    ``r > k`` on, so the cost is the sum of ``r``, not ``b x W``); other entries are 0."""
-    b, g = block.shape
-    w = thr.shape[1]
-    if w <= _COMPARE_MAX:
-        # 0/1 in a float buffer summed by a matrix-vector product (BLAS), as metrics.ranks does
-        dtype = block.dtype if g <= _FLOAT32_EXACT else torch.float64
-        hits = torch.empty(b, g, dtype=dtype, device=block.device)
-        ones = torch.ones(g, dtype=dtype, device=block.device)
-        out = torch.zeros(w, b, dtype=torch.long, device=block.device)
-        # each threshold a contiguous (b, 1) column: a strided one made ge ~40x slower
-        columns = thr.t().contiguous()
-        firsts = torch.searchsorted(r, torch.arange(w, device=r.device), right=True).tolist()
-        for k, a in enumerate(firsts):
-            rows = hits[a:]
-            torch.ge(block[a:], columns[k][a:, None], out=rows)
-            out[k, a:] = torch.mv(rows, ones).to(torch.long)
-        return out.t()
-    # searchsorted: each score's number of thresholds <= it, then a histogram per row
-    asc, order = thr.sort(dim=1)  # +inf (padding) last
-    below = torch.searchsorted(asc.contiguous(), block, right=True)  # (b, G) in [0, W]
-    hist = torch.zeros(b, w + 1, dtype=torch.long, device=block.device)
-    hist.scatter_add_(1, below, torch.ones_like(below))
-    at_least = hist.flip(1).cumsum(1).flip(1)[:, 1:]  # [k]: scores above the k-th threshold
-    return torch.empty_like(at_least).scatter_(1, order, at_least)
-
-
-def _block_sums(
-    block: torch.Tensor, rel_index: torch.Tensor, r: torch.Tensor
-) -> tuple[list[float], float, float]:
-    """Hits at each K, and the sums of AP and INP, of the queries of ``block (b, G)`` whose
-    relevant items are ``rel_index (b, W)`` (the first ``r`` of each row)."""
-    b, w = rel_index.shape
-    k = torch.arange(w, device=block.device)
-    valid = k[None, :] < r[:, None]
-    rel = block.gather(1, rel_index).masked_fill(~valid, float("-inf"))
-    rel_desc = rel.sort(dim=1, descending=True).values  # padding (-inf) last
-    thr = rel_desc.masked_fill(~valid, float("inf"))
-    all_ge = _count_at_least(block, thr, r)
-    # relevant items scoring >= each relevant score (the padding's -inf never does)
-    if w <= _COMPARE_MAX:
-        rel_ge = (rel_desc[:, None, :] >= thr[:, :, None]).sum(2)
-    else:
-        asc = rel_desc.flip(1).contiguous()
-        rel_ge = w - torch.searchsorted(asc, thr.contiguous(), right=False)
-    pos = (k[None, :] + 1 + all_ge - rel_ge).to(torch.float64)  # 1-based, ties against
-    first = pos[:, 0]
-    hits = [float((first <= cut).sum()) for cut in _KS]
-    precision = ((k[None, :] + 1).to(torch.float64) / pos).masked_fill(~valid, 0.0)
-    rf = r.to(torch.float64)
-    ap = float((precision.sum(1) / rf).sum())
-    inp = float((rf / pos.gather(1, (r - 1)[:, None]).squeeze(1)).sum())
-    return hits, ap, inp
-
-
 def _check_sim(sim: Any, name: str) -> None:
     if not isinstance(sim, torch.Tensor) or sim.dim() != 2 or not sim.dtype.is_floating_point:
         got = f"shape {tuple(sim.shape)} dtype {sim.dtype}" if isinstance(sim, torch.Tensor) else ""
@@ -157,40 +94,27 @@ def _ranked(
     n_q: int, query_ids, gallery_ids, n_g: int, dev: torch.device, chunk_size: int, block_of
 ) -> dict[str, float]:
     """The metrics of ``n_q`` queries whose scores against the ``n_g`` gallery items
-    ``block_of(idx)`` gives for a 1-D index of queries (a ``(len(idx), n_g)`` float tensor)."""
+    ``block_of(idx)`` gives for a 1-D index of queries (a ``(len(idx), n_g)`` float tensor),
+    counted by the ranking core (:func:`~vlret.metrics.ranking.rank_blocks`)."""
     q_ids = _ids(query_ids, "query_ids", n_q, "query (row)", dev)
     g_ids = _ids(gallery_ids, "gallery_ids", n_g, "gallery item (column)", dev)
-    # the gallery grouped by id: item order[start[u] : start[u] + count[u]] has id uniq[u]
-    order = torch.argsort(g_ids, stable=True)
-    uniq, count = torch.unique_consecutive(g_ids[order], return_counts=True)
-    start = torch.cumsum(count, 0) - count
-    slot = torch.searchsorted(uniq, q_ids).clamp(max=len(uniq) - 1)
-    missing = uniq[slot] != q_ids
-    if bool(missing.any()):
-        i = int(torch.nonzero(missing)[0])
-        raise ValueError(
-            f"query_ids[{i}] = {int(q_ids[i])}: no gallery item has this id (gallery_ids); "
-            "every query needs at least one relevant gallery item"
-        )
-    r_all = count[slot]
-    q_start = start[slot]
-    rows = max(1, min(chunk_size, _BLOCK_SCORES // n_g))
-    by_r = torch.argsort(r_all, stable=True)  # a block's width is close to each row's R
-    hits = [0.0] * len(_KS)
-    ap_sum = inp_sum = 0.0
-    for a in range(0, n_q, rows):
-        idx = by_r[a : a + rows]
-        r = r_all[idx]
-        k = torch.arange(int(r.max()), device=dev)
-        offset = torch.minimum(k[None, :], (r - 1)[:, None])  # padding repeats the last one
-        rel_index = order[q_start[idx][:, None] + offset]
-        block_hits, ap, inp = _block_sums(block_of(idx), rel_index, r)
-        hits = [h + bh for h, bh in zip(hits, block_hits, strict=True)]
-        ap_sum += ap
-        inp_sum += inp
-    out = {f"r{cut}": 100.0 * h / n_q for cut, h in zip(_KS, hits, strict=True)}
-    out["map"] = 100.0 * ap_sum / n_q
-    out["minp"] = 100.0 * inp_sum / n_q
+    r_all = _Gallery.of(q_ids, g_ids).count
+    # the queries in order of R, so that a block's width is close to each of its rows' R
+    by_r = torch.argsort(r_all, stable=True)
+    rows = block_rows(n_g, limit=chunk_size)
+    blocks = ((a, block_of(by_r[a : a + rows])) for a in range(0, n_q, rows))
+    ranks = rank_blocks(
+        blocks,
+        n_queries=n_q,
+        query_ids=q_ids[by_r],
+        gallery_ids=g_ids,
+        every=True,
+        compare_max=_COMPARE_MAX,
+    )
+    out = {f"r{cut}": 100.0 * float((ranks.first < cut).sum()) / n_q for cut in _KS}
+    group = max(1, min(chunk_size, _SUM_GROUP_SCORES // n_g))
+    out["map"] = mean_average_precision(ranks, group=group)
+    out["minp"] = mean_inverse_negative_penalty(ranks, group=group)
     return out
 
 
@@ -301,9 +225,7 @@ class IdentityMetrics:
 
 
 __all__ = [
-    "IDENTITY_KEYS",
     "IDENTITY_LABELS",
-    "IDENTITY_METRIC_KEYS",
     "IdentityMetrics",
     "identity_retrieval_metrics",
     "identity_retrieval_metrics_from_embeddings",

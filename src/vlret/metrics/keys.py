@@ -30,6 +30,33 @@ from typing import Any
 
 #: The qualifier of the identity-level (person-search) metric keys: ``identity_t2i_r1``.
 IDENTITY_PREFIX = "identity_"
+#: The keys of :func:`~vlret.metrics.identity_retrieval_metrics` (one direction), in the order
+#: IRRA's table prints them.
+IDENTITY_KEYS = ("r1", "r5", "r10", "map", "minp")
+#: The keys of :meth:`~vlret.metrics.IdentityMetrics.as_dict` (a person-search record, the dev
+#: metrics of a person-search run): ``identity_t2i_r1`` ... ``identity_i2t_minp``, text to
+#: image first.
+IDENTITY_METRIC_KEYS = tuple(
+    f"{IDENTITY_PREFIX}{d}_{k}" for d in ("t2i", "i2t") for k in IDENTITY_KEYS
+)
+#: The keys of :func:`~vlret.metrics.zeroshot_classification_metrics`, in CLIP_benchmark's
+#: order.
+ZEROSHOT_METRICS = ("acc1", "acc5", "mean_per_class_recall")
+#: The keys of :meth:`~vlret.metrics.RetrievalMetrics.as_dict`, in its field order: the
+#: recalls, rsum, then the median and mean ranks.
+RETRIEVAL_METRIC_KEYS = (
+    "i2t_r1",
+    "i2t_r5",
+    "i2t_r10",
+    "t2i_r1",
+    "t2i_r5",
+    "t2i_r10",
+    "rsum",
+    "i2t_medr",
+    "t2i_medr",
+    "i2t_meanr",
+    "t2i_meanr",
+)
 #: The person-search metric suffixes as written before the rename -> as written today.
 OLD_IDENTITY_SUFFIXES: Mapping[str, str] = {
     "R1": "r1",
@@ -95,8 +122,12 @@ def normalise_metric_record(record: Any) -> Any:
 
 
 __all__ = [
+    "IDENTITY_KEYS",
+    "IDENTITY_METRIC_KEYS",
     "IDENTITY_PREFIX",
     "OLD_IDENTITY_SUFFIXES",
+    "RETRIEVAL_METRIC_KEYS",
+    "ZEROSHOT_METRICS",
     "normalise_metric_key",
     "normalise_metric_record",
 ]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .._checks import check_finite
+from .ranking import mean_rank, median_rank, recall_at_k, rsum
 
 RECALL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
 
@@ -329,10 +330,10 @@ def metrics_from_ranks(i2t_ranks: torch.Tensor, t2i_ranks: torch.Tensor) -> Retr
         if r.ndim != 1 or r.size == 0:
             raise ValueError(f"{prefix}_ranks must be a non-empty 1-D array")
         for k in (1, 5, 10):
-            values[f"{prefix}_r{k}"] = 100.0 * float(np.mean(r < k))
-        values[f"{prefix}_medr"] = float(np.floor(np.median(r)) + 1)
-        values[f"{prefix}_meanr"] = float(r.mean() + 1)
-    values["rsum"] = sum(values[k] for k in RECALL_KEYS)
+            values[f"{prefix}_r{k}"] = recall_at_k(r, k)
+        values[f"{prefix}_medr"] = median_rank(r)
+        values[f"{prefix}_meanr"] = mean_rank(r)
+    values["rsum"] = rsum(values, RECALL_KEYS)
     return RetrievalMetrics(**values)
 
 

@@ -38,7 +38,7 @@ The score matrices of :mod:`vlret.metrics` put the visual side in rows: ``(N_img
 kind's ids are given for its rows and columns (:meth:`~Relevance.row_column_ids`), and a
 direction whose queries are the columns (``t2i``) swaps them.
 
-This module is core: it imports torch and numpy only.
+This module is core: it imports torch, numpy and :mod:`vlret.metrics.keys`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from .keys import IDENTITY_METRIC_KEYS, RETRIEVAL_METRIC_KEYS, ZEROSHOT_METRICS
 
 
 def _label_ids(labels: Mapping[str, Any], key: str, kind: str) -> torch.Tensor:
@@ -103,12 +105,8 @@ class Relevance:
     #: the table's word for the visual side
     visual: ClassVar[str] = "image"
 
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        """The metric keys a protocol of this kind may report."""
-        from .ranks import RetrievalMetrics  # the metric modules rank with this one
-
-        return tuple(k for k in RetrievalMetrics.__dataclass_fields__ if k != "folds")
+    #: the metric keys a protocol of this kind may report
+    metrics: ClassVar[tuple[str, ...]] = RETRIEVAL_METRIC_KEYS
 
     def row_column_ids(self, labels: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(row_ids, column_ids)`` of the ``(rows, columns)`` score matrix: column ``c`` is
@@ -184,11 +182,7 @@ class SameIdentity(Relevance):
     needs: ClassVar[tuple[str, ...]] = ("image_ids", "caption_ids")
     identities: ClassVar[bool] = True
 
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        from .identity import IDENTITY_METRIC_KEYS
-
-        return IDENTITY_METRIC_KEYS
+    metrics: ClassVar[tuple[str, ...]] = IDENTITY_METRIC_KEYS
 
     def row_column_ids(self, labels: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         images = _label_ids(labels, "image_ids", self.name)
@@ -207,11 +201,7 @@ class ClassLabel(Relevance):
     needs: ClassVar[tuple[str, ...]] = ("labels", "n_classes")
     classes: ClassVar[bool] = True
 
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        from .zeroshot import ZEROSHOT_METRICS
-
-        return ZEROSHOT_METRICS
+    metrics: ClassVar[tuple[str, ...]] = ZEROSHOT_METRICS
 
     def row_column_ids(self, labels: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         target = _label_ids(labels, "labels", self.name)

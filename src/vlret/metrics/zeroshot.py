@@ -18,9 +18,11 @@ Definitions, for ``logits (N, C)`` (image ``i`` against class ``c``) and ``label
   CLIP_benchmark; an image predicted as an absent class is simply wrong.
 
 The ranks are counted from row blocks of the logits (no ``N x C`` sort: one comparison per
-entry), so ImageNet's 50,000 x 1,000 logits need one block's worth of extra memory.
+entry), so ImageNet's 50,000 x 1,000 logits need one block's worth of extra memory; ties against
+the true class are the ranking core's count (:func:`~vlret.metrics.ranking.rank_blocks`, the
+``class-label`` relevance), and the metrics its functions of the ranks.
 
-This module is core: it imports torch and numpy only.
+This module is core: it imports torch, numpy and the ranking core.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ import numpy as np
 import torch
 
 from .._checks import check_finite
+from .ranking import accuracy_at_k, matrix_blocks, mean_per_class_recall, rank_blocks
+from .relevance_kinds import ClassLabel
 
-#: the keys of :func:`zeroshot_classification_metrics`, in CLIP_benchmark's order
-ZEROSHOT_METRICS = ("acc1", "acc5", "mean_per_class_recall")
 #: how a tie with the true class's logit is counted (see the module docstring)
 TIE_RULES = ("against", "index")
 #: logits per row block of the rank count
@@ -110,18 +112,23 @@ def true_class_ranks(logits: Any, labels: Any, *, ties: str = "against") -> torc
     logits = _check_logits(logits)
     n, c = logits.shape
     target = _check_labels(labels, n, c, logits.device)
-    ranks = torch.empty(n, dtype=torch.long, device=logits.device)
     step = max(1, _BLOCK_ENTRIES // c)
     columns = torch.arange(c, device=logits.device)
+    if ties == "against":  # the ranking core's count, the class-label relevance's ids
+        query_ids, class_ids = ClassLabel().ids("i2c", {"labels": target, "n_classes": c})
+        counted = rank_blocks(
+            matrix_blocks(logits, rows=step),
+            n_queries=n,
+            query_ids=query_ids,
+            gallery_ids=class_ids,
+        )
+        return counted.first.to(logits.device)
+    ranks = torch.empty(n, dtype=torch.long, device=logits.device)
     for a in range(0, n, step):
         block, t = logits[a : a + step], target[a : a + step]
         true = block.gather(1, t[:, None])
         above = (block > true).sum(1)
-        equal = block == true
-        if ties == "against":
-            tied = equal.sum(1) - 1  # the true class itself is equal to itself
-        else:
-            tied = (equal & (columns[None, :] < t[:, None])).sum(1)
+        tied = ((block == true) & (columns[None, :] < t[:, None])).sum(1)
         ranks[a : a + step] = above + tied
     return ranks
 
@@ -150,14 +157,9 @@ def zeroshot_classification_metrics(
     ranks = true_class_ranks(logits, labels, ties=ties)
     n_classes = int(logits.shape[1])
     target = _check_labels(labels, ranks.numel(), n_classes, ranks.device)
-    top1 = (ranks < 1).to(torch.float64)
-    acc5 = float((ranks < 5).to(torch.float64).mean()) if n_classes >= 5 else float("nan")
-    per_class_hits = torch.zeros(n_classes, dtype=torch.float64, device=ranks.device)
-    per_class_hits.index_add_(0, target, top1)
-    counts = torch.bincount(target, minlength=n_classes).to(torch.float64)
-    present = counts > 0
-    recall = float((per_class_hits[present] / counts[present]).mean())
-    return {"acc1": float(top1.mean()), "acc5": acc5, "mean_per_class_recall": recall}
+    acc5 = accuracy_at_k(ranks, 5) if n_classes >= 5 else float("nan")
+    recall = mean_per_class_recall(ranks, target, n_classes)
+    return {"acc1": accuracy_at_k(ranks, 1), "acc5": acc5, "mean_per_class_recall": recall}
 
 
-__all__ = ["TIE_RULES", "ZEROSHOT_METRICS", "true_class_ranks", "zeroshot_classification_metrics"]
+__all__ = ["TIE_RULES", "true_class_ranks", "zeroshot_classification_metrics"]

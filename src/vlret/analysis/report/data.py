@@ -11,8 +11,9 @@ the fold blocks; COCO 5K is 5000 x 25000 float32, 500 MB).
 metrics code itself, on the same numbers: :func:`~vlret.metrics.retrieval_ranks` of a two-tower
 model's embeddings (as its metrics are counted), else
 :func:`~vlret.metrics.retrieval_ranks_from_similarity` of the score matrix, fold by fold for
-COCO 1K (a query is ranked within its fold). Person search (``same-identity``) counts the
-same rule on the score matrix with every image of the query's person relevant.
+COCO 1K (a query is ranked within its fold). Person search (``same-identity``) ranks the
+score matrix's blocks by the ranking core (:func:`~vlret.metrics.rank_queries`) with every
+image of the query's person relevant.
 
 **Queries**: per direction, ``samples`` queries drawn without replacement with ``seed``
 (numpy's ``default_rng``), and the ``worst`` queries (highest rank; ties: lower index first).
@@ -36,7 +37,14 @@ import torch
 
 from ...eval import EnsembleSplit, Evaluation, MatrixScorer, embedding_scores, get_protocol
 from ...eval.protocols import EvalProtocol, protocol_names
-from ...metrics import fold_blocks, retrieval_ranks, retrieval_ranks_from_similarity
+from ...metrics import (
+    fold_blocks,
+    matrix_blocks,
+    rank_blocks,
+    rank_queries,
+    retrieval_ranks,
+    retrieval_ranks_from_similarity,
+)
 
 #: the two directions: image -> text (an image queries the captions) and text -> image
 DIRECTIONS = ("i2t", "t2i")
@@ -193,13 +201,11 @@ def counted_ranks(query_scores: torch.Tensor, relevant: torch.Tensor) -> torch.T
     if not bool(relevant.any(dim=1).all()):
         row = int(torch.nonzero(~relevant.any(dim=1))[0])
         raise ValueError(f"query {row} has no relevant gallery item")
-    out = torch.empty(query_scores.shape[0], dtype=torch.long)
-    for r0 in range(0, query_scores.shape[0], _CHUNK):
-        s = query_scores[r0 : r0 + _CHUNK].double()
-        rel = relevant[r0 : r0 + _CHUNK]
-        best = s.masked_fill(~rel, -np.inf).amax(dim=1, keepdim=True)
-        out[r0 : r0 + _CHUNK] = ((s >= best) & ~rel).sum(dim=1) + 1
-    return out
+    blocks = (
+        (r0, query_scores[r0 : r0 + _CHUNK], relevant[r0 : r0 + _CHUNK])
+        for r0 in range(0, query_scores.shape[0], _CHUNK)
+    )
+    return rank_blocks(blocks, n_queries=query_scores.shape[0]).first + 1
 
 
 def _identities(evaluation: Evaluation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,13 +217,22 @@ def _identities(evaluation: Evaluation) -> tuple[torch.Tensor, torch.Tensor]:
 
 def identity_query_ranks(evaluation: Evaluation, scores: torch.Tensor) -> dict[str, torch.Tensor]:
     """1-based ranks of a same-identity protocol: every image of the query's person is
-    relevant (:func:`counted_ranks`)."""
+    relevant (the ranking core under the protocol's relevance kind)."""
     txt_ids, img_ids = _identities(evaluation)
-    same = img_ids[:, None] == txt_ids[None, :]  # (N_img, N_txt)
-    return {
-        "i2t": counted_ranks(scores, same),
-        "t2i": counted_ranks(scores.t(), same.t()),
-    }
+    assert evaluation.protocol is not None
+    kind = evaluation.protocol.relevance_kind
+    labels = {"image_ids": img_ids, "caption_ids": txt_ids}
+    ranks = {}
+    for direction, query_scores in (("i2t", scores), ("t2i", scores.t())):
+        counted = rank_queries(
+            matrix_blocks(query_scores, rows=_CHUNK),
+            kind,
+            labels,
+            direction=direction,
+            n_queries=query_scores.shape[0],
+        )
+        ranks[direction] = counted.first + 1
+    return ranks
 
 
 def relevant_items(data: ReportData, direction: str, query: int) -> torch.Tensor:
