@@ -1,10 +1,13 @@
 """``vlret eval RUN_OR_CKPT [...] --protocol NAME [--data DIR] [--split SPLIT] [--check]``: a
-thin layer over :func:`vlret.run.evaluate.prepare_evaluation` (the request checked, the
-members loaded, the split opened, the scorer built) and :func:`vlret.eval.evaluate` (the
-metrics, their table and JSON record). A run folder is evaluated from its ``best.pt`` (else
-``last.pt``), on the data folder of its config and the protocol's split of that data unless
-``--data`` / ``--split`` say otherwise; ``--check`` loads and reads everything, prints what
-would be evaluated and writes nothing."""
+thin layer over the evaluation tasks (:mod:`vlret.eval.tasks`): the ``--protocol`` choices are
+the registered tasks, each of which says which of the options below it takes, prepares itself
+through the run harness (:class:`vlret.run.tasks.RunHarness`: a retrieval protocol by
+:func:`vlret.run.evaluate.prepare_evaluation`, zero-shot classification by loading one pixel
+model and a class-labelled set) and runs (:func:`vlret.eval.evaluate`,
+:func:`vlret.eval.zeroshot.evaluate_zeroshot`). A run folder is evaluated from its ``best.pt``
+(else ``last.pt``), on the data folder of its config and the protocol's split of that data
+unless ``--data`` / ``--split`` say otherwise; ``--check`` loads and reads everything, prints
+what would be evaluated and writes nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +19,19 @@ from ._common import DEFAULT_PREPROCESSINGS, EXIT_OK, fail, positive_int, requir
 
 NAME = "eval"
 
+#: Each task option (:attr:`vlret.eval.tasks.EvalTask.options`) and the flag that sets it
+#: (named when a task does not take it).
+TASK_FLAGS = {
+    "shortlist": "--shortlist",
+    "shortlist_from": "--shortlist-from",
+    "rescore": "--rescore",
+    "captions_per_image": "--captions-per-image",
+    "captions_per_video": "--captions-per-video",
+    "dataset": "--dataset",
+    "templates": "--templates",
+    "classnames": "--classnames",
+    "num_workers": "--num-workers",
+}
 #: The re-scoring parameters and the flag that sets each (named in a misplaced flag's error).
 RESCORE_FLAGS = {
     "temperature": "--dsl-temperature",
@@ -28,20 +44,23 @@ RESCORE_FLAGS = {
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` on the ``vlret`` sub-command parsers."""
-    from ..eval import eval_splits, get_protocol, protocol_names
+    from ..eval import eval_splits, get_protocol, get_task, task_names
     from ..eval.clip_benchmark import JSON_FORMATS
 
     # one help entry per set of accepted splits: "coco1k/coco5k: precomp testall/dev, ...; ..."
     by_splits: dict[str, list[str]] = {}
-    for name in protocol_names():
+    for name in task_names():
         by_splits.setdefault(get_protocol(name).accepted(sep=", "), []).append(name)
 
     p = subparsers.add_parser(
         NAME,
-        help="evaluate a checkpoint (or an ensemble) under a paper protocol",
+        help="evaluate a checkpoint (or an ensemble) under a paper protocol or task",
         description="Exact protocol by default. Several checkpoints: an ensemble, the mean of "
         "their score matrices. --shortlist K: approximate, for pair-scoring (cross-attention) "
-        "models: each query's top-K candidates by a two-tower score re-ranked by exact scores.",
+        "models: each query's top-K candidates by a two-tower score re-ranked by exact scores. "
+        "--protocol zeroshot-classification: zero-shot classification of a class-labelled set "
+        "(--dataset, --data) as vlret zeroshot computes it. vlret protocols --long lists what "
+        "each protocol needs.",
     )
     p.add_argument(
         "checkpoint",
@@ -72,7 +91,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         help="data folder of the test split (Karpathy: dataset_*.json and images/ in it; a run "
         "trained on shards or a CSV is evaluated on Karpathy data); default: the first "
-        "checkpoint's data.root (required with --model-dir)",
+        "checkpoint's data.root (required with --model-dir); zeroshot-classification: the "
+        "--dataset set's folder (default: the run's train.zeroshot_root)",
+    )
+    p.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="zeroshot-classification: the class-labelled set, imagenet1k, cifar10, cifar100, "
+        "caltech101, food101, flowers102, pets, fgvc_aircraft (each in its released layout) or "
+        "imagefolder (one folder per class); default: the run's train.zeroshot_dataset",
+    )
+    p.add_argument(
+        "--templates",
+        metavar="openai|NAME|FILE",
+        help="zeroshot-classification: prompt templates, openai (OpenAI's 80 ImageNet "
+        "templates), a data set's NAME, or a FILE with one template per line using {c} "
+        "(default: the data set's own list)",
+    )
+    p.add_argument(
+        "--classnames",
+        type=Path,
+        metavar="FILE",
+        help="zeroshot-classification: class names, one per line in label order (default: the "
+        "data set's own)",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        metavar="N",
+        help="zeroshot-classification: DataLoader workers decoding the images (default 0)",
     )
     p.add_argument(
         "--split",
@@ -84,8 +131,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--protocol",
         required=True,
-        choices=protocol_names(),
-        help="; ".join(f"{n}: {get_protocol(n).summary}" for n in protocol_names())
+        choices=task_names(),
+        help="; ".join(f"{n}: {get_task(n).summary}" for n in task_names())
         + " (vlret protocols lists them)",
     )
     p.add_argument("--json", type=Path, help="also write the metrics as JSON")
@@ -96,7 +143,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="--json's record: vlret (default; every metric, folds, sizes) or clip_benchmark "
         "(CLIP_benchmark's zeroshot_retrieval record, image_retrieval_recall@K and "
         "text_retrieval_recall@K for K = 1, 5, 10, which its build step merges; "
-        "vlret.eval.clip_benchmark)",
+        "vlret.eval.clip_benchmark; zeroshot-classification: its zeroshot_classification "
+        "record, as vlret zeroshot --json writes it)",
     )
     p.add_argument("--batch-size", type=int, default=256, help="encoding batch size")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
@@ -165,13 +213,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate, print the protocol's table and (``--json``) write its record."""
+    """Evaluate, print the task's table and (``--json``) write its record."""
     require_train_extra(NAME)
     from .._files import check_json_path, write_metrics_json
-    from ..eval import evaluate
-    from ..eval.clip_benchmark import check_retrieval_request, retrieval_record
+    from ..eval import EvalRequest, get_task
     from ..metrics.rescore import RescoreParameterError, make_rescoring
-    from ..run.evaluate import prepare_evaluation
+    from ..run.tasks import RunHarness
 
     if args.model_dir is not None and args.checkpoint:
         return fail(
@@ -188,78 +235,55 @@ def run(args: argparse.Namespace) -> int:
             "checkpoint keeps its model's preprocessing",
         )
     try:
+        task = get_task(args.protocol)
         if args.json is not None:  # before the (slow) evaluation, not after the table
             check_json_path(args.json, overwrite=args.overwrite)
-        if args.json_format == "clip_benchmark":
-            if args.json is None:
-                raise ValueError("--json-format clip_benchmark: give --json OUT, the file to write")
-            check_retrieval_request(
-                args.protocol, approximate=args.shortlist is not None, rescored=bool(args.rescore)
+        if args.json_format != "vlret" and args.json is None:
+            raise ValueError(
+                f"--json-format {args.json_format}: give --json OUT, the file to write"
             )
-        checkpoints = args.checkpoint
-        prepared = prepare_evaluation(
-            checkpoints[0] if len(checkpoints) == 1 else (checkpoints or None),
+        rescore = make_rescoring(
+            args.rescore,
+            names=RESCORE_FLAGS,
+            temperature=args.dsl_temperature,
+            beta=args.qb_beta,
+            k=args.qb_k,
+            dynamic=False if args.qb_static else None,
+            bank_size=args.bank_size,
+        )
+        given = {name: getattr(args, name) for name in TASK_FLAGS if name != "rescore"}
+        options = {name: value for name, value in given.items() if value is not None}
+        if rescore is not None:
+            options["rescore"] = rescore
+        request = EvalRequest(
+            checkpoints=tuple(args.checkpoint),
+            model_dir=args.model_dir,
             data=args.data,
             split=args.split,
-            protocol=args.protocol,
             batch_size=args.batch_size,
             device=args.device,
-            shortlist=args.shortlist,
-            shortlist_from=args.shortlist_from,
             progress=not args.no_progress,
-            captions_per_image=args.captions_per_image,
-            captions_per_video=args.captions_per_video,
-            model_dir=args.model_dir,
             default_preprocessing=args.default_preprocessing,
-            rescore=make_rescoring(
-                args.rescore,
-                names=RESCORE_FLAGS,
-                temperature=args.dsl_temperature,
-                beta=args.qb_beta,
-                k=args.qb_k,
-                dynamic=False if args.qb_static else None,
-                bank_size=args.bank_size,
-            ),
+            options=options,
         )
+        task.check_options(request, flags=TASK_FLAGS)
+        task.check_json_format(args.json_format, request)
+        prepared = task.prepare(request, harness=RunHarness())
         if args.check:
-            print(_check_summary(prepared, args))
+            would = args.json if args.json is not None else "nothing (no --json)"
+            lines = [*prepared.summary(), f"would write: {would}"]
+            print("\n".join([*lines, "check passed: nothing encoded, nothing written"]))
             return EXIT_OK
         for note in prepared.notes:  # the defaults taken: checkpoint, data, split
             print(note)
-        # the last phase: the evaluation core, on what was prepared
-        result = evaluate(prepared.scorer, prepared.data, prepared.protocol, split=prepared.split)
+        # the last phase: the task's evaluation core, on what was prepared
+        result = prepared.run()
     except RescoreParameterError as err:  # named by its flag: --dsl-temperature 1e-320 is ...
         return fail(NAME, f"{RESCORE_FLAGS.get(err.param, err.param)} {err.detail}")
     except (FileNotFoundError, ValueError) as err:  # ConfigError, DataFormatError included
         return fail(NAME, err)
-    print(result.table())  # the Evaluation carries its protocol and split
+    print(result.table())  # the result carries its protocol and split
     if args.json is not None:
-        record = result.record() if args.json_format == "vlret" else retrieval_record(result)
+        record = result.record(json_format=args.json_format)
         print(write_metrics_json(record, args.json, overwrite=args.overwrite))
     return EXIT_OK
-
-
-def _check_summary(prepared: Any, args: argparse.Namespace) -> str:
-    """What ``vlret eval --check`` prints: the model(s), data, split, protocol and sizes of the
-    evaluation :func:`~vlret.run.evaluate.prepare_evaluation` built, and what would be
-    written."""
-    images, texts = prepared.sizes
-    visual = prepared.protocol.visual
-
-    def why(key: str) -> str:
-        return f" ({prepared.why[key]})" if key in prepared.why else ""
-
-    models = [f"{c}{why(str(c))}" for c in prepared.checkpoints]
-    models = models or [f"{args.model_dir} (a local Hugging Face CLIP folder)"]
-    lines = [
-        f"model: {', '.join(models)}"
-        + (f"; an ensemble of {len(prepared.members)}" if len(prepared.members) > 1 else ""),
-        f"data: {prepared.root}{why('data')}",
-        f"split: {prepared.split}{why('split')}",
-        f"protocol: {prepared.protocol.name}",
-        f"title: {prepared.protocol.title_for(prepared.split, images, texts)}",
-        f"size: {images} {visual}s x {texts} captions",
-        f"would write: {args.json if args.json is not None else 'nothing (no --json)'}",
-        "check passed: nothing encoded, nothing written",
-    ]
-    return "\n".join(lines)

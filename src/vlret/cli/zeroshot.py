@@ -14,7 +14,8 @@ from ._common import DEFAULT_PREPROCESSINGS, EXIT_OK, fail, positive_int, requir
 
 NAME = "zeroshot"
 
-#: What kind of model ``--model`` is, per kind (the JSON record's ``vlret.model_source``).
+#: What kind of model ``--model`` is, per kind (the JSON record's ``vlret.model_source``; the
+#: same as :data:`vlret.run.tasks.MODEL_SOURCES`, written out: the parsers import no torch).
 MODEL_SOURCES = {"checkpoint": "vlret-checkpoint", "hf": "hf-clip"}
 
 
@@ -93,7 +94,7 @@ def load_zeroshot_model(
     """``(model, tokenizer, source)`` of ``--model`` (source: :data:`MODEL_SOURCES`): a
     local Hugging Face CLIP directory (:func:`vlret.eval.zeroshot.load_hf_clip`, with
     ``default_preprocessing`` for a folder without processor file) or a ``vlret train``
-    checkpoint (:func:`vlret.run.builders.load_trained_model`), which must read pixels.
+    checkpoint (:func:`vlret.run.tasks.load_pixel_checkpoint`), which must read pixels.
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or a CLIP directory lacks a file it needs.
@@ -101,7 +102,7 @@ def load_zeroshot_model(
             encodes precomputed features, or ``default_preprocessing`` with a checkpoint.
     """
     from ..eval.zeroshot import load_hf_clip
-    from ..run.builders import load_trained_model
+    from ..run.tasks import load_pixel_checkpoint
 
     path = Path(path)
     if not path.exists():
@@ -119,13 +120,7 @@ def load_zeroshot_model(
             f"--default-preprocessing: applies to a Hugging Face CLIP directory; {path} is a "
             "checkpoint, which keeps its model's preprocessing"
         )
-    model, run, encoder = load_trained_model(path, device=device)
-    if getattr(model, "image_transform", None) is None:
-        raise ValueError(
-            f"{path}: its model (kind {run.model.get('kind', 'vse')!r}) encodes precomputed "
-            "features, not pixels; zero-shot classification needs a model that reads images "
-            "(kind clip)"
-        )
+    model, encoder, _ = load_pixel_checkpoint(path, device=device)
     return model, encoder, MODEL_SOURCES["checkpoint"]
 
 
@@ -154,9 +149,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise ValueError(f"--device: {err}") from None
         sets = _classification()
-        names = sets.read_classnames(args.classnames) if args.classnames is not None else None
+        # the file itself: load_classification reads it and checks its count of names
         data = sets.load_classification(
-            args.dataset, args.data_root, split=args.split, classnames=names
+            args.dataset, args.data_root, split=args.split, classnames=args.classnames
         )
         if args.templates is not None:
             templates = sets.load_templates(args.templates)

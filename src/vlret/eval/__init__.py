@@ -1,7 +1,8 @@
 """Evaluation: protocols (:mod:`vlret.eval.protocols`, one record each in a registry), scorers
-(:mod:`vlret.eval.scorers`: two-tower, pair-scoring, ensemble, shortlist, re-scored) and the one
+(:mod:`vlret.eval.scorers`: two-tower, pair-scoring, ensemble, shortlist, re-scored), the one
 pipeline :func:`evaluate`, which returns an :class:`Evaluation` that renders its own table and
-JSON record.
+JSON record, and the tasks (:mod:`vlret.eval.tasks`: retrieval under each protocol and zero-shot
+classification, one registry), which ``vlret eval`` runs and ``vlret protocols`` lists.
 
 It sits between the harness (:mod:`vlret.train`, which loads checkpoints and builds datasets,
 and the command line) above and the models and data formats below; it never imports the
@@ -41,6 +42,7 @@ from .scorers import (
 )
 from .scores import embedding_scores, mean_pooled_scores, metrics_from_scores, score_matrix
 from .shortlist import ShortlistResult, shortlist_metrics
+from .tasks import EvalRequest, EvalTask, TaskNeeds, get_task, register_task, task_names
 
 __all__ = [
     "IDENTITY_METRICS",
@@ -49,6 +51,8 @@ __all__ = [
     "EnsembleScorer",
     "EnsembleSplit",
     "EvalProtocol",
+    "EvalRequest",
+    "EvalTask",
     "Evaluation",
     "MatrixScorer",
     "Measured",
@@ -57,6 +61,7 @@ __all__ = [
     "Scorer",
     "ShortlistResult",
     "ShortlistScorer",
+    "TaskNeeds",
     "TextTokens",
     "TwoTowerScorer",
     "default_protocol",
@@ -67,6 +72,7 @@ __all__ = [
     "evaluate",
     "format_table",
     "get_protocol",
+    "get_task",
     "identity_ids",
     "identity_metrics",
     "mean_pooled_scores",
@@ -75,6 +81,8 @@ __all__ = [
     "pack_words",
     "protocol_names",
     "register_protocol",
+    "register_task",
     "score_matrix",
     "shortlist_metrics",
+    "task_names",
 ]

@@ -208,6 +208,17 @@ def classification_set_name(data: ClassificationData) -> str:
     return f"{data.name}/{folder.name}" if folder.name else data.name
 
 
+def zeroshot_title(
+    dataset: str, split: str, num_images: int, num_classes: int, num_templates: int
+) -> str:
+    """``Zero-shot classification: cifar10 test (10000 images, 10 classes, 18 templates)``: the
+    title of a result's table, and what ``vlret eval --check`` says would be scored."""
+    return (
+        f"Zero-shot classification: {dataset} {split} ({num_images} images, "
+        f"{num_classes} classes, {num_templates} templates)"
+    )
+
+
 @dataclass(frozen=True)
 class ZeroShotResult:
     """The zero-shot classification of one split: its metrics (fractions, CLIP_benchmark's
@@ -224,12 +235,15 @@ class ZeroShotResult:
     #: ``(N, C)`` float32 CPU logits (100 x cosine)
     logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
+    def title(self) -> str:
+        """The table's title (:func:`zeroshot_title`)."""
+        return zeroshot_title(
+            self.dataset, self.split, self.num_images, self.num_classes, self.num_templates
+        )
+
     def table(self) -> str:
         """A title line and a one-row table of the metrics in percent."""
-        title = (
-            f"Zero-shot classification: {self.dataset} {self.split} ({self.num_images} images, "
-            f"{self.num_classes} classes, {self.num_templates} templates)"
-        )
+        title = self.title()
         cells = [
             "-" if math.isnan(self.metrics[k]) else f"{100 * self.metrics[k]:.2f}"
             for k in ZEROSHOT_METRICS
@@ -455,4 +469,5 @@ __all__ = [
     "load_hf_clip",
     "zeroshot_classifier",
     "zeroshot_logits",
+    "zeroshot_title",
 ]
