@@ -8,7 +8,10 @@ a key is the file name up to its first dot, extensions lower-cased); the image i
 
 ``data.shards`` is a brace pattern (``"cc3m/{00000..00331}.tar"``) or a list of paths and
 patterns; relative ones start from the current folder, as every path does
-(:mod:`vlret.data.paths`), not from ``data.root``. No file gives the dataset's size, so
+(:mod:`vlret.data.paths`), not from ``data.root``. A shard may also be one of webdataset's URLs:
+``pipe:COMMAND`` (``"pipe:aws s3 cp s3://bucket/cc3m/{00000..01000}.tar -"``), ``http(s)://``
+or ``file:`` (:mod:`vlret.data.formats.shard_urls`: what is checked before a run, and a shard
+that cannot be read stopping it in one line). No file gives the dataset's size, so
 ``data.train_num_samples`` sets the epoch: ``train_num_samples // train.batch_size`` global
 batches (capped by ``train.max_steps_per_epoch``).
 
@@ -76,11 +79,10 @@ from ..bad_samples import BadSample, check_dev_fraction, epoch_fraction_message
 from ..checks import DataFormatError
 from ..dataset import RetrievalBatch, RetrievalDataset, collate_retrieval
 from ..paths import relative_path_hint
+from .shard_urls import ShardReadError, check_url, expand_pattern, is_url, not_a_shard, read_shards
 
 #: The image members a sample is read from, in order of preference (open_clip's).
 IMAGE_EXTENSIONS = ("jpg", "png", "jpeg", "webp")
-#: The ``data.format`` values :func:`build_image_sets` builds (the others: the trainer's own).
-IMAGE_FORMATS = ("webdataset", "csv")
 
 
 class ShardError(ValueError):
@@ -113,11 +115,12 @@ def expand_shards(
     key: str = "data.shards",
     data_root: str | Path | None = None,
 ) -> list[str]:
-    """The shard files of a brace pattern or a list of paths / patterns, in the given order.
+    """The shards of a brace pattern or a list of paths / patterns, in the given order.
 
     Args:
         spec: ``"cc3m/{00000..00331}.tar"``, several such patterns joined with ``::``
-            (open_clip's ``--train-data``), or a list of them.
+            (open_clip's ``--train-data``), or a list of them; a pattern may be a URL
+            (``pipe:``, ``http(s)://``, ``file:``; :mod:`vlret.data.formats.shard_urls`).
         root: The folder relative paths start from: the current folder, as for every config
             key (:mod:`vlret.data.paths`); a caller of the library may give another.
         key: The config key named in errors.
@@ -125,52 +128,33 @@ def expand_shards(
             with the fix (:func:`vlret.data.paths.relative_path_hint`), never read from there.
 
     Returns:
-        The files as strings.
+        The files as strings (a ``file:`` URL as its path), the other URLs as written.
 
     Raises:
-        ValueError: The spec is empty or a pattern's braces are unbalanced.
+        ValueError: The spec is empty, a pattern's braces are unbalanced, a ``${NAME}``'s
+            variable is not set, or a URL's scheme or form is refused (checked without running
+            a command or sending a request: :func:`~vlret.data.formats.shard_urls.check_url`).
         FileNotFoundError: A listed shard is missing, a folder or not a regular file (naming
             it, its pattern and, for a name holding a comma, how to list several).
     """
-    wds = _wds()
     specs = [spec] if isinstance(spec, str) else list(spec)
     out: list[str] = []
     for pattern in specs:
-        try:
-            names = wds.shardlists.expand_urls(pattern)
-        except ValueError as err:  # braceexpand's UnbalancedBracesError
-            raise ValueError(
-                f"{key}: {pattern!r}: unbalanced braces ({err.__class__.__name__}); every "
-                "'{' needs its '}' (a range {00000..00331} or alternatives {a,b})"
-            ) from None
-        for name in names:
+        for name in expand_pattern(pattern, key=key):
+            if is_url(name):
+                local = check_url(name, key=key, pattern=pattern)
+                if local is None:
+                    out.append(name)
+                    continue
+                name = local
             path = Path(name) if Path(name).is_absolute() else Path(root) / name
             if not path.is_file():
                 hint = relative_path_hint(path, data_root=data_root, pattern=pattern)
-                raise FileNotFoundError(_not_a_shard(path, name, pattern, key) + hint)
+                raise FileNotFoundError(not_a_shard(path, name, pattern, key) + hint)
             out.append(str(path))
     if not out:
         raise ValueError(f"{key}: {spec!r} names no shard")
     return out
-
-
-def _not_a_shard(path: Path, name: str, pattern: str, key: str) -> str:
-    """Why ``path`` (``name`` of ``pattern``) is no shard file, in one line naming ``key``."""
-    where = f"{key}: {path}"
-    if path.is_dir():
-        return (
-            f"{where}: a folder, not a shard (from {pattern!r}); name its tar files, e.g. "
-            f"'{path.as_posix()}/{{00000..00009}}.tar'"
-        )
-    if path.exists():
-        return f"{where}: not a regular file (from {pattern!r}); expected a tar shard"
-    line = f"{where}: missing (from {pattern!r})"
-    if "," in name:  # braces have consumed theirs: this one was meant as a separator
-        line += (
-            "; a comma outside braces is no list separator: give a list "
-            '(shards = ["a.tar", "b.tar"]) or join patterns with "::" as open_clip does'
-        )
-    return line
 
 
 def decode_sample(
@@ -353,9 +337,9 @@ class ShardStream(IterableDataset):
     def _passes(self, worker: int, workers: int, counter: _Counter) -> Iterator[Iterator[Any]]:
         """The raw samples of each pass over this worker's shards, each pass shuffled in the
         buffer and drained at its end (an epoch that reads one pass reads every sample once)."""
-        tar, shuffle = _wds().tariterators, _wds().filters._shuffle
+        shuffle = _wds().filters._shuffle
         for p, urls in enumerate(self._shard_passes(worker, workers)):
-            raw = iter(tar.tarfile_samples([{"url": u} for u in urls], handler=counter))
+            raw = read_shards(urls, handler=counter, key=self.bad_key)
             if self.shuffle_buffer > 1:
                 rng = random.Random(f"{self.seed}/{self.epoch}/{self.rank}/{worker}/buffer/{p}")
                 raw = iter(shuffle(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng))
@@ -412,7 +396,7 @@ class ShardStream(IterableDataset):
                 batch.skipped = counter.bad - reported  # type: ignore[attr-defined]
                 reported = counter.bad
                 yield batch
-        except ShardError as err:
+        except (ShardError, ShardReadError) as err:  # a URL's command or server failed
             yield ShardFailure(str(err))
 
     def _collate(self, b: int, items: list[tuple[Any, str, Any]]) -> RetrievalBatch:
@@ -475,6 +459,7 @@ class ShardDevSet(RetrievalDataset):
         max_image_pixels: The pixel cap (``data.max_image_pixels``; None: none).
 
     Raises:
+        ShardError: A shard could not be read to its end (a URL's command or server failed).
         DataFormatError: No readable sample.
         TooManyBadSamples: More than ``max_bad_fraction`` of the samples read were bad.
     """
@@ -495,20 +480,22 @@ class ShardDevSet(RetrievalDataset):
         counter = _Counter()
         self._images: list[bytes] = []
         self.captions, self.image_ids = [], []
-        tar = _wds().tariterators
-        for sample in tar.tarfile_samples([{"url": u} for u in shards], handler=counter):
-            if max_images is not None and len(self.image_ids) >= max_images:
-                break
-            try:
-                image, caption = decode_sample(sample, max_pixels=max_image_pixels)
-            except BadSample:
-                counter.bad += 1
-                continue
-            buf = io.BytesIO()
-            image.save(buf, format="PNG")  # decoded once here; lossless
-            self._images.append(buf.getvalue())
-            self.captions.append(caption)
-            self.image_ids.append(sample.get("__key__"))
+        try:
+            for sample in read_shards(shards, handler=counter, key=self.bad_key):
+                if max_images is not None and len(self.image_ids) >= max_images:
+                    break
+                try:
+                    image, caption = decode_sample(sample, max_pixels=max_image_pixels)
+                except BadSample:
+                    counter.bad += 1
+                    continue
+                buf = io.BytesIO()
+                image.save(buf, format="PNG")  # decoded once here; lossless
+                self._images.append(buf.getvalue())
+                self.captions.append(caption)
+                self.image_ids.append(sample.get("__key__"))
+        except ShardReadError as err:
+            raise ShardError(str(err)) from None
         if not self.image_ids:
             raise DataFormatError(shards[0], "data.dev_shards hold no readable sample")
         self.skipped = counter.bad
@@ -580,7 +567,6 @@ def build_shard_dev_set(
 
 __all__ = [
     "IMAGE_EXTENSIONS",
-    "IMAGE_FORMATS",
     "ShardDevSet",
     "ShardError",
     "ShardFailure",
