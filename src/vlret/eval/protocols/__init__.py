@@ -2,7 +2,9 @@
 
 Every module of this package registers the protocols of one family when it is imported, and
 importing the package imports them all (in name order), so a new protocol is one new module
-here (and its test); ``vlret eval --protocol`` and ``vlret protocols`` read the registry.
+here (and its test). Each protocol is run as a task (:mod:`vlret.eval.tasks`: retrieval, or
+its own task module such as zero-shot classification's); ``vlret eval --protocol`` and
+``vlret protocols`` read the task registry, which reads this one.
 """
 
 import importlib

@@ -1,10 +1,12 @@
 """Zero-shot classification (CLIP_benchmark's protocol; AdaCL Table 10): each image of a
 class-labelled set (:mod:`vlret.data.classification`) against a classifier built from the class
 names and prompt templates, reporting ``acc1``, ``acc5`` and ``mean_per_class_recall``
-(fractions). ``vlret zeroshot`` runs it (:mod:`vlret.eval.zeroshot`), not ``vlret eval``: the
-eight sets of AdaCL Table 10 on their official test splits, an ``imagefolder`` on the split it
-is given. Its one data format is ``classification`` (a ``ClassificationSet``, whatever its
-on-disk layout)."""
+(fractions). Its task (:mod:`vlret.eval.tasks.zeroshot`) runs it through ``vlret eval
+--protocol zeroshot-classification``, with the machinery of ``vlret zeroshot``
+(:mod:`vlret.eval.zeroshot`): the eight sets of AdaCL Table 10 on their official test splits, an
+``imagefolder`` on its test split (``vlret zeroshot --split`` takes any split a set has). Its
+one data format is ``classification`` (a ``ClassificationSet``, whatever its on-disk
+layout)."""
 
 from ...metrics import ZEROSHOT_METRICS
 from .registry import EvalProtocol, register_protocol

@@ -12,7 +12,8 @@ per kind of task, as CLIP_benchmark keeps them:
 - :mod:`~vlret.eval.tasks.zeroshot`: ``zeroshot-classification``.
 
 Importing the package imports every module of it (in name order), so a new task is one module
-here calling :func:`register_task` (and its test); docs/adding-a-task.md shows one.
+here calling :func:`register_task` (and its test); docs/adding-a-protocol.md ("Tasks")
+shows one.
 """
 
 import importlib
