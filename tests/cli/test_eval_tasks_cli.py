@@ -230,3 +230,27 @@ def test_protocols_long_says_what_each_task_runs_on(capsys):
     ]
     assert f30k[2].startswith("    split: precomp test/dev; karpathy test/dev (default:")
     assert not any(line.startswith("    classes:") for line in f30k)
+
+
+@pytest.mark.parametrize("layout", ["v5", "none"])
+def test_zeroshot_of_a_clip_folder_equals_vlret_zeroshot(stand_ins, tmp_path, capsys, layout):
+    """--model-dir: a folder transformers' save_pretrained wrote (``none``: no processor file,
+    taken with --default-preprocessing openai-clip, as vlret zeroshot takes it)."""
+    from clip_folder_helpers import tiny_clip_parts, write_folder
+
+    folder = write_folder(tmp_path / "clip", tiny_clip_parts(tmp_path), layout)
+    extra = ["--default-preprocessing", "openai-clip"] if layout == "none" else []
+    a, b = tmp_path / "eval.json", tmp_path / "zeroshot.json"
+    common = ["--dataset", "imagefolder", "--no-progress", "--device", "cpu", *extra]
+    argv = ["eval", "--model-dir", folder, "--protocol", "zeroshot-classification", *common]
+    assert _run([*argv, "--data", stand_ins["folder"], "--check"]) == 0
+    assert "(a local Hugging Face CLIP folder)" in capsys.readouterr().out
+    assert _run([*argv, "--data", stand_ins["folder"], "--json", a]) == 0
+    zs = ["zeroshot", "--model", folder, "--data-root", stand_ins["folder"], *common]
+    assert _run([*zs, "--json", b]) == 0
+    mine, theirs = json.loads(a.read_text()), json.loads(b.read_text())
+    assert mine["metrics"] == theirs["metrics"] and mine["model_dir"] == str(folder)
+    assert theirs["vlret"]["model_source"] == "hf-clip"
+    if layout == "none":  # without the flag the folder is refused, in one line
+        assert _run([*argv[:-2], "--data", stand_ins["folder"]]) == 2
+        assert "processor" in capsys.readouterr().err
