@@ -212,6 +212,10 @@ def test_zeroshot_task_takes_the_runs_zeroshot_keys_as_defaults(sets, tmp_path):
         EvalRequest(checkpoints=(tmp_path,)), harness=StandIn(train)
     )
     assert sets.asked["root"] == tmp_path and prepared.templates == ("openai {c}",)
+    assert prepared.summary()[1] == (
+        f"data: imagefolder/{tmp_path.name} (the run's train.zeroshot_dataset) in {tmp_path} "
+        "(the run's train.zeroshot_root)"
+    )
     assert prepared.notes[1:] == (
         "dataset: imagefolder (the run's train.zeroshot_dataset)",
         f"data: {tmp_path} (the run's train.zeroshot_root)",

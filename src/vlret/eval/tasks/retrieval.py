@@ -123,6 +123,7 @@ class RetrievalTask(EvalTask):
 
     def prepare(self, request: EvalRequest, *, harness: Harness) -> PreparedRetrieval:
         """The harness's :func:`~vlret.run.evaluate.prepare_evaluation` of ``request``."""
+        self.check_options(request, flags={})
         return PreparedRetrieval(harness.prepare_retrieval(self.protocol, request), request)
 
 

@@ -104,7 +104,7 @@ class PreparedZeroShot:
         n, c, t = len(data), len(data.classnames), len(self.templates)
         return [
             f"model: {model}",
-            f"data: {name} in {data.root}{why('data')}",
+            f"data: {name}{why('dataset')} in {data.root}{why('data')}",
             f"split: {data.split}",
             f"protocol: {self.protocol.name}",
             f"title: {zeroshot_title(name, data.split, n, c, t)}",
