@@ -24,6 +24,10 @@ counted, never raised mid-epoch:
   ``data.max_bad_fraction`` of the samples it read (:func:`check_dev_fraction`). A Karpathy or
   person-search dev or test split, and every evaluation, stops at a bad image with the one-line
   :class:`~vlret._images.ImageReadError` naming the file.
+
+A shard that cannot be read at all or to its end (a ``pipe:`` command that fails, an HTTP error,
+a server out of reach, a file gone: :mod:`vlret.data.formats.shard_urls`) holds no bad samples:
+it stops the run in one line.
 """
 
 from __future__ import annotations

@@ -370,3 +370,28 @@ def test_the_form_of_a_url_is_checked_before_any_reading(served, tmp_path):
         str(root / n) for n in wds.shardlists.expand_urls("{00000..00003}.tar::00001.tar")
     ]
     assert os.path.isfile(here[0])
+
+
+def test_a_server_that_never_answers_fails_after_its_timeout(monkeypatch):
+    monkeypatch.setattr(shard_urls, "HTTP_TIMEOUT", 0.3)
+    monkeypatch.setattr(shard_urls, "HTTP_RETRY_DELAY", 0.01)
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/00000.tar"
+        start = time.monotonic()
+        with pytest.raises(ShardError) as err:
+            ShardDevSet([url])
+        one_line(err, f"data.dev_shards: {url}: no answer within 0.3 s")
+        assert time.monotonic() - start < 10  # 1 + HTTP_RETRIES tries of 0.3 s
+
+
+def test_a_local_shard_gone_since_the_check_stops_the_epoch_in_one_line(served, tmp_path):
+    root, _, _ = served
+    copy = tmp_path / "00000.tar"
+    copy.write_bytes((root / "00000.tar").read_bytes())
+    files = expand_shards([str(copy), f"{root}/0000{{1..3}}.tar"])
+    copy.unlink()  # once counted as a bad sample, the shard's samples silently left out
+    with pytest.raises(ShardError) as err:
+        epoch(stream(files, 24, max_bad_fraction=1.0))
+    one_line(err, f"data.shards: {copy}: cannot be opened (No such file or directory)")

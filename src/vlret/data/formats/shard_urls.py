@@ -220,9 +220,9 @@ def check_url(url: str, *, key: str, pattern: str) -> str | None:
         return None
     example = _COMMANDS.get(scheme, "pipe:aws s3 cp s3://bucket/cc3m/00000.tar -").format(url=url)
     raise ValueError(
-        f"{where}: {scheme}:// is not read (shards are local paths or pipe:, http://, https://, "
-        f"file: URLs) {source}; read it through a command that writes the shard on its standard "
-        f"output, e.g. {example!r}"
+        f"{where}: {scheme}:// is not read (shards are local paths or URLs of "
+        f"{', '.join(f'{k}:' for k in URL_SCHEMES)}) {source}; read it through a command that "
+        f"writes the shard on its standard output, e.g. {example!r}"
     )
 
 

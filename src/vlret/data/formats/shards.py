@@ -209,7 +209,7 @@ class ShardStream(IterableDataset):
     its batches carry ``skipped`` (:mod:`vlret.data.bad_samples`).
 
     Args:
-        shards: The shard files (:func:`expand_shards`).
+        shards: The shards, files and URLs (:func:`expand_shards`).
         num_samples: ``data.train_num_samples``.
         batch_size: The global batch.
         seed: The run seed.
@@ -450,7 +450,7 @@ class ShardDevSet(RetrievalDataset):
     record's ``dev_skipped``), and more than ``max_bad_fraction`` of them is refused.
 
     Args:
-        shards: The shard files.
+        shards: The shards, files and URLs (:func:`expand_shards`).
         image_transform: Maps a PIL image to the model's input (None: PIL images).
         encoder: Turns captions into token ids.
         max_images: Keep the first ones only.
