@@ -114,10 +114,13 @@ class DataConfig:
     hflip: bool = setting(False, "random horizontal flips in training")
     shards: str | list[str] | None = setting(
         None,
-        "webdataset: the training shards, a brace pattern (`train/{00000..00003}.tar`) or a list",
+        "webdataset: the training shards, a brace pattern (`train/{00000..00003}.tar`) or a "
+        "list, of paths or webdataset URLs (`pipe:aws s3 cp s3://b/{0..9}.tar -`, `https://...`)",
         constraint="format webdataset",
     )
-    dev_shards: str | list[str] | None = setting(None, "webdataset: the dev shards")
+    dev_shards: str | list[str] | None = setting(
+        None, "webdataset: the dev shards (paths or URLs, as `data.shards`)"
+    )
     train_num_samples: int | None = setting(
         None, "webdataset: the samples in one epoch (no file gives a stream's size)"
     )
