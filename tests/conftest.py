@@ -2,9 +2,10 @@
 
 The tests sit in folders that mirror ``src/vlret`` (tests/losses, tests/run, tests/train, ...);
 the helper modules they share (``train_helpers``, ``fault_helpers``, ...) stay in this folder.
-This folder and every test folder under it are put on ``sys.path`` here, as pytest's default import mode
-does for the folder of each test file it collects, so a test imports a helper module, or a
-function of another test module in another folder, by its bare name (file names are unique).
+This folder and every test folder under it are put on ``sys.path`` here, as pytest's default
+import mode does for the folder of each test file it collects, so a test imports a helper
+module, or a function of another test module in another folder, by its bare name (file names
+are unique).
 """
 
 from __future__ import annotations

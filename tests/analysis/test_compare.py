@@ -32,8 +32,9 @@ from vlret.analysis.tables import (
     TABLE_COLUMNS,
 )
 from vlret.cli import main
+from vlret.data.formats import open_dataset
 from vlret.eval import encode_dataset
-from vlret.run.builders import build_dataset, load_trained_model
+from vlret.run.builders import load_trained_model
 from vlret.run.config import config_from_dict
 from vlret.run.evaluate import evaluate_checkpoint
 from vlret.train import Trainer, TrainingInterrupted
@@ -323,8 +324,8 @@ def test_trainer_logs_dev_similarities_equal_to_loops(tmp_path):
     (record,) = [r for r in map(json.loads, log) if r["kind"] == "epoch"]
     # the weights that were validated: last.pt after the single epoch
     model, config, encoder = load_trained_model(tmp_path / "run" / "last.pt")
-    img, txt = encode_dataset(model, build_dataset(config.data, "dev", encoder))
-    t2i = [int(i) for i in build_dataset(config.data, "dev", encoder).txt_to_img]
+    img, txt = encode_dataset(model, open_dataset(config.data, "dev", encoder=encoder))
+    t2i = [int(i) for i in open_dataset(config.data, "dev", encoder=encoder).txt_to_img]
     cos = torch.nn.functional.cosine_similarity
     pos = [float(cos(img[i], txt[j], dim=0)) for j, i in enumerate(t2i)]
     hardest = [
@@ -377,7 +378,7 @@ def test_synthetic_extras_equal_evaluate_synthetic(synthetic_comparison):
     for variant in doc["variants"]:
         for run in variant["runs"]:
             model, config, encoder = load_trained_model(Path(run["run_dir"]) / "best.pt")
-            img, txt = encode_dataset(model, build_dataset(config.data, "test", encoder))
+            img, txt = encode_dataset(model, open_dataset(config.data, "test", encoder=encoder))
             direct = evaluate_synthetic(img, txt, annotations)
             want = {
                 "clone_t2i": direct["clone"].t2i,
@@ -596,7 +597,7 @@ def test_cross_attention_comparison_scores_pairs_once_for_both_tables(tmp_path, 
     assert len(calls) == 1  # the test split is scored once for both tables
     (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]["runs"]
     model, config, encoder = load_trained_model(Path(run["run_dir"]) / "best.pt")
-    dataset = build_dataset(config.data, "test", encoder)
+    dataset = open_dataset(config.data, "test", encoder=encoder)
     regions, texts = encode_tokens(model, dataset, device="cpu")
     with torch.no_grad():  # one call over all pairs (no blocks, captions in file order)
         sim = model.eval().score(regions, *texts.gather())

@@ -16,10 +16,10 @@ from train_helpers import tiny_data, tiny_msrvtt_run_config, tiny_raw
 from vlret.cli import main
 from vlret.data import MSRVTTDataset, PrecompDataset, Vocabulary
 from vlret.data.config import DataConfig
+from vlret.data.formats import open_dataset
 from vlret.data.writers import make_tiny_karpathy
 from vlret.metrics import RetrievalMetrics, coco_5fold_metrics, retrieval_metrics
 from vlret.models import build_model
-from vlret.run.builders import build_dataset
 from vlret.run.checkpoint import load_checkpoint
 from vlret.run.eval_data import eval_data_config
 from vlret.train import TrainingInterrupted
@@ -223,7 +223,7 @@ def test_eval_data_locates_karpathy_files(tmp_path):
         str(moved),
     )
     assert eval_data_config(stored, moved / "dataset_flickr30k.json") == cfg  # the JSON itself
-    test = build_dataset(cfg, "test", None)
+    test = open_dataset(cfg, "test")
     assert test.num_images == 2 and test.image_path(0) == moved / "images" / images[-2].filename
     # another JSON name: the only dataset_*.json of the folder
     (moved / "dataset_flickr30k.json").rename(moved / "dataset_f30k.json")

@@ -12,8 +12,9 @@ from vlret.captioning import read_captions_file, sidecar_path, write_captions_fi
 from vlret.data import DataFormatError, KarpathyDataset, PrecompDataset
 from vlret.data.captioning_files import captions_file_key
 from vlret.data.config import DataConfig
+from vlret.data.formats import open_dataset
 from vlret.data.writers import make_tiny_karpathy, make_tiny_precomp
-from vlret.run.builders import build_dataset, build_encoder
+from vlret.run.builders import build_encoder
 from vlret.run.config import ConfigError, config_from_dict
 
 
@@ -94,7 +95,7 @@ def test_missing_captions_file_names_the_key(tmp_path: Path) -> None:
     make_tiny_precomp(tmp_path / "d", sizes={"train": 2, "dev": 2}, captions_per_image=5)
     data = DataConfig(root=str(tmp_path / "d"), dev_captions=str(tmp_path / "none.txt"))
     with pytest.raises(FileNotFoundError) as err:
-        build_dataset(data, "dev", None)
+        open_dataset(data, "dev")
     assert "data.dev_captions" in str(err.value) and "none.txt" in str(err.value)
 
 
@@ -125,12 +126,12 @@ def test_builders_route_each_split_to_its_key_and_vocab(tmp_path: Path) -> None:
     vocab = build_encoder(data)
     # built from the file alone: its two words and the four specials
     assert sorted(vocab.idx2word[4:]) == ["alpha", "zebra"]
-    encoded = build_dataset(data, "train", vocab)
+    encoded = open_dataset(data, "train", encoder=vocab)
     assert encoded.num_captions == 4
     assert torch.equal(encoded.caption(0), torch.tensor(vocab.encode("zebra alpha")))
     # the test split keeps its real captions (5 per image) when test_captions is unset
-    assert build_dataset(data, "test", vocab).num_captions == 10
-    assert build_dataset(data, "dev", vocab, max_images=1).num_captions == 5
+    assert open_dataset(data, "test", encoder=vocab).num_captions == 10
+    assert open_dataset(data, "dev", encoder=vocab, max_images=1).num_captions == 5
 
 
 def test_config_checks_captions_keys(tmp_path: Path) -> None:

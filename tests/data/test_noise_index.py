@@ -18,6 +18,7 @@ import torch
 
 from vlret.data import DataFormatError
 from vlret.data.config import DataConfig
+from vlret.data.formats import open_dataset
 from vlret.data.noisy import (
     apply_noise_index,
     generate_noise_index,
@@ -27,7 +28,7 @@ from vlret.data.noisy import (
 )
 from vlret.eval.encode import encode_dataset
 from vlret.metrics import retrieval_metrics
-from vlret.run.builders import build_dataset, build_train_dataset, load_trained_model
+from vlret.run.builders import build_train_dataset, load_trained_model
 from vlret.run.config import ConfigError, config_from_dict
 from vlret.run.eval_data import eval_data_config
 from vlret.run.evaluate import run_evaluation
@@ -421,7 +422,7 @@ def test_validation_and_evaluation_read_the_clean_pairs(noisy_run):
     assert getattr(trainer.dev_set, "noise", None) is None
     model, stored, encoder = load_trained_model(run / "last.pt")
     assert stored.data.noise_ratio == 0.4  # the stored config keeps its noise keys
-    test = build_dataset(eval_data_config(stored.data, root), "test", encoder)
+    test = open_dataset(eval_data_config(stored.data, root), "test", encoder=encoder)
     assert torch.equal(test.txt_to_img, clean) and getattr(test, "noise", None) is None
     img, txt = encode_dataset(model, test)
     want = retrieval_metrics(img, txt, clean).as_dict()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from vlret._modules import unwrap_model
+from vlret.data.formats import open_dataset
 from vlret.eval import (
     EnsembleScorer,
     EnsembleSplit,
@@ -31,7 +32,7 @@ from vlret.metrics import (
 )
 from vlret.metrics.rescore import Rescoring
 from vlret.models import PairScorer, build_model
-from vlret.run.builders import build_dataset, load_trained_model
+from vlret.run.builders import load_trained_model
 from vlret.run.pair_scoring import score_stats, scores_pairs
 from vlret.train.run_log import batch_similarity_stats
 
@@ -40,7 +41,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "prev_release"
 
 def _member(name: str, split: str = "test"):
     model, run, encoder = load_trained_model(FIXTURES / name)
-    data = build_dataset(run.data, split, encoder, root=FIXTURES / "data")
+    data = open_dataset(run.data, split, encoder=encoder, root=FIXTURES / "data")
     return model, run, data
 
 

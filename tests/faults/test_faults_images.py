@@ -346,22 +346,22 @@ def karpathy_config(root: Path, **keys: Any) -> Any:
 def test_run_datasets_read_under_data_max_image_pixels(tmp_path: Path) -> None:
     """builders puts the model's transform behind the run's cap: a 40 x 30 image is refused
     under a cap of 1000 pixels, from its header; read under the default."""
+    from vlret.data.formats import open_dataset
     from vlret.models.clip import CLIPImageTransform
-    from vlret.run.builders import build_dataset
 
     karpathy_world(tmp_path)
     transform = CLIPImageTransform(32)
-    capped_set = build_dataset(
-        karpathy_config(tmp_path, max_image_pixels=1000), "test", None, image_transform=transform
+    capped_set = open_dataset(
+        karpathy_config(tmp_path, max_image_pixels=1000), "test", image_transform=transform
     )
     with pytest.raises(ImageTooLarge, match=r"images/1\.jpg: 40 x 30 = 1200 pixels"):
         capped_set.image(1)
-    default_set = build_dataset(karpathy_config(tmp_path), "test", None, image_transform=transform)
+    default_set = open_dataset(karpathy_config(tmp_path), "test", image_transform=transform)
     assert tuple(default_set.image(1).shape) == (3, 32, 32)
     assert default_set.image_transform.crop == transform.crop  # reads as the model's
     # the run's cap is the one that holds, also where the model's transform has a lower one
     strict = CLIPImageTransform(32, max_pixels=1000)
-    raised = build_dataset(karpathy_config(tmp_path), "test", None, image_transform=strict)
+    raised = open_dataset(karpathy_config(tmp_path), "test", image_transform=strict)
     assert tuple(raised.image(1).shape) == (3, 32, 32)
     assert strict.max_pixels == 1000  # the model's own transform is left as it was
 
@@ -379,7 +379,7 @@ def test_training_augmentation_reads_under_data_max_image_pixels(tmp_path: Path)
 
 @pytest.mark.parametrize("value", [0, -5, "many", 2.5, True])
 def test_max_image_pixels_is_checked(value: Any) -> None:
-    from vlret.data.transforms import image_data_problem
+    from vlret.data.formats.checks import image_data_problem
 
     data = karpathy_config(Path("data"), max_image_pixels=value)
     key, message = image_data_problem(data, {})
@@ -433,14 +433,14 @@ def test_person_search_images_and_thumbnails_name_the_bad_image(
 ) -> None:
     from vlret.analysis.report.thumbs import write_thumb
     from vlret.data.config import DataConfig
+    from vlret.data.formats import open_dataset
     from vlret.models.clip import CLIPImageTransform
-    from vlret.run.builders import build_dataset
 
     root = person_search_world(tmp_path / "persons")
     bad = root / "imgs" / "cam" / "5.jpg"
     words = spoil(bad, kind)
     data = DataConfig(root=str(root), format="cuhk-pedes")
-    dataset = build_dataset(data, "test", None, image_transform=CLIPImageTransform((96, 32)))
+    dataset = open_dataset(data, "test", image_transform=CLIPImageTransform((96, 32)))
     assert tuple(dataset.image(0).shape) == (3, 96, 32)
     with pytest.raises(ImageReadError) as caught:
         dataset.image(1)

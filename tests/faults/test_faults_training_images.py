@@ -29,8 +29,9 @@ from pedes_helpers import TINY_CLIP, write_pedes  # noqa: E402
 from vlret._images import ImageReadError  # noqa: E402
 from vlret.cli import main  # noqa: E402
 from vlret.data import KarpathyDataset  # noqa: E402
+from vlret.data.formats import open_dataset  # noqa: E402
 from vlret.data.formats.pedes import PersonSearchDataset  # noqa: E402
-from vlret.run.builders import build_dataset, build_train_dataset  # noqa: E402
+from vlret.run.builders import build_train_dataset  # noqa: E402
 from vlret.run.config import config_from_dict  # noqa: E402
 from vlret.train import Trainer  # noqa: E402
 
@@ -224,7 +225,7 @@ def test_only_the_training_split_skips(tmp_path, kind):
     item = train[CORRUPT]  # the next item whose image reads
     assert (item.img_index, item.cap_index) == (CORRUPT + 1, CORRUPT + 1)
     assert train.collate([train[i] for i in range(4)]).skipped == 1
-    plain = build_dataset(data, "train", None, image_transform=transform)
+    plain = open_dataset(data, "train", image_transform=transform)
     assert not plain.counts_skipped
     with pytest.raises(ImageReadError, match=str(WORLDS[kind][1](root, CORRUPT))):
         plain[CORRUPT]

@@ -236,7 +236,7 @@ def test_prepare_evaluation_reads_each_checkpoint_once_and_takes_the_runs_defaul
     run, world = trained / "run", trained / "w"
     reads: list[Path] = []
     opened: list[str] = []
-    real_load, real_build = members_module.load_checkpoint, evaluate_module.build_dataset
+    real_load, real_build = members_module.load_checkpoint, evaluate_module.open_dataset
 
     def counted_load(path, **kwargs):
         reads.append(Path(path))
@@ -247,7 +247,7 @@ def test_prepare_evaluation_reads_each_checkpoint_once_and_takes_the_runs_defaul
         return real_build(data, split, *args, **kwargs)
 
     monkeypatch.setattr(members_module, "load_checkpoint", counted_load)
-    monkeypatch.setattr(evaluate_module, "build_dataset", counted_build)
+    monkeypatch.setattr(evaluate_module, "open_dataset", counted_build)
     prepared = prepare_evaluation(run, protocol="f30k", device="cpu")
     assert reads == [run / "best.pt"] and opened == ["test"]
     assert (prepared.root, prepared.split, prepared.checkpoints) == (world, "test", (reads[0],))

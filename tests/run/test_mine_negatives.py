@@ -421,8 +421,9 @@ def test_cli_errors_are_one_line(trained, tmp_path, capsys):
 def test_a_pair_scoring_checkpoint_mines_with_the_evaluations_pair_scores(tmp_path):
     from pathlib import Path
 
+    from vlret.data.formats import open_dataset
     from vlret.eval import PairModelScorer, score_matrix
-    from vlret.run.builders import build_dataset, load_trained_model
+    from vlret.run.builders import load_trained_model
     from vlret.run.eval_data import eval_data_config
     from vlret.run.mine import mine_checkpoint
 
@@ -431,7 +432,7 @@ def test_a_pair_scoring_checkpoint_mines_with_the_evaluations_pair_scores(tmp_pa
         fixtures / "scan.pt", data=fixtures / "data", k=3, device="cpu", block_size=7
     )
     model, run, encoder = load_trained_model(fixtures / "scan.pt")
-    ds = build_dataset(eval_data_config(run.data, fixtures / "data"), "train", encoder)
+    ds = open_dataset(eval_data_config(run.data, fixtures / "data"), "train", encoder=encoder)
     regions, texts = PairModelScorer(model).tokens(ds)
     sim = score_matrix(model, regions, texts, device="cpu").numpy()
     i2t, t2i = naive_mine(sim, ds.txt_to_img.tolist(), 3)

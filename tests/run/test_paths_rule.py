@@ -138,13 +138,16 @@ def test_relative_path_hint_only_for_a_missing_relative_path_found_under_data_ro
 @pytest.mark.parametrize("key", ["karpathy_json", "vocab", "test_captions", "features_dir"])
 def test_every_data_path_key_written_from_data_root_is_refused_with_the_fix(world, key):
     from vlret.data.config import DataConfig
-    from vlret.run.builders import build_dataset, build_encoder
+
+    # any file or folder under data.root will do: the refusal comes before it is read
+    from vlret.data.formats import open_dataset
+    from vlret.run.builders import build_encoder
 
     # any file or folder under data.root will do: the refusal comes before it is read
     name = "shards" if key == "features_dir" else "pairs.csv"
     keys = {"karpathy_json": "w/pairs.csv", key: name}
     data = DataConfig(root="w", format="karpathy", **keys)
-    for build in (lambda: build_dataset(data, "test", None), lambda: build_encoder(data)):
+    for build in (lambda: open_dataset(data, "test"), lambda: build_encoder(data)):
         with pytest.raises(FileNotFoundError) as err:
             build()
         assert str(err.value) == (

@@ -15,11 +15,12 @@ import torch
 from torch.func import functional_call
 
 from train_helpers import assert_same_params, model_params, tiny_config
+from vlret.data.formats import open_dataset
 from vlret.data.writers import make_tiny_precomp
 from vlret.losses import build_loss
 from vlret.losses.triplet import triplet_loss
 from vlret.models import build_model
-from vlret.run.builders import build_dataset, build_encoder, vocab_size
+from vlret.run.builders import build_encoder, vocab_size
 from vlret.run.config import load_config
 from vlret.train.hooks.core import TrainHook
 from vlret.train.procedures.metaspn import (
@@ -127,8 +128,8 @@ def _tiny(data):
     encoder = build_encoder(cfg.data, model=cfg.model)
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab_size=vocab_size(encoder))
-    train = build_dataset(cfg.data, "train", encoder)
-    dev = build_dataset(cfg.data, "dev", encoder)
+    train = open_dataset(cfg.data, "train", encoder=encoder)
+    dev = open_dataset(cfg.data, "dev", encoder=encoder)
     batch = train.collate([train[i] for i in (0, 1, 5, 9, 13, 22)])  # 0 and 1: one image
     dev_batch = dev.collate([dev[i] for i in (0, 6, 11, 17)])
     return model, build_loss("triplet", margin=0.2, hardest=False), batch, dev_batch

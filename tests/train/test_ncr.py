@@ -259,9 +259,9 @@ def test_resume_across_the_pass_is_exact_and_evaluates_as_the_ensemble(world):
         world / "full" / "last.pt", data=world / "data", split="test", protocol="f30k"
     )
     assert len(result.members) == 2 and result.members[1].endswith("(network B)")
-    from vlret.run.builders import build_dataset
+    from vlret.data.formats import open_dataset
 
-    ds = build_dataset(full.config.data, "test", full.encoder)
+    ds = open_dataset(full.config.data, "test", encoder=full.encoder)
     sims = []
     for net in (full.model, full.loss_step.model_b):
         net.eval()

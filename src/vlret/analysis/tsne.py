@@ -145,7 +145,8 @@ def tsne_points(
         ValueError: A pair-scoring model, or a bad ``samples`` / ``perplexity``.
         MissingExtra: scikit-learn is not installed.
     """
-    from ..run.builders import build_dataset, load_trained_model
+    from ..data.formats import open_dataset
+    from ..run.builders import load_trained_model
     from ..run.devices import resolve_device
     from ..run.eval_data import eval_data_config, stored_eval_data
 
@@ -165,8 +166,8 @@ def tsne_points(
         )
     root = Path(data) if data is not None else Path(run.data.root)
     config = eval_data_config(stored_eval_data(run.data), root)
-    dataset = build_dataset(
-        config, split, encoder, image_transform=getattr(model, "image_transform", None)
+    dataset = open_dataset(
+        config, split, encoder=encoder, image_transform=getattr(model, "image_transform", None)
     )
     images, captions = sample_pairs(dataset.txt_to_img, samples=samples, seed=seed)
     n_points = 2 * len(images)

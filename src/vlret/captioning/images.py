@@ -25,9 +25,11 @@ from typing import Any
 
 from .._images import DEFAULT_MAX_IMAGE_PIXELS, open_rgb
 from ..data.checks import DataFormatError
+from ..data.formats import KARPATHY, PRECOMP, formats_where, get_format
 
-#: ``--format`` values.
-IMAGE_FORMATS = ("precomp", "karpathy")
+#: ``--format`` values: the formats whose splits read a captions file (a synthetic world's
+#: precomputed split, whose pixels the world renders; a Karpathy JSON's image files).
+IMAGE_FORMATS = formats_where(lambda f: f.captions_files)
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,8 @@ class SplitImages:
 def detect_format(root: Path) -> str:
     """``karpathy`` when ``root`` is or holds a ``dataset_*.json``, else ``precomp``."""
     if root.is_file() or any(root.glob("dataset_*.json")):
-        return "karpathy"
-    return "precomp"
+        return KARPATHY.name
+    return PRECOMP.name
 
 
 def _karpathy_json(root: Path) -> Path:
@@ -79,7 +81,7 @@ def karpathy_images(
 ) -> SplitImages:
     """The images of ``split`` of the Karpathy data in ``root`` (module docstring), read under
     the pixel cap ``max_pixels``."""
-    from ..data.formats.karpathy import read_karpathy_json
+    from ..data.formats.karpathy_json import read_karpathy_json
 
     json_path = _karpathy_json(root)
     folder = json_path.parent
@@ -178,8 +180,8 @@ def split_images(
     format = format or detect_format(root)
     if format not in IMAGE_FORMATS:
         raise ValueError(f"format must be one of {IMAGE_FORMATS}, got {format!r}")
-    if format == "karpathy":
-        from ..data.formats.karpathy import SPLIT_MEMBERS
+    if get_format(format).inputs == "pixels":  # Karpathy: the JSON's image files
+        from ..data.formats.karpathy_json import SPLIT_MEMBERS
 
         if split not in SPLIT_MEMBERS:
             raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {split!r}")

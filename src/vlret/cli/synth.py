@@ -214,10 +214,11 @@ def run(args: argparse.Namespace) -> int:
     for key in ("shard_size", "shard_samples"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
-    if args.pseudo_captions and (args.format or "precomp") == "msrvtt":
-        return fail(
-            NAME, "--pseudo-captions: captions files are read by the precomp and karpathy formats"
-        )
+    from ..data.formats import formats_where, get_format
+
+    if args.pseudo_captions and not get_format(args.format or "precomp").captions_files:
+        readers = " and ".join(formats_where(lambda f: f.captions_files))
+        return fail(NAME, f"--pseudo-captions: captions files are read by the {readers} formats")
     if args.webdataset or args.imagefolder:  # a line per shard and per folder, on stderr
         options["progress"] = lambda line: print(line, file=sys.stderr, flush=True)
     try:

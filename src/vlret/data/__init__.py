@@ -1,19 +1,16 @@
 """On-disk data formats, tokenisation and retrieval datasets.
 
+* :mod:`~vlret.data.formats`: the data-format registry (one record per ``data.format``, its
+  reader beside it; :func:`~vlret.data.formats.open_dataset` opens a split of any of them):
+  precomputed features, Karpathy JSON + images, MSR-VTT and its multi-expert features,
+  webdataset shards (local files or URLs, streamed; ``pixels`` extra), CSV / TSV pairs and
+  person search (CUHK-PEDES, ICFG-PEDES, RSTPReid).
 * :mod:`~vlret.data.dataset`: the contract every format implements (one item per caption).
-* :mod:`~vlret.data.formats.precomp`: SCAN / VSE-infinity precomputed features (memory-mapped).
-* :mod:`~vlret.data.formats.karpathy`: Karpathy split JSON plus an image folder.
-* :mod:`~vlret.data.formats.shards`: img2dataset / webdataset tar shards, streamed (``pixels``
-extra).
-* :mod:`~vlret.data.formats.csv`: a CSV / TSV of image paths and captions (open_clip's).
-* :mod:`~vlret.data.transforms`: seeded training augmentation (random-resized crop,
-flip).
-* :mod:`~vlret.data.formats.pedes`: person search (CUHK-PEDES, ICFG-PEDES, RSTPReid), IRRA's
-  augmentation.
-* :mod:`~vlret.data.formats.msrvtt`: MSR-VTT full and 1k-A with per-video frame features.
-* :mod:`~vlret.data.formats.experts.features`: per-video multi-expert features (CE, MMT) and
-  their converter.
+* :mod:`~vlret.data.config`: the ``[data]`` section of a run config.
+* :mod:`~vlret.data.transforms`: seeded training augmentation (random-resized crop, flip).
 * :mod:`~vlret.data.vocab`: regex tokeniser, vocabulary JSON, local Hugging Face tokenizers.
+* :mod:`~vlret.data.noisy`, :mod:`~vlret.data.offline_negatives`: what training applies to its
+  split (noisy correspondence, AOQ's offline negatives).
 * :mod:`~vlret.data.writers`: writers of these formats and tiny generated data sets.
 
 Every dataset yields ``(features, caption ids, image index, caption index)`` per caption,
@@ -40,12 +37,11 @@ from .formats.experts.features import (
     convert_experts,
     write_expert_features,
 )
-from .formats.karpathy import (
+from .formats.karpathy import KarpathyDataset, build_karpathy_vocab
+from .formats.karpathy_json import (
     KarpathyData,
-    KarpathyDataset,
     KarpathyImage,
     KarpathySentence,
-    build_karpathy_vocab,
     read_karpathy_json,
 )
 from .formats.msrvtt import (

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._settings import MAX_CAPTIONS, MAX_STEPS, MAX_WORKERS, Range, Text, setting
-from .formats.pedes.common import PEDES_FORMATS
+from .formats import format_names
 from .noisy import MAX_NOISE_SEED, NOISE_FORMATS
 from .transforms import INTERPOLATIONS, TRAIN_TRANSFORMS
 
 #: The values of ``data.format`` (the person-search ones: :mod:`vlret.data.formats.pedes`).
-DATA_FORMATS = ("precomp", "msrvtt", "karpathy", "webdataset", "csv", *PEDES_FORMATS)
+DATA_FORMATS = format_names()
 
 _CAPTIONS_FILE = Text("a captions file (docs/captions.md)")
 

@@ -370,6 +370,18 @@ class LazyFeatures:
         return state
 
 
+def first_images(dataset: RetrievalDataset, max_images: int | None) -> RetrievalDataset:
+    """Keep the first ``max_images`` images of ``dataset`` and their captions, in place (a dev
+    set read on its first images); ``None`` or a larger number keeps them all."""
+    if max_images is None or max_images >= dataset.num_images:
+        return dataset
+    keep = dataset.txt_to_img < max_images
+    dataset.captions = [c for c, k in zip(dataset.captions, keep.tolist(), strict=True) if k]
+    dataset.txt_to_img = dataset.txt_to_img[keep]
+    dataset.image_ids = dataset.image_ids[:max_images]
+    return dataset
+
+
 __all__ = [
     "CaptionEncoder",
     "CaptionView",
@@ -380,6 +392,7 @@ __all__ = [
     "RetrievalItem",
     "check_features",
     "collate_retrieval",
+    "first_images",
     "pad_captions",
     "stack_features",
 ]

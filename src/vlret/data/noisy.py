@@ -70,8 +70,6 @@ NOISE_FORMATS = ("auto", "ncr", "decl")
 #: The run-folder files of :func:`save_noise_record`.
 NOISE_INDEX_FILE = "noise_index.npy"
 NOISE_SUMMARY_FILE = "noise.json"
-#: The data formats whose training captions can be re-paired (one image per caption).
-NOISE_DATA_FORMATS = ("precomp", "karpathy")
 #: Largest ``noise_seed`` (``numpy.random.RandomState`` takes seeds in ``[0, 2**32 - 1]``).
 MAX_NOISE_SEED = 2**32 - 1
 
@@ -419,7 +417,6 @@ def save_noise_record(dataset: Any, folder: str | Path) -> list[Path]:
 
 __all__ = [
     "MAX_NOISE_SEED",
-    "NOISE_DATA_FORMATS",
     "NOISE_FORMATS",
     "NOISE_INDEX_FILE",
     "NOISE_SUMMARY_FILE",

@@ -314,60 +314,6 @@ def build_train_transform(data: Any, eval_transform: Any) -> RandomResizedCrop |
     )
 
 
-def image_data_problem(data: Any, model: dict[str, Any]) -> tuple[str, str] | None:
-    """The first problem of a ``[data]`` section's image-data keys (``train_transform``,
-    crops, shards, CSV), as ``(key, message)``, or None (:mod:`vlret.run.config` raises it);
-    ``model`` is the ``[model]`` section (a model directory with ``path`` brings its
-    tokenizer)."""
-    if data.train_transform not in TRAIN_TRANSFORMS:
-        return "train_transform", f"expected one of {', '.join(TRAIN_TRANSFORMS)}"
-    problem = range_problem(data.crop_scale, data.crop_ratio)
-    if problem:
-        return problem.partition(" ")[0], problem.partition(" ")[2]
-    if data.crop_interpolation not in INTERPOLATIONS:
-        return "crop_interpolation", f"expected one of {', '.join(INTERPOLATIONS)}"
-    pedes = data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid")
-    images = ("karpathy", "csv", "webdataset", "cuhk-pedes", "icfg-pedes", "rstpreid")
-    if data.train_transform != "none" and data.format not in images:
-        return "train_transform", f"format {data.format!r} serves no images to augment"
-    if data.train_transform != "none" and pedes and data.features_dir is not None:
-        return "train_transform", "data.features_dir serves precomputed features, no images"
-    if not 0.0 <= data.max_bad_fraction <= 1.0:
-        return "max_bad_fraction", f"expected a fraction in [0, 1], got {data.max_bad_fraction!r}"
-    cap = data.max_image_pixels
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        return "max_image_pixels", f"expected a positive integer (width x height), got {cap!r}"
-    if data.shuffle_buffer < 0:
-        return "shuffle_buffer", f"expected an integer >= 0, got {data.shuffle_buffer!r}"
-    if len(data.csv_separator) != 1:
-        return "csv_separator", f"expected one character, got {data.csv_separator!r}"
-    if data.format == "webdataset":
-        if not data.shards:
-            return "shards", "required for format 'webdataset' (a brace pattern or a list)"
-        if data.train_num_samples is None or data.train_num_samples < 1:
-            why = "required for format 'webdataset' (img2dataset writes no size file)"
-            return "train_num_samples", f"{why}; expected a positive integer"
-    elif data.shards is not None or data.dev_shards is not None:
-        return "shards", "only read with format 'webdataset'"
-    if data.format == "csv" and not data.csv:
-        return "csv", "required for format 'csv' (a CSV/TSV of image paths and captions)"
-    if data.format != "csv" and (data.csv is not None or data.dev_csv is not None):
-        return "csv", "only read with format 'csv'"
-    text = model.get("text")
-    has_tokenizer = (
-        bool(model.get("path"))
-        or model.get("tokenizer") == "bytes"  # a preset CLIP's byte tokenizer
-        or (isinstance(text, dict) and "path" in text)
-    )
-    if data.format in ("webdataset", "csv") and not (data.vocab or data.tokenizer or has_tokenizer):
-        return "tokenizer", (
-            f"format {data.format!r} builds no vocabulary: give data.tokenizer (a local "
-            'Hugging Face tokenizer directory), data.vocab, model.tokenizer = "bytes" (a '
-            "preset CLIP) or a model directory"
-        )
-    return None
-
-
 __all__ = [
     "INTERPOLATIONS",
     "TRAIN_TRANSFORMS",
@@ -377,7 +323,6 @@ __all__ = [
     "build_train_transform",
     "capped",
     "crop_box",
-    "image_data_problem",
     "range_problem",
     "sample_generator",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .formats.karpathy import KarpathyImage, KarpathySentence
+from .formats.karpathy_json import KarpathyImage, KarpathySentence
 from .formats.msrvtt import (
     DATA_JSON,
     FEATURE_IDS,

@@ -18,24 +18,18 @@ from torch import nn
 
 from ..data import (
     DataFormatError,
-    KarpathyDataset,
-    MSRVTTDataset,
-    PrecompDataset,
     RetrievalDataset,
     Vocabulary,
-    build_karpathy_vocab,
-    build_msrvtt_vocab,
     build_vocab,
     check_features,
     load_hf_tokenizer,
 )
 from ..data.bad_samples import SkipsBadImages
-from ..data.captioning_files import captions_vocab_splits, split_captions_args
+from ..data.captioning_files import captions_vocab_splits
 from ..data.config import DataConfig
-from ..data.formats.precomp import load_precomp_captions
+from ..data.formats import MissingDataKey, StreamOptions, get_format, open_dataset
 from ..data.noisy import apply_noise_index, configured_noise
 from ..data.paths import check_data_paths
-from ..data.transforms import capped
 from .config import ConfigError, RunConfig
 from .config_sections import build_section
 from .loss_config import LossConfig
@@ -148,26 +142,17 @@ def build_encoder(
         return load_hf_tokenizer(tokenizer, max_positions=clip_text_positions(model))
     if data.vocab is not None:
         return Vocabulary.load(data.vocab)
-    root = Path(data.root)
-    if data.train_captions is not None and data.format in ("precomp", "karpathy"):
-        sets = [build_dataset(data, s, None) for s in captions_vocab_splits(data)]  # files only
+    record = get_format(data.format)
+    if data.train_captions is not None and record.captions_files:
+        sets = [open_dataset(data, s) for s in captions_vocab_splits(data)]  # files only
         return build_vocab([c for ds in sets for c in ds.captions], min_count=data.min_count)
-    if data.format == "precomp":
-        splits = [data.train_split]
-        if data.dev_split and (root / f"{data.dev_split}_caps.txt").is_file():
-            splits.append(data.dev_split)
-        captions = load_precomp_captions(root, splits, captions_per_image=data.captions_per_image)
-        return build_vocab(captions, min_count=data.min_count)
-    if data.format == "msrvtt":
-        return build_msrvtt_vocab(root, protocol=data.protocol, min_count=data.min_count)
-    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # train + val captions
-        from ..data.formats.pedes import person_search_vocab_captions
-
-        captions = person_search_vocab_captions(data.format, root, annotations=data.annotations)
-        return build_vocab(captions, min_count=data.min_count)
-    if data.karpathy_json is None:
-        raise ConfigError(source, "data.karpathy_json", "required for format 'karpathy'")
-    return build_karpathy_vocab(data.karpathy_json, min_count=data.min_count)
+    if record.vocabulary is None:
+        why = f"format {data.format!r} builds no vocabulary: give data.tokenizer or data.vocab"
+        raise ConfigError(source, "data.tokenizer", why)
+    try:
+        return record.vocabulary(data)
+    except MissingDataKey as err:
+        raise ConfigError(source, f"data.{err.key}", err.why) from None
 
 
 def encoder_state(encoder: Any, config: RunConfig) -> dict[str, Any]:
@@ -210,77 +195,17 @@ def vocab_size(encoder: Any) -> int | None:
     return len(encoder) if isinstance(encoder, Vocabulary) else None
 
 
-def build_dataset(
+def build_train_dataset(
     data: DataConfig,
     split: str,
     encoder: Any,
     *,
-    root: str | Path | None = None,
-    max_images: int | None = None,
-    protocol: str | None = None,
     image_transform: Any = None,
+    stream: StreamOptions | None = None,
 ) -> RetrievalDataset:
-    """One split in the configured format (``root`` and ``protocol`` override the config).
-    Image files reach ``image_transform`` read under ``data.max_image_pixels``
-    (:func:`vlret.data.transforms.capped`)."""
-    check_data_paths(data)  # a path written from data.root: the fix, before anything is read
-    root = Path(root if root is not None else data.root)
-    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):
-        from ..data.formats.pedes import build_irra_transforms, open_person_search
-
-        if data.train_transform == "irra" and data.features_dir is None:
-            image_transform = build_irra_transforms(image_transform)[1]  # IRRA's resize
-        image_transform = capped(image_transform, data.max_image_pixels)
-        return open_person_search(
-            data.format,
-            root,
-            split,
-            annotations=data.annotations,
-            image_root=data.image_root,
-            image_transform=image_transform,
-            encoder=encoder,
-            features_dir=data.features_dir,
-            max_images=max_images,
-        )
-    if data.format == "precomp":
-        return PrecompDataset(
-            root,
-            split,
-            encoder=encoder,
-            captions_per_image=data.captions_per_image,
-            max_images=max_images,
-            **split_captions_args(data, split),
-        )
-    ds: RetrievalDataset
-    if data.format == "msrvtt":
-        ds = MSRVTTDataset(
-            root,
-            split,
-            protocol=protocol or data.protocol,
-            encoder=encoder,
-            features_dir=data.features_dir,
-            captions_per_video=data.captions_per_video,
-            experts=data.experts,
-        )
-        return _first_images(ds, max_images)
-    json_path = Path(data.karpathy_json) if data.karpathy_json else root
-    ds = KarpathyDataset(
-        json_path,
-        split,
-        image_root=data.image_root,
-        image_transform=capped(image_transform, data.max_image_pixels),
-        encoder=encoder,
-        captions_per_image=data.captions_per_image,
-        **split_captions_args(data, split),
-    )
-    return _first_images(ds, max_images)
-
-
-def build_train_dataset(
-    data: DataConfig, split: str, encoder: Any, *, image_transform: Any = None
-) -> RetrievalDataset:
-    """The training split: :func:`build_dataset`, then the noisy correspondence the config asks
-    for (``data.noise_index`` or ``data.noise_ratio``: :mod:`vlret.data.noisy`). The only
+    """The training split: :func:`~vlret.data.formats.open_dataset`, then the noisy
+    correspondence the config asks for (``data.noise_index`` or ``data.noise_ratio``:
+    :mod:`vlret.data.noisy`). The only
     builder that applies it, so validation, the test splits and ``vlret eval`` read the clean
     pairs. The set carries ``corrupted``, ``original_txt_to_img`` and ``noise`` (all False,
     the pairing itself and None for clean training).
@@ -291,10 +216,17 @@ def build_train_dataset(
     sizes and its training pairs (``txt_to_img``, the noisy ones under noise).
 
     A split read from image files (Karpathy, person search) skips and counts its bad images,
-    named by ``data.image_root`` when too many (:class:`~vlret.data.bad_samples.SkipsBadImages`);
-    the other builders keep the one-line error naming the file."""
-    dataset = build_dataset(data, split, encoder, image_transform=image_transform)
-    if isinstance(dataset, SkipsBadImages):
+    named by ``data.image_root`` when too many (:class:`~vlret.data.bad_samples.SkipsBadImages`;
+    a CSV's names ``data.csv``, as it was read); the other formats keep the one-line error
+    naming the file. A streaming format's training split (``stream``: the loop's settings) is
+    the stream itself: it skips and counts its bad samples, and no noise or offline negatives
+    apply to it (the config checks refuse them)."""
+    dataset = open_dataset(
+        data, split, encoder=encoder, image_transform=image_transform, stream=stream
+    )
+    if stream is not None:  # a stream skips and counts its bad samples itself
+        return cast("RetrievalDataset", dataset)
+    if isinstance(dataset, SkipsBadImages) and not dataset.counts_skipped:
         dataset.skip_bad_images(key="data.image_root", max_bad_fraction=data.max_bad_fraction)
     dataset = with_training_noise(data, dataset)
     if data.offline_negatives is None:
@@ -314,17 +246,6 @@ def with_training_noise(data: DataConfig, dataset: RetrievalDataset) -> Retrieva
         seed=data.noise_seed,
     )
     return apply_noise_index(dataset, noise)
-
-
-def _first_images(ds: RetrievalDataset, max_images: int | None) -> RetrievalDataset:
-    """Keep the first ``max_images`` images (and their captions) of a dataset in place."""
-    if max_images is None or max_images >= ds.num_images:
-        return ds
-    keep = ds.txt_to_img < max_images
-    ds.captions = [c for c, k in zip(ds.captions, keep.tolist(), strict=True) if k]
-    ds.txt_to_img = ds.txt_to_img[keep]
-    ds.image_ids = ds.image_ids[:max_images]
-    return ds
 
 
 def check_split_features(

@@ -62,7 +62,8 @@ from typing import Any
 
 from .._files import atomic_write_text
 from ..data.config import DataConfig
-from ..data.transforms import image_data_problem
+from ..data.formats import get_format
+from ..data.formats.checks import image_data_problem
 from ..losses import loss_capabilities
 from . import config_files
 from .config_checks import (
@@ -223,8 +224,9 @@ def _data_checks(data: DataConfig, model: dict[str, Any], raw: dict[str, Any], s
     check_captions_files(data, source)
     if (problem := image_data_problem(data, model)) is not None:
         raise ConfigError(source, f"data.{problem[0]}", problem[1])
-    if data.format == "msrvtt" and data.experts is None and isinstance(model.get("experts"), dict):
-        data.experts = list(model["experts"]) or None  # a CE / MMT model's own experts
+    experts = model.get("experts")
+    if get_format(data.format).experts and data.experts is None and isinstance(experts, dict):
+        data.experts = list(experts) or None  # a CE / MMT model's own experts
 
 
 def _loop_checks(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..data.formats.pedes.common import PEDES_FORMATS
+from ..data.formats import formats_where, get_format
 from ..losses import loss_capabilities
 from ..metrics import IDENTITY_METRIC_KEYS, normalise_metric_key
 from .config_files import ConfigError
@@ -92,14 +92,16 @@ def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, sour
     IRRA); ICFG-PEDES has no validation split: without ``dev_split`` it trains without
     validation (``best.pt`` is the last epoch), ``val`` / ``dev`` is an error, and checkpoints
     are selected on the test split only when ``dev_split = "test"`` says so by name."""
-    if data.format not in PEDES_FORMATS:
+    record = get_format(data.format)
+    if not record.identities:
         if data.annotations is not None:
-            why = f"only read with formats {', '.join(PEDES_FORMATS)}"
+            readers = formats_where(lambda f: "annotations" in f.owns)
+            why = f"only read with formats {', '.join(readers)}"
             raise ConfigError(source, "data.annotations", why)
         return
     if "dev_max_images" not in raw_data:
         data.dev_max_images = None
-    if data.format != "icfg-pedes":
+    if "val" in record.splits:  # ICFG-PEDES has only train and test
         if data.dev_split not in (None, "val", "dev", "test"):
             why = f'expected "val" (or "dev"), "test" or null, got {data.dev_split!r}'
             raise ConfigError(source, "data.dev_split", why)
@@ -110,7 +112,7 @@ def check_person_search(data: Any, raw_data: dict[str, Any], validate: Any, sour
         raise ConfigError(
             source,
             "data.dev_split",
-            f"ICFG-PEDES has no {data.dev_split!r} split (only train and test): set "
+            f"{record.name.upper()} has no {data.dev_split!r} split (only train and test): set "
             "data.dev_split = null (no validation; best.pt is the last epoch) or "
             '"test" (checkpoints selected on the test split)',
         )
@@ -121,13 +123,15 @@ def check_msrvtt(data: Any, raw_data: dict[str, Any], validate: Any, source: str
     may clear): ``experts`` is "all" or names (no other format has experts); 1k-A has only
     train and test: no validation unless ``dev_split`` says test."""
     experts = data.experts
-    if experts is not None and data.format != "msrvtt":
-        raise ConfigError(source, "data.experts", "only format 'msrvtt' has expert features")
+    record = get_format(data.format)
+    if experts is not None and not record.experts:
+        readers = " or ".join(repr(name) for name in formats_where(lambda f: f.experts))
+        raise ConfigError(source, "data.experts", f"only format {readers} has expert features")
     names = ["all"] if experts == "all" else experts if isinstance(experts, list) else [None]
     if experts is not None and (not names or not all(isinstance(n, str) and n for n in names)):
         why = f'expected "all" or a non-empty list of expert names, got {experts!r}'
         raise ConfigError(source, "data.experts", why)
-    if data.format != "msrvtt":
+    if not record.experts:
         return
     from ..data.formats.msrvtt import normalise_protocol
 
@@ -154,8 +158,6 @@ def check_noise(data: Any, source: str) -> None:
     (``noise_index``) or a ratio, not both; and only the formats with one image per training
     caption (precomp, karpathy). The file itself is read and checked when the training split
     is built."""
-    from ..data.noisy import NOISE_DATA_FORMATS
-
     if data.noise_index is not None and data.noise_ratio > 0:
         why = (
             f"{data.noise_index!r} and data.noise_ratio {data.noise_ratio!r} both given; keep "
@@ -164,15 +166,13 @@ def check_noise(data: Any, source: str) -> None:
         raise ConfigError(source, "data.noise_index", why)
     key = "data.noise_index" if data.noise_index is not None else "data.noise_ratio"
     if (data.noise_index is not None or data.noise_ratio > 0) and (
-        data.format not in NOISE_DATA_FORMATS
+        not get_format(data.format).noise_index
     ):
-        formats = " or ".join(NOISE_DATA_FORMATS)
+        formats = " or ".join(formats_where(lambda f: f.noise_index))
         why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
         raise ConfigError(source, key, why)
 
 
-#: The data formats whose splits can read a captions file (``data.train_captions`` ...).
-CAPTIONS_FILE_FORMATS = ("precomp", "karpathy")
 #: The captions-file keys of ``[data]``, in split order.
 CAPTIONS_FILE_KEYS = ("train_captions", "dev_captions", "test_captions")
 
@@ -180,7 +180,8 @@ CAPTIONS_FILE_KEYS = ("train_captions", "dev_captions", "test_captions")
 def check_captions_files(data: Any, source: str) -> None:
     """``data.train_captions``, ``dev_captions`` and ``test_captions`` (captions files,
     :mod:`vlret.data.captioning_files`; a non-empty path by their declarations): for the
-    formats of :data:`CAPTIONS_FILE_FORMATS`; ``dev_captions`` needs a ``dev_split``. Each
+    formats that read them (:attr:`~vlret.data.formats.DataFormat.captions_files`);
+    ``dev_captions`` needs a ``dev_split``. Each
     file is read and checked against its split (existence, line count, sidecar) when the split
     is built, the error naming the key and the file."""
     for name in CAPTIONS_FILE_KEYS:
@@ -188,17 +189,14 @@ def check_captions_files(data: Any, source: str) -> None:
         if path is None:
             continue
         key = f"data.{name}"
-        if data.format not in CAPTIONS_FILE_FORMATS:
-            formats = " or ".join(CAPTIONS_FILE_FORMATS)
+        if not get_format(data.format).captions_files:
+            formats = " or ".join(formats_where(lambda f: f.captions_files))
             why = f"applies to data.format {formats}, not {data.format!r}"
             raise ConfigError(source, key, why)
         if name == "dev_captions" and data.dev_split is None:
             raise ConfigError(source, key, f"{path!r} given but data.dev_split is null")
 
 
-#: The data formats whose training split AOQ's offline negatives apply to (one image per
-#: caption, read as a map-style dataset: :func:`vlret.run.builders.build_train_dataset`).
-OFFLINE_DATA_FORMATS = ("precomp", "karpathy")
 #: The pair-scoring model kinds AOQ trains (each pair's score depends on that pair alone, so the
 #: offline pairs can be scored on their own); two-tower models are always accepted.
 OFFLINE_PAIR_KINDS = ("scan", "bfan")
@@ -228,10 +226,12 @@ def check_offline_negatives(
     """AOQ's keys (:mod:`vlret.data.offline_negatives`, docs/aoq.md): ``data.offline_negatives``
     and a loss that reads them (``LossCapabilities.offline_negatives``: ``loss.name = "aoq"``)
     go together (each refused without the other, naming both keys); the data format has one image
-    per caption (:data:`OFFLINE_DATA_FORMATS`); the procedure is ``"aoq"`` (or ``"standard"``,
-    which :func:`vlret.train.procedures.registry.build_procedure` turns into ``"aoq"``); a
-    pair-scoring model is one of :data:`OFFLINE_PAIR_KINDS`; no gradient caching. The file
-    itself is read and checked against the training split when that split is built."""
+    per caption, read as a map-style dataset
+    (:attr:`~vlret.data.formats.DataFormat.offline_negatives`); the procedure is ``"aoq"`` (or
+    ``"standard"``, which :func:`vlret.train.procedures.registry.build_procedure` turns into
+    ``"aoq"``); a pair-scoring model is one of :data:`OFFLINE_PAIR_KINDS`; no gradient
+    caching. The file itself is read and checked against the training split when that split is
+    built."""
     path, aoq = data.offline_negatives, _reads_offline_negatives(loss)
     if path is not None and not aoq:
         why = f'{path!r} is only read by loss.name = "aoq" (the loss is {loss.name!r})'
@@ -247,8 +247,8 @@ def check_offline_negatives(
         raise ConfigError(source, "train.procedure", why)
     if not aoq:
         return
-    if data.format not in OFFLINE_DATA_FORMATS:
-        formats = " or ".join(OFFLINE_DATA_FORMATS)
+    if not get_format(data.format).offline_negatives:
+        formats = " or ".join(formats_where(lambda f: f.offline_negatives))
         why = f"applies to data.format {formats} (one image per caption), not {data.format!r}"
         raise ConfigError(source, "data.offline_negatives", why)
     if train.procedure not in ("standard", "aoq"):
@@ -278,7 +278,7 @@ SELECT_ON_IDENTITY = IDENTITY_METRIC_KEYS
 
 def selectable_metrics(data_format: str) -> tuple[str, ...]:
     """The values ``train.select_on`` may take with ``data.format = data_format``."""
-    identity = SELECT_ON_IDENTITY if data_format in PEDES_FORMATS else ()
+    identity = SELECT_ON_IDENTITY if get_format(data_format).identities else ()
     return (*identity, *SELECT_ON_RETRIEVAL)
 
 
@@ -295,19 +295,19 @@ def selection_metric(config: Any) -> str:
             (naming the key and listing the valid ones).
     """
     fmt, chosen = config.data.format, config.train.select_on
+    identities = get_format(fmt).identities
     if chosen is None:
-        return IDENTITY_METRIC_KEYS[0] if fmt in PEDES_FORMATS else "rsum"
+        return IDENTITY_METRIC_KEYS[0] if identities else "rsum"
     given, chosen = chosen, normalise_metric_key(chosen) if isinstance(chosen, str) else chosen
     valid = selectable_metrics(fmt)
     if chosen not in valid:
-        where = "" if fmt in PEDES_FORMATS else f" (data.format {fmt!r}: not person search)"
+        where = "" if identities else f" (data.format {fmt!r}: not person search)"
         why = f"unknown dev metric {given!r}{where}; expected one of {', '.join(valid)}"
         raise ConfigError(config.source, "train.select_on", why)
     return str(chosen)
 
 
 __all__ = [
-    "CAPTIONS_FILE_FORMATS",
     "CAPTIONS_FILE_KEYS",
     "MAX_COUNT",
     "MAX_DIM",

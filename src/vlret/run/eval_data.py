@@ -15,20 +15,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..data.config import DataConfig
+from ..data.formats import KARPATHY, DataFormat, formats_where, get_format
+from ..data.formats.karpathy import KarpathyJsonNotFound
 from ..eval import EvalProtocol, get_protocol
 from ..worlds.hint import META_FILE as SYNTHETIC_META
 
 
 def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
-    """The training run's data config pointed at the data folder ``root`` (``vlret eval --data``).
+    """The training run's data config pointed at the data folder ``root`` (``vlret eval --data``):
+    the format's :attr:`~vlret.data.formats.DataFormat.at_root`.
 
     ``precomp`` and ``msrvtt`` read their files from ``root`` itself. Person-search data reads
     the run's annotation file, image folder and feature folder (``data.features_dir``) by their
-    names in ``root``. ``karpathy`` expects::
+    names in ``root``. ``karpathy``
+    (:func:`~vlret.data.formats.karpathy.karpathy_at_root`) expects::
 
         root/
           dataset_<name>.json     the Karpathy JSON: the training config's file name, else the
@@ -40,43 +45,10 @@ def eval_data_config(data: DataConfig, root: str | Path) -> DataConfig:
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"{root}: missing; expected the data folder of the test split")
-    if data.format in ("cuhk-pedes", "icfg-pedes", "rstpreid"):  # the run's file names in root
-
-        def named(name: str | None) -> str | None:
-            return None if name is None else str(root / Path(name).name)
-
-        return dataclasses.replace(
-            data,
-            root=str(root),
-            annotations=named(data.annotations),
-            image_root=named(data.image_root),
-            features_dir=named(data.features_dir),
-        )
-    if data.format != "karpathy":
-        return dataclasses.replace(data, root=str(root))
-    if root.is_file():
-        json_path, folder = root, root.parent
-    else:
-        folder = root
-        stored = Path(data.karpathy_json).name if data.karpathy_json else None
-        if stored and (folder / stored).is_file():
-            json_path = folder / stored
-        else:
-            found = sorted(folder.glob("dataset_*.json"))
-            if len(found) != 1:
-                want = stored or "dataset_<name>.json"
-                raise FileNotFoundError(
-                    f"{folder}: expected the Karpathy JSON {want} in this folder, found "
-                    f"{[p.name for p in found] or 'none'}{_karpathy_fix(folder, found)}"
-                )
-            json_path = found[0]
-    image_root = None
-    if data.image_root is not None:
-        candidates = [folder / Path(data.image_root).name, folder / "images", folder]
-        image_root = next(str(c) for c in candidates if c.is_dir())
-    return dataclasses.replace(
-        data, root=str(folder), karpathy_json=str(json_path), image_root=image_root
-    )
+    try:
+        return get_format(data.format).at_root(data, root)
+    except KarpathyJsonNotFound as err:
+        raise FileNotFoundError(f"{err}{_karpathy_fix(err.folder, err.found)}") from None
 
 
 def _karpathy_fix(folder: Path, found: list[Path]) -> str:
@@ -90,7 +62,7 @@ def _karpathy_fix(folder: Path, found: list[Path]) -> str:
             written = json.loads(meta.read_text(encoding="utf-8")).get("format")
         except (json.JSONDecodeError, AttributeError, OSError):
             written = None
-        if written is not None and written != "karpathy":
+        if written is not None and written != KARPATHY.name:
             return (
                 f"; this synthetic world was written in the {written} format: write it with "
                 "`vlret synth PRESET --out DIR --format karpathy` (plus --webdataset for shards) "
@@ -131,18 +103,13 @@ def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
     )
 
 
-#: training formats that hold no evaluation split of a paper protocol: a model trained on them
-#: from pixels is evaluated on Karpathy JSON + images (zero-shot retrieval, AdaCL Table 2)
-STREAM_FORMATS = ("webdataset", "csv")
-
-
 def karpathy_eval_data(data: DataConfig) -> DataConfig:
     """The data config of a model trained from pixels on shards or a CSV, read as Karpathy JSON +
     images for evaluation (``vlret eval CKPT --data DIR``: ``DIR/dataset_*.json`` and
     ``DIR/images/``, five captions per image); the caption encoder stays the checkpoint's."""
     return dataclasses.replace(
         data,
-        format="karpathy",
+        format=KARPATHY.name,
         karpathy_json=None,
         image_root="images",
         captions_per_image=5,
@@ -160,7 +127,7 @@ def stored_eval_data(data: DataConfig, *, protocol: str | EvalProtocol | None = 
     if chosen is not None and chosen.relevance_kind.identities and data.format not in chosen.splits:
         (person_format,) = chosen.splits
         return person_search_eval_data(data, person_format)
-    if data.format in STREAM_FORMATS:
+    if get_format(data.format).evaluated_as == KARPATHY.name:  # shards, CSV: no test split
         return karpathy_eval_data(data)
     return data
 
@@ -195,11 +162,8 @@ class EvalData:
     why: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-#: the data formats whose captions each count applies to (:func:`member_eval_data`)
-CAPTION_COUNT_FORMATS = {
-    "captions_per_image": ("precomp", "karpathy"),
-    "captions_per_video": ("msrvtt",),
-}
+def _counts_captions(record: DataFormat, *, key: str) -> bool:
+    return record.caption_count_key == key
 
 
 def member_eval_data(
@@ -238,9 +202,10 @@ def member_eval_data(
         )
     given: dict[str, Any] = {k: v for k, v in (counts or {}).items() if v is not None}
     for key in given:
-        if evaluated.format not in CAPTION_COUNT_FORMATS[key]:
+        if get_format(evaluated.format).caption_count_key != key:
+            users = formats_where(partial(_counts_captions, key=key))
             raise ValueError(
-                f"{key}: only used with {' or '.join(CAPTION_COUNT_FORMATS[key])} data; "
+                f"{key}: only used with {' or '.join(users)} data; "
                 f"{source} was trained on {evaluated.format} data"
             )
     if given:
@@ -258,7 +223,7 @@ def member_eval_data(
         except ValueError as err:
             raise ValueError(f"{source}: {err}") from None
     if data is None:
-        if evaluated.format != trained.format and trained.format not in STREAM_FORMATS:
+        if evaluated.format != trained.format and get_format(trained.format).evaluated_as is None:
             raise ValueError(
                 f"--data: {source} was trained on {trained.format} data and protocol "
                 f"{chosen.name} evaluates {evaluated.format} data; pass its folder with --data"

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from ..data import RetrievalDataset, check_features
+from ..data.formats import KARPATHY, get_format, open_dataset
 from ..eval import (
     EnsembleScorer,
     EnsembleSplit,
@@ -53,10 +54,7 @@ from ..metrics import (
 )
 from ..metrics.rescore import Rescoring, draw_bank
 from ..models import PairScorer
-from .builders import build_dataset
 from .devices import resolve_device
-from .eval_data import STREAM_FORMATS
-from .eval_data import karpathy_eval_data as karpathy_eval_data  # compare's runner reads it here
 from .eval_members import Member, Members, load_members
 
 
@@ -64,9 +62,7 @@ def check_eval_split(protocol: str, split: str, data_format: str) -> None:
     """Raise ``ValueError`` unless ``protocol`` evaluates ``split`` of ``data_format`` data (a
     run trained on shards or a CSV is evaluated on Karpathy JSON + images,
     :func:`~vlret.run.eval_data.karpathy_eval_data`)."""
-    get_protocol(protocol).check_split(
-        split, "karpathy" if data_format in STREAM_FORMATS else data_format
-    )
+    get_protocol(protocol).check_split(split, get_format(data_format).evaluated_format)
 
 
 def dev_metrics(
@@ -261,7 +257,7 @@ def prepare_evaluation(
             raise ValueError("--data: required with --model-dir (a CLIP folder holds no data)")
         if split is not None:  # before its weights are read: Karpathy data only
             try:
-                chosen.check_split(split, "karpathy")
+                chosen.check_split(split, KARPATHY.name)
             except ValueError as err:
                 raise ValueError(f"{model_dir} (Karpathy JSON + images): {err}") from None
     elif default_preprocessing is not None:
@@ -411,10 +407,10 @@ def open_splits(
 def _open(member: Member, split: str, protocol: EvalProtocol) -> RetrievalDataset:
     """``split`` of the member's data, its features checked (NaN / inf or another feature
     size: the file and row now, as training checks its splits, not after encoding)."""
-    dataset = build_dataset(
+    dataset = open_dataset(
         member.data.config,
         split,
-        member.encoder,
+        encoder=member.encoder,
         protocol=protocol.data_protocol,
         image_transform=getattr(member.model, "image_transform", None),
     )
@@ -502,7 +498,6 @@ def build_scorer(
 
 
 __all__ = [
-    "STREAM_FORMATS",
     "Evaluation",
     "PreparedEvaluation",
     "build_scorer",

@@ -51,6 +51,7 @@ import torch
 
 from .._files import atomic_write, remove_stale_temporaries
 from ..data.checks import read_npy_header
+from ..data.formats import format_names, get_format
 from ..data.noisy import NOISE_INDEX_FILE, NOISE_SUMMARY_FILE, save_noise_record
 from ..data.paths import DATA_PATH_KEYS
 from .checkpoint import load_checkpoint, torch_load_quietly
@@ -121,6 +122,11 @@ DATA_INPUT_KEYS = ("root", "shards", "dev_shards", *DATA_PATH_KEYS)
 TRAIN_INPUT_KEYS = ("init_from", "zeroshot_root")
 #: The keys, at any depth of the ``[model]`` section, whose string value is a local path.
 MODEL_INPUT_KEYS = ("path", "tokenizer")
+
+
+def _streams(name: Any) -> bool:
+    """Whether a stored ``data.format`` streams its training split (resumed by position)."""
+    return name in format_names() and get_format(name).streams
 
 
 def _local_paths(value: Any) -> list[str]:
@@ -457,7 +463,7 @@ def check_stream_resume(
         return
     a = _flatten(_with_current_defaults(stored, checkpoint))
     b = _flatten(current)
-    if b.get("data.format") != "webdataset" or a.get("data.format") != "webdataset":
+    if not (_streams(a.get("data.format")) and _streams(b.get("data.format"))):
         return
     changed = [
         f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}"

@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from ..data import check_features
+from ..data.formats import open_dataset
 from ..data.offline_negatives import FINGERPRINT, OfflineNegatives, split_fingerprint
 from ..eval import PairModelScorer, TwoTowerScorer
 from ..models import PairScorer
-from .builders import build_dataset, load_trained_model, with_training_noise
+from .builders import load_trained_model, with_training_noise
 from .devices import resolve_device
 from .eval_data import eval_data_config
 from .mining import BLOCK, DEFAULT_K, _positive, check_k, mine_embeddings, mine_pair_model
@@ -55,8 +56,8 @@ def mine_checkpoint(
         raise ValueError(f"device: {err}") from None
     model, run, encoder = load_trained_model(checkpoint, device=dev)
     settings = eval_data_config(run.data, data)
-    dataset = build_dataset(
-        settings, split, encoder, image_transform=getattr(model, "image_transform", None)
+    dataset = open_dataset(
+        settings, split, encoder=encoder, image_transform=getattr(model, "image_transform", None)
     )
     if split == settings.train_split:  # the run's training pairs: noisy ones stay noisy
         dataset = with_training_noise(settings, dataset)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..data.formats.pedes.common import PEDES_FORMATS
+from ..data.formats import get_format
 from .config_files import ConfigError
 
 if TYPE_CHECKING:
@@ -162,20 +162,13 @@ def check_schedule_length(optim: Any, train: Any, source: str, *, steps_per_epoc
     )
 
 
-#: The ``data.format`` values whose files are found in ``data.root`` (their layout's own names).
-ROOT_FORMATS = ("precomp", "msrvtt")
-
-
 def check_data_root(data: Any, source: str) -> None:
     """``data.root`` is an existing folder where the run reads files from it (precomp and
     MSR-VTT; person search without ``data.annotations`` and ``data.image_root`` /
     ``data.features_dir``; Karpathy, webdataset and CSV files are named by their own keys):
     one line naming ``data.root`` instead of the first file of the layout found missing.
     Called by the trainer before the vocabulary is built (and so by ``vlret train --check``)."""
-    person_defaults = data.format in PEDES_FORMATS and (
-        data.annotations is None or (data.image_root is None and data.features_dir is None)
-    )
-    if data.format not in ROOT_FORMATS and not person_defaults:
+    if not get_format(data.format).root_required(data):  # DataFormat.reads_root
         return
     root = Path(data.root)
     if not root.is_dir():
@@ -214,7 +207,6 @@ __all__ = [
     "FREEZE_BN",
     "SCHEDULES",
     "STANDARD_PROCEDURE",
-    "ROOT_FORMATS",
     "check_data_root",
     "check_freeze",
     "check_lock",

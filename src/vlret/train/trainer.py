@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.formats.shards import IMAGE_FORMATS, ShardStream
-from ..data.image_sets import build_image_sets
+from ..data.formats import StreamOptions, get_format, open_dataset
+from ..data.formats.pedes.augment import build_augment
+from ..data.formats.shards import ShardStream
 from ..losses import loss_capabilities
 from ..memory import MomentumEncoder
 from ..run.builders import (
-    build_dataset,
     build_encoder,
     build_run_model,
     build_train_dataset,
@@ -210,17 +210,7 @@ class Trainer(TrainerState, TrainLoop):
         self.scores_pairs = scores_pairs(self.model)
         transform = getattr(self.model, "image_transform", None)
         validates = bool(tc.validate and config.data.dev_split and self.is_main)
-        self.train_set, self.dev_set = build_image_sets(  # webdataset / csv, augmentation
-            config, self.encoder, transform, env=self.env, dev=validates, other=build_train_dataset
-        )
-        if validates and config.data.dev_split and config.data.format not in IMAGE_FORMATS:
-            self.dev_set = build_dataset(
-                config.data,
-                config.data.dev_split,
-                self.encoder,
-                max_images=config.data.dev_max_images,
-                image_transform=transform,
-            )
+        self.train_set, self.dev_set = self._open_splits(transform, validates=validates)
         if config.data.check_features:  # rank 0 reads the files; every rank stops on a problem
             in_dim = getattr(getattr(self.model, "image_encoder", None), "in_dim", None)
             sets = (self.train_set, self.dev_set) if self.is_main else ()
@@ -311,6 +301,41 @@ class Trainer(TrainerState, TrainLoop):
             self._load(resume, resume_state)
 
     # -- checkpoints (state_dict and _load: TrainerState) ----------------------------------
+
+    def _open_splits(self, transform: Any, *, validates: bool) -> tuple[Any, Any]:
+        """The training split (a stream for a streaming format, :mod:`vlret.data.formats`)
+        augmented as ``data.train_transform`` says, and the dev split when this process
+        validates (the format's :attr:`~vlret.data.formats.DataFormat.dev_split`, its first
+        ``data.dev_max_images`` images); ``transform`` is the model's image transform."""
+        data, tc = self.config.data, self.config.train
+        record = get_format(data.format)
+        augment = build_augment(data, transform)  # data.train_transform's
+        stream = None
+        if record.streams:
+            stream = StreamOptions(
+                batch_size=tc.batch_size,
+                seed=tc.seed,
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                max_batches=tc.max_steps_per_epoch,
+                augment=augment,
+            )
+        train = build_train_dataset(
+            data, data.train_split, self.encoder, image_transform=transform, stream=stream
+        )
+        if augment is not None and stream is None:
+            train.set_augment(augment, seed=tc.seed)
+        dev_split = record.dev_split(data) if validates else None
+        if dev_split is None:
+            return train, None
+        dev = open_dataset(
+            data,
+            dev_split,
+            encoder=self.encoder,
+            max_images=data.dev_max_images,
+            image_transform=transform,
+        )
+        return train, dev
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:

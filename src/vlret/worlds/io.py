@@ -25,7 +25,7 @@ from .._files import (
     refuse_non_regular_inside,
     write_failure,
 )
-from ..data.formats.karpathy import KarpathyImage, KarpathySentence
+from ..data.formats.karpathy_json import KarpathyImage, KarpathySentence
 from ..data.formats.msrvtt import DATA_JSON, FEATURES_NPY, JSFUSION_CSV, TRAIN_9K_CSV
 from ..data.writers import (
     karpathy_tokens,

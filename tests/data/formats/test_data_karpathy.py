@@ -14,7 +14,7 @@ from vlret.data import (
     build_karpathy_vocab,
     read_karpathy_json,
 )
-from vlret.data.formats.karpathy import KarpathyImage, KarpathySentence, locate_json_line
+from vlret.data.formats.karpathy_json import KarpathyImage, KarpathySentence, locate_json_line
 from vlret.data.writers import make_tiny_karpathy, write_karpathy_json
 
 

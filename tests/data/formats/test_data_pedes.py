@@ -15,6 +15,7 @@ pytest.importorskip("PIL")
 
 from pedes_helpers import CUHK_IMAGES, TINY_CLIP_TOML, caption, write_pedes  # noqa: E402
 from vlret.data import DataFormatError  # noqa: E402
+from vlret.data.formats import open_dataset  # noqa: E402
 from vlret.data.formats.pedes import (  # noqa: E402
     CUHKPedesDataset,
     ICFGPedesDataset,
@@ -24,7 +25,7 @@ from vlret.data.formats.pedes import (  # noqa: E402
     open_person_search,
     read_pedes_json,
 )
-from vlret.run.builders import build_dataset, build_encoder  # noqa: E402
+from vlret.run.builders import build_encoder  # noqa: E402
 from vlret.run.config import ConfigError, config_from_dict  # noqa: E402
 
 
@@ -255,7 +256,7 @@ def test_builders_open_the_splits_and_build_the_vocabulary_without_test(cuhk, tm
     from vlret.models.clip import CLIPImageTransform
 
     data = _config(cuhk, train_transform="irra", min_count=1).data
-    dev = build_dataset(data, "dev", None, image_transform=CLIPImageTransform((16, 8)))
+    dev = open_dataset(data, "dev", image_transform=CLIPImageTransform((16, 8)))
     assert isinstance(dev, CUHKPedesDataset) and dev.num_images == 3
     # IRRA's evaluation resize (behind the pixel cap's wrapper where builders add one)
     transform = getattr(dev.image_transform, "transform", dev.image_transform)

@@ -173,22 +173,16 @@ def _check_eval_data(
     that protocol's format) and check the protocol's folds against its images; captions are
     not encoded (no vocabulary yet). A problem is a :class:`CompareError` naming
     ``compare.split`` and ``compare.protocol``. ``opened``: the settings already checked."""
-    from ...run.builders import build_dataset
-    from ...run.eval_data import eval_data_config, person_search_eval_data
-    from ...run.evaluate import STREAM_FORMATS, karpathy_eval_data
+    from ...data.formats import open_dataset
+    from ...run.eval_data import eval_data_config, stored_eval_data
 
-    run_data = spec.config.data
-    if protocol.relevance_kind.identities and run_data.format not in protocol.splits:
-        (person_format,) = protocol.splits
-        run_data = person_search_eval_data(run_data, person_format)
-    elif run_data.format in STREAM_FORMATS:
-        run_data = karpathy_eval_data(run_data)
+    run_data = stored_eval_data(spec.config.data, protocol=protocol)
     key = json.dumps([dataclasses.asdict(run_data), str(data)], sort_keys=True, default=str)
     if key in opened:
         return
     try:
-        split = build_dataset(
-            eval_data_config(run_data, data), settings.split, None, protocol=protocol.data_protocol
+        split = open_dataset(
+            eval_data_config(run_data, data), settings.split, protocol=protocol.data_protocol
         )
         protocol.check_folds(int(split.num_images))
     except (OSError, ValueError) as err:

@@ -46,6 +46,7 @@ from ..bad_samples import SkipsBadImages, check_dev_fraction
 from ..checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim
 from ..dataset import CaptionEncoder
 from ..paths import relative_path_hint
+from .registry import DataFormat, OpenRequest, register_format
 
 
 @dataclass(frozen=True)
@@ -451,4 +452,35 @@ def build_csv_dataset(
     return ds
 
 
-__all__ = ["CsvPair", "CsvPairsDataset", "build_csv_dataset", "read_csv_pairs"]
+def _open(data: Any, split: str, request: OpenRequest) -> CsvPairsDataset:
+    return build_csv_dataset(data, split, request.encoder, image_transform=request.image_transform)
+
+
+def _dev_split(data: Any) -> str | None:
+    return "dev" if data.dev_csv else None
+
+
+#: A CSV / TSV of image paths and captions, open_clip's (``data.format = "csv"``).
+CSV = register_format(
+    DataFormat(
+        name="csv",
+        summary="a CSV / TSV of image paths and captions (open_clip's csv dataset)",
+        reader=__name__,
+        open=_open,
+        splits=("train", "dev"),
+        inputs="pixels",
+        evaluated_as="karpathy",
+        needs={"csv": "(a CSV/TSV of image paths and captions)"},
+        owns=("csv", "dev_csv"),
+        dev_split=_dev_split,
+    )
+)
+
+
+__all__ = [
+    "CSV",
+    "CsvPair",
+    "CsvPairsDataset",
+    "build_csv_dataset",
+    "read_csv_pairs",
+]

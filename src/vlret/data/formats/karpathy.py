@@ -1,10 +1,8 @@
-"""Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr30k.json``) plus an image folder.
+"""Karpathy split JSON plus an image folder (``data.format = "karpathy"``): the split as a
+retrieval dataset, its vocabulary, and the format's record.
 
-Top level ``{"images": [...], "dataset": "coco" | "flickr30k" | "flickr8k"}``. Each image has
-``filename``, ``imgid``, ``split`` (``train``/``restval``/``val``/``test``), ``sentids`` and
-``sentences[]`` (``raw`` with case and punctuation, ``tokens`` lower-cased without
-punctuation); COCO images also have ``filepath`` (``train2014``/``val2014``) and ``cocoid``.
-The image file is ``image_root/filepath/filename`` (COCO) or ``image_root/filename``.
+The JSON is parsed by :mod:`vlret.data.formats.karpathy_json`. The image file is
+``image_root/filepath/filename`` (COCO) or ``image_root/filename``.
 
 Our splits: ``train`` = Karpathy train + restval (COCO's 113,287 images; F30K's 29,000),
 ``dev`` = val, ``test`` = test (COCO's 5000 images are the precomputed ``testall``, so
@@ -14,299 +12,25 @@ first ``captions_per_image`` (5).
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..bad_samples import SkipsBadImages
-from ..captioning_files import read_captions_file
-from ..checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim, read_json
-from ..dataset import CaptionEncoder
+from ..captioning_files import read_captions_file, split_captions_args
+from ..checks import SCAN_CHUNK_BYTES, DataFormatError, check_in_dim
+from ..dataset import CaptionEncoder, RetrievalDataset, first_images
+from ..transforms import capped
 from ..vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
-
-KARPATHY_SPLITS = ("train", "restval", "val", "test")
-#: Our split name -> the Karpathy splits it holds (``train`` includes restval by default).
-SPLIT_MEMBERS = {
-    "train": ("train", "restval"),
-    "dev": ("val",),
-    "val": ("val",),
-    "test": ("test",),
-    "testall": ("test",),
-}
-_LAYOUT = (
-    '{"images": [{"filename", "imgid", "split", "sentids", "sentences": '
-    '[{"raw", "tokens"}], ("filepath", "cocoid" for COCO)}], "dataset"}'
+from .karpathy_json import (
+    SPLIT_MEMBERS,
+    KarpathyData,
+    read_karpathy_json,
 )
-_EXPECTED = "expected " + _LAYOUT
-
-#: A step into a JSON document: an object key or an array index.
-JsonPath = Sequence[str | int]
-
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-
-
-def _json_offset(text: str, at: JsonPath) -> int:
-    """Character offset of the value at ``at`` in the JSON ``text`` (``ValueError`` if absent).
-
-    Walks only the containers on the way, skipping the siblings before the target with
-    ``json.JSONDecoder.raw_decode`` (C speed); a repeated key resolves to its last occurrence,
-    as ``json.loads`` does.
-    """
-    decode = json.JSONDecoder().raw_decode
-
-    def skip(i: int) -> int:
-        match = _WHITESPACE.match(text, i)
-        assert match is not None  # the pattern matches the empty string
-        return match.end()
-
-    i = skip(0)
-    for step in at:
-        if isinstance(step, int):
-            if text[i] != "[":
-                raise ValueError("not an array")
-            i = skip(i + 1)
-            for _ in range(step):
-                _, i = decode(text, i)
-                i = skip(i)
-                if text[i] != ",":
-                    raise ValueError("index out of range")
-                i = skip(i + 1)
-            if text[i] == "]":
-                raise ValueError("index out of range")
-        else:
-            if text[i] != "{":
-                raise ValueError("not an object")
-            i = skip(i + 1)
-            found = None
-            while text[i] != "}":
-                key, i = decode(text, i)
-                i = skip(i)
-                if text[i] != ":":
-                    raise ValueError("malformed object")
-                i = skip(i + 1)
-                if key == step:
-                    found = i
-                _, i = decode(text, i)
-                i = skip(i)
-                if text[i] == ",":
-                    i = skip(i + 1)
-            if found is None:
-                raise ValueError("key not found")
-            i = found
-    return i
-
-
-def locate_json_line(path: str | Path, at: JsonPath) -> int | None:
-    """Line where a value of a JSON file starts, for an error message.
-
-    Reads the file again: meant for error messages, after ``json.loads`` succeeded.
-
-    Args:
-        path: The JSON file.
-        at: The value's JSON path, e.g. ``("images", 3, "imgid")``.
-
-    Returns:
-        The 1-based line, or None when it cannot be found (the caller then names the entry
-        only).
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        return text.count("\n", 0, _json_offset(text, at)) + 1
-    except (OSError, UnicodeDecodeError, ValueError, IndexError):
-        return None
-
-
-class EntryError(Exception):
-    """A malformed entry of a parsed JSON document.
-
-    The reader turns it into a :class:`DataFormatError` with the file and the line
-    (:meth:`located`).
-
-    Args:
-        at: The entry's JSON path.
-        message: What is wrong with it.
-    """
-
-    def __init__(self, at: JsonPath, message: str) -> None:
-        super().__init__(message)
-        self.at = tuple(at)
-        self.message = message
-
-    def located(self, path: Path) -> DataFormatError:
-        """The error as a :class:`DataFormatError` naming ``path`` and the entry's line."""
-        return DataFormatError(path, self.message, line=locate_json_line(path, self.at))
-
-
-@dataclass(frozen=True)
-class KarpathySentence:
-    """One caption: its ``sentid``, ``raw`` text and lower-cased ``tokens``."""
-
-    sentid: int
-    raw: str
-    tokens: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class KarpathyImage:
-    """One image entry of a Karpathy JSON (``filepath`` and ``cocoid`` for COCO only)."""
-
-    imgid: int
-    filename: str
-    split: str
-    sentids: tuple[int, ...]
-    sentences: tuple[KarpathySentence, ...]
-    filepath: str | None = None
-    cocoid: int | None = None
-
-    def path(self, image_root: str | Path) -> Path:
-        """The image file: ``image_root/filepath/filename`` (COCO) or ``image_root/filename``."""
-        root = Path(image_root)
-        return root / self.filepath / self.filename if self.filepath else root / self.filename
-
-
-@dataclass(frozen=True)
-class KarpathyData:
-    """A parsed Karpathy JSON: the file, its ``dataset`` name and its images in file order."""
-
-    path: Path
-    dataset: str
-    images: tuple[KarpathyImage, ...]
-
-    def split(self, name: str, *, include_restval: bool = True) -> list[KarpathyImage]:
-        """The images of one of our splits, in file order.
-
-        Args:
-            name: ``"train"``, ``"dev"``, ``"test"`` or ``"testall"`` (see the module
-                docstring).
-            include_restval: Whether ``"train"`` includes Karpathy's restval images.
-
-        Returns:
-            The split's images.
-
-        Raises:
-            ValueError: An unknown split name.
-        """
-        members = self.split_members(name, include_restval=include_restval)
-        return [im for im in self.images if im.split in members]
-
-    @staticmethod
-    def split_members(name: str, *, include_restval: bool = True) -> tuple[str, ...]:
-        """The Karpathy splits that our split ``name`` holds (arguments as :meth:`split`)."""
-        if name not in SPLIT_MEMBERS:
-            raise ValueError(f"split must be one of {tuple(SPLIT_MEMBERS)}, got {name!r}")
-        return tuple(s for s in SPLIT_MEMBERS[name] if include_restval or s != "restval")
-
-    def line_of(self, image: KarpathyImage) -> int | None:
-        """Line of ``image``'s entry in the JSON file (for an error message), if found."""
-        k = next(k for k, im in enumerate(self.images) if im is image)
-        return locate_json_line(self.path, ("images", k))
-
-
-def _field(entry: dict, key: str, kind: type | tuple, where: str, at: tuple) -> Any:
-    """``entry[key]`` of type ``kind``; an :class:`EntryError` at the entry (missing key) or at
-    the value (wrong type) otherwise."""
-    if key not in entry:
-        raise EntryError(at, f"{where} has no {key!r}; {_EXPECTED}")
-    value = entry[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise EntryError(
-            (*at, key), f"{where}: {key!r} is {type(value).__name__} {value!r:.60}; {_EXPECTED}"
-        )
-    return value
-
-
-def _parse_image(k: int, entry: Any, is_coco: bool) -> KarpathyImage:
-    where = f"images[{k}]"
-    at = ("images", k)
-    if not isinstance(entry, dict):
-        raise EntryError(at, f"{where} is {type(entry).__name__}; {_EXPECTED}")
-    imgid = _field(entry, "imgid", int, where, at)
-    where = f"images[{k}] (imgid {imgid})"
-    filename = _field(entry, "filename", str, where, at)
-    split = _field(entry, "split", str, where, at)
-    if split not in KARPATHY_SPLITS:
-        raise EntryError(
-            (*at, "split"), f"{where}: split {split!r}; expected one of {KARPATHY_SPLITS}"
-        )
-    sentids = _field(entry, "sentids", list, where, at)
-    raw_sentences = _field(entry, "sentences", list, where, at)
-    if len(sentids) != len(raw_sentences):
-        raise EntryError(
-            at,
-            f"{where} has {len(sentids)} sentids and {len(raw_sentences)} sentences; "
-            "expected one sentid per sentence",
-        )
-    sentences = []
-    for s, (sid, sent) in enumerate(zip(sentids, raw_sentences, strict=True)):
-        swhere = f"{where}.sentences[{s}]"
-        sat = (*at, "sentences", s)
-        if not isinstance(sent, dict):
-            raise EntryError(sat, f"{swhere} is {type(sent).__name__}; {_EXPECTED}")
-        raw = _field(sent, "raw", str, swhere, sat)
-        tokens = _field(sent, "tokens", list, swhere, sat)
-        if not isinstance(sid, int) or sent.get("sentid", sid) != sid:
-            raise EntryError(
-                sat, f"{swhere}: sentid {sent.get('sentid')!r} but sentids[{s}] is {sid!r}"
-            )
-        sentences.append(KarpathySentence(sid, raw, tuple(str(t) for t in tokens)))
-    filepath = cocoid = None
-    if is_coco:
-        filepath = _field(entry, "filepath", str, where, at)
-        cocoid = _field(entry, "cocoid", int, where, at)
-    return KarpathyImage(
-        imgid=imgid,
-        filename=filename,
-        split=split,
-        sentids=tuple(sentids),
-        sentences=tuple(sentences),
-        filepath=filepath,
-        cocoid=cocoid,
-    )
-
-
-def read_karpathy_json(path: str | Path) -> KarpathyData:
-    """Parse and validate a Karpathy split JSON.
-
-    Errors name the file, the entry (``images[3] (imgid 3) has no 'split'``) and, where the
-    entry can be found in the text, its line (the line of the offending value, or of the
-    entry's opening brace for a missing key).
-
-    Args:
-        path: The JSON file.
-
-    Returns:
-        The parsed file.
-
-    Raises:
-        DataFormatError: The file is unreadable or an entry is malformed.
-    """
-    path = Path(path)
-    data = read_json(path, "a Karpathy split JSON " + _LAYOUT)
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-        raise DataFormatError(path, f"top level has no 'images' list; {_EXPECTED}")
-    images = data["images"]
-    dataset = data.get("dataset")
-    if dataset is None:  # infer: only COCO entries carry a filepath
-        dataset = (
-            "coco" if images and isinstance(images[0], dict) and "filepath" in images[0] else ""
-        )
-    if not isinstance(dataset, str):
-        raise DataFormatError(
-            path,
-            f"'dataset' is {dataset!r}; expected a name such as 'coco'",
-            line=locate_json_line(path, ("dataset",)),
-        )
-    is_coco = dataset == "coco"
-    try:
-        parsed = tuple(_parse_image(k, entry, is_coco) for k, entry in enumerate(images))
-    except EntryError as err:
-        raise err.located(path) from None
-    return KarpathyData(path, dataset, parsed)
+from .registry import DataFormat, MissingDataKey, OpenRequest, register_format
 
 
 def _as_data(source: str | Path | KarpathyData) -> KarpathyData:
@@ -543,13 +267,99 @@ def build_karpathy_vocab(
     return build_vocab(captions, min_count=min_count)
 
 
+def _open(data: Any, split: str, request: OpenRequest) -> RetrievalDataset:
+    json_path = Path(data.karpathy_json) if data.karpathy_json else request.root
+    dataset = KarpathyDataset(
+        json_path,
+        split,
+        image_root=data.image_root,
+        image_transform=capped(request.image_transform, data.max_image_pixels),
+        encoder=request.encoder,
+        captions_per_image=data.captions_per_image,
+        **split_captions_args(data, split),
+    )
+    return first_images(dataset, request.max_images)
+
+
+class KarpathyJsonNotFound(FileNotFoundError):
+    """A data folder without the one Karpathy JSON to evaluate (:func:`karpathy_at_root`);
+    ``folder`` and the ``dataset_*.json`` files ``found`` there, for a caller's hint."""
+
+    def __init__(self, message: str, *, folder: Path, found: list[Path]) -> None:
+        super().__init__(message)
+        self.folder, self.found = folder, found
+
+
+def karpathy_at_root(data: Any, root: Path) -> Any:
+    """A Karpathy run's data config pointed at the folder ``root``::
+
+        root/
+          dataset_<name>.json     the Karpathy JSON: the training config's file name, else the
+                                  only dataset_*.json in root (root may also be the JSON file,
+                                  and then its folder is the root)
+          images/                 the image folder: the training config's image_root folder
+                                  name, else images/, else root itself (COCO: root/val2014/...)
+
+    Raises:
+        KarpathyJsonNotFound: No JSON of that name, and not exactly one ``dataset_*.json``.
+    """
+    if root.is_file():
+        json_path, folder = root, root.parent
+    else:
+        folder = root
+        stored = Path(data.karpathy_json).name if data.karpathy_json else None
+        if stored and (folder / stored).is_file():
+            json_path = folder / stored
+        else:
+            found = sorted(folder.glob("dataset_*.json"))
+            if len(found) != 1:
+                want = stored or "dataset_<name>.json"
+                raise KarpathyJsonNotFound(
+                    f"{folder}: expected the Karpathy JSON {want} in this folder, found "
+                    f"{[p.name for p in found] or 'none'}",
+                    folder=folder,
+                    found=found,
+                )
+            json_path = found[0]
+    image_root = None
+    if data.image_root is not None:
+        candidates = [folder / Path(data.image_root).name, folder / "images", folder]
+        image_root = next(str(c) for c in candidates if c.is_dir())
+    return dataclasses.replace(
+        data, root=str(folder), karpathy_json=str(json_path), image_root=image_root
+    )
+
+
+def _vocabulary(data: Any) -> Vocabulary:
+    if data.karpathy_json is None:
+        raise MissingDataKey("karpathy_json", "required for format 'karpathy'")
+    return build_karpathy_vocab(data.karpathy_json, min_count=data.min_count)
+
+
+#: Karpathy split JSON plus an image folder (``data.format = "karpathy"``).
+KARPATHY = register_format(
+    DataFormat(
+        name="karpathy",
+        summary="Karpathy split JSON (dataset_coco.json, dataset_flickr30k.json) + images",
+        reader=__name__,
+        open=_open,
+        splits=tuple(SPLIT_MEMBERS),
+        inputs="pixels",
+        caption_count_key="captions_per_image",
+        noise_index=True,
+        captions_files=True,
+        offline_negatives=True,
+        vocabulary=_vocabulary,
+        at_root=karpathy_at_root,
+    )
+)
+
+
 __all__ = [
-    "KARPATHY_SPLITS",
-    "KarpathyData",
+    "KARPATHY",
     "KarpathyDataset",
-    "KarpathyImage",
-    "KarpathySentence",
+    "KarpathyJsonNotFound",
     "build_karpathy_vocab",
+    "karpathy_at_root",
     "karpathy_vocab_captions",
-    "read_karpathy_json",
 ]

@@ -46,10 +46,11 @@ from ..checks import (
     read_lines,
     require_file,
 )
-from ..dataset import CaptionEncoder, RetrievalDataset
+from ..dataset import CaptionEncoder, RetrievalDataset, first_images
 from ..vocab import DEFAULT_MIN_COUNT, Vocabulary, build_vocab
 from .experts.features import FEATURE_IDS, FEATURES_NPY, ExpertFeatures, VideoFeatures
-from .karpathy import EntryError, JsonPath, locate_json_line
+from .karpathy_json import EntryError, JsonPath, locate_json_line
+from .registry import DataFormat, OpenRequest, register_format
 
 DATA_JSON = "MSRVTT_data.json"
 TRAIN_9K_CSV = "MSRVTT_train.9k.csv"
@@ -529,10 +530,46 @@ def build_msrvtt_vocab(
     return build_vocab(msrvtt_vocab_captions(root, protocol=protocol), min_count=min_count)
 
 
+def _open(data: Any, split: str, request: OpenRequest) -> RetrievalDataset:
+    dataset = MSRVTTDataset(
+        request.root,
+        split,
+        protocol=request.protocol or data.protocol,
+        encoder=request.encoder,
+        features_dir=data.features_dir,
+        captions_per_video=data.captions_per_video,
+        experts=data.experts,
+    )
+    return first_images(dataset, request.max_images)
+
+
+def _vocabulary(data: Any) -> Vocabulary:
+    return build_msrvtt_vocab(data.root, protocol=data.protocol, min_count=data.min_count)
+
+
+#: MSR-VTT with per-video frame features, full or 1k-A (``data.format = "msrvtt"``).
+MSRVTT = register_format(
+    DataFormat(
+        name="msrvtt",
+        summary="MSR-VTT (full or 1k-A) with per-video frame or multi-expert features",
+        reader=__name__,
+        open=_open,
+        splits=tuple(_FULL_SPLITS),
+        inputs="features",
+        caption_count_key="captions_per_video",
+        visual="video",
+        experts=True,
+        reads_root=True,
+        vocabulary=_vocabulary,
+    )
+)
+
+
 __all__ = [
     "FEATURES_NPY",
     "FEATURE_IDS",
     "FULL_SPLIT_SIZES",
+    "MSRVTT",
     "ONE_K_A_SIZES",
     "PROTOCOLS",
     "MSRVTTAnnotations",

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..captioning_files import read_captions_file
+from ..captioning_files import read_captions_file, split_captions_args
 from ..checks import (
     SCAN_CHUNK_BYTES,
     DataFormatError,
@@ -36,6 +36,7 @@ from ..checks import (
 )
 from ..dataset import CaptionEncoder, LazyFeatures, RetrievalDataset
 from ..vocab import DEFAULT_MIN_COUNT, VOCAB_SPLITS, Vocabulary, build_vocab, check_vocab_splits
+from .registry import DataFormat, OpenRequest, register_format
 
 SPLITS = ("train", "dev", "test", "testall")
 
@@ -276,7 +277,48 @@ def build_precomp_vocab(
     return build_vocab(load_precomp_captions(root, splits), min_count=min_count)
 
 
+def _open(data: Any, split: str, request: OpenRequest) -> PrecompDataset:
+    return PrecompDataset(
+        request.root,
+        split,
+        encoder=request.encoder,
+        captions_per_image=data.captions_per_image,
+        max_images=request.max_images,
+        **split_captions_args(data, split),
+    )
+
+
+def _vocabulary(data: Any) -> Vocabulary:
+    """The train split's captions, and the dev split's where its captions file is there."""
+    root = Path(data.root)
+    splits = [data.train_split]
+    if data.dev_split and (root / f"{data.dev_split}_caps.txt").is_file():
+        splits.append(data.dev_split)
+    captions = load_precomp_captions(root, splits, captions_per_image=data.captions_per_image)
+    return build_vocab(captions, min_count=data.min_count)
+
+
+#: SCAN / VSE-infinity's precomputed region features (``data.format = "precomp"``).
+PRECOMP = register_format(
+    DataFormat(
+        name="precomp",
+        summary="SCAN / VSE-infinity precomputed features: {split}_ims.npy and {split}_caps.txt",
+        reader=__name__,
+        open=_open,
+        splits=SPLITS,
+        inputs="features",
+        caption_count_key="captions_per_image",
+        noise_index=True,
+        captions_files=True,
+        offline_negatives=True,
+        reads_root=True,
+        vocabulary=_vocabulary,
+    )
+)
+
+
 __all__ = [
+    "PRECOMP",
     "SPLITS",
     "VOCAB_SPLITS",
     "PrecompDataset",

@@ -70,6 +70,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..._modules import unwrap_model
+from ...data.formats import get_format, open_dataset
 from ...losses import available_losses, loss_capabilities
 from ...losses._base import prepare, reduce_terms
 from ...losses.triplet import triplet_loss
@@ -266,11 +267,9 @@ class MetaSPNStep(LossStep):
                 "train.grad_cache_chunk: Meta-SPN differentiates through the whole batch's "
                 "forward (its virtual step); remove grad_cache_chunk"
             )
-        from ...run.builders import build_dataset
-
         data = ctx.config.data
         assert data.dev_split is not None  # build_metaspn refused a config without one
-        dataset = build_dataset(data, data.dev_split, ctx.encoder)
+        dataset = open_dataset(data, data.dev_split, encoder=ctx.encoder)
         self.dev = DevBatches(dataset, self.meta_batch_size, seed=self.seed)
         self.net.to(ctx.device)
         return []
@@ -405,8 +404,6 @@ class MetaSPNStep(LossStep):
 def build_metaspn(config: RunConfig) -> MetaSPNStep:
     """``train.procedure = "metaspn"``: check the options and what the procedure needs of the
     config (a triplet loss, a dense one; a dev split the meta batches index)."""
-    from ...data.formats.shards import IMAGE_FORMATS
-
     options = metaspn_options(config.train.procedure_options, source=config.source)
     if not loss_capabilities(config.loss.name, config.loss.params).hinge_terms:
         takers = [n for n in available_losses() if loss_capabilities(n).hinge_terms]
@@ -429,7 +426,7 @@ def build_metaspn(config: RunConfig) -> MetaSPNStep:
             "data.dev_split",
             "Meta-SPN's meta batches come from the dev split; set one",
         )
-    if config.data.format in IMAGE_FORMATS:
+    if get_format(config.data.format).evaluated_as is not None:  # shards, CSV: train + dev
         raise ConfigError(
             config.source,
             "data.format",

@@ -22,7 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from ...checks import DataFormatError, read_json
-from ..karpathy import locate_json_line
+from ..karpathy_json import locate_json_line
 
 EXPERTS_JSON = "experts.json"
 EXPERT_IDS = "video_ids.txt"

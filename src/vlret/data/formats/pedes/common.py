@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...checks import DataFormatError, read_json
-from ..karpathy import locate_json_line
+from ..karpathy_json import locate_json_line
 
 #: ``data.format`` names of the person-search data sets (also their protocol names).
 PEDES_FORMATS = ("cuhk-pedes", "icfg-pedes", "rstpreid")
