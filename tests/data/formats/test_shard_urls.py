@@ -304,6 +304,14 @@ def test_a_busy_server_is_asked_again_and_a_password_never_shown(served, monkeyp
     text = one_line(err, "HTTP 401", "http://u:***@127.0.0.1")
     assert "wrong" not in text
     assert shown_url("pipe:curl -sf https://a:b@h/x.tar") == "pipe:curl -sf https://a:***@h/x.tar"
+    (root / "empty.tar").write_bytes(b"")  # served whole, holding nothing: named, password hidden
+    user_empty = [f"{user}/private/empty.tar"]
+    with pytest.raises(ShardError) as err:
+        epoch(stream(user_empty, 4, max_bad_fraction=1.0))
+    assert "secret" not in one_line(err, "read no sample", "(http://u:***@127.0.0.1")
+    with pytest.raises(ValueError) as err:
+        ShardDevSet(user_empty, max_bad_fraction=1.0)
+    assert "secret" not in one_line(err, "http://u:***@127.0.0.1", "hold no readable sample")
 
 
 def test_an_environment_variable_is_replaced_when_opened_and_never_shown(

@@ -79,7 +79,15 @@ from ..bad_samples import BadSample, check_dev_fraction, epoch_fraction_message
 from ..checks import DataFormatError
 from ..dataset import RetrievalBatch, RetrievalDataset, collate_retrieval
 from ..paths import relative_path_hint
-from .shard_urls import ShardReadError, check_url, expand_pattern, is_url, not_a_shard, read_shards
+from .shard_urls import (
+    ShardReadError,
+    check_url,
+    expand_pattern,
+    is_url,
+    not_a_shard,
+    read_shards,
+    shown_url,
+)
 
 #: The image members a sample is read from, in order of preference (open_clip's).
 IMAGE_EXTENSIONS = ("jpg", "png", "jpeg", "webp")
@@ -349,7 +357,7 @@ class ShardStream(IterableDataset):
                 raise ShardError(
                     f"data.shards: worker {worker} of rank {self.rank} read "
                     f"{'no sample' if not read else f'{read} samples, none usable,'} from its "
-                    f"{len(urls)} shards ({urls[0]}, ...)"
+                    f"{len(urls)} shards ({shown_url(urls[0])}, ...)"
                 )
             counter.raw_before, counter.good_before = counter.raw, counter.good
 
@@ -460,7 +468,7 @@ class ShardDevSet(RetrievalDataset):
 
     Raises:
         ShardError: A shard could not be read to its end (a URL's command or server failed).
-        DataFormatError: No readable sample.
+        DataFormatError: No readable sample (a ShardError when the first shard is a URL).
         TooManyBadSamples: More than ``max_bad_fraction`` of the samples read were bad.
     """
 
@@ -497,6 +505,8 @@ class ShardDevSet(RetrievalDataset):
         except ShardReadError as err:
             raise ShardError(str(err)) from None
         if not self.image_ids:
+            if is_url(shards[0]):  # no path: DataFormatError would normalise its '//'
+                raise ShardError(f"{shown_url(shards[0])}: data.dev_shards hold no readable sample")
             raise DataFormatError(shards[0], "data.dev_shards hold no readable sample")
         self.skipped = counter.bad
         check_dev_fraction(
