@@ -280,7 +280,9 @@ class _CommandShard:
             raise ShardReadError(
                 f"{self.where}: the environment variable WDS_{missing[0]} is not set"
             )
-        try:  # a session of its own: stopping the command stops what it started
+        # a session of its own: Ctrl-C (the trainer stops after its step) does not kill it
+        # mid-shard, and abandon() stops what it started with it
+        try:
             self.proc = subprocess.Popen(  # noqa: S602 - the user's command, as webdataset runs it
                 command,
                 shell=True,
