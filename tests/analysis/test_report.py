@@ -425,6 +425,11 @@ def test_cli_writes_the_report_and_prints_its_page(world, tmp_path, capsys):
         ({"--top-k": "0"}, r"^vlret report: --top-k: expected a positive integer, got 0$"),
         ({"--worst": "-1"}, r"^vlret report: --worst: expected an integer >= 0, got -1$"),
         ({"--protocol": "nope"}, r"^vlret report: --protocol: expected one of .*got 'nope'$"),
+        (  # ranks classes, not captions: vlret eval runs it
+            {"--protocol": "zeroshot-classification"},
+            r"^vlret report: --protocol: expected one of f30k, .*rstpreid, "
+            r"got 'zeroshot-classification'$",
+        ),
         (
             {"--split": "testall", "--protocol": "f30k"},
             r"^vlret report: \S+tower.pt: protocol f30k .* not 'testall'$",

@@ -176,6 +176,9 @@ def test_splits_and_defaults_are_read_from_the_registry(monkeypatch):
         assert eval_settings({"data": {"format": fmt}}, {}).protocol == want
     with pytest.raises(CompareError, match=r"compare.protocol: expected one of f30k, .*got 'x'"):
         eval_settings({}, {"protocol": "x"})
+    # zero-shot classification ranks classes, not captions: vlret eval runs it, compare does not
+    with pytest.raises(CompareError, match=r"rstpreid, got 'zeroshot-classification'$"):
+        eval_settings({}, {"protocol": "zeroshot-classification"})
     with pytest.raises(CompareError, match="no protocol is the default for data.format 'odd'"):
         eval_settings({"data": {"format": "odd"}}, {})
 

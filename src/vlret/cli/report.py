@@ -24,7 +24,8 @@ REPORT_FILES = ("index.html", "report.json")
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on the ``vlret`` sub-command parsers."""
-    from ..eval import eval_splits, protocol_names
+    from ..eval import eval_splits
+    from ..eval.tasks import retrieval_protocol_names
 
     p = subparsers.add_parser(
         NAME,
@@ -56,8 +57,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--protocol",
-        help=f"one of {', '.join(protocol_names())} (default: the checkpoint's data format's "
-        "protocol that evaluates --split; without --split, the default protocol of its data)",
+        help=f"one of {', '.join(retrieval_protocol_names())} (default: the checkpoint's data "
+        "format's protocol that evaluates --split; without --split, the default protocol of its "
+        "data)",
     )
     p.add_argument("--out", type=Path, required=True, help="the report folder (created)")
     p.add_argument("--top-k", type=int, default=5, help="items shown per query (5)")
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     require_train_extra(NAME)
     from .._files import check_output_dir
     from ..analysis.report import build_report
-    from ..eval import eval_splits, protocol_names
+    from ..eval import eval_splits
+    from ..eval.tasks import retrieval_protocol_names
 
     for flag, least in _COUNTS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
@@ -97,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(
             NAME, f"--split: expected one of {', '.join(eval_splits())}, got {args.split!r}"
         )
-    if args.protocol is not None and args.protocol not in protocol_names():
-        names = ", ".join(protocol_names())
+    if args.protocol is not None and args.protocol not in retrieval_protocol_names():
+        names = ", ".join(retrieval_protocol_names())
         return fail(NAME, f"--protocol: expected one of {names}, got {args.protocol!r}")
     try:  # run folders, and the data and split of the run where not given (as vlret eval)
         inputs = _inputs(args)

@@ -115,7 +115,8 @@ def read_compare_config(
 
 
 def eval_settings(raw: dict[str, Any], section: dict[str, Any]) -> EvalSettings:
-    from ...eval import default_protocol, get_protocol, protocol_names
+    from ...eval import default_protocol
+    from ...eval.tasks import retrieval_protocol_names
 
     fmt = raw.get("data", {}).get("format", "precomp") if isinstance(raw.get("data"), dict) else ""
     if "protocol" in section:
@@ -128,12 +129,9 @@ def eval_settings(raw: dict[str, Any], section: dict[str, Any]) -> EvalSettings:
                 "name one (vlret protocols lists them)"
             )
         protocol = default.name
-    try:
-        get_protocol(protocol)
-    except ValueError:
-        raise CompareError(
-            f"compare.protocol: expected one of {', '.join(protocol_names())}, got {protocol!r}"
-        ) from None
+    if protocol not in retrieval_protocol_names():
+        names = ", ".join(retrieval_protocol_names())
+        raise CompareError(f"compare.protocol: expected one of {names}, got {protocol!r}")
     settings = EvalSettings(
         protocol=protocol,
         split=str(section.get("split", "test")),

@@ -21,7 +21,7 @@ import pkgutil
 
 from .base import EvalRequest, EvalTask, Harness, PixelModel, PreparedTask, TaskNeeds, TaskResult
 from .registry import get_task, register_task, task_names
-from .retrieval import RetrievalTask, ranks_by_retrieval
+from .retrieval import RetrievalTask, ranks_by_retrieval, retrieval_protocol_names
 
 _CORE = {"base", "registry", "retrieval"}
 for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
@@ -40,5 +40,6 @@ __all__ = [
     "get_task",
     "ranks_by_retrieval",
     "register_task",
+    "retrieval_protocol_names",
     "task_names",
 ]

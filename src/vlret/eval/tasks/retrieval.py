@@ -16,7 +16,7 @@ from typing import Any
 
 from ..clip_benchmark import check_retrieval_request, retrieval_record
 from ..pipeline import Evaluation
-from ..protocols import EvalProtocol
+from ..protocols import EvalProtocol, get_protocol, protocol_names
 from .base import EvalRequest, EvalTask, Harness, TaskNeeds
 
 
@@ -26,6 +26,13 @@ def ranks_by_retrieval(protocol: EvalProtocol) -> bool:
     identities), i.e. whether it is a retrieval task."""
     kind = protocol.relevance_kind
     return kind.captions or kind.identities
+
+
+def retrieval_protocol_names() -> tuple[str, ...]:
+    """The registered protocols the retrieval pipeline ranks (:func:`ranks_by_retrieval`), in
+    registry order: what ``vlret report``, ``vlret compare`` and ``vlret plot tsne`` accept
+    (zero-shot classification ranks classes, not captions or persons: ``vlret eval`` runs it)."""
+    return tuple(name for name in protocol_names() if ranks_by_retrieval(get_protocol(name)))
 
 
 @dataclass(frozen=True)
@@ -127,4 +134,10 @@ class RetrievalTask(EvalTask):
         return PreparedRetrieval(harness.prepare_retrieval(self.protocol, request), request)
 
 
-__all__ = ["PreparedRetrieval", "RetrievalResult", "RetrievalTask", "ranks_by_retrieval"]
+__all__ = [
+    "PreparedRetrieval",
+    "RetrievalResult",
+    "RetrievalTask",
+    "ranks_by_retrieval",
+    "retrieval_protocol_names",
+]
