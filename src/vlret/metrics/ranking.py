@@ -32,7 +32,8 @@ This module is core: it imports torch, numpy, :mod:`vlret._checks` and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,8 +128,40 @@ class _Gallery:
         return self.order[self.start[rows][:, None] + offset]
 
 
+class _Scratch:
+    """A 0/1 buffer and a vector of ones, reused across the blocks of one ranking (a fresh
+    ``(b, G)`` buffer a block cost its page faults every time)."""
+
+    def __init__(self) -> None:
+        self.hits: torch.Tensor | None = None
+        self.ones: torch.Tensor | None = None
+
+    def get(
+        self, rows: int, cols: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``(rows, cols)`` buffer and ``cols`` ones of ``dtype`` on ``device``."""
+        hits, ones = self.hits, self.ones
+        if (
+            hits is None
+            or ones is None
+            or hits.dtype != dtype
+            or hits.device != device
+            or hits.numel() < rows * cols
+            or ones.numel() < cols
+        ):
+            hits = torch.empty(rows * cols, dtype=dtype, device=device)
+            ones = torch.ones(cols, dtype=dtype, device=device)
+            self.hits, self.ones = hits, ones
+        return hits[: rows * cols].view(rows, cols), ones[:cols]
+
+
 def _count_rows_at_least(
-    block: torch.Tensor, thr: torch.Tensor, r: torch.Tensor, sorted_r: bool, compare_max: int
+    block: torch.Tensor,
+    thr: torch.Tensor,
+    r: torch.Tensor,
+    sorted_r: bool,
+    compare_max: int,
+    scratch: _Scratch,
 ) -> torch.Tensor:
     """``(b, W)``: per row, the entries of ``block (b, G)`` scoring ``>= thr[row, k]`` for
     ``k < r[row]`` (0 elsewhere). With ``sorted_r`` (``r`` ascending), threshold ``k`` is
@@ -139,8 +172,7 @@ def _count_rows_at_least(
         # 0/1 in a float buffer summed by a matrix-vector product: BLAS is vectorised on every
         # CPU, where a bool mask summed to int64 was ~6x slower
         dtype = block.dtype if g <= _FLOAT32_EXACT else torch.float64
-        hits = torch.empty(b, g, dtype=dtype, device=block.device)
-        ones = torch.ones(g, dtype=dtype, device=block.device)
+        hits, ones = scratch.get(b, g, dtype, block.device)
         out = torch.zeros(w, b, dtype=torch.long, device=block.device)
         # each threshold a contiguous (b, 1) column: a strided one made ge ~40x slower
         columns = thr.t().contiguous()
@@ -167,7 +199,8 @@ def _block_positions(
     rel_index: torch.Tensor,
     r: torch.Tensor,
     every: bool,
-    compare_max: int = _COMPARE_MAX,
+    compare_max: int,
+    scratch: _Scratch,
 ) -> torch.Tensor:
     """``(b, W)`` 1-based positions of each row's relevant items (``every``), or ``(b, 1)``
     the position of the best one; ``block``'s rows sorted by ``r`` ascending when ``every``."""
@@ -177,12 +210,12 @@ def _block_positions(
     rel = block.gather(1, rel_index).masked_fill(~valid, float("-inf"))
     if not every:
         best = rel.amax(dim=1, keepdim=True)
-        all_ge = _count_rows_at_least(block, best, torch.ones_like(r), False, compare_max)
+        all_ge = _count_rows_at_least(block, best, torch.ones_like(r), False, compare_max, scratch)
         rel_ge = (rel >= best).sum(1, keepdim=True)
         return 1 + all_ge - rel_ge
     rel_desc = rel.sort(dim=1, descending=True).values  # padding (-inf) last
     thr = rel_desc.masked_fill(~valid, float("inf"))
-    all_ge = _count_rows_at_least(block, thr, r, True, compare_max)
+    all_ge = _count_rows_at_least(block, thr, r, True, compare_max, scratch)
     # relevant items scoring >= each relevant score (the padding's -inf never does)
     if w <= compare_max:
         rel_ge = (rel_desc[:, None, :] >= thr[:, :, None]).sum(2)
@@ -193,7 +226,7 @@ def _block_positions(
 
 
 def _masked_positions(
-    block: torch.Tensor, relevant: torch.Tensor, every: bool, compare_max: int
+    block: torch.Tensor, relevant: torch.Tensor, every: bool, compare_max: int, scratch: _Scratch
 ) -> torch.Tensor:
     """As :func:`_block_positions` for a block with its own ``(b, G)`` relevance mask."""
     r = relevant.sum(1)
@@ -210,7 +243,7 @@ def _masked_positions(
     last = index.gather(1, (r - 1)[:, None])
     index = torch.where(k[None, :] < r[:, None], index, last)
     by_r = torch.argsort(r, stable=True)
-    pos = _block_positions(block[by_r], index[by_r], r[by_r], True, compare_max)
+    pos = _block_positions(block[by_r], index[by_r], r[by_r], True, compare_max, scratch)
     return torch.empty_like(pos).index_copy_(0, by_r, pos)
 
 
@@ -239,6 +272,51 @@ def _check_block(scores: Any, row0: Any, n_queries: int, n_gallery: int | None) 
             f"a score block must cover the whole gallery ({n_gallery} items), got "
             f"{scores.shape[1]} columns"
         )
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run torch's operations in one thread inside the block (the thread count restored after)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _count_slice(
+    block: torch.Tensor,
+    mask: torch.Tensor | None,
+    gallery: _Gallery | None,
+    row0: int,
+    every: bool,
+    compare_max: int,
+    scratch: _Scratch,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positions (b, W), R (b,))`` on the CPU of the rows ``row0 ..`` of ``block``, under
+    ``mask`` or the ``gallery``'s ids."""
+    b = block.shape[0]
+    if mask is not None:
+        pos = _masked_positions(block, mask, every, compare_max, scratch)
+        return pos.cpu(), mask.sum(1).cpu()
+    assert gallery is not None
+    rows = torch.arange(row0, row0 + b, device=block.device)
+    r_dev = gallery.count[rows]
+    width = int(r_dev.max())
+    if every and b > 1 and not bool((r_dev[1:] >= r_dev[:-1]).all()):
+        by_r = torch.argsort(r_dev, stable=True)
+        index = gallery.relevant_index(rows[by_r], width)
+        ordered = block.index_select(0, by_r)
+        pos = _block_positions(ordered, index, r_dev[by_r], True, compare_max, scratch)
+        pos = torch.empty_like(pos).index_copy_(0, by_r, pos)
+    else:  # rows already in order of R (identity.py orders its queries so), or the best only
+        index = gallery.relevant_index(rows, width)
+        pos = _block_positions(block, index, r_dev, every, compare_max, scratch)
+    return pos.cpu(), r_dev.cpu()
 
 
 def rank_blocks(
@@ -289,6 +367,7 @@ def rank_blocks(
     first = torch.full((n_queries,), -1, dtype=torch.long)
     relevant = torch.zeros(n_queries, dtype=torch.long)
     found: list[tuple[int, torch.Tensor]] = []
+    scratch = _Scratch()
     for item in blocks:
         row0, scores = item[0], item[1]
         mask = item[2] if len(item) > 2 else None
@@ -304,27 +383,29 @@ def rank_blocks(
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.shape != scores.shape:
                 raise ValueError("a score block's relevance mask must have the block's shape")
-            relevant_mask = mask.to(device=dev, dtype=torch.bool)
-            pos = _masked_positions(block, relevant_mask, every, compare_max)
-            r = mask.sum(1).cpu()
-        else:
-            if q_ids is None or g_ids is None:
-                raise ValueError("a block without a relevance mask needs query_ids/gallery_ids")
-            if gallery is None or gallery.order.device != dev:
-                gallery = _Gallery.of(q_ids.to(dev), g_ids.to(dev))
-            rows = torch.arange(row0, row0 + b, device=dev)
-            r_dev = gallery.count[rows]
-            width = int(r_dev.max())
-            if every:
-                by_r = torch.argsort(r_dev, stable=True)
-                index = gallery.relevant_index(rows[by_r], width)
-                ordered = block.index_select(0, by_r)
-                pos = _block_positions(ordered, index, r_dev[by_r], True, compare_max)
-                pos = torch.empty_like(pos).index_copy_(0, by_r, pos)
-            else:
-                index = gallery.relevant_index(rows, width)
-                pos = _block_positions(block, index, r_dev, False, compare_max)
-            r = r_dev.cpu()
+            mask = mask.to(device=dev, dtype=torch.bool)
+        elif q_ids is None or g_ids is None:
+            raise ValueError("a block without a relevance mask needs query_ids/gallery_ids")
+        elif gallery is None or gallery.order.device != dev:
+            gallery = _Gallery.of(q_ids.to(dev), g_ids.to(dev))
+        # counted in cache-sized slices of rows, in one thread: each of the few operations a
+        # slice costs would otherwise wait for every worker thread (on a loaded machine, for a
+        # descheduled one), while the scorer's matmul of a whole block keeps them all busy
+        step = max(1, BLOCK_SCORES // max(1, block.shape[1])) if dev.type == "cpu" else b
+        parts = []
+        with _one_thread():
+            for s0 in range(0, b, step):
+                part = block[s0 : s0 + step]
+                part_mask = None if mask is None else mask[s0 : s0 + step]
+                part_gallery = None if mask is not None else gallery
+                parts.append(
+                    _count_slice(
+                        part, part_mask, part_gallery, row0 + s0, every, compare_max, scratch
+                    )
+                )
+        width = max(p.shape[1] for p, _ in parts)
+        pos = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p, _ in parts])
+        r = torch.cat([r for _, r in parts])
         pos = pos.cpu()
         first[row0 : row0 + b] = pos[:, 0] - 1
         relevant[row0 : row0 + b] = r
