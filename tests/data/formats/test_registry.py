@@ -154,3 +154,16 @@ def test_no_format_name_is_compared_outside_the_registry_and_its_readers():
 def test_the_scan_finds_a_comparison():
     tree = ast.parse('if data.format in ("precomp", "karpathy"):\n    pass\nx = f == "csv"\n')
     assert _compared_names(tree) == [(1, "precomp"), (1, "karpathy"), (3, "csv")]
+
+
+def test_importing_the_package_imports_every_format_module():
+    """A new module under vlret/data/formats registers its record without an edit elsewhere."""
+    import sys
+
+    import vlret.data.formats as formats
+
+    folder = Path(formats.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
+    modules |= {p.parent.name for p in folder.glob("*/__init__.py")}
+    assert modules >= {"precomp", "karpathy", "msrvtt", "webdataset", "csv", "pedes", "experts"}
+    assert {m for m in modules if f"vlret.data.formats.{m}" not in sys.modules} == set()

@@ -14,11 +14,14 @@
 * :mod:`~vlret.data.formats.pedes`: person search (CUHK-PEDES, ICFG-PEDES, RSTPReid).
 
 :func:`open_dataset` opens one split of any registered format. Adding a format is one module
-that registers its record (docs/adding-a-data-format.md) plus its test.
+that registers its record (docs/adding-a-data-format.md) plus its test: the package imports
+every module of its own when it is imported.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,12 @@ from .registry import (
     get_format,
     register_format,
 )
+
+# then every other module of the package, in name order: a new format module registers itself
+# without an edit here (its record after the built-in ones)
+for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def open_dataset(
