@@ -29,7 +29,7 @@ def test_protocols_lists_one_line_per_registered_protocol(capsys):
     )
     assert lines[4].startswith("msrvtt-1ka") and lines[4].endswith("[msrvtt test]")
     assert lines[-1] == (
-        "zeroshot-classification zero-shot classification (vlret zeroshot): acc1, acc5, "
+        "zeroshot-classification zero-shot classification of a class set (--dataset): acc1, acc5, "
         "mean per-class recall [classification test]"
     )
 

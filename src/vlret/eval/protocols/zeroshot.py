@@ -15,7 +15,8 @@ ZEROSHOT_CLASSIFICATION = register_protocol(
     EvalProtocol(
         name="zeroshot-classification",
         title="Zero-shot classification",
-        summary="zero-shot classification (vlret zeroshot): acc1, acc5, mean per-class recall",
+        summary="zero-shot classification of a class set (--dataset): acc1, acc5, mean per-class "
+        "recall",
         paper_set="AdaCL Table 10 (zero-shot classification)",
         paper_splits=("test",),
         # one protocol over several sets: no single size (paper_texts: the classes)
