@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"--- {direction}")
         print(
             f"vlret identity metrics         {spread(t_ours, ' s', 3)}   ratio to the matmul "
-            f"{spread(ratios, 'x')}  target <= 1.3x: {'met' if ratio <= 1.3 else 'MISSED'}"
+            f"{spread(ratios, 'x')}  target <= 1.3x: {'met' if ratio <= 1.3 else 'MISSED'} "
+            f"({torch.get_num_threads()} threads)"
         )
         print(
             f"IRRA argsort rank              {spread(t_irra, ' s', 3)}   speed-up of vlret "
