@@ -70,6 +70,7 @@ from .ranks import (
     retrieval_metrics,
     retrieval_metrics_from_similarity,
     retrieval_ranks,
+    retrieval_ranks_from_rows,
     retrieval_ranks_from_similarity,
 )
 from .relevance import ExtendedMetrics, ambiguity, extended_metrics, rprecision_map_at_r
@@ -156,6 +157,7 @@ __all__ = [
     "retrieval_metrics",
     "retrieval_metrics_from_similarity",
     "retrieval_ranks",
+    "retrieval_ranks_from_rows",
     "retrieval_ranks_from_similarity",
     "rprecision_map_at_r",
     "similarity_stats",

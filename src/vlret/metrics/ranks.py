@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .._checks import check_finite
-from .ranking import mean_rank, median_rank, recall_at_k, rsum
+from .ranking import matrix_blocks, mean_rank, median_rank, rank_queries, recall_at_k, rsum
+from .relevance_kinds import ImageOfCaption
 
 RECALL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
 
@@ -243,6 +244,34 @@ def retrieval_ranks_from_similarity(
             t2i_rank[c0:c1] += col_counts
     i2t -= _self_counts(pos, best, t2i, n_img)
     return i2t.cpu(), (t2i_rank - 1).cpu()
+
+
+def retrieval_ranks_from_rows(
+    img_rows: torch.Tensor, txt_rows: torch.Tensor, txt_to_img
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based ``(i2t_ranks (N_img,), t2i_ranks (N_txt,))`` when each direction has its own
+    scores (a re-scoring, :mod:`vlret.metrics.rescore`): the image queries rank the rows of
+    ``img_rows (N_img, N_txt)``, the text queries the rows of ``txt_rows (N_txt, N_img)``; each
+    counted once, by the ranking core (:func:`~vlret.metrics.rank_queries`)."""
+    for name, t in (("img_rows", img_rows), ("txt_rows", txt_rows)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a 2-D floating-point tensor")
+    check_not_empty(img_rows, "img_rows", "image (row)", 0)
+    check_not_empty(img_rows, "img_rows", "text (column)", 1)
+    n_img, n_txt = img_rows.shape
+    if txt_rows.shape != (n_txt, n_img):
+        raise ValueError(
+            f"txt_rows must be ({n_txt}, {n_img}) (texts x images), got {tuple(txt_rows.shape)}"
+        )
+    t2i = _check_txt_to_img(txt_to_img, n_img, n_txt, img_rows.device)
+    labels = {"txt_to_img": t2i, "n_images": n_img}
+    i2t, t2i_ranks = (
+        rank_queries(
+            matrix_blocks(scores), ImageOfCaption(), labels, direction=d, n_queries=len(scores)
+        ).first
+        for d, scores in (("i2t", img_rows), ("t2i", txt_rows))
+    )
+    return i2t, t2i_ranks
 
 
 def retrieval_ranks(
@@ -483,5 +512,6 @@ __all__ = [
     "retrieval_metrics",
     "retrieval_metrics_from_similarity",
     "retrieval_ranks",
+    "retrieval_ranks_from_rows",
     "retrieval_ranks_from_similarity",
 ]

@@ -43,7 +43,7 @@ from .ranks import (
     RetrievalMetrics,
     average_metrics,
     metrics_from_ranks,
-    retrieval_ranks_from_similarity,
+    retrieval_ranks_from_rows,
 )
 
 RESCORE_METHODS = ("dsl", "qbnorm")
@@ -496,8 +496,9 @@ def rescored_metrics(
     """Retrieval metrics after re-scoring ``sim`` (NON-STANDARD).
 
     Each block (the COCO 1K folds' ``(img0, img1, txt0, txt1)``; default the whole matrix) is
-    re-scored on its own, as its own test set, then ranked as :mod:`vlret.metrics.ranks` does
-    (ties against the query); folds are averaged by :func:`~vlret.metrics.average_metrics`.
+    re-scored on its own, as its own test set, then ranked by the ranking core
+    (:func:`~vlret.metrics.rank_queries`, ties against the query); folds are averaged by
+    :func:`~vlret.metrics.average_metrics`.
     Dual softmax ranks image queries on its ``i2t`` matrix and text queries on its ``t2i``
     matrix. QB-Norm re-scores the text->image direction (text queries, the images as gallery,
     the bank's columns of the block's images) and leaves image->text as it was.
@@ -536,17 +537,15 @@ def rescored_metrics(
         block, local = sim[i0:i1, t0:t1], t2i[t0:t1] - i0
         if rescoring.method == "dsl":
             by_img, by_txt = dual_softmax_rank_keys(block, temperature=rescoring.temperature)
+            txt_rows = by_txt.t()  # text queries rank the columns
         else:
             bank = bank_sim[:, i0:i1]  # type: ignore[index]
             by_img = block
-            q, rows = _qb_norm_rows(
+            txt_rows, rows = _qb_norm_rows(
                 block.t(), bank, beta=rescoring.beta, k=rescoring.k, dynamic=rescoring.dynamic
             )
-            by_txt = q.t()
             normalised.append(rows.cpu())
-        i2t_ranks = retrieval_ranks_from_similarity(by_img, local)[0]
-        t2i_ranks = retrieval_ranks_from_similarity(by_txt, local)[1]
-        folds.append(metrics_from_ranks(i2t_ranks, t2i_ranks))
+        folds.append(metrics_from_ranks(*retrieval_ranks_from_rows(by_img, txt_rows, local)))
     metrics = folds[0] if blocks is None else average_metrics(folds)
     info: dict[str, Any] = {}
     if bank_sim is not None:
