@@ -1,5 +1,6 @@
-"""``vlret plot goal-weights | adacl-margins | curves | tsne``: GOAL's weight diagrams, AdaCL's
-margin curves, a run's training curves, a t-SNE of a run's embeddings.
+"""``vlret plot goal-weights | adacl-margins | curves | tsne | gradients``: GOAL's weight
+diagrams, AdaCL's margin curves, a run's training curves, a t-SNE of a run's embeddings, the
+tangent components of the loss's gradient against steps.
 
 * ``vlret plot goal-weights --out DIR``; ``vlret plot adacl-margins --stats FILE --out DIR``.
 * ``vlret plot curves RUN [RUN ...] [--out DIR]``: training and dev loss, the dev selection
@@ -21,7 +22,7 @@ from ._common import EXIT_OK, fail, positive_int
 
 NAME = "plot"
 #: What ``vlret plot`` draws.
-WHATS = ("goal-weights", "adacl-margins", "curves", "tsne")
+WHATS = ("goal-weights", "adacl-margins", "curves", "tsne", "gradients")
 #: The files each figure writes in its ``--out`` folder (an existing one needs --overwrite):
 #: the analysis modules' names written out, as the parser imports no torch (a test holds them
 #: equal).
@@ -36,16 +37,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``plot`` on the ``vlret`` sub-command parsers."""
     p = subparsers.add_parser(
         NAME,
-        help="figures: GOAL weight diagrams, AdaCL margins, training curves, t-SNE",
+        help="figures: GOAL weight diagrams, AdaCL margins, training curves, t-SNE, gradients",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("what", choices=WHATS)
-    p.add_argument("runs", nargs="*", type=Path, metavar="RUN", help="run folders (curves, tsne)")
+    p.add_argument(
+        "runs", nargs="*", type=Path, metavar="RUN", help="run folders (curves, tsne, gradients)"
+    )
     p.add_argument(
         "--out",
         type=Path,
-        help="output folder (goal-weights, adacl-margins, curves) or PNG file (tsne)",
+        help="output folder (goal-weights, adacl-margins, curves) or PNG file (tsne, gradients)",
     )
     p.add_argument("--stats", type=Path, help="AdaCL stats JSON-lines log (adacl-margins)")
     p.add_argument("--split", default="dev", help="tsne: the split to map (default dev)")
@@ -54,6 +57,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="tsne: the draw's and t-SNE's seed")
     p.add_argument("--data", type=Path, help="tsne: data folder (default: the run's data.root)")
     p.add_argument("--device", default="auto", help="tsne: encoding device (default auto)")
+    p.add_argument(
+        "--relative",
+        action="store_true",
+        help="gradients: divide each line by its largest value (losses of different scales)",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -82,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             return fail(NAME, f"{what} needs --out DIR (the folder of the PNG files)")
     elif what == "curves" and not args.runs:
         return fail(NAME, "curves needs at least one RUN folder (holding metrics.jsonl)")
+    elif what == "gradients" and not args.runs:
+        return fail(NAME, "gradients needs at least one RUN folder (holding gradients.jsonl)")
     elif what == "tsne" and len(args.runs) != 1:
         return fail(
             NAME, f"tsne needs exactly one RUN (a run folder or a checkpoint), got {len(args.runs)}"
@@ -91,8 +101,16 @@ def run(args: argparse.Namespace) -> int:
         if len(args.runs) > 1:
             return fail(NAME, "curves of several runs needs --out DIR")
         out = args.runs[0] / "plots"
+    if what == "gradients" and out is None:
+        if len(args.runs) > 1:
+            return fail(NAME, "gradients of several runs needs --out FILE.png")
+        out = args.runs[0] / "gradients.png"
     try:  # the output-path rule (docs/training.md), before anything is drawn
-        if what == "tsne":
+        if what == "gradients":
+            if out.suffix.lower() != ".png":
+                return fail(NAME, f"--out {out}: expected a .png file for gradients")
+            check_output_file(out, "--out", "gradients.png", overwrite=args.overwrite)
+        elif what == "tsne":
             if out is not None and out.suffix.lower() != ".png":
                 return fail(NAME, f"--out {out}: expected a .png file for tsne")
             run = args.runs[0]  # the default: tsne_<split>.png in the run folder
@@ -105,7 +123,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(NAME, err)
     require_matplotlib(f"vlret {NAME}")
     try:
-        paths = _tsne(args, out) if what == "tsne" else _figures(args, what, _folder(out))
+        if what == "tsne":
+            paths = _tsne(args, out)
+        elif what == "gradients":
+            paths = _gradients(args, _folder(out))
+        else:
+            paths = _figures(args, what, _folder(out))
     except (FileNotFoundError, ValueError) as err:  # one line naming the file or argument
         return fail(NAME, err)
     for p in paths:
@@ -133,6 +156,12 @@ def _figures(args: argparse.Namespace, what: str, out: Path) -> list[Path]:
     figure = plot_run_curves(args.runs, out)
     table = write_epoch_curves({k: [v] for k, v in run_labels(args.runs).items()}, out)
     return [figure, table]
+
+
+def _gradients(args: argparse.Namespace, out: Path) -> list[Path]:
+    from ..analysis.gradient_log import plot_gradient_curves
+
+    return [plot_gradient_curves(args.runs, out, relative=args.relative)]
 
 
 def _tsne(args: argparse.Namespace, out: Path | None) -> list[Path]:

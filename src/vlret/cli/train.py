@@ -1,5 +1,5 @@
 """``vlret train CONFIG [--set SECTION.KEY=VALUE ...] [--resume CKPT] [--overwrite]
-[--check | --check-config]``."""
+[--check | --check-config] [--log-gradients N]``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_INTERRUPTED, EXIT_OK, fail, require_train_extra
+from ._common import EXIT_INTERRUPTED, EXIT_OK, fail, positive_int, require_train_extra
 
 NAME = "train"
 #: The keys ``vlret train --help`` lists below its options (the reference has every key).
@@ -63,6 +63,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="replace the run that output_dir already holds (refused without this flag)",
     )
+    p.add_argument(
+        "--log-gradients",
+        type=positive_int,
+        metavar="N",
+        help="every N steps, log the tangent components of the loss's gradient on the batch "
+        "to gradients.jsonl in the run folder (vlret.analysis.gradient_log; vlret plot gradients)",
+    )
     checks = p.add_mutually_exclusive_group()
     checks.add_argument(
         "--check",
@@ -98,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.set)
         if args.check or args.check_config:
             return _check(args, config)
-        result = train(config, resume=args.resume, overwrite=args.overwrite)
+        hooks: list[Any] = []
+        if args.log_gradients:
+            from ..analysis.gradient_log import GradientLog
+
+            hooks.append(GradientLog(every=args.log_gradients))
+        result = train(config, resume=args.resume, overwrite=args.overwrite, hooks=hooks)
     except TrainingInterrupted as err:
         if main:
             command = resume_command(args.config, args.set, err.checkpoint)
