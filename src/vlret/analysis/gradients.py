@@ -210,12 +210,12 @@ def _anchor_weights(
     loss: PairLoss,
     sim: torch.Tensor,
     pos_mask: torch.Tensor | None,
-    positives: torch.Tensor,
     total: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(F, G)``: the derivatives of the image-anchor terms (rows) and of the text-anchor
-    terms (columns) with respect to the scores, the positives' share by the difference form,
-    checked against ``total`` (the whole loss's derivatives)."""
+    terms (columns) with respect to the scores; the diagonal's share by the difference form
+    (each row's, each column's derivatives sum to 0), checked against ``total`` (the whole
+    loss's derivatives)."""
     name = getattr(type(loss), "registry_name", type(loss).__name__)
     dense = type(loss).dense
     if dense is None or type(loss).from_similarity is not PairLoss.from_similarity:
@@ -237,8 +237,6 @@ def _anchor_weights(
     safe = torch.where(off, diff, torch.ones_like(diff))
     rows = torch.where(off, (weighted - r[None, :] * plain) / safe, 0.0) * scale
     cols = torch.where(off, (r[:, None] * plain - weighted) / safe, 0.0) * scale
-    rows = rows.masked_fill(positives, 0.0)
-    cols = cols.masked_fill(positives, 0.0)
     row_pos, col_pos = -rows.sum(1), -cols.sum(0)
     expected = row_pos + col_pos
     diag = total.diagonal()
@@ -329,7 +327,7 @@ def gradient_components(
             value = value.sum()  # reduction="none": the terms' sum, as a training step would
         (total,) = torch.autograd.grad(value, sim)
         if terms == "anchor":
-            rows, cols = _anchor_weights(loss, sim.detach(), pos_mask, positives, total)
+            rows, cols = _anchor_weights(loss, sim.detach(), pos_mask, total)
             weights = rows if direction == "i2t" else cols.t()
         else:
             weights = total if direction == "i2t" else total.t()
