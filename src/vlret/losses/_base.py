@@ -121,6 +121,9 @@ class LossCapabilities:
             training (``data.offline_negatives``; AOQ): it trains with the ``"aoq"`` procedure.
         train_identities: The loss classifies the training split's identities (its classes
             are the training identities), so it has no value on a dev split (the ID loss).
+        masked_language: The loss scores a cross-modal encoder's predictions of masked caption
+            tokens (IRRA's ``mlm``), which the step passes as ``mlm_logits`` / ``mlm_labels``:
+            it trains with the ``"irr"`` procedure and has no value on a dev split.
     """
 
     local_shards: bool = False
@@ -136,6 +139,7 @@ class LossCapabilities:
     hinge_terms: bool = False
     offline_negatives: bool = False
     train_identities: bool = False
+    masked_language: bool = False
 
 
 def _signature(params: type[LossParams]) -> inspect.Signature:

@@ -358,6 +358,7 @@ def _union(caps: list[LossCapabilities], classes: list[type]) -> LossCapabilitie
         paper_comparison=None,
         offline_negatives=any(c.offline_negatives for c in caps),
         train_identities=any(c.train_identities for c in caps),
+        masked_language=any(c.masked_language for c in caps),
     )
 
 

@@ -25,7 +25,7 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
     # CLIP fine-tuning (Unified paper B.1.2), or pre-training from random weights:
     {"kind": "clip", "path": DIR | "preset": "ViT-B-32", "config": {}, "tokenizer": None,
      "proj_dim": 768 (None with a preset), "normalize": False, "image_size": None,
-     "default_preprocessing": None}
+     "default_preprocessing": None, "irr": False}
     # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
     # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
     # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
@@ -48,6 +48,8 @@ folder with neither is refused unless ``default_preprocessing = "openai-clip"`` 
 ``image_size = [height, width]`` (or an int) trains and evaluates the CLIP at that input (IRRA's
 person-search ``[384, 128]``): the position embeddings are resampled once to the new patch grid
 (random ones for a preset; :mod:`vlret.models.clip_size`); ``None`` keeps the model's square.
+``irr = true`` (or a table, :class:`~vlret.models.irr.IRROptions`) adds IRRA's cross-modal
+encoder and MLM head as ``model.irr`` (:mod:`vlret.models.irr`), trained by the loss part ``mlm``.
 Parameter names: ``image_encoder.vision_model`` / ``.visual_projection`` / ``.embed_proj`` and
 ``text_encoder.text_model`` / ``.text_projection`` / ``.embed_proj``; a backbone's are
 ``image_encoder.backbone`` and ``image_encoder.fc`` (``train.freeze``,
@@ -111,6 +113,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "normalize": False,
         "image_size": None,
         "default_preprocessing": None,
+        "irr": False,
     },
     **CROSS_MODEL_DEFAULTS,
     **VIDEO_EXPERT_MODEL_DEFAULTS,
@@ -441,6 +444,7 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
     """A CLIP from its local directory or its preset (module docstring)."""
     from .clip import build_clip, load_clip
     from .clip_size import image_size_pair
+    from .irr import IRROptions, build_irr
 
     path, preset = top["path"], top["preset"]
     if (path is None) == (preset is None):
@@ -463,6 +467,8 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
         top["proj_dim"] = None  # pre-training from scratch adds no layer
     if top["proj_dim"] == 0 and not isinstance(top["proj_dim"], bool):
         top["proj_dim"] = None
+    irr = IRROptions.parse(top["irr"])  # checked before any weights are read
+    top["irr"] = False if irr is None else irr.as_config()
     size = top["image_size"]
     if size is not None:
         top["image_size"] = size = list(image_size_pair(size))
@@ -478,7 +484,7 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
         image, text, transform = build_clip(
             preset, config=top["config"], proj_dim=top["proj_dim"], image_size=size
         )
-    return RetrievalModel(
+    model = RetrievalModel(
         image,
         text,
         normalize=top["normalize"],
@@ -486,6 +492,10 @@ def _build_clip(top: dict, *, given_proj_dim: bool) -> RetrievalModel:
         tokenizer_path=top["path"],
         config=top,
     )
+    if irr is not None:  # IRRA's cross-modal encoder on CLIP's projected tokens
+        width = text.text_projection.out_features
+        model.irr = build_irr(irr, text.text_model.config, width)
+    return model
 
 
 __all__ = [

@@ -32,6 +32,7 @@ PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 #: name -> the module that registers it (imported on first use).
 MODULES: dict[str, str] = {}
 MODULES["aoq"] = "vlret.train.procedures.aoq"
+MODULES["irr"] = "vlret.train.procedures.irr"
 MODULES["metaspn"] = "vlret.train.procedures.metaspn"
 MODULES["ncr"] = "vlret.train.procedures.ncr"
 MODULES["pair_bank"] = "vlret.train.procedures.pair_bank"
@@ -71,9 +72,11 @@ def resolve_procedure(config: RunConfig, *, scores_pairs: bool = False) -> str:
     (:func:`vlret.run.train_checks.check_procedure`). ``"standard"`` (the default) is resolved
     from what the loss and the model can do: a loss that declares
     ``LossCapabilities.offline_negatives`` (AOQ's) gets ``"aoq"``, the one step that encodes
-    each batch's offline negatives; a pair-scoring model (``scores_pairs``) whose loss holds a
-    queue (``LossCapabilities.owns_queue``: AdaCL's ``queue_size``) gets ``"pair_bank"``, the
-    one step that fills a pair scorer's bank (:mod:`.pair_bank`).
+    each batch's offline negatives; one that declares ``masked_language`` (IRRA's ``mlm``)
+    gets ``"irr"``, the one step that masks the captions and runs the model's IRR encoder;
+    a pair-scoring model (``scores_pairs``) whose loss holds a queue
+    (``LossCapabilities.owns_queue``: AdaCL's ``queue_size``) gets ``"pair_bank"``, the one
+    step that fills a pair scorer's bank (:mod:`.pair_bank`).
 
     Raises:
         ConfigError: Another procedure named for a pair scorer whose loss holds a queue
@@ -86,6 +89,8 @@ def resolve_procedure(config: RunConfig, *, scores_pairs: bool = False) -> str:
     bank = scores_pairs and caps.owns_queue
     if name == STANDARD_PROCEDURE and caps.offline_negatives:
         return "aoq"
+    if name == STANDARD_PROCEDURE and caps.masked_language:
+        return "irr"
     if name == STANDARD_PROCEDURE and bank:
         return "pair_bank"
     if bank and name != "pair_bank":
