@@ -12,6 +12,13 @@ Because ties count against the query, a collapsed model whose scores are all equ
 query last, never first. Ranks are computed by counting, not sorting, from score blocks of at
 most ``chunk_size x N`` entries, and every score is computed exactly once, so ties are decided on
 one consistent set of numbers.
+
+:func:`retrieval_ranks` and :func:`retrieval_ranks_from_similarity` count both directions from
+each tile (a caption's one image gives every column its threshold before the tile is scored),
+so a two-tower model's COCO-5K scores are computed once for both; every other ranking (person
+search, zero-shot classification, shortlists, re-scoring: :func:`retrieval_ranks_from_rows`,
+the report) goes through the ranking core, :mod:`vlret.metrics.ranking`, under the same rule,
+and the metrics below are its functions of the ranks.
 """
 
 from __future__ import annotations
