@@ -25,9 +25,11 @@ FORMATS = {"cuhk": "cuhk-pedes", "icfg": "icfg-pedes", "rstp": "rstpreid"}
 LOSSES = {
     "cmpm": "cmpm",
     "adacl_cmpm": "cmpm+adacl",
-    "irra": "sdm+id",
-    "irra_adacl": "sdm+id+adacl",
+    "irra": "sdm+mlm+id",
+    "irra_adacl": "sdm+mlm+id+adacl",
 }
+#: IRRA's lr_factor 5 for the names holding "cross", "classifier" or "mlm_head" (solver/build.py)
+IRRA_MULTIPLIERS = {"loss": 5.0, "irr.cross_attn": 5.0, "irr.blocks": 5.0, "irr.mlm_head": 5.0}
 FINE_TUNING = [f"person_{d}_{loss}" for d in TRAIN_CAPTIONS for loss in LOSSES]
 DG = ["adacl_dg_f30k_cmpm", "adacl_dg_f30k_adacl_cmpm"]
 
@@ -58,7 +60,14 @@ def test_fine_tuning_configs_carry_irras_settings(name):
     assert (o.schedule, o.grad_clip, t.epochs, t.batch_size) == ("cosine", 0.0, 60, 64)
     assert o.eps == 1e-3  # IRRA's solver/build.py: Adam(..., eps=1e-3)
     assert o.warmup_steps == 5 * (TRAIN_CAPTIONS[data] // 64)  # IRRA's 5 warm-up epochs
-    assert o.lr_multipliers == ({"loss": 5.0} if "id" in cfg.loss.name.split("+") else {})
+    irra = "mlm" in cfg.loss.name.split("+")
+    assert o.lr_multipliers == (IRRA_MULTIPLIERS if irra else {})
+    # IRRA's implicit relation reasoning is on exactly where its MLM part is
+    assert cfg.model.get("irr", False) is irra
+    # float16 arithmetic on CUDA (IRRA trains float16 weights); the header says so and why
+    assert t.amp is True
+    assert "float32 (IRRA's precision)" not in header(name)
+    assert "Precision: IRRA's build_model converts the weights to float16" in header(name)
     # ICFG-PEDES has no validation split: no selection at all, never silently the test split
     assert cfg.data.dev_split == (None if data == "icfg" else "val")
     text = header(name)
@@ -111,7 +120,11 @@ def test_the_configs_losses_build_on_a_person_search_training_set(name, tmp_path
     g = torch.Generator().manual_seed(0)
     img, txt = torch.randn(6, 512, generator=g), torch.randn(6, 512, generator=g)
     ids = torch.tensor([0, 1, 2, 0, 1, 2])
-    value = loss(img, txt, img_ids=ids, txt_ids=ids)
+    extra = {}
+    if "mlm" in cfg.loss.name.split("+"):  # IRR's scores of 6 masked captions of 5 tokens
+        extra["mlm_logits"] = torch.randn(6, 5, 49408, generator=g)
+        extra["mlm_labels"] = torch.tensor([[-100, 7, -100, -100, -100]] * 6)
+    value = loss(img, txt, img_ids=ids, txt_ids=ids, **extra)
     assert value.dim() == 0 and torch.isfinite(value)
 
 

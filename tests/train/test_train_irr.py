@@ -98,3 +98,33 @@ def test_masked_accuracy_counts_masked_positions_only():
     logits = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])
     labels = torch.tensor([[1, 1, -100]])
     assert masked_accuracy(logits, labels) == 0.5
+
+
+def test_the_shipped_irra_config_trains_on_a_tiny_stand_in(tmp_path):
+    """person_cuhk_irra as shipped (IRRA's 5 x lr groups for the classifier and the IRR
+    encoder, amp = true, eps 1e-3) with a tiny random CLIP and folder: every multiplier names
+    parameters, and the encoder's groups run at 5 x lr, its layer norms at 1 x."""
+    from vlret.configs import shipped_configs
+    from vlret.run.config import load_config
+
+    raw = load_config(shipped_configs()["person_cuhk_irra"]).to_dict()
+    tiny = raw_config(tmp_path)
+    raw["output_dir"], raw["data"]["root"] = tiny["output_dir"], tiny["data"]["root"]
+    raw["data"]["min_count"] = 1
+    raw["model"] = {**tiny["model"], "image_size": [32, 16]}
+    raw["optim"]["warmup_steps"] = 0
+    raw["train"].update(epochs=1, batch_size=4, progress=False)
+    trainer = Trainer(config_from_dict(raw), print_fn=lambda s: None)
+    lr_of = {id(p): g["lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
+    named = dict(trainer.model.named_parameters())
+    for name, lr in {
+        "irr.cross_attn.in_proj_weight": 5e-5,
+        "irr.blocks.0.attn.in_proj_weight": 5e-5,
+        "irr.mlm_head.3.weight": 5e-5,
+        "irr.ln_pre_t.weight": 1e-5,
+        "irr.ln_post.weight": 1e-5,
+        "text_encoder.text_projection.weight": 1e-5,
+    }.items():
+        assert lr_of[id(named[name])] == pytest.approx(lr), name
+    trainer.fit()
+    assert (tmp_path / "run" / "last.pt").exists()
