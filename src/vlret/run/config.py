@@ -55,12 +55,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
+from .._settings import default_of
 from ..data.config import DataConfig
 from ..data.formats import get_format
 from ..data.formats.checks import image_data_problem
@@ -139,9 +141,15 @@ def apply_overrides(
     :func:`~vlret.run.config_files.override_keys`). An override that sets ``loss.name`` to
     another loss drops the old loss's parameters that the new one does not declare (a one-line
     ``note`` lists them); those given with ``--set`` too are kept and checked against the new
-    loss (:func:`~vlret.run.loss_config.switch_loss`)."""
+    loss (:func:`~vlret.run.loss_config.switch_loss`).
+
+    ``null`` (``none``, ``~``) deletes the key, so the declared default applies (a parameter of
+    the old loss is removed this way when switching loss families). Where the key's declaration
+    accepts None and has another default (``data.dev_split``: null is "no validation"), null
+    sets None instead, as before; where the default is None, deleting gives that None anyway."""
     out = copy.deepcopy(raw)
     given: list[tuple[str, ...]] = []  # the key paths the overrides set, in order
+    nulled: list[list[str]] = []  # the key paths a null override deleted, in order
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError("--set", item, "expected section.key=value")
@@ -160,11 +168,44 @@ def apply_overrides(
         if keys[0] == "output_dir" and len(keys) > 1:
             raise ConfigError("--set", dotted, "output_dir has no sub-keys")
         parsed = config_files.parse_value(value, dotted)
-        config_files.set_override(out, keys, parsed, given=given, dotted=dotted)
+        if parsed is None:
+            config_files.delete_override(out, keys, dotted=dotted)
+            nulled.append(keys)
+        else:
+            config_files.set_override(out, keys, parsed, given=given, dotted=dotted)
         given.append(tuple(keys))
     if ("loss", "name") in given:
         switch_loss(raw, out, {k[1] for k in given if k[0] == "loss" and len(k) > 1}, note=note)
+    for keys in nulled:  # judged on the final config (a later loss.name picks the declaration)
+        section = out.get(keys[0]) if len(keys) == 2 else None
+        if isinstance(section, dict) and keys[1] not in section and _null_is_a_value(out, keys):
+            section[keys[1]] = None
     return out
+
+
+def _null_is_a_value(raw: dict[str, Any], keys: list[str]) -> bool:
+    """Whether ``section.key`` is declared (a ``[data]``, ``[optim]`` or ``[train]`` key, or a
+    parameter of the config's loss) to accept None with another default, so that ``--set
+    section.key=null`` means None rather than the default."""
+    section, key = keys
+    records: dict[str, type] = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+    record = records.get(section)
+    if section == "loss":
+        from ..losses import loss_class
+
+        name = raw["loss"].get("name")
+        name = "+".join(name) if isinstance(name, list) else name
+        try:
+            record = loss_class(str(name)).Params
+        except (ValueError, TypeError):
+            return False  # no loss of that name: loss_config's error names it
+    if record is None:
+        return False
+    fields = {f.name: f for f in dataclasses.fields(record)}
+    if key not in fields or default_of(fields[key]) in (None, dataclasses.MISSING):
+        return False
+    hint = typing.get_type_hints(record)[key]
+    return hint is type(None) or type(None) in typing.get_args(hint)
 
 
 # --------------------------------------------------------------------------------------------

@@ -309,6 +309,26 @@ def set_override(
     node[keys[-1]] = value
 
 
+def delete_override(raw: dict[str, Any], keys: list[str], *, dotted: str) -> None:
+    """Delete ``raw[keys[0]][keys[1]]...`` (``--set section.key=null``): the key's declared
+    default applies again. A key that is not there is left absent.
+
+    Raises:
+        ConfigError: A part on the way holds a value, not a table.
+    """
+    node = raw
+    for i, k in enumerate(keys[:-1]):
+        child = node.get(k)
+        if child is None:
+            return
+        if not isinstance(child, dict):
+            where = ".".join(keys[: i + 1])
+            why = f"{where} holds {child!r}, not a table; {_quoted_hint(keys, i)}"
+            raise ConfigError("--set", dotted, why)
+        node = child
+    node.pop(keys[-1], None)
+
+
 def _quoted_hint(keys: list[str], at: int) -> str:
     """How to give ``keys`` with its parts from ``at`` on as one quoted key (a prefix holding
     dots, beside a shorter one)."""
@@ -324,7 +344,8 @@ def stderr_note(line: str) -> None:
 
 def parse_value(text: str, key: str = "") -> Any:
     """Type an override value: TOML literal syntax (``3``, ``1e-4``, ``true``, ``[10, 15]``,
-    ``{a = 1}``, ``"quoted"``), ``null``/``none`` for None, anything else a plain string.
+    ``{a = 1}``, ``"quoted"``), ``null``/``none``/``~`` for None (``--set`` then deletes the key,
+    :func:`vlret.run.config.apply_overrides`), anything else a plain string.
     A value nested deeper than :data:`MAX_DEPTH` is a :class:`ConfigError` naming ``--set``
     and ``key``."""
     stripped = text.strip()
@@ -350,6 +371,7 @@ __all__ = [
     "MAX_VALUES",
     "ConfigError",
     "check_tree",
+    "delete_override",
     "override_keys",
     "parse_value",
     "read_config_file",
