@@ -83,7 +83,7 @@ from ..losses._base import PairLoss
 from ..similarity import Ids, positive_mask
 
 #: The directions: which embeddings are the anchors (images for ``i2t``, texts for ``t2i``).
-DIRECTIONS = ("i2t", "t2i")
+DIRECTIONS: tuple[Literal["i2t", "t2i"], ...] = ("i2t", "t2i")
 #: Which terms of the loss: the anchors' own (Sec. 3.3) or the whole loss.
 TERMS = ("anchor", "all")
 #: The per-anchor lengths :meth:`GradientComponents.norms` returns, in the figure's order.
