@@ -148,3 +148,26 @@ def test_a_model_that_keeps_no_embeddings_is_refused(tmp_path):
         Trainer(config, hooks=[GradientLog(every=1)], print_fn=None).fit()
     with pytest.raises(ValueError, match="every must be a positive integer"):
         GradientLog(every=0)
+
+
+def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path):
+    data = tiny_data(tmp_path / "data")
+    first = Trainer(
+        tiny_config(data, tmp_path / "run", ["train.epochs=1"]),
+        hooks=[GradientLog(every=2)],
+        print_fn=None,
+    )
+    first.fit()
+    log = tmp_path / "run" / "gradients.jsonl"
+    with log.open("a", encoding="utf-8") as fh:  # written after the checkpoint by a killed run
+        fh.write(json.dumps({"kind": "gradients", "epoch": 1, "step": 7}) + "\n")
+    again = Trainer(
+        tiny_config(data, tmp_path / "run", ["train.epochs=2"]),
+        resume=tmp_path / "run" / "last.pt",
+        hooks=[GradientLog(every=2)],
+        print_fn=None,
+    )
+    again.fit()
+    steps = [r["step"] for r in read_gradient_log(log)]
+    assert steps == [1, 3, 5, 7, 9]
+    assert all("i2t_tangent" in r for r in read_gradient_log(log))  # the stray line is gone
