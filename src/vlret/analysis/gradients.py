@@ -238,19 +238,18 @@ def _anchor_weights(
     rows = torch.where(off, (weighted - r[None, :] * plain) / safe, 0.0) * scale
     cols = torch.where(off, (r[:, None] * plain - weighted) / safe, 0.0) * scale
     row_pos, col_pos = -rows.sum(1), -cols.sum(0)
-    expected = row_pos + col_pos
-    diag = total.diagonal()
+    rows = rows + torch.diag(row_pos)
+    cols = cols + torch.diag(col_pos)
+    # the anchor terms must make up the whole loss: off the diagonal by the separation (a
+    # per-index form that is not the loss's own terms shows here), on it by the difference form
     tol = DIFFERENCE_RTOL * float(total.abs().max()) + 1e-12
-    if float((diag - expected).abs().max()) > tol:
+    if float((rows + cols - total).abs().max()) > tol:
         raise ValueError(
             f"loss {name!r} is not a function of the score differences s_ij - s_ii (its "
             "positives' derivatives are not minus the sum of its negatives'), so its anchor "
             "terms cannot be told apart: use terms='all'"
         )
-    eye = torch.eye(b, dtype=torch.bool, device=sim.device)
-    return rows.masked_fill(eye, 0.0) + torch.diag(row_pos), cols.masked_fill(
-        eye, 0.0
-    ) + torch.diag(col_pos)
+    return rows, cols
 
 
 def gradient_components(
