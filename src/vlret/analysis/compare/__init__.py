@@ -10,8 +10,8 @@ section::
     [compare]
     output_dir = "runs/compare_f30k"   # default of --out (else <output_dir>/compare or /sweep)
     seeds = 3                          # default of --seeds (else 1); seeds are train.seed + k
-    protocol = "f30k"                  # test protocol (default f30k; msrvtt-full for msrvtt data)
-    split = "test"                     # test split (default test)
+    protocol = "f30k"                  # test protocol (default: from the data, below)
+    split = "test"                     # test split (default: test, or the protocol's own)
     data = "data/f30k_precomp"         # test data folder (default data.root)
     checkpoint = "best"                # best (dev-selected, as the papers) or last
     eval_batch_size = 256
@@ -25,6 +25,13 @@ section::
     hardest = true
     set = ["train.all_negatives_epochs=0"]   # run-config overrides for this variant only;
                                              # in them {seed} is the run's seed, {out} OUT
+
+Without ``protocol``, MS-COCO data is tested on ``coco5k`` (a precomp folder with ``coco`` in
+its name, or a Karpathy JSON whose ``dataset`` is ``coco``:
+:func:`~vlret.analysis.compare.spec.coco_data`), other data by its format's registered default
+(``f30k`` for precomp and Karpathy, ``msrvtt-full`` for MSR-VTT); without ``split``, ``test``
+where the protocol evaluates it, else its 5K split (``testall`` of precomputed COCO,
+:func:`~vlret.analysis.compare.spec.default_split`).
 
 A variant's loss parameters are layered: the registry defaults, then the config's ``[loss]``
 section when it names the same loss, then the variant's table. ``--losses`` defaults to the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import json
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -114,13 +115,75 @@ def read_compare_config(
     return raw, section
 
 
+def coco_data(raw: dict[str, Any], section: dict[str, Any]) -> bool:
+    """Whether the data a compare config tests on is MS-COCO, so that its default protocol is
+    ``coco5k`` (GOAL's and the others' COCO 5K tables) rather than the format's default.
+
+    Precomputed features (``format = "precomp"``): the test folder (``compare.data``, else
+    ``data.root``) has ``coco`` in its name, as SCAN's and VSE-infinity's ``coco_precomp``
+    (the folder's files do not tell: a Flickr30K-like folder may hold a ``testall`` split
+    too). A Karpathy JSON (``format = "karpathy"``): its
+    ``dataset`` field is ``"coco"`` (inferred as its reader does when missing: COCO entries
+    carry a ``filepath``); while the file cannot be read, its name says (``dataset_coco.json``).
+    Other formats are not COCO. ``compare.protocol`` overrides all of this."""
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return False
+    fmt = data.get("format", "precomp")
+    if fmt == "precomp":
+        root = section.get("data") or data.get("root")
+        if not isinstance(root, str) or not root:
+            return False
+        return "coco" in Path(root).name.lower()
+    if fmt == "karpathy":
+        path = data.get("karpathy_json")
+        if not isinstance(path, str) or not path:
+            return False
+        try:
+            with open(path, encoding="utf-8") as f:
+                top = json.load(f)
+        except (OSError, ValueError):  # not there yet, or broken: the reader names it later
+            return "coco" in Path(path).name.lower()
+        if not isinstance(top, dict):
+            return False
+        dataset = top.get("dataset")
+        if dataset is None:
+            images = top.get("images")
+            first = images[0] if isinstance(images, list) and images else None
+            return isinstance(first, dict) and "filepath" in first
+        return dataset == "coco"
+    return False
+
+
+def default_split(protocol: str, fmt: str) -> str:
+    """``compare.split``'s default: ``test`` where ``protocol`` evaluates it on format ``fmt``,
+    else the first of the protocol's paper splits it does (``testall`` for ``coco5k`` /
+    ``coco1k`` on precomputed COCO, whose ``test`` is only the first 1000 images)."""
+    from ...eval.protocols.registry import get_protocol
+
+    record = get_protocol(protocol)
+    accepted = record.splits.get(fmt, ())
+    if not accepted or "test" in accepted:
+        return "test"
+    return next((s for s in record.paper_splits if s in accepted), accepted[0])
+
+
 def eval_settings(raw: dict[str, Any], section: dict[str, Any]) -> EvalSettings:
+    """How each run is tested: the ``[compare]`` keys, with their defaults from the data.
+
+    ``compare.protocol`` defaults to ``coco5k`` for MS-COCO data (:func:`coco_data`), else to
+    the protocol the registry declares the default for the data format (``f30k`` for precomp
+    and Karpathy data, ``msrvtt-full`` for MSR-VTT); ``compare.split`` to
+    :func:`default_split` of that protocol (``testall`` for precomputed COCO, ``test`` for a
+    Karpathy COCO JSON and the others)."""
     from ...eval import default_protocol
     from ...eval.tasks import retrieval_protocol_names
 
     fmt = raw.get("data", {}).get("format", "precomp") if isinstance(raw.get("data"), dict) else ""
     if "protocol" in section:
         protocol = str(section["protocol"])
+    elif coco_data(raw, section):
+        protocol = "coco5k"
     else:  # the protocol the registry declares the default for this data format
         default = default_protocol(fmt)
         if default is None:
@@ -132,9 +195,10 @@ def eval_settings(raw: dict[str, Any], section: dict[str, Any]) -> EvalSettings:
     if protocol not in retrieval_protocol_names():
         names = ", ".join(retrieval_protocol_names())
         raise CompareError(f"compare.protocol: expected one of {names}, got {protocol!r}")
+    split = section["split"] if "split" in section else default_split(protocol, str(fmt))
     settings = EvalSettings(
         protocol=protocol,
-        split=str(section.get("split", "test")),
+        split=str(split),
         data=None if section.get("data") is None else str(section["data"]),
         checkpoint=str(section.get("checkpoint", "best")),
         batch_size=section.get("eval_batch_size", 256),
@@ -344,6 +408,8 @@ __all__ = [
     "RunSpec",
     "Variant",
     "check_params",
+    "coco_data",
+    "default_split",
     "default_out",
     "locked_output",
     "output_folder",
