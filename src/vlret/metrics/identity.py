@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_finite
 from .keys import IDENTITY_KEYS, IDENTITY_PREFIX
 from .ranking import (
     _Gallery,
@@ -168,7 +167,7 @@ def identity_retrieval_metrics_from_embeddings(
     for name, t in (("query_emb", query_emb), ("gallery_emb", gallery_emb)):
         _check_sim(t, name)
         check_not_empty(t, name, "embedding", 0)
-        check_finite(t, name)
+        _check_finite(t, name)  # a row sum per row first: an isfinite pass cost 5% of the run
     if query_emb.shape[1] != gallery_emb.shape[1] or query_emb.device != gallery_emb.device:
         raise ValueError(
             f"query_emb and gallery_emb must share their width and device, got "
