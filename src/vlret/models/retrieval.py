@@ -15,6 +15,9 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
            # or pixels through a backbone (vlret.models.backbones), exactly one of path / preset:
            # {"kind": "resnet", "path": DIR | "preset": "resnet-152", "config": {},
            #  "image_size": None}     # or "kind": "vit", "preset": "vit-b-16"
+           # or VSE-infinity's WSL grid backbone (vlret.models.grid), a local state dict:
+           # {"kind": "resnext-wsl", "path": FILE (required), "config": {}, "image_size": 512,
+           #  "pooling": "gpo", "size_augment": True, gpo_*}
      "text": {"kind": "gru", "vocab_size": <from build_model(vocab_size=...)>,
               "word_dim": 300, "bidirectional": False, "num_layers": 1,
               "pooling": "last",                                      # last | mean | max | gpo
@@ -73,6 +76,7 @@ from torch import nn
 
 from .backbones import BACKBONE_KINDS, build_backbone_encoder
 from .cross_model import CROSS_KINDS, CROSS_MODEL_DEFAULTS, CrossAttentionModel, build_cross_model
+from .grid import GRID_KIND, build_grid_encoder
 from .image import POOLINGS, ImageEncoder
 from .text import (
     BERT_POOLINGS,
@@ -136,6 +140,15 @@ IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     **{
         kind: {"kind": kind, "path": None, "preset": None, "config": {}, "image_size": None}
         for kind in BACKBONE_KINDS
+    },
+    GRID_KIND: {
+        "kind": GRID_KIND,
+        "path": ...,
+        "config": {},
+        "image_size": 512,
+        "pooling": "gpo",
+        "size_augment": True,
+        **_GPO_DEFAULTS,
     },
 }
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -293,7 +306,7 @@ def _resolve(section: str, given: Any, defaults_by_kind: dict, default_kind: str
 
 def _check_types(section: str, cfg: dict, pooling_choices: tuple[str, ...] | None) -> None:
     for key, value in cfg.items():
-        if key in ("normalize", "bidirectional") and not isinstance(value, bool):
+        if key in ("normalize", "bidirectional", "size_augment") and not isinstance(value, bool):
             raise ValueError(f"{section}.{key} must be true or false, got {value!r}")
         if key == "path" and value is not None and not isinstance(value, (str, Path)):
             raise ValueError(f"{section}.path must be a directory path, got {value!r}")
@@ -319,6 +332,17 @@ def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
             preset=cfg["preset"],
             config=cfg["config"],
             image_size=cfg["image_size"],
+        )
+    if cfg["kind"] == GRID_KIND:
+        cfg["path"] = str(cfg["path"])
+        return build_grid_encoder(
+            path=cfg["path"],
+            embed_dim=embed_dim,
+            config=cfg["config"],
+            image_size=cfg["image_size"],
+            pooling=cfg["pooling"],
+            size_augment=cfg["size_augment"],
+            **_gpo(cfg),
         )
     common = dict(in_dim=cfg["in_dim"], embed_dim=embed_dim, pooling=cfg["pooling"], **_gpo(cfg))
     if cfg["kind"] == "video":

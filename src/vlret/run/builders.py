@@ -309,7 +309,8 @@ def check_model_config(config: RunConfig) -> None:
     image_kind = image.get("kind") if isinstance(image, dict) else None
     if model.get("kind", "vse") in ("bert", "clip", "mmt") or text_kind == "bert":
         return
-    if image_kind in ("resnet", "vit"):  # a backbone reads a directory or builds a large tower
+    # a backbone reads a directory or a weights file, or builds a large tower
+    if image_kind in ("resnet", "vit", "resnext-wsl"):
         return
     size = text.get("vocab_size") if isinstance(text, dict) else None
     if scores_pairs(build_run_model(config, None if size is not None else 8)):
