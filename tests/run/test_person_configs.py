@@ -148,6 +148,7 @@ def naive_identity_metrics(sim: np.ndarray, q_ids, g_ids) -> dict[str, float]:
 def test_a_flickr30k_checkpoint_evaluates_on_the_three_person_search_sets(tmp_path):
     pytest.importorskip("transformers")
     from vlret.cli import main
+    from vlret.data.formats.pedes.letterbox import Letterbox
     from vlret.data.writers import make_tiny_karpathy
     from vlret.run.builders import load_trained_model
 
@@ -190,13 +191,15 @@ def test_a_flickr30k_checkpoint_evaluates_on_the_three_person_search_sets(tmp_pa
         assert main([*cmd, "--json", str(record), "--no-progress"]) == 0
         found = json.loads(record.read_text())
         assert (found["protocol"], found["split"]) == (fmt, "test")
-        # the oracle: the test images through the model's own transform, the captions through
-        # the checkpoint's tokenizer, cosine scores, identities compared
+        # the oracle: the test images letterboxed into the model's input (nothing cropped,
+        # data.person_transform's default for a run trained on other data), the captions
+        # through the checkpoint's tokenizer, cosine scores, identities compared
         entries = json.loads(annotations.read_text())
         tests = [(k, e) for k, e in enumerate(entries) if e["split"] == "test"]
         key = "img_path" if fmt == "rstpreid" else "file_path"
+        boxed = Letterbox.from_eval(model.image_transform)
         with torch.no_grad():
-            pixels = torch.stack([model.image_transform(root / "imgs" / e[key]) for _, e in tests])
+            pixels = torch.stack([boxed(root / "imgs" / e[key]) for _, e in tests])
             img = torch.nn.functional.normalize(model.image_encoder(pixels).double(), dim=1)
             caps, q_ids = [], []
             for k, e in tests:

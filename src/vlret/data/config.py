@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._settings import MAX_CAPTIONS, MAX_STEPS, MAX_WORKERS, Range, Text, setting
+from .._settings import MAX_CAPTIONS, MAX_STEPS, MAX_WORKERS, OneOf, Range, Text, setting
 from .formats import format_names
+from .formats.pedes.letterbox import PERSON_TRANSFORMS
 from .noisy import MAX_NOISE_SEED, NOISE_FORMATS
 from .transforms import INTERPOLATIONS, TRAIN_TRANSFORMS
 
@@ -97,6 +98,16 @@ class DataConfig:
         "`irra`: IRRA's person-search one",
         choices=TRAIN_TRANSFORMS,
         constraint="a format that serves images",
+    )
+    person_transform: str | None = setting(
+        None,
+        "how person-search evaluation reads the pictures: `letterbox` (whole, aspect kept, "
+        "padded with the mean colour), `resize` (to the model's input, no crop: IRRA's) or "
+        "`model` (the model's own transform); null: `resize` with train_transform `irra`, else "
+        "`model`, and `letterbox` for a run trained on other data (vlret.data.formats.pedes."
+        "letterbox)",
+        spec=OneOf((None, *PERSON_TRANSFORMS), words="null or " + ", ".join(PERSON_TRANSFORMS)),
+        constraint="person-search formats read it",
     )
     crop_scale: list[float] = setting(
         doc="random-resized crop: the area fraction range",

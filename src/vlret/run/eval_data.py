@@ -90,11 +90,14 @@ def person_search_eval_data(data: DataConfig, data_format: str) -> DataConfig:
     """The data config of a model trained on other data (Karpathy, precomp, shards, CSV) read as
     the person-search format ``data_format`` for evaluation without fine-tuning (``vlret eval
     CKPT --data DIR --protocol cuhk-pedes``: DIR holds the format's annotation file and
-    ``imgs/``); the caption encoder and the model's image transform stay the checkpoint's (a
-    224 x 224 CLIP sees its own preprocessing, not IRRA's 384 x 128 resize)."""
+    ``imgs/``); the caption encoder stays the checkpoint's, and the pictures are letterboxed
+    into the model's input (``data.person_transform = "letterbox"``, unless the run set
+    another: a 224 x 224 CLIP's own centre crop would cut a 3:1 pedestrian's head and feet
+    off, :mod:`vlret.data.formats.pedes.letterbox`)."""
     return dataclasses.replace(
         data,
         format=data_format,
+        person_transform=data.person_transform or "letterbox",
         karpathy_json=None,
         image_root=None,
         annotations=None,

@@ -11,15 +11,14 @@ from typing import Any
 from ...transforms import capped
 from ...vocab import build_vocab
 from ..registry import DataFormat, OpenRequest, register_format
-from .augment import build_irra_transforms
 from .common import LAYOUTS
+from .letterbox import person_eval_transform
 from .readers import PersonSearchDataset, open_person_search, person_search_vocab_captions
 
 
 def _open(data: Any, split: str, request: OpenRequest) -> PersonSearchDataset:
-    image_transform = request.image_transform
-    if data.train_transform == "irra" and data.features_dir is None:
-        image_transform = build_irra_transforms(image_transform)[1]  # IRRA's resize
+    # data.person_transform: IRRA's resize, a letterbox or the model's own transform
+    image_transform = person_eval_transform(data, request.image_transform)
     return open_person_search(
         data.format,
         request.root,
