@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -190,14 +190,16 @@ class ImplicitRelationReasoning(nn.Module):
         scale = self.width**-0.5
         attn_std, proj_std = scale, scale * (2 * self.depth) ** -0.5
         fc_std = (2 * self.width) ** -0.5
-        for attn in (self.cross_attn, *(b.attn for b in self.blocks)):
+        blocks = [cast(_Block, b) for b in self.blocks]
+        for attn in (self.cross_attn, *(b.attn for b in blocks)):
             nn.init.normal_(attn.in_proj_weight, std=attn_std)
             nn.init.normal_(attn.out_proj.weight, std=proj_std)
-        for block in self.blocks:
+        for block in blocks:
             nn.init.normal_(block.c_fc.weight, std=fc_std)
             nn.init.normal_(block.c_proj.weight, std=proj_std)
-        nn.init.normal_(self.mlm_head[0].weight, std=fc_std)
-        nn.init.normal_(self.mlm_head[3].weight, std=proj_std)
+        dense, fc = cast(nn.Linear, self.mlm_head[0]), cast(nn.Linear, self.mlm_head[3])
+        nn.init.normal_(dense.weight, std=fc_std)
+        nn.init.normal_(fc.weight, std=proj_std)
 
     def forward(self, text_tokens: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
         """The ``(B, L, vocab_size)`` scores of every position of the masked captions.
@@ -290,7 +292,7 @@ def mask_caption_tokens(
 
 
 def clip_token_features(
-    image_encoder: nn.Module, pixel_values: torch.Tensor
+    image_encoder: Any, pixel_values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(embedding, tokens)`` of a CLIP image encoder from ONE pass of its vision tower: the
     ``(N, embed_dim)`` embedding its forward returns, and the ``(N, T, width)`` features of
@@ -304,7 +306,7 @@ def clip_token_features(
 
 
 def clip_text_token_features(
-    text_encoder: nn.Module, captions: torch.Tensor, lengths: torch.Tensor
+    text_encoder: Any, captions: torch.Tensor, lengths: torch.Tensor
 ) -> torch.Tensor:
     """The ``(B, L, width)`` features of every token of a CLIP text encoder's captions, after
     the final layer norm and ``text_projection`` (IRRA's ``encode_text`` of the masked ids);
