@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._settings import MAX_CAPTIONS, MAX_STEPS, MAX_WORKERS, OneOf, Range, Text, setting
+from .caption_augment import TEXT_AUGMENTS
 from .formats import format_names
 from .formats.pedes.letterbox import PERSON_TRANSFORMS
 from .noisy import MAX_NOISE_SEED, NOISE_FORMATS
@@ -108,6 +109,14 @@ class DataConfig:
         "letterbox)",
         spec=OneOf((None, *PERSON_TRANSFORMS), words="null or " + ", ".join(PERSON_TRANSFORMS)),
         constraint="person-search formats read it",
+    )
+    text_augment: str = setting(
+        "none",
+        "the training augmentation of the captions: `vse_infinity` masks (50%), replaces (10%) "
+        "or drops (40%) each word with probability 0.2, as VSE-infinity's BERT data loader "
+        "(vlret.data.caption_augment); evaluation captions are never augmented",
+        choices=TEXT_AUGMENTS,
+        constraint="a BERT (WordPiece) tokenizer",
     )
     crop_scale: list[float] = setting(
         doc="random-resized crop: the area fraction range",

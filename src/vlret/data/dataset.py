@@ -193,11 +193,21 @@ class RetrievalDataset(Dataset):
     #: ``(augment_seed, epoch, caption index)``.
     augment_seed: int = 0
     epoch: int = 0
+    #: Training augmentation of the captions (``data.text_augment``,
+    #: :mod:`vlret.data.caption_augment`): items read their caption through
+    #: ``text_augment(text, key=(augment_seed, epoch, index))`` (:meth:`set_text_augment`);
+    #: :meth:`caption` and the evaluation views never do.
+    text_augment: Any = None
 
     def set_augment(self, augment: Any, *, seed: int) -> None:
         """Serve items through ``augment(image_source(img), key=(seed, epoch, index))``
         (None: back to :meth:`image`)."""
         self.augment, self.augment_seed = augment, int(seed)
+
+    def set_text_augment(self, augment: Any, *, seed: int) -> None:
+        """Serve items' captions through ``augment(text, key=(seed, epoch, index))`` (None:
+        back to :meth:`caption`)."""
+        self.text_augment, self.augment_seed = augment, int(seed)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the augmentation's key (set before each epoch's DataLoader is made,
@@ -242,6 +252,11 @@ class RetrievalDataset(Dataset):
             features = self.augment(self.image_source(img), key=key)
         else:
             features = self.image(img)
+        if self.text_augment is not None:
+            key = (self.augment_seed, self.epoch, index)
+            return RetrievalItem(
+                features, self.text_augment(self.captions[index], key=key), img, index
+            )
         return RetrievalItem(features, self.caption(index), img, index)
 
     @property

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.caption_augment import build_text_augment
 from ..data.formats import StreamOptions, get_format, open_dataset
 from ..data.formats.pedes.augment import build_augment
 from ..data.formats.shards import ShardStream
@@ -325,6 +326,14 @@ class Trainer(TrainerState, TrainLoop):
         )
         if augment is not None and stream is None:
             train.set_augment(augment, seed=tc.seed)
+        if data.text_augment != "none":  # data.text_augment's, on the training split only
+            if stream is not None:
+                why = f"a streamed format ({data.format}) is not augmented; use precomp/karpathy"
+                raise ConfigError(self.config.source, "data.text_augment", why)
+            try:
+                train.set_text_augment(build_text_augment(data, self.encoder), seed=tc.seed)
+            except ValueError as err:
+                raise ConfigError(self.config.source, "data.text_augment", str(err)) from None
         dev_split = record.dev_split(data) if validates else None
         if dev_split is None:
             return train, None
