@@ -17,14 +17,19 @@ remainder to random images).
 How it is kept fair: one process, the same torch threads and dtype; everything is warmed up;
 within each repeat the matmul is timed just before and just after vlret, so load from other
 processes hits both alike, and each ratio is the median of the per-repeat ratios, printed with
-their range. vlret ranks in cache-sized blocks, a few parallel operations each; on a machine
-whose cores other processes keep busy, each of them waits for its descheduled worker thread
-while the one big matmul does not, so there the ratios measure the load: compare with
-``--threads 1`` (the script says so when the load average is above the number of CPUs).
+their range. The scores are computed in blocks whose rows grow with the thread count
+(`vlret.metrics.block_rows`), and the ranking core counts each block in cache-sized slices in
+one thread: split among threads, each of a slice's few operations waited for every worker
+thread, on a machine whose cores other processes keep busy for a descheduled one, while the one
+big matmul does not. There the ratios still measure the load: compare with ``--threads 1`` (the
+script says so when the load average is above the number of CPUs).
 
-Measured on a 2-core AMD EPYC shared with other jobs (torch 2.13 CPU, --threads 1): t2i 1.06x
-the matmul and 8.0x faster than IRRA, i2t 1.19x and 8.4x, metrics equal; with 2 threads and a
-load average of 3.2 the same run gave 5.7x / 8.7x the matmul (1.5x / 1.1x faster than IRRA).
+Measured on a 2-core AMD EPYC shared with other jobs (torch 2.13 CPU): with 1 thread, t2i 1.06x
+the matmul and 8.0x faster than IRRA, i2t 1.19x and 8.4x, metrics equal (an idle moment); with
+2 threads and a load average of 3.2 the same run gave 5.7x / 8.7x the matmul before the ranking
+core counted in one thread. With it, side by side with the previous code at a load average of
+3-3.5 (issue 42): 1.8x / 2.4x the matmul with 2 threads, where the previous code took 2.9x /
+4.3x; with 1 thread both took 1.1-1.4x, the spread of the load.
 
     python benchmarks/bench_person_search.py [--captions 6156] [--images 3074]
         [--identities 1000] [--dim 512] [--repeats 5] [--irra-repeats 2] [--device cpu]
