@@ -118,6 +118,15 @@ class DataConfig:
         choices=TEXT_AUGMENTS,
         constraint="a BERT (WordPiece) tokenizer",
     )
+    max_caption_tokens: int | None = setting(
+        None,
+        "cut every caption (training and evaluation) to its first N tokens, its start / end "
+        "tokens not counted (AdaCL's sentence length 32; vlret.data.caption_length); null: "
+        "the encoder's own limit",
+        spec=Range(integer=True, ge=1, words="a positive integer"),
+        reason="null: the encoder's own limit",
+        constraint="a vlret vocabulary or a Hugging Face tokenizer",
+    )
     crop_scale: list[float] = setting(
         doc="random-resized crop: the area fraction range",
         factory=lambda: [0.08, 1.0],

@@ -183,6 +183,9 @@ class Vocabulary:
     start_id = 1
     end_id = 2
     unk_id = 3
+    #: :meth:`encode` keeps the first N words of a caption (``data.max_caption_tokens``,
+    #: :func:`vlret.data.caption_length.cap_caption_tokens`); None: all.
+    max_tokens: int | None = None
 
     def __len__(self) -> int:
         return len(self.idx2word)
@@ -214,9 +217,12 @@ class Vocabulary:
             add_special: Wrap the ids in ``<start>`` ... ``<end>``.
 
         Returns:
-            One id per token, ``<unk>`` for a word not in the vocabulary.
+            One id per token, ``<unk>`` for a word not in the vocabulary (the first
+            :attr:`max_tokens` tokens where that is set).
         """
         ids = [self.word2idx.get(w, self.unk_id) for w in self._tokenize(text)]
+        if self.max_tokens is not None:
+            ids = ids[: self.max_tokens]
         return [self.start_id, *ids, self.end_id] if add_special else ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:

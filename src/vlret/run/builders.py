@@ -25,6 +25,7 @@ from ..data import (
     load_hf_tokenizer,
 )
 from ..data.bad_samples import SkipsBadImages
+from ..data.caption_length import cap_caption_tokens
 from ..data.captioning_files import captions_vocab_splits
 from ..data.config import DataConfig
 from ..data.formats import MissingDataKey, StreamOptions, get_format, open_dataset
@@ -405,6 +406,8 @@ def trained_model_from_state(
         raise ValueError(f"{checkpoint}: not a `vlret train` checkpoint (no config or encoder)")
     run = stored_run(state["config"], source=f"{checkpoint} (stored config)")
     encoder = encoder_from_state(state["encoder"], model=run.model)
+    # the cap the run trained with (data.max_caption_tokens; absent in older checkpoints)
+    cap_caption_tokens(encoder, getattr(run.data, "max_caption_tokens", None))
     try:
         model = build_model(run.model, vocab_size=state.get("vocab_size"))
     except (ValueError, TypeError) as err:

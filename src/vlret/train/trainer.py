@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..data.caption_augment import build_text_augment
+from ..data.caption_length import cap_caption_tokens
 from ..data.formats import StreamOptions, get_format, open_dataset
 from ..data.formats.pedes.augment import build_augment
 from ..data.formats.shards import ShardStream
@@ -198,6 +199,10 @@ class Trainer(TrainerState, TrainLoop):
         check_model_config(config)  # model-section errors before the (slow) vocabulary
         check_data_root(config.data, config.source)  # one line naming data.root
         self.encoder = build_encoder(config.data, model=config.model, source=config.source)
+        try:  # data.max_caption_tokens: every caption the run encodes
+            cap_caption_tokens(self.encoder, config.data.max_caption_tokens)
+        except ValueError as err:
+            raise ConfigError(config.source, "data.max_caption_tokens", str(err)) from None
         self.vocab_size = vocab_size(self.encoder)
         self.model = build_run_model(config, self.vocab_size).to(self.device)
         if tc.init_from is not None and resume_state is None:  # last.pt holds the weights
