@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .._files import WriteFailed, atomic_write_text, write_failure
 from .context import TrainContext
+from .pretrained_rate import pretrained_rate_warning
 
 LOG_FILE = "metrics.jsonl"
 
@@ -312,4 +313,7 @@ def run_summary(ctx: TrainContext) -> str:
         lines.insert(-1, f"  procedure: {ctx.procedure} ({why})")
     elif ctx.procedure != "standard":
         lines.insert(-1, f"  procedure: {ctx.procedure}")
+    warning = pretrained_rate_warning(ctx.config)
+    if warning is not None:
+        lines.append(f"  warning: {warning}")
     return "\n".join(lines)
