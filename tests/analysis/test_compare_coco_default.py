@@ -101,6 +101,10 @@ def test_compare_on_coco_data_plans_coco5k_from_the_config_file(tmp_path):
     raw, section = read_compare_config(path)
     got = eval_settings(raw, section)
     assert (got.protocol, got.split) == ("coco5k", "testall")
+    given = read_compare_config(path, ["compare.protocol=f30k", "compare.split=test"])[1]
+    assert (eval_settings(raw, given).protocol, eval_settings(raw, given).split) == ("f30k", "test")
+    back = read_compare_config(path, ["compare.protocol=f30k", "compare.protocol=null"])[1]
+    assert "protocol" not in back and eval_settings(raw, back).protocol == "coco5k"
     specs = plan_runs(raw, resolve_variants(raw, section, ["triplet"]), 1, tmp_path / "cmp")
     check_eval_plan(specs, got)  # testall holds the data's 5 images: no error
     # a folder holding only the 5K split (as SCAN's coco_precomp, whose test is not 5K): the

@@ -73,13 +73,19 @@ class RunSpec:
 
 
 def _set_dotted(node: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set ``node``'s dotted key to ``value``; None (``null``) deletes it, so its default
+    applies (``compare.protocol=null``: the protocol of the data), as ``--set`` does for the
+    run config."""
     keys = dotted.split(".")
     for k in keys[:-1]:
         child = node.setdefault(k, {})
         if not isinstance(child, dict):
             raise CompareError(f"{source}: {dotted}: {k!r} is not a table")
         node = child
-    node[keys[-1]] = value
+    if value is None:
+        node.pop(keys[-1], None)
+    else:
+        node[keys[-1]] = value
 
 
 def read_compare_config(
