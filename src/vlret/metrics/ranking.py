@@ -236,9 +236,10 @@ def _masked_positions(
     if not every:
         best = block.masked_fill(~relevant, float("-inf")).amax(dim=1, keepdim=True)
         return 1 + ((block >= best) & ~relevant).sum(1, keepdim=True)
-    # each row's relevant columns first (stable: in column order), padded by the last one
+    # each row's relevant columns first (a top-w of the mask, no sort along the gallery; their
+    # order changes no position), padded by the last one
     w = int(r.max())
-    index = torch.argsort((~relevant).to(torch.uint8), dim=1, stable=True)[:, :w]
+    index = relevant.to(block.dtype).topk(w, dim=1).indices
     k = torch.arange(w, device=block.device)
     last = index.gather(1, (r - 1)[:, None])
     index = torch.where(k[None, :] < r[:, None], index, last)

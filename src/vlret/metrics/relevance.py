@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .ranking import rank_blocks, rprecision_map_at_r_of
 from .ranks import check_not_empty
 
 
@@ -48,8 +49,9 @@ def rprecision_map_at_r(
 
     Ties are broken against the query (irrelevant items first). With the relevant items in
     descending score order, the i-th one (1-based) ranks at ``i + c_i``, ``c_i`` the number of
-    irrelevant items scoring at least as high; only ranks up to ``R`` matter, so ``c_i`` is
-    counted among the top ``max R`` irrelevant scores (``topk``, no full sort).
+    irrelevant items scoring at least as high: the positions the ranking core counts
+    (:func:`~vlret.metrics.rank_blocks`, no sort along the gallery), of which these are
+    functions (:func:`~vlret.metrics.rprecision_map_at_r_of`).
     """
     if scores.shape != relevant.shape or scores.dim() != 2:
         raise ValueError(
@@ -60,20 +62,14 @@ def rprecision_map_at_r(
         raise ValueError("scores must be finite (got NaN or infinity)")
     relevant = relevant.to(torch.bool)
     r = relevant.sum(1)
-    width = max(int(r.max()) if r.numel() else 0, 1)
-    width = min(width, scores.shape[1])
-    rel_top = scores.masked_fill(~relevant, float("-inf")).topk(width, dim=1).values
-    irr_top = scores.masked_fill(relevant, float("-inf")).topk(width, dim=1).values
-    # irrelevant scores >= each relevant score (-inf padding is never >= a finite score)
-    ascending = irr_top.flip(1).contiguous()
-    at_least = width - torch.searchsorted(ascending, rel_top.contiguous(), right=False)
-    i = torch.arange(1, width + 1, device=scores.device, dtype=torch.float64)
-    rank = i + at_least.to(torch.float64)
-    limit = r[:, None].to(torch.float64)
-    hits = ((i <= limit) & (rank <= limit)).to(torch.float64)
-    denom = r.clamp(min=1).to(torch.float64)
-    rp = hits.sum(1) / denom
-    ap = (hits * i / rank).sum(1) / denom
+    rp = torch.zeros(len(r), dtype=torch.float64, device=scores.device)
+    ap = torch.zeros_like(rp)
+    ranked = torch.nonzero(r > 0).squeeze(1)
+    if ranked.numel():
+        block = (0, scores.index_select(0, ranked), relevant.index_select(0, ranked))
+        counted = rank_blocks([block], n_queries=int(ranked.numel()), every=True)
+        rp_ranked, ap_ranked = rprecision_map_at_r_of(counted)
+        rp[ranked], ap[ranked] = rp_ranked.to(rp.device), ap_ranked.to(ap.device)
     return rp, ap, r
 
 
