@@ -15,7 +15,7 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
 from train_helpers import tiny_data, tiny_raw  # noqa: E402
-from vlret.analysis.tsne import sample_pairs, world_groups  # noqa: E402
+from vlret.analysis.tsne import pooled_tokens, sample_pairs, world_groups  # noqa: E402
 from vlret.cli import main  # noqa: E402
 from vlret.run.config import apply_overrides, config_from_dict  # noqa: E402
 from vlret.train import Trainer  # noqa: E402
@@ -127,14 +127,65 @@ def test_errors_are_one_line(world_run, tmp_path, capsys):
     assert line.endswith(
         "perplexity: 30 must be less than the number of points, 6 (3 images and their captions)"
     )
-    data = tiny_data(tmp_path / "data")
-    raw = tiny_raw(data, tmp_path / "scan")
+
+
+def test_pooled_tokens_is_the_mean_of_the_real_rows_normalised():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randn(3, 5, 4, generator=g)
+    rows = torch.tensor([5, 2, 1])
+    got = pooled_tokens(tokens, rows)
+    for n in range(3):  # naive: the first rows[n] rows summed by hand, then unit length
+        mean = sum(tokens[n, r] for r in range(int(rows[n]))) / int(rows[n])
+        assert torch.allclose(got[n], mean / mean.norm(), atol=1e-6)
+    every = pooled_tokens(tokens)
+    assert torch.allclose(every[0], got[0], atol=1e-6)
+    assert torch.allclose(every.norm(dim=1), torch.ones(3))
+
+
+def test_a_pair_model_is_mapped_by_its_pooled_tokens(world_run, tmp_path):
+    """SCAN on the world: the image points are the pooled encoded regions and the texts the
+    pooled encoded words, checked against the model's own encoders, before the t-SNE."""
+    world, _ = world_run
+    raw = tiny_raw(world, tmp_path / "scan")
     raw["model"] = {
         "kind": "scan",
         "embed_dim": 16,
-        "image": {"in_dim": 16},
+        "image": {"in_dim": 32},
         "text": {"word_dim": 8},
     }
-    Trainer(config_from_dict(apply_overrides(raw, ONE_STEP)), print_fn=None).fit()
-    line = error("tsne", str(tmp_path / "scan"))
-    assert "model.kind 'scan' scores pairs" in line and "two-tower" in line
+    kept = [*ONE_STEP, "train.keep_epochs=[0]"]  # epoch_0.pt: a chosen epoch's checkpoint
+    Trainer(config_from_dict(apply_overrides(raw, kept)), print_fn=None).fit()
+    out = tmp_path / "scan.png"
+    ckpt = tmp_path / "scan" / "epoch_0.pt"
+    args = ["plot", "tsne", str(ckpt), "--samples", "8", "--perplexity", "3"]
+    assert main([*args, "--out", str(out)]) == 0
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["embedding"] == "pooled tokens" and meta["model"] == "scan"
+    assert meta["checkpoint"] == str(ckpt)
+    rows = read_points(out.with_suffix(".csv"))
+    assert len(rows) == 16 and {r["group"] for r in rows} != {""}
+
+    import vlret.analysis.tsne as tsne
+    from vlret.data.formats import open_dataset
+    from vlret.run.builders import load_trained_model
+    from vlret.run.eval_data import eval_data_config, stored_eval_data
+
+    model, run, encoder = load_trained_model(ckpt, device="cpu")
+    model.eval()
+    data = open_dataset(eval_data_config(stored_eval_data(run.data), world), "dev", encoder=encoder)
+    seen = {}
+    images, captions = sample_pairs(data.txt_to_img, samples=8, seed=0)
+    img = tsne._encode(model, data.images(), images, torch.device("cpu"), 4, images=True)
+    txt = tsne._encode(model, data.texts(), captions, torch.device("cpu"), 4, images=False)
+    with torch.no_grad():
+        for k, (i, c) in enumerate(zip(images, captions, strict=True)):
+            feats = data.images().collate([data.images()[i]])[0]
+            regions = model.encode_images(feats)[0]
+            expect = regions.mean(0) / regions.mean(0).norm()
+            assert torch.allclose(img[k], expect, atol=1e-5)
+            cap, length = data.texts().collate([data.texts()[c]])[:2]
+            words = model.encode_texts(cap, length)[0, : int(length[0])]
+            expect = words.mean(0) / words.mean(0).norm()
+            assert torch.allclose(txt[k], expect, atol=1e-5)
+            seen[k] = True
+    assert len(seen) == 8

@@ -1,4 +1,4 @@
-"""A t-SNE of a two-tower model's image and text embeddings (AdaCL Fig. 3b-c), ``vlret plot
+"""A t-SNE of a model's image and text embeddings (AdaCL Fig. 3b-c), ``vlret plot
 tsne RUN --split dev``.
 
 :func:`tsne_plot` loads a run's ``best.pt`` (or a checkpoint), samples ``samples`` images of
@@ -14,7 +14,19 @@ model should cluster: a colour of ten told apart, with a marker shape as the sec
 ten groups (:func:`vlret.analysis._plotting.series_styles`); images filled, texts hollow. The
 legend stands beside the map. Elsewhere points are coloured by modality and a thin line joins
 each matched image-text pair (their distance on the map is the alignment AdaCL Fig. 3 shows).
-A pair-scoring model (SCAN, BFAN, SGRAF) has no joint embedding space: refused.
+
+A pair-scoring model (SCAN, BFAN, SGRAF: a :class:`~vlret.models.PairScorer`) has no single
+vector per image or caption, and AdaCL Fig. 3b-c maps "the fused embedding" of such models
+without defining it. Read here as the **pooled token embedding** each model fuses: an image's
+point is the mean of its encoded regions (``encode_images``: the region features after the
+model's projection into the space the cross attention compares) and a caption's point the mean
+of its encoded words (``encode_texts``, the ``token_lengths`` real rows, padding left out), both
+L2-normalised (the scorers compare tokens by cosine). It is the same space for every pair
+model, computed once per item with no partner, so images and captions land on one map as a
+two-tower model's do; a caption-conditioned (cross-attended) image vector was not taken, as it
+is defined per pair, differs between SCAN's, BFAN's and SGRAF's attention, and would put an
+image at a different point for each caption. The JSON's ``embedding`` says which was mapped:
+``"joint"`` (two-tower) or ``"pooled tokens"`` (pair model).
 
 Written: the PNG, ``FILE.csv`` with one row per point (``modality``, ``image``: the split's
 image index, ``caption``: the caption index of a text, empty for an image, ``group``, ``x``,
@@ -102,18 +114,37 @@ def sample_pairs(txt_to_img: Any, *, samples: int, seed: int) -> tuple[list[int]
     return images, captions
 
 
+def pooled_tokens(tokens: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """A pair model's point per item (module docstring): the mean of the first ``rows[n]``
+    rows of ``tokens[n]`` (``(N, T, D)``; every row when ``rows`` is ``None``), L2-normalised;
+    ``(N, D)``."""
+    if rows is None:
+        mean = tokens.mean(dim=1)
+    else:
+        rows = torch.as_tensor(rows, device=tokens.device)
+        keep = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < rows[:, None]
+        summed = (tokens * keep[..., None].to(tokens.dtype)).sum(dim=1)
+        mean = summed / rows.clamp(min=1)[:, None].to(tokens.dtype)
+    return F.normalize(mean, dim=1)
+
+
 def _encode(model: Any, view: Any, index: list[int], device: Any, batch_size: int, images: bool):
     loader = DataLoader(Subset(view, index), batch_size=batch_size, collate_fn=view.collate)
+    pairs = isinstance(model, PairScorer)
     out = []
     with torch.no_grad():
         for batch in loader:
             if images:
                 feats = batch[0].to(device) if hasattr(batch[0], "to") else batch[0]
-                out.append(model.encode_images(feats).float().cpu())
+                emb = model.encode_images(feats).float()
+                out.append((pooled_tokens(emb) if pairs else emb).cpu())
             else:
                 caps, lengths = batch[0], batch[1]
                 caps = caps.to(device) if isinstance(caps, torch.Tensor) else caps
-                out.append(model.encode_texts(caps, lengths).float().cpu())
+                emb = model.encode_texts(caps, lengths).float()
+                if pairs:
+                    emb = pooled_tokens(emb, model.token_lengths(lengths))
+                out.append(emb.cpu())
     return torch.cat(out)
 
 
@@ -142,7 +173,7 @@ def tsne_points(
 
     Raises:
         FileNotFoundError: No checkpoint or data folder.
-        ValueError: A pair-scoring model, or a bad ``samples`` / ``perplexity``.
+        ValueError: A bad ``samples`` / ``perplexity``.
         MissingExtra: scikit-learn is not installed.
     """
     from ..data.formats import open_dataset
@@ -158,12 +189,7 @@ def tsne_points(
     path = run_checkpoint(checkpoint)
     dev = resolve_device(device)
     model, run, encoder = load_trained_model(path, device=dev)
-    if isinstance(model, PairScorer):
-        kind = run.model.get("kind")
-        raise ValueError(
-            f"{path}: model.kind {kind!r} scores pairs (cross-attention) and has no joint "
-            "embedding space to map; t-SNE needs a two-tower checkpoint"
-        )
+    pairs = isinstance(model, PairScorer)
     root = Path(data) if data is not None else Path(run.data.root)
     config = eval_data_config(stored_eval_data(run.data), root)
     dataset = open_dataset(
@@ -179,7 +205,7 @@ def tsne_points(
     model.eval()
     img = _encode(model, dataset.images(), images, dev, batch_size, images=True)
     txt = _encode(model, dataset.texts(), captions, dev, batch_size, images=False)
-    if getattr(model, "scoring", "cosine") == "cosine":
+    if not pairs and getattr(model, "scoring", "cosine") == "cosine":
         img, txt = F.normalize(img, dim=1), F.normalize(txt, dim=1)
     points = torch.cat([img, txt]).double().numpy()
     tsne = manifold.TSNE(
@@ -202,6 +228,8 @@ def tsne_points(
             "perplexity": float(perplexity),
             "seed": seed,
             "scoring": getattr(model, "scoring", "cosine"),
+            "model": run.model.get("kind"),
+            "embedding": "pooled tokens" if pairs else "joint",
             "groups": GROUP_KIND if groups_of else None,
             "kl_divergence": float(getattr(tsne, "kl_divergence_", float("nan"))),
         },
@@ -291,5 +319,6 @@ __all__ = [
     "tsne_plot",
     "tsne_points",
     "world_groups",
+    "pooled_tokens",
     "write_tsne",
 ]

@@ -9,7 +9,9 @@ tangent components of the loss's gradient against steps.
   same as tables (``curves.md``); ``--out`` defaults to ``plots/`` in the run folder (one run).
 * ``vlret plot tsne RUN --split dev [--samples 500] [--perplexity 30] [--seed 0] [--out
   FILE.png] [--data DIR]``: :func:`vlret.analysis.tsne.tsne_plot` (RUN: a run folder, its
-  ``best.pt``, or a checkpoint), with ``FILE.csv`` and ``FILE.json`` beside the PNG.
+  ``best.pt``, or a checkpoint such as ``epoch_10.pt`` kept by ``train.keep_epochs``), with
+  ``FILE.csv`` and ``FILE.json`` beside the PNG; a pair-scoring model (SCAN, BFAN, SGRAF) is
+  mapped by its pooled region and word embeddings (docs/curves.md).
 """
 
 from __future__ import annotations

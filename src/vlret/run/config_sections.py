@@ -148,7 +148,9 @@ class TrainConfig:
 
     ``last.pt`` is written at the end of every epoch, every ``checkpoint_every`` steps and every
     ``checkpoint_minutes`` of training, so a killed run loses at most that much work;
-    ``best.pt`` is written before ``last.pt`` (:mod:`vlret.run.folder`). A name in
+    ``best.pt`` is written before ``last.pt`` (:mod:`vlret.run.folder`), and after it, at the end
+    of each epoch listed in ``keep_epochs``, ``epoch_<N>.pt``: the same checkpoint, kept (a
+    resumed run leaves those already written alone). A name in
     ``freeze`` or ``lock`` that is no module of the model, or modules holding every trainable
     parameter, is an error when the trainer is built, before anything is written
     (:func:`vlret.train.hooks.core.check_something_to_train`). ``all_negatives_epochs`` is
@@ -194,6 +196,13 @@ class TrainConfig:
     )
     checkpoint_minutes: float = setting(
         10.0, "write last.pt every N minutes of training (0: off)", at_least=0
+    )
+    keep_epochs: list[int] = setting(
+        doc="epochs (counted from 0, as metrics.jsonl counts them) whose end-of-epoch checkpoint "
+        "is also kept as `epoch_<N>.pt` in the run folder (AdaCL Fig. 3's epoch-10 map)",
+        factory=list,
+        sane=(0, MAX_EPOCHS),
+        constraint="distinct epochs below `epochs`",
     )
     validate: bool = setting(True, "compute the dev metrics each epoch (false: best.pt = last)")
     eval_batch_size: int = setting(

@@ -64,9 +64,25 @@ def check_loop_settings(optim: Any, train: Any, source: str) -> None:
     """Every check of this module, in the order of the keys."""
     check_schedule(optim, source)
     check_freeze(train, source)
+    check_keep_epochs(train, source)
     check_lock(train, source)
     check_precision(train, source)
     check_procedure(train, source)
+
+
+def check_keep_epochs(train: Any, source: str) -> None:
+    """``keep_epochs`` names each epoch once, every one of them an epoch the run trains."""
+    seen: set[int] = set()
+    for i, epoch in enumerate(train.keep_epochs):
+        if epoch in seen:
+            raise ConfigError(source, f"train.keep_epochs[{i}]", f"epoch {epoch} listed twice")
+        if not 0 <= epoch < train.epochs:
+            why = (
+                f"epoch {epoch} is not trained: epochs count from 0 and epochs = {train.epochs} "
+                f"ends at {train.epochs - 1}"
+            )
+            raise ConfigError(source, f"train.keep_epochs[{i}]", why)
+        seen.add(epoch)
 
 
 def check_schedule(optim: Any, source: str) -> None:

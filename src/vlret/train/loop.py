@@ -299,6 +299,8 @@ class TrainLoop:
         if improved:
             self.save("best.pt")
         self.save()
+        if finished_epoch in tc.keep_epochs:  # train.keep_epochs: this epoch's own copy
+            self.save(f"epoch_{finished_epoch}.pt")
         self.hooks.after_epoch(self.context, record)
 
     # -- Ctrl-C and the control's requests ---------------------------------------------------
