@@ -76,8 +76,8 @@ class GridImageEncoder(nn.Module):
     """``pixel_values (N, 3, S, S)`` -> ResNeXt grid -> FC per grid feature -> pooling.
 
     Args:
-        backbone: A :class:`~vlret.models.resnext.ResNeXt` (any module returning
-            ``(N, C, H', W')`` with ``out_channels = C``).
+        backbone: A :class:`~vlret.models.resnext.ResNeXt` (its ``layer4`` map
+            ``(N, out_channels, H', W')``).
         embed_dim: Width of the joint space.
         pooling: ``"gpo"`` (VSE-infinity), ``"max"`` or ``"mean"``.
         size_augment: Drop grid features in training mode (:func:`size_augment_mask`).
@@ -92,7 +92,7 @@ class GridImageEncoder(nn.Module):
 
     def __init__(
         self,
-        backbone: nn.Module,
+        backbone: ResNeXt,
         *,
         embed_dim: int,
         pooling: str = "gpo",
@@ -193,7 +193,7 @@ def build_grid_encoder(
 
     Raises:
         ValueError: An unknown ``config`` key, a bad size, or a state dict that does not fit
-            (naming the file and the key).
+            (``image.path: FILE: ...``, naming the key of the state dict).
         FileNotFoundError: ``path`` does not exist.
     """
     overrides = {} if config is None else config
@@ -206,7 +206,10 @@ def build_grid_encoder(
         )
     transform = grid_transform(image_size)
     backbone = ResNeXt(**{**RESNEXT101_32X8D, **dict(overrides)})
-    load_resnext_weights(backbone, path)
+    try:
+        load_resnext_weights(backbone, path)
+    except ValueError as err:  # the key first, as the other model errors name theirs
+        raise ValueError(f"image.path: {err}") from None
     return GridImageEncoder(
         backbone,
         embed_dim=embed_dim,
