@@ -1,6 +1,7 @@
 """The retrieval report (``vlret report``): for a checkpoint (or an ensemble) and a split, a
-static HTML page in one folder with the summary metrics, the ranked lists of sampled and of the
-worst queries in both directions (ground truth marked, its rank as the metrics count it),
+static HTML page in one folder with the summary metrics, the ranked lists of chosen, sampled and
+worst queries in both directions, beside a second checkpoint's lists with ``--compare``
+(ground truth marked, its rank as the metrics count it),
 thumbnails or captions, the pair-scoring models' word attention over regions, and a rank
 histogram per direction; ``report.json`` holds the same facts.
 
@@ -12,7 +13,7 @@ histogram per direction; ``report.json`` holds the same facts.
 """
 
 from .attention import WordAttention, pair_attention, word_weights
-from .build import build_report, report_record, write_report
+from .build import build_report, compare_with, report_record, same_split, write_report
 from .data import QueryFacts, ReportData, collect_report, counted_ranks
 from .html import rank_histogram, render_html
 
@@ -22,11 +23,13 @@ __all__ = [
     "WordAttention",
     "build_report",
     "collect_report",
+    "compare_with",
     "counted_ranks",
     "pair_attention",
     "rank_histogram",
     "render_html",
     "report_record",
+    "same_split",
     "word_weights",
     "write_report",
 ]

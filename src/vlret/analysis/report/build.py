@@ -13,7 +13,7 @@ from ..._files import atomic_write_text
 from ..._images import DEFAULT_MAX_IMAGE_PIXELS
 from ..._progress import progress_bar
 from .attention import WordAttention, pair_model, query_attention
-from .data import DIRECTIONS, ReportData, collect_report
+from .data import DIRECTIONS, QueryFacts, ReportData, collect_report, query_facts
 from .html import TRUTH_CARDS, rank_histogram, render_html
 from .thumbs import Thumb, load_boxes, world_pictures, write_thumb
 
@@ -42,14 +42,7 @@ def report_record(
     queries = []
     for q in data.queries:
         kind = "caption" if q.direction == "i2t" else "image"
-        top: list[dict[str, Any]] = [
-            {"index": t.index, "score": t.score, "position": t.position, "relevant": t.relevant}
-            for t in q.top
-        ]
-        truths: list[dict[str, Any]] = [
-            {"index": g.index, "score": g.score, "rank": g.rank, "position": g.position}
-            for g in q.ground_truth
-        ]
+        top, truths = _ranked_record(q)
         query: dict[str, Any] = {
             "direction": q.direction,
             "group": q.group,
@@ -61,18 +54,43 @@ def report_record(
             "ground_truth": truths,
             "attention": [_attention_record(a) for a in q.attention],
         }
+        if q.against is not None:  # the compared checkpoint's list of the same query
+            other_top, other_truths = _ranked_record(q.against)
+            query["compared"] = {
+                "rank": q.against.rank,
+                "top": other_top,
+                "ground_truth": other_truths,
+            }
         if data.identities is not None:  # who each one is (person search)
             query["person"] = data.person("image" if kind == "caption" else "caption", q.index)
-            for item in top + truths:
+            for item in top + truths + query.get("compared", {}).get("top", []):
                 item["person"] = data.person(kind, int(item["index"]))
         queries.append(query)
-    return {
+    out = {
+        "checkpoint": data.label,
         "evaluation": record,
         "top_k": data.top_k,
         "rank_histogram": histograms,
         "thumbnails": {str(k): v.path for k, v in sorted(thumbs.items())},
         "queries": queries,
     }
+    if data.compared is not None:
+        other = data.compared.evaluation.record(protocol=data.protocol, split=data.split)
+        out["compared"] = {"checkpoint": data.compared.label, "evaluation": other}
+    return out
+
+
+def _ranked_record(q: QueryFacts) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A query's top-K items and its ground truths (rank order) as ``report.json`` rows."""
+    top: list[dict[str, Any]] = [
+        {"index": t.index, "score": t.score, "position": t.position, "relevant": t.relevant}
+        for t in q.top
+    ]
+    truths: list[dict[str, Any]] = [
+        {"index": g.index, "score": g.score, "rank": g.rank, "position": g.position}
+        for g in q.ground_truth
+    ]
+    return top, truths
 
 
 def _jsonable(value: Any) -> Any:
@@ -90,11 +108,64 @@ def _shown_images(data: ReportData) -> set[int]:
     for q in data.queries:
         if q.direction == "i2t":
             shown.add(q.index)
-        else:  # the top K and the ground truths shown below them
-            shown.update(t.index for t in q.top)
-            shown.update(g.index for g in q.truths_below[:TRUTH_CARDS])
+        else:  # the top K and the ground truths shown below them, of both models
+            for facts in (q, q.against) if q.against is not None else (q,):
+                shown.update(t.index for t in facts.top)
+                shown.update(g.index for g in facts.truths_below[:TRUTH_CARDS])
         shown.update(a.image for a in q.attention)
     return shown
+
+
+def same_split(first: ReportData, other: ReportData, *, name: str) -> None:
+    """Refuse, in one line naming ``name`` (the compared checkpoint), a report whose split is
+    not the same images and captions as ``first``'s: side-by-side lists index one gallery."""
+    a = (len(first.image_ids), len(first.captions))
+    b = (len(other.image_ids), len(other.captions))
+    if a != b:
+        raise ValueError(
+            f"compare {name}: its split holds {b[0]} images x {b[1]} captions, the report's "
+            f"{a[0]} x {a[1]}: the two checkpoints must be scored on the same data"
+        )
+    if (
+        list(first.image_ids) != list(other.image_ids)
+        or first.captions != other.captions
+        or not bool((first.txt_to_img == other.txt_to_img).all())
+    ):
+        raise ValueError(
+            f"compare {name}: its split has other image ids, captions or pairs than the "
+            "report's: the two checkpoints must be scored on the same data"
+        )
+
+
+def compare_with(
+    facts: ReportData,
+    checkpoint: str | Path,
+    *,
+    data: str | Path,
+    batch_size: int = 256,
+    device: str = "auto",
+    progress: bool = False,
+) -> ReportData:
+    """Score ``checkpoint`` on ``facts``' data, split and protocol and attach its ranked list
+    of every reported query (``QueryFacts.against``; ``facts.compared``): ``vlret report
+    --compare``. Returns the compared facts."""
+    other = collect_report(
+        [checkpoint],
+        data=data,
+        split=facts.split,
+        protocol=facts.protocol.name,
+        top_k=facts.top_k,
+        samples=0,
+        worst=0,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+    )
+    same_split(facts, other, name=str(checkpoint))
+    for q in facts.queries:
+        q.against = query_facts(other, q.direction, q.index, q.group)
+    facts.compared = other
+    return other
 
 
 def _bar(items: list[Any], desc: str, unit: str, show: bool) -> Any:
@@ -151,6 +222,8 @@ def build_report(
     split: str,
     out: str | Path,
     protocol: str | None = None,
+    queries: dict[str, Sequence[int]] | None = None,
+    compare: str | Path | None = None,
     top_k: int = 5,
     samples: int = 20,
     worst: int = 20,
@@ -160,12 +233,15 @@ def build_report(
     device: str = "auto",
     progress: bool = False,
 ) -> tuple[ReportData, Path]:
-    """:func:`.data.collect_report` then :func:`write_report`: ``(facts, index.html)``."""
+    """:func:`.data.collect_report` (``queries``: the chosen queries per direction, listed
+    first), :func:`compare_with` when ``compare`` names a second checkpoint, then
+    :func:`write_report`: ``(facts, index.html)``."""
     facts = collect_report(
         checkpoints,
         data=data,
         split=split,
         protocol=protocol,
+        queries=queries,
         top_k=top_k,
         samples=samples,
         worst=worst,
@@ -174,7 +250,11 @@ def build_report(
         device=device,
         progress=progress,
     )
+    if compare is not None:
+        compare_with(
+            facts, compare, data=data, batch_size=batch_size, device=device, progress=progress
+        )
     return facts, write_report(facts, out, word=word, data_dir=data, progress=progress)
 
 
-__all__ = ["build_report", "report_record", "write_report"]
+__all__ = ["build_report", "compare_with", "report_record", "same_split", "write_report"]

@@ -15,10 +15,12 @@ COCO 1K (a query is ranked within its fold). Person search (``same-identity``) r
 score matrix's blocks by the ranking core (:func:`~vlret.metrics.rank_queries`) with every
 image of the query's person relevant.
 
-**Queries**: per direction, ``samples`` queries drawn without replacement with ``seed``
-(numpy's ``default_rng``), and the ``worst`` queries (highest rank; ties: lower index first).
-A query in both groups is listed in both. Each query's ground truths are listed in rank order:
-by their position in its ranked list (:class:`GroundTruth`), the best first.
+**Queries**: per direction, the ``chosen`` queries first (``queries``: the indices asked for, in
+the order given; image queries are ``i2t``, caption queries ``t2i``), then ``samples`` queries
+drawn without replacement with ``seed`` (numpy's ``default_rng``), and the ``worst`` queries
+(highest rank; ties: lower index first). A query in several groups is listed in each. Each
+query's ground truths are listed in rank order: by their position in its ranked list
+(:class:`GroundTruth`), the best first.
 
 **Persons** (``same-identity`` protocols): :attr:`ReportData.identities` holds the person of
 each image (the data set's ``image_identity``, the id its annotation file writes), so the page
@@ -49,7 +51,7 @@ from ...metrics import (
 #: the two directions: image -> text (an image queries the captions) and text -> image
 DIRECTIONS = ("i2t", "t2i")
 #: query groups of the report, in page order
-GROUPS = ("sampled", "worst")
+GROUPS = ("chosen", "sampled", "worst")
 #: rows of the score matrix compared at once when counting identity ranks
 _CHUNK = 256
 
@@ -92,6 +94,8 @@ class QueryFacts:
     ground_truth: list[GroundTruth]
     #: pair-scoring models: word attention over regions (:mod:`.attention`), else empty
     attention: list[Any] = field(default_factory=list)
+    #: the same query under the compared checkpoint (``vlret report --compare``), else None
+    against: QueryFacts | None = None
 
     @property
     def truths_below(self) -> list[GroundTruth]:
@@ -120,6 +124,10 @@ class ReportData:
     by_identity: bool = False
     #: person search: the person of each image (``image_identity``); ``None`` otherwise
     identities: torch.Tensor | None = None
+    #: the checkpoint(s) scored, as named on the page
+    label: str = ""
+    #: ``vlret report --compare``: the second checkpoint's facts on the same queries
+    compared: ReportData | None = None
 
     def person(self, kind: str, index: int) -> int | None:
         """The person of image (``kind="image"``) or caption (``"caption"``) ``index`` under
@@ -294,12 +302,29 @@ def pick_queries(
     return {"sampled": sampled, "worst": [int(i) for i in order[: min(worst, n)]]}
 
 
+def check_queries(queries: dict[str, Sequence[int]], *, n_images: int, n_captions: int) -> None:
+    """Refuse, in one line naming it, a chosen query of no direction or out of range: image
+    queries (``i2t``) index the split's images, caption queries (``t2i``) its captions."""
+    sizes = {"i2t": (n_images, "images"), "t2i": (n_captions, "captions")}
+    for direction, indices in queries.items():
+        if direction not in sizes:
+            raise ValueError(f"queries: direction {direction!r} is not one of i2t, t2i")
+        n, noun = sizes[direction]
+        for q in indices:
+            if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q < n:
+                raise ValueError(
+                    f"queries: {direction} query {q!r} is out of range (the split has {n} "
+                    f"{noun}, indices 0-{n - 1})"
+                )
+
+
 def collect_report(
     checkpoints: Sequence[str | Path],
     *,
     data: str | Path,
     split: str,
     protocol: str | None = None,
+    queries: dict[str, Sequence[int]] | None = None,
     top_k: int = 5,
     samples: int = 20,
     worst: int = 20,
@@ -311,7 +336,8 @@ def collect_report(
     """Evaluate ``checkpoints`` (several: an ensemble, the mean of their score matrices) on
     ``split`` of the data folder ``data`` under ``protocol`` (default:
     :func:`choose_protocol`) with :func:`~vlret.run.evaluate.run_evaluation`, and gather
-    the report's facts (module docstring)."""
+    the report's facts (module docstring); ``queries``: the chosen queries per direction
+    (:func:`check_queries`)."""
     from ...run.evaluate import run_evaluation
 
     for name, value, low in (("top_k", top_k, 1), ("samples", samples, 0), ("worst", worst, 0)):
@@ -356,9 +382,13 @@ def collect_report(
         txt_to_img=torch.as_tensor(dataset.txt_to_img, dtype=torch.long).cpu(),
         by_identity=by_identity,
         identities=identities,
+        label=" + ".join(str(p) for p in paths),
     )
+    chosen_queries = {d: list(v) for d, v in (queries or {}).items()}
+    check_queries(chosen_queries, n_images=len(report.image_ids), n_captions=len(report.captions))
     for direction in DIRECTIONS:
         picked = pick_queries(ranks[direction], samples=samples, worst=worst, seed=seed)
+        picked = {"chosen": chosen_queries.get(direction, []), **picked}
         for group in GROUPS:
             report.queries += [query_facts(report, direction, q, group) for q in picked[group]]
     return report
@@ -371,6 +401,7 @@ __all__ = [
     "QueryFacts",
     "ReportData",
     "RetrievedItem",
+    "check_queries",
     "choose_protocol",
     "collect_report",
     "counted_ranks",

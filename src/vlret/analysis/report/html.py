@@ -15,6 +15,13 @@ queries) or caption (image queries) and its position ``#N`` in the ranked list (
 query and every card name their person (``data-person``; ``same person`` or ``another
 person``). Every text of the data (captions, ids, tokens, paths) is escaped with
 :func:`html.escape`.
+
+With a compared checkpoint (``vlret report --compare``) the summary has one table per model
+and each query's two ranked lists stand side by side in ``<div class="sidebyside">``: one
+``<div class="model" data-model="first">`` (the report's checkpoint) and one
+``data-model="compared"``, each headed by the checkpoint's name and the query's rank under it,
+holding that model's top-K list and ground truths below it; the section carries
+``data-compared-rank`` too. The chosen queries (``--queries``) come first, in the order asked.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ _COLUMN_TITLES = {
     "minp": "mINP",
 }
 _GROUP_TITLES = {
+    "chosen": "Chosen queries",
     "sampled": "Sampled queries",
     "worst": "Worst queries (highest ground-truth rank)",
 }
@@ -75,6 +83,8 @@ ol.results li.gt{border-color:#1a8f3a;background:#eefaf0}
 .note{color:#666;font-size:.85em}
 ol.results li.truth{border-style:dashed}
 .gtline{margin:.7em 0 .3em}
+.sidebyside{display:grid;grid-template-columns:1fr 1fr;gap:1em}
+.modelname{font-weight:bold;margin:.2em 0 .4em;overflow-wrap:anywhere}
 .person{font-weight:bold}.person.same{color:#1a8f3a}.person.other{color:#b3261e}
 """
 
@@ -288,6 +298,33 @@ def query_html(
     else:
         what = f"Image {q.index} (id {esc(data.image_ids[q.index])}" + (f", {who})" if who else ")")
         body = _thumb_img(thumbs.get(q.index), f"image {q.index}")
+    lists = ranked_html(data, q, thumbs)
+    other = ""
+    if q.against is not None and data.compared is not None:
+        b = data.compared
+        lists = (
+            '<div class="sidebyside"><div class="model" data-model="first">'
+            f'<p class="modelname">{esc(data.label)}: rank {q.rank}</p>{lists}</div>'
+            '<div class="model" data-model="compared">'
+            f'<p class="modelname">{esc(b.label)}: rank {q.against.rank}</p>'
+            f"{ranked_html(b, q.against, thumbs)}</div></div>"
+        )
+        other = f' data-compared-rank="{q.against.rank}"'
+    attention = "".join(attention_html(data, a, thumbs, boxes) for a in q.attention)
+    return (
+        f'<section class="query" id="{q.direction}-{q.group}-{q.index}" '
+        f'data-direction="{q.direction}" data-group="{q.group}" data-query="{q.index}" '
+        f'data-rank="{q.rank}"{other}'
+        + (f' data-person="{esc(person)}"' if person is not None else "")
+        + f"><h4>{what}: ground truth at rank {q.rank}</h4>{body}{lists}"
+        + (f'<div class="attention">{attention}</div>' if attention else "")
+        + "</section>"
+    )
+
+
+def ranked_html(data: ReportData, q: QueryFacts, thumbs: dict[int, Thumb]) -> str:
+    """A query's top-K list (ground truths marked) and the ground truths ranked below it, in
+    rank order, as cards."""
     items = [
         _card(
             data, q, thumbs, index=t.index, position=t.position, score=t.score, relevant=t.relevant
@@ -329,17 +366,7 @@ def query_html(
         one = "The only item of the same person is" if data.by_identity else "The ground truth is"
         which = one if n == 1 else f"All {n} {plural} are"
         truths = f'<p class="gtline">{which} in the top {k} (marked ✓).</p>'
-    attention = "".join(attention_html(data, a, thumbs, boxes) for a in q.attention)
-    return (
-        f'<section class="query" id="{q.direction}-{q.group}-{q.index}" '
-        f'data-direction="{q.direction}" data-group="{q.group}" data-query="{q.index}" '
-        f'data-rank="{q.rank}"'
-        + (f' data-person="{esc(person)}"' if person is not None else "")
-        + f"><h4>{what}: ground truth at rank {q.rank}</h4>{body}"
-        f'<ol class="results">{"".join(items)}</ol>{truths}'
-        + (f'<div class="attention">{attention}</div>' if attention else "")
-        + "</section>"
-    )
+    return f'<ol class="results">{"".join(items)}</ol>{truths}'
 
 
 def _cell(value: Any, **attrs: Any) -> str:
@@ -401,9 +428,19 @@ def render_html(
         f"{data.top_k} per query; ranks are 1-based, the best ground truth's, ties counted "
         "against the query (as the metrics).</p>",
         "<h2>Summary</h2>",
-        metrics_table(record["metrics"]),
-        "<h2>Rank histograms</h2><div>",
     ]
+    if data.compared is not None:  # one table per model, each headed by its checkpoint
+        parts.append(f'<h3 class="modelname">{esc(data.label)}</h3>')
+    parts.append(metrics_table(record["metrics"]))
+    if data.compared is not None:
+        parts.append(f'<h3 class="modelname">{esc(data.compared.label)}</h3>')
+        other = data.compared.evaluation.record(protocol=data.protocol, split=data.split)
+        parts.append(metrics_table(other["metrics"]))
+    parts.append(
+        "<h2>Rank histograms</h2>"
+        + (f'<p class="note">of {esc(data.label)}</p>' if data.compared is not None else "")
+        + "<div>"
+    )
     for d in DIRECTIONS:
         parts.append(histogram_svg(histograms[d], f"{_DIRECTION_TITLES[d]}: ground-truth rank"))
     parts.append("</div>")
@@ -427,6 +464,7 @@ __all__ = [
     "histogram_svg",
     "metrics_table",
     "query_html",
+    "ranked_html",
     "rank_histogram",
     "render_html",
 ]
