@@ -8,6 +8,9 @@ pseudo captions for weakly-supervised matching; docs/captions.md).
   world's rendered pictures).
 * :mod:`.generate`: ``vlret caption``, a local Hugging Face captioner (BLIP, BLIP-2, GIT) over
   those images, resumable, writing a captions file (imports transformers when called).
+* CoCa (AdaCL's fourth captioner) is not run: it is an open_clip model and open_clip cannot
+  be installed here. A captions file CoCa (or any tool) wrote elsewhere in the format above is
+  read the same way (docs/captions.md, "Captions made elsewhere").
 
 The datasets import :mod:`vlret.data.captioning_files` alone (no cycle through this package).
 """

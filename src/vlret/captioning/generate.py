@@ -8,7 +8,13 @@ loaded with ``local_files_only=True``, nothing is downloaded):
 * ``git``: ``AutoModelForCausalLM`` (``GitForCausalLM``) + ``AutoProcessor``;
 * ``auto``: the directory's ``config.json`` ``model_type`` picks one of them.
 
-CoCa (AdaCL's fourth captioner) lives in open_clip, which vlret does not depend on.
+CoCa (AdaCL's fourth captioner) is not among them: it is an open_clip model, open_clip is no
+vlret dependency and cannot be installed in vlret's environment, so ``--arch coca`` (or a
+``config.json`` saying ``coca``) is refused with a line saying so. Captions CoCa wrote elsewhere
+are used through the captions-file format (:mod:`vlret.data.captioning_files`): one caption per
+line in the split's image order, with or without a ``FILE.json`` sidecar, given to
+``data.train_captions`` like a file of ``vlret caption`` (docs/captions.md, "Captions made
+elsewhere").
 
 Generation is batched, greedy (``beams=1``) or beam search, at most ``max_new_tokens`` new
 tokens (30 by default, AdaCL A.1's length). A ``prompt`` (``"a picture of"``) conditions every
@@ -45,6 +51,12 @@ from .images import SplitImages, split_images
 ARCHES = ("blip", "blip2", "git", "auto")
 #: ``config.json`` ``model_type`` -> arch.
 MODEL_TYPES = {"blip": "blip", "blip-2": "blip2", "git": "git"}
+#: Why CoCa, AdaCL's fourth captioner, is refused, and what to do instead.
+COCA_NOTE = (
+    "CoCa is an open_clip model, which vlret cannot run (open_clip is not installed); caption "
+    "elsewhere and give the captions file to data.train_captions (docs/captions.md, 'Captions "
+    "made elsewhere')"
+)
 #: ``--dtype`` values.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: ``--device`` values.
@@ -139,7 +151,8 @@ def resolve_arch(model_dir: str | Path, arch: str = "auto") -> str:
     """
     model_dir = Path(model_dir)
     if arch not in ARCHES:
-        raise CaptioningError(f"--arch: expected one of {', '.join(ARCHES)}, got {arch!r}")
+        why = f": {COCA_NOTE}" if arch.lower() == "coca" else ""
+        raise CaptioningError(f"--arch: expected one of {', '.join(ARCHES)}, got {arch!r}{why}")
     config = model_dir / "config.json"
     if not model_dir.is_dir():
         raise FileNotFoundError(
@@ -157,9 +170,10 @@ def resolve_arch(model_dir: str | Path, arch: str = "auto") -> str:
     except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
         raise CaptioningError(f"{config}: not a model config ({err})") from None
     if model_type not in MODEL_TYPES:
+        why = f"; {COCA_NOTE}" if str(model_type).lower() == "coca" else ""
         raise CaptioningError(
             f"{config}: model_type {model_type!r} is no captioner vlret runs; expected one of "
-            f"{', '.join(repr(t) for t in MODEL_TYPES)} (or pass --arch)"
+            f"{', '.join(repr(t) for t in MODEL_TYPES)} (or pass --arch){why}"
         )
     return MODEL_TYPES[model_type]
 

@@ -21,8 +21,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Generate captions for the images of a split with a local Hugging Face "
         "captioner (nothing is downloaded) and write them as a captions file, one caption per "
         "line in the split's image order, with a FILE.json sidecar. Resumable: chunks go to "
-        "FILE.partial/ and a rerun skips the chunks written. CoCa needs open_clip, which vlret "
-        "does not use.",
+        "FILE.partial/ and a rerun skips the chunks written. CoCa (AdaCL's fourth captioner) is "
+        "not available: it needs open_clip, which cannot be installed here; caption with CoCa "
+        "elsewhere and give data.train_captions a file in the same format (one caption per line "
+        "in the split's image order, optional FILE.json sidecar; docs/captions.md, 'Captions "
+        "made elsewhere').",
     )
     p.add_argument("model_dir", type=Path, help="the captioner's local directory")
     p.add_argument("--data", type=Path, required=True, help="the data folder (or Karpathy JSON)")
@@ -37,7 +40,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--arch",
         default="auto",
-        help="blip, blip2, git or auto (config.json's model_type; default)",
+        help="blip, blip2, git or auto (config.json's model_type; default); not coca: CoCa "
+        "needs open_clip, which cannot be installed here",
     )
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per batch (16)")
     p.add_argument("--beams", type=positive_int, default=1, help="beam width (1: greedy)")
