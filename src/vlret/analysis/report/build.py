@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +222,7 @@ def build_report(
     split: str,
     out: str | Path,
     protocol: str | None = None,
-    queries: dict[str, Sequence[int]] | None = None,
+    queries: Mapping[str, Sequence[int]] | None = None,
     compare: str | Path | None = None,
     top_k: int = 5,
     samples: int = 20,

@@ -29,7 +29,7 @@ names who each query and each retrieved item is (:meth:`ReportData.person`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,7 +302,7 @@ def pick_queries(
     return {"sampled": sampled, "worst": [int(i) for i in order[: min(worst, n)]]}
 
 
-def check_queries(queries: dict[str, Sequence[int]], *, n_images: int, n_captions: int) -> None:
+def check_queries(queries: Mapping[str, Sequence[int]], *, n_images: int, n_captions: int) -> None:
     """Refuse, in one line naming it, a chosen query of no direction or out of range: image
     queries (``i2t``) index the split's images, caption queries (``t2i``) its captions."""
     sizes = {"i2t": (n_images, "images"), "t2i": (n_captions, "captions")}
@@ -324,7 +324,7 @@ def collect_report(
     data: str | Path,
     split: str,
     protocol: str | None = None,
-    queries: dict[str, Sequence[int]] | None = None,
+    queries: Mapping[str, Sequence[int]] | None = None,
     top_k: int = 5,
     samples: int = 20,
     worst: int = 20,
