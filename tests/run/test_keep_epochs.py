@@ -106,3 +106,14 @@ def test_bad_lists_name_the_key(tmp_path, data, value, message):
     with pytest.raises(ConfigError) as err:
         tiny_config(data, tmp_path / "r", [f"train.keep_epochs={value}"])
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_overwrite_removes_the_old_runs_kept_epochs(tmp_path, data):
+    run = tmp_path / "run"
+    one = ["train.epochs=2", "train.max_steps_per_epoch=1"]
+    Trainer(tiny_config(data, run, [*one, "train.keep_epochs=[0, 1]"]), print_fn=None).fit()
+    (run / "epoch_notes.pt.txt").write_text("mine")  # not a kept checkpoint: left alone
+    assert sorted(p.name for p in run.glob("epoch_*.pt")) == ["epoch_0.pt", "epoch_1.pt"]
+    Trainer(tiny_config(data, run, [*one, "train.keep_epochs=[1]"]), overwrite=True).fit()
+    assert sorted(p.name for p in run.glob("epoch_*.pt")) == ["epoch_1.pt"]
+    assert (run / "epoch_notes.pt.txt").read_text() == "mine"

@@ -196,11 +196,13 @@ def replaces_run(folder: Path, *, resume: str | Path | None, overwrite: bool) ->
 
 
 def clear_run_folder(folder: str | Path) -> list[str]:
-    """Delete the old run's :data:`RUN_FILES` in ``folder`` (``--overwrite``; nothing else is
-    deleted, the run's inputs included); returns the names deleted."""
+    """Delete the old run's :data:`RUN_FILES` and its kept ``epoch_<N>.pt`` checkpoints
+    (``train.keep_epochs``) in ``folder`` (``--overwrite``; nothing else is deleted, the run's
+    inputs included); returns the names deleted."""
     folder = Path(folder)
     removed = []
-    for name in RUN_FILES:
+    kept = sorted(p.name for p in folder.glob("epoch_*.pt") if p.name[6:-3].isdigit())
+    for name in (*RUN_FILES, *kept):
         path = folder / name
         if path.is_file() or path.is_symlink():  # a link is removed, never what it leads to
             path.unlink()
