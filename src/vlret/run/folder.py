@@ -1,7 +1,8 @@
 """The run folder: what may be written where, and what a resumed run must agree with.
 
 A run folder (``output_dir``) holds :data:`RUN_FILES` (``noise_index.npy`` and ``noise.json``
-only with noisy correspondence: :func:`save_run_files`). Rules:
+only with noisy correspondence: :func:`save_run_files`), and ``epoch_<N>.pt`` for the epochs
+``train.keep_epochs`` lists. Rules:
 
 * an empty ``output_dir``, a path that is a file, or a folder that cannot be written is refused
   before any data is read;
@@ -10,8 +11,9 @@ only with noisy correspondence: :func:`save_run_files`). Rules:
 * a ``--resume`` checkpoint that does not exist is refused as missing, naming the checkpoints
   the folder does hold;
 * a folder that already holds a run is refused unless the run resumes from a checkpoint of that
-  folder, or ``overwrite`` is set (the old run's files, :data:`RUN_FILES` and nothing else, are
-  then deleted by :func:`clear_run_folder` once every check of the new run has passed, so no
+  folder, or ``overwrite`` is set (the old run's files, :data:`RUN_FILES` and its
+  ``epoch_<N>.pt``, are then deleted by :func:`clear_run_folder` once every check of the new
+  run has passed, so no
   record of the old run is mixed into the new one and a refused run deletes nothing); the
   refusal names ``last.pt`` to resume from only when the folder holds it;
 * ``overwrite`` is refused, naming the key, when an input of the run (:func:`run_input_paths`:
