@@ -13,9 +13,8 @@ only with noisy correspondence: :func:`save_run_files`), and ``epoch_<N>.pt`` fo
 * a folder that already holds a run is refused unless the run resumes from a checkpoint of that
   folder, or ``overwrite`` is set (the old run's files, :data:`RUN_FILES` and its
   ``epoch_<N>.pt``, are then deleted by :func:`clear_run_folder` once every check of the new
-  run has passed, so no
-  record of the old run is mixed into the new one and a refused run deletes nothing); the
-  refusal names ``last.pt`` to resume from only when the folder holds it;
+  run has passed, so no record of the old run is mixed into the new one and a refused run
+  deletes nothing); the refusal names ``last.pt`` to resume from only when the folder holds it;
 * ``overwrite`` is refused, naming the key, when an input of the run (:func:`run_input_paths`:
   ``train.init_from``, ``data.noise_index``, ``data.offline_negatives``, the captions files,
   ``--resume`` from another folder, the data and model paths) lies in ``output_dir``: the
