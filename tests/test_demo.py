@@ -22,6 +22,18 @@ def test_quick_demo_is_the_default(capsys):
     assert "every registered loss on one seeded batch" in out and "5-fold 1K" in out
 
 
+def test_quick_demo_shows_every_embedding_loss_and_names_the_token_ones(capsys):
+    from vlret.losses import available_losses, loss_capabilities
+    from vlret.tour import loss_rows, token_losses
+
+    shown = [name for name, _, _ in loss_rows(batch_size=16, dim=8)]
+    tokens = [n for n in available_losses() if loss_capabilities(n).masked_language]
+    assert tokens == token_losses() and "mlm" in tokens
+    assert shown == [n for n in available_losses() if n not in tokens]
+    assert main(["demo"]) == 0
+    assert f"(not shown: {', '.join(tokens)}, scored on a cross-modal" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("preset", list(DEMO_PRESETS))
 def test_packaged_configs_hold_the_papers_settings(tmp_path, preset):
     path = tmp_path / f"demo_{preset}.toml"

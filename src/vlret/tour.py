@@ -74,12 +74,21 @@ def offline_stand_ins(name: str, img: torch.Tensor, txt: torch.Tensor) -> dict[s
     }
 
 
+def token_losses() -> list[str]:
+    """The registered losses that score a cross-modal encoder's predictions of masked caption
+    tokens (IRRA's ``mlm``), not embeddings: the tour has no encoder to run them on."""
+    return [n for n in available_losses() if loss_capabilities(n).masked_language]
+
+
 def loss_rows(
     batch_size: int = 64, dim: int = 128, seed: int = 0
 ) -> list[tuple[str, float, float]]:
-    """(name, loss value, gradient norm w.r.t. both embeddings) for every registered loss."""
+    """(name, loss value, gradient norm w.r.t. both embeddings) for every registered loss that
+    scores embeddings (:func:`token_losses` score a cross-modal encoder's masked tokens)."""
     rows = []
     for name in available_losses():
+        if loss_capabilities(name).masked_language:
+            continue
         img, txt, img_ids = demo_batch(batch_size, dim, seed)
         img.requires_grad_(True)
         txt.requires_grad_(True)
@@ -109,6 +118,9 @@ def run_demo(seed: int = 0, print_fn: Callable[[str], None] = print) -> None:
     for name, value, grad in loss_rows(seed=seed):
         paper = getattr(loss_class(name), "paper", "")[:40]
         print_fn(f"{name:<18} {paper:<40} {value:>10.4f} {grad:>9.4f}")
+    if token_losses():
+        names = ", ".join(token_losses())
+        print_fn(f"(not shown: {names}, scored on a cross-modal encoder's masked caption tokens)")
 
     print_fn("\nSynthetic retrieval: 1000 images x 5 captions, D=256, caption = image + noise")
     print_fn("(recalls in %, ties count against the query)\n")
