@@ -267,7 +267,7 @@ def test_train_errors_exit_2_without_traceback(
 def test_ctrl_c_hint_repeats_the_overrides(trained, tmp_path, capsys, monkeypatch):
     import vlret.train
 
-    def interrupted(config, *, resume=None, overwrite=False):
+    def interrupted(config, *, resume=None, overwrite=False, hooks=None):
         raise TrainingInterrupted(Path(config.output_dir) / "last.pt")
 
     monkeypatch.setattr(vlret.train, "train", interrupted)

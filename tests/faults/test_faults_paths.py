@@ -387,7 +387,7 @@ def test_every_path_key_of_the_config_is_an_input_the_overwrite_checks():
         "data": {
             "format", "train_split", "dev_split", "protocol", "train_transform",
             "crop_interpolation", "csv_img_key", "csv_caption_key", "csv_separator",
-            "noise_format", "experts",
+            "noise_format", "experts", "person_transform", "text_augment",
         },
         "train": {
             "device", "zeroshot_dataset", "zeroshot_split", "zeroshot_templates", "freeze_bn",

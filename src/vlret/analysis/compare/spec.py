@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import json
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -131,34 +130,19 @@ def coco_data(raw: dict[str, Any], section: dict[str, Any]) -> bool:
     too). A Karpathy JSON (``format = "karpathy"``): its
     ``dataset`` field is ``"coco"`` (inferred as its reader does when missing: COCO entries
     carry a ``filepath``); while the file cannot be read, its name says (``dataset_coco.json``).
-    Other formats are not COCO. ``compare.protocol`` overrides all of this."""
+    Each format's record says (:attr:`vlret.data.formats.DataFormat.data_set`); a format whose
+    record cannot tell is not COCO. ``compare.protocol`` overrides all of this."""
+    from ...data.formats import format_names, get_format
+
     data = raw.get("data")
     if not isinstance(data, dict):
         return False
     fmt = data.get("format", "precomp")
-    if fmt == "precomp":
-        root = section.get("data") or data.get("root")
-        if not isinstance(root, str) or not root:
-            return False
-        return "coco" in Path(root).name.lower()
-    if fmt == "karpathy":
-        path = data.get("karpathy_json")
-        if not isinstance(path, str) or not path:
-            return False
-        try:
-            with open(path, encoding="utf-8") as f:
-                top = json.load(f)
-        except (OSError, ValueError):  # not there yet, or broken: the reader names it later
-            return "coco" in Path(path).name.lower()
-        if not isinstance(top, dict):
-            return False
-        dataset = top.get("dataset")
-        if dataset is None:
-            images = top.get("images")
-            first = images[0] if isinstance(images, list) and images else None
-            return isinstance(first, dict) and "filepath" in first
-        return dataset == "coco"
-    return False
+    if fmt not in format_names():
+        return False  # the config's own check names it
+    record = get_format(fmt)
+    root = section.get("data")
+    return record.data_set is not None and record.data_set(data, root or None) == "coco"
 
 
 def default_split(protocol: str, fmt: str) -> str:

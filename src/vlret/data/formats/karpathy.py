@@ -13,7 +13,8 @@ first ``captions_per_image`` (5).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +337,28 @@ def _vocabulary(data: Any) -> Vocabulary:
     return build_karpathy_vocab(data.karpathy_json, min_count=data.min_count)
 
 
+def _data_set(data: Mapping[str, Any], root: str | None) -> str | None:
+    """The JSON's ``dataset`` field (``"coco"``, ``"flickr30k"``; inferred as the reader does
+    when missing: COCO entries carry a ``filepath``); while the file cannot be read, ``"coco"``
+    when its name says so (``dataset_coco.json``)."""
+    path = data.get("karpathy_json")
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            top = json.load(f)
+    except (OSError, ValueError):  # not there yet, or broken: the reader names it later
+        return "coco" if "coco" in Path(path).name.lower() else None
+    if not isinstance(top, dict):
+        return None
+    dataset = top.get("dataset")
+    if dataset is None:
+        images = top.get("images")
+        first = images[0] if isinstance(images, list) and images else None
+        return "coco" if isinstance(first, dict) and "filepath" in first else None
+    return dataset if isinstance(dataset, str) else None
+
+
 #: Karpathy split JSON plus an image folder (``data.format = "karpathy"``).
 KARPATHY = register_format(
     DataFormat(
@@ -351,6 +374,7 @@ KARPATHY = register_format(
         offline_negatives=True,
         vocabulary=_vocabulary,
         at_root=karpathy_at_root,
+        data_set=_data_set,
     )
 )
 

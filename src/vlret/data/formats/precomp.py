@@ -18,7 +18,7 @@ batches and views) is :mod:`vlret.data.dataset`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +298,15 @@ def _vocabulary(data: Any) -> Vocabulary:
     return build_vocab(captions, min_count=data.min_count)
 
 
+def _data_set(data: Mapping[str, Any], root: str | None) -> str | None:
+    """``"coco"`` when the folder is named so (SCAN's and VSE-infinity's ``coco_precomp``): the
+    files do not tell (a Flickr30K-like folder may hold a ``testall`` split too)."""
+    folder = root or data.get("root")
+    if not isinstance(folder, str) or not folder:
+        return None
+    return "coco" if "coco" in Path(folder).name.lower() else None
+
+
 #: SCAN / VSE-infinity's precomputed region features (``data.format = "precomp"``).
 PRECOMP = register_format(
     DataFormat(
@@ -313,6 +322,7 @@ PRECOMP = register_format(
         offline_negatives=True,
         reads_root=True,
         vocabulary=_vocabulary,
+        data_set=_data_set,
     )
 )
 

@@ -121,6 +121,10 @@ class DataFormat:
         at_root: ``at_root(data, root)``: the config pointed at the data folder ``root``
             (``vlret eval --data``).
         dev_split: ``dev_split(data)``: the split the trainer validates on, or ``None``.
+        data_set: ``data_set(data, root)``: the data set a raw ``[data]`` table (a dict, read
+            before it is checked) holds, as far as its files or names tell (``"coco"``,
+            ``"flickr30k"``), with ``root`` the folder it is tested on; ``None`` when they do not
+            tell (``vlret compare`` picks MS-COCO's protocol for ``"coco"``).
     """
 
     name: str
@@ -144,6 +148,7 @@ class DataFormat:
     vocabulary: Callable[[Any], Any] | None = None
     at_root: Callable[[Any, Path], Any] = _own_root
     dev_split: Callable[[Any], str | None] = _configured_dev_split
+    data_set: Callable[[Mapping[str, Any], str | None], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.inputs not in INPUTS:
