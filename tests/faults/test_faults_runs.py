@@ -203,9 +203,9 @@ def _file_size_limit(limit: int):
 
 @pytest.mark.parametrize("what", ["last.pt", "metrics.jsonl"])
 def test_full_disk_mid_run_is_one_line_and_keeps_last_pt(tmp_path, data, what):
-    # a step record per step: the log outgrows config.yaml and vocab.json
+    # a step record per step for 3 epochs: the log outgrows config.yaml and vocab.json
     cfg = _config_file(
-        tmp_path, data, ["train.epochs=2", "train.validate=false", "train.log_every=1"]
+        tmp_path, data, ["train.epochs=3", "train.validate=false", "train.log_every=1"]
     )
     out = tmp_path / "run"
     assert main(["train", str(cfg)]) == 0
@@ -218,7 +218,7 @@ def test_full_disk_mid_run_is_one_line_and_keeps_last_pt(tmp_path, data, what):
         "train",
         str(cfg),
         "--set",
-        "train.epochs=3",
+        "train.epochs=4",
         "--resume",
         str(out / "last.pt"),
         preexec_fn=_file_size_limit(limit),
@@ -236,7 +236,7 @@ def test_full_disk_mid_run_is_one_line_and_keeps_last_pt(tmp_path, data, what):
     assert (out / "last.pt").read_bytes() == last
     assert not (out / LOCK_FILE).exists()  # released; the next run continues
     assert (
-        main(["train", str(cfg), "--set", "train.epochs=3", "--resume", str(out / "last.pt")]) == 0
+        main(["train", str(cfg), "--set", "train.epochs=4", "--resume", str(out / "last.pt")]) == 0
     )
 
 
