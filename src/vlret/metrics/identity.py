@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._counting import Gallery
 from .keys import IDENTITY_KEYS, IDENTITY_PREFIX
 from .ranking import (
+    _Gallery,
     block_rows,
     mean_average_precision,
     mean_inverse_negative_penalty,
@@ -97,7 +97,7 @@ def _ranked(
     counted by the ranking core (:func:`~vlret.metrics.ranking.rank_blocks`)."""
     q_ids = _ids(query_ids, "query_ids", n_q, "query (row)", dev)
     g_ids = _ids(gallery_ids, "gallery_ids", n_g, "gallery item (column)", dev)
-    r_all = Gallery.of(q_ids, g_ids).count
+    r_all = _Gallery.of(q_ids, g_ids).count
     # the queries in order of R, so that a block's width is close to each of its rows' R
     by_r = torch.argsort(r_all, stable=True)
     rows = block_rows(n_g, limit=chunk_size)
