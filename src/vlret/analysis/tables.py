@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_text
+from ..metrics.keys import RETRIEVAL_METRIC_KEYS
 
 #: Table columns in the papers' order, with their header labels.
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -42,20 +43,9 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("t2i_r10", "R@10"),
     ("rsum", "rsum"),
 )
-#: Every metric written to the CSV / JSON (lower is better for the rank columns).
-METRIC_KEYS: tuple[str, ...] = (
-    "i2t_r1",
-    "i2t_r5",
-    "i2t_r10",
-    "t2i_r1",
-    "t2i_r5",
-    "t2i_r10",
-    "rsum",
-    "i2t_medr",
-    "t2i_medr",
-    "i2t_meanr",
-    "t2i_meanr",
-)
+#: Every metric written to the CSV / JSON (lower is better for the rank columns): the keys of
+#: :meth:`~vlret.metrics.RetrievalMetrics.as_dict`.
+METRIC_KEYS: tuple[str, ...] = RETRIEVAL_METRIC_KEYS
 #: The synthetic world's extra metrics (percent, higher is better) with their header labels.
 SYNTHETIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("clone_t2i", "Clone T→I"),
