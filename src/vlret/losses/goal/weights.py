@@ -320,10 +320,59 @@ def triplet_weights_from_hardest(
     return t * p_pos, t * p_neg, hinge
 
 
+def goal_anchor_weights(
+    sim: torch.Tensor, negatives: torch.Tensor, params: GoalParams
+) -> dict[str, torch.Tensor]:
+    """Every anchor's triplet and its weights, factor by factor, as :class:`GoalFunction` forms
+    them (for analysis: which part of the batch a combination weighs; docs/results.md).
+
+    Args:
+        sim: ``(B, B)`` similarities, ``sim[i, i]`` the pairs.
+        negatives: ``(B, B)`` bool, True where an entry is a negative of its row and column.
+        params: The combination and its constants.
+
+    Returns:
+        ``positive``, ``hardest``, ``triplet`` (``T``), ``pair_pos`` (``P+``) and ``pair_neg``
+        (``P-``), each ``(2, B)``: row 0 the image anchors (rows of ``sim``), row 1 the text
+        anchors (columns); ``has_negative`` (bool) marks the anchors with a negative, whose
+        other entries are meaningful (``T P+`` and ``T P-`` are the objective's gradient on
+        ``p`` and ``s_n``).
+    """
+    pos = sim.diagonal()
+    filled = sim.masked_fill(~negatives, torch.finfo(sim.dtype).min)
+    has_neg = torch.stack((negatives.any(1), negatives.any(0)))
+    neg = torch.where(has_neg, torch.stack((filled.max(1).values, filled.max(0).values)), pos)
+    ms_pos: torch.Tensor | float = 0.0
+    ms_neg: torch.Tensor | float = 0.0
+    if params.pair_weight in ("lin-ms", "sig-ms"):
+        ms_neg = _relative_negative(filled, pos, neg, params)
+        ms_pos = _relative_positive(pos, neg, params)
+    t = goal_triplet_weight(
+        params.triplet_weight,
+        pos,
+        neg,
+        margin=params.margin,
+        tau=params.tau,
+        circle_offset=params.circle_offset,
+    )
+    p_pos, p_neg = _pair_weight_log_ms(
+        params.pair_weight, pos, neg, params.alpha, params.beta, params.lam, ms_pos, ms_neg
+    )
+    return {
+        "positive": pos.expand_as(neg),
+        "hardest": neg,
+        "triplet": t,
+        "pair_pos": p_pos,
+        "pair_neg": p_neg,
+        "has_negative": has_neg,
+    }
+
+
 __all__ = [
     "PAIR_WEIGHTS",
     "TRIPLET_WEIGHTS",
     "GoalParams",
+    "goal_anchor_weights",
     "goal_pair_weights",
     "goal_triplet_weight",
     "triplet_weights_from_hardest",
