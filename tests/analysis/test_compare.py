@@ -631,3 +631,28 @@ def test_a_run_finished_before_a_config_key_existed_is_reused(tmp_path, two_by_t
             progress=False,
             overrides=["train.select_on=t2i_r1"],
         )
+
+
+def test_unequal_training_budgets_are_named_under_the_table(tmp_path, two_by_two):
+    from vlret.analysis.compare.report import budget_note, training_steps
+
+    # the module's runs: equal budgets, no note
+    _, out, report = two_by_two
+    assert "different numbers of steps" not in report.table_text()
+    steps = training_steps({"triplet": [out / "runs" / "triplet" / "seed0"]})
+    log = [json.loads(line) for line in (out / "runs/triplet/seed0/metrics.jsonl").open()]
+    assert steps == {"triplet": [max(r["step"] for r in log if "step" in r)]}
+    # one variant trains twice the epochs of the other: both step counts named
+    cfg = _config(
+        tmp_path,
+        compare_section={"losses": {"long": {"name": "triplet", "set": ["train.epochs=2"]}}},
+    )
+    with pytest.warns(UserWarning, match="different numbers of steps"):
+        report = compare(cfg, losses=["triplet", "long"], seeds=1, out=tmp_path / "o")
+    counts = training_steps(
+        {label: [tmp_path / "o" / "runs" / label / "seed0"] for label in ("triplet", "long")}
+    )
+    assert counts["long"] == [2 * counts["triplet"][0]]
+    assert f"long {counts['long'][0]}, triplet {counts['triplet'][0]}" in report.table_text()
+    assert budget_note({"a": [3, 3], "b": [3]}) is None
+    assert budget_note({"a": [3, 4], "b": [3]}) is not None  # seeds of one variant differ too

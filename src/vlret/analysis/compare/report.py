@@ -66,6 +66,37 @@ def _logs_margins(run_dir: Path) -> bool:
     return bool(adacl_stats_from_log(read_metrics_log(run_dir)))
 
 
+def training_steps(runs: Mapping[str, Sequence[Path]]) -> dict[str, list[int]]:
+    """Each variant's optimisation steps per run (the last ``step`` of its ``metrics.jsonl``;
+    a run that starts from another run's weights, ``train.init_from``, counts its own)."""
+    from ..curves import read_metrics_log
+
+    steps: dict[str, list[int]] = {}
+    for label, dirs in runs.items():
+        for d in dirs:
+            last = [int(r["step"]) for r in read_metrics_log(d) if "step" in r]
+            if last:
+                steps.setdefault(label, []).append(max(last))
+    return steps
+
+
+def budget_note(steps: Mapping[str, Sequence[int]]) -> str | None:
+    """One markdown paragraph naming each variant's training steps when they differ between
+    variants (a comparison of losses at unequal budgets is easy to misread: issue 43 found
+    pseudo-caption rows that trained 45% of their twins' steps), else ``None``."""
+    per_variant = {label: sorted(set(v)) for label, v in steps.items() if v}
+    if len({tuple(v) for v in per_variant.values()}) <= 1:
+        return None
+    listed = ", ".join(
+        f"{label} {'/'.join(str(n) for n in v)}" for label, v in sorted(per_variant.items())
+    )
+    return (
+        f"\n**The variants trained for different numbers of steps**: {listed} (each run's "
+        "last step in its metrics.jsonl; a run started from another run's weights counts "
+        "its own). Compare them knowing this.\n"
+    )
+
+
 def add_plot(report: ComparisonReport, what: str, fn: Callable[[], Any]) -> None:
     """Add the plot(s) ``fn`` makes to ``report``; a missing plotting library is a warning."""
     try:
@@ -125,6 +156,10 @@ def write_report(
     )
     plots = out_dir / "plots"
     runs = _runs_by_label(outcomes)
+    note = budget_note(training_steps(runs))
+    if note is not None:
+        atomic_write_text(report.table, report.table_text() + note)
+        report.warnings.append(note.strip().replace("**", ""))
     if runs:
         report.curves = write_epoch_curves(runs, out_dir)
         add_plot(report, "training curves", lambda: plot_training_curves(runs, plots))
@@ -194,7 +229,9 @@ def compare(
 __all__ = [
     "ComparisonReport",
     "add_plot",
+    "budget_note",
     "compare",
     "evaluation_title",
+    "training_steps",
     "write_report",
 ]
