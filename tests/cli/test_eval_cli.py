@@ -282,6 +282,10 @@ def test_ctrl_c_hint_repeats_the_overrides(trained, tmp_path, capsys, monkeypatc
         f"--set train.epochs=2 --set loss.margin=0.1 --resume '{out}/last.pt'"
     )
     assert shlex.split(hint.split(": ", 1)[1])[4] == f"output_dir={out}"
+    # the gradient log is an option, not a key: the resumed run keeps it
+    assert run_cli(["train", cfg, "--log-gradients", "7"]) == 130
+    hint = capsys.readouterr().out.strip()
+    assert hint.endswith(f"--log-gradients 7 --resume {tmp_path}/run/last.pt")
 
 
 def test_a_protocol_registered_in_one_module_runs_eval_and_compare(

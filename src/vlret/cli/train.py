@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         result = train(config, resume=args.resume, overwrite=args.overwrite, hooks=hooks)
     except TrainingInterrupted as err:
         if main:
-            command = resume_command(args.config, args.set, err.checkpoint)
+            logging = ["--log-gradients", str(args.log_gradients)] if args.log_gradients else []
+            command = resume_command(args.config, args.set, err.checkpoint, options=logging)
             print(f"interrupted; resume with: {command}")
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:  # a second Ctrl-C outside a step (data loading, validation)

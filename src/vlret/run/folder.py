@@ -43,7 +43,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -552,11 +552,18 @@ def read_state(path: str | Path, device: torch.device) -> dict[str, Any]:
     return state
 
 
-def resume_command(config_path: str | Path, overrides: list[str], checkpoint: Any) -> str:
+def resume_command(
+    config_path: str | Path,
+    overrides: list[str],
+    checkpoint: Any,
+    *,
+    options: Sequence[str] = (),
+) -> str:
     """The shell command that continues an interrupted ``vlret train`` run with the same
-    config file and ``--set`` overrides (each shell-quoted)."""
+    config file, ``--set`` overrides and other ``options`` (``--log-gradients N``: a resumed
+    run keeps logging), each shell-quoted."""
     parts = ["vlret", "train", str(config_path)]
     for item in overrides:
         parts += ["--set", item]
-    parts += ["--resume", str(checkpoint)]
+    parts += [*options, "--resume", str(checkpoint)]
     return " ".join(shlex.quote(p) for p in parts)
