@@ -48,7 +48,8 @@ def test_the_mlm_part_resolves_the_irr_procedure(tmp_path):
     config = config_from_dict(raw_config(tmp_path))
     assert resolve_procedure(config) == "irr"
     assert isinstance(build_procedure(config), IRRStep)
-    assert resolve_procedure(config_from_dict(raw_config(tmp_path, loss="sdm+id"))) == "standard"
+    plain = config_from_dict(raw_config(tmp_path, loss="sdm+id", irr=False))
+    assert resolve_procedure(plain) == "standard"
 
 
 def test_a_run_trains_the_irr_encoder_and_logs_mlm_acc(tmp_path):
@@ -79,11 +80,14 @@ def test_the_mlm_part_without_model_irr_is_refused_by_name(tmp_path):
         Trainer(config, print_fn=lambda s: None).fit()
 
 
-def test_the_irr_procedure_without_the_mlm_part_is_refused_by_name(tmp_path):
+@pytest.mark.parametrize("procedure", ["irr", "standard"])
+def test_model_irr_without_the_mlm_part_is_refused_by_name(tmp_path, procedure):
+    """With the standard procedure the encoder would sit idle, trained by nothing: refused
+    when the config is read, as with the irr procedure."""
     raw = raw_config(tmp_path, loss="sdm+id")
-    raw["train"]["procedure"] = "irr"
-    with pytest.raises(ValueError, match=r'trained by the loss part "mlm"'):
-        Trainer(config_from_dict(raw), print_fn=lambda s: None).fit()
+    raw["train"]["procedure"] = procedure
+    with pytest.raises(ValueError, match=r'model.irr: .*trained only by the loss part "mlm"'):
+        config_from_dict(raw)
 
 
 def test_the_masking_draws_are_a_function_of_seed_epoch_and_step():

@@ -294,6 +294,14 @@ def _loop_checks(
         check_schedule_length(optim, train, source, steps_per_epoch=train.max_steps_per_epoch)
     check_zeroshot(train, source)
     check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
+    irr = model.get("irr")
+    if irr not in (None, False) and not loss_capabilities(loss.name, loss.params).masked_language:
+        why = (
+            'IRRA\'s cross-modal encoder is trained only by the loss part "mlm" (loss.name = '
+            f'"sdm+mlm+id"); loss.name = {loss.name!r} has none, so it would train nothing: '
+            "add the part or set model.irr = false"
+        )
+        raise ConfigError(source, "model.irr", why)
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str | Path = "<dict>") -> RunConfig:
