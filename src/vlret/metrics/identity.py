@@ -37,15 +37,14 @@ This module is core: it imports torch, :mod:`vlret._checks`, :mod:`vlret.metrics
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from .keys import IDENTITY_KEYS, IDENTITY_PREFIX
 from .ranking import (
+    _as_ids,
     _Gallery,
     block_rows,
     mean_average_precision,
@@ -67,18 +66,10 @@ _COMPARE_MAX = 48
 
 
 def _ids(x: Any, name: str, n: int, what: str, device: torch.device) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        if isinstance(x, str) or not isinstance(x, Sequence | np.ndarray):
-            raise ValueError(f"{name} must be a 1-D integer tensor, got {type(x).__name__}")
-        x = torch.as_tensor(np.asarray(x))
-    if x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise ValueError(
-            f"{name} must be a 1-D integer tensor (the identity of each {what}), got shape "
-            f"{tuple(x.shape)} dtype {x.dtype}"
-        )
-    if x.numel() != n:
-        raise ValueError(f"{name} must have one id per {what} of sim ({n}), got {x.numel()}")
-    return x.to(device=device, dtype=torch.long)
+    ids = _as_ids(x, name, detail=f" (the identity of each {what})")
+    if ids.numel() != n:
+        raise ValueError(f"{name} must have one id per {what} of sim ({n}), got {ids.numel()}")
+    return ids.to(device=device)
 
 
 def _check_sim(sim: Any, name: str) -> None:

@@ -76,14 +76,17 @@ class QueryRanks:
     positions: torch.Tensor | None = None
 
 
-def _as_ids(x: Any, name: str) -> torch.Tensor:
+def _as_ids(x: Any, name: str, *, detail: str = "") -> torch.Tensor:
+    """``x`` as a 1-D int64 tensor; ``ValueError`` naming ``name`` (and ``detail``, what the
+    ids are) for anything else."""
     if not isinstance(x, torch.Tensor):
         if isinstance(x, str) or not isinstance(x, Sequence | np.ndarray):
             raise ValueError(f"{name} must be a 1-D integer tensor, got {type(x).__name__}")
         x = torch.as_tensor(np.asarray(x))
     if x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise ValueError(
-            f"{name} must be a 1-D integer tensor, got shape {tuple(x.shape)} dtype {x.dtype}"
+            f"{name} must be a 1-D integer tensor{detail}, got shape {tuple(x.shape)} "
+            f"dtype {x.dtype}"
         )
     return x.to(torch.long)
 
