@@ -220,6 +220,14 @@ class DataConfig:
         spec=_CAPTIONS_FILE,
         constraint="precomp and karpathy only",
     )
+    semantic_captions: str | None = setting(
+        None,
+        "a captions file of the training images that a loss's caption TF-IDF (VSL's Eq. 3) is "
+        "fitted on instead of the training captions (e.g. richer annotations than the ones "
+        "trained on)",
+        spec=_CAPTIONS_FILE,
+        constraint="a loss that needs caption semantics (vsl)",
+    )
     dev_captions: str | None = setting(
         None,
         "a captions file for the dev split",

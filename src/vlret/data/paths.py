@@ -45,6 +45,7 @@ DATA_PATH_KEYS = (
     "noise_index",
     "offline_negatives",
     "train_captions",
+    "semantic_captions",
     "dev_captions",
     "test_captions",
 )

@@ -294,8 +294,15 @@ def _loop_checks(
         check_schedule_length(optim, train, source, steps_per_epoch=train.max_steps_per_epoch)
     check_zeroshot(train, source)
     check_offline_negatives(data, loss, model, train, source)  # AOQ's keys (docs/aoq.md)
+    caps = loss_capabilities(loss.name, loss.params)
+    if data.semantic_captions is not None and not caps.needs_semantics:
+        why = (
+            "read only by a loss that fits a caption TF-IDF (vsl); loss.name = "
+            f"{loss.name!r} fits none: unset it or choose such a loss"
+        )
+        raise ConfigError(source, "data.semantic_captions", why)
     irr = model.get("irr")
-    if irr not in (None, False) and not loss_capabilities(loss.name, loss.params).masked_language:
+    if irr not in (None, False) and not caps.masked_language:
         why = (
             'IRRA\'s cross-modal encoder is trained only by the loss part "mlm" (loss.name = '
             f'"sdm+mlm+id"); loss.name = {loss.name!r} has none, so it would train nothing: '

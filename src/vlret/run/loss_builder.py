@@ -24,14 +24,35 @@ def train_captions_by_image(dataset: RetrievalDataset) -> dict[int, list[str]]:
     return out
 
 
+def semantic_captions(config: RunConfig, train_set: RetrievalDataset) -> dict[int, list[str]]:
+    """The captions a loss's CaptionTfidf is fitted on, keyed by training image index: those of
+    ``data.semantic_captions`` when set (a captions file of the training split, read with the
+    checks of :func:`vlret.data.captioning_files.read_captions_file`), else the training
+    captions (:func:`train_captions_by_image`)."""
+    path = config.data.semantic_captions
+    if path is None:
+        return train_captions_by_image(train_set)
+    from ..data.captioning_files import read_captions_file
+
+    file = read_captions_file(
+        path,
+        num_images=train_set.num_images,
+        split=config.data.train_split,
+        key="data.semantic_captions",
+    )
+    k = file.captions_per_image
+    return {i: list(file.captions[i * k : (i + 1) * k]) for i in range(train_set.num_images)}
+
+
 def build_run_loss(
     config: RunConfig, train_set: RetrievalDataset | None, *, model: nn.Module | None = None
 ) -> PairLoss:
     """The configured loss, given what its capabilities say it needs
     (:func:`vlret.losses.loss_capabilities`).
 
-    A loss that ``needs_semantics`` gets a CaptionTfidf fitted on the train captions (keyed by
-    image index, the ids the trainer passes); one that ``needs_embed_dim`` gets the model's
+    A loss that ``needs_semantics`` gets a CaptionTfidf fitted on the train captions, or on
+    ``data.semantic_captions`` (:func:`semantic_captions`; keyed by image index, the ids the
+    trainer passes); one that ``needs_embed_dim`` gets the model's
     ``embed_dim`` unless the config sets it. A loss that declares ``num_classes`` and ``dim``
     (the ``id`` classifier) gets, unless the config sets them, the number of training
     identities (the distinct ``image_identity`` values of the training set, i.e. its relabelled
@@ -82,7 +103,7 @@ def _filled_loss_params(
             raise ValueError(f"loss {name!r} needs the training captions to fit its CaptionTfidf")
         from ..semantic import CaptionTfidf
 
-        params["semantic"] = CaptionTfidf().fit(train_captions_by_image(train_set))
+        params["semantic"] = CaptionTfidf().fit(semantic_captions(config, train_set))
     if needs.needs_embed_dim and "embed_dim" not in params:
         embed_dim = config.model.get("embed_dim")
         if not isinstance(embed_dim, int):

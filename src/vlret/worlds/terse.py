@@ -93,7 +93,7 @@ def terse_captions(
     return [tokens_to_text(terse_caption(scene, rng), style) for scene in scenes]
 
 
-def _scenes(array: np.ndarray) -> list[Scene]:
+def scenes_of(array: np.ndarray) -> list[Scene]:
     """Scenes from a side file's ``(N, 4, 6)`` array (``-1`` rows: absent objects)."""
     return [tuple(tuple(int(v) for v in obj) for obj in row if obj[0] >= 0) for row in array]
 
@@ -121,7 +121,7 @@ def write_terse_captions(root: str | Path, *, split: str = "train") -> Path:
     if split not in names:
         raise FileNotFoundError(f"{meta_path}: the world has no split {split!r} ({names})")
     with np.load(root / f"{split}_synth.npz") as z:
-        scenes = _scenes(z["scenes"])
+        scenes = scenes_of(z["scenes"])
     style = FORMAT_STYLES.get(meta.get("format", "precomp"), "precomp")
     captions = terse_captions(
         scenes, seed=int(meta["seed"]), split_index=names.index(split), style=style
@@ -142,6 +142,7 @@ def write_terse_captions(root: str | Path, *, split: str = "train") -> Path:
 __all__ = [
     "PSEUDO_FOLDER",
     "TERSE_PURPOSE",
+    "scenes_of",
     "terse_caption",
     "terse_captions",
     "write_terse_captions",
