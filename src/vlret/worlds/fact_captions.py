@@ -13,15 +13,11 @@ ids, not language.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
-
 from ..data.captioning_files import write_captions_file
-from .hint import META_FILE
 from .language import scene_facts
-from .terse import scenes_of
+from .terse import world_scenes
 
 #: The folder of a world's fact captions.
 FACTS_FOLDER = "facts"
@@ -48,15 +44,7 @@ def write_fact_captions(root: str | Path, *, split: str = "train") -> Path:
         FileNotFoundError: ``root`` holds no world or no such split.
     """
     root = Path(root)
-    meta_path = root / META_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: missing; expected a world `vlret synth` wrote")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    names = list(meta.get("splits") or {})
-    if split not in names:
-        raise FileNotFoundError(f"{meta_path}: the world has no split {split!r} ({names})")
-    with np.load(root / f"{split}_synth.npz") as z:
-        scenes = scenes_of(z["scenes"])
+    meta, scenes = world_scenes(root, split)
     return write_captions_file(
         root / FACTS_FOLDER / f"{split}_caps.txt",
         [fact_caption(scene) for scene in scenes],

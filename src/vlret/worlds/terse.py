@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,23 @@ def scenes_of(array: np.ndarray) -> list[Scene]:
     return [tuple(tuple(int(v) for v in obj) for obj in row if obj[0] >= 0) for row in array]
 
 
+def world_scenes(root: str | Path, split: str) -> tuple[dict[str, Any], list[Scene]]:
+    """The world's ``synthetic.json`` and the scenes of its split ``split``, in image order.
+
+    Raises:
+        FileNotFoundError: ``root`` holds no world or no such split.
+    """
+    meta_path = Path(root) / META_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: missing; expected a world `vlret synth` wrote")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    names = list(meta.get("splits") or {})
+    if split not in names:
+        raise FileNotFoundError(f"{meta_path}: the world has no split {split!r} ({names})")
+    with np.load(Path(root) / f"{split}_synth.npz") as z:
+        return meta, scenes_of(z["scenes"])
+
+
 def write_terse_captions(root: str | Path, *, split: str = "train") -> Path:
     """Write ``root/pseudo/{split}_caps.txt`` (and its ``.json`` sidecar): one terse caption
     per image of ``split`` of the world written in ``root``, in the split's image order.
@@ -113,15 +131,8 @@ def write_terse_captions(root: str | Path, *, split: str = "train") -> Path:
         FileNotFoundError: ``root`` holds no world or no such split.
     """
     root = Path(root)
-    meta_path = root / META_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: missing; expected a world `vlret synth` wrote")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    names = list(meta.get("splits") or {})
-    if split not in names:
-        raise FileNotFoundError(f"{meta_path}: the world has no split {split!r} ({names})")
-    with np.load(root / f"{split}_synth.npz") as z:
-        scenes = scenes_of(z["scenes"])
+    meta, scenes = world_scenes(root, split)
+    names = list(meta["splits"])
     style = FORMAT_STYLES.get(meta.get("format", "precomp"), "precomp")
     captions = terse_captions(
         scenes, seed=int(meta["seed"]), split_index=names.index(split), style=style
@@ -143,6 +154,7 @@ __all__ = [
     "PSEUDO_FOLDER",
     "TERSE_PURPOSE",
     "scenes_of",
+    "world_scenes",
     "terse_caption",
     "terse_captions",
     "write_terse_captions",

@@ -284,6 +284,32 @@ def _goal_triplets(
     return torch.stack((row_idx, col_idx)), weight_pos, weight_neg, hinge
 
 
+def _factors(
+    cfg: GoalParams,
+    pos: torch.Tensor,
+    neg: torch.Tensor,
+    ms_neg: torch.Tensor | float,
+    batch_pos: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(T, P+, P-)`` of each triplet (the MS positive term computed here, the negative one
+    given: the dense and tiled objectives find it differently)."""
+    t = goal_triplet_weight(
+        cfg.triplet_weight,
+        pos,
+        neg,
+        margin=cfg.margin,
+        tau=cfg.tau,
+        circle_offset=cfg.circle_offset,
+    )
+    ms_pos: torch.Tensor | float = 0.0
+    if cfg.pair_weight in ("lin-ms", "sig-ms"):
+        ms_pos = _relative_positive(pos, neg, cfg, batch_pos)
+    p_pos, p_neg = _pair_weight_log_ms(
+        cfg.pair_weight, pos, neg, cfg.alpha, cfg.beta, cfg.lam, ms_pos, ms_neg
+    )
+    return t, p_pos, p_neg
+
+
 def triplet_weights_from_hardest(
     cfg: GoalParams,
     pos: torch.Tensor,
@@ -300,20 +326,7 @@ def triplet_weights_from_hardest(
     ``ms_neg`` differently; anchors without a negative get all-zero weights and hinge.
     ``batch_pos``: all the batch's positives (set P) when ``pos`` holds some anchors only.
     """
-    t = goal_triplet_weight(
-        cfg.triplet_weight,
-        pos,
-        neg,
-        margin=cfg.margin,
-        tau=cfg.tau,
-        circle_offset=cfg.circle_offset,
-    )
-    ms_pos: torch.Tensor | float = 0.0
-    if cfg.pair_weight in ("lin-ms", "sig-ms"):
-        ms_pos = _relative_positive(pos, neg, cfg, batch_pos)
-    p_pos, p_neg = _pair_weight_log_ms(
-        cfg.pair_weight, pos, neg, cfg.alpha, cfg.beta, cfg.lam, ms_pos, ms_neg
-    )
+    t, p_pos, p_neg = _factors(cfg, pos, neg, ms_neg, batch_pos)
     active = has_neg.to(pos.dtype)
     t = t * active
     hinge = (cfg.margin + neg - pos).clamp(min=0) * active
@@ -342,22 +355,10 @@ def goal_anchor_weights(
     filled = sim.masked_fill(~negatives, torch.finfo(sim.dtype).min)
     has_neg = torch.stack((negatives.any(1), negatives.any(0)))
     neg = torch.where(has_neg, torch.stack((filled.max(1).values, filled.max(0).values)), pos)
-    ms_pos: torch.Tensor | float = 0.0
     ms_neg: torch.Tensor | float = 0.0
     if params.pair_weight in ("lin-ms", "sig-ms"):
         ms_neg = _relative_negative(filled, pos, neg, params)
-        ms_pos = _relative_positive(pos, neg, params)
-    t = goal_triplet_weight(
-        params.triplet_weight,
-        pos,
-        neg,
-        margin=params.margin,
-        tau=params.tau,
-        circle_offset=params.circle_offset,
-    )
-    p_pos, p_neg = _pair_weight_log_ms(
-        params.pair_weight, pos, neg, params.alpha, params.beta, params.lam, ms_pos, ms_neg
-    )
+    t, p_pos, p_neg = _factors(params, pos, neg, ms_neg)
     return {
         "positive": pos.expand_as(neg),
         "hardest": neg,
