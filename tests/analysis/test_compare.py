@@ -656,3 +656,25 @@ def test_unequal_training_budgets_are_named_under_the_table(tmp_path, two_by_two
     assert f"long {counts['long'][0]}, triplet {counts['triplet'][0]}" in report.table_text()
     assert budget_note({"a": [3, 3], "b": [3]}) is None
     assert budget_note({"a": [3, 4], "b": [3]}) is not None  # seeds of one variant differ too
+
+
+def test_a_variant_with_default_false_runs_only_when_named(tmp_path):
+    cfg = _config(
+        tmp_path,
+        compare_section={
+            "losses": {
+                "unified": {"gamma": 70.0},
+                "ablation": {"name": "triplet", "margin": 0.05, "default": False},
+                "kept": {"name": "triplet", "default": True},
+            }
+        },
+    )
+    raw, section = read_compare_config(cfg)
+    assert [v.label for v in resolve_variants(raw, section, None)] == ["unified", "kept"]
+    named = resolve_variants(raw, section, ["ablation"])
+    assert named[0].loss == "triplet" and named[0].params["margin"] == 0.05
+    assert "default" not in named[0].params
+    bad = {"losses": {"x": {"name": "triplet", "default": "no"}}}
+    raw, section = read_compare_config(_config(tmp_path / "b", compare_section=bad))
+    with pytest.raises(CompareError, match=r"\[compare.losses.x\] default: expected true or false"):
+        resolve_variants(raw, section, None)

@@ -26,6 +26,11 @@ section::
     set = ["train.all_negatives_epochs=0"]   # run-config overrides for this variant only;
                                              # in them {seed} is the run's seed, {out} OUT
 
+    [compare.losses.triplet-hn-m05]    # an ablation: runs only when --losses names it
+    name = "triplet"
+    margin = 0.05
+    default = false
+
 Without ``protocol``, MS-COCO data is tested on ``coco5k`` (a precomp folder with ``coco`` in
 its name, or a Karpathy JSON whose ``dataset`` is ``coco``:
 :func:`~vlret.analysis.compare.spec.coco_data`), other data by its format's registered default
@@ -35,7 +40,8 @@ where the protocol evaluates it, else its 5K split (``testall`` of precomputed C
 
 A variant's loss parameters are layered: the registry defaults, then the config's ``[loss]``
 section when it names the same loss, then the variant's table. ``--losses`` defaults to the
-labels of ``[compare.losses]`` in file order, else the six papers' losses
+labels of ``[compare.losses]`` in file order (except the tables with ``default = false``),
+else the six papers' losses
 (:data:`PAPER_LOSSES`). ``--goal-grid`` adds the 15 GOAL (triplet weight, pair weight)
 combinations, labelled ``goal-{T}-{P}``, with the other parameters of the ``goal`` variant.
 Train settings that only apply to some losses are dropped for the others, as their

@@ -227,6 +227,8 @@ def make_variant(label: str, table: dict[str, Any], raw: dict[str, Any]) -> Vari
     if not isinstance(table, dict):
         raise CompareError(f"[compare.losses.{label}] must be a table, got {table!r}")
     table = dict(table)
+    if not isinstance(table.pop("default", True), bool):
+        raise CompareError(f"[compare.losses.{label}] default: expected true or false")
     loss = table.pop("name", label)
     overrides = table.pop("set", [])
     if isinstance(overrides, str):
@@ -274,11 +276,15 @@ def resolve_variants(
     goal_grid: bool = False,
 ) -> list[Variant]:
     """The variants to run: ``losses`` (labels of ``[compare.losses]`` tables or registered
-    loss names; default: the tables in file order, else :data:`PAPER_LOSSES`), then the GOAL
-    grid when ``goal_grid``."""
+    loss names; default: the tables in file order, except those that set ``default = false``
+    (ablations that run only when named), else :data:`PAPER_LOSSES`), then the GOAL grid
+    when ``goal_grid``."""
     tables = section.get("losses", {})
-    if losses is None:
-        losses = list(tables) if tables else ([] if goal_grid else list(PAPER_LOSSES))
+    if losses is None:  # a table with default = false runs only when named
+        named = [
+            k for k, t in tables.items() if not (isinstance(t, dict) and t.get("default") is False)
+        ]
+        losses = named if tables else ([] if goal_grid else list(PAPER_LOSSES))
     variants = [make_variant(label, tables.get(label, {}), raw) for label in losses]
     if goal_grid:
         taken = {v.label for v in variants}
