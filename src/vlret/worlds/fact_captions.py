@@ -1,7 +1,7 @@
 """Every fact of each image as one "caption": the synthetic world's ground-truth semantics in
 the captions-file format, for fitting VSL's caption TF-IDF on the truth instead of on what
-the annotators happened to write (docs/results.md, "Why VSL does not help on secondary
-content").
+the annotators happened to write (docs/results.md, "VSL on secondary content: in its regime, but its
+term too small to act").
 
 A fact caption lists the scene's facts (:func:`~.language.scene_facts`: every object's count,
 colour, size, material and cell, and the relations between objects) as tokens ``fact<id>``,

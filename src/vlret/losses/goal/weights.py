@@ -57,6 +57,7 @@ Where the paper and the authors' released gradient file disagree, this module fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -259,6 +260,33 @@ def _relative_negative(
     return torch.where(count > 0, value, 0.0)
 
 
+class _Hardest(NamedTuple):
+    """Each anchor's triplet in both directions (``(2, B)`` each; row 0 the image anchors, rows
+    of the matrix, row 1 the text anchors, columns)."""
+
+    pos: torch.Tensor  # (B,) the diagonal
+    column: torch.Tensor  # the hardest negative's column (row 0) / row (row 1)
+    neg: torch.Tensor  # its score; the positive as a stand-in where has_neg is False
+    has_neg: torch.Tensor
+    ms_neg: torch.Tensor | float  # the MS relative negative term (0 for the other weights)
+
+
+def _hardest(s: torch.Tensor, negatives: torch.Tensor, cfg: GoalParams) -> _Hardest:
+    """The hardest negative of every anchor and the MS negative term of its pair weight."""
+    pos = s.diagonal()
+    # One masked copy serves both directions: rows for image anchors, columns for texts.
+    filled = s.masked_fill(~negatives, torch.finfo(s.dtype).min)
+    row_val, row_idx = filled.max(1)
+    col_val, col_idx = filled.max(0)
+    has_neg = torch.stack((negatives.any(1), negatives.any(0)))
+    # Anchors without a negative get a harmless stand-in; their weights are zeroed later.
+    neg = torch.where(has_neg, torch.stack((row_val, col_val)), pos)
+    ms_neg: torch.Tensor | float = 0.0
+    if cfg.pair_weight in ("lin-ms", "sig-ms"):
+        ms_neg = _relative_negative(filled, pos, neg, cfg)
+    return _Hardest(pos, torch.stack((row_idx, col_idx)), neg, has_neg, ms_neg)
+
+
 def _goal_triplets(
     s: torch.Tensor, negatives: torch.Tensor, cfg: GoalParams
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -269,19 +297,11 @@ def _goal_triplets(
     ``weight_neg = T * P-``, ``hinge = [margin + s_n - p]_+``; all 0 for anchors without a
     negative.
     """
-    pos = s.diagonal()
-    # One masked copy serves both directions: rows for image anchors, columns for texts.
-    filled = s.masked_fill(~negatives, torch.finfo(s.dtype).min)
-    row_val, row_idx = filled.max(1)
-    col_val, col_idx = filled.max(0)
-    has_neg = torch.stack((negatives.any(1), negatives.any(0)))
-    # Anchors without a negative get a harmless stand-in; their weights are zeroed below.
-    neg = torch.where(has_neg, torch.stack((row_val, col_val)), pos)
-    ms_neg: torch.Tensor | float = 0.0
-    if cfg.pair_weight in ("lin-ms", "sig-ms"):
-        ms_neg = _relative_negative(filled, pos, neg, cfg)
-    weight_pos, weight_neg, hinge = triplet_weights_from_hardest(cfg, pos, neg, has_neg, ms_neg)
-    return torch.stack((row_idx, col_idx)), weight_pos, weight_neg, hinge
+    h = _hardest(s, negatives, cfg)
+    weight_pos, weight_neg, hinge = triplet_weights_from_hardest(
+        cfg, h.pos, h.neg, h.has_neg, h.ms_neg
+    )
+    return h.column, weight_pos, weight_neg, hinge
 
 
 def _factors(
@@ -351,21 +371,15 @@ def goal_anchor_weights(
         other entries are meaningful (``T P+`` and ``T P-`` are the objective's gradient on
         ``p`` and ``s_n``).
     """
-    pos = sim.diagonal()
-    filled = sim.masked_fill(~negatives, torch.finfo(sim.dtype).min)
-    has_neg = torch.stack((negatives.any(1), negatives.any(0)))
-    neg = torch.where(has_neg, torch.stack((filled.max(1).values, filled.max(0).values)), pos)
-    ms_neg: torch.Tensor | float = 0.0
-    if params.pair_weight in ("lin-ms", "sig-ms"):
-        ms_neg = _relative_negative(filled, pos, neg, params)
-    t, p_pos, p_neg = _factors(params, pos, neg, ms_neg)
+    h = _hardest(sim, negatives, params)
+    t, p_pos, p_neg = _factors(params, h.pos, h.neg, h.ms_neg)
     return {
-        "positive": pos.expand_as(neg),
-        "hardest": neg,
+        "positive": h.pos.expand_as(h.neg),
+        "hardest": h.neg,
         "triplet": t,
         "pair_pos": p_pos,
         "pair_neg": p_neg,
-        "has_negative": has_neg,
+        "has_negative": h.has_neg,
     }
 
 
