@@ -17,7 +17,8 @@ trainer, as they reach A. Per epoch:
   without that form, Unified, trains as configured);
 * later epochs start with a loss pass (:meth:`NCRStep.before_epoch`): each network's
   :func:`~.division.per_pair_loss` over the whole training set in blocks of
-  ``pass_batch_size`` consecutive pairs (no gradient, eval mode), the clean probabilities of
+  ``pass_batch_size`` consecutive pairs (no gradient, eval mode; a pair-scoring model scores
+  each distinct image of a block once, :mod:`.blocks`), the clean probabilities of
   :func:`~.division.clean_probability` and the split of :func:`~.division.split_clean`.
   A resume inside the epoch finds the division in the checkpoint and does not redo it; a
   resume at the epoch's start redoes it identically (the mixture is seeded from
@@ -62,6 +63,7 @@ from ...loss_step import LossStep, StepLoss, pair_ids
 from ...optim_groups import ParamGroup
 from ...run_log import LOG_FILE, append_record
 from ...schedule import prepare_model
+from .blocks import block_scores, distinct_images
 from .division import (
     clean_probability,
     noisy_split_quality,
@@ -273,7 +275,8 @@ class NCRStep(LossStep, TrainHook):
     def loss_pass(self, ctx: TrainContext) -> tuple[np.ndarray, np.ndarray]:
         """Each network's :func:`~.division.per_pair_loss` of every training pair, ``(N,)``
         float64 each: blocks of ``pass_batch_size`` consecutive pairs, eval mode, no
-        gradient, a progress bar when ``train.progress``."""
+        gradient, a progress bar when ``train.progress``. A block's pairs that share an image
+        share its score row, computed once (:func:`~.blocks.block_scores`)."""
         ds = ctx.train_set
         size = self.options.pass_batch_size or self.config.train.batch_size
         loader = DataLoader(
@@ -295,8 +298,9 @@ class NCRStep(LossStep, TrainHook):
                 ids = pair_ids(batch)
                 pos = ids[:, None] == ids[None, :]
                 rows = batch.cap_index.cpu().numpy()
+                distinct = distinct_images(batch) if ctx.scores_pairs else None
                 for k, net in enumerate(nets):
-                    sim = self._scores(ctx, net, batch)
+                    sim = self._pass_scores(ctx, net, batch, distinct)
                     loss = per_pair_loss(sim, margin=self.margin, pos_mask=pos)
                     out[k][rows] = loss.double().cpu().numpy()
         return out[0], out[1]
@@ -436,6 +440,20 @@ class NCRStep(LossStep, TrainHook):
         return sim.to(torch.promote_types(sim.dtype, torch.float32))
 
     _scores_grad = _scores  # the same forward, named for where gradients flow
+
+    def _pass_scores(
+        self,
+        ctx: TrainContext,
+        net: nn.Module,
+        batch: Any,
+        distinct: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """The loss pass's ``(B, B)`` block matrix: :meth:`_scores`' values, each distinct
+        image of the block scored once (:func:`~.blocks.block_scores`) where that applies."""
+        sim = block_scores(net, batch, distinct, autocast=ctx.autocast)
+        if sim is None:
+            return self._scores(ctx, net, batch)
+        return sim.to(torch.promote_types(sim.dtype, torch.float32))
 
     # -- evaluation --------------------------------------------------------------------------
 
