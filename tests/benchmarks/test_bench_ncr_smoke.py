@@ -17,9 +17,13 @@ def test_bench_ncr_runs_at_tiny_sizes(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     needles = ("device cpu: ", "30 training pairs", "epoch 1 (clean pairs only)", "pass / training")
+    needles += ("whole-block division (as released)", "same clean / noisy split: yes")
     for needle in needles:
         assert needle in proc.stdout, proc.stdout
     results = json.loads((tmp_path / "out.json").read_text())["bench_ncr"]["results"]
     assert set(results) == {"epoch 1", "epoch 2"}
     for epoch in results.values():
         assert epoch["ratio"] == epoch["division_s"] / epoch["training_s"] > 0
+        assert epoch["whole_block_ratio"] == epoch["whole_block_s"] / epoch["training_s"] > 0
+        # the two passes' per-pair losses: float32 scores of O(1), a few ulps apart
+        assert 0 <= epoch["max_loss_diff"] < 1e-5 and epoch["same_split"] is True
