@@ -10,10 +10,11 @@ enter, epoch 2 with them. Target: pass <= 0.3x the training epoch.
 
 The pass scores each distinct image of a block once (:mod:`vlret.train.procedures.ncr.blocks`:
 consecutive captions share images). Side by side, each epoch also runs the division with every
-block's whole ``B x B`` matrix scored, as the released ``eval_train`` does (same networks, same
-blocks, same mixtures), after the shipped one, and prints its time and ratio, the largest
-difference between the two passes' per-pair losses and whether the two divisions agree; the
-run trains with the shipped pass's division.
+block's whole ``B x B`` matrix scored, the released ``eval_train``'s work (same networks, same
+blocks, same mixtures; the release's blocks are shuffled batches, and a whole block costs the
+same whichever pairs it holds), after the shipped one, and prints its time and ratio, the
+largest difference between the two passes' per-pair losses and whether the two divisions
+agree; the run trains with the shipped pass's division.
 
     .venv/bin/python benchmarks/bench_ncr.py [--images 60] [--batch 32] [--embed 64]
         [--sim-dim 32] [--regions 12] [--threads N]
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
             f"pass / training epoch = {division / steps:.3f} (target <= 0.3)"
         )
         print(
-            f"  whole-block division (as released) {reference:.3f} s, "
+            f"  whole-block division (the release's work) {reference:.3f} s, "
             f"pass / training epoch = {reference / steps:.3f}; per-pair losses differ by at "
             f"most {diff:.1e}, same clean / noisy split: {'yes' if same else 'NO'}"
         )

@@ -17,7 +17,7 @@ def test_bench_ncr_runs_at_tiny_sizes(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     needles = ("device cpu: ", "30 training pairs", "epoch 1 (clean pairs only)", "pass / training")
-    needles += ("whole-block division (as released)", "same clean / noisy split: yes")
+    needles += ("whole-block division (the release's work)", "same clean / noisy split: yes")
     for needle in needles:
         assert needle in proc.stdout, proc.stdout
     results = json.loads((tmp_path / "out.json").read_text())["bench_ncr"]["results"]

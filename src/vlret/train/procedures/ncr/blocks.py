@@ -10,6 +10,10 @@ once, ``(U, B)``, and gives back the ``(B, B)`` matrix by repeating rows; every 
 score the whole-block forward computes for the same image and caption (equal to float rounding:
 only the GEMMs' row counts differ), so the per-pair losses and the mixtures fitted to them are
 those of the whole-block pass, for about ``U / B`` of the pair-scoring cost.
+
+The saving comes from the pass's consecutive blocks: the release's ``eval_train`` draws its
+blocks from a shuffled loader, whose pairs rarely share an image, and where that is so (a
+shuffled or per-pair augmented training set) every block is scored whole, as before.
 """
 
 from __future__ import annotations
