@@ -14,7 +14,11 @@ block's whole ``B x B`` matrix scored, the released ``eval_train``'s work (same 
 blocks, same mixtures; the release's blocks are shuffled batches, and a whole block costs the
 same whichever pairs it holds), after the shipped one, and prints its time and ratio, the
 largest difference between the two passes' per-pair losses and whether the two divisions
-agree; the run trains with the shipped pass's division.
+agree; the run trains with the shipped pass's division. Last, on copies of both networks, it
+times one epoch in the released ``co_train.py``'s structure (:func:`release_epoch`) and prints
+the whole-block division's ratio to that: the release's own pass against the release's own
+epoch. Before the noisy pairs enter, an epoch trains each network only on the pairs the other
+network's division calls clean, so it is lighter the fewer those are (printed per epoch).
 
     .venv/bin/python benchmarks/bench_ncr.py [--images 60] [--batch 32] [--embed 64]
         [--sim-dim 32] [--regions 12] [--threads N]
@@ -23,6 +27,7 @@ agree; the run trains with the shipped pass's division.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Subset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
@@ -40,7 +46,12 @@ from vlret.data.writers import make_tiny_precomp  # noqa: E402
 from vlret.run.config import config_from_dict  # noqa: E402
 from vlret.train import Trainer  # noqa: E402
 from vlret.train.hooks.core import TrainHook  # noqa: E402
-from vlret.train.procedures.ncr import clean_probability  # noqa: E402
+from vlret.train.procedures.ncr import (  # noqa: E402
+    clean_probability,
+    predictions,
+    soft_margin_factor,
+    soft_margin_triplet,
+)
 from vlret.train.procedures.ncr import step as ncr_step  # noqa: E402
 
 
@@ -74,6 +85,66 @@ def whole_blocks() -> Iterator[None]:
         yield
     finally:
         ncr_step.distinct_images = real
+
+
+def release_epoch(ncr, ctx, *, batch_size: int, lr: float, clip: float, noisy_on: bool) -> float:
+    """Seconds of one co-training epoch in the released ``co_train.py``'s structure, on copies
+    of both networks (the run's own are untouched) and the epoch's division: each network in
+    turn trains on the pairs the other's division calls clean (a shuffled loader of those
+    only), and every step predicts its clean batch (the network, eval mode) and a batch of the
+    noisy pairs (both networks, eval mode, whether or not it trains on them), then takes one
+    Adam step on the clean batch's soft-margin loss, plus the noisy batch's from the noisy
+    epochs on (the release: from ``num_epochs // 2``)."""
+    ds, d = ctx.train_set, ncr.division
+    nets = [copy.deepcopy(ctx.model), copy.deepcopy(ncr.model_b)]
+    optimizers = [torch.optim.Adam(n.parameters(), lr=lr) for n in nets]
+    generator = torch.Generator().manual_seed(ctx.epoch)
+
+    def loader(where: np.ndarray) -> DataLoader:
+        subset = Subset(ds, where.tolist())
+        return DataLoader(
+            subset, batch_size=batch_size, shuffle=True, collate_fn=ds.collate, generator=generator
+        )
+
+    def soft_loss(net, batch, labels):
+        margins = ncr.margin * soft_margin_factor(labels, ncr.options.soft_margin)
+        return soft_margin_triplet(ncr._scores(ctx, net, batch), margins, reduction="sum")
+
+    def predict(net, batch):
+        with ncr_step._eval_mode(net), torch.no_grad():
+            return predictions(ncr._scores(ctx, net, batch), margin=ncr.margin)
+
+    machine.sync(ctx.device)
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):  # dropout draws leave the run's stream alone
+        for k, (clean, prob) in enumerate(
+            ((d["clean_b"], d["prob_b"]), (d["clean_a"], d["prob_a"]))
+        ):
+            net, other, opt = nets[k], nets[1 - k], optimizers[k]
+            clean = clean.numpy()
+            labeled, unlabeled = loader(np.flatnonzero(clean)), loader(np.flatnonzero(~clean))
+            noisy = iter(unlabeled)
+            for batch_l in labeled:
+                batch_u = next(noisy, None)
+                if batch_u is None:
+                    noisy = iter(unlabeled)
+                    batch_u = next(noisy, None)
+                if len(batch_l.cap_index) < 2 or batch_u is None or len(batch_u.cap_index) < 2:
+                    break  # the release stops at a one-pair batch (BatchNorm)
+                batch_l, batch_u = batch_l.to(ctx.device), batch_u.to(ctx.device)
+                w = prob[batch_l.cap_index.cpu()].float().to(ctx.device)
+                target_l = w + (1 - w) * predict(net, batch_l)
+                target_u = (predict(net, batch_u) + predict(other, batch_u)) / 2
+                net.train()
+                loss = soft_loss(net, batch_l, target_l)
+                if noisy_on:
+                    loss = loss + soft_loss(net, batch_u, target_u)
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                opt.step()
+    machine.sync(ctx.device)
+    return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     #: epoch -> (seconds, per-pair losses, division) of each pass: "shipped", then "whole"
     runs: dict[int, dict[str, tuple[float, tuple[np.ndarray, np.ndarray], dict]]] = {}
     kept: list[tuple[np.ndarray, np.ndarray]] = []
+    released: dict[int, float] = {}  # epoch -> seconds of the release-structured epoch
 
     def kept_pass(t) -> tuple[np.ndarray, np.ndarray]:
         kept.append(loss_pass(t))
@@ -164,6 +236,14 @@ def main(argv: list[str] | None = None) -> None:
             with whole_blocks():
                 run_division(t, "whole")
             ncr.division = shipped
+            released[t.epoch] = release_epoch(
+                ncr,
+                t,
+                batch_size=args.batch,
+                lr=config.optim.lr,
+                clip=config.optim.grad_clip,
+                noisy_on=t.epoch >= ncr.noisy_from,
+            )
 
     # the hook list holds the object: its attributes are what the trainer calls
     ncr.before_epoch, ncr.loss_pass = timed, kept_pass
@@ -193,6 +273,15 @@ def main(argv: list[str] | None = None) -> None:
             f"pass / training epoch = {reference / steps:.3f}; per-pair losses differ by at "
             f"most {diff:.1e}, same clean / noisy split: {'yes' if same else 'NO'}"
         )
+        print(
+            f"  the release's epoch structure: training {released[epoch]:.3f} s, whole-block "
+            f"division / that epoch = {reference / released[epoch]:.3f}"
+        )
+        fractions = [float(shipped_division[k].double().mean()) for k in ("clean_a", "clean_b")]
+        print(
+            f"  clean pairs: {100 * fractions[0]:.1f}% by A's division (B trains on them), "
+            f"{100 * fractions[1]:.1f}% by B's (A trains on them)"
+        )
         machine.record(
             f"epoch {epoch}",
             {
@@ -203,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
                 "whole_block_ratio": reference / steps,
                 "max_loss_diff": diff,
                 "same_split": same,
+                "release_epoch_s": released[epoch],
+                "release_ratio": reference / released[epoch],
+                "clean_fraction_a": fractions[0],
+                "clean_fraction_b": fractions[1],
             },
         )
     machine.save_json(args.json, "bench_ncr", device, argv)

@@ -18,6 +18,7 @@ def test_bench_ncr_runs_at_tiny_sizes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     needles = ("device cpu: ", "30 training pairs", "epoch 1 (clean pairs only)", "pass / training")
     needles += ("whole-block division (the release's work)", "same clean / noisy split: yes")
+    needles += ("the release's epoch structure: training", "clean pairs: ")
     for needle in needles:
         assert needle in proc.stdout, proc.stdout
     results = json.loads((tmp_path / "out.json").read_text())["bench_ncr"]["results"]
@@ -27,3 +28,5 @@ def test_bench_ncr_runs_at_tiny_sizes(tmp_path):
         assert epoch["whole_block_ratio"] == epoch["whole_block_s"] / epoch["training_s"] > 0
         # the two passes' per-pair losses: float32 scores of O(1), a few ulps apart
         assert 0 <= epoch["max_loss_diff"] < 1e-5 and epoch["same_split"] is True
+        assert epoch["release_ratio"] == epoch["whole_block_s"] / epoch["release_epoch_s"] > 0
+        assert 0 <= epoch["clean_fraction_a"] <= 1 and 0 <= epoch["clean_fraction_b"] <= 1
