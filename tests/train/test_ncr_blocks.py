@@ -91,11 +91,11 @@ def test_block_scores_are_the_whole_block_forwards_rows_in_float64(world, model)
     assert distinct is not None and len(distinct[0]) < 12
     with torch.no_grad():
         want = net(batch)
-        got = block_scores(net, batch, distinct, autocast=trainer.context.autocast)
+        got = block_scores(net, batch, distinct=distinct, autocast=trainer.context.autocast)
     assert got.dtype == torch.float64 and got.shape == (12, 12)
     # the same per-pair arithmetic on fewer image rows: float64 rounding of O(1) scores
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    assert block_scores(net, batch, None, autocast=trainer.context.autocast) is None
+    assert block_scores(net, batch, distinct=None, autocast=trainer.context.autocast) is None
 
 
 def test_the_loss_pass_equals_the_whole_block_pass_and_divides_alike(world, monkeypatch):
@@ -109,7 +109,7 @@ def test_the_loss_pass_equals_the_whole_block_pass_and_divides_alike(world, monk
     monkeypatch.setattr(
         step_module,
         "block_scores",
-        lambda *a, **k: shared.append(a[2] is not None) or real(*a, **k),
+        lambda *a, **k: shared.append(k["distinct"] is not None) or real(*a, **k),
     )
     got = ncr.loss_pass(ctx)
     assert any(shared)  # blocks of consecutive captions shared images

@@ -55,8 +55,8 @@ def distinct_images(batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 def block_scores(
     net: nn.Module,
     batch: Any,
-    distinct: tuple[torch.Tensor, torch.Tensor] | None,
     *,
+    distinct: tuple[torch.Tensor, torch.Tensor] | None,
     autocast: Callable[[], AbstractContextManager[Any]],
 ) -> torch.Tensor | None:
     """The ``(B, B)`` score matrix of a pair-scoring ``net`` (a

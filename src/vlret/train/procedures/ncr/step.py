@@ -450,7 +450,7 @@ class NCRStep(LossStep, TrainHook):
     ) -> torch.Tensor:
         """The loss pass's ``(B, B)`` block matrix: :meth:`_scores`' values, each distinct
         image of the block scored once (:func:`~.blocks.block_scores`) where that applies."""
-        sim = block_scores(net, batch, distinct, autocast=ctx.autocast)
+        sim = block_scores(net, batch, distinct=distinct, autocast=ctx.autocast)
         if sim is None:
             return self._scores(ctx, net, batch)
         return sim.to(torch.promote_types(sim.dtype, torch.float32))
