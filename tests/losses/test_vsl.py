@@ -182,12 +182,13 @@ def test_batch_1024_forward_backward_is_chunked(monkeypatch):
     and fails (before allocating) on any block over the 4M-element budget. To stay fast it
     does not compute sigmoids: forward blocks are a broadcast constant and backward blocks
     (which the backward overwrites in place) a reused buffer. This test checks the blocking;
-    the numerics are covered by the naive-loop tests above.
+    the numerics are covered by the naive-loop tests above. (The PyTorch path: the native
+    kernel, which never forms a block, is covered by test_smooth_rank_native.py.)
     """
-    import vlret.losses.vsl as vsl_module
+    import vlret.losses.vsl_rank as rank_module
 
     n = 1024
-    budget = vsl_module._BLOCK_ELEMENTS
+    budget = rank_module._BLOCK_ELEMENTS
     buffer = torch.full((budget,), 0.5)
     blocks: dict[str, list[tuple[int, int]]] = {"forward": [], "backward": []}
     phase = "forward"
@@ -200,7 +201,7 @@ def test_batch_1024_forward_backward_is_chunked(monkeypatch):
             return torch.tensor(0.5).expand(rows, cols, cols)
         return buffer[: rows * cols * cols].view(rows, cols, cols)
 
-    monkeypatch.setattr(vsl_module, "_pairwise_sigmoids", spy)
+    monkeypatch.setattr(rank_module, "_pairwise_sigmoids", spy)
     sim = torch.zeros(n, n, requires_grad=True)
     saved: list[int] = []
 
@@ -209,7 +210,7 @@ def test_batch_1024_forward_backward_is_chunked(monkeypatch):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = visual_semantic_loss(sim, torch.zeros(n, n))  # semantic + similarity ranks
+        loss = visual_semantic_loss(sim, torch.zeros(n, n), kernel="torch")  # both ranks
     assert max(saved) <= n * n  # nothing cubic is kept for the backward
     phase = "backward"
     loss.backward()

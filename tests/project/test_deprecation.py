@@ -165,7 +165,7 @@ def test_the_shim_only_modules_are_gone():
 
 #: The modules that may raise a DeprecationWarning: the mechanism of the ``deprecated`` modules,
 #: and the renamed keyword parameters of a loss (``Params.renamed``; VSL's pure functions).
-WARNERS = {"_deprecation.py", "losses/params.py", "losses/vsl.py"}
+WARNERS = {"_deprecation.py", "losses/params.py", "losses/vsl_rank.py"}
 
 
 def _source_files() -> dict[str, ast.Module]:

@@ -19,7 +19,6 @@ exactly as printed.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -31,7 +30,7 @@ from .._checks import (
     FLAG,
     NON_NEGATIVE,
     POSITIVE,
-    Number,
+    Choice,
     ParamError,
     check_finite,
     check_positive,
@@ -41,7 +40,7 @@ from .._checks import (
 )
 from ..similarity import Ids
 from ._base import LossCapabilities, PairLoss, naming_embeddings, prepare, reduce_terms
-from .deprecated import OLD_PARAMETERS, REMOVED_IN
+from .deprecated import OLD_PARAMETERS
 from .params import LossParams, param
 from .registry import (
     available_losses,
@@ -51,152 +50,7 @@ from .registry import (
     loss_parameters,
     register_loss,
 )
-
-#: The sigmoid's exponent ``x / tau`` is clamped to ``[-50, 50]`` (as Smooth-AP does): beyond
-#: it the sigmoid is saturated to within 2e-22. The gradient there is tiny but not exactly
-#: zero (as autograd through ``clamp`` would give): the hand-written backward evaluates
-#: ``sigma' = sigma (1 - sigma)`` at the clamped exponent, so a saturated pair contributes up
-#: to ``sigma'(+-50) ~ 1.9e-22`` (times ``1 / tau``) in float64 and float32 alike (0 where
-#: ``sigma`` itself rounded to 1).
-EXPONENT_CLAMP = 50.0
-#: Elements of one ``(rows, n, n)`` block of pairwise sigmoids (16 MiB in float32).
-_BLOCK_ELEMENTS = 1 << 22
-
-
-#: Rows of one block of the smooth rank's ``(rows, n, n)`` pairwise sigmoids, or ``None``.
-RANK_BLOCK = Number(integer=True, ge=1, optional=True)
-
-
-def _rank_block(rank_block: int | None, chunk_size: int | None) -> int | None:
-    """``rank_block``, or the deprecated ``chunk_size`` it was called before (issue 25)."""
-    if chunk_size is not None:
-        if rank_block is not None:
-            raise ValueError("chunk_size is the old name of rank_block; give rank_block only")
-        warnings.warn(
-            "chunk_size of the smooth rank is deprecated; it is now rank_block (chunk_size "
-            f"means a tiled loss's tile height; the old name is removed in {REMOVED_IN})",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        rank_block = chunk_size
-    RANK_BLOCK.check(rank_block, "rank_block")
-    return rank_block
-
-
-def _rows_per_block(n_rows: int, n_cols: int, rank_block: int | None) -> int:
-    if rank_block is not None:
-        return min(rank_block, n_rows)
-    return max(1, min(n_rows, _BLOCK_ELEMENTS // (n_cols * n_cols)))
-
-
-def _pairwise_sigmoids(scaled: torch.Tensor) -> torch.Tensor:
-    """``(c, n) -> (c, n, n)`` with ``[r, j, k] = sigmoid(clamp(scaled[r, k] - scaled[r, j]))``."""
-    block = scaled[:, None, :] - scaled[:, :, None]
-    return block.clamp_(-EXPONENT_CLAMP, EXPONENT_CLAMP).sigmoid_()
-
-
-def _ranks(scaled: torch.Tensor, rows: int) -> torch.Tensor:
-    out = torch.empty_like(scaled)
-    for r0 in range(0, scaled.shape[0], rows):
-        # 1 + sum over k != j = sum over all k + 1 - sigmoid(0), and sigmoid(0) = 0.5 exactly.
-        out[r0 : r0 + rows] = _pairwise_sigmoids(scaled[r0 : r0 + rows]).sum(-1).add_(0.5)
-    return out
-
-
-class _SmoothRank(torch.autograd.Function):
-    """Row-wise smooth rank with a hand-written backward that never holds all ``n^3`` terms.
-
-    With ``w_rjk = sigmoid'(z_rjk)`` (symmetric in ``j, k``) and incoming gradient ``g``:
-    ``dL/dm_ra = (sign / tau) * sum_j w_raj (g_rj - g_ra)``. When all the sigmoids fit in one
-    block they are kept for the backward, which turns them into ``w`` in place (a fresh
-    ``n^3`` buffer costs more in page faults than the arithmetic on it); otherwise, or on a
-    second backward through a retained graph, they are recomputed block by block.
-    """
-
-    @staticmethod
-    def forward(ctx, m: torch.Tensor, scale: float, rows: int) -> torch.Tensor:
-        scaled = m * scale
-        n_rows, n_cols = m.shape
-        ctx.scale, ctx.rows = scale, rows
-        ctx.save_for_backward(scaled)
-        ctx.sigmoids = None
-        if rows >= n_rows and n_rows * n_cols * n_cols <= _BLOCK_ELEMENTS:
-            # An intermediate, not an input or output: kept on ctx so the backward may consume it.
-            ctx.sigmoids = _pairwise_sigmoids(scaled)
-            return ctx.sigmoids.sum(-1).add_(0.5)
-        return _ranks(scaled, rows)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
-        (scaled,) = ctx.saved_tensors
-        kept, ctx.sigmoids = ctx.sigmoids, None
-        g = grad_out.to(scaled.dtype)
-        grad = torch.empty_like(scaled)
-        rows = scaled.shape[0] if kept is not None else ctx.rows
-        for r0 in range(0, scaled.shape[0], rows):
-            w = kept if kept is not None else _pairwise_sigmoids(scaled[r0 : r0 + rows])
-            w.addcmul_(w, w, value=-1.0)  # sigmoid' = sig (1 - sig), in place
-            gb = g[r0 : r0 + w.shape[0]]
-            # Row vectors times w (symmetric): [sum_j g_j w_ja, sum_j w_ja] in one batched product.
-            both = torch.stack((gb, torch.ones_like(gb)), dim=1) @ w
-            grad[r0 : r0 + w.shape[0]] = both[:, 0] - gb * both[:, 1]
-        return grad.mul_(ctx.scale), None, None
-
-
-def smooth_rank(
-    m: torch.Tensor,
-    *,
-    tau: float = 0.001,
-    descending: bool = True,
-    rank_block: int | None = None,
-    chunk_size: int | None = None,
-) -> torch.Tensor:
-    """Smooth rank of every entry within its row, VSL Eq. (4) with ``k != j``.
-
-    With ``descending=True`` (the released code and Smooth-AP):
-
-        R(i, j, M) = 1 + sum_{k != j} Omega(m_ik - m_ij),   Omega(x) = 1 / (1 + exp(-x / tau))
-
-    so the largest entry of a row gets rank about 1. ``descending=False`` is Eq. (4) as printed,
-    ``Omega(m_ij - m_ik)``, where the largest gets rank about ``n``; the two always sum to
-    ``n + 1``. As ``tau -> 0`` the ranks become exact (ties count one half each way). The
-    exponent ``x / tau`` is clamped to ``[-50, 50]`` (:data:`EXPONENT_CLAMP`).
-
-    The ``rows x n x n`` pairwise terms are computed a block of rows at a time, in the forward
-    and again in the backward, so memory stays ``O(n^2)`` beyond one block (measured in
-    ``docs/vsl.md``).
-
-    Args:
-        m: ``(rows, n)``, any floating dtype (half precision is computed and returned in
-            float32).
-        tau: The sigmoid's temperature, in the units of ``m``.
-        descending: Rank the largest entry 1 (``False``: Eq. 4 as printed).
-        rank_block: Rows per block; ``None``: as many as fit in 4M pairwise terms.
-        chunk_size: The deprecated name of ``rank_block`` (a DeprecationWarning).
-
-    Returns:
-        ``(rows, n)`` ranks in ``[1, n]``, differentiable with respect to ``m``.
-
-    Raises:
-        ValueError: ``m`` is not a non-empty finite floating 2-D tensor, or a bad ``tau`` or
-            ``rank_block``.
-    """
-    if not isinstance(m, torch.Tensor):
-        raise ValueError(f"m must be a torch.Tensor, got {type(m).__name__}")
-    if m.dim() != 2 or m.shape[0] == 0 or m.shape[1] == 0:
-        raise ValueError(f"m must be a non-empty 2-D (rows, n) tensor, got shape {tuple(m.shape)}")
-    if not m.dtype.is_floating_point:
-        raise ValueError(f"m must be a floating-point tensor, got dtype {m.dtype}")
-    check_positive(tau, "tau")
-    rank_block = _rank_block(rank_block, chunk_size)
-    m = m.to(compute_dtype(m.dtype))
-    check_finite(m, "m")
-    scale = (1.0 if descending else -1.0) / float(tau)
-    rows = _rows_per_block(m.shape[0], m.shape[1], rank_block)
-    if torch.is_grad_enabled() and m.requires_grad:
-        return _SmoothRank.apply(m, scale, rows)
-    return _ranks(m.detach() * scale, rows)
+from .vsl_rank import KERNELS, RANK_BLOCK, _rank_block, native_rank_disagreement, smooth_rank
 
 
 def _semantic_matrix(c: object, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -215,13 +69,21 @@ def _semantic_matrix(c: object, name: str, like: torch.Tensor) -> torch.Tensor:
 
 
 def _rank_disagreement(
-    s: torch.Tensor, c: torch.Tensor, tau: float, descending: bool, rank_block: int | None
+    s: torch.Tensor,
+    c: torch.Tensor,
+    tau: float,
+    descending: bool,
+    rank_block: int | None,
+    kernel: str,
 ) -> torch.Tensor:
     """Per row ``i``: ``1 - mean_j min(sr_ij, cr_ij) / max(sr_ij, cr_ij)`` (ranks are >= 1)."""
+    fused = native_rank_disagreement(s, c, tau=tau, descending=descending, kernel=kernel)
+    if fused is not None:
+        return fused
     with torch.no_grad():
-        cr = smooth_rank(c, tau=tau, descending=descending, rank_block=rank_block)
+        cr = smooth_rank(c, tau=tau, descending=descending, rank_block=rank_block, kernel=kernel)
     # Semantic ranks first: their block is freed before the similarity's is allocated.
-    sr = smooth_rank(s, tau=tau, descending=descending, rank_block=rank_block)
+    sr = smooth_rank(s, tau=tau, descending=descending, rank_block=rank_block, kernel=kernel)
     ratio = torch.where(sr <= cr, sr / cr, cr / sr)
     return 1.0 - ratio.mean(dim=1)
 
@@ -236,6 +98,7 @@ def visual_semantic_loss(
     reduction: str = "mean",
     rank_block: int | None = None,
     chunk_size: int | None = None,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """Visual semantic loss, VSL Eq. (5), optionally plus the text-side loss Eq. (7):
 
@@ -260,13 +123,17 @@ def visual_semantic_loss(
             ``L_vs (+ L_ts)``, ``"sum"`` is ``B`` times it and ``"none"`` the ``(B,)`` terms.
         rank_block: Rows per smooth-rank block (:func:`smooth_rank`).
         chunk_size: The deprecated name of ``rank_block`` (a DeprecationWarning).
+        kernel: The smooth rank's implementation, ``"auto"``, ``"native"`` or ``"torch"``
+            (:func:`smooth_rank`).
 
     Returns:
         The loss: a scalar, or ``(B,)`` with ``reduction="none"``.
 
     Raises:
         ValueError: A bad ``sim``, a semantic matrix of another shape than ``sim``, not
-            floating point or not finite, or a bad ``tau``, ``reduction`` or ``rank_block``.
+            floating point or not finite, or a bad ``tau``, ``reduction``, ``rank_block`` or
+            ``kernel``.
+        RuntimeError: ``kernel="native"`` and the kernel is not available.
     """
     check_similarity(sim)
     check_positive(tau, "tau")
@@ -274,12 +141,12 @@ def visual_semantic_loss(
     rank_block = _rank_block(rank_block, chunk_size)
     s = sim.to(compute_dtype(sim.dtype))
     c = _semantic_matrix(semantic_sim, "semantic_sim", s)
-    img_terms = _rank_disagreement(s, c, tau, descending, rank_block)
+    img_terms = _rank_disagreement(s, c, tau, descending, rank_block, kernel)
     if text_semantic_sim is None:
         txt_terms = torch.zeros((), dtype=s.dtype, device=s.device)
     else:
         tc = _semantic_matrix(text_semantic_sim, "text_semantic_sim", s)
-        txt_terms = _rank_disagreement(s.t(), tc, tau, descending, rank_block)
+        txt_terms = _rank_disagreement(s.t(), tc, tau, descending, rank_block, kernel)
     return reduce_terms(img_terms, txt_terms, reduction)
 
 
@@ -309,6 +176,9 @@ class VSLParams(LossParams):
     text_side: bool = param(False, FLAG, "add L_ts, Eq. 7 (needs the batch's captions)")
     rank_block: int | None = param(
         None, RANK_BLOCK, "rows per smooth-rank block (None: 4M pairwise terms)"
+    )
+    kernel: str = param(
+        "auto", Choice(KERNELS), "the smooth rank's implementation (auto: native when it can)"
     )
 
     renamed = OLD_PARAMETERS["vsl"]  # chunk_size -> rank_block
@@ -388,6 +258,9 @@ class VisualSemanticLoss(PairLoss):
       reduction ``"none"`` too and gives ``alpha * base_i + beta * vsl_i``.
     * ``rank_block``: rows per smooth-rank block (:func:`smooth_rank`); ``chunk_size``, its old
       name, is accepted with a DeprecationWarning.
+    * ``kernel``: ``"auto"`` runs the smooth rank through the fused native kernel on float32
+      CPU tensors when it is available, ``"torch"`` always through PyTorch, ``"native"``
+      insists on the kernel (:func:`smooth_rank`); the same numbers to float rounding.
 
     Raises:
         ValueError: ``semantic`` is not a fitted ``CaptionTfidf``, ``base`` is not a loss (or
@@ -546,6 +419,7 @@ class VisualSemanticLoss(PairLoss):
             text_semantic_sim=text_semantic_sim if self.text_side else None,
             reduction=self.reduction,
             rank_block=self.rank_block,
+            kernel=self.kernel,
         )
         if self.alpha == 0:
             return self.beta * vsl
