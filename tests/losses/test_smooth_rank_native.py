@@ -257,3 +257,59 @@ def test_switch_values(monkeypatch):
     monkeypatch.delenv("VLRET_NATIVE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
     assert str(_native.cache_dir()) == os.path.join("/somewhere", "vlret", "native")
+
+
+@needs_compiler
+@pytest.mark.parametrize("descending", [True, False])
+def test_fused_vsl_terms_match_float64(descending):
+    """The fused per-row terms (both ranks and the min/max ratio in one pass) against the
+    float64 PyTorch loss of the same float32 inputs: a term is off by at most two ranks'
+    errors (ratio a / b with a, b >= 1), and its gradient by the rank bound with the ratio's
+    derivative (at most 1 / n) as the incoming gradient."""
+    n, tau = 48, 0.001
+    sim = rows_of(n, n, seed=12, spread=0.01)
+    sim.diagonal().add_(0.3)  # an outlier per row: the kernel's checked path
+    sem = rows_of(n, n, seed=13, spread=0.01).abs()
+    sem[:, :8] = 0.0  # ties, as captions sharing no word give
+    big_x = max(float(sim.abs().max()), float(sem.abs().max())) / tau
+    got_s = sim.clone().requires_grad_()
+    got = visual_semantic_loss(
+        got_s, sem, tau=tau, descending=descending, reduction="none", kernel="native"
+    )
+    g = rows_of(1, n, seed=14, spread=1.0)[0]
+    got.backward(g)
+    want_s = sim.double().requires_grad_()
+    want = visual_semantic_loss(
+        want_s, sem.double(), tau=tau, descending=descending, reduction="none", kernel="torch"
+    )
+    want.backward(g.double())
+    tol = rank_tolerance(n, big_x)
+    assert (got.double() - want).abs().max().item() <= 2 * tol
+    gtol = grad_tolerance(n, big_x, 1 / tau, float(g.abs().max()) / n)
+    gtol += (1 / tau) * n * 2 * float(g.abs().max()) * (2 * tol / n) / 4
+    assert (got_s.grad.double() - want_s.grad).abs().max().item() <= gtol
+    # no grad: the terms alone, the same numbers
+    with torch.no_grad():
+        again = visual_semantic_loss(
+            sim, sem, tau=tau, descending=descending, reduction="none", kernel="native"
+        )
+    assert torch.equal(again, got.detach())
+
+
+@needs_compiler
+def test_fused_text_side_and_reductions():
+    n = 12
+    sim = rows_of(n, n, seed=15, spread=0.01)
+    sem, tsem = rows_of(n, n, seed=16, spread=0.01), rows_of(n, n, seed=17, spread=0.01)
+    for reduction in ("mean", "sum", "none"):
+        a = visual_semantic_loss(
+            sim, sem, text_semantic_sim=tsem, reduction=reduction, kernel="native"
+        )
+        b = visual_semantic_loss(
+            sim.double(),
+            sem.double(),
+            text_semantic_sim=tsem.double(),
+            reduction=reduction,
+            kernel="torch",
+        )
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=4 * rank_tolerance(n, 50.0))
