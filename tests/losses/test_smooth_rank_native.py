@@ -53,6 +53,15 @@ def rank64(m: torch.Tensor, tau: float, descending: bool = True) -> torch.Tensor
     return 1 + (sig * off).sum(-1)
 
 
+def rank64_of_scaled(m: torch.Tensor, tau: float) -> torch.Tensor:
+    """:func:`rank64` of the float32 scaled row ``fl(m * (1 / tau))``, the kernel's first
+    step: the error the input's scaling brings (the ``X`` terms below) is then left out."""
+    x = (m * (1.0 / tau)).double()  # a float32 product, as the kernel and the PyTorch path
+    sig = torch.sigmoid((x[:, None, :] - x[:, :, None]).clamp(-50, 50))
+    off = ~torch.eye(m.shape[1], dtype=torch.bool)
+    return 1 + (sig * off).sum(-1)
+
+
 def rank_tolerance(n: int, big_x: float) -> float:
     return n * (0.75 * EPS * big_x + 48 * EPS) + n * n * EPS
 
@@ -91,6 +100,34 @@ def test_ranks_and_gradients_match_float64(n, descending):
     ours = smooth_rank(torch_m, tau=tau, descending=descending, kernel="torch")
     ours.backward(g)
     assert (ours.double() - want).abs().max().item() <= rank_tolerance(n, big_x)
+
+
+@needs_compiler
+@pytest.mark.parametrize("spread", [0.2, 0.6])
+def test_wide_rows_match_float64(spread):
+    """Rows spread over hundreds of tau (a trained model's): at 0.2 the kernel's float64 path
+    (every entry within 700 tau of the midpoint), at 0.6 rows past that span, which take the
+    float32 path with the exp of each unsaturated pair out of range."""
+    tau, n = 0.001, 96
+    m = rows_of(40, n, seed=21, spread=spread)
+    g = rows_of(40, n, seed=22, spread=1.0)
+    got_m = m.clone().requires_grad_()
+    got = smooth_rank(got_m, tau=tau, kernel="native")
+    got.backward(g)
+    want_m = m.double().requires_grad_()
+    want = rank64(want_m, tau)
+    want.backward(g.double())
+    big_x = float(m.abs().max()) / tau
+    assert (got.double() - want).abs().max().item() <= rank_tolerance(n, big_x)
+    gtol = grad_tolerance(n, big_x, 1 / tau, float(g.abs().max()))
+    assert (got_m.grad.double() - want_m.grad).abs().max().item() <= gtol
+    # against the truth of the rounded scaled rows: the kernel's own error alone (X = 0)
+    scaled_m = m.clone().requires_grad_()
+    truth = rank64_of_scaled(scaled_m, tau)
+    truth.backward(g.double())
+    assert (got.double() - truth).abs().max().item() <= rank_tolerance(n, 0.0)
+    own = grad_tolerance(n, 0.0, 1 / tau, float(g.abs().max()))
+    assert (got_m.grad.double() - scaled_m.grad.double()).abs().max().item() <= own
 
 
 @needs_compiler
@@ -313,3 +350,25 @@ def test_fused_text_side_and_reductions():
             kernel="torch",
         )
         torch.testing.assert_close(a.double(), b, rtol=0, atol=4 * rank_tolerance(n, 50.0))
+
+
+@needs_compiler
+def test_the_portable_build_gives_the_same_numbers(monkeypatch, tmp_path):
+    """Built without ``-march=native`` (the compiler's baseline ISA: no AVX-512, so the
+    division and the lane loops instead of the intrinsics), as on a CPU the kernel was not
+    tuned for: the same ranks and gradients to the kernel's own rounding."""
+    m = torch.cat([rows_of(20, 70, seed=23, spread=0.01), rows_of(20, 70, seed=24, spread=0.2)])
+    g = rows_of(40, 70, seed=25, spread=1.0)
+    results = []
+    for flags in (_native.FLAG_SETS, _native.FLAG_SETS[1:]):
+        monkeypatch.setattr(_native, "FLAG_SETS", flags)
+        monkeypatch.setenv("VLRET_NATIVE_CACHE", str(tmp_path / str(len(flags))))
+        _native.forget()
+        x = m.clone().requires_grad_()
+        ranks = smooth_rank(x, kernel="native")
+        ranks.backward(g)
+        results.append((ranks.double(), x.grad.double()))
+    (r0, g0), (r1, g1) = results
+    assert (r0 - r1).abs().max().item() <= 2 * rank_tolerance(70, 0.0)
+    big_g = float(g.abs().max())
+    assert (g0 - g1).abs().max().item() <= 2 * grad_tolerance(70, 0.0, 1000.0, big_g)

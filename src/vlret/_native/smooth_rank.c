@@ -137,19 +137,62 @@ int64_t vlret_smooth_rank_pair_floats(int64_t n) {
 /* Entries within EXP_RANGE of the row's mean have E = exp(x - mean), computed once per
    entry; for two such entries exp(x_k - x_j) = E_k / E_j, so a pair costs one reciprocal,
    sigmoid(x_k - x_j) = E_k / (E_k + E_j), instead of one exp (see pair_sigmoids). EXP_RANGE
-   keeps E and the sum of two normal and finite in float32 (e^80 = 5.5e34). */
+   keeps E and the sum of two normal and finite in float32 (e^80 = 5.5e34). A row with more
+   than one entry in WIDE_SHARE out of that range whose entries all lie within WIDE_RANGE of
+   their midpoint (a trained model's wide row) takes the same ratios with E in float64
+   (e^700 = 1e304), see pair_sigmoids_wide. */
 #define EXP_RANGE 80.0f
+#define WIDE_RANGE 700.0
+#define WIDE_SHARE 16
 
-/* The scaled row xs, E = exp(x - mean) (es; 0 for an entry out of range) and in bad the
-   running count of entries out of range (bad[k]: among 0..k-1), so that the lanes k..k+15
-   are all in range when bad[k + LANES] == bad[k]. Lanes past n: x = 0, E = 1 (masked out by
-   the callers). */
-static void prepare_row(const float *m, float scale, int64_t n, float *xs, float *es,
-                        int32_t *bad) {
+typedef double vd __attribute__((vector_size(8 * sizeof(double))));
+typedef int64_t vl __attribute__((vector_size(8 * sizeof(int64_t))));
+
+/* One thread's row buffers (n + LANES entries each) and the path the row takes. */
+typedef struct {
+    float *xs, *es, *acc, *gs, *gr;
+    double *ed;
+    int32_t *bad;
+    int wide;
+} row_t;
+
+/* exp(y) in float64 for |y| <= 700, to float32's precision (the degree-7 polynomial). */
+static inline vd exp_wide(vd y) {
+    const double log2e = 1.4426950408889634;
+    const double ln2 = 0.6931471805599453;
+    const double shifter = 6755399441055744.0; /* 1.5 * 2^52: rounds to an integer */
+    vd t = y * log2e + shifter;
+    vd n = t - shifter;
+    vd r = y - n * ln2;
+    vd p = (vd){0} + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    vl bits = (__builtin_convertvector(n, vl) + 1023) << 52;
+    vd scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* The scaled row xs, its path, and for the float32 paths E = exp(x - mean) (es; 0 for an
+   entry out of range) with in bad the running count of entries out of range (bad[k]: among
+   0..k-1; lanes k..k+15 are all in range when bad[k + LANES] == bad[k]), for the wide path E
+   = exp(x - midpoint) in float64 (ed). Lanes past n: x = 0, E = 1 (masked out by the
+   callers). */
+static void prepare_row(const float *m, float scale, int64_t n, row_t *rw) {
+    float *xs = rw->xs, *es = rw->es;
+    int32_t *bad = rw->bad;
     double total = 0.0;
+    float lo = 0.0f, hi = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         xs[i] = m[i] * scale;
         total += xs[i];
+        lo = i == 0 || xs[i] < lo ? xs[i] : lo;
+        hi = i == 0 || xs[i] > hi ? xs[i] : hi;
     }
     const float mean = (float)(total / (double)n);
     for (int64_t i = n; i < n + LANES; i++) xs[i] = 0.0f;
@@ -164,6 +207,17 @@ static void prepare_row(const float *m, float scale, int64_t n, float *xs, float
         es[i] = 1.0f;
         bad[i + 1] = bad[i];
     }
+    const double mid = 0.5 * ((double)lo + (double)hi);
+    rw->wide = bad[n] > 1 && bad[n] * WIDE_SHARE > n && (double)hi - mid <= WIDE_RANGE;
+    if (!rw->wide) return;
+    double *ed = rw->ed;
+    for (int64_t i = 0; i < n; i += 8) {
+        vd y;
+        for (int l = 0; l < 8; l++) y[l] = i + l < n ? (double)xs[i + l] - mid : 0.0;
+        vd e = exp_wide(y);
+        memcpy(ed + i, &e, sizeof e);
+    }
+    for (int64_t i = n; i < n + LANES; i++) ed[i] = 1.0;
 }
 
 /* Whether any lane of a mask is set. */
@@ -180,8 +234,8 @@ static inline int any_lane(vi mask) {
 }
 
 /* sigmoid(clamp(x_k - x_j)) and sigmoid(clamp(x_j - x_k)) of one vector of k (not yet
-   masked). sat_hi, sat_lo: the two sigmoids at the clamp, 50 and -50, as the exp path
-   computes them.
+   masked), on the float32 paths. sat_hi, sat_lo: the two sigmoids at the clamp, 50 and -50,
+   as the exp path computes them.
 
    Three paths, by what the vector holds:
    - every entry in range: E_k / (E_k + E_j) and E_j / (E_k + E_j), without the clamp. For
@@ -192,11 +246,11 @@ static inline int any_lane(vi mask) {
    - an entry out of range, but every such pair saturated (50 or more apart): the same
      ratios, with the clamp's values put in for the saturated pairs;
    - otherwise the exp of each pair's clamped difference. */
-static inline void pair_sigmoids(const float *xs, const float *es, const int32_t *bad,
-                                 int64_t k, int64_t j, vf sat_hi, vf sat_lo, vf *to_j,
-                                 vf *to_k) {
+static inline void pair_sigmoids(const row_t *rw, int64_t k, int64_t j, vf sat_hi, vf sat_lo,
+                                 vf *to_j, vf *to_k) {
+    const float *xs = rw->xs, *es = rw->es;
     vf ek = load(es + k), ej = splat(es[j]);
-    if (es[j] != 0.0f && bad[k + LANES] == bad[k]) {
+    if (es[j] != 0.0f && rw->bad[k + LANES] == rw->bad[k]) {
         vf inv = recip(ek + ej);
         *to_j = ek * inv;
         *to_k = ej * inv;
@@ -224,6 +278,53 @@ static inline void pair_sigmoids(const float *xs, const float *es, const int32_t
     *to_k = select_f(up, lo, hi);
 }
 
+static inline vd recip_wide(vd x) {
+#if defined(__AVX512F__)
+    __m512d d, y;
+    memcpy(&d, &x, sizeof d);
+    y = _mm512_rcp14_pd(d);
+    vd r;
+    memcpy(&r, &y, sizeof r);
+    return r * (2.0 - x * r); /* relative error below 2^-27 */
+#else
+    return 1.0 / x;
+#endif
+}
+
+static inline vf join_halves(vd a, vd b) {
+    vf8 lo = __builtin_convertvector(a, vf8), hi = __builtin_convertvector(b, vf8);
+    vf out;
+    memcpy(&out, &lo, sizeof lo);
+    memcpy((char *)&out + sizeof lo, &hi, sizeof hi);
+    return out;
+}
+
+/* The wide path: the float32 path's separable ratios with E in float64, for every pair of
+   the row (no clamp: as above, a difference below 1.9e-22 per pair). */
+static inline void pair_sigmoids_wide(const row_t *rw, int64_t k, int64_t j, vf *to_j,
+                                      vf *to_k) {
+    vd ej = (vd){0} + rw->ed[j], e0, e1;
+    memcpy(&e0, rw->ed + k, sizeof e0);
+    memcpy(&e1, rw->ed + k + 8, sizeof e1);
+    vd i0 = recip_wide(e0 + ej), i1 = recip_wide(e1 + ej);
+    *to_j = join_halves(e0 * i0, e1 * i1);
+    *to_k = join_halves(ej * i0, ej * i1);
+}
+
+/* The masked sigmoids of one vector of k against j, by the row's path. */
+static inline void row_pairs(const row_t *rw, int64_t n, int64_t k, int64_t j, vf sat_hi,
+                             vf sat_lo, vf *to_j, vf *to_k) {
+    if (rw->wide)
+        pair_sigmoids_wide(rw, k, j, to_j, to_k);
+    else
+        pair_sigmoids(rw, k, j, sat_hi, sat_lo, to_j, to_k);
+    if (k + LANES > n) {
+        vi real = real_lanes(k, n);
+        *to_j = select_f(real, *to_j, splat(0.0f));
+        *to_k = select_f(real, *to_k, splat(0.0f));
+    }
+}
+
 /* The sigmoids at the clamp, 50 and -50, as pair_sigmoids's exp path computes them. */
 static void saturated(vf *sat_hi, vf *sat_lo) {
     vf e = exp_neg(splat(50.0f));
@@ -232,22 +333,17 @@ static void saturated(vf *sat_hi, vf *sat_lo) {
 }
 
 /* One row: ranks into out[0..n), the pairs' derivatives (if w) into w's packed segments. */
-static void rank_row(const float *m, float scale, int64_t n, float *out, float *w, float *xs,
-                     float *es, int32_t *bad, float *acc) {
+static void rank_row(const float *m, float scale, int64_t n, float *out, float *w, row_t *rw) {
     vf sat_hi, sat_lo;
     saturated(&sat_hi, &sat_lo);
-    prepare_row(m, scale, n, xs, es, bad);
+    prepare_row(m, scale, n, rw);
+    float *acc = rw->acc;
     for (int64_t i = 0; i < n + LANES; i++) acc[i] = 0.0f;
     for (int64_t j = 0; j < n; j++) {
         vf mine = splat(0.0f);
         for (int64_t k = j + 1; k < n; k += LANES) {
             vf to_j, to_k;
-            pair_sigmoids(xs, es, bad, k, j, sat_hi, sat_lo, &to_j, &to_k);
-            if (k + LANES > n) {
-                vi real = real_lanes(k, n);
-                to_j = select_f(real, to_j, splat(0.0f));
-                to_k = select_f(real, to_k, splat(0.0f));
-            }
+            row_pairs(rw, n, k, j, sat_hi, sat_lo, &to_j, &to_k);
             mine += to_j;
             store(acc + k, load(acc + k) + to_k);
             if (w) {
@@ -263,10 +359,11 @@ static void rank_row(const float *m, float scale, int64_t n, float *out, float *
 /* One row's gradient: grad_a = scale * sum_j w_aj (g_j - g_a); w from the forward's packed
    segments, or recomputed (the same operations, so the same numbers) when w is NULL. */
 static void grad_row(const float *m, float scale, const float *g, int64_t n, const float *w,
-                     float *grad, float *xs, float *es, int32_t *bad, float *acc, float *gs) {
+                     float *grad, row_t *rw) {
     vf sat_hi, sat_lo;
     saturated(&sat_hi, &sat_lo);
-    if (!w) prepare_row(m, scale, n, xs, es, bad);
+    if (!w) prepare_row(m, scale, n, rw);
+    float *acc = rw->acc, *gs = rw->gs;
     for (int64_t i = 0; i < n; i++) gs[i] = g[i];
     for (int64_t i = n; i < n + LANES; i++) gs[i] = 0.0f;
     for (int64_t i = 0; i < n + LANES; i++) acc[i] = 0.0f;
@@ -280,12 +377,7 @@ static void grad_row(const float *m, float scale, const float *g, int64_t n, con
                 w += LANES;
             } else {
                 vf to_j, to_k;
-                pair_sigmoids(xs, es, bad, k, j, sat_hi, sat_lo, &to_j, &to_k);
-                if (k + LANES > n) {
-                    vi real = real_lanes(k, n);
-                    to_j = select_f(real, to_j, splat(0.0f));
-                    to_k = select_f(real, to_k, splat(0.0f));
-                }
+                row_pairs(rw, n, k, j, sat_hi, sat_lo, &to_j, &to_k);
                 wk = to_j * to_k;
             }
             vf t = wk * (load(gs + k) - gj);
@@ -300,9 +392,9 @@ static void grad_row(const float *m, float scale, const float *g, int64_t n, con
 /* VSL's per-row term, Eq. (5): 1 - mean_j min(sr_j, cr_j) / max(sr_j, cr_j), with sr and cr
    the ranks of the row of s (derivatives into w) and of c. */
 static float vsl_row(const float *s, const float *c, float scale, int64_t n, float *sr,
-                     float *cr, float *w, float *xs, float *es, int32_t *bad, float *acc) {
-    rank_row(c, scale, n, cr, NULL, xs, es, bad, acc);
-    rank_row(s, scale, n, sr, w, xs, es, bad, acc);
+                     float *cr, float *w, row_t *rw) {
+    rank_row(c, scale, n, cr, NULL, rw);
+    rank_row(s, scale, n, sr, w, rw);
     double total = 0.0;
     for (int64_t j = 0; j < n; j++) total += sr[j] <= cr[j] ? sr[j] / cr[j] : cr[j] / sr[j];
     return (float)(1.0 - total / (double)n);
@@ -310,12 +402,12 @@ static float vsl_row(const float *s, const float *c, float scale, int64_t n, flo
 
 /* The gradient of a row's term (incoming gradient gterm) with respect to the row of s. */
 static void vsl_grad_row(const float *s, float scale, float gterm, int64_t n, const float *sr,
-                         const float *cr, const float *w, float *grad, float *xs, float *es,
-                         int32_t *bad, float *acc, float *gs, float *gr) {
+                         const float *cr, const float *w, float *grad, row_t *rw) {
     const float coef = -gterm / (float)n;
+    float *gr = rw->gr;
     for (int64_t j = 0; j < n; j++)
         gr[j] = sr[j] <= cr[j] ? coef / cr[j] : -coef * cr[j] / (sr[j] * sr[j]);
-    grad_row(s, scale, gr, n, w, grad, xs, es, bad, acc, gs);
+    grad_row(s, scale, gr, n, w, grad, rw);
 }
 
 enum { RANK_FORWARD, RANK_BACKWARD, VSL_FORWARD, VSL_BACKWARD };
@@ -332,34 +424,37 @@ static void *run(void *arg) {
     job_t *jb = (job_t *)arg;
     int64_t n = jb->n, width = n + LANES;
     float *scratch = (float *)malloc(sizeof(float) * 5 * (size_t)width);
+    double *ed = (double *)malloc(sizeof(double) * (size_t)width);
     int32_t *bad = (int32_t *)malloc(sizeof(int32_t) * (size_t)(width + 1));
-    if (!scratch || !bad) {
+    if (!scratch || !ed || !bad) {
         free(scratch);
+        free(ed);
         free(bad);
         return (void *)1;
     }
-    float *xs = scratch, *es = scratch + width, *acc = scratch + 2 * width;
-    float *gs = scratch + 3 * width, *gr = scratch + 4 * width;
+    row_t rw = {scratch, scratch + width, scratch + 2 * width, scratch + 3 * width,
+                scratch + 4 * width, ed, bad, 0};
     for (int64_t r = jb->r0; r < jb->r1; r++) {
         float *w = jb->w ? jb->w + r * jb->seg : NULL;
         const float *m = jb->m + r * n;
         switch (jb->mode) {
         case RANK_FORWARD:
-            rank_row(m, jb->scale, n, jb->out + r * n, w, xs, es, bad, acc);
+            rank_row(m, jb->scale, n, jb->out + r * n, w, &rw);
             break;
         case RANK_BACKWARD:
-            grad_row(m, jb->scale, jb->g + r * n, n, w, jb->out + r * n, xs, es, bad, acc, gs);
+            grad_row(m, jb->scale, jb->g + r * n, n, w, jb->out + r * n, &rw);
             break;
         case VSL_FORWARD:
-            jb->out[r] = vsl_row(m, jb->c + r * n, jb->scale, n, jb->sr + r * n, jb->cr + r * n,
-                                 w, xs, es, bad, acc);
+            jb->out[r] = vsl_row(m, jb->c + r * n, jb->scale, n, jb->sr + r * n,
+                                 jb->cr + r * n, w, &rw);
             break;
         default:
             vsl_grad_row(m, jb->scale, jb->g[r], n, jb->sr + r * n, jb->cr + r * n, w,
-                         jb->out + r * n, xs, es, bad, acc, gs, gr);
+                         jb->out + r * n, &rw);
         }
     }
     free(scratch);
+    free(ed);
     free(bad);
     return NULL;
 }
