@@ -48,7 +48,8 @@ Three measurements, each a ratio taken side by side in one run, the machine prin
     is printed. ``--full``: 12 layers, B=4096, C=128 (the issue's sizes).
 
 (3) **GPU pre-training throughput** (only when ``torch.cuda.is_available()``; otherwise skipped
-    with the reason printed): the full ViT-B/32 CLIP, ``train.amp = --gpu-amp`` (bf16 default),
+    with the reason printed): the full ViT-B/32 CLIP (``--gpu-patch 16``: ViT-B/16, the same
+    widths with 16-pixel patches), ``train.amp = --gpu-amp`` (bf16 default),
     ``--gpu-batch`` per step (256, as LAION's ViT-B/32 runs per GPU), pre-collated batches on
     the GPU (data loading excluded), ``--gpu-steps`` timed steps after 3 warm-up steps;
     samples/s against LAION's published 400-850 samples/s per A100 for open_clip ViT-B/32.
@@ -407,7 +408,7 @@ def worker_memory(spec: dict) -> dict:
 
 
 def worker_gpu(spec: dict) -> dict:
-    """Fresh process on CUDA: timed pre-training steps of the full ViT-B/32 CLIP."""
+    """Fresh process on CUDA: timed pre-training steps of the full ViT-B/32 (or B/16) CLIP."""
     machine.resolve_device(spec["device"])  # the current CUDA device: synchronize() waits for it
     with tempfile.TemporaryDirectory() as tmp:
         trainer = make_trainer(spec, Path(tmp) / "run")
@@ -487,7 +488,8 @@ def part_memory(shards: list[str], args: argparse.Namespace, device: str) -> str
 
 
 def part_gpu(shards: list[str], args: argparse.Namespace, device: str) -> str:
-    print("\n=== (3) ViT-B/32 pre-training samples/s on a GPU")
+    name = f"ViT-B/{args.gpu_patch}"
+    print(f"\n=== (3) {name} pre-training samples/s on a GPU")
     if not device.startswith("cuda"):
         no_gpu = "torch.cuda.is_available() is False (no GPU on this machine)"
         line = f"(3) skipped: {no_gpu if not torch.cuda.is_available() else 'not CUDA: ' + device}"
@@ -505,15 +507,21 @@ def part_gpu(shards: list[str], args: argparse.Namespace, device: str) -> str:
         "amp": amp,
         "steps": args.gpu_steps,
         "threads": torch.get_num_threads(),
+        # ViT-B/16 is the ViT-B-32 preset with 16-pixel patches (196 tokens instead of 49)
+        "vision": {"patch_size": args.gpu_patch},
     }
     res = run_worker(spec, args.timeout)
-    machine.record("gpu_training", {**res, "batch": args.gpu_batch, "amp": args.gpu_amp})
+    machine.record(
+        "gpu_training",
+        {**res, "batch": args.gpu_batch, "amp": args.gpu_amp, "patch": args.gpu_patch},
+    )
     if "error" in res:
         line = f"(3) GPU run: {res['error']}"
     else:
         low, high = LAION_A100
         line = (
-            f"(3) {res['device']}: {res['samples_per_s']:.0f} samples/s (B={args.gpu_batch}, "
+            f"(3) {name} on {res['device']}: {res['samples_per_s']:.0f} samples/s "
+            f"(B={args.gpu_batch}, "
             f"amp {args.gpu_amp}, {args.gpu_steps} steps in {res['seconds']:.1f} s, peak "
             f"{res['memory'] / GB:.1f} GB, data loading excluded) vs LAION's {low:.0f}-"
             f"{high:.0f} samples/s per A100 (open_clip ViT-B/32)"
@@ -548,6 +556,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-batch", type=int, default=256)
     parser.add_argument("--gpu-steps", type=int, default=20)
     parser.add_argument("--gpu-amp", choices=("bf16", "fp16", "none"), default="bf16")
+    parser.add_argument(
+        "--gpu-patch", type=int, choices=(32, 16), default=32, help="(3): ViT-B/32 or ViT-B/16"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per subprocess")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
