@@ -82,14 +82,33 @@ def test_graph_reasoning_bfloat16_close_to_float32():
     nodes = F.normalize(torch.randn(3, 2, 5, S), dim=-1)
     mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
     with torch.no_grad():
-        exact = graph_reasoning(
-            nodes.double(), mask, graph_steps(scorer.sgr, torch.float64, False), False
-        )
-        low = graph_reasoning(nodes, mask, graph_steps(scorer.sgr, torch.float32, True), True)
-    assert low.dtype == torch.float32
+        exact = graph_reasoning(nodes.double(), mask, graph_steps(scorer.sgr, torch.float64, False))
+        low_steps = graph_steps(scorer.sgr, torch.float32, True, offset=False)
+        low = graph_reasoning(nodes, mask, low_steps, torch.float32)
+    assert low_steps[0].fused.dtype == torch.bfloat16 and low.dtype == torch.float32
     # relu(W s + b) over 3 steps, |W| <= 3 * init scale: relative error a few BF16_EPS each.
     scale = exact.abs().max().item()
     assert (low.double() - exact).abs().max().item() <= 3 * 3 * BF16_EPS * scale * 4
+
+
+def test_graph_reasoning_without_the_logit_offset_is_the_same():
+    """The offset row (constant over the keys) cancels in the softmax: calls without autograd
+    leave it out, with the same numbers up to float64 rounding."""
+    scorer = _scorer("sgr")
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # biases give the offset row W_q^T b_k its weight
+        for step in scorer.sgr:
+            for layer in (step.query, step.key, step.update):
+                layer.bias.copy_(torch.randn(S, generator=g))
+    nodes = F.normalize(torch.randn(3, 2, 5, S, generator=g, dtype=torch.float64), dim=-1)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    with_offset = graph_steps(scorer.sgr, torch.float64, False)
+    without = graph_steps(scorer.sgr, torch.float64, False, offset=False)
+    assert with_offset[0].offset and with_offset[0].fused.shape == (2 * S + 1, S)
+    assert not without[0].offset and without[0].fused.shape == (2 * S, S)
+    want = graph_reasoning(nodes, mask, with_offset)
+    assert with_offset[0].fused[S].abs().max() > 0.1  # the offset row is not zero
+    assert torch.allclose(graph_reasoning(nodes, mask, without), want, rtol=0, atol=1e-13)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -9,8 +9,6 @@ image; :class:`SGRAFScorer` scores blocks of images x captions at once under a m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,16 +17,16 @@ from .attention import (
     CPU_BLOCK_ELEMENTS,
     DEFAULT_MAX_ELEMENTS,
     NORM_EPS,
-    attention_weights,
     check_tokens,
     positive_int,
 )
 from .sgraf_ops import (
     PRECISIONS,
     GraphStep,
-    LocalProjection,
+    Operands,
+    Scratch,
     batch_norm,
-    bmm,
+    block_nodes,
     gemm,
     graph_reasoning,
     graph_steps,
@@ -40,6 +38,10 @@ from .sgraf_ops import (
 MODULES = ("sgr", "saf")
 #: On CPU, the rows (words) a block's word-region products aim for (see ``_forward``).
 _CPU_BLOCK_ROWS = 64
+#: On CPU, the bound on a bfloat16 evaluation block's largest intermediate: its attended
+#: vectors are formed CPU_BLOCK_ELEMENTS at a time, so its blocks can be larger, with fewer
+#: per-block steps (see ``plan_blocks``).
+CPU_LOW_BLOCK_ELEMENTS = 2**21
 
 
 class _GlobalAttention(nn.Module):
@@ -104,20 +106,6 @@ class _Filtration(nn.Module):
         super().__init__()
         self.gate = nn.Linear(sim_dim, 1)
         self.bn = nn.BatchNorm1d(1)
-
-
-@dataclass(frozen=True)
-class _Operands:
-    """The products' operands of one :class:`SGRAFScorer` call (see ``_operands``)."""
-
-    low: bool
-    mm_dtype: torch.dtype
-    local_w: torch.Tensor
-    local_b: torch.Tensor
-    local_w_low: torch.Tensor | None
-    global_w: torch.Tensor
-    global_b: torch.Tensor
-    steps: list[GraphStep]
 
 
 class SGRAFScorer(nn.Module):
@@ -422,24 +410,33 @@ class SGRAFScorer(nn.Module):
 
         deferred = self.module == "saf" and self.saf.bn.training
         regions_mm, words_mm = regions.to(ops.mm_dtype), words.to(ops.mm_dtype)
+        gram = regions @ regions.transpose(1, 2) if ops.low else None  # (n_img, R, R)
         rows, kept = [], []
-        for c0, c1, top, img_block in self.plan_blocks(n_img, tops, regions.device, budget):
+        plan = self.plan_blocks(n_img, tops, regions.device, budget, low=ops.low)
+        for c0, c1, top, img_block in plan:
             w_b, m_b = (words[c0:c1, :top], words_mm[c0:c1, :top]), mask[c0:c1, :top]
             row = []
             for i0 in range(0, n_img, img_block):
                 i1 = min(n_img, i0 + img_block)
-                nodes, node_mask = self._nodes(
-                    regions_mm[i0:i1], img_glob[i0:i1], w_b, cap_glob[c0:c1], m_b, ops
+                nodes, node_mask = block_nodes(
+                    regions_mm[i0:i1],
+                    img_glob[i0:i1],
+                    w_b,
+                    cap_glob[c0:c1],
+                    m_b,
+                    ops,
+                    None if gram is None else gram[i0:i1],
+                    self.lambda_softmax,
                 )
                 if deferred:
                     kept.append((c0, c1, nodes, node_mask))
                 else:
-                    row.append(self._finish(nodes, node_mask, None, ops.steps))
+                    row.append(self._finish(nodes, node_mask, None, ops.steps, dtype))
             if row:
                 rows.append(torch.cat(row, dim=0))
         inverse = None if order is None else torch.argsort(order)
         if deferred:
-            scores = self._finish_saf_training(kept, n_img, lengths, inverse)
+            scores = self._finish_saf_training(kept, n_img, lengths, inverse, dtype)
         else:
             scores = torch.cat(rows, dim=1)
         return scores if inverse is None else scores.index_select(1, inverse)
@@ -450,6 +447,8 @@ class SGRAFScorer(nn.Module):
         lengths: list[int],
         device: torch.device,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        *,
+        low: bool = False,
     ) -> list[tuple[int, int, int, int]]:
         """The blocks :meth:`forward` scores: ``(c0, c1, top, img_block)`` for captions
         ``c0:c1`` of the length-sorted (longest first) ``lengths``, trimmed to ``top``
@@ -458,11 +457,14 @@ class SGRAFScorer(nn.Module):
         A block's largest intermediate (the ``top x D`` attended vectors of each pair, or
         its ``(top + 1) x sim_dim`` nodes) stays within ``max_elements``, on CPU within
         :data:`~vlret.models.attention.CPU_BLOCK_ELEMENTS` (the element-wise passes then run
-        in the caches). On CPU a block also takes enough captions for its word-region
-        products to have ``_CPU_BLOCK_ROWS`` rows (one caption alone gives them ``top``
-        rows: thin, slow GEMMs); on a GPU it takes as many images as fit first.
+        in the caches), or with ``low`` (a bfloat16 evaluation call, whose attended vectors
+        are formed that many at a time) within :data:`CPU_LOW_BLOCK_ELEMENTS`. On CPU a
+        block also takes enough captions for its word-region products to have
+        ``_CPU_BLOCK_ROWS`` rows (one caption alone gives them ``top`` rows: thin, slow
+        GEMMs); on a GPU it takes as many images as fit first.
         """
-        budget = min(max_elements, CPU_BLOCK_ELEMENTS) if device.type == "cpu" else max_elements
+        cpu_budget = CPU_LOW_BLOCK_ELEMENTS if low else CPU_BLOCK_ELEMENTS
+        budget = min(max_elements, cpu_budget) if device.type == "cpu" else max_elements
         r, d, out, c0 = self.num_regions, self.embed_dim, [], 0
         while c0 < len(lengths):
             top = lengths[c0]
@@ -475,57 +477,24 @@ class SGRAFScorer(nn.Module):
             c0 = c1
         return out
 
-    def _operands(self, dtype: torch.dtype) -> _Operands:
+    def _operands(self, dtype: torch.dtype) -> Operands:
         """The products' operands of one call in the working ``dtype`` (bfloat16 copies for
         ``matmul_precision="bfloat16"`` in a call without autograd)."""
-        low = self.matmul_precision == "bfloat16" and not torch.is_grad_enabled()
+        grad = torch.is_grad_enabled()
+        low = self.matmul_precision == "bfloat16" and not grad
         mm = torch.bfloat16 if low else dtype
-        local_w = self.local_proj.weight.to(dtype)
-        return _Operands(
+        local = self.local_proj.weight.to(dtype), self.local_proj.bias.to(dtype)
+        steps = graph_steps(self.sgr, dtype, low, offset=grad) if self.module == "sgr" else []
+        return Operands(
             low=low,
             mm_dtype=mm,
-            local_w=local_w,
-            local_b=self.local_proj.bias.to(dtype),
-            local_w_low=local_w.to(mm) if low else None,
+            local_w=local[0].to(mm),
+            local_b=local[1].to(mm),
             global_w=self.global_proj.weight.to(mm),
             global_b=self.global_proj.bias.to(dtype),
-            steps=graph_steps(self.sgr, dtype, low) if self.module == "sgr" else [],
+            steps=steps,
+            scratch=Scratch() if low else None,
         )
-
-    def _nodes(
-        self,
-        regions: torch.Tensor,
-        img_glob: torch.Tensor,
-        words: tuple[torch.Tensor, torch.Tensor],
-        cap_glob: torch.Tensor,
-        mask: torch.Tensor,
-        ops: _Operands,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``(ib, cb, L + 1, sim_dim)`` similarity nodes of a block (global node first,
-        padded word nodes zeroed) and their ``(cb, L + 1)`` mask. ``regions`` in the
-        products' dtype, ``words`` in the working dtype and in the products' dtype."""
-        ib, r, d = regions.shape
-        words_work, words_mm = words
-        cb, width, _ = words_work.shape
-        dtype = img_glob.dtype
-        # Raw scores of every word with every region of the block: one GEMM.
-        flat = words_mm.reshape(cb * width, d)
-        raw = gemm(flat, regions.reshape(ib * r, d), None, ops.low, dtype)
-        raw = raw.view(cb, width, ib, r).permute(2, 0, 1, 3)  # (ib, cb, L, R): words query
-        attn = attention_weights(
-            raw, query_mask=mask, context_mask=None, lambda_softmax=self.lambda_softmax
-        )
-        attended = bmm(attn.reshape(ib, cb * width, r), regions, ops.low)  # (ib, cb * L, D)
-        local = LocalProjection.apply(
-            attended, words_work.reshape(cb * width, d), ops.local_w, ops.local_b, ops.local_w_low
-        )
-        del attended
-        local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
-        glob_diff = (img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square()
-        glob = gemm(glob_diff, ops.global_w, ops.global_b, ops.low)
-        nodes = torch.cat([l2norm(glob).unsqueeze(2), local], dim=2)
-        node_mask = torch.cat([mask.new_ones(cb, 1), mask], dim=1)
-        return nodes, node_mask
 
     def _finish(
         self,
@@ -533,16 +502,16 @@ class SGRAFScorer(nn.Module):
         node_mask: torch.Tensor,
         saf_stats: tuple[torch.Tensor, torch.Tensor] | None,
         steps: list[GraphStep],
+        dtype: torch.dtype,
     ) -> torch.Tensor:
-        """``(ib, cb)`` scores from a block's nodes. ``saf_stats``: per-caption ``(mean,
-        var)`` of SAF's BatchNorm, shape ``(cb,)`` each, or None for its running statistics;
-        ``steps``: SGR's prepared step matrices (:func:`~vlret.models.sgraf_ops.graph_steps`,
-        once per call)."""
+        """``(ib, cb)`` scores in the working ``dtype`` from a block's nodes. ``saf_stats``:
+        per-caption ``(mean, var)`` of SAF's BatchNorm, shape ``(cb,)`` each, or None for its
+        running statistics; ``steps``: SGR's prepared step matrices
+        (:func:`~vlret.models.sgraf_ops.graph_steps`, once per call)."""
         if self.module == "sgr":
-            low = bool(steps) and steps[0].fused.dtype == torch.bfloat16
-            vec = graph_reasoning(nodes, node_mask, steps, low)
+            vec = graph_reasoning(nodes, node_mask, steps, dtype)
         else:
-            gates = linear(nodes, self.saf.gate).squeeze(-1)  # (ib, cb, L + 1)
+            gates = self._gates(nodes, dtype)  # (ib, cb, L + 1)
             bn = self.saf.bn
             if saf_stats is None:
                 assert bn.running_mean is not None and bn.running_var is not None  # tracked
@@ -553,8 +522,13 @@ class SGRAFScorer(nn.Module):
             gates = torch.sigmoid((gates - mean) * scale + bn.bias.to(gates.dtype))
             gates = gates * node_mask
             gates = gates / (gates.abs().sum(dim=-1, keepdim=True) + NORM_EPS)  # l1norm
-            vec = l2norm((gates.unsqueeze(-1) * nodes).sum(dim=2))
+            vec = l2norm((gates.unsqueeze(-2).to(nodes.dtype) @ nodes).squeeze(-2).to(dtype))
         return torch.sigmoid(linear(vec, self.head)).squeeze(-1)
+
+    def _gates(self, nodes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """SAF's ``(ib, cb, K)`` gate logits ``w^T s_p + b`` (the product in the nodes' dtype)
+        in the working ``dtype``."""
+        return linear(nodes, self.saf.gate).squeeze(-1).to(dtype)
 
     def _finish_saf_training(
         self,
@@ -562,12 +536,13 @@ class SGRAFScorer(nn.Module):
         n_img: int,
         lengths: torch.Tensor,
         inverse: torch.Tensor | None,
+        dtype: torch.dtype,
     ) -> torch.Tensor:
         """SAF in training mode: each caption's BatchNorm statistics over all its pairs first
-        (``inverse`` puts the sorted captions back in call order for the running update)."""
-        nodes0 = kept[0][2]
-        dtype, device = nodes0.dtype, nodes0.device
-        gates = [linear(nodes, self.saf.gate).squeeze(-1) * nm for _, _, nodes, nm in kept]
+        (``inverse`` puts the sorted captions back in call order for the running update),
+        in the working ``dtype``."""
+        device = kept[0][2].device
+        gates = [self._gates(nodes, dtype) * nm for _, _, nodes, nm in kept]
         count = (lengths.to(dtype) + 1) * n_img  # scalars per caption
         total = torch.zeros(lengths.shape[0], dtype=dtype, device=device)
         for (c0, c1, *_), g in zip(kept, gates, strict=True):
@@ -585,7 +560,8 @@ class SGRAFScorer(nn.Module):
             update_running(self.saf.bn, mean[inverse].unsqueeze(1), unbiased[inverse].unsqueeze(1))
         rows: dict[int, list[torch.Tensor]] = {}  # caption block -> image blocks in order
         for c0, c1, nodes, nm in kept:
-            rows.setdefault(c0, []).append(self._finish(nodes, nm, (mean[c0:c1], var[c0:c1]), []))
+            stats = mean[c0:c1], var[c0:c1]
+            rows.setdefault(c0, []).append(self._finish(nodes, nm, stats, [], dtype))
         return torch.cat([torch.cat(row, dim=0) for row in rows.values()], dim=1)
 
 

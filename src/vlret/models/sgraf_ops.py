@@ -11,6 +11,7 @@ element-wise step stays in the working dtype.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .attention import NORM_EPS
+from .attention import CPU_BLOCK_ELEMENTS, NORM_EPS, attention_weights
 
 #: ``matmul_precision`` values of :class:`~vlret.models.sgraf.SGRAFScorer`.
 PRECISIONS = ("float32", "bfloat16")
@@ -49,13 +50,6 @@ def gemm(
         return F.linear(x, weight, bias)
     out = F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16))
     return out.to(dtype) if bias is None else out.to(bias.dtype).add_(bias)
-
-
-def bmm(a: torch.Tensor, b: torch.Tensor, low: bool) -> torch.Tensor:
-    """``a @ b`` (batched); with ``low`` on bfloat16 operands, the result left in bfloat16."""
-    if not low:
-        return a @ b
-    return a.to(torch.bfloat16) @ b.to(torch.bfloat16)
 
 
 def update_running(bn: nn.BatchNorm1d, means: torch.Tensor, variances: torch.Tensor) -> None:
@@ -114,24 +108,17 @@ class LocalProjection(torch.autograd.Function):
 
     The same numbers as the composition of the reference's steps, with a hand-written
     backward that keeps only ``u`` (autograd would keep ``u``, the difference and its square,
-    three ``D``-sized tensors a word and pair) and recomputes the difference from it.
-    ``weight_low``, a bfloat16 copy of ``weight`` (for calls without autograd only), makes
-    the product run on bfloat16 operands: ``u`` may then be bfloat16, the norm and the
-    difference are taken in ``e``'s dtype and the square is written straight into a
-    bfloat16 buffer.
+    three ``D``-sized tensors a word and pair) and recomputes the difference from it. (The
+    bfloat16 evaluation path is :func:`low_local_projection`.)
     """
 
     @staticmethod
-    def forward(ctx, u, e, weight, bias, weight_low=None):
-        norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True, dtype=e.dtype)
+    def forward(ctx, u, e, weight, bias):
+        norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
         inv = 1.0 / (norm + NORM_EPS)
         diff = torch.addcmul(e, u, inv, value=-1.0)  # e - u / (|u| + eps); squared below
         ctx.save_for_backward(u, e, weight, inv)
-        if weight_low is None:
-            return F.linear(diff.square_(), weight, bias)
-        sq = torch.square(diff, out=torch.empty_like(diff, dtype=torch.bfloat16))
-        del diff
-        return F.linear(sq, weight_low).to(e.dtype).add_(bias)
+        return F.linear(diff.square_(), weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -154,22 +141,161 @@ class LocalProjection(torch.autograd.Function):
                 dot = torch.linalg.vecdot(u, g_diff).unsqueeze(-1)
                 coef = dot * inv.square() / norm.clamp_min(torch.finfo(norm.dtype).tiny)
                 g_u = g_diff.mul_(-inv).addcmul_(u, coef)
-        return g_u, g_e, g_w, g_b, None
+        return g_u, g_e, g_w, g_b
+
+
+class Scratch:
+    """Buffers the blocks of one call reuse (calls without autograd only): one flat tensor per
+    dtype, grown to the largest request. Each :meth:`take` hands out the start of its dtype's
+    tensor, so a view is valid until the next :meth:`take` of the same dtype."""
+
+    def __init__(self) -> None:
+        self._flat: dict[torch.dtype, torch.Tensor] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        """An uninitialised ``shape`` tensor of ``dtype`` on ``device``."""
+        size = math.prod(shape)
+        flat = self._flat.get(dtype)
+        if flat is None or flat.numel() < size or flat.device != device:
+            flat = self._flat[dtype] = torch.empty(size, dtype=dtype, device=device)
+        return flat[:size].view(shape)
+
+
+def low_local_projection(
+    attn: torch.Tensor,
+    regions: torch.Tensor,
+    gram: torch.Tensor,
+    words: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    scratch: Scratch,
+    chunk: int,
+) -> torch.Tensor:
+    """:class:`LocalProjection`'s forward on bfloat16 operands, without autograd: the
+    ``(ib, M, S)`` bfloat16 pre-norm local nodes ``W (e - a)^2 + b``.
+
+    ``attn (ib, M, R)``: the attention weights (working dtype) of ``M`` words over each
+    image's regions; ``regions (ib, R, D)`` in bfloat16; ``gram (ib, R, R)``: each image's
+    ``regions regions^T`` in the working dtype; ``words (M, D)`` in the working dtype;
+    ``weight (S, D)`` and ``bias (S,)`` in bfloat16; ``chunk``: images at a time.
+
+    The attended vector's norm comes from the weights and the Gram matrix (``|u|^2 = w^T G
+    w``, ``R^2`` numbers a word instead of ``D``) and scales the weights, so the product
+    returns the unit attended vectors ``a`` directly; their difference with the word and its
+    square are taken in the working dtype (one conversion in, one out, into buffers reused
+    by every chunk: no element-wise pass mixes dtypes, which would run element by element).
+    ``chunk`` images at a time keep those ``D``-sized buffers in the caches.
+    """
+    ib, m, _ = attn.shape
+    d = regions.shape[-1]
+    sq_norm = (torch.bmm(attn, gram) * attn).sum(dim=-1, keepdim=True)
+    scale = 1.0 / (sq_norm.clamp_min_(0.0).sqrt_() + NORM_EPS)
+    unit_weights = (attn * scale).to(torch.bfloat16)
+    out = torch.empty(ib, m, weight.shape[0], dtype=torch.bfloat16, device=attn.device)
+    for i0 in range(0, ib, chunk):
+        i1 = min(ib, i0 + chunk)
+        shape = (i1 - i0, m, d)
+        # one bfloat16 buffer holds the unit vectors, then (once converted) their squares
+        low = scratch.take(shape, torch.bfloat16, attn.device)
+        torch.bmm(unit_weights[i0:i1], regions[i0:i1], out=low)  # (i1 - i0, M, D)
+        diff = scratch.take(shape, words.dtype, attn.device)
+        torch.sub(diff.copy_(low), words, out=diff).square_()  # (a - e)^2
+        rows = out[i0:i1].view(-1, out.shape[-1])
+        torch.addmm(bias, low.copy_(diff).view(-1, d), weight.T, out=rows)
+    return out
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The products' operands of one :class:`~vlret.models.sgraf.SGRAFScorer` call, prepared
+    once per call: ``mm_dtype`` is bfloat16 with ``low`` (see :func:`block_nodes`), else the
+    working dtype; the local projection's weights in ``mm_dtype``, the global projection's
+    weight in ``mm_dtype`` and bias in the working dtype, SGR's steps (:func:`graph_steps`)."""
+
+    low: bool
+    mm_dtype: torch.dtype
+    local_w: torch.Tensor
+    local_b: torch.Tensor
+    global_w: torch.Tensor
+    global_b: torch.Tensor
+    steps: list[GraphStep]
+    scratch: Scratch | None  # the bfloat16 local projection's buffers (low only)
+
+
+def block_nodes(
+    regions: torch.Tensor,
+    img_glob: torch.Tensor,
+    words: tuple[torch.Tensor, torch.Tensor],
+    cap_glob: torch.Tensor,
+    mask: torch.Tensor,
+    ops: Operands,
+    gram: torch.Tensor | None,
+    lambda_softmax: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(ib, cb, L + 1, sim_dim)`` similarity nodes of a block of ``ib`` images x ``cb``
+    captions (global node first, padded word nodes zeroed; in ``ops.mm_dtype``) and their
+    ``(cb, L + 1)`` mask.
+
+    ``regions (ib, R, D)`` in ``ops.mm_dtype``; ``img_glob (ib, D)`` and ``cap_glob (cb, D)``
+    the global vectors in the working dtype; ``words``: the ``(cb, L, D)`` words in the
+    working dtype and in ``ops.mm_dtype``; ``mask (cb, L)`` the real words; ``gram``: the
+    images' ``regions regions^T`` (working dtype) for the bfloat16 path
+    (:func:`low_local_projection`), else None (:class:`LocalProjection`, under autograd too).
+    """
+    ib, r, d = regions.shape
+    words_work, words_mm = words
+    cb, width, _ = words_work.shape
+    dtype = img_glob.dtype
+    # Raw scores of every word with every region of the block: one GEMM.
+    flat = words_mm.reshape(cb * width, d)
+    raw = gemm(flat, regions.reshape(ib * r, d), None, ops.low, dtype)
+    raw = raw.view(cb, width, ib, r).permute(2, 0, 1, 3)  # (ib, cb, L, R): words query
+    attn = attention_weights(raw, query_mask=mask, context_mask=None, lambda_softmax=lambda_softmax)
+    attn, words_work = attn.reshape(ib, cb * width, r), words_work.reshape(cb * width, d)
+    glob_diff = (img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square()
+    glob = l2norm(gemm(glob_diff, ops.global_w, ops.global_b, ops.low))  # (ib, cb, S)
+    node_mask = torch.cat([mask.new_ones(cb, 1), mask], dim=1)
+    if gram is None:
+        attended = attn @ regions  # (ib, cb * L, D)
+        local = LocalProjection.apply(attended, words_work, ops.local_w, ops.local_b)
+        del attended
+        local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
+        return torch.cat([glob.unsqueeze(2), local], dim=2), node_mask
+    assert ops.scratch is not None
+    # on CPU the attended vectors of CPU_BLOCK_ELEMENTS at a time (in the caches)
+    chunk = max(1, CPU_BLOCK_ELEMENTS // (cb * width * d)) if regions.is_cpu else ib
+    local = low_local_projection(
+        attn, regions, gram, words_work, ops.local_w, ops.local_b, ops.scratch, chunk
+    ).to(dtype)
+    norm = torch.linalg.vector_norm(local, dim=-1, keepdim=True).add_(NORM_EPS)
+    local = local.mul_(mask.reshape(1, -1, 1).to(dtype).div(norm))  # l2norm, padding zeroed
+    nodes = torch.empty(ib, cb, width + 1, local.shape[-1], dtype=ops.mm_dtype, device=glob.device)
+    nodes[:, :, 0] = glob
+    nodes[:, :, 1:] = local.view(ib, cb, width, -1)
+    return nodes, node_mask
 
 
 @dataclass(frozen=True)
 class GraphStep:
-    """One SGR step's matrices in the working dtype, prepared once per call.
+    """One SGR step's matrices, prepared once per call.
 
-    ``fused`` stacks ``A = W_k^T W_q``, the row ``W_q^T b_k`` and ``W_r`` (``(2 S + 1, S)``)
-    and ``fused_bias`` stacks ``W_k^T b_q``, ``b_q . b_k`` and ``b_r``: one product of the
-    nodes gives each node's edge query ``A s_p + W_k^T b_q``, its logit offset ``t_p =
-    (W_q^T b_k) . s_p + b_q . b_k`` and its update value ``W_r s_p + b_r``; the first
-    ``S + 1`` rows alone (query and offset) serve the last step's global node.
+    ``fused`` stacks ``A = W_k^T W_q``, with ``offset`` the row ``W_q^T b_k``, and ``W_r``
+    (``(2 S + 1, S)`` or ``(2 S, S)``) and ``fused_bias`` stacks ``W_k^T b_q``, ``b_q . b_k``
+    (with ``offset``) and ``b_r``: one product of the nodes gives each node's edge query ``A
+    s_p + W_k^T b_q``, its logit offset ``t_p = (W_q^T b_k) . s_p + b_q . b_k`` and its update
+    value ``W_r s_p + b_r``; the first ``S (+ 1)`` rows alone (query and offset) serve the last
+    step's global node. ``t_p`` is constant over the keys and cancels in the softmax: calls
+    without autograd leave it out (the scores are the same up to rounding), calls with
+    autograd keep it so that the logits and the gradients of ``b_k`` are the reference's.
     """
 
     fused: torch.Tensor
     fused_bias: torch.Tensor
+
+    @property
+    def offset(self) -> bool:
+        """Whether the logit offset's row is stacked (``2 S + 1`` rows)."""
+        return self.fused.shape[0] % 2 == 1
 
 
 def _weights(step: nn.Module, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,63 +304,95 @@ def _weights(step: nn.Module, name: str, dtype: torch.dtype) -> tuple[torch.Tens
     return layer.weight.to(dtype), layer.bias.to(dtype)
 
 
-def graph_steps(steps: Iterable[nn.Module], dtype: torch.dtype, low: bool) -> list[GraphStep]:
-    """The :class:`GraphStep` of each SGR step module (``query``, ``key``, ``update``); with
-    ``low`` the product matrix is stored in bfloat16."""
+def graph_steps(
+    steps: Iterable[nn.Module], dtype: torch.dtype, low: bool, offset: bool = True
+) -> list[GraphStep]:
+    """The :class:`GraphStep` of each SGR step module (``query``, ``key``, ``update``),
+    computed in ``dtype``; with ``low`` both matrices are stored in bfloat16; ``offset``: stack
+    the logit offset's row (see :class:`GraphStep`)."""
     out = []
     for step in steps:
         (w_q, b_q), (w_k, b_k) = _weights(step, "query", dtype), _weights(step, "key", dtype)
         w_r, b_r = _weights(step, "update", dtype)
-        fused = torch.cat([w_k.T @ w_q, (w_q.T @ b_k).unsqueeze(0), w_r])
-        fused = fused.to(torch.bfloat16) if low else fused
-        out.append(GraphStep(fused, torch.cat([w_k.T @ b_q, (b_q @ b_k).unsqueeze(0), b_r])))
+        rows, biases = [w_k.T @ w_q], [w_k.T @ b_q]
+        if offset:
+            rows.append((w_q.T @ b_k).unsqueeze(0))
+            biases.append((b_q @ b_k).unsqueeze(0))
+        fused, bias = torch.cat([*rows, w_r]), torch.cat([*biases, b_r])
+        if low:
+            fused, bias = fused.to(torch.bfloat16), bias.to(torch.bfloat16)
+        out.append(GraphStep(fused, bias))
     return out
 
 
 def graph_reasoning(
-    nodes: torch.Tensor, node_mask: torch.Tensor, steps: Sequence[GraphStep], low: bool
+    nodes: torch.Tensor,
+    node_mask: torch.Tensor,
+    steps: Sequence[GraphStep],
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """SGR (Sec. 3.3, reference ``GraphReasoning``) on ``nodes (ib, cb, K, S)`` with the
-    ``(cb, K)`` mask of real nodes; returns the global node (index 0) after the last step.
+    ``(cb, K)`` mask of real nodes; returns the global node (index 0) after the last step, in
+    ``dtype`` (default the nodes' dtype).
 
     Each step ``s_p <- ReLU(W_r sum_q softmax_q(e_pq) s_q + b_r)`` with edge logits ``e_pq =
     (W_q s_p + b_q) . (W_k s_q + b_k)``. Two identities make it one ``S x (2S + 1)`` product
     per node and step: ``e_pq = (A s_p + W_k^T b_q) . s_q + t_p`` with ``t_p = (W_q^T b_k) .
     s_p + b_q . b_k``; and, as each softmax row sums to 1, ``W_r (sum_q P_pq s_q) + b_r =
     sum_q P_pq (W_r s_q + b_r)``. ``t_p`` is constant over the keys ``q`` and cancels in the
-    softmax; it is kept (one column of the product) so that the logits and the gradients of
-    ``b_k`` (zero up to rounding) are the reference's. The same numbers as the reference up
+    softmax (see :class:`GraphStep` for when it is kept). The same numbers as the reference up
     to rounding. The last step updates the global node alone (the others are not read after
     it).
+
+    With bfloat16 steps (``graph_steps(..., low=True)``) every product runs on bfloat16
+    operands with a bfloat16 result: the nodes are converted once (they may come in
+    bfloat16), the edge logits come out of their product in bfloat16 and only the softmax runs
+    in float32 (``dtype``, float32 at least).
     """
+    if not steps:
+        raise ValueError("graph_reasoning needs at least one step")
+    mm = steps[0].fused.dtype
+    dtype = dtype or nodes.dtype
+    nodes = nodes.to(mm)
     key_mask = ~node_mask.unsqueeze(-2)  # (cb, 1, K)
     size = nodes.shape[-1]
-    low_value = torch.finfo(nodes.dtype).min
+    soft = torch.promote_types(dtype, torch.float32)
+    low_value = torch.finfo(soft).min
+
+    def weights(query: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        logits = (query @ nodes.transpose(-1, -2)).to(soft)
+        if offset is not None:
+            logits = logits.add_(offset.to(soft))
+        return torch.softmax(logits.masked_fill_(key_mask, low_value), dim=-1).to(mm)
+
     for k, step in enumerate(steps):
+        head = size + 1 if step.offset else size  # the query's (and offset's) rows
         if k == len(steps) - 1:  # the global node's query, offset and update only
-            head = size + 1
-            both = gemm(nodes[:, :, :1], step.fused[:head], step.fused_bias[:head], low)
-            logits = (both[..., :size] @ nodes.transpose(-1, -2)).add_(both[..., size:])
-            mixed = torch.softmax(logits.masked_fill_(key_mask, low_value), dim=-1) @ nodes
-            mixed = gemm(mixed, step.fused[head:], step.fused_bias[head:], low)
-            return F.relu(mixed)[:, :, 0]
-        both = gemm(nodes, step.fused, step.fused_bias, low)  # (ib, cb, K, 2 S + 1)
-        query, offset, value = both[..., :size], both[..., size : size + 1], both[..., size + 1 :]
-        logits = (query @ nodes.transpose(-1, -2)).add_(offset)
-        nodes = F.relu(torch.softmax(logits.masked_fill_(key_mask, low_value), dim=-1) @ value)
-    raise ValueError("graph_reasoning needs at least one step")
+            glob = nodes[:, :, :1].contiguous()  # a strided F.linear input batches the weight
+            both = F.linear(glob, step.fused[:head], step.fused_bias[:head])
+            offset = both[..., size:] if step.offset else None
+            mixed = weights(both[..., :size], offset) @ nodes
+            mixed = F.linear(mixed, step.fused[head:], step.fused_bias[head:])
+            return F.relu(mixed[:, :, 0]).to(dtype)
+        both = F.linear(nodes, step.fused, step.fused_bias)  # (ib, cb, K, 2 S (+ 1))
+        offset = both[..., size:head] if step.offset else None
+        nodes = F.relu(weights(both[..., :size], offset) @ both[..., head:])
+    raise AssertionError("unreachable")
 
 
 __all__ = [
     "PRECISIONS",
     "GraphStep",
     "LocalProjection",
+    "Operands",
+    "Scratch",
     "batch_norm",
-    "bmm",
+    "block_nodes",
     "gemm",
     "graph_reasoning",
     "graph_steps",
     "l2norm",
     "linear",
+    "low_local_projection",
     "update_running",
 ]
