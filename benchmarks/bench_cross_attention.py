@@ -16,14 +16,19 @@ about 12, padded to the longest), on a subset of the 1000 x 5000 test pairs (--i
     the GEMM over the padded input. Target <= 2x the blocked GEMM.
 (c) ``SGRAFScorer`` (SGR, eval mode) against the reference ``EncoderSimilarity.forward``
     loop (Paranioar/SGRAF) run with the scorer's own weights (earlier target >= 5x); then SGR
-    and SAF against their bound, the irreducible work: every (image, caption, word) triple's
-    difference vector through the D -> 256 projection, as float32 GEMMs over the scorer's
-    own blocks (``SGRAFScorer.plan_blocks``), at --sgraf-bound-captions captions (the
-    per-image and per-caption global attentions are in the scorer's time: about 12 pairs'
-    work an image, so their share falls as captions grow). Both ``matmul_precision``
-    values, each with its largest score change against float64 and the share of caption
-    pairs kept in float64's order. Target <= 1.5x the bound. ``--before REV`` times the
-    scorer of that git revision (same weights) in the same repeats.
+    and SAF (``sgraf_bound.py``) at --sgraf-bound-captions captions against their full GEMM
+    bound: every matrix product the scorer must do (the global attentions, the word-region
+    scores and attended vectors, the local and global projections, SGR's graph-reasoning
+    products, SAF's gate, the head) as bare ``torch.mm``/``bmm`` calls over the scorer's own
+    blocks (``SGRAFScorer.plan_blocks``); ``matmul_precision="float32"`` against the bound in
+    float32, ``"bfloat16"`` against the same products in bfloat16, each with its largest
+    score change against float64 and the share of caption pairs kept in float64's order.
+    Target <= 1.5x the full bound in both precisions. The old projection-only bound (the
+    D -> 256 projection of every word's difference vector alone) is printed beside it for
+    reference. ``--before REV`` times the scorer of that git revision (same weights) in the
+    same repeats. The header's "CPU facts" line names what a figure depends on: the CPU
+    model and family, its AVX-512 / AVX512-BF16 / AMX flags, ATen's kernel capability and
+    the oneDNN kernel a bfloat16 matmul runs.
 (d) one B=128 training step (forward and backward: region and word encoders, the score
     matrix, hardest-negative triplet loss) of ``build_model({"kind": "scan"})`` with the
     batched scorer against the same step with the loop as its scorer. Target >= 3x.
@@ -64,6 +69,7 @@ from reference_loops import (  # noqa: E402
     ref_sgraf,
     sharded,
 )
+from sgraf_bound import bench_sgraf_bound  # noqa: E402
 
 R, D = 36, 1024
 
@@ -257,126 +263,8 @@ def bench_sgraf(args, timer: Timer, device: torch.device) -> None:
         f"loop / vlret {spread(ratios)} [target >= 5x]"
     )
     for module in ("sgr", "saf"):
-        bench_sgraf_bound(args, timer, device, SGRAFScorer, module)
-
-
-def _pair_order_agreement(got: torch.Tensor, want: torch.Tensor) -> float:
-    """The share of (image, caption, caption) triples whose two scores are in the same order
-    in ``got`` as in ``want`` (ties in either count as agreeing)."""
-    agree, total = 0, 0
-    for g, w in zip(got.double(), want.double(), strict=True):
-        dg, dw = g[:, None] - g[None, :], w[:, None] - w[None, :]
-        agree += int(((dg * dw) >= 0).sum())
-        total += dg.numel()
-    return agree / total
-
-
-def before_sgraf(rev: str):
-    """``SGRAFScorer`` as it was at git revision ``rev``: its ``models/sgraf.py`` with the
-    kernels it imports (``attention.py``, ``sgraf_ops.py`` where it exists) copied into a
-    temporary package, imported beside today's."""
-    import importlib
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    pkg = Path(tempfile.mkdtemp(prefix="vlret_before_")) / f"sgraf_{rev}"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name in ("sgraf.py", "attention.py", "sgraf_ops.py"):
-        shown = subprocess.run(
-            ["git", "-C", str(root), "show", f"{rev}:src/vlret/models/{name}"],
-            capture_output=True,
-            text=True,
-        )
-        if shown.returncode == 0:
-            (pkg / name).write_text(shown.stdout)
-        elif name == "sgraf.py":
-            raise SystemExit(f"--before {rev}: {shown.stderr.strip()}")
-    sys.path.insert(0, str(pkg.parent))
-    return importlib.import_module(f"{pkg.name}.sgraf").SGRAFScorer
-
-
-def bench_sgraf_bound(args, timer: Timer, device: torch.device, cls, module: str) -> None:
-    """(c) continued: ``module``'s scoring against the projection bound, both precisions, and
-    with ``--before REV`` the scorer of that revision (same weights) in the same repeats."""
-    n_img, n_cap = args.images, args.sgraf_bound_captions
-    regions, words, lengths = make_data(n_img, n_cap, device, seed=2)
-    torch.manual_seed(0)
-    scorer = cls(D, 256, module, 3).to(device).eval()
-    old = None
-    if args.before:
-        old = before_sgraf(args.before)(D, 256, module, 3).to(device).eval()
-        old.load_state_dict(scorer.state_dict())
-    weight = scorer.local_proj.weight.detach()
-    # The irreducible work: each (image, caption, word) triple's difference vector through
-    # the D -> 256 projection, as one GEMM per block of the scorer's own plan.
-    tops = sorted(lengths.tolist(), reverse=True)
-    runs = []
-    for c0, c1, top, img_block in scorer.plan_blocks(n_img, tops, device):
-        for i0 in range(0, n_img, img_block):
-            runs.append((min(n_img, i0 + img_block) - i0) * (c1 - c0) * top)
-    diffs = torch.randn(max(runs), D, device=device)
-    out = torch.empty(max(runs), weight.shape[0], device=device)
-    low_diffs, low_weight = diffs.bfloat16(), weight.bfloat16()
-
-    def bound() -> None:
-        for rows in runs:
-            torch.mm(diffs[:rows], weight.T, out=out[:rows])
-
-    def bound_low() -> None:
-        for rows in runs:
-            torch.mm(low_diffs[:rows], low_weight.T)
-
-    def score(precision: str):
-        scorer.matmul_precision = precision
-        return scorer(regions, words, lengths)
-
-    print(
-        f"\n(c) {module.upper()} against the projection bound, {n_img} images x {n_cap} "
-        f"captions ({sum(runs)} image-caption-word triples, {len(runs)} blocks)"
-    )
-    with torch.no_grad():
-        want = scorer.double()(regions.double(), words.double(), lengths)
-        scorer.float()
-        got = {p: score(p) for p in ("float32", "bfloat16")}
-        for p, g in got.items():
-            err = (g.double() - want).abs().max().item()
-            order = _pair_order_agreement(g, want)
-            machine.record(f"{module}_{p}_error", {"max_abs": err, "pair_order_agreement": order})
-            print(
-                f"  {p}: max |score - float64| = {err:.2e} (scores spread {want.std():.2e}); "
-                f"caption pairs in float64's order {order * 100:.3f}%"
-            )
-        if old is not None:
-            old_scores = old(regions, words, lengths)
-            check_close(args.before, old_scores, want, 1e-5, against="score - float64")
-        ratios: dict[str, list[float]] = {"float32": [], "bfloat16": [], "bound_low": []}
-        if old is not None:
-            ratios["before"] = []
-        times = []
-        for _ in range(args.repeats):
-            t_bound, _ = timer(bound)
-            for p in ("float32", "bfloat16"):
-                ratios[p].append(timer(lambda p=p: score(p))[0] / t_bound)
-            ratios["bound_low"].append(timer(bound_low)[0] / t_bound)
-            if old is not None:
-                ratios["before"].append(timer(lambda: old(regions, words, lengths))[0] / t_bound)
-            times.append(t_bound)
-    t = statistics.median(times)
-    low_over_low = [a / b for a, b in zip(ratios["bfloat16"], ratios["bound_low"], strict=True)]
-    record = {f"{k}/bound": statistics.median(v) for k, v in ratios.items()}
-    record["bfloat16/bound_low"] = statistics.median(low_over_low)
-    machine.record(f"{module}_bound", {"bound_seconds": t} | record)
-    print(
-        f"  bound (float32 projection GEMMs) {t * 1e3:.1f} ms | "
-        f"vlret float32 / bound {spread(ratios['float32'])} [target <= 1.5x] | "
-        f"vlret bfloat16 / bound {spread(ratios['bfloat16'])} | "
-        f"(the same GEMMs in bfloat16 / bound {spread(ratios['bound_low'])}; so vlret "
-        f"bfloat16 / the bfloat16 bound {spread(low_over_low)})"
-        + (f" | {args.before} / bound {spread(ratios['before'])}" if old is not None else "")
-    )
+        data = make_data(args.images, args.sgraf_bound_captions, device, seed=2)
+        bench_sgraf_bound(args, timer, device, SGRAFScorer, module, data)
 
 
 def bench_train(args, timer: Timer, device: torch.device) -> None:
@@ -508,6 +396,9 @@ def main(argv: list[str] | None = None) -> None:
         f"load {os.getloadavg()[0]:.1f}, {args.clock} clock"
     )
     print(machine.device_line(device))
+    facts = machine.cpu_facts(onednn=device.type == "cpu")
+    machine.record("cpu", facts)
+    print(machine.cpu_facts_line(facts))
     if args.coco5k_scan:
         bench_coco5k(args, timer, device)
         machine.save_json(args.json, "bench_cross_attention", device, argv)

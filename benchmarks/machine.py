@@ -28,6 +28,110 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The CPU flags the GEMM kernels depend on: bfloat16 dot products (AVX512-BF16), AMX tiles,
+#: VNNI, AVX-512 itself.
+GEMM_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
+GEMM_FLAGS += ("amx_bf16", "amx_int8", "avx_vnni")
+
+
+def cpu_id() -> str:
+    """Family, model and stepping, and the per-core cache size ``/proc/cpuinfo`` reports (they
+    tell CPU generations apart where a virtual machine's model name is only "AMD EPYC")."""
+    wanted = {"cpu family": "family", "model": "model", "stepping": "stepping"}
+    wanted["cache size"] = "cache"
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                name = wanted.get(key.strip())
+                if name and name not in found:
+                    found[name] = value.strip()
+                if not line.strip() and found:
+                    break
+    except OSError:
+        pass
+    return " ".join(f"{k} {v}" for k, v in found.items()) or "n/a"
+
+
+def cpu_flags() -> list[str]:
+    """Which of :data:`GEMM_FLAGS` ``/proc/cpuinfo`` lists (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [f for f in GEMM_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+_ONEDNN_PROBE = """
+import torch
+torch.set_num_threads(1)
+a = torch.ones(64, 64, dtype=torch.bfloat16)
+a @ a
+"""
+
+
+def onednn_facts(timeout: float = 60.0) -> dict[str, str]:
+    """What oneDNN says about this CPU (``ONEDNN_VERBOSE=1`` in a fresh process running one
+    bfloat16 product): ``isa``, the instruction set it dispatches to, and ``bf16_matmul``,
+    the kernel a bfloat16 matmul runs (e.g. ``brg_matmul:avx512_core_bf16``; a kernel
+    without ``bf16`` or ``amx`` converts). Empty where oneDNN prints nothing."""
+    env = dict(os.environ, ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _ONEDNN_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    facts = {}
+    for line in proc.stdout.splitlines():
+        fields = line.split(",")
+        if "isa:" in line and "isa" not in facts:
+            facts["isa"] = line.split("isa:", 1)[1].strip()
+        elif "exec" in fields and "matmul" in fields and "bf16_matmul" not in facts:
+            facts["bf16_matmul"] = fields[fields.index("matmul") + 1]
+    return facts
+
+
+def cpu_facts(onednn: bool = True) -> dict:
+    """The CPU facts a CPU speed figure depends on: model name, :func:`cpu_flags`, the ATen
+    kernels' capability (``torch.backends.cpu.get_cpu_capability()``) and, with ``onednn``,
+    :func:`onednn_facts` (a fresh process, about 2 s)."""
+    facts = {
+        "cpu": cpu_name(),
+        "cpu_id": cpu_id(),
+        "flags": cpu_flags(),
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    if onednn:
+        facts["onednn"] = onednn_facts()
+    return facts
+
+
+def cpu_facts_line(facts: dict) -> str:
+    """One line of :func:`cpu_facts`."""
+    flags = " ".join(facts["flags"]) or "none of the GEMM ones"
+    line = (
+        f"CPU facts: {facts['cpu']} ({facts['cpu_id']}); flags {flags}; "
+        f"ATen {facts['aten_capability']}"
+    )
+    if "onednn" in facts:
+        one = facts["onednn"]
+        line += (
+            f"; oneDNN ISA {one.get('isa', 'n/a')}, bfloat16 matmul kernel "
+            f"{one.get('bf16_matmul', 'n/a')}"
+        )
+    return line
+
+
 def load_average() -> str:
     """The 1-minute load average, or ``n/a``."""
     return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"

@@ -148,7 +148,7 @@ KEYS = {
     },
     "bench_metrics": {"retrieval_metrics"},
     "bench_person_search": {"t2i", "i2t", "matmul_s"},
-    "bench_cross_attention": {"SCAN t2i LSE", "SCAN i2t AVG", "SGR"}
+    "bench_cross_attention": {"cpu", "SCAN t2i LSE", "SCAN i2t AVG", "SGR"}
     | {f"{m}_bound" for m in ("sgr", "saf")}
     | {f"{m}_{p}_error" for m in ("sgr", "saf") for p in ("float32", "bfloat16")},
 }
