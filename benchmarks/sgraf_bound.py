@@ -55,7 +55,7 @@ import machine
 from machine import spread
 from vlret.models.attention import DEFAULT_MAX_ELEMENTS
 
-#: The bound's two precisions: float32, and bfloat16 over the blocks of a bfloat16 call.
+#: The bound's two precisions (each over the scorer's blocks for that precision).
 PRECISIONS = (torch.float32, torch.bfloat16)
 #: The groups the bound's time is reported in, in this order.
 GROUPS = ("global attentions", "attention", "projections", "graph reasoning", "gates and head")
@@ -85,13 +85,13 @@ def products(
     n_img: int,
     lengths: list[int],
     device: torch.device,
-    low: bool = False,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    dtype: torch.dtype = torch.float32,
 ) -> list[Product]:
     """Every product of ``scorer`` (an ``SGRAFScorer``) scoring ``n_img`` images against
     captions of ``lengths`` (sorted longest first, as the scorer sorts them), in the order it
-    does them, over its blocks (``plan_blocks``; those of a bfloat16 evaluation call with
-    ``low``) under ``max_elements``."""
+    does them, over its blocks (``plan_blocks``) for a call without autograd with its
+    products in ``dtype`` (``matmul_precision``) under ``max_elements``."""
     r, d, s = scorer.num_regions, scorer.embed_dim, scorer.sim_dim
     n_cap, words = len(lengths), sum(lengths)
     glob, att, proj, graph, last = (
@@ -111,7 +111,9 @@ def products(
     ]
     if scorer.module == "sgr":  # each step's W_k^T W_q, once per call
         out += [Product(graph, "step matrix", None, s, s, s, False)] * scorer.sgr_steps
-    for c0, c1, top, img_block in scorer.plan_blocks(n_img, lengths, device, max_elements, low=low):
+    for c0, c1, top, img_block in scorer.plan_blocks(
+        n_img, lengths, device, max_elements, eval_dtype=dtype
+    ):
         cb, k = c1 - c0, top + 1
         for i0 in range(0, n_img, img_block):
             ib = min(n_img, i0 + img_block) - i0
@@ -246,7 +248,7 @@ def bench_sgraf_bound(args, timer, device: torch.device, cls, module: str, data)
         old = before_sgraf(args.before)(regions.shape[2], 256, module, 3).to(device).eval()
         old.load_state_dict(scorer.state_dict())
     tops = sorted(lengths.tolist(), reverse=True)
-    prods = {p: products(scorer, n_img, tops, device, p == torch.bfloat16) for p in PRECISIONS}
+    prods = {p: products(scorer, n_img, tops, device, dtype=p) for p in PRECISIONS}
     full = {p: bound_runner(prods[p], p, device) for p in PRECISIONS}
     local = [p for p in prods[torch.float32] if p.name == "local projection"]
     proj = {p: bound_runner(local, p, device) for p in (torch.float32, torch.bfloat16)}

@@ -74,7 +74,8 @@ def test_the_bound_lists_the_products_the_scorer_runs(bound, module, precision):
         scorer(regions, words, lengths, max_elements=budget)
     tops = sorted(lengths.tolist(), reverse=True)
     want = Counter()
-    for p in bound.products(scorer, 9, tops, torch.device("cpu"), low, max_elements=budget):
+    mm_dtype = torch.bfloat16 if low else torch.float32
+    for p in bound.products(scorer, 9, tops, torch.device("cpu"), budget, mm_dtype):
         if p.name.startswith("caption") and p.name.endswith(("local_fc", "common")):
             # the scorer runs these over the padded words, the bound over the real ones
             assert p.m == int(lengths.sum())
@@ -84,7 +85,7 @@ def test_the_bound_lists_the_products_the_scorer_runs(bound, module, precision):
     got = rec.seen
     if low:  # the Gram matrices of the images, then each block's attention times them
         assert got.pop((9, R, D, R)) == 1
-        plan = scorer.plan_blocks(9, tops, torch.device("cpu"), budget, low=True)
+        plan = scorer.plan_blocks(9, tops, torch.device("cpu"), budget, eval_dtype=mm_dtype)
         runs = sum(-(-9 // img_block) for *_, img_block in plan)
         grams = Counter({k: v for k, v in got.items() if k[2:] == (R, R)})
         assert sum(grams.values()) == runs
@@ -97,7 +98,7 @@ def test_the_bound_runs_each_product_once_in_its_dtype(bound, dtype):
     scorer = SGRAFScorer(D, S, "sgr", 2, num_regions=R)
     _, _, lengths = _data()
     tops = sorted(lengths.tolist(), reverse=True)
-    prods = bound.products(scorer, 9, tops, torch.device("cpu"), dtype == torch.bfloat16)
+    prods = bound.products(scorer, 9, tops, torch.device("cpu"), dtype=dtype)
     with _Products() as rec:
         counts = bound.bound_runner(prods, dtype, torch.device("cpu"))()
     assert rec.seen == Counter((p.batch, p.m, p.k, p.n) for p in prods)

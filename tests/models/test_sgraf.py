@@ -181,6 +181,28 @@ def test_eval_matches_naive_reference(module, steps):
     assert torch.allclose(w64.grad, w_ref.grad, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk_elements", [None, 1])
+@pytest.mark.parametrize("module,steps", [("sgr", 1), ("sgr", 3), ("saf", 3)])
+def test_eval_without_autograd_matches_naive_reference(module, steps, chunk_elements, monkeypatch):
+    """The evaluation path (no autograd: the local projection in chunks of images, reused
+    buffers, SGR without the logit offset), whole blocks or one image at a time."""
+    import vlret.models.sgraf_ops as ops
+
+    if chunk_elements is not None:
+        monkeypatch.setattr(ops, "CPU_BLOCK_ELEMENTS", chunk_elements)
+    scorer = _scorer(module, steps).eval()
+    regions, words, lengths = _tokens()
+    want, _ = naive_scores(
+        _reference_state(scorer, module, steps), regions, words, lengths, module, steps
+    )
+    with torch.no_grad():
+        got = scorer(regions.float(), words.float(), lengths)
+        got64 = scorer.double()(regions, words, lengths)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.allclose(got.double(), want, rtol=0, atol=2e-6)
+    assert torch.allclose(got64, want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("module", ["sgr", "saf"])
 def test_training_mode_batch_statistics_match_reference(module):
     """Dropout 0: image BatchNorms over the call's images; SAF's per caption, in order."""

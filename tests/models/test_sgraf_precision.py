@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from vlret.models import build_model
 from vlret.models.attention import CPU_BLOCK_ELEMENTS
-from vlret.models.sgraf import SGRAFScorer
+from vlret.models.sgraf import CPU_EVAL_BLOCK_BYTES, SGRAFScorer
 from vlret.models.sgraf_ops import graph_reasoning, graph_steps
 
 D, S, R = 32, 16, 6
@@ -111,15 +111,19 @@ def test_graph_reasoning_without_the_logit_offset_is_the_same():
     assert torch.allclose(graph_reasoning(nodes, mask, without), want, rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("eval_dtype", [None, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_plan_blocks_cover_every_caption_once_within_the_bound(device):
+def test_plan_blocks_cover_every_caption_once_within_the_bound(device, eval_dtype):
     scorer = SGRAFScorer(1024, 256, "sgr", 3)
     g = torch.Generator().manual_seed(0)
     lengths = sorted((1 + torch.randint(0, 30, (301,), generator=g)).tolist(), reverse=True)
     n_img, budget = 97, 2**22
-    plan = scorer.plan_blocks(n_img, lengths, torch.device(device), budget)
+    plan = scorer.plan_blocks(n_img, lengths, torch.device(device), budget, eval_dtype=eval_dtype)
     assert plan[0][0] == 0 and plan[-1][1] == len(lengths)
-    cap = min(budget, CPU_BLOCK_ELEMENTS) if device == "cpu" else budget
+    cpu_cap = CPU_BLOCK_ELEMENTS  # with autograd; without, a byte bound of the products' dtype
+    if eval_dtype is not None:
+        cpu_cap = CPU_EVAL_BLOCK_BYTES // (4 if eval_dtype == torch.float32 else 2)
+    cap = min(budget, cpu_cap) if device == "cpu" else budget
     for (c0, c1, top, img_block), nxt in zip(plan, plan[1:] + [None], strict=True):
         assert c0 < c1 and (nxt is None or nxt[0] == c1)  # contiguous, in order
         assert top == lengths[c0] == max(lengths[c0:c1])  # trimmed to its longest caption

@@ -38,10 +38,10 @@ from .sgraf_ops import (
 MODULES = ("sgr", "saf")
 #: On CPU, the rows (words) a block's word-region products aim for (see ``_forward``).
 _CPU_BLOCK_ROWS = 64
-#: On CPU, the bound on a bfloat16 evaluation block's largest intermediate: its attended
-#: vectors are formed CPU_BLOCK_ELEMENTS at a time, so its blocks can be larger, with fewer
-#: per-block steps (see ``plan_blocks``).
-CPU_LOW_BLOCK_ELEMENTS = 2**21
+#: On CPU, the bound in bytes (of the products' dtype) on the largest intermediate of a block
+#: of a call without autograd: its attended vectors are formed CPU_BLOCK_ELEMENTS at a time,
+#: so its blocks can be larger, with fewer per-block steps (see ``plan_blocks``).
+CPU_EVAL_BLOCK_BYTES = 2**22
 
 
 class _GlobalAttention(nn.Module):
@@ -412,7 +412,8 @@ class SGRAFScorer(nn.Module):
         regions_mm, words_mm = regions.to(ops.mm_dtype), words.to(ops.mm_dtype)
         gram = regions @ regions.transpose(1, 2) if ops.low else None  # (n_img, R, R)
         rows, kept = [], []
-        plan = self.plan_blocks(n_img, tops, regions.device, budget, low=ops.low)
+        eval_dtype = None if ops.scratch is None else ops.mm_dtype  # None: with autograd
+        plan = self.plan_blocks(n_img, tops, regions.device, budget, eval_dtype=eval_dtype)
         for c0, c1, top, img_block in plan:
             w_b, m_b = (words[c0:c1, :top], words_mm[c0:c1, :top]), mask[c0:c1, :top]
             row = []
@@ -448,7 +449,7 @@ class SGRAFScorer(nn.Module):
         device: torch.device,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
         *,
-        low: bool = False,
+        eval_dtype: torch.dtype | None = None,
     ) -> list[tuple[int, int, int, int]]:
         """The blocks :meth:`forward` scores: ``(c0, c1, top, img_block)`` for captions
         ``c0:c1`` of the length-sorted (longest first) ``lengths``, trimmed to ``top``
@@ -457,13 +458,16 @@ class SGRAFScorer(nn.Module):
         A block's largest intermediate (the ``top x D`` attended vectors of each pair, or
         its ``(top + 1) x sim_dim`` nodes) stays within ``max_elements``, on CPU within
         :data:`~vlret.models.attention.CPU_BLOCK_ELEMENTS` (the element-wise passes then run
-        in the caches), or with ``low`` (a bfloat16 evaluation call, whose attended vectors
-        are formed that many at a time) within :data:`CPU_LOW_BLOCK_ELEMENTS`. On CPU a
+        in the caches); for a call without autograd whose products run in ``eval_dtype``
+        (its attended vectors formed that many at a time), within
+        :data:`CPU_EVAL_BLOCK_BYTES` of that dtype. On CPU a
         block also takes enough captions for its word-region products to have
         ``_CPU_BLOCK_ROWS`` rows (one caption alone gives them ``top`` rows: thin, slow
         GEMMs); on a GPU it takes as many images as fit first.
         """
-        cpu_budget = CPU_LOW_BLOCK_ELEMENTS if low else CPU_BLOCK_ELEMENTS
+        cpu_budget = CPU_BLOCK_ELEMENTS
+        if eval_dtype is not None:
+            cpu_budget = CPU_EVAL_BLOCK_BYTES // eval_dtype.itemsize
         budget = min(max_elements, cpu_budget) if device.type == "cpu" else max_elements
         r, d, out, c0 = self.num_regions, self.embed_dim, [], 0
         while c0 < len(lengths):
@@ -493,7 +497,7 @@ class SGRAFScorer(nn.Module):
             global_w=self.global_proj.weight.to(mm),
             global_b=self.global_proj.bias.to(dtype),
             steps=steps,
-            scratch=Scratch() if low else None,
+            scratch=None if grad else Scratch(),
         )
 
     def _finish(

@@ -161,47 +161,55 @@ class Scratch:
         return flat[:size].view(shape)
 
 
-def low_local_projection(
+def eval_local_projection(
     attn: torch.Tensor,
     regions: torch.Tensor,
-    gram: torch.Tensor,
     words: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
     scratch: Scratch,
     chunk: int,
+    gram: torch.Tensor | None,
 ) -> torch.Tensor:
-    """:class:`LocalProjection`'s forward on bfloat16 operands, without autograd: the
-    ``(ib, M, S)`` bfloat16 pre-norm local nodes ``W (e - a)^2 + b``.
+    """:class:`LocalProjection`'s forward without autograd, ``chunk`` images at a time (their
+    ``D``-sized intermediates in buffers every chunk reuses, in the caches): the ``(ib, M,
+    S)`` pre-norm local nodes ``W (e - a)^2 + b`` in ``weight``'s dtype.
 
     ``attn (ib, M, R)``: the attention weights (working dtype) of ``M`` words over each
-    image's regions; ``regions (ib, R, D)`` in bfloat16; ``gram (ib, R, R)``: each image's
-    ``regions regions^T`` in the working dtype; ``words (M, D)`` in the working dtype;
-    ``weight (S, D)`` and ``bias (S,)`` in bfloat16; ``chunk``: images at a time.
+    image's regions; ``regions (ib, R, D)`` and ``weight (S, D)``, ``bias (S,)`` in the
+    products' dtype; ``words (M, D)`` in the working dtype.
 
-    The attended vector's norm comes from the weights and the Gram matrix (``|u|^2 = w^T G
-    w``, ``R^2`` numbers a word instead of ``D``) and scales the weights, so the product
-    returns the unit attended vectors ``a`` directly; their difference with the word and its
-    square are taken in the working dtype (one conversion in, one out, into buffers reused
-    by every chunk: no element-wise pass mixes dtypes, which would run element by element).
-    ``chunk`` images at a time keep those ``D``-sized buffers in the caches.
+    ``gram`` None (the products in the working dtype): the same steps as
+    :class:`LocalProjection`. ``gram (ib, R, R)``, each image's ``regions regions^T`` in the
+    working dtype (bfloat16 products): the attended vector's norm comes from the weights and
+    the Gram matrix (``|u|^2 = w^T G w``, ``R^2`` numbers a word instead of ``D``) and scales
+    the weights, so the product returns the unit attended vectors ``a`` directly; their
+    difference with the word and its square are taken in the working dtype, one conversion
+    in and one out (no element-wise pass mixes dtypes: those run element by element).
     """
     ib, m, _ = attn.shape
-    d = regions.shape[-1]
-    sq_norm = (torch.bmm(attn, gram) * attn).sum(dim=-1, keepdim=True)
-    scale = 1.0 / (sq_norm.clamp_min_(0.0).sqrt_() + NORM_EPS)
-    unit_weights = (attn * scale).to(torch.bfloat16)
-    out = torch.empty(ib, m, weight.shape[0], dtype=torch.bfloat16, device=attn.device)
+    d, low = regions.shape[-1], gram is not None
+    if gram is not None:
+        sq_norm = (torch.bmm(attn, gram) * attn).sum(dim=-1, keepdim=True)
+        scale = 1.0 / (sq_norm.clamp_min_(0.0).sqrt_() + NORM_EPS)
+        attn = (attn * scale).to(regions.dtype)
+    out = torch.empty(ib, m, weight.shape[0], dtype=weight.dtype, device=attn.device)
     for i0 in range(0, ib, chunk):
         i1 = min(ib, i0 + chunk)
         shape = (i1 - i0, m, d)
-        # one bfloat16 buffer holds the unit vectors, then (once converted) their squares
-        low = scratch.take(shape, torch.bfloat16, attn.device)
-        torch.bmm(unit_weights[i0:i1], regions[i0:i1], out=low)  # (i1 - i0, M, D)
-        diff = scratch.take(shape, words.dtype, attn.device)
-        torch.sub(diff.copy_(low), words, out=diff).square_()  # (a - e)^2
+        # bfloat16: one buffer holds the unit vectors, then (once converted) their squares
+        attended = scratch.take(shape, regions.dtype, attn.device)
+        torch.bmm(attn[i0:i1], regions[i0:i1], out=attended)
+        if low:
+            diff = scratch.take(shape, words.dtype, attn.device)
+            torch.sub(diff.copy_(attended), words, out=diff).square_()  # (a - e)^2
+            square = attended.copy_(diff)
+        else:
+            norm = torch.linalg.vector_norm(attended, dim=-1, keepdim=True)
+            inv = 1.0 / (norm + NORM_EPS)
+            square = torch.addcmul(words, attended, inv, value=-1.0, out=attended).square_()
         rows = out[i0:i1].view(-1, out.shape[-1])
-        torch.addmm(bias, low.copy_(diff).view(-1, d), weight.T, out=rows)
+        torch.addmm(bias, square.view(-1, d), weight.T, out=rows)
     return out
 
 
@@ -219,7 +227,7 @@ class Operands:
     global_w: torch.Tensor
     global_b: torch.Tensor
     steps: list[GraphStep]
-    scratch: Scratch | None  # the bfloat16 local projection's buffers (low only)
+    scratch: Scratch | None  # the evaluation path's buffers (None with autograd)
 
 
 def block_nodes(
@@ -239,8 +247,9 @@ def block_nodes(
     ``regions (ib, R, D)`` in ``ops.mm_dtype``; ``img_glob (ib, D)`` and ``cap_glob (cb, D)``
     the global vectors in the working dtype; ``words``: the ``(cb, L, D)`` words in the
     working dtype and in ``ops.mm_dtype``; ``mask (cb, L)`` the real words; ``gram``: the
-    images' ``regions regions^T`` (working dtype) for the bfloat16 path
-    (:func:`low_local_projection`), else None (:class:`LocalProjection`, under autograd too).
+    images' ``regions regions^T`` (working dtype) for the bfloat16 path, else None; calls
+    without autograd (``ops.scratch`` set) run :func:`eval_local_projection`, calls with
+    it :class:`LocalProjection`.
     """
     ib, r, d = regions.shape
     words_work, words_mm = words
@@ -255,23 +264,22 @@ def block_nodes(
     glob_diff = (img_glob.unsqueeze(1) - cap_glob.unsqueeze(0)).square()
     glob = l2norm(gemm(glob_diff, ops.global_w, ops.global_b, ops.low))  # (ib, cb, S)
     node_mask = torch.cat([mask.new_ones(cb, 1), mask], dim=1)
-    if gram is None:
+    if ops.scratch is None:  # with autograd
         attended = attn @ regions  # (ib, cb * L, D)
         local = LocalProjection.apply(attended, words_work, ops.local_w, ops.local_b)
         del attended
-        local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
+    else:
+        # on CPU the attended vectors of CPU_BLOCK_ELEMENTS at a time (in the caches)
+        chunk = max(1, CPU_BLOCK_ELEMENTS // (cb * width * d)) if regions.is_cpu else ib
+        local = eval_local_projection(
+            attn, regions, words_work, ops.local_w, ops.local_b, ops.scratch, chunk, gram
+        ).to(dtype)
+    local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
+    if ops.mm_dtype == dtype:
         return torch.cat([glob.unsqueeze(2), local], dim=2), node_mask
-    assert ops.scratch is not None
-    # on CPU the attended vectors of CPU_BLOCK_ELEMENTS at a time (in the caches)
-    chunk = max(1, CPU_BLOCK_ELEMENTS // (cb * width * d)) if regions.is_cpu else ib
-    local = low_local_projection(
-        attn, regions, gram, words_work, ops.local_w, ops.local_b, ops.scratch, chunk
-    ).to(dtype)
-    norm = torch.linalg.vector_norm(local, dim=-1, keepdim=True).add_(NORM_EPS)
-    local = local.mul_(mask.reshape(1, -1, 1).to(dtype).div(norm))  # l2norm, padding zeroed
     nodes = torch.empty(ib, cb, width + 1, local.shape[-1], dtype=ops.mm_dtype, device=glob.device)
     nodes[:, :, 0] = glob
-    nodes[:, :, 1:] = local.view(ib, cb, width, -1)
+    nodes[:, :, 1:] = local
     return nodes, node_mask
 
 
@@ -392,7 +400,7 @@ __all__ = [
     "graph_reasoning",
     "graph_steps",
     "l2norm",
+    "eval_local_projection",
     "linear",
-    "low_local_projection",
     "update_running",
 ]
