@@ -146,18 +146,20 @@ class LocalProjection(torch.autograd.Function):
 
 class Scratch:
     """Buffers the blocks of one call reuse (calls without autograd only): one flat tensor per
-    dtype, grown to the largest request. Each :meth:`take` hands out the start of its dtype's
-    tensor, so a view is valid until the next :meth:`take` of the same dtype."""
+    dtype and slot, grown to the largest request. Each :meth:`take` hands out the start of
+    its tensor, so a view is valid until the next :meth:`take` of the same dtype and slot."""
 
     def __init__(self) -> None:
-        self._flat: dict[torch.dtype, torch.Tensor] = {}
+        self._flat: dict[tuple[torch.dtype, int], torch.Tensor] = {}
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
-        """An uninitialised ``shape`` tensor of ``dtype`` on ``device``."""
+    def take(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, slot: int = 0
+    ) -> torch.Tensor:
+        """An uninitialised ``shape`` tensor of ``dtype`` on ``device`` from slot ``slot``."""
         size = math.prod(shape)
-        flat = self._flat.get(dtype)
+        flat = self._flat.get((dtype, slot))
         if flat is None or flat.numel() < size or flat.device != device:
-            flat = self._flat[dtype] = torch.empty(size, dtype=dtype, device=device)
+            flat = self._flat[dtype, slot] = torch.empty(size, dtype=dtype, device=device)
         return flat[:size].view(shape)
 
 
@@ -165,42 +167,47 @@ def eval_local_projection(
     attn: torch.Tensor,
     regions: torch.Tensor,
     words: torch.Tensor,
+    word_mask: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
     scratch: Scratch,
     chunk: int,
     gram: torch.Tensor | None,
-) -> torch.Tensor:
-    """:class:`LocalProjection`'s forward without autograd, ``chunk`` images at a time (their
-    ``D``-sized intermediates in buffers every chunk reuses, in the caches): the ``(ib, M,
-    S)`` pre-norm local nodes ``W (e - a)^2 + b`` in ``weight``'s dtype.
+    out: torch.Tensor,
+) -> None:
+    """:class:`LocalProjection`'s forward and the local nodes' l2norm without autograd,
+    ``chunk`` images at a time (their ``D``-sized intermediates in buffers every chunk
+    reuses, in the caches): writes the ``(ib, cb, L, S)`` local nodes into ``out`` (padded
+    words' nodes zeroed).
 
-    ``attn (ib, M, R)``: the attention weights (working dtype) of ``M`` words over each
-    image's regions; ``regions (ib, R, D)`` and ``weight (S, D)``, ``bias (S,)`` in the
-    products' dtype; ``words (M, D)`` in the working dtype.
+    ``attn (ib, cb L, R)``: the attention weights (working dtype) of the ``cb L`` words over
+    each image's regions; ``regions (ib, R, D)``, ``weight (S, D)``, ``bias (S,)`` and
+    ``out`` in the products' dtype; ``words (cb L, D)`` in the working dtype; ``word_mask
+    (cb, L)`` the real words.
 
-    ``gram`` None (the products in the working dtype): the same steps as
-    :class:`LocalProjection`. ``gram (ib, R, R)``, each image's ``regions regions^T`` in the
-    working dtype (bfloat16 products): the attended vector's norm comes from the weights and
-    the Gram matrix (``|u|^2 = w^T G w``, ``R^2`` numbers a word instead of ``D``) and scales
-    the weights, so the product returns the unit attended vectors ``a`` directly; their
-    difference with the word and its square are taken in the working dtype, one conversion
-    in and one out (no element-wise pass mixes dtypes: those run element by element).
+    ``gram`` None (the products in the working dtype): the steps of :class:`LocalProjection`
+    and ``l2norm``. ``gram (ib, R, R)``, each image's ``regions regions^T`` in the working
+    dtype (bfloat16 products): the attended vector's norm comes from the weights and the Gram
+    matrix (``|u|^2 = w^T G w``, ``R^2`` numbers a word instead of ``D``) and scales the
+    weights, so the product returns the unit attended vectors ``a`` directly; their
+    difference with the word and its square, and the nodes' norms, are taken in the working
+    dtype, converted once each way (no element-wise pass mixes dtypes: those run element by
+    element).
     """
     ib, m, _ = attn.shape
-    d, low = regions.shape[-1], gram is not None
+    d, size = regions.shape[-1], weight.shape[0]
     if gram is not None:
         sq_norm = (torch.bmm(attn, gram) * attn).sum(dim=-1, keepdim=True)
         scale = 1.0 / (sq_norm.clamp_min_(0.0).sqrt_() + NORM_EPS)
         attn = (attn * scale).to(regions.dtype)
-    out = torch.empty(ib, m, weight.shape[0], dtype=weight.dtype, device=attn.device)
+    padding = ~word_mask.reshape(1, m, 1)
     for i0 in range(0, ib, chunk):
         i1 = min(ib, i0 + chunk)
         shape = (i1 - i0, m, d)
         # bfloat16: one buffer holds the unit vectors, then (once converted) their squares
         attended = scratch.take(shape, regions.dtype, attn.device)
         torch.bmm(attn[i0:i1], regions[i0:i1], out=attended)
-        if low:
+        if gram is not None:
             diff = scratch.take(shape, words.dtype, attn.device)
             torch.sub(diff.copy_(attended), words, out=diff).square_()  # (a - e)^2
             square = attended.copy_(diff)
@@ -208,9 +215,10 @@ def eval_local_projection(
             norm = torch.linalg.vector_norm(attended, dim=-1, keepdim=True)
             inv = 1.0 / (norm + NORM_EPS)
             square = torch.addcmul(words, attended, inv, value=-1.0, out=attended).square_()
-        rows = out[i0:i1].view(-1, out.shape[-1])
-        torch.addmm(bias, square.view(-1, d), weight.T, out=rows)
-    return out
+        local = scratch.take(((i1 - i0) * m, size), weight.dtype, attn.device, slot=1)
+        torch.addmm(bias, square.view(-1, d), weight.T, out=local)
+        nodes = l2norm(local.view(i1 - i0, m, size).to(words.dtype)).masked_fill_(padding, 0.0)
+        out[i0:i1].copy_(nodes.view(out[i0:i1].shape))
 
 
 @dataclass(frozen=True)
@@ -268,18 +276,14 @@ def block_nodes(
         attended = attn @ regions  # (ib, cb * L, D)
         local = LocalProjection.apply(attended, words_work, ops.local_w, ops.local_b)
         del attended
-    else:
-        # on CPU the attended vectors of CPU_BLOCK_ELEMENTS at a time (in the caches)
-        chunk = max(1, CPU_BLOCK_ELEMENTS // (cb * width * d)) if regions.is_cpu else ib
-        local = eval_local_projection(
-            attn, regions, words_work, ops.local_w, ops.local_b, ops.scratch, chunk, gram
-        ).to(dtype)
-    local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
-    if ops.mm_dtype == dtype:
+        local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
         return torch.cat([glob.unsqueeze(2), local], dim=2), node_mask
-    nodes = torch.empty(ib, cb, width + 1, local.shape[-1], dtype=ops.mm_dtype, device=glob.device)
+    nodes = torch.empty(ib, cb, width + 1, glob.shape[-1], dtype=ops.mm_dtype, device=glob.device)
     nodes[:, :, 0] = glob
-    nodes[:, :, 1:] = local
+    # on CPU the attended vectors of CPU_BLOCK_ELEMENTS at a time (in the caches)
+    chunk = max(1, CPU_BLOCK_ELEMENTS // (cb * width * d)) if regions.is_cpu else ib
+    local_args = ops.local_w, ops.local_b, ops.scratch, chunk, gram, nodes[:, :, 1:]
+    eval_local_projection(attn, regions, words_work, mask, *local_args)
     return nodes, node_mask
 
 
