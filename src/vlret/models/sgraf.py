@@ -69,7 +69,7 @@ class _GlobalAttention(nn.Module):
         x = gemm(x, fc.weight.to(x.dtype), fc.bias.to(x.dtype), low)
         if bn is not None:
             x = batch_norm(x, bn)
-        return F.dropout(torch.tanh(x), p=self.dropout, training=self.training)
+        return F.dropout(x.tanh_(), p=self.dropout, training=self.training)  # x is fresh
 
     def forward(
         self, items: torch.Tensor, mask: torch.Tensor | None, low: bool = False
@@ -82,11 +82,13 @@ class _GlobalAttention(nn.Module):
             mean = items.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(items.dtype)
         local = self._branch(items, self.local_fc, self.local_bn, low)
         glob = self._branch(mean, self.global_fc, self.global_bn, low)
-        logits = linear(local * glob.unsqueeze(1), self.common).squeeze(-1)
+        # common(local_i * glob) = local_i . (glob * w) + b: one product, no (N, K, D) pass
+        common = self.common.weight.to(glob.dtype) * glob
+        logits = (local @ common.unsqueeze(-1)).squeeze(-1) + self.common.bias.to(glob.dtype)
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         weights = torch.softmax(logits, dim=1)
-        return l2norm((weights.unsqueeze(-1) * items).sum(dim=1))
+        return l2norm((weights.unsqueeze(1) @ items).squeeze(1))
 
 
 class _GraphStep(nn.Module):

@@ -99,7 +99,8 @@ def batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
         assert bn.running_mean is not None and bn.running_var is not None  # tracked
         mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
     scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
-    return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
+    shift = bn.bias.to(x.dtype) - mean * scale
+    return torch.addcmul(shift.view(shape), x, scale.view(shape))  # one pass over x
 
 
 class LocalProjection(torch.autograd.Function):
@@ -200,7 +201,7 @@ def eval_local_projection(
         sq_norm = (torch.bmm(attn, gram) * attn).sum(dim=-1, keepdim=True)
         scale = 1.0 / (sq_norm.clamp_min_(0.0).sqrt_() + NORM_EPS)
         attn = (attn * scale).to(regions.dtype)
-    padding = ~word_mask.reshape(1, m, 1)
+    keep = word_mask.reshape(1, m, 1).to(words.dtype)  # 0 at padding: scales its node to 0
     for i0 in range(0, ib, chunk):
         i1 = min(ib, i0 + chunk)
         shape = (i1 - i0, m, d)
@@ -217,8 +218,9 @@ def eval_local_projection(
             square = torch.addcmul(words, attended, inv, value=-1.0, out=attended).square_()
         local = scratch.take(((i1 - i0) * m, size), weight.dtype, attn.device, slot=1)
         torch.addmm(bias, square.view(-1, d), weight.T, out=local)
-        nodes = l2norm(local.view(i1 - i0, m, size).to(words.dtype)).masked_fill_(padding, 0.0)
-        out[i0:i1].copy_(nodes.view(out[i0:i1].shape))
+        nodes = local.view(i1 - i0, m, size).to(words.dtype)
+        norm = torch.linalg.vector_norm(nodes, dim=-1, keepdim=True)
+        out[i0:i1].copy_(nodes.mul_(keep / (norm + NORM_EPS)).view(out[i0:i1].shape))  # l2norm
 
 
 @dataclass(frozen=True)
