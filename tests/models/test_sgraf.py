@@ -226,6 +226,22 @@ def test_training_mode_batch_statistics_match_reference(module):
 
 
 @pytest.mark.parametrize("module", ["sgr", "saf"])
+def test_training_mode_without_autograd_is_the_same(module):
+    """Training mode under no_grad takes the evaluation path's kernels; SAF keeps every
+    block's nodes for its statistics (not the reused buffer), over several blocks."""
+    regions, words, lengths = _tokens(n_img=5, n_cap=7)
+    with_grad = _scorer(module, 2, dropout=0.0).double().train()
+    without = _scorer(module, 2, dropout=0.0).double().train()
+    want = with_grad(regions, words, lengths, max_elements=2 * 6 * D)
+    with torch.no_grad():
+        got = without(regions, words, lengths, max_elements=2 * 6 * D)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    state = without.state_dict()
+    for name, value in with_grad.state_dict().items():
+        assert torch.allclose(value.double(), state[name].double(), rtol=0, atol=1e-12), name
+
+
+@pytest.mark.parametrize("module", ["sgr", "saf"])
 def test_padding_garbage_changes_nothing(module):
     scorer = _scorer(module).eval()
     regions, words, lengths = _tokens(dtype=torch.float32)

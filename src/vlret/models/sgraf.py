@@ -430,6 +430,7 @@ class SGRAFScorer(nn.Module):
                     ops,
                     None if gram is None else gram[i0:i1],
                     self.lambda_softmax,
+                    keep=deferred,
                 )
                 if deferred:
                     kept.append((c0, c1, nodes, node_mask))

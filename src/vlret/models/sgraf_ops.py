@@ -249,6 +249,7 @@ def block_nodes(
     ops: Operands,
     gram: torch.Tensor | None,
     lambda_softmax: float,
+    keep: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(ib, cb, L + 1, sim_dim)`` similarity nodes of a block of ``ib`` images x ``cb``
     captions (global node first, padded word nodes zeroed; in ``ops.mm_dtype``) and their
@@ -259,7 +260,8 @@ def block_nodes(
     working dtype and in ``ops.mm_dtype``; ``mask (cb, L)`` the real words; ``gram``: the
     images' ``regions regions^T`` (working dtype) for the bfloat16 path, else None; calls
     without autograd (``ops.scratch`` set) run :func:`eval_local_projection`, calls with
-    it :class:`LocalProjection`.
+    it :class:`LocalProjection`; ``keep``: the nodes outlive the block (SAF's training
+    statistics), else without autograd they are written into a buffer the next block reuses.
     """
     ib, r, d = regions.shape
     words_work, words_mm = words
@@ -280,7 +282,11 @@ def block_nodes(
         del attended
         local = l2norm(local.view(ib, cb, width, -1)).masked_fill(~mask.unsqueeze(-1), 0.0)
         return torch.cat([glob.unsqueeze(2), local], dim=2), node_mask
-    nodes = torch.empty(ib, cb, width + 1, glob.shape[-1], dtype=ops.mm_dtype, device=glob.device)
+    shape = (ib, cb, width + 1, glob.shape[-1])
+    if keep:
+        nodes = torch.empty(shape, dtype=ops.mm_dtype, device=glob.device)
+    else:  # reused by the next block (fresh memory is paid for in page faults)
+        nodes = ops.scratch.take(shape, ops.mm_dtype, glob.device, slot=2)
     nodes[:, :, 0] = glob
     # on CPU the attended vectors of CPU_BLOCK_ELEMENTS at a time (in the caches)
     chunk = max(1, CPU_BLOCK_ELEMENTS // (cb * width * d)) if regions.is_cpu else ib
