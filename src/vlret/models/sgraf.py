@@ -435,7 +435,7 @@ class SGRAFScorer(nn.Module):
                 if deferred:
                     kept.append((c0, c1, nodes, node_mask))
                 else:
-                    row.append(self._finish(nodes, node_mask, None, ops.steps, dtype))
+                    row.append(self._finish(nodes, node_mask, None, ops.steps, dtype, ops.scratch))
             if row:
                 rows.append(torch.cat(row, dim=0))
         inverse = None if order is None else torch.argsort(order)
@@ -510,13 +510,15 @@ class SGRAFScorer(nn.Module):
         saf_stats: tuple[torch.Tensor, torch.Tensor] | None,
         steps: list[GraphStep],
         dtype: torch.dtype,
+        scratch: Scratch | None = None,
     ) -> torch.Tensor:
         """``(ib, cb)`` scores in the working ``dtype`` from a block's nodes. ``saf_stats``:
         per-caption ``(mean, var)`` of SAF's BatchNorm, shape ``(cb,)`` each, or None for its
         running statistics; ``steps``: SGR's prepared step matrices
-        (:func:`~vlret.models.sgraf_ops.graph_steps`, once per call)."""
+        (:func:`~vlret.models.sgraf_ops.graph_steps`, once per call); ``scratch``: the
+        call's buffers (calls without autograd)."""
         if self.module == "sgr":
-            vec = graph_reasoning(nodes, node_mask, steps, dtype)
+            vec = graph_reasoning(nodes, node_mask, steps, dtype, scratch)
         else:
             gates = self._gates(nodes, dtype)  # (ib, cb, L + 1)
             bn = self.saf.bn
