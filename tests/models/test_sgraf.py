@@ -470,3 +470,15 @@ def test_batch_norm_helpers_match_torch(momentum):
     ours.eval(), ref.eval()
     x = torch.randn(3, 5, generator=g, dtype=torch.float64)
     assert torch.allclose(batch_norm(x, ours), ref(x), atol=1e-14)
+
+
+def test_backward_after_a_training_call_updates_the_running_statistics():
+    """An evaluation-mode graph must not keep the BatchNorm buffers that a later
+    training-mode call updates in place (a memory bank's loss backpropagates late)."""
+    scorer = _scorer("saf").eval()
+    regions, words, lengths = _tokens(dtype=torch.float32)
+    regions.requires_grad_()
+    early = scorer(regions, words, lengths)
+    scorer.train()(regions.detach(), words, lengths)  # updates running_mean in place
+    early.sum().backward()
+    assert torch.isfinite(regions.grad).all() and regions.grad.abs().sum() > 0
