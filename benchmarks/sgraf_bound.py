@@ -8,8 +8,7 @@ lengths ``L_c`` (``R`` regions, ``D`` features, ``S = sim_dim`` node size):
 - SGR's step matrices ``W_k^T W_q`` (``S x S x S``, once per call and step);
 - the global attentions (once per call): the image side's ``D x D`` products over every region
   (``local_fc``) and over each image's mean (``global_fc``), the caption side's over every real
-  word and over each caption's mean, and each side's ``common`` logits ``(n; K, D) x (D, 1)``
-  and weighted sum ``(n; 1, K) x (K, D)`` (``K`` regions, or words padded to the longest);
+  word and over each caption's mean, and their ``D -> 1`` ``common`` products;
 - per block of ``SGRAFScorer.plan_blocks`` (``ib`` images x ``cb`` captions trimmed to ``top``
   words, ``K = top + 1`` nodes a pair):
 
@@ -94,7 +93,7 @@ def products(
     does them, over its blocks (``plan_blocks``) for a call without autograd with its
     products in ``dtype`` (``matmul_precision``) under ``max_elements``."""
     r, d, s = scorer.num_regions, scorer.embed_dim, scorer.sim_dim
-    n_cap, words, width = len(lengths), sum(lengths), max(lengths)
+    n_cap, words = len(lengths), sum(lengths)
     glob, att, proj, graph, last = (
         "global attentions",
         "attention",
@@ -105,12 +104,10 @@ def products(
     out = [
         Product(glob, "image local_fc", None, n_img * r, d, d, True),
         Product(glob, "image global_fc", None, n_img, d, d, True),
-        Product(glob, "image common", n_img, r, d, 1, False),
-        Product(glob, "image pooling", n_img, 1, r, d, False),
+        Product(glob, "image common", None, n_img * r, d, 1, True),
         Product(glob, "caption local_fc", None, words, d, d, True),  # real words only
         Product(glob, "caption global_fc", None, n_cap, d, d, True),
-        Product(glob, "caption common", n_cap, width, d, 1, False),
-        Product(glob, "caption pooling", n_cap, 1, width, d, False),
+        Product(glob, "caption common", None, words, d, 1, True),
     ]
     if scorer.module == "sgr":  # each step's W_k^T W_q, once per call
         out += [Product(graph, "step matrix", None, s, s, s, False)] * scorer.sgr_steps

@@ -82,13 +82,13 @@ class _GlobalAttention(nn.Module):
             mean = items.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(items.dtype)
         local = self._branch(items, self.local_fc, self.local_bn, low)
         glob = self._branch(mean, self.global_fc, self.global_bn, low)
-        # common(local_i * glob) = local_i . (glob * w) + b: one product, no (N, K, D) pass
-        common = self.common.weight.to(glob.dtype) * glob
-        logits = (local @ common.unsqueeze(-1)).squeeze(-1) + self.common.bias.to(glob.dtype)
+        # element-wise, not as batched products: each item set's numbers must not depend
+        # on how many sets the call holds (ranks split a batch)
+        logits = linear(local * glob.unsqueeze(1), self.common).squeeze(-1)
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         weights = torch.softmax(logits, dim=1)
-        return l2norm((weights.unsqueeze(1) @ items).squeeze(1))
+        return l2norm((weights.unsqueeze(-1) * items).sum(dim=1))
 
 
 class _GraphStep(nn.Module):

@@ -97,11 +97,9 @@ def batch_norm(x: torch.Tensor, bn: nn.BatchNorm1d) -> torch.Tensor:
         update_running(bn, mean.unsqueeze(0), (var * n / (n - 1)).unsqueeze(0))
     else:
         assert bn.running_mean is not None and bn.running_var is not None  # tracked
-        # a copy: ``mean * scale`` keeps it for the backward, and training updates the buffer
-        mean, var = bn.running_mean.to(x.dtype, copy=True), bn.running_var.to(x.dtype)
+        mean, var = bn.running_mean.to(x.dtype), bn.running_var.to(x.dtype)
     scale = bn.weight.to(x.dtype) / torch.sqrt(var + bn.eps)
-    shift = bn.bias.to(x.dtype) - mean * scale
-    return torch.addcmul(shift.view(shape), x, scale.view(shape))  # one pass over x
+    return (x - mean.view(shape)) * scale.view(shape) + bn.bias.to(x.dtype).view(shape)
 
 
 class LocalProjection(torch.autograd.Function):
