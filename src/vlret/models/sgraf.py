@@ -178,9 +178,12 @@ class SGRAFScorer(nn.Module):
             inputs' dtype, float32 at least). ``"bfloat16"``: in calls under
             :func:`torch.no_grad` or :func:`torch.inference_mode` (evaluation), the products
             (the word-region scores, the attended vectors, the local and global projections,
-            the SGR node products and the global attentions' ``D x D`` products) run on
-            bfloat16 operands with float32 accumulation and a bfloat16 result; norms,
-            softmaxes and squares stay in the working dtype. With grad mode on the call
+            SGR's node, edge-logit and mixing products, SAF's gate and gated sum and the global
+            attentions' ``D x D`` products) run on bfloat16 operands with float32 accumulation
+            and a bfloat16 result; norms, softmaxes, differences and squares stay in the
+            working dtype (SGR's nodes stay bfloat16 between steps: its ReLU is exact). Every
+            element-wise pass runs in one dtype, converting once before or after it: mixed
+            dtypes would run element by element. With grad mode on the call
             computes in the working dtype. Each rounding is relative ``2^-8`` at most;
             ``benchmarks/bench_cross_attention.py`` prints the largest score change and how
             many caption pairs change order against float64 (on models whose scores spread
@@ -332,7 +335,9 @@ class SGRAFScorer(nn.Module):
         blocks of images x captions whose largest intermediate (the attended vector of every
         word of every pair, ``L x D`` numbers a pair) is bounded; on CPU blocks are at most
         :data:`~vlret.models.attention.CPU_BLOCK_ELEMENTS`, so that the element-wise passes
-        over the attended vectors stay in the CPU caches. Captions are processed longest
+        over the attended vectors stay in the CPU caches (without autograd, blocks of
+        :data:`CPU_EVAL_BLOCK_BYTES` whose attended vectors are formed that many at a time:
+        see :meth:`plan_blocks`). Captions are processed longest
         first, each block trimmed to its longest caption; the columns come back in call
         order.
 
@@ -574,4 +579,4 @@ class SGRAFScorer(nn.Module):
         return torch.cat([torch.cat(row, dim=0) for row in rows.values()], dim=1)
 
 
-__all__ = ["MODULES", "SGRAFScorer"]
+__all__ = ["CPU_EVAL_BLOCK_BYTES", "MODULES", "SGRAFScorer"]

@@ -6,7 +6,10 @@ difference vector, the irreducible work of SGRAF scoring; SGR's reasoning adds t
 ``sim_dim x sim_dim`` products per node and step. These kernels keep the rest (attention,
 norms, softmaxes) small beside them. ``low`` (the scorer's ``matmul_precision="bfloat16"``)
 runs the per-pair GEMMs with bfloat16 operands and results and float32 accumulation; every
-element-wise step stays in the working dtype.
+element-wise step but SGR's (exact) ReLU stays in the working dtype, and none mixes dtypes
+(ATen runs a mixed-dtype pass element by element, slower than the GEMM it feeds). Calls
+without autograd reuse their blocks' buffers (:class:`Scratch`): fresh memory each block is
+paid for in page faults.
 """
 
 from __future__ import annotations
