@@ -230,15 +230,21 @@ def bench_loss_ratio(tfidf: CaptionTfidf, rounds: int, device: torch.device) -> 
 def bench_rank_spread(rounds: int) -> None:
     """The smooth rank alone (fwd+bwd, B=128, tau=0.001) with the native kernel and with the
     PyTorch path, on rows whose scores spread narrowly (as early in training, and in (3)) and
-    widely (as a trained model's): the kernel's cheap path needs a row's entries within 80 tau
-    of its mean, so a wide row takes the exp of most of its unsaturated pairs."""
+    widely (as a trained model's): the kernel's float32 ratios need a row's entries within 80
+    tau of its mean, its float64 ratios within 700 tau of its midpoint; a row wider still takes
+    the exp of each unsaturated pair with an entry out of range."""
     from vlret import _native
     from vlret.losses import smooth_rank
 
     if _native.library("smooth_rank") is None:
         return
     g = torch.Generator().manual_seed(2)
-    for label, spread in (("narrow (std 0.03)", 0.03), ("wide (std 0.3)", 0.3)):
+    spreads = (
+        ("narrow (std 0.03)", 0.03),
+        ("wide (std 0.15)", 0.15),
+        ("very wide (std 0.3, rows past 1400 tau)", 0.3),
+    )
+    for label, spread in spreads:
         base = torch.randn(128, 128, generator=g) * spread
 
         def run(kernel: str, base=base) -> None:

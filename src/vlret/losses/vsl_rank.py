@@ -122,8 +122,12 @@ class _SmoothRank(torch.autograd.Function):
 
 #: ``kernel`` values of :func:`smooth_rank`.
 KERNELS = ("auto", "native", "torch")
-#: Pairs (rows x n x n) from which the native kernel splits rows over ``torch``'s threads.
-_THREAD_PAIRS = 1 << 18
+#: Pairs (rows x n x n) from which the native kernel splits rows over ``torch``'s threads
+#: (B = 256 and up). Below it one thread: torch's OpenMP workers spin for a while after each
+#: parallel operation, so threads of the kernel's own started right after one compete with
+#: them for the cores; at B = 128 with 2 threads on a 2-core machine that made VSL slower, not
+#: faster (benchmarks/bench_vsl.py), while at B = 1024 the threads pay (0.6 s against 1.0 s).
+_THREAD_PAIRS = 1 << 24
 _P = ctypes.c_void_p
 _DECLARED: set[ctypes.CDLL] = set()  # libraries whose signatures are declared
 
