@@ -16,6 +16,7 @@ The set (``--only NAME ...`` picks some; ``--dry-run`` prints the commands and r
   5000 images x 25000 captions (36 regions, D=1024), its time and peak CUDA memory;
 * ``pixels``: ``bench_pixels.py`` parts 1 (the shard pipeline's images/s against its decode
   bound, on the host's cores) and 3 (ViT-B/32 pre-training samples/s, bf16);
+* ``pixels_b16``: ``bench_pixels.py`` part 3 with ViT-B/16 (``--gpu-patch 16``), beside B/32's;
 * ``grad_cache``: ``bench_grad_cache.py``, the GRU model's gradient-caching peak at B=4096 in
   chunks of 128 against a plain B=128 step, and one gradient-caching step at B=65536.
 
@@ -23,7 +24,7 @@ Without CUDA it refuses with one line and exit status 2 (the benchmarks themselv
 CPU with ``--device cpu``).
 
     python benchmarks/run_gpu_set.py [--out build/bench-gpu.json] [--device cuda|cuda:N]
-        [--only losses coco5k_scan pixels grad_cache] [--timeout 3600] [--dry-run]
+        [--only losses coco5k_scan pixels pixels_b16 grad_cache] [--timeout 3600] [--dry-run]
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def gpu_set() -> dict[str, list[str]]:
         "pixels": [
             "bench_pixels.py",
             *("--parts", "1", "3", "--workers", workers, "--rounds", "2"),
+            *("--gpu-batch", "256", "--gpu-steps", "20", "--gpu-amp", "bf16"),
+        ],
+        "pixels_b16": [
+            "bench_pixels.py",
+            *("--parts", "3", "--gpu-patch", "16"),
             *("--gpu-batch", "256", "--gpu-steps", "20", "--gpu-amp", "bf16"),
         ],
         "grad_cache": [

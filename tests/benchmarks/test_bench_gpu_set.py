@@ -40,12 +40,13 @@ def test_refuses_without_cuda_in_one_line():
 def test_the_set_and_its_sizes(mod, capsys):
     assert mod("run_gpu_set").main(["--dry-run", "--device", "cuda:1"]) == 0
     lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
-    assert list(lines) == ["losses", "coco5k_scan", "pixels", "grad_cache"]
+    assert list(lines) == ["losses", "coco5k_scan", "pixels", "pixels_b16", "grad_cache"]
     for cmd in lines.values():
         assert cmd.endswith("--device cuda:1 --json <tmp.json>")
     assert "--batch 8192 65536 262144 1048576 " in lines["losses"]
     assert "bench_cross_attention.py --coco5k-scan" in lines["coco5k_scan"]
     assert "--parts 1 3 " in lines["pixels"]
+    assert "--parts 3 --gpu-patch 16 " in lines["pixels_b16"]
     assert "--batches 4096 --chunk 128" in lines["grad_cache"]
     assert "--big-batch 65536" in lines["grad_cache"]
 
