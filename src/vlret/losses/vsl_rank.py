@@ -151,6 +151,11 @@ def _native_library() -> ctypes.CDLL | None:
     return lib
 
 
+def _scale(tau: float, descending: bool) -> float:
+    """The factor a row is multiplied by before its pairs' differences: ``+-1 / tau``."""
+    return (1.0 if descending else -1.0) / float(tau)
+
+
 def _threads(rows: int, n: int) -> int:
     return torch.get_num_threads() if rows * n * n >= _THREAD_PAIRS else 1
 
@@ -286,7 +291,7 @@ def native_rank_disagreement(
     lib = _choose(kernel, s)
     if lib is None:
         return None
-    scale = (1.0 if descending else -1.0) / float(tau)
+    scale = _scale(tau, descending)
     s, c = s.contiguous(), c.detach().contiguous()
     if torch.is_grad_enabled() and s.requires_grad:
         return _NativeRankDisagreement.apply(s, c, scale, lib)
@@ -334,9 +339,10 @@ def smooth_rank(
     ``n + 1``. As ``tau -> 0`` the ranks become exact (ties count one half each way). The
     exponent ``x / tau`` is clamped to ``[-50, 50]`` (:data:`EXPONENT_CLAMP`).
 
-    The ``rows x n x n`` pairwise terms are computed a block of rows at a time, in the forward
-    and again in the backward, so memory stays ``O(n^2)`` beyond one block (measured in
-    ``docs/vsl.md``).
+    Memory stays ``O(n^2)`` beyond one block of ``rows x n x n`` pairwise terms (measured in
+    ``docs/vsl.md``): the PyTorch path computes them a block of rows at a time, in the forward
+    and again in the backward; the native kernel forms none of them and keeps the pairs'
+    derivatives for the backward only while they fit in one block.
 
     Args:
         m: ``(rows, n)``, any floating dtype (half precision is computed and returned in
@@ -370,7 +376,7 @@ def smooth_rank(
     rank_block = _rank_block(rank_block, chunk_size)
     m = m.to(compute_dtype(m.dtype))
     check_finite(m, "m")
-    scale = (1.0 if descending else -1.0) / float(tau)
+    scale = _scale(tau, descending)
     lib = _choose(kernel, m)
     if lib is not None:
         m = m.contiguous()
