@@ -58,11 +58,12 @@ def test_random_bert_without_transformers_writes_nothing(tmp_path, capsys, monke
     assert not out.exists()
 
 
-def test_random_bert_on_a_feature_world_writes_nothing(tmp_path, capsys):
+def test_random_bert_on_a_picture_world_writes_nothing(tmp_path, capsys):
     out = tmp_path / "w"
-    assert main(["synth", "tiny", "--out", str(out), "--random-bert"]) == 2
+    args = ["synth", "tiny", "--out", str(out), "--random-bert", "--format", "karpathy"]
+    assert main(args) == 2
     err = _one_line(capsys.readouterr().err)
-    assert "--random-bert needs an MSR-VTT-format world" in err and "'precomp'" in err
+    assert "--random-bert needs an MSR-VTT-format world" in err and "'karpathy'" in err
     assert not out.exists()
 
 

@@ -54,9 +54,24 @@ def test_bad_arguments_and_an_existing_model_are_refused(tmp_path):
         write_random_bert(tmp_path / "x", CAPTIONS, max_positions=5)
 
 
-def test_synth_random_bert_needs_an_msrvtt_world(tmp_path, capsys):
-    assert main(["synth", "tiny", "--out", str(tmp_path / "w"), "--random-bert"]) == 2
+def test_synth_random_bert_needs_an_msrvtt_or_precomp_world(tmp_path, capsys):
+    args = ["synth", "tiny", "--out", str(tmp_path / "w"), "--random-bert", "--format", "karpathy"]
+    assert main(args) == 2
     assert "--random-bert needs an MSR-VTT-format world" in capsys.readouterr().err
+
+
+def test_synth_random_bert_on_a_precomp_world_knows_every_caption_word(tmp_path):
+    # the BERT text sides of DIME, CHAN and USER on the f30k-like feature worlds
+    out = tmp_path / "w"
+    assert main(["synth", "tiny", "--out", str(out), "--random-bert"]) == 0
+    tokenizer = transformers.BertTokenizer.from_pretrained(str(out / "random-bert"))
+    lines = [
+        line for caps in out.glob("*_caps.txt") for line in caps.read_text("utf-8").splitlines()
+    ]
+    assert len(lines) > 100
+    pieces = {p for line in lines for p in tokenizer.tokenize(line)}
+    assert pieces and tokenizer.unk_token not in pieces
+    assert not (out / "synthetic.unfinished").exists()
 
 
 def test_without_transformers_the_error_names_the_extra(tmp_path, monkeypatch):

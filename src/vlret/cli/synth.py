@@ -41,7 +41,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--random-bert",
         action="store_true",
         help="also write OUT/random-bert: a small randomly initialised BERT on the world's words "
-        "(MMT's text encoder for the synthetic runs; needs transformers)",
+        "(the text encoder of MMT, DIME, CHAN-BERT and USER for the synthetic runs; a "
+        "video-experts or precomp world; needs transformers)",
     )
     p.add_argument(
         "--webdataset",

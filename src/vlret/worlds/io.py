@@ -523,11 +523,12 @@ def synth_main(preset: str, out: str | Path, *, random_bert: bool = False, **opt
     ``feature_dim``, ``regions``, ``frames``, ``captions_per_image``); ``None`` values mean
     the preset's default. With ``random_bert`` (``--random-bert``), also
     ``DIR/random-bert``, a small random BERT on the world's words
-    (:func:`~.bert.write_random_bert`, MMT's text side). Returns the output folder.
+    (:func:`~.bert.write_random_bert`: MMT's text side on a multi-expert world; the BERT text
+    sides of DIME, CHAN and USER on a precomp one). Returns the output folder.
 
-    Everything the world needs is checked before anything is written: an MSR-VTT-format world
-    and transformers for ``random_bert`` (:class:`~vlret._extras.MissingExtra` naming the
-    extra), Pillow for rendered images, webdataset for shards, and the folder: a non-empty
+    Everything the world needs is checked before anything is written: an MSR-VTT-format or
+    precomp world and transformers for ``random_bert`` (:class:`~vlret._extras.MissingExtra`
+    naming the extra), Pillow for rendered images, webdataset for shards, and the folder: a non-empty
     ``out`` (an earlier world included) is refused unless ``overwrite`` (``--overwrite``) or
     it holds a world whose writing stopped half-way (:data:`UNFINISHED_FILE`; the folder
     stays marked until the BERT is written too)."""
@@ -537,24 +538,37 @@ def synth_main(preset: str, out: str | Path, *, random_bert: bool = False, **opt
     if random_bert:
         config = get_preset(preset, **{k: v for k, v in options.items() if k in _CONFIG_FIELDS})
         fmt = options.get("format") or ("msrvtt" if config.multi_expert else "precomp")
-        if fmt != "msrvtt":
+        if fmt not in ("msrvtt", "precomp"):
             raise ValueError(
                 f"--random-bert needs an MSR-VTT-format world (the video or video-experts "
-                f"preset, --format msrvtt), got format {fmt!r}"
+                f"preset, --format msrvtt) or a precomp one, got format {fmt!r}"
             )
         require("transformers", "--random-bert")
     root = check_output_dir(out, "--out")
     check_out_dir(root, overwrite=bool(options.get("overwrite")), flag="--overwrite")
     path = write_synthetic(preset, root, finish=not random_bert, **options)
     if random_bert:
-        from ..data.formats.msrvtt import read_msrvtt_json
         from .bert import write_random_bert
 
-        captions = read_msrvtt_json(path / DATA_JSON).captions.values()
         with _world_writes(path):
-            write_random_bert(path / RANDOM_BERT_DIR, (c for cs in captions for c in cs))
+            write_random_bert(path / RANDOM_BERT_DIR, _world_captions(path, fmt))
             finish_world(path)
     return path
+
+
+def _world_captions(path: Path, fmt: str) -> list[str]:
+    """Every caption of a written world: its MSR-VTT JSON's, or a precomp world's
+    ``{split}_caps.txt`` lines (the words a random BERT's vocabulary is made of)."""
+    if fmt == "msrvtt":
+        from ..data.formats.msrvtt import read_msrvtt_json
+
+        return [c for cs in read_msrvtt_json(path / DATA_JSON).captions.values() for c in cs]
+    return [
+        line.strip()
+        for caps in sorted(path.glob("*_caps.txt"))
+        for line in caps.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 __all__ = [
