@@ -314,7 +314,12 @@ def check_model_config(config: RunConfig) -> None:
     if image_kind in ("resnet", "vit", "resnext-wsl"):
         return
     size = text.get("vocab_size") if isinstance(text, dict) else None
-    if scores_pairs(build_run_model(config, None if size is not None else 8)):
+    stand_in = 8
+    if size is None and model.get("kind") == "cvse":  # its concept folder maps a vocabulary
+        from ..models.matchers.cvse_build import concepts_vocab_size
+
+        stand_in = concepts_vocab_size(model.get("concepts")) or stand_in
+    if scores_pairs(build_run_model(config, None if size is not None else stand_in)):
         check_pair_scoring(config)
 
 
