@@ -191,7 +191,7 @@ def test_shipped_configs_are_valid(path):
     cfg = load_config(path)
     losses = set(cfg.loss.name.split("+"))  # a registered loss, or a combination of them
     shipped = {"triplet", "infonce", "unified", "goal", "vsl", "adacl", "cmpm", "sdm", "id", "mlm"}
-    assert losses <= shipped | {"ssp", "rsp", "aoq"}
+    assert losses <= shipped | {"ssp", "rsp", "aoq", "uto"}
     check_model_config(cfg)  # e.g. a pair-scoring model with a loss that needs embeddings
     parts = (cfg.model, cfg.model.get("image"), cfg.model.get("text"))
     local = any(isinstance(part, dict) and part.get("path") for part in parts)
