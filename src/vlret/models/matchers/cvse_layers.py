@@ -5,6 +5,10 @@ Each follows the authors' release (``BruceW91/CVSE``, ``model_CVSE.py`` and
 ``util/C_GCN.py``); every module's own parameter names map to the release's through its
 ``reference_names()`` (:meth:`vlret.models.matchers.cvse.CVSE.reference_names`).
 The release's ``l2norm`` adds 1e-12 to the norm (:func:`l2norm`, ``util/utils.py``).
+The BatchNorms run through :func:`vlret.models.sgraf_ops.batch_norm` (the statistics computed
+from the input, the running buffers updated without autograd), so the backward never holds a
+running buffer that a later call, or the ``pair_bank`` procedure restoring the buffers after
+scoring its bank, updates in place.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..sgraf_ops import batch_norm
 
 #: The release's ``util/utils.py`` ``l2norm`` eps.
 CVSE_NORM_EPS = 1e-12
@@ -56,8 +62,8 @@ class VisualSelfAttention(nn.Module):
 
     def forward(self, regions: torch.Tensor) -> torch.Tensor:
         """``(N, R, D)`` normalised regions -> ``(N, D)`` instance vectors."""
-        w_v = self.dropout(torch.tanh(self.bn1(self.fc1(regions))))
-        w_m = self.dropout(torch.tanh(self.bn2(self.fc2(regions.mean(dim=1)))))
+        w_v = self.dropout(torch.tanh(batch_norm(self.fc1(regions), self.bn1)))
+        w_m = self.dropout(torch.tanh(batch_norm(self.fc2(regions.mean(dim=1)), self.bn2)))
         logits = self.fc3(w_v * w_m.unsqueeze(1)).squeeze(-1)
         weights = torch.softmax(logits, dim=1)
         return l2norm(torch.bmm(weights.unsqueeze(1), regions).squeeze(1))
@@ -156,7 +162,10 @@ class ConceptGCN(nn.Module):
     def forward(self) -> torch.Tensor:
         """The ``(C, D)`` concept table."""
         adj = gen_adj(self.adj_all).detach()
-        x = adj @ (self.vectors @ self.gc1)
+        # a buffer is copied: the product keeps its operand for the backward, and the
+        # pair_bank procedure restores every buffer in place after scoring its bank
+        vectors = self.vectors if self.vectors.requires_grad else self.vectors.clone()
+        x = adj @ (vectors @ self.gc1)
         x = F.leaky_relu(x, GCN_SLOPE)
         return l2norm(adj @ (x @ self.gc2))
 
@@ -193,8 +202,8 @@ class ConsensusLevel(nn.Module):
         self, x: torch.Tensor, table: torch.Tensor, labels: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(consensus (N, D), weights (N, C))`` of instance vectors ``x`` ``(N, D)``."""
-        e_c = torch.tanh(self.bn1(self.fc1(table)))
-        e_x = torch.tanh(self.bn2(self.fc2(x)))
+        e_c = torch.tanh(batch_norm(self.fc1(table), self.bn1))
+        e_x = torch.tanh(batch_norm(self.fc2(x), self.bn2))
         logits = e_x @ (e_c * self.fc3.weight).t() + self.fc3.bias
         weights = torch.softmax(self.temperature * logits, dim=1)
         if labels is not None:

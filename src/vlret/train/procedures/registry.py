@@ -32,6 +32,7 @@ PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 #: name -> the module that registers it (imported on first use).
 MODULES: dict[str, str] = {}
 MODULES["aoq"] = "vlret.train.procedures.aoq"
+MODULES["cvse"] = "vlret.train.procedures.cvse"
 MODULES["irr"] = "vlret.train.procedures.irr"
 MODULES["metaspn"] = "vlret.train.procedures.metaspn"
 MODULES["ncr"] = "vlret.train.procedures.ncr"
