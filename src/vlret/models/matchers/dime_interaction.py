@@ -73,8 +73,10 @@ class Router(nn.Module):
     def __init__(self, dim: int, hidden: int, paths: int) -> None:
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, paths))
+        last = self.mlp[2]
+        assert isinstance(last, nn.Linear)
         with torch.no_grad():
-            self.mlp[2].bias.fill_(1.5)  # Router.init_weights
+            last.bias.fill_(1.5)  # Router.init_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., N, D)`` -> the ``(..., paths)`` path probabilities in ``[0, 1)``."""
@@ -130,12 +132,35 @@ class Refinement(nn.Module):
 
 
 class Cell(nn.Module):
-    """One cell of a routing layer: its ``router`` and the cell's own weights."""
+    """One cell of a routing layer: its ``router`` (RIC has nothing else)."""
 
-    def __init__(self, kind: str, dim: int, *, paths: int, router_hidden: int) -> None:
+    def __init__(self, dim: int, *, paths: int, router_hidden: int) -> None:
         super().__init__()
-        self.kind = kind
         self.router = Router(dim, router_hidden, paths)
+
+
+class GLGCCell(Cell):
+    """GLGC: its router and ``fc_1``."""
+
+    def __init__(self, dim: int, *, paths: int, router_hidden: int) -> None:
+        super().__init__(dim, paths=paths, router_hidden=router_hidden)
+        self.fc_1 = nn.Linear(dim, dim)
+
+
+class IMRCCell(Cell):
+    """IMRC: its router and the self-attention block ``sa``."""
+
+    def __init__(self, dim: int, *, paths: int, router_hidden: int, hidden: int, heads: int):
+        super().__init__(dim, paths=paths, router_hidden=router_hidden)
+        self.sa = SelfAttention(dim, hidden, heads)
+
+
+class CMRCCell(Cell):
+    """CMRC: its router and the modulation ``refine``."""
+
+    def __init__(self, dim: int, *, paths: int, router_hidden: int) -> None:
+        super().__init__(dim, paths=paths, router_hidden=router_hidden)
+        self.refine = Refinement(dim)
 
 
 class RoutingLayer(nn.Module):
@@ -146,11 +171,15 @@ class RoutingLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.paths = paths
-        for kind in CELLS:
-            setattr(self, kind, Cell(kind, dim, paths=paths, router_hidden=router_hidden))
-        self.glgc.fc_1 = nn.Linear(dim, dim)
-        self.imrc.sa = SelfAttention(dim, imrc_hidden, imrc_heads)
-        self.cmrc.refine = Refinement(dim)
+        sizes = dict(paths=paths, router_hidden=router_hidden)
+        self.ric = Cell(dim, **sizes)
+        self.glgc = GLGCCell(dim, **sizes)
+        self.imrc = IMRCCell(dim, **sizes, hidden=imrc_hidden, heads=imrc_heads)
+        self.cmrc = CMRCCell(dim, **sizes)
+
+    def cells(self) -> tuple[Cell, Cell, Cell, Cell]:
+        """The cells in the release's path order (:data:`CELLS`)."""
+        return (self.ric, self.glgc, self.imrc, self.cmrc)
 
 
 def _mix(probs: list[torch.Tensor], embs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -284,7 +313,7 @@ class DIMEInteraction(nn.Module):
         e1 = self._glgc(l0, local, guide)
         e3 = self._cmrc(l0, local, context, *projections[0], mask)
         z = _mix(side["probs"], [side["ric"][0], e1, side["imrc"][0], e3])
-        probs = [getattr(l1, kind).router(z[j]) for j, kind in enumerate(CELLS)]
+        probs = [cell.router(z[j]) for j, cell in enumerate(l1.cells())]
         embs = [
             torch.relu(z[0]),
             self._glgc(l1, z[1], guide),
@@ -292,7 +321,7 @@ class DIMEInteraction(nn.Module):
             self._cmrc(l1, z[3], context, *projections[1], mask),
         ]
         z = _mix(probs, embs)
-        probs = [getattr(l2, kind).router(z[j]) for j, kind in enumerate(CELLS)]
+        probs = [cell.router(z[j]) for j, cell in enumerate(l2.cells())]
         embs = [
             torch.relu(z[0]),
             self._glgc(l2, z[1], guide),
@@ -308,7 +337,7 @@ class DIMEInteraction(nn.Module):
         return {
             "ric": [torch.relu(local)],
             "imrc": [l0.imrc.sa(local)],
-            "probs": [getattr(l0, kind).router(local) for kind in CELLS],
+            "probs": [cell.router(local) for cell in l0.cells()],
         }
 
     def pool(self, z: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
