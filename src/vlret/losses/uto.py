@@ -200,7 +200,7 @@ class UTOLoss(EmbeddingQueues, PairLoss):
     config: UTOParams
     dense = staticmethod(uto_loss)
 
-    def forward(  # type: ignore[override]  # its own keywords: momentum keys, gathered
+    def forward(
         self,
         img_emb: torch.Tensor,
         txt_emb: torch.Tensor,
