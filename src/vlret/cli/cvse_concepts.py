@@ -87,13 +87,14 @@ def write_concepts(args: argparse.Namespace) -> tuple[list[Path], Any, list[str]
     from ..models.matchers import cvse_concepts as cc
     from ..models.matchers import cvse_files as cf
 
+    groups = _groups(args.groups)  # the arguments and the output paths before the work
     names = [
         cf.CATEGORY_FILE,
         cf.LABELS_FILE.format(ds=args.dataset),
         cf.ADJACENCY_FILE.format(ds=args.dataset),
         cf.VOCAB_CONCEPTS_FILE,
     ]
-    for name in names:  # before the work
+    for name in names:
         check_output_file(args.out / name, "--out", name, overwrite=args.overwrite)
     data = PrecompDataset(args.data_root, args.split, captions_per_image=args.captions_per_image)
     if args.vocab is not None:
@@ -115,7 +116,7 @@ def write_concepts(args: argparse.Namespace) -> tuple[list[Path], Any, list[str]
         [str(i) for i in ids],
         concepts=concepts,
         num_concepts=args.num_concepts,
-        groups=_groups(args.groups),
+        groups=groups,
     )
     files = cf.write_concept_folder(
         args.out, stats, dataset=args.dataset, vocab_words=vocab.idx2word
