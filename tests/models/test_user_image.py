@@ -188,3 +188,48 @@ def test_bad_inputs_and_settings_are_named():
         build_user_image_encoder({**cfg, "num_regions": 0}, embed_dim=EMBED)
     built = build_user_image_encoder(cfg, embed_dim=EMBED)
     assert built.mlp.fc1.out_features == EMBED // 2 and built.embed_dim == EMBED
+
+
+def test_user_model_trains_with_uto_momentum_queues(tmp_path):
+    """The whole two-tower model on a random local BERT (GPO text side): three steps of UTO
+    with its queues filled by a momentum copy; the loss is finite, every part of both towers
+    gets a gradient, and the queues hold the momentum keys."""
+    pytest.importorskip("transformers")
+    from vlret.losses import build_loss
+    from vlret.memory import MomentumEncoder
+    from vlret.models import RetrievalModel
+    from vlret.models.text import BertTextEncoder
+    from vlret.worlds.bert import write_random_bert
+
+    words = ["a red car", "two dogs run in the park", "a man on a blue boat"]
+    path = write_random_bert(tmp_path / "bert", words, hidden=16, layers=1, intermediate=32)
+    torch.manual_seed(0)
+    image = UserImageEncoder(in_dim=IN, embed_dim=EMBED, num_regions=R, gpo_pe_dim=4)
+    text = BertTextEncoder(path, embed_dim=EMBED, pooling="gpo", gpo_pe_dim=4)
+    model = RetrievalModel(image, text).train()
+    keys = MomentumEncoder(model, momentum=0.999)
+    loss_fn = build_loss("uto", batch_weight=20.0, queue_size=8, embed_dim=EMBED)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    vocab = text.bert.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        regions = torch.randn(4, R, IN, generator=g)
+        lengths = torch.tensor([5, 3, 4, 2])
+        captions = torch.randint(1, vocab, (4, 5), generator=g)
+        img, txt = model.encode_images(regions), model.encode_texts(captions, lengths)
+        with torch.no_grad():
+            k_img = keys.module.encode_images(regions)
+            k_txt = keys.module.encode_texts(captions, lengths)
+        ids = torch.arange(4) + 4 * step
+        loss = loss_fn(img, txt, ids, img_keys=k_img, txt_keys=k_txt)
+        optim.zero_grad()
+        loss.backward()
+        assert torch.isfinite(loss)
+        for name, p in model.named_parameters():
+            if name.startswith(("image_encoder.sge", "image_encoder.mlp", "text_encoder.bert.enc")):
+                assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
+        optim.step()
+        keys.update(model)
+    assert loss_fn.txt_queue is not None and int(loss_fn.txt_queue.valid.sum()) == 8
+    queued = loss_fn.txt_queue.keys[loss_fn.txt_queue.ids == 8]
+    torch.testing.assert_close(queued[0], torch.nn.functional.normalize(k_txt, dim=1)[0])
