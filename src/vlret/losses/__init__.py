@@ -72,6 +72,7 @@ from .step import StepInputs
 from .tal import TALLoss, tal_loss, tiled_tal_loss
 from .triplet import TripletLoss, tiled_triplet_loss, triplet_loss
 from .unified import UnifiedLoss, tiled_unified_loss, unified_loss
+from .uto import UTOLoss, uto_loss
 from .vsl import VisualSemanticLoss, smooth_rank, visual_semantic_loss
 
 __all__ = [
@@ -132,6 +133,8 @@ __all__ = [
     "PairLoss",
     "TripletLoss",
     "UnifiedLoss",
+    "UTOLoss",
+    "uto_loss",
     "available_losses",
     "build_loss",
     "check_loss_params",

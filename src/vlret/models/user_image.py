@@ -8,8 +8,8 @@ and ``SGE``) step for step, on the raw ``in_dim``-wide regions ``r_1..r_R`` of a
 1. a global vector ``g``: the self-attention pooling of SGRAF's image side, which USER's
    ``SGE.forward`` is (local branch ``tanh(BN_R(W_l r_i))``, global branch
    ``tanh(BN_D(W_g mean_i r_i))``, both with dropout; weights ``softmax_i(w . (local_i *
-   global))``; ``g = l2norm(sum_i w_i r_i)``), reused from
-   :class:`vlret.models.sgraf._GlobalAttention`;
+   global))``; ``g = l2norm(sum_i w_i r_i)``), reused from :mod:`vlret.models.sgraf`
+   (``_GlobalAttention``, its image side);
 2. region attention (``SGE.region_attention``): ``a = l2norm(softmax_i(lambda g . r_i))`` (the
    L2 norm of the weight vector over the regions, plus 1e-8), ``r_i' = r_i + a_i g``;
 3. ``fc(r_i') + MLP(r_i')`` (``fc``: ``in_dim -> embed_dim``; the MLP is VSE-infinity's
