@@ -349,11 +349,11 @@ def test_the_cvse_procedure_weighs_the_levels_and_the_kl(folder):
     torch.testing.assert_close(loss, want)
     assert out["sim"].shape == (4, 4)
     naive = sum(
-        float(txt.weights[i, c] * (txt.weights[i, c].log() - img.weights[i, c].log()))
+        float((txt.weights[i, c] * (txt.weights[i, c].log() - img.weights[i, c].log())).detach())
         for i in range(4)
         for c in range(C)
     )
-    assert float(concept_kl(img.weights, txt.weights)) == pytest.approx(naive, rel=1e-5)
+    assert float(concept_kl(img.weights, txt.weights).detach()) == pytest.approx(naive, rel=1e-5)
 
 
 def _null():
@@ -370,3 +370,29 @@ def test_procedure_options_are_checked(options, key):
     config = SimpleNamespace(train=SimpleNamespace(procedure_options=options))
     with pytest.raises(ValueError, match=f"procedure_options.{key}"):
         build(config)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "ratio", "fuse_eval", "batch", "dim"),
+    [
+        ("cvse_f30k_triplet", 0.35, 0.85, 128, 1024),
+        ("cvse_coco_triplet", 0.4, 0.9, 128, 1024),
+        ("adacl_cvse_f30k", 0.35, 0.85, 64, 256),
+        ("adacl_cvse_coco", 0.4, 0.9, 64, 256),
+    ],
+)
+def test_shipped_configs_build_with_a_concept_folder(folder, name, ratio, fuse_eval, batch, dim):
+    from vlret.configs import shipped_configs
+    from vlret.run.config import load_config
+    from vlret.train.procedures.registry import build_procedure
+
+    cfg = load_config(shipped_configs()[name])
+    model_cfg = {**cfg.model, "concepts": str(folder), "concept_dim": 7, "embed_dim": 8}
+    model = build_model(model_cfg, vocab_size=len(VOCAB))
+    assert (model.config["concept_label_ratio"], model.config["fuse_eval"]) == (ratio, fuse_eval)
+    assert (cfg.train.batch_size, cfg.model["embed_dim"]) == (batch, dim)
+    step = build_procedure(cfg, scores_pairs=True)
+    if name.startswith("adacl"):
+        assert step.name == "pair_bank" and cfg.loss.params["queue_size"] == 4096
+    else:
+        assert isinstance(step, CVSEStep) and step.levels == (3.0, 5.0, 1.0)

@@ -301,8 +301,9 @@ def check_model_config(config: RunConfig) -> None:
     """Validate the ``model`` section before the (slow) vocabulary is built, by building the
     model once with a stand-in vocabulary size, and for a model that scores pairs itself the
     settings that need embeddings (:func:`~vlret.run.pair_scoring.check_pair_scoring`).
-    Skipped for the pretrained kinds (BERT, CLIP, MMT's BERT), which load weights from disk;
-    their errors surface at the real build."""
+    Skipped for the pretrained kinds (BERT, CLIP, MMT's BERT), which load weights from disk,
+    and for a CVSE model whose concept folder is not written yet; their errors surface at the
+    real build. A CVSE model is checked with its folder's vocabulary size."""
     model = config.model
     text = model.get("text")
     text_kind = text.get("kind", "gru") if isinstance(text, dict) else None
@@ -318,7 +319,10 @@ def check_model_config(config: RunConfig) -> None:
     if size is None and model.get("kind") == "cvse":  # its concept folder maps a vocabulary
         from ..models.matchers.cvse_build import concepts_vocab_size
 
-        stand_in = concepts_vocab_size(model.get("concepts")) or stand_in
+        folder_size = concepts_vocab_size(model.get("concepts"))
+        if folder_size is None:  # no folder yet (vlret cvse-concepts): the real build says so
+            return
+        stand_in = folder_size
     if scores_pairs(build_run_model(config, None if size is not None else stand_in)):
         check_pair_scoring(config)
 
