@@ -233,3 +233,18 @@ def test_user_model_trains_with_uto_momentum_queues(tmp_path):
     assert loss_fn.txt_queue is not None and int(loss_fn.txt_queue.valid.sum()) == 8
     queued = loss_fn.txt_queue.keys[loss_fn.txt_queue.ids == 8]
     torch.testing.assert_close(queued[0], torch.nn.functional.normalize(k_txt, dim=1)[0])
+
+
+def test_build_model_builds_the_user_image_kind_and_round_trips():
+    """``[model.image] kind = "user"`` through ``build_model`` (retrieval.py's wiring): the
+    release's defaults filled in, ``model.config`` rebuilds it, unknown keys are named."""
+    from vlret.models import build_model
+
+    spec = {"image": {"kind": "user", "in_dim": IN, "num_regions": R}, "embed_dim": EMBED}
+    model = build_model({**spec, "text": {"vocab_size": 11, "word_dim": 4}})
+    assert isinstance(model.image_encoder, UserImageEncoder)
+    assert model.config["image"] == {**USER_IMAGE_DEFAULTS, "in_dim": IN, "num_regions": R}
+    rebuilt = build_model(model.config)
+    assert rebuilt.image_encoder.mlp.fc1.out_features == EMBED // 2
+    with pytest.raises(ValueError, match="region_dropout"):
+        build_model({**spec, "image": {**spec["image"], "region_dropout": 0.2}}, vocab_size=11)
