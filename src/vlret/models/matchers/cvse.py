@@ -152,6 +152,8 @@ class CVSE(PairScoringModel):
 
     image_encoder: RegionEncoder
     text_encoder: WordEncoder
+    gcn: ConceptGCN
+    concept_of_id: torch.Tensor
 
     def __init__(
         self,

@@ -151,7 +151,8 @@ def _frombuffer(buf: Any, dtype: Any, shape: Any, order: str) -> np.ndarray:
     # protocol 5: the data in the file; reshape fails unless it holds exactly shape's bytes
     if not isinstance(buf, (bytes, bytearray)) or order not in ("C", "F"):
         raise pickle.UnpicklingError("refuses _frombuffer of anything but bytes")
-    return np.frombuffer(bytes(buf), dtype=dtype).reshape(shape, order=order).copy()
+    array = np.frombuffer(bytes(buf), dtype=dtype)
+    return array.reshape(tuple(shape), order="C" if order == "C" else "F").copy()
 
 
 def _latin1(text: Any, encoding: str = "latin1") -> bytes:

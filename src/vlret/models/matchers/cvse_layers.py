@@ -137,6 +137,9 @@ class ConceptGCN(nn.Module):
         learned: Train the vectors.
     """
 
+    adj_all: torch.Tensor
+    vectors: torch.Tensor
+
     def __init__(
         self,
         adjacency: torch.Tensor,
