@@ -18,6 +18,9 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
            # or VSE-infinity's WSL grid backbone (vlret.models.grid), a local state dict:
            # {"kind": "resnext-wsl", "path": FILE (required), "config": {}, "image_size": 512,
            #  "pooling": "gpo", "size_augment": True, gpo_*}
+           # or USER's SGE-enhanced regions (vlret.models.user_image):
+           # {"kind": "user", "in_dim": 2048, "num_regions": 36, "dropout": 0.4,
+           #  "attention_lambda": 1.0, "mlp_hidden": None, "pooling": "gpo", gpo_*}
      "text": {"kind": "gru", "vocab_size": <from build_model(vocab_size=...)>,
               "word_dim": 300, "bidirectional": False, "num_layers": 1,
               "pooling": "last",                                      # last | mean | max | gpo
@@ -31,6 +34,8 @@ normalised unless ``normalize=True`` (the losses normalise). It never imports a 
      "default_preprocessing": None, "irr": False}
     # Cross-attention pair scorers ("scan", "bfan", "sgraf"): schema in
     # vlret.models.cross_model; they return a score matrix, not a RetrievalModel.
+    # The other matchers of AdaCL Table 1 ("imram", "cvse", "chan", "dime"), pair scorers
+    # too: schema in vlret.models.matchers.
     # Multi-expert video models ("ce", "mmt"; "experts" required): schema in
     # vlret.models.video_experts.build; also pair scorers.
 
@@ -78,6 +83,8 @@ from .backbones import BACKBONE_KINDS, build_backbone_encoder
 from .cross_model import CROSS_KINDS, CROSS_MODEL_DEFAULTS, CrossAttentionModel, build_cross_model
 from .grid import GRID_KIND, build_grid_encoder
 from .image import POOLINGS, ImageEncoder
+from .matchers import MATCHER_KINDS, MATCHER_MODEL_DEFAULTS, build_matcher_model
+from .pair_scorer import PairScoringModel
 from .text import (
     BERT_POOLINGS,
     GRU_POOLINGS,
@@ -86,6 +93,7 @@ from .text import (
     check_batch,
     resolve_vocab_size,
 )
+from .user_image import USER_IMAGE_DEFAULTS, USER_IMAGE_KIND, build_user_image_encoder
 from .video import VideoEncoder
 from .video_experts import (
     VIDEO_EXPERT_KINDS,
@@ -120,6 +128,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "irr": False,
     },
     **CROSS_MODEL_DEFAULTS,
+    **MATCHER_MODEL_DEFAULTS,
     **VIDEO_EXPERT_MODEL_DEFAULTS,
 }
 IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -150,6 +159,7 @@ IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
         "size_augment": True,
         **_GPO_DEFAULTS,
     },
+    USER_IMAGE_KIND: USER_IMAGE_DEFAULTS,
 }
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gru": {
@@ -344,6 +354,8 @@ def _build_image(cfg: dict, embed_dim: int) -> nn.Module:
             size_augment=cfg["size_augment"],
             **_gpo(cfg),
         )
+    if cfg["kind"] == USER_IMAGE_KIND:
+        return build_user_image_encoder(cfg, embed_dim=embed_dim)
     common = dict(in_dim=cfg["in_dim"], embed_dim=embed_dim, pooling=cfg["pooling"], **_gpo(cfg))
     if cfg["kind"] == "video":
         return VideoEncoder(frame_dropout=float(cfg["frame_dropout"]), **common)
@@ -357,7 +369,7 @@ SCORINGS = ("cosine", "dot")
 
 def build_model(
     config: Mapping[str, Any], *, vocab_size: int | None = None
-) -> RetrievalModel | CrossAttentionModel | MultiExpertModel:
+) -> RetrievalModel | CrossAttentionModel | MultiExpertModel | PairScoringModel:
     """:func:`build_model_of` the spec without its ``scoring`` entry, which becomes the
     model's ``scoring`` attribute (``cosine`` by default, or ``dot``): how evaluation compares
     a two-tower model's embeddings (a pair scorer's scores are its own). A spec that names it
@@ -379,7 +391,7 @@ def build_model(
 
 def build_model_of(
     config: Mapping[str, Any], *, vocab_size: int | None = None
-) -> RetrievalModel | CrossAttentionModel | MultiExpertModel:
+) -> RetrievalModel | CrossAttentionModel | MultiExpertModel | PairScoringModel:
     """Build a model from a plain config dict (schema in the module docstring).
 
     Pretrained weights load from local directories only; ``transformers`` is imported only for
@@ -393,7 +405,9 @@ def build_model_of(
     Returns:
         A :class:`RetrievalModel`, or for the kinds ``scan``, ``bfan`` and ``sgraf`` a
         :class:`~vlret.models.cross_model.CrossAttentionModel`, for ``ce`` and ``mmt`` a
-        :class:`~vlret.models.video_experts.MultiExpertModel`. ``model.config`` holds the
+        :class:`~vlret.models.video_experts.MultiExpertModel`, for ``imram``, ``cvse``,
+        ``chan`` and ``dime`` a :class:`~vlret.models.pair_scorer.PairScoringModel`
+        (:mod:`vlret.models.matchers`). ``model.config`` holds the
         resolved config, which ``build_model`` accepts back.
 
     Raises:
@@ -408,6 +422,8 @@ def build_model_of(
     kind = top["kind"]
     if kind in CROSS_KINDS:
         return build_cross_model(top, vocab_size=vocab_size)
+    if kind in MATCHER_KINDS:
+        return build_matcher_model(top, vocab_size=vocab_size)
     _check_types("model", top, None)
 
     image: nn.Module
