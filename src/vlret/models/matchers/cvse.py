@@ -236,13 +236,26 @@ class CVSE(PairScoringModel):
         labels.scatter_(1, concept + 1, 1.0)  # column 0 collects the non-concepts
         return labels[:, 1:]
 
-    def text_levels(self, captions: torch.Tensor, lengths: torch.Tensor) -> CVSELevels:
-        """Encode captions: ``(N, L)`` ids with ``lengths`` -> their :class:`CVSELevels`."""
+    def text_levels(
+        self, captions: torch.Tensor, lengths: torch.Tensor, *, labels: torch.Tensor | None = None
+    ) -> CVSELevels:
+        """Encode captions: ``(N, L)`` ids with ``lengths`` -> their :class:`CVSELevels`.
+
+        ``labels``: ``(N, C)`` concept labels to mix in instead of the captions' own
+        (:meth:`caption_labels`; the release's completed test labels,
+        :mod:`~vlret.models.matchers.cvse_knn`).
+        """
         words = self.text_encoder(captions, lengths)
         lengths = torch.as_tensor(lengths).to(words.device)
         mask = lengths_to_mask(lengths, words.shape[1])
         instance = self.text_attention(words, mask)
-        labels = self.caption_labels(captions[:, : words.shape[1]].to(words.device), lengths)
+        if labels is None:
+            labels = self.caption_labels(captions.to(words.device), lengths)
+        elif labels.shape != (captions.shape[0], self.num_concepts):
+            raise ValueError(
+                f"labels: shape {tuple(labels.shape)}, expected ({captions.shape[0]}, "
+                f"{self.num_concepts})"
+            )
         consensus, weights = self.text_consensus(instance, self.gcn(), labels.to(words.dtype))
         return CVSELevels(instance, consensus, self._fuse(instance, consensus), weights)
 
