@@ -171,6 +171,8 @@ def test_region_dropout_equals_encoding_only_the_kept_regions():
     assert out.shape == (6, R, D) and not bool(keep.all())
     _, words, lengths = _tokens(n_cap=4)
     scores = model.score(out, words, lengths)
+    scores.sum().backward(retain_graph=True)  # padded rows are zero features: fc(0) = 0 here
+    assert all(bool(torch.isfinite(p.grad).all()) for p in enc.parameters())
     for i in range(6):
         kept = features[i, keep[i]]
         alone = nn.functional.normalize(enc.fc(kept), dim=-1, eps=0)[None]  # no padding at all

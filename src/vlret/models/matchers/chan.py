@@ -210,11 +210,12 @@ class CHANRegionEncoder(nn.Module):
         width = int(counts.max())
         kept = features.gather(1, order[:, :width, None].expand(-1, -1, self.in_dim))
         real = lengths_to_mask(counts, width)
-        out = l2norm(self._project(kept.masked_fill(~real[..., None], 0.0)))
+        out = self._project(kept.masked_fill(~real[..., None], 0.0))
+        # padded rows: the first region, before the norm (a zero row's norm has no gradient)
+        out = torch.where(real[..., None], out, out[:, :1])
         if width < r:
             out = torch.cat([out, out[:, :1].expand(-1, r - width, -1)], dim=1)
-            real = torch.cat([real, real.new_zeros((n, r - width))], dim=1)
-        return torch.where(real[..., None], out, out[:, :1])  # padded rows: the first region
+        return l2norm(out)
 
     def _project(self, features: torch.Tensor) -> torch.Tensor:
         x = self.fc(features)
