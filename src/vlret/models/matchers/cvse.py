@@ -31,7 +31,9 @@ caption gets its IMAGE's labels (the union over the image's captions, from
 (the first concept of a lemma only) and the labels completed by a transductive two-pass KNN
 over the whole test gallery. vlret labels every caption, in training and evaluation, from its
 own tokens (inductive, as the statistics of :mod:`~vlret.models.matchers.cvse_concepts` are
-counted); WordNet's data is not installable offline and the KNN completion is not built.
+counted; WordNet's data is not installable offline), and that is what ``vlret eval`` scores;
+the release's two-pass completion over a whole test split (on vlret's labels) is
+:func:`~vlret.models.matchers.cvse_knn.two_pass_scores`.
 
 The concept inputs come from a folder written by ``vlret cvse-concepts`` (``concepts``): the
 processed adjacency (:func:`~vlret.models.matchers.cvse_concepts.gen_a_concept` of its
