@@ -141,7 +141,7 @@ def _layer0(layer, direction, lam, rgn, img, wrd, stc, lens):
                 res = res + allp[:, i, j][None, :, None, None] * e
         skip = gate[:, i][:, None, None] * embs[0]
         out.append(res + (skip.unsqueeze(1) if direction == "i2t" else skip.unsqueeze(0)))
-    return out
+    return out, allp
 
 
 def _layer(layer, direction, lam, ref, rgn, img, wrd, stc, lens):
@@ -159,7 +159,7 @@ def _layer(layer, direction, lam, ref, rgn, img, wrd, stc, lens):
             gate = (probs[j] < 1e-4 / 4).to(ref[j].dtype)
             gates.append(gate)
             res = res + probs[j].unsqueeze(-1) * embs[j] + gate.unsqueeze(-1) * ref[j]
-        return [res / (sum(gates) + sum(probs)).unsqueeze(-1)]
+        return [res / (sum(gates) + sum(probs)).unsqueeze(-1)], torch.stack(probs, dim=3)
     gate = (sum(probs) < 1e-4).to(ref[0].dtype)
     allp = torch.stack(probs, dim=3)
     allp = allp / (allp.sum(dim=-1, keepdim=True) + 1e-8)
@@ -169,16 +169,25 @@ def _layer(layer, direction, lam, ref, rgn, img, wrd, stc, lens):
         for j in range(4):
             res = res + allp[:, :, i, j][..., None, None] * embs[j]
         out.append(res + gate[:, :, i][..., None, None] * embs[0])
-    return out
+    return out, allp
 
 
-def _shard_scores(itr, rgn, img, wrd, stc, lens, batch_stats):
-    """InteractionModule.forward (score only) on one shard."""
+def _shard_scores(itr, rgn, img, wrd, stc, lens, batch_stats, paths=None):
+    """InteractionModule.forward on one shard: the scores (and, into ``paths``, the
+    ``(n_img, n_stc, 36)`` path probabilities before the regulariser's mean)."""
     direction, lam = itr.direction, itr.lambda_softmax
-    z = _layer0(itr.dynamic_itr_l0, direction, lam, rgn, img, wrd, stc, lens)
-    z = _layer(itr.dynamic_itr_l1, direction, lam, z, rgn, img, wrd, stc, lens)
-    z = _layer(itr.dynamic_itr_l2, direction, lam, z, rgn, img, wrd, stc, lens)[0]
+    z, p0 = _layer0(itr.dynamic_itr_l0, direction, lam, rgn, img, wrd, stc, lens)
+    z, p1 = _layer(itr.dynamic_itr_l1, direction, lam, z, rgn, img, wrd, stc, lens)
+    z, p2 = _layer(itr.dynamic_itr_l2, direction, lam, z, rgn, img, wrd, stc, lens)
+    z = z[0]
     n_img, n_stc, n_loc, d = z.size()
+    if paths is not None:
+        if direction == "i2t":
+            l0 = p0.contiguous().view(n_img, -1).unsqueeze(1).expand(-1, n_stc, -1)
+        else:
+            l0 = p0.contiguous().view(n_stc, -1).unsqueeze(0).expand(n_img, -1, -1)
+        l1, l2 = p1.view(n_img, n_stc, -1), p2.view(n_img, n_stc, -1)
+        paths.append(torch.cat([l0, l1, l2], dim=-1))
     bn = itr.bn
     if batch_stats:
         flat = F.batch_norm(z.view(-1, d), None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
@@ -191,6 +200,17 @@ def _shard_scores(itr, rgn, img, wrd, stc, lens, batch_stats):
     if direction == "i2t":
         return (stc.unsqueeze(0) * z).sum(-1)
     return (img.unsqueeze(1) * z).sum(-1)
+
+
+def reference_paths(model, regions, words, word_lengths) -> torch.Tensor:
+    """The release's ``(n_img, n_cap, 36)`` path probabilities of one training call (one
+    shard), in its order: layer 0 (output x cell), layer 1, layer 2."""
+    itr = model.interaction
+    img, rgn, stc, wrd = regions[:, 0], regions[:, 1:], words[:, 0], words[:, 1:]
+    lens = [n - 1 for n in torch.as_tensor(word_lengths).tolist()]
+    out: list[torch.Tensor] = []
+    _shard_scores(itr, rgn, img, wrd, stc, lens, True, out)
+    return out[0]
 
 
 def reference_scores(model, regions, words, word_lengths, *, shard: int = SHARD) -> torch.Tensor:
@@ -305,4 +325,4 @@ def gemm_bound(model, regions, words, word_lengths) -> Callable[[], None]:
     return run
 
 
-__all__ = ["SHARD", "gemm_bound", "reference_scores"]
+__all__ = ["SHARD", "gemm_bound", "reference_paths", "reference_scores"]

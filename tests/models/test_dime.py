@@ -267,3 +267,46 @@ def test_config_errors_name_the_key(bert_dir, change, key):
     cfg.update(change)
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         build_model(cfg)
+
+
+@pytest.mark.parametrize("direction", ["i2t", "t2i"])
+def test_path_probabilities_match_the_release(bert_dir, ref, direction):
+    model = make(bert_dir, direction, path_hidden=6).double()
+    regions, words, rows = encoded(model.eval())
+    model.train()
+    want = ref.reference_paths(model, regions, words, rows)
+    assert want.shape == (regions.shape[0], words.shape[0], 36)
+    for max_elements in (1, 5000):
+        paths: list[torch.Tensor] = []
+        model.score(regions, words, rows, max_elements=max_elements, paths_out=paths)
+        torch.testing.assert_close(paths[0], want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("direction", ["i2t", "t2i"])
+def test_path_loss_against_a_naive_loop(bert_dir, direction):
+    from vlret.train.procedures.dime import path_loss
+
+    model = make(bert_dir, direction, path_hidden=6).double().train()
+    caps, lens = captions([4, 7, 3, 9, 5])
+    feats = torch.randn(5, R, IN_DIM, dtype=torch.float64)
+    texts, labels = model.text_encoder.encode(caps, lens)
+    assert not labels.requires_grad and torch.allclose(
+        labels.norm(dim=-1), torch.ones(5, dtype=torch.float64)
+    )
+    paths: list[torch.Tensor] = []
+    model.score(model.encode_images(feats), texts, model.token_lengths(lens), paths_out=paths)
+    value = path_loss(model.interaction.path_similarity(paths[0]), labels)
+    lin = model.interaction.path_mapping
+    per = paths[0].mean(dim=1 if direction == "i2t" else 0)
+    mapped = [F.normalize(lin.weight @ per[i] + lin.bias, dim=0) for i in range(5)]
+    naive = (
+        sum(
+            (mapped[i] @ mapped[j] - labels[i] @ labels[j]) ** 2 for i in range(5) for j in range(5)
+        )
+        / 5
+    )
+    torch.testing.assert_close(value, naive, rtol=1e-12, atol=1e-14)
+    value.backward()
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+    router = model.interaction.dynamic_itr_l1.glgc.router.mlp[0].weight
+    assert router.grad is not None and router.grad.abs().sum() > 0

@@ -135,14 +135,17 @@ def scores(model, feats, caps, lengths):
 def test_round_trip_scores_equal(tmp_path, bert_dir, direction):
     opt = dime_opt(direction=direction, lambda_softmax_CMRC=4.0 if direction == "i2t" else 9.0)
     model = source_model(bert_dir, opt)
-    path = save(tmp_path, release_checkpoint(model, opt))
+    ckpt = release_checkpoint(model, opt)
+    path = save(tmp_path, ckpt)
     out = import_dime_checkpoint(path, vocab=bert_dir, out=tmp_path / "dime.pt")
     loaded, run, encoder = load_trained_model(out)
     assert (
         run.model["direction"] == direction
         and run.model["lambda_softmax"] == opt.lambda_softmax_CMRC
     )
-    assert run.data.max_caption_tokens == 6
+    assert run.data.max_caption_tokens == 6 and run.model["path_hidden"] == 128
+    mapping = loaded.interaction.path_mapping.weight
+    assert torch.equal(mapping, ckpt["model"][2]["path_mapping.weight"])
     got = scores(loaded, *inputs())
     torch.testing.assert_close(got, scores(model, *inputs()), rtol=0, atol=1e-6)
     folder_bert = build_model(run.model).text_encoder.bert.embeddings.word_embeddings.weight

@@ -26,9 +26,10 @@ width, layers, positions), each mismatch named.
 **Names** (release -> vlret): ``img_enc.*`` -> ``image_encoder.*``; ``txt_enc.bert.*`` ->
 ``text_encoder.bert.*`` (the release's BERT follows Hugging Face's name tree; TF-style
 ``LayerNorm.gamma`` / ``beta`` are read as ``weight`` / ``bias``), ``txt_enc.{fc, convs1,
-mapping}.*`` -> ``text_encoder.*``; ``itr_module.*`` -> ``interaction.*``. Not imported (no use
-in scoring): BERT's pooler, GLGC's ``fc_2`` (never called by the release) and
-``path_mapping`` (the path regulariser's). Any other missing or unexpected key, a shape other
+mapping}.*`` -> ``text_encoder.*``; ``itr_module.*`` -> ``interaction.*`` (``path_mapping``,
+the path regulariser's, with ``model.path_hidden`` its width, so training can go on with the
+``"dime"`` procedure). Not imported (no use): BERT's pooler and GLGC's ``fc_2`` (never called
+by the release). Any other missing or unexpected key, a shape other
 than the model's and a non-finite weight are errors naming the key; a BatchNorm
 ``num_batches_tracked`` absent from an old checkpoint is filled in (0).
 
@@ -79,9 +80,7 @@ DIME_PREFIXES = {
 #: layers (about 4 million at D = 256), with room for a wider BERT's vocabulary
 DIME_MAX_WEIGHTS = 150_000_000
 #: release keys with no use in scoring (see the module docstring)
-_DROPPED = re.compile(
-    r"^(txt_enc\.bert\.pooler\.|itr_module\.path_mapping\.|itr_module\.[^.]+\.glgc\.fc_2\.)"
-)
+_DROPPED = re.compile(r"^(txt_enc\.bert\.pooler\.|itr_module\.[^.]+\.glgc\.fc_2\.)")
 #: ranges of the options read (the release: 256, 2048, 32, 4 or 9, 512, 512, 16)
 _INTS = {
     "embed_size": (1, 8192),
@@ -285,6 +284,9 @@ def import_dime_checkpoint(
     except OptionError as err:
         raise CheckpointImportError(f"{path}: {err} (--arch dime)") from None
     raw["data"].pop("vocab")  # the tokenizer is the BERT folder's (model.text.path)
+    mapping = states[2].get("path_mapping.weight")
+    if mapping is not None and mapping.dim() == 2:
+        raw["model"]["path_hidden"] = int(mapping.shape[0])
     raw["data"]["max_caption_tokens"] = model_cfg["max_words"] - 2
     _check_bert(states[1], bert_config, path, folder)
     config = config_from_dict(raw, source=f"{path} (opt)")

@@ -27,16 +27,19 @@ max_words)`` for i2t (the sentence row and the real tokens, CMRC's context; rows
 never read, so evaluation may drop them) and ``1 + max_words`` for every caption for t2i (whose
 scores read every padded position).
 
-**Not reproduced:** the path regulariser (``L_path``, trade-off 0.5: the cosine of the mapped
-path probabilities against frozen BERT's mean-pooled caption vectors) and the release's extra
-random negatives (``--extra_stc 1`` for i2t, ``--extra_img 1`` for t2i); vlret trains DIME
-with its ranking losses on the batch's own pairs.
+**Path regulariser:** ``L_path`` (trade-off 0.5: the squared difference of the mapped path
+probabilities' cosines and frozen BERT's mean-pooled caption vectors' cosines) is the
+``"dime"`` training procedure's (:mod:`vlret.train.procedures.dime`), for a model with
+``path_hidden`` set (128 in the release; its ``path_mapping`` trains only there). **Not
+reproduced:** the release's extra random negatives (``--extra_stc 1`` for i2t, ``--extra_img
+1`` for t2i); vlret trains DIME on the batch's own pairs.
 
 Config schema (``build_model``; defaults shown; ``text.path`` is required)::
 
     {"kind": "dime", "embed_dim": 256, "direction": "i2t",   # i2t | t2i
      "lambda_softmax": 4.0,                                   # release README: 4 i2t, 9 t2i
      "max_words": 32, "router_hidden": 512, "imrc_hidden": 512, "imrc_heads": 16,
+     "path_hidden": None,                                     # 128: the path regulariser's
      "image": {"in_dim": 2048}, "text": {"kind": "bert", "path": "<local BERT folder>"}}
 """
 
@@ -60,7 +63,8 @@ from .dime_interaction import DIME_DIRECTIONS, NORMALIZE_EPS, DIMEInteraction
 
 #: The valid top-level keys of a ``kind = "dime"`` model config and their defaults (the
 #: release's argparse defaults: embed_size 256, lambda_softmax_CMRC 4, max_words 32,
-#: hid_router 512, hid_IMRC 512, num_head_IMRC 16).
+#: hid_router 512, hid_IMRC 512, num_head_IMRC 16; path_hidden 128 where the path
+#: regulariser trains).
 DIME_DEFAULTS: dict[str, Any] = {
     "kind": "dime",
     "embed_dim": 256,
@@ -70,6 +74,7 @@ DIME_DEFAULTS: dict[str, Any] = {
     "router_hidden": 512,
     "imrc_hidden": 512,
     "imrc_heads": 16,
+    "path_hidden": None,
     "image": {},
     "text": {},
 }
@@ -167,6 +172,14 @@ class DIMETextEncoder(nn.Module):
 
     def forward(self, captions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Encode a padded batch of BERT token ids (``[CLS] ... [SEP]``)."""
+        return self.encode(captions, lengths)[0]
+
+    def encode(
+        self, captions: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoded captions and the path regulariser's label vectors: BERT's last layer
+        averaged over all ``max_words`` positions, detached and L2-normalised
+        (``EncoderText.forward``'s ``bert_emb``)."""
         captions, lengths = check_captions(captions, lengths)
         ids, lengths = self.token_ids(captions, lengths)
         mask = lengths_to_mask(lengths, self.max_words)
@@ -183,7 +196,8 @@ class DIMETextEncoder(nn.Module):
         pooled = torch.cat([c.amax(dim=2) for c in convs], dim=1)
         sentence = self.mapping(pooled) + x_emb.mean(dim=1)
         out = torch.cat([sentence[:, None], words], dim=1)
-        return F.normalize(out, dim=-1, eps=NORMALIZE_EPS)
+        label = F.normalize(hidden.detach().mean(dim=1), dim=-1, eps=NORMALIZE_EPS)
+        return F.normalize(out, dim=-1, eps=NORMALIZE_EPS), label
 
     def extra_repr(self) -> str:
         return f"path={str(self.path)!r}, max_words={self.max_words}"
@@ -237,8 +251,24 @@ class DIME(PairScoringModel):
             return torch.full_like(lengths, 1 + m)
         return 1 + lengths.clamp(max=m)
 
-    def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:
+    def score(
+        self,
+        regions: torch.Tensor,
+        words: torch.Tensor,
+        word_lengths: torch.Tensor,
+        *,
+        max_elements: int | None = None,
+        paths_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The ``(n_img, n_cap)`` scores (see :meth:`DIMEInteraction.scores`).
+
+        Args:
+            regions: ``(n_img, 1 + R, D)`` from :meth:`encode_images`.
+            words: ``(n_cap, 1 + L, D)`` from :meth:`encode_texts`.
+            word_lengths: :meth:`token_lengths` of the captions.
+            max_elements: Bound on a block's largest intermediate.
+            paths_out: Where given, the ``(n_img, n_cap, 36)`` path probabilities are
+                appended (the ``"dime"`` procedure's path loss).
 
         Raises:
             ValueError: The rows do not fit the layout above (a t2i caption without all
@@ -272,6 +302,7 @@ class DIME(PairScoringModel):
             words[:, 1:],
             rows - 1,
             max_elements=max_elements,
+            paths_out=paths_out,
         )
 
 
@@ -324,6 +355,7 @@ def build_dime_model(top: Mapping[str, Any], *, vocab_size: int | None = None) -
         raise ValueError(f"imrc_heads: {heads} does not divide embed_dim {dim}")
     direction = choice(cfg["direction"], "direction", DIME_DIRECTIONS)
     max_words = positive_int(cfg["max_words"], "max_words")
+    path_hidden = cfg["path_hidden"]
     if max_words < 2:
         raise ValueError(f"max_words: must hold [CLS] and [SEP] (>= 2), got {max_words}")
     interaction = DIMEInteraction(
@@ -333,6 +365,7 @@ def build_dime_model(top: Mapping[str, Any], *, vocab_size: int | None = None) -
         router_hidden=positive_int(cfg["router_hidden"], "router_hidden"),
         imrc_hidden=positive_int(cfg["imrc_hidden"], "imrc_hidden"),
         imrc_heads=heads,
+        path_hidden=None if path_hidden is None else positive_int(path_hidden, "path_hidden"),
     )
     image = DIMEImageEncoder(
         positive_int(image_cfg["in_dim"], "image.in_dim"), dim, direction=direction

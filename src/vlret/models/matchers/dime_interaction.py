@@ -6,8 +6,8 @@ The names of every parameter are the release's (LgQu/DIME ``models/InteractionMo
 ``Refinement.py``), below ``interaction.``: ``dynamic_itr_l{0,1,2}.{ric,glgc,imrc,cmrc}.router.
 mlp.{0,2}``, ``....imrc.sa.att_layer.linears.{0,1,2}``, ``....imrc.sa.feed_forward_layer.
 {fc1,fc2}``, ``....glgc.fc_1``, ``....cmrc.refine.{fc_scale,fc_shift,fc_1,fc_2}`` and ``bn``.
-The release also holds ``glgc.fc_2`` (never used by its forward) and ``path_mapping`` (used
-only by the path regulariser, which vlret does not train); neither is built here.
+The release also holds ``glgc.fc_2`` (never used by its forward; not built here) and
+``path_mapping`` (the path regulariser's; built when ``path_hidden`` is set).
 
 The computation, per (image, caption) pair, of the "local" set (``direction = "i2t"``: the
 image's regions, guided by the sentence vector; ``"t2i"``: the caption's ``max_words`` token
@@ -61,6 +61,8 @@ ROUTE_THRESHOLD, ROUTE_EPS = 1e-4, 1e-8
 NORMALIZE_EPS = 1e-12
 #: The cells of every layer, in the release's path order.
 CELLS = ("ric", "glgc", "imrc", "cmrc")
+#: Path probabilities per pair: 4 x 4 from layer 0, 4 x 4 from layer 1, 4 from layer 2.
+TOTAL_PATHS = 36
 
 
 def _normalize(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -182,22 +184,24 @@ class RoutingLayer(nn.Module):
         return (self.ric, self.glgc, self.imrc, self.cmrc)
 
 
-def _mix(probs: list[torch.Tensor], embs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _mix(
+    probs: list[torch.Tensor], embs: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Layers 0 and 1: output path ``i`` is ``sum_j p_j[i] / (sum_j p_j[i] + eps) E_j``, plus
     ``E_0`` where ``sum_j p_j[i] < 1e-4``; ``probs[j]`` is ``(..., paths)``, broadcastable
-    against the pair axes of ``embs[j]`` ``(I, C, N, D)``."""
+    against the pair axes of ``embs[j]`` ``(I, C, N, D)``. Also returns the normalised
+    probabilities ``(..., paths, cells)`` (the release's ``all_path_prob``)."""
     total = sum(probs[1:], probs[0])
     gate = (total < ROUTE_THRESHOLD).to(total.dtype)
     scale = 1.0 / (total + ROUTE_EPS)
     out = []
     for i in range(total.shape[-1]):
-        z = (
-            gate[..., i, None, None] + probs[0][..., i, None, None] * scale[..., i, None, None]
-        ) * embs[0]
+        first = gate[..., i] + probs[0][..., i] * scale[..., i]
+        z = first[..., None, None] * embs[0]
         for j in range(1, len(embs)):
             z = z + (probs[j][..., i] * scale[..., i])[..., None, None] * embs[j]
         out.append(z)
-    return out
+    return out, torch.stack(probs, dim=-1) * scale[..., None]
 
 
 def _merge(
@@ -227,6 +231,8 @@ class DIMEInteraction(nn.Module):
         router_hidden: The routers' hidden size (512).
         imrc_hidden: IMRC's feed-forward hidden size (512).
         imrc_heads: IMRC's heads (16); must divide ``dim``.
+        path_hidden: ``path_mapping``'s output size (128 in the release), used only by the
+            path regulariser (``train.procedure = "dime"``); None builds no ``path_mapping``.
     """
 
     def __init__(
@@ -238,6 +244,7 @@ class DIMEInteraction(nn.Module):
         router_hidden: int = 512,
         imrc_hidden: int = 512,
         imrc_heads: int = 16,
+        path_hidden: int | None = None,
     ) -> None:
         super().__init__()
         self.dim, self.direction, self.lambda_softmax = dim, direction, lambda_softmax
@@ -247,6 +254,21 @@ class DIMEInteraction(nn.Module):
         self.dynamic_itr_l1 = RoutingLayer(dim, paths=len(CELLS), **sizes)
         self.dynamic_itr_l2 = RoutingLayer(dim, paths=1, **sizes)
         self.bn = nn.BatchNorm1d(dim)
+        self.path_mapping = nn.Linear(TOTAL_PATHS, path_hidden) if path_hidden else None
+
+    def path_similarity(self, paths: torch.Tensor) -> torch.Tensor:
+        """The path regulariser's ``P P^T``: the ``(n_img, n_cap, 36)`` path probabilities
+        averaged over the captions (i2t; per image) or the images (t2i; per caption), mapped
+        by ``path_mapping`` and L2-normalised (``InteractionModule.forward``).
+
+        Raises:
+            ValueError: The module has no ``path_mapping`` (``path_hidden`` unset).
+        """
+        if self.path_mapping is None:
+            raise ValueError("path_hidden: the path regulariser needs path_mapping (set it)")
+        mean = paths.mean(dim=1 if self.direction == "i2t" else 0)
+        mapped = _normalize(self.path_mapping(mean), dim=-1)
+        return mapped @ mapped.t()
 
     @property
     def layers(self) -> tuple[RoutingLayer, RoutingLayer, RoutingLayer]:
@@ -298,6 +320,7 @@ class DIMEInteraction(nn.Module):
         mask: torch.Tensor | None,
         side: dict[str, list[torch.Tensor]],
         projections: list[tuple[torch.Tensor, torch.Tensor]],
+        paths: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The refined local sets ``Z`` ``(I, C, N, D)`` of one block, before the BatchNorm.
 
@@ -308,11 +331,13 @@ class DIMEInteraction(nn.Module):
             mask: The real tokens of the block's captions ``(C, W)`` (i2t) or None.
             side: :meth:`side_cells` of the block's local side.
             projections: Per layer, the context items' ``(fc_scale, fc_shift)`` projections.
+            paths: Where given, the block's ``(I, C, 36)`` path probabilities are appended
+                (layers 0 and 1 normalised, as the release concatenates them).
         """
         l0, l1, l2 = self.layers
         e1 = self._glgc(l0, local, guide)
         e3 = self._cmrc(l0, local, context, *projections[0], mask)
-        z = _mix(side["probs"], [side["ric"][0], e1, side["imrc"][0], e3])
+        z, p0 = _mix(side["probs"], [side["ric"][0], e1, side["imrc"][0], e3])
         probs = [cell.router(z[j]) for j, cell in enumerate(l1.cells())]
         embs = [
             torch.relu(z[0]),
@@ -320,7 +345,7 @@ class DIMEInteraction(nn.Module):
             l1.imrc.sa(z[2]),
             self._cmrc(l1, z[3], context, *projections[1], mask),
         ]
-        z = _mix(probs, embs)
+        z, p1 = _mix(probs, embs)
         probs = [cell.router(z[j]) for j, cell in enumerate(l2.cells())]
         embs = [
             torch.relu(z[0]),
@@ -328,6 +353,14 @@ class DIMEInteraction(nn.Module):
             l2.imrc.sa(z[2]),
             self._cmrc(l2, z[3], context, *projections[2], mask),
         ]
+        if paths is not None:  # the release's order: layer 0 (out x cell), layer 1, layer 2
+            lead = p1.shape[:2]
+            paths.append(
+                torch.cat(
+                    [p0.expand(*lead, -1, -1).flatten(2), p1.flatten(2), torch.cat(probs, -1)],
+                    dim=-1,
+                )
+            )
         return _merge(probs, embs, z)
 
     def side_cells(self, local: torch.Tensor) -> dict[str, list[torch.Tensor]]:
@@ -374,6 +407,7 @@ class DIMEInteraction(nn.Module):
         n_words: torch.Tensor,
         *,
         max_elements: int | None = None,
+        paths_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The ``(n_img, n_cap)`` scores of every image with every caption.
 
@@ -386,6 +420,8 @@ class DIMEInteraction(nn.Module):
             max_elements: Bound on the numbers of a block's largest intermediate (default
                 :data:`~vlret.models.attention.DEFAULT_MAX_ELEMENTS`); at least one pair a
                 block.
+            paths_out: Where given, the ``(n_img, n_cap, 36)`` path probabilities of every pair
+                are appended (the path regulariser's input, :meth:`path_similarity`).
 
         Returns:
             The scores; in training mode the BatchNorm statistics span all pairs of the call.
@@ -406,9 +442,11 @@ class DIMEInteraction(nn.Module):
         training = self.training
         rows: list[torch.Tensor] = []
         kept: list[list[torch.Tensor]] = []
+        path_rows: list[list[torch.Tensor]] = []
         for i0 in range(0, n_img, bi):
             isl = slice(i0, i0 + bi)
             row: list[torch.Tensor] = []
+            path_row: list[torch.Tensor] = []
             for c0 in range(0, n_cap, bc):
                 csl = slice(c0, c0 + bc)
                 if i2t:
@@ -421,15 +459,26 @@ class DIMEInteraction(nn.Module):
                     ctx, proj = rgn[isl], [(s[isl], t[isl]) for s, t in projections]
                     block_side = {k: [v[:, csl] for v in vs] for k, vs in side.items()}
                     block_mask = None
-                z = self.block_features(local, guide, ctx, block_mask, block_side, proj)
+                z = self.block_features(
+                    local,
+                    guide,
+                    ctx,
+                    block_mask,
+                    block_side,
+                    proj,
+                    path_row if paths_out is not None else None,
+                )
                 if training:
                     row.append(z)
                 else:
                     row.append(self.pool(z, guide[:, :, 0]))
+            path_rows.append(path_row)
             if training:
                 kept.append(row)
             else:
                 rows.append(torch.cat(row, dim=1))
+        if paths_out is not None:
+            paths_out.append(torch.cat([torch.cat(r, dim=1) for r in path_rows], dim=0))
         if training:  # one BatchNorm over every pair's rows, as the release's batch
             z = torch.cat([torch.cat(row, dim=1) for row in kept], dim=0)
             guide = stc[None] if i2t else img[:, None]
@@ -437,4 +486,4 @@ class DIMEInteraction(nn.Module):
         return torch.cat(rows, dim=0)
 
 
-__all__ = ["CELLS", "DIME_DIRECTIONS", "DIMEInteraction", "Router", "RoutingLayer"]
+__all__ = ["CELLS", "DIME_DIRECTIONS", "TOTAL_PATHS", "DIMEInteraction", "Router", "RoutingLayer"]

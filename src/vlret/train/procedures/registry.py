@@ -33,6 +33,7 @@ PROCEDURES: dict[str, Callable[[RunConfig], LossStep]] = {}
 MODULES: dict[str, str] = {}
 MODULES["aoq"] = "vlret.train.procedures.aoq"
 MODULES["cvse"] = "vlret.train.procedures.cvse"
+MODULES["dime"] = "vlret.train.procedures.dime"
 MODULES["irr"] = "vlret.train.procedures.irr"
 MODULES["metaspn"] = "vlret.train.procedures.metaspn"
 MODULES["ncr"] = "vlret.train.procedures.ncr"
