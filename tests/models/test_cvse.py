@@ -396,3 +396,54 @@ def test_shipped_configs_build_with_a_concept_folder(folder, name, ratio, fuse_e
         assert step.name == "pair_bank" and cfg.loss.params["queue_size"] == 4096
     else:
         assert isinstance(step, CVSEStep) and step.levels == (3.0, 5.0, 1.0)
+
+
+def test_the_procedure_trains_with_the_images_labels_as_the_release(folder):
+    import json
+
+    model = _model(folder).train()
+    loss_fn = build_loss("triplet", margin=0.2)
+    ids = [str(7 * i) for i in range(9)]  # the fixture's image ids; one the file lacks
+    train_set = SimpleNamespace(image_ids=[*ids[:4], "999"])
+    printed: list[str] = []
+    ctx = SimpleNamespace(
+        model=model,
+        loss_fn=loss_fn,
+        epoch=0,
+        step=0,
+        gather=False,
+        world_size=1,
+        autocast=_null,
+        train_set=train_set,
+        device=torch.device("cpu"),
+        grad_cache=None,
+        exchange="gather",
+        momentum_encoder=None,
+        print=printed.append,
+    )
+    step = CVSEStep()
+    assert step.hooks(ctx) == [] and step.table is not None
+    entries = json.loads((folder / "all_f30k_concept_label.json").read_text())
+    for k in range(4):
+        want = torch.zeros(C)
+        want[entries[k]["concept_labels"]] = 1.0
+        torch.testing.assert_close(step.table[k], want)
+    torch.testing.assert_close(step.table[4], torch.full((C,), 1.0 / C))
+    assert "1 training images lack labels" in printed[0]
+    batch = _batch(5)
+    batch.img_index = torch.tensor([4, 3, 2, 1, 0])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    loss, _, _ = step(ctx, batch)
+    model.load_state_dict(state)
+    img = model.image_levels(batch.features)
+    txt = model.text_levels(batch.captions, batch.lengths, labels=step.table[batch.img_index])
+    want = 2 * concept_kl(img.weights, txt.weights)
+    for w, level in ((3, "fused"), (5, "instance"), (1, "consensus")):
+        a, b = getattr(img, level), getattr(txt, level)
+        want = want + w * loss_fn.from_similarity(a @ b.t())  # distinct images
+    torch.testing.assert_close(loss, want)
+    ctx.train_set = SimpleNamespace(image_ids=["x", "y"])
+    with pytest.raises(ValueError, match="holds none of the training images"):
+        CVSEStep().hooks(ctx)
+    with pytest.raises(ValueError, match="labels"):
+        CVSEStep(labels="lemma")

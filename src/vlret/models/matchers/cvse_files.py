@@ -286,6 +286,43 @@ def find_adjacency_file(folder: str | Path) -> Path:
     return found[0]
 
 
+def find_labels_file(folder: str | Path) -> Path:
+    """The one ``all_*_concept_label.json`` of a concept folder.
+
+    Raises:
+        FileNotFoundError: None there.
+        ValueError: Several.
+    """
+    found = sorted(Path(folder).glob(LABELS_FILE.format(ds="*")))
+    if not found:
+        raise FileNotFoundError(
+            f"{folder}: no {LABELS_FILE.format(ds='<ds>')}; write one with vlret cvse-concepts"
+        )
+    if len(found) > 1:
+        raise ValueError(f"{folder}: several label files ({', '.join(p.name for p in found)})")
+    return found[0]
+
+
+def image_label_matrix(
+    path: str | Path, image_ids: Sequence[Any], num_concepts: int
+) -> tuple[np.ndarray, int]:
+    """The release's training labels of the images ``image_ids`` (in order) from a labels file:
+    ``(rows (n, C) float32, images missing from the file)``; a row is 1 at the image's
+    concepts, and ``1 / C`` everywhere for an image the file lacks (the release's
+    ``PrecompDataset_Flickr30k``)."""
+    labels = read_concept_labels(path, num_concepts)
+    rows = np.zeros((len(image_ids), num_concepts), dtype=np.float32)
+    missing = 0
+    for k, img in enumerate(image_ids):
+        found = labels.get(str(img))
+        if found is None:
+            rows[k] = 1.0 / num_concepts
+            missing += 1
+        else:
+            rows[k, found] = 1.0
+    return rows, missing
+
+
 def _read_json(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
@@ -303,6 +340,8 @@ __all__ = [
     "MAX_PICKLE_BYTES",
     "VOCAB_CONCEPTS_FILE",
     "find_adjacency_file",
+    "find_labels_file",
+    "image_label_matrix",
     "read_adjacency_pickle",
     "read_category_concepts",
     "read_concept_labels",

@@ -12,7 +12,14 @@ image's and the caption's distributions over the concepts (the caption's with it
 in), summed over the batch, both sides trained through it. Here the triplet is whatever loss the
 run names (``loss.name``: triplet, unified, ...), applied to each level with the weights
 ``train.procedure_options.levels`` (``[3, 5, 1]``: fused, instance, consensus) and the KL
-term weighted ``kl_weight`` (2). The KL term is summed over the batch as the release's is; with
+term weighted ``kl_weight`` (2).
+
+The caption side's concept labels are, with ``labels = "image"`` (the default, the release's
+training), those of the caption's IMAGE from the concept folder's
+``all_<ds>_concept_label.json`` (the union over the image's captions; ``1 / C`` everywhere for
+an image the file lacks), with ``labels = "caption"`` the caption's own (what evaluation uses).
+
+The KL term is summed over the batch as the release's is; with
 a base loss that averages over the batch instead, its weight relative to the levels is ``B``
 times the release's (lower ``kl_weight`` to compensate).
 
@@ -32,6 +39,7 @@ import torch
 
 from ..._modules import unwrap_model
 from ...losses import StepInputs
+from ...models.matchers.cvse_files import find_labels_file, image_label_matrix
 from ...models.text import check_batch, check_captions
 from ...run.config import RunConfig
 from ...run.pair_scoring import pair_loss
@@ -44,6 +52,8 @@ from .registry import register_procedure
 DEFAULT_LEVELS = (3.0, 5.0, 1.0)
 DEFAULT_KL_WEIGHT = 2.0
 LEVELS = ("fused", "instance", "consensus")
+#: Where the caption side's training labels come from.
+LABEL_SOURCES = ("image", "caption")
 
 
 def concept_kl(image_weights: torch.Tensor, text_weights: torch.Tensor) -> torch.Tensor:
@@ -72,9 +82,17 @@ class CVSEStep(LossStep):
         *,
         levels: tuple[float, float, float] = DEFAULT_LEVELS,
         kl_weight: float = DEFAULT_KL_WEIGHT,
+        labels: str = "image",
     ) -> None:
+        if labels not in LABEL_SOURCES:
+            raise ValueError(
+                f"train.procedure_options.labels: one of {list(LABEL_SOURCES)}, got {labels!r}"
+            )
         self.levels = levels
         self.kl_weight = kl_weight
+        self.labels = labels
+        #: ``(n_train_images, C)`` the training images' labels (``labels = "image"``).
+        self.table: torch.Tensor | None = None
 
     def hooks(self, ctx: TrainContext) -> list[TrainHook]:
         """Checks the run can train CVSE's levels: a cvse model in one process."""
@@ -92,6 +110,18 @@ class CVSEStep(LossStep):
         for what, on in refused.items():
             if on:
                 raise ValueError(f'train.procedure "cvse" does not run with {what}')
+        if self.labels == "image":
+            path = find_labels_file(model.config["concepts"])
+            ids = list(getattr(ctx.train_set, "image_ids", None) or [])
+            rows, missing = image_label_matrix(path, ids, model.num_concepts)
+            if missing == len(ids):
+                raise ValueError(
+                    f'train.procedure_options.labels = "image": {path} holds none of the '
+                    "training images' ids (written for another split or data folder?)"
+                )
+            if missing:
+                ctx.print(f"{path.name}: {missing} training images lack labels (1/C each)")
+            self.table = torch.from_numpy(rows).to(ctx.device)
         return []
 
     def __call__(self, ctx: TrainContext, batch: Any) -> StepLoss:
@@ -100,7 +130,8 @@ class CVSEStep(LossStep):
         captions, lengths = check_captions(batch.captions, batch.lengths)
         with ctx.autocast():
             img = model.image_levels(batch.features)
-            txt = model.text_levels(captions, lengths)
+            given = None if self.table is None else self.table[batch.img_index]
+            txt = model.text_levels(captions, lengths, labels=given)
         ids = pair_ids(batch)
         inputs = StepInputs(captions=self.captions(ctx, batch), epoch=ctx.epoch, step=ctx.step)
         wide = torch.float32
@@ -121,11 +152,11 @@ class CVSEStep(LossStep):
 
 
 def _weights(options: dict[str, Any]) -> tuple[tuple[float, float, float], float]:
-    unknown = sorted(set(options) - {"levels", "kl_weight"})
+    unknown = sorted(set(options) - {"levels", "kl_weight", "labels"})
     if unknown:
         raise ValueError(
             f"train.procedure_options.{unknown[0]}: unknown option of the cvse procedure; "
-            "valid: kl_weight, levels"
+            "valid: kl_weight, labels, levels"
         )
     levels = options.get("levels", list(DEFAULT_LEVELS))
     if (
@@ -146,9 +177,18 @@ def _weights(options: dict[str, Any]) -> tuple[tuple[float, float, float], float
 
 @register_procedure("cvse")
 def build(config: RunConfig) -> LossStep:
-    """The ``"cvse"`` procedure; options ``levels`` ([3, 5, 1]) and ``kl_weight`` (2)."""
-    levels, kl = _weights(dict(config.train.procedure_options or {}))
-    return CVSEStep(levels=levels, kl_weight=kl)
+    """The ``"cvse"`` procedure; options ``levels`` ([3, 5, 1]), ``kl_weight`` (2) and
+    ``labels`` (``"image"``)."""
+    options = dict(config.train.procedure_options or {})
+    levels, kl = _weights(options)
+    return CVSEStep(levels=levels, kl_weight=kl, labels=options.get("labels", "image"))
 
 
-__all__ = ["CVSEStep", "DEFAULT_KL_WEIGHT", "DEFAULT_LEVELS", "build", "concept_kl"]
+__all__ = [
+    "LABEL_SOURCES",
+    "CVSEStep",
+    "DEFAULT_KL_WEIGHT",
+    "DEFAULT_LEVELS",
+    "build",
+    "concept_kl",
+]
