@@ -96,7 +96,7 @@ class CVSEStep(LossStep):
 
     def hooks(self, ctx: TrainContext) -> list[TrainHook]:
         """Checks the run can train CVSE's levels: a cvse model in one process."""
-        model = unwrap_model(ctx.model)
+        model: Any = unwrap_model(ctx.model)
         if not hasattr(model, "image_levels") or not hasattr(model, "text_levels"):
             raise ValueError(
                 f'train.procedure "cvse": needs a kind = "cvse" model, got {type(model).__name__}'
