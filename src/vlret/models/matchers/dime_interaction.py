@@ -194,14 +194,20 @@ def _mix(
     total = sum(probs[1:], probs[0])
     gate = (total < ROUTE_THRESHOLD).to(total.dtype)
     scale = 1.0 / (total + ROUTE_EPS)
+    normalised = torch.stack(probs, dim=-1) * scale[..., None]  # (..., paths, cells)
+    coef = normalised.clone()
+    coef[..., 0] += gate  # E_0 is also each path's fallback
+    # accumulate in place from a term of the pair shape (a per-side E_j broadcasts into it)
+    shape = torch.broadcast_shapes(*(e.shape for e in embs))
+    order = sorted(range(len(embs)), key=lambda j: embs[j].shape != shape)
     out = []
     for i in range(total.shape[-1]):
-        first = gate[..., i] + probs[0][..., i] * scale[..., i]
-        z = first[..., None, None] * embs[0]
-        for j in range(1, len(embs)):
-            z = z + (probs[j][..., i] * scale[..., i])[..., None, None] * embs[j]
+        c = coef[..., i, :, None, None]  # (..., cells, 1, 1)
+        z = embs[order[0]] * c[..., order[0], :, :]
+        for j in order[1:]:
+            z.addcmul_(embs[j], c[..., j, :, :])
         out.append(z)
-    return out, torch.stack(probs, dim=-1) * scale[..., None]
+    return out, normalised
 
 
 def _merge(
