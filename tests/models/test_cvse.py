@@ -447,3 +447,31 @@ def test_the_procedure_trains_with_the_images_labels_as_the_release(folder):
         CVSEStep().hooks(ctx)
     with pytest.raises(ValueError, match="labels"):
         CVSEStep(labels="lemma")
+
+
+def test_the_gemm_bound_runs_the_products_the_scorer_runs(folder, ref):
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    products = {torch.ops.aten.mm.default, torch.ops.aten.mm.out}
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in products:
+                self.seen[(args[0].shape[0], args[0].shape[1], args[1].shape[1])] += 1
+            return func(*args, **(kwargs or {}))
+
+    model = _model(folder)
+    regions, words = torch.randn(300, 3, D), torch.randn(70_000, 3, D)
+    lengths = model.token_lengths(torch.ones(70_000, dtype=torch.long))
+    bound = ref.gemm_bound(model, regions, words, lengths)
+    with Products() as scorer:
+        model.score(regions, words, lengths)
+    with Products() as bare:
+        bound()
+    assert scorer.seen == bare.seen and sum(bare.seen.values()) == 2  # 2**24 // 300 per block
