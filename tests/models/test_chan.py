@@ -405,3 +405,23 @@ def test_release_parts_load_bert_side(bert_dir):
         want = nn.functional.linear(hidden, txt["linear.weight"], txt["linear.bias"])
         got = model.eval().encode_texts(ids, torch.tensor([4]))
         torch.testing.assert_close(got, want / (want.norm(dim=-1, keepdim=True) + 1e-8))
+
+
+def test_bert_side_backpropagates_through_the_pair_bank(bert_dir):
+    """AdaCL's memory bank scores the batch against queued entries with the model's buffers
+    restored afterwards; restoring BERT's ``position_ids`` (read as an index, saved for the
+    backward) in place used to make the backward refuse to run."""
+    from vlret.train.procedures.pair_memory import PairMemoryBank, bank_scores
+
+    model = _model(text={"kind": "bert", "path": str(bert_dir)}).train()
+    ids = torch.tensor([[2, 5, 6, 9, 3], [2, 7, 3, 0, 0]])
+    lengths = torch.tensor([5, 3])
+    regions = model.encode_images(torch.randn(2, R, IN))
+    words = model.encode_texts(ids, lengths)
+    bank = PairMemoryBank(4, regions=R, dim=D, words_max=5)
+    with torch.no_grad():
+        bank.enqueue(regions.detach(), words.detach(), lengths, torch.tensor([7, 8]))
+    to_txt, to_img = bank_scores(model, regions, words, lengths, bank)
+    assert to_txt.shape == (2, 2) and to_img.shape == (2, 2)
+    (to_txt.sum() + to_img.sum() + model.score(regions, words, lengths).sum()).backward()
+    assert model.text_encoder.proj.weight.grad is not None

@@ -242,14 +242,19 @@ class PairMemoryBank(nn.Module):
 
 @contextmanager
 def buffers_kept(model: nn.Module) -> Iterator[None]:
-    """Restore every buffer of ``model`` (BatchNorm running statistics) on exit."""
+    """Restore every buffer of ``model`` (BatchNorm running statistics) on exit.
+
+    Only a buffer the call changed is written back: an in-place write bumps a tensor's version,
+    and a buffer the forward read as an index (a BERT's ``position_ids``) is saved for the
+    backward, which then refuses to run."""
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         yield
     finally:
         with torch.no_grad():
             for b, copy in saved:
-                b.copy_(copy)
+                if not torch.equal(b, copy):
+                    b.copy_(copy)
 
 
 def _blocks(total: int, per_block: int) -> list[tuple[int, int]]:
