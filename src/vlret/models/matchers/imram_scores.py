@@ -54,11 +54,12 @@ DIRECTIONS = {"text": ("t2i",), "image": ("i2t",), "full": ("t2i", "i2t")}
 def _split_layers(
     layers: tuple[nn.Linear, nn.Linear], dim: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(W_x, W_c, b)``: the ``linear`` and ``gate`` rows stacked, split by input half."""
+    """``(W_x, W_c, b)``: the ``linear`` and ``gate`` rows stacked (``linear``'s doubled, so
+    that one sigmoid gives both: ``tanh(a) = 2 sigmoid(2 a) - 1``), split by input half."""
     linear, gate = layers
-    weight = torch.cat([linear.weight, gate.weight], dim=0).to(dtype)  # (2D, 2D)
-    bias = torch.cat([linear.bias, gate.bias], dim=0).to(dtype)
-    return weight[:, :dim], weight[:, dim:], bias
+    weight = torch.cat([2 * linear.weight, gate.weight], dim=0).to(dtype)  # (2D, 2D)
+    bias = torch.cat([2 * linear.bias, gate.bias], dim=0).to(dtype)
+    return weight[:, :dim].contiguous(), weight[:, dim:].contiguous(), bias
 
 
 def _attention(
@@ -132,12 +133,14 @@ def _direction_scores(
         assert projected is not None and layers is not None
         if memory is None:
             base = queries.reshape(1, rows, dim)
-            pre = torch.baddbmm(first.unsqueeze(0), attn, projected)
+            pre = torch.bmm(attn, projected).add_(first)
         else:
             base = memory
-            pre = torch.baddbmm(F.linear(memory, layers[0], layers[2]), attn, projected)
-        out, gate = torch.tanh(pre[..., :dim]), torch.sigmoid(pre[..., dim:])
-        memory = out + gate * (base - out)  # g * x + (1 - g) * o
+            pre = F.linear(memory, layers[0], layers[2]).baddbmm_(attn, projected)
+        # one sigmoid over both halves (in place: its backward reads its output only)
+        both = pre.sigmoid_()
+        out = both[..., :dim] * 2.0 - 1.0  # tanh of the linear layer's output
+        memory = torch.addcmul(out, both[..., dim:], base - out)  # g * x + (1 - g) * o
         if renorm_memory:
             memory = l2norm(memory)
         raw = torch.bmm(memory, context.transpose(1, 2))  # (n_x, n_q q, c)
