@@ -8,8 +8,9 @@ L2 norm on each word) plus the memory distillation unit of the authors' release
 ``gate_t2i`` for the words' memories and ``linear_i2t`` / ``gate_i2t`` for the regions'. A pair
 is matched in ``steps`` (``K``) rounds of SCAN's clipped-L2-norm attention, each round's query
 being the previous round's gated memory; the score sums the rounds' mean cosines between the
-original fragments and the attended context (:func:`~vlret.models.matchers.imram_scores.
-imram_scores`, which scores a block of pairs at once).
+original fragments and the attended context
+(:func:`~vlret.models.matchers.imram_scores.imram_scores`, which scores a block of pairs at
+once).
 
 Choices where the release and the paper leave room (the other reading is a setting):
 
@@ -53,16 +54,13 @@ from torch import nn
 
 from ..attention import choice, positive_float, positive_int
 from ..cross_model import (
-    REGION_DEFAULTS,
-    WORD_DEFAULTS,
+    CROSS_MODEL_DEFAULTS,
     CrossAttentionModel,
     RegionEncoder,
     WordEncoder,
-    _rate,
-    _section,
+    build_cross_model,
 )
 from ..pair_scorer import PairScoringModel
-from ..text import resolve_vocab_size
 from .imram_scores import IMRAM_MODES, imram_scores
 
 #: The valid top-level keys of a ``kind = "imram"`` model config and their defaults.
@@ -125,7 +123,8 @@ class IMRAM(CrossAttentionModel):
         self.gate_i2t = nn.Linear(2 * dim, dim)
 
     def memory_layers(self) -> dict[str, tuple[nn.Linear, nn.Linear]]:
-        """The ``(linear, gate)`` layers per direction, as :func:`imram_scores` takes them."""
+        """The ``(linear, gate)`` layers per direction, as
+        :func:`~vlret.models.matchers.imram_scores.imram_scores` takes them."""
         return {
             "t2i": (self.linear_t2i, self.gate_t2i),
             "i2t": (self.linear_i2t, self.gate_i2t),
@@ -139,17 +138,9 @@ class IMRAM(CrossAttentionModel):
         *,
         max_elements: int | None = None,
     ) -> torch.Tensor:
-        """Score encoded images against encoded captions (:func:`imram_scores`).
-
-        Args:
-            regions: ``(n_img, R, D)`` from :meth:`encode_images`.
-            words: ``(n_cap, L, D)`` from :meth:`encode_texts`.
-            word_lengths: ``(n_cap,)`` real words per caption.
-            max_elements: Bound on the scorer's largest intermediate.
-
-        Returns:
-            The ``(n_img, n_cap)`` scores.
-        """
+        """The ``(n_img, n_cap)`` scores of the pairs (the
+        :class:`~vlret.models.pair_scorer.PairScorer` interface), by
+        :func:`~vlret.models.matchers.imram_scores.imram_scores`."""
         return imram_scores(
             regions,
             words,
@@ -189,8 +180,9 @@ class IMRAM(CrossAttentionModel):
 def build_imram_model(top: Mapping[str, Any], *, vocab_size: int | None = None) -> PairScoringModel:
     """Build the model of an ``imram`` config (top level merged over :data:`IMRAM_DEFAULTS`).
 
-    Resolves the ``image`` and ``text`` sections, checks every value and keeps the resolved
-    config as ``model.config``, which ``build_model`` accepts back.
+    The ``image`` and ``text`` sections and ``embed_dim`` are SCAN's and are resolved and
+    checked by :func:`~vlret.models.cross_model.build_cross_model`; the resolved config is kept
+    as ``model.config``, which ``build_model`` accepts back.
 
     Args:
         top: The config, its top level already merged over :data:`IMRAM_DEFAULTS`.
@@ -210,28 +202,14 @@ def build_imram_model(top: Mapping[str, Any], *, vocab_size: int | None = None) 
             f"{unknown[0]}: unknown key for an imram model; valid keys: {sorted(IMRAM_DEFAULTS)}"
         )
     cfg = {**copy.deepcopy(IMRAM_DEFAULTS), **cfg}
-    image_cfg = _section("image", cfg["image"], REGION_DEFAULTS)
-    text_cfg = _section("text", cfg["text"], WORD_DEFAULTS)
-    text_cfg["vocab_size"] = resolve_vocab_size(
-        text_cfg["vocab_size"], vocab_size, "the word encoder"
+    # SCAN's encoders, resolved and checked by SCAN's builder (same keys, same messages)
+    scan = build_cross_model(
+        {**CROSS_MODEL_DEFAULTS["scan"], **{k: cfg[k] for k in ("embed_dim", "image", "text")}},
+        vocab_size=vocab_size,
     )
-    embed_dim = positive_int(cfg["embed_dim"], "embed_dim")
-    for key in ("word_dim", "num_layers"):
-        positive_int(text_cfg[key], f"text.{key}")
-    if not isinstance(text_cfg["bidirectional"], bool):
-        raise ValueError(
-            f"text.bidirectional: must be true or false, got {text_cfg['bidirectional']!r}"
-        )
-    image = RegionEncoder(positive_int(image_cfg["in_dim"], "image.in_dim"), embed_dim)
-    text = WordEncoder(
-        text_cfg["vocab_size"],
-        word_dim=text_cfg["word_dim"],
-        embed_dim=embed_dim,
-        num_layers=text_cfg["num_layers"],
-        bidirectional=text_cfg["bidirectional"],
-        dropout=_rate(text_cfg["dropout"], "text.dropout"),
-    )
-    cfg["image"], cfg["text"] = image_cfg, text_cfg
+    assert scan.config is not None
+    image, text = scan.image_encoder, scan.text_encoder
+    cfg["image"], cfg["text"] = scan.config["image"], scan.config["text"]
     return IMRAM(
         image,
         text,
