@@ -90,14 +90,17 @@ def reference_scores(model, regions, words, word_lengths) -> torch.Tensor:
 
 def gemm_bound(model, regions, words, word_lengths) -> Callable[[], None]:
     """A closure running the products ``(ib R, D) @ (D, cb top)`` of every block of the
-    scorer's plan (no autograd), on preallocated operands, into a preallocated output."""
+    scorer's plan (no autograd), on preallocated operands, into a preallocated output; in
+    bfloat16 where ``model.matmul_precision`` puts the scorer's products there."""
     n_img, n_regions, dim = regions.shape
     lengths = torch.as_tensor(word_lengths).long().sort(descending=True).values.tolist()
     blocks = plan_blocks(n_img, n_regions, lengths, DEFAULT_MAX_ELEMENTS)
-    flat = regions.reshape(n_img * n_regions, dim)
-    operands = [words.new_zeros((dim, (c1 - c0) * top)) for c0, c1, top, _ in blocks]
+    low = model.matmul_precision == "bfloat16" and regions.dtype == torch.float32
+    dtype = torch.bfloat16 if low else regions.dtype
+    flat = regions.reshape(n_img * n_regions, dim).to(dtype)
+    operands = [flat.new_zeros((dim, (c1 - c0) * top)) for c0, c1, top, _ in blocks]
     size = max(min(n_img, ib) * n_regions * (c1 - c0) * top for c0, c1, top, ib in blocks)
-    out = regions.new_empty(size)
+    out = flat.new_empty(size)
 
     def run() -> None:
         for (_, _, _, img_block), cap_t in zip(blocks, operands, strict=True):

@@ -425,3 +425,19 @@ def test_bert_side_backpropagates_through_the_pair_bank(bert_dir):
     assert to_txt.shape == (2, 2) and to_img.shape == (2, 2)
     (to_txt.sum() + to_img.sum() + model.score(regions, words, lengths).sum()).backward()
     assert model.text_encoder.proj.weight.grad is not None
+
+
+def test_bfloat16_evaluation_is_within_its_rounding_bound(ref):
+    """bfloat16 operands (relative error 2^-9 each) and results (2^-9 of a cosine <= 1): each
+    aligned cosine is off by at most 2^-8 + 2^-9, the log-sum-exp by that over beta."""
+    model = _model(matmul_precision="bfloat16").eval()
+    assert build_model(model.config).matmul_precision == "bfloat16"
+    regions, words, lengths = _tokens(n_img=9, n_cap=13, seed=4)
+    want = ref.reference_scores(model, regions, words, lengths)
+    with torch.no_grad():
+        got = model.score(regions.float(), words.float(), lengths)
+    bound = (2**-8 + 2**-9) / model.beta
+    err = float((got.double() - want).abs().max())
+    assert got.dtype == torch.float32 and 1e-6 < err <= bound  # rounded, within the bound
+    with pytest.raises(ValueError, match="matmul_precision"):
+        _model(matmul_precision="float16")

@@ -24,8 +24,9 @@ Architecture (the release's ``lib/encoders.py``):
 training, in its data loader) is ``image.region_dropout`` here, in the encoder: the kept
 regions move to the front, the rows past them hold zero features (as the release's collate
 pads), the self-attention block (if any) runs over the batch's longest kept count with no key
-mask (the release calls it without lengths, so padding is attended to), and after the L2 norm
-every padded row becomes a copy of the image's first kept region. A copy never changes a
+mask (the release calls it without lengths, so padding is attended to), and every padded row
+then becomes a copy of the image's first kept region (before the L2 norm: a zero row's norm
+has no derivative). A copy never changes a
 maximum over regions, so the scores equal the release's with those regions removed, while the
 output keeps the fixed ``(N, R, D)`` shape the memory bank stores. An image that would lose
 every region keeps one (vlret's :func:`~vlret.models.image.region_dropout_mask`). The same
@@ -49,6 +50,7 @@ side, defaults shown):
 
     {"kind": "chan", "embed_dim": 1024, "beta": 0.1,
      "lse_scale": "release",                  # release | cosine
+     "matmul_precision": "float32",           # float32 | bfloat16 (evaluation)
      "image": {"in_dim": 2048, "self_attention": False, "heads": 8, "region_dropout": 0.0},
      "text": {"kind": "bigru", "vocab_size": <from build_model(vocab_size=...)>,
               "word_dim": 300, "num_layers": 1}}
@@ -70,6 +72,7 @@ from ..attention import choice, positive_float, positive_int
 from ..cross_model import WordEncoder, l2norm
 from ..image import lengths_to_mask, region_dropout_mask
 from ..pair_scorer import PairScoringModel
+from ..sgraf_ops import PRECISIONS
 from ..text import BertTextEncoder, check_captions, resolve_vocab_size
 from .chan_score import LSE_SCALES, chan_scores
 
@@ -79,6 +82,7 @@ CHAN_DEFAULTS: dict[str, Any] = {
     "embed_dim": 1024,
     "beta": 0.1,
     "lse_scale": "release",
+    "matmul_precision": "float32",
     "image": {},
     "text": {},
 }
@@ -277,11 +281,13 @@ class CHAN(PairScoringModel):
         text_encoder: The word (bi-GRU) or token (BERT) encoder.
         beta: The log-sum-exp temperature.
         lse_scale: ``"release"`` or ``"cosine"`` (:mod:`~vlret.models.matchers.chan_score`).
+        matmul_precision: ``"float32"`` or ``"bfloat16"``: the scorer's GEMM in evaluation
+            (:mod:`~vlret.models.matchers.chan_score`; training computes in float32 either way).
         config: The resolved config the model was built from.
 
     Raises:
-        ValueError: A non-positive ``beta``, an unknown ``lse_scale``, or encoders that
-            disagree on ``embed_dim``.
+        ValueError: A non-positive ``beta``, an unknown ``lse_scale`` or
+            ``matmul_precision``, or encoders that disagree on ``embed_dim``.
     """
 
     image_encoder: CHANRegionEncoder
@@ -293,6 +299,7 @@ class CHAN(PairScoringModel):
         *,
         beta: float = 0.1,
         lse_scale: str = "release",
+        matmul_precision: str = "float32",
         config: Mapping[str, Any] | None = None,
     ) -> None:
         if image_encoder.embed_dim != text_encoder.embed_dim:
@@ -303,6 +310,7 @@ class CHAN(PairScoringModel):
         super().__init__(image_encoder, text_encoder, config=config)
         self.beta = positive_float(beta, "beta")
         self.lse_scale = choice(lse_scale, "lse_scale", LSE_SCALES)
+        self.matmul_precision = choice(matmul_precision, "matmul_precision", PRECISIONS)
 
     @property
     def embed_dim(self) -> int:
@@ -331,6 +339,7 @@ class CHAN(PairScoringModel):
             beta=self.beta,
             lse_scale=self.lse_scale,
             max_elements=max_elements,
+            matmul_precision=self.matmul_precision,
         )
 
     def reference_names(self) -> dict[str, str]:
@@ -454,7 +463,8 @@ def build_chan_model(top: Mapping[str, Any], *, vocab_size: int | None = None) -
         text_cfg["path"] = str(path)
         text = BertTokenEncoder(path, embed_dim=embed_dim)
     cfg["image"], cfg["text"] = image_cfg, text_cfg
-    return CHAN(image, text, beta=cfg["beta"], lse_scale=cfg["lse_scale"], config=cfg)
+    options = {k: cfg[k] for k in ("beta", "lse_scale", "matmul_precision")}
+    return CHAN(image, text, config=cfg, **options)
 
 
 __all__ = [
