@@ -60,7 +60,6 @@ side, defaults shown):
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,7 @@ import torch
 from torch import nn
 
 from ..attention import choice, positive_float, positive_int
-from ..cross_model import WordEncoder, l2norm
+from ..cross_model import RegionEncoder, WordEncoder, l2norm
 from ..image import lengths_to_mask, region_dropout_mask
 from ..pair_scorer import PairScoringModel
 from ..sgraf_ops import PRECISIONS
@@ -133,10 +132,12 @@ class RegionSelfAttention(nn.Module):
         return x + self.attn(y, y, y, need_weights=False)[0]
 
 
-class CHANRegionEncoder(nn.Module):
+class CHANRegionEncoder(RegionEncoder):
     """Regions ``(N, R, in_dim)`` -> ``(N, R, D)``: ``fc``, optional self-attention, L2 norm.
 
-    See the module docstring for the region dropout and how padded rows are filled.
+    vlret's :class:`~vlret.models.cross_model.RegionEncoder` (its ``fc`` is the release's, with
+    the same init) with the release's optional self-attention block and region dropout; see the
+    module docstring for the dropout and how padded rows are filled.
 
     Args:
         in_dim: Feature size of a region.
@@ -158,9 +159,7 @@ class CHANRegionEncoder(nn.Module):
         heads: int = 8,
         region_dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        self.in_dim = positive_int(in_dim, "image.in_dim")
-        self.embed_dim = positive_int(embed_dim, "embed_dim")
+        super().__init__(positive_int(in_dim, "image.in_dim"), positive_int(embed_dim, "embed_dim"))
         if not isinstance(self_attention, bool):
             raise ValueError(f"image.self_attention: must be true or false, got {self_attention!r}")
         if isinstance(region_dropout, bool) or not isinstance(region_dropout, (int, float)):
@@ -168,10 +167,6 @@ class CHANRegionEncoder(nn.Module):
         if not 0.0 <= region_dropout < 1.0:
             raise ValueError(f"image.region_dropout: must lie in [0, 1), got {region_dropout!r}")
         self.region_dropout = float(region_dropout)
-        self.fc = nn.Linear(in_dim, embed_dim)
-        r = math.sqrt(6.0) / math.sqrt(in_dim + embed_dim)  # the release's init_weights
-        nn.init.uniform_(self.fc.weight, -r, r)
-        nn.init.zeros_(self.fc.bias)
         self.feedforward = RegionSelfAttention(embed_dim, heads) if self_attention else None
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
