@@ -146,7 +146,6 @@ def chan_scores(
     low = matmul_precision == "bfloat16" and not grad and dtype == torch.float32
     mm_dtype = torch.bfloat16 if low else dtype
     sorted_lengths, order = torch.sort(lengths, descending=True, stable=True)
-    sorted_words = words[order]  # one gather; each block is a slice of it
     flat_regions = regions.reshape(n_img * n_regions, dim).to(mm_dtype)
     blocks = plan_blocks(n_img, n_regions, sorted_lengths.tolist(), budget)
     raw_buf = best_buf = None
@@ -158,7 +157,8 @@ def chan_scores(
     for c0, c1, top, img_block in blocks:
         cb, block_lengths = c1 - c0, sorted_lengths[c0:c1]
         pad = torch.arange(top, device=words.device) >= block_lengths[:, None]  # (cb, top)
-        cap = sorted_words[c0:c1, :top].masked_fill(pad[..., None], 0.0)  # padding may be NaN
+        cap = words[order[c0:c1], :top]  # the block's captions: a copy, trimmed
+        cap = cap.masked_fill_(pad[..., None], 0.0)  # padding may hold anything, NaN too
         cap_t = cap.reshape(cb * top, dim).t().to(mm_dtype)
         rows = []
         for i0 in range(0, n_img, img_block):
