@@ -310,3 +310,21 @@ def test_path_loss_against_a_naive_loop(bert_dir, direction):
     assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
     router = model.interaction.dynamic_itr_l1.glgc.router.mlp[0].weight
     assert router.grad is not None and router.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("direction", ["i2t", "t2i"])
+def test_backward_survives_an_in_place_restore_of_the_buffers(bert_dir, direction):
+    """pair_bank restores the BatchNorm buffers in place after scoring the bank; the batch's
+    own scores, computed before, must still backpropagate."""
+    model = make(bert_dir, direction).train()
+    feats = torch.randn(3, R, IN_DIM, requires_grad=True)
+    caps, lens = captions([4, 6, 3])
+    scores = model.score(
+        model.encode_images(feats), model.encode_texts(caps, lens), model.token_lengths(lens)
+    )
+    with torch.no_grad():
+        for buf in model.buffers():
+            if buf.is_floating_point():
+                buf.add_(1.0)
+    scores.sum().backward()
+    assert feats.grad is not None and feats.grad.abs().sum() > 0

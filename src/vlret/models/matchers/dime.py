@@ -58,6 +58,7 @@ from ..attention import choice, positive_float, positive_int
 from ..cross_model import RegionEncoder
 from ..image import lengths_to_mask
 from ..pair_scorer import PairScoringModel
+from ..sgraf_ops import batch_norm
 from ..text import check_captions, check_local_dir, import_transformers
 from .dime_interaction import DIME_DIRECTIONS, NORMALIZE_EPS, DIMEInteraction
 
@@ -114,7 +115,7 @@ class DIMEImageEncoder(RegionEncoder):
         x = self.fc(features.to(self.fc.weight.dtype))
         img = x.mean(dim=1)
         if self.direction == "t2i":
-            img = self.bn(img)
+            img = batch_norm(img, self.bn)  # no buffer saved for backward (pair_bank)
         img = F.normalize(img, dim=-1, eps=NORMALIZE_EPS)
         return torch.cat([img[:, None], F.normalize(x, dim=-1, eps=NORMALIZE_EPS)], dim=1)
 

@@ -40,7 +40,9 @@ or caption (t2i).
 score does not depend on the other pairs and the block scorer is exact for any block sizes.
 In training mode, as the release, it normalises with the statistics of all (image, caption,
 local) rows of the call (and updates the running ones): a training score depends on the whole
-batch it is computed with.
+batch it is computed with. The BatchNorm is :func:`vlret.models.sgraf_ops.batch_norm` (no
+running statistic is saved for the backward, so the ``pair_bank`` procedure's in-place restore
+of the buffers after scoring the bank leaves the batch's backward intact).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import DEFAULT_MAX_ELEMENTS, positive_int
+from ..sgraf_ops import batch_norm
 
 #: DIME's two model directions: the local set is the regions (i2t) or the words (t2i).
 DIME_DIRECTIONS = ("i2t", "t2i")
@@ -384,7 +387,7 @@ class DIMEInteraction(nn.Module):
         ``normalize(mean + max)`` over the locals, dot with ``guide`` (``(1, C, D)`` or
         ``(I, 1, D)``)."""
         i, c, n, d = z.shape
-        z = self.bn(z.reshape(-1, d)).view(i, c, n, d)
+        z = batch_norm(z.reshape(-1, d), self.bn).view(i, c, n, d)
         pooled = _normalize(z.mean(dim=2) + z.amax(dim=2), dim=-1)
         return (pooled * guide).sum(-1)
 
