@@ -16,12 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bert_helpers import BERT_WORDS, write_tiny_bert
 from vlret.losses import build_loss
 from vlret.models import build_model
 from vlret.models.matchers.dime import DIME, DIME_DEFAULTS
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "dog", "red", "runs", "."]
+WORDS = BERT_WORDS
 IN_DIM, R, D, MAX_WORDS = 10, 5, 16, 8
 
 
@@ -44,22 +45,8 @@ def ref():
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    path = tmp_path_factory.mktemp("dime_bert")
-    vocab = path / "vocab.txt"
-    vocab.write_text("\n".join(WORDS) + "\n", encoding="utf-8")
-    transformers.BertTokenizer(str(vocab)).save_pretrained(str(path))
-    config = transformers.BertConfig(
-        vocab_size=len(WORDS),
-        hidden_size=12,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=20,
-        max_position_embeddings=40,
-    )
-    torch.manual_seed(5)
-    transformers.BertModel(config).save_pretrained(str(path))
-    return path
+    pytest.importorskip("transformers")
+    return write_tiny_bert(tmp_path_factory.mktemp("dime_bert"))
 
 
 def make(bert_dir, direction="i2t", seed=0, **extra) -> DIME:

@@ -16,34 +16,21 @@ from collections import OrderedDict
 import pytest
 import torch
 
+from bert_helpers import BERT_WORDS, write_tiny_bert
 from vlret.models import build_model
 from vlret.run import import_dime
 from vlret.run.builders import load_trained_model
 from vlret.run.import_checkpoint import CheckpointImportError
 from vlret.run.import_dime import import_dime_checkpoint
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "dog", "red", "runs", "."]
+WORDS = BERT_WORDS
 IN_DIM, R, D = 10, 4, 16
 
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    path = tmp_path_factory.mktemp("dime_import_bert")
-    vocab = path / "vocab.txt"
-    vocab.write_text("\n".join(WORDS) + "\n", encoding="utf-8")
-    transformers.BertTokenizer(str(vocab)).save_pretrained(str(path))
-    config = transformers.BertConfig(
-        vocab_size=len(WORDS),
-        hidden_size=12,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=20,
-        max_position_embeddings=40,
-    )
-    torch.manual_seed(9)
-    transformers.BertModel(config).save_pretrained(str(path))
-    return path
+    pytest.importorskip("transformers")
+    return write_tiny_bert(tmp_path_factory.mktemp("dime_import_bert"), layers=2, seed=9)
 
 
 def dime_opt(**change) -> argparse.Namespace:
