@@ -85,6 +85,20 @@ def test_scores_match_the_reference_loop(ref, mode, renorm, max_elements):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("renorm", [False, True])
+def test_inference_buffers_give_the_same_scores(ref, mode, renorm):
+    """Without autograd the update runs in reused buffers (two memories alternating): the
+    scores are the reference's, as with autograd, whatever the blocks."""
+    model = make(mode=mode, renorm_memory=renorm, steps=4, seed=7)
+    regions, words, lengths = tokens(n_img=9, n_cap=8, seed=7)
+    want = ref.reference_scores(model, regions, words, lengths)
+    for budget in (None, 1, 900):
+        with torch.no_grad():
+            got = model.score(regions, words, lengths, max_elements=budget)
+        torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_the_reference_loop(ref, mode):
     model = make(mode=mode, steps=3, seed=2)
     regions, words, lengths = tokens(n_img=4, n_cap=5, seed=3)

@@ -41,7 +41,7 @@ from ..attention import (
     positive_float,
     positive_int,
 )
-from ..cross_attention import COSINE_EPS, _check_max_elements
+from ..cross_attention import COSINE_EPS, _check_max_elements, _Workspace
 from ..cross_model import l2norm
 
 #: ``mode``: words attend over regions (Text-IMRAM), regions over words (Image-IMRAM), or the
@@ -92,9 +92,13 @@ def _direction_scores(
     steps: int,
     lambda_softmax: float,
     renorm_memory: bool,
+    work: _Workspace | None = None,
 ) -> torch.Tensor:
     """The summed per-step scores ``(n_x, n_q)`` of queries ``(n_q, q, D)`` attending over
-    context sets ``(n_x, c, D)``; masks are True at real items (padding zeroed already)."""
+    context sets ``(n_x, c, D)``; masks are True at real items (padding zeroed already).
+    With ``work`` (no gradient needed) the memory update's ``(n_x, n_q q, 2D)`` and
+    ``(n_x, n_q q, D)`` intermediates live in buffers reused by every block (the same
+    numbers, without fresh pages for each block)."""
     n_x, c, dim = context.shape
     n_q, q, _ = queries.shape
     rows = n_q * q
@@ -131,16 +135,26 @@ def _direction_scores(
         if step == steps - 1:
             break
         assert projected is not None and layers is not None
+        wide, narrow = torch.Size((n_x, rows, 2 * dim)), torch.Size((n_x, rows, dim))
+        buf = {}
+        if work is not None:
+            dtype = context.dtype
+            buf = {k: work.get(k, wide if k == "pre" else narrow, dtype) for k in ("pre", "out")}
+            buf["diff"] = work.get("diff", narrow, dtype)
+            buf["memory"] = work.get(f"memory{step % 2}", narrow, dtype)  # not the last one's
         if memory is None:
             base = queries.reshape(1, rows, dim)
-            pre = torch.bmm(attn, projected).add_(first)
+            pre = torch.bmm(attn, projected, out=buf.get("pre")).add_(first)
         else:
             base = memory
-            pre = F.linear(memory, layers[0], layers[2]).baddbmm_(attn, projected)
+            flat = buf["pre"].view(n_x * rows, 2 * dim) if buf else None
+            pre = torch.addmm(layers[2], memory.reshape(n_x * rows, dim), layers[0].T, out=flat)
+            pre = pre.view(wide).baddbmm_(attn, projected)
         # one sigmoid over both halves (in place: its backward reads its output only)
         both = pre.sigmoid_()
-        out = both[..., :dim] * 2.0 - 1.0  # tanh of the linear layer's output
-        memory = torch.addcmul(out, both[..., dim:], base - out)  # g * x + (1 - g) * o
+        out = torch.mul(both[..., :dim], 2.0, out=buf.get("out")).sub_(1.0)  # tanh(linear)
+        diff = torch.sub(base, out, out=buf.get("diff"))
+        memory = torch.addcmul(out, both[..., dim:], diff, out=buf.get("memory"))  # g x + (1-g) o
         if renorm_memory:
             memory = l2norm(memory)
         raw = torch.bmm(memory, context.transpose(1, 2))  # (n_x, n_q q, c)
@@ -277,11 +291,16 @@ def imram_scores(
     image_step, order, caption_blocks = imram_plan(
         n_img, n_regions, dim, lengths, mode=mode, steps=steps, max_elements=budget
     )
+    weights = [t for pair in layers.values() if pair is not None for t in pair]
+    needs_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (regions, words, *weights)
+    )
     direction_scores = functools.partial(
         _direction_scores,
         steps=steps,
         lambda_softmax=lambda_softmax,
         renorm_memory=renorm_memory,
+        work=None if needs_grad else _Workspace(regions.device),
     )
     image_blocks = [block.to(dtype) for block in regions.split(image_step)]
     sizes = [stop - start for start, stop, _ in caption_blocks]
