@@ -29,6 +29,11 @@ about 12, padded to the longest), on a subset of the 1000 x 5000 test pairs (--i
     same repeats. The header's "CPU facts" line names what a figure depends on: the CPU
     model and family, its AVX-512 / AVX512-BF16 / AMX flags, ATen's kernel capability and
     the oneDNN kernel a bfloat16 matmul runs.
+(e) the matchers of AdaCL Table 1 beyond these (``--parts imram,cvse,chan,chan_bert,dime``;
+    ``bench_matchers.py``): each built at its paper's size, its block scorer against the
+    authors' per-caption evaluation loop (``ref_<kind>.py``, run on the model's own weights,
+    scores asserted equal first; target >= 5x) and against the bare products it must do
+    (``gemm_bound``), on a 1 : 5 slice of the COCO 5K test with a 5K time estimate.
 (d) one B=128 training step (forward and backward: region and word encoders, the score
     matrix, hardest-negative triplet loss) of ``build_model({"kind": "scan"})`` with the
     batched scorer against the same step with the loop as its scorer. Target >= 3x.
@@ -40,10 +45,10 @@ so that load from other processes hits both sides alike.
         [--sgraf-captions 16] [--sgraf-bound-captions 128] [--batch 128] [--threads N]
         [--clock wall|cpu] [--before REV]
         [--device cpu|cuda|cuda:N|auto] [--json FILE] [--parts scan,bfan,sgraf,train]
-        [--coco5k-scan]
+        [--matcher-images N] [--coco5k-scan] [--coco5k-matcher KIND]
 
 ``--coco5k-scan`` (for a GPU) times one full COCO-5K SCAN t2i scoring, 5000 x 25000 pairs,
-with vlret only.
+with vlret only; ``--coco5k-matcher KIND`` the same for a matcher of part (e).
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from vlret.models.cross_attention import bfan_scores, block_plan, scan_scores
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
+from bench_matchers import KINDS as MATCHER_KINDS  # noqa: E402
+from bench_matchers import bench_coco5k_matcher, bench_matchers  # noqa: E402
 from machine import cpu_name, spread  # noqa: E402
 from reference_loops import (  # noqa: E402
     ref_bfan_shard,
@@ -385,6 +392,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--parts", default="scan,bfan,sgraf,train")
     parser.add_argument("--coco5k-scan", action="store_true")
+    parser.add_argument(
+        "--matcher-images",
+        type=int,
+        default=None,
+        help="images of part (e)'s slice (captions: 5x); default per matcher",
+    )
+    parser.add_argument("--coco5k-matcher", choices=MATCHER_KINDS, default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -403,11 +417,17 @@ def main(argv: list[str] | None = None) -> None:
         bench_coco5k(args, timer, device)
         machine.save_json(args.json, "bench_cross_attention", device, argv)
         return
-    bench_scoring(args, timer, device)
+    if args.coco5k_matcher:
+        bench_coco5k_matcher(args.coco5k_matcher, timer, device)
+        machine.save_json(args.json, "bench_cross_attention", device, argv)
+        return
+    if {"scan", "bfan"} & set(args.parts.split(",")):
+        bench_scoring(args, timer, device)
     if "sgraf" in args.parts:
         bench_sgraf(args, timer, device)
     if "train" in args.parts:
         bench_train(args, timer, device)
+    bench_matchers(args, timer, device)
     print(f"\nload at the end {os.getloadavg()[0]:.1f}")
     machine.save_json(args.json, "bench_cross_attention", device, argv)
 
