@@ -151,10 +151,11 @@ def _direction_scores(
             pre = torch.addmm(layers[2], memory.reshape(n_x * rows, dim), layers[0].T, out=flat)
             pre = pre.view(wide).baddbmm_(attn, projected)
         # one sigmoid over both halves (in place: its backward reads its output only)
-        both = pre.sigmoid_()
-        out = torch.mul(both[..., :dim], 2.0, out=buf.get("out")).sub_(1.0)  # tanh(linear)
+        # (split, not two slices: its backward is one concatenation, no zero-filled copies)
+        half, gate = pre.sigmoid_().split(dim, dim=-1)
+        out = torch.mul(half, 2.0, out=buf.get("out")).sub_(1.0)  # tanh of the linear layer
         diff = torch.sub(base, out, out=buf.get("diff"))
-        memory = torch.addcmul(out, both[..., dim:], diff, out=buf.get("memory"))  # g x + (1-g) o
+        memory = torch.addcmul(out, gate, diff, out=buf.get("memory"))  # g x + (1 - g) o
         if renorm_memory:
             memory = l2norm(memory)
         raw = torch.bmm(memory, context.transpose(1, 2))  # (n_x, n_q q, c)
