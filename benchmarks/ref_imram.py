@@ -160,4 +160,52 @@ def gemm_bound(model, regions, words, word_lengths, *, max_elements=None) -> Cal
     return run
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Time the block scorer, the reference loop and the GEMM bound side by side, on random
+    unit regions and words (captions of 8..18 words), in one single-threaded process; CPU
+    time as well as wall time, since the benchmark machine is shared."""
+    import argparse
+    import time
+
+    import machine
+    from vlret.models import build_model
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--captions", type=int, default=64)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--mode", default="text", choices=("text", "image", "full"))
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"load {machine.load_average()}; {machine.cpu_name()}; 1 thread")
+    g = torch.Generator().manual_seed(0)
+    regions = F.normalize(torch.randn(args.images, 36, args.dim, generator=g), dim=-1)
+    lengths = torch.randint(8, 19, (args.captions,), generator=g)
+    words = F.normalize(torch.randn(args.captions, 18, args.dim, generator=g), dim=-1)
+    config = {"kind": "imram", "embed_dim": args.dim, "mode": args.mode, "steps": args.steps}
+    model = build_model({**config, "image": {"in_dim": 8}}, vocab_size=8).eval()
+    bound = gemm_bound(model, regions, words, lengths)
+    times = {}
+    with torch.no_grad():
+        for name, fn in (
+            ("block", lambda: model.score(regions, words, lengths)),
+            ("bound", bound),
+            ("reference", lambda: reference_scores(model, regions, words, lengths)),
+        ):
+            wall, cpu = time.perf_counter(), time.process_time()
+            times[name] = (fn(), time.process_time() - cpu, time.perf_counter() - wall)
+            print(f"{name}: {times[name][1]:.2f} s CPU, {times[name][2]:.2f} s wall", flush=True)
+    err = (times["block"][0] - times["reference"][0]).abs().max().item()
+    ref, block, floor = (times[k][1] for k in ("reference", "block", "bound"))
+    print(
+        f"{args.mode} {args.images} x {args.captions}, D={args.dim}, K={args.steps}: "
+        f"reference / block {ref / block:.2f}x, block / GEMM bound {block / floor:.2f}x "
+        f"(CPU time); max |block - reference| {err:.1e}; load {machine.load_average()}"
+    )
+
+
 __all__ = ["gemm_bound", "reference_scores"]
+
+if __name__ == "__main__":
+    main()
