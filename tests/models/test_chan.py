@@ -7,42 +7,27 @@ parameter names on a hand-built checkpoint list.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench_modules import benchmark_fixture, one_thread_fixture
 from vlret.data import RetrievalBatch
 from vlret.losses.triplet import TripletLoss
 from vlret.models import build_model
 from vlret.models.matchers.chan import CHAN, UNUSED_REFERENCE_PREFIXES
 from vlret.models.matchers.chan_score import chan_scores
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 D, R, IN, VOCAB = 12, 5, 10, 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs would cost more than the work on a loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = one_thread_fixture()
 
 
-@pytest.fixture(scope="module")
-def ref():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("ref_chan")
-    finally:
-        sys.path.remove(str(BENCH))
+ref = benchmark_fixture("ref_chan")
 
 
 def _model(**top) -> CHAN:

@@ -9,15 +9,13 @@ a loop over the tokens for the caption labels.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from bench_modules import benchmark_fixture, one_thread_fixture
 from vlret.data.vocab import build_vocab, tokenize
 from vlret.losses.registry import build_loss
 from vlret.models import build_model
@@ -26,7 +24,6 @@ from vlret.models.matchers.cvse_concepts import compute_concept_stats
 from vlret.models.matchers.cvse_files import write_concept_folder
 from vlret.train.procedures.cvse import CVSEStep, build, concept_kl
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 D, R, F_IN, C = 12, 5, 10, 6
 CAPTIONS = [
     "a man in a red shirt rides a bike",
@@ -39,21 +36,10 @@ CAPTIONS = [
 VOCAB = build_vocab(CAPTIONS, min_count=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = one_thread_fixture()
 
 
-@pytest.fixture(scope="module")
-def ref():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("ref_cvse")
-    finally:
-        sys.path.remove(str(BENCH))
+ref = benchmark_fixture("ref_cvse")
 
 
 @pytest.fixture(scope="module")

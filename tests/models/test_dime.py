@@ -7,40 +7,26 @@ own loops, rewritten step by step); the text side is a tiny random ``BertModel``
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bench_modules import benchmark_fixture, one_thread_fixture
 from bert_helpers import BERT_WORDS, write_tiny_bert
 from vlret.losses import build_loss
 from vlret.models import build_model
 from vlret.models.matchers.dime import DIME, DIME_DEFAULTS
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 WORDS = BERT_WORDS
 IN_DIM, R, D, MAX_WORDS = 10, 5, 16, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = one_thread_fixture()
 
 
-@pytest.fixture(scope="module")
-def ref():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("ref_dime")
-    finally:
-        sys.path.remove(str(BENCH))
+ref = benchmark_fixture("ref_dime")
 
 
 @pytest.fixture(scope="module")
