@@ -7,18 +7,15 @@ them), and the bound's products, which its closure runs, must be the same multis
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench_modules import benchmark_fixture
 from vlret.models import build_model
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 D, R = 8, 5
 PRODUCTS = {
     getattr(op, overload)
@@ -27,13 +24,7 @@ PRODUCTS = {
 } | {torch.ops.aten.baddbmm_.default}
 
 
-@pytest.fixture(scope="module")
-def ref():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("ref_imram")
-    finally:
-        sys.path.remove(str(BENCH))
+ref = benchmark_fixture("ref_imram")
 
 
 class _Products(TorchDispatchMode):

@@ -11,35 +11,26 @@ checked exactly, not within a loose tolerance.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bench_modules import benchmark_fixture
 from vlret.losses import build_loss
 from vlret.models import build_model
 from vlret.models.cross_attention import scan_scores
 from vlret.models.matchers.imram import IMRAM, IMRAM_DEFAULTS, MEMORY_LAYERS
 from vlret.models.matchers.imram_scores import imram_plan, imram_scores
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 VOCAB, R, IN_DIM, D = 17, 5, 6, 12
 BASE = {"kind": "imram", "embed_dim": D, "image": {"in_dim": IN_DIM}, "text": {"word_dim": 7}}
 MODES = ("text", "image", "full")
 ATOL = 1e-12  # float64: sums of K (2K) cosines, each from a few dozen products
 
 
-@pytest.fixture(scope="module")
-def ref():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("ref_imram")
-    finally:
-        sys.path.remove(str(BENCH))
+ref = benchmark_fixture("ref_imram")
 
 
 @pytest.fixture(autouse=True)
