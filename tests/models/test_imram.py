@@ -236,6 +236,7 @@ def test_config_round_trip_and_defaults():
         ({"steps": 2.0}, r"^steps: must be a positive int"),
         ({"lambda_softmax": 0}, r"^lambda_softmax: must be a number > 0"),
         ({"renorm_memory": 1}, r"^renorm_memory: must be true or false"),
+        ({"score_scale": "max"}, r"^score_scale: must be one of \['sum', 'mean'\]"),
         ({"embed_dim": 0}, r"^embed_dim: must be a positive int"),
         ({"iteration_step": 3}, r"iteration_step"),
         ({"image": {"in_dim": 0}}, r"^image.in_dim: must be a positive int"),
@@ -248,6 +249,34 @@ def test_config_round_trip_and_defaults():
 def test_bad_configs_name_the_key(change, pattern):
     with pytest.raises(ValueError, match=pattern):
         build_model({**BASE, **change}, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(("mode", "terms"), [("text", 3), ("image", 3), ("full", 6)])
+def test_mean_scale_divides_by_the_summed_cosines_and_stays_within_one(mode, terms):
+    regions, words, lengths = tokens()
+    summed = make(mode=mode, steps=3).score(regions, words, lengths)
+    mean_model = make(mode=mode, steps=3, score_scale="mean")
+    mean = mean_model.score(regions, words, lengths)
+    assert mean_model.config["score_scale"] == "mean"
+    torch.testing.assert_close(mean * terms, summed, rtol=0, atol=1e-12)
+    assert bool((mean.abs() <= 1 + 1e-12).all())
+    # a ranking model: the order of the captions for every image is the same
+    assert torch.equal(mean.argsort(dim=1), summed.argsort(dim=1))
+
+
+def test_adacl_updates_its_margins_on_the_mean_scale_only():
+    """AdaCL refuses a margin update when the anchor score is >= 1: on IMRAM's summed scale
+    (three cosines of near-identical fragments) it never updates and its loss vanishes."""
+    g = torch.Generator().manual_seed(4)
+    regions = F.normalize(torch.randn(8, R, D, generator=g) * 0.05 + 1.0, dim=-1)
+    words = F.normalize(torch.randn(8, 4, D, generator=g) * 0.05 + 1.0, dim=-1)
+    lengths = torch.full((8,), 4)
+    for scale, updated in (("sum", False), ("mean", True)):
+        loss = build_loss("adacl", m1_init=20.0, m2_init=0.1, p_u=0.03, queue_size=0)
+        sim = make(mode="text", steps=3, score_scale=scale).score(regions, words, lengths)
+        value = float(loss.from_similarity(sim).detach())
+        assert loss.last_stats["updated"] is updated, (scale, loss.last_stats)
+        assert (value > 1e-6) is updated, (scale, value)
 
 
 def test_bad_scorer_inputs_name_the_argument():

@@ -38,6 +38,7 @@ Config schema (``vlret.models.build_model``; every key optional, defaults shown)
 
     {"kind": "imram", "embed_dim": 1024, "mode": "full",   # text | image | full
      "steps": 3, "lambda_softmax": 9.0, "renorm_memory": False,
+     "score_scale": "sum",                                   # sum | mean
      "image": {"in_dim": 2048},
      "text": {"vocab_size": <from build_model(vocab_size=...)>, "word_dim": 300,
               "num_layers": 1, "bidirectional": True, "dropout": 0.0}}
@@ -71,9 +72,12 @@ IMRAM_DEFAULTS: dict[str, Any] = {
     "steps": 3,
     "lambda_softmax": 9.0,
     "renorm_memory": False,
+    "score_scale": "sum",
     "image": {},
     "text": {},
 }
+#: ``score_scale``: the release's sum over the steps (and directions), or its mean.
+SCORE_SCALES = ("sum", "mean")
 #: The memory layers, in the release's names (``SCAN.__init__`` of HuiChen24/IMRAM).
 MEMORY_LAYERS = ("linear_t2i", "gate_t2i", "linear_i2t", "gate_i2t")
 
@@ -91,6 +95,12 @@ class IMRAM(CrossAttentionModel):
         steps: Matching steps ``K``.
         lambda_softmax: Inverse temperature of the attention softmax.
         renorm_memory: L2-normalise the memory after each update.
+        score_scale: ``"sum"`` (the release: the steps' and directions' mean cosines summed,
+            in ``[-K, K]``, ``[-2K, 2K]`` for Full-IMRAM) or ``"mean"`` (divided by their
+            number, in ``[-1, 1]``; the same ranking). A loss whose margins assume cosine
+            scores below 1 needs ``"mean"``: AdaCL's margin update refuses every batch whose
+            anchor score is at least 1, so on the summed scale it never updates and its loss
+            is 0.
         config: The resolved config the model was built from.
 
     Raises:
@@ -106,9 +116,11 @@ class IMRAM(CrossAttentionModel):
         steps: int = 3,
         lambda_softmax: float = 9.0,
         renorm_memory: bool = False,
+        score_scale: str = "sum",
         config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(image_encoder, text_encoder, config=config)
+        self.score_scale = choice(score_scale, "score_scale", SCORE_SCALES)
         self.mode = choice(mode, "mode", IMRAM_MODES)
         self.steps = positive_int(steps, "steps")
         self.lambda_softmax = positive_float(lambda_softmax, "lambda_softmax")
@@ -140,8 +152,9 @@ class IMRAM(CrossAttentionModel):
     ) -> torch.Tensor:
         """The ``(n_img, n_cap)`` scores of the pairs (the
         :class:`~vlret.models.pair_scorer.PairScorer` interface), by
-        :func:`~vlret.models.matchers.imram_scores.imram_scores`."""
-        return imram_scores(
+        :func:`~vlret.models.matchers.imram_scores.imram_scores` (divided by the number of
+        summed terms for ``score_scale = "mean"``)."""
+        scores = imram_scores(
             regions,
             words,
             word_lengths,
@@ -152,6 +165,9 @@ class IMRAM(CrossAttentionModel):
             renorm_memory=self.renorm_memory,
             max_elements=max_elements,
         )
+        if self.score_scale == "mean":
+            scores = scores / (self.steps * (2 if self.mode == "full" else 1))
+        return scores
 
     def reference_names(self) -> dict[str, str]:
         """Map the release's checkpoint keys to this model's state-dict names.
@@ -217,6 +233,7 @@ def build_imram_model(top: Mapping[str, Any], *, vocab_size: int | None = None) 
         steps=cfg["steps"],
         lambda_softmax=cfg["lambda_softmax"],
         renorm_memory=cfg["renorm_memory"],
+        score_scale=cfg["score_scale"],
         config=cfg,
     )
 
