@@ -528,10 +528,10 @@ def synth_main(preset: str, out: str | Path, *, random_bert: bool = False, **opt
 
     Everything the world needs is checked before anything is written: an MSR-VTT-format or
     precomp world and transformers for ``random_bert`` (:class:`~vlret._extras.MissingExtra`
-    naming the extra), Pillow for rendered images, webdataset for shards, and the folder: a non-empty
-    ``out`` (an earlier world included) is refused unless ``overwrite`` (``--overwrite``) or
-    it holds a world whose writing stopped half-way (:data:`UNFINISHED_FILE`; the folder
-    stays marked until the BERT is written too)."""
+    naming the extra), Pillow for rendered images, webdataset for shards, and the folder: a
+    non-empty ``out`` (an earlier world included) is refused unless ``overwrite``
+    (``--overwrite``) or it holds a world whose writing stopped half-way
+    (:data:`UNFINISHED_FILE`; the folder stays marked until the BERT is written too)."""
     from .._extras import require
 
     options = {k: v for k, v in options.items() if v is not None}
