@@ -54,7 +54,7 @@ MATCHER_CONFIGS: dict[str, dict[str, Any]] = {
     "dime": {"kind": "dime", "embed_dim": 256},
 }
 #: Images per part: the reference loops differ by orders of magnitude in cost.
-DEFAULT_IMAGES = {"imram": 64, "cvse": 256, "chan": 128, "chan_bert": 128, "dime": 8}
+DEFAULT_IMAGES = {"imram": 32, "cvse": 256, "chan": 128, "chan_bert": 128, "dime": 32}
 
 
 def _bert_folder(root: Path) -> Path:
