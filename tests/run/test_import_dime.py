@@ -223,3 +223,19 @@ def test_layout_keys_and_folder_mismatches_are_named(tmp_path, bert_dir, monkeyp
     with pytest.raises(CheckpointImportError, match="over the 1000"):
         import_dime_checkpoint(good, vocab=bert_dir, out=out)
     assert not out.exists()
+
+
+def test_the_cli_imports_with_arch_dime(tmp_path, bert_dir, capsys):
+    from vlret.cli import main
+
+    opt = dime_opt()
+    path = save(tmp_path, release_checkpoint(source_model(bert_dir, opt), opt))
+    out = tmp_path / "imported.pt"
+    args = ["import-checkpoint", str(path), "--arch", "dime", "--vocab", str(bert_dir)]
+    assert main([*args, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out) and out.exists()
+    assert main([*args, "--out", str(out)]) == 2  # exists: one line naming --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    missing = tmp_path / "no_bert"
+    assert main([*args[:-1], str(missing), "--out", str(tmp_path / "x.pt")]) == 2
+    assert str(missing) in capsys.readouterr().err
