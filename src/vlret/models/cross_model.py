@@ -260,7 +260,7 @@ class WordEncoder(nn.Module):
 
 
 class CrossAttentionModel(PairScoringModel):
-    """Region and word encoders plus a pair scorer; base of :class:`SCAN`, :class:`BFAN`, SGRAF.
+    """Region and word encoders plus a pair scorer; base of SCAN, BFAN, SGRAF, IMRAM and CHAN.
 
     ``forward(batch)`` returns the ``(B, B)`` scores of every image of a
     :class:`vlret.data.RetrievalBatch` with every caption (row ``i``, column ``i``: item ``i``'s
@@ -270,7 +270,9 @@ class CrossAttentionModel(PairScoringModel):
 
     Args:
         image_encoder: The region encoder.
-        text_encoder: The word encoder.
+        text_encoder: The word encoder: a :class:`WordEncoder`, or any module with an
+            ``embed_dim`` that maps ``(captions, lengths)`` to zero-padded per-token rows
+            (CHAN's BERT side).
         config: The resolved config the model was built from (kept as ``model.config``).
 
     Raises:
@@ -278,12 +280,12 @@ class CrossAttentionModel(PairScoringModel):
     """
 
     image_encoder: RegionEncoder
-    text_encoder: WordEncoder
+    text_encoder: nn.Module
 
     def __init__(
         self,
         image_encoder: RegionEncoder,
-        text_encoder: WordEncoder,
+        text_encoder: nn.Module,
         *,
         config: Mapping[str, Any] | None = None,
     ) -> None:

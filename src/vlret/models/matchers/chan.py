@@ -68,9 +68,8 @@ import torch
 from torch import nn
 
 from ..attention import choice, positive_float, positive_int
-from ..cross_model import RegionEncoder, WordEncoder, l2norm
+from ..cross_model import CrossAttentionModel, RegionEncoder, WordEncoder, l2norm
 from ..image import lengths_to_mask, region_dropout_mask
-from ..pair_scorer import PairScoringModel
 from ..sgraf_ops import PRECISIONS
 from ..text import BertTextEncoder, check_captions, resolve_vocab_size
 from .chan_score import LSE_SCALES, chan_scores
@@ -268,8 +267,11 @@ class BertTokenEncoder(BertTextEncoder):
         return f"path={str(self.path)!r}"
 
 
-class CHAN(PairScoringModel):
+class CHAN(CrossAttentionModel):
     """CHAN's region and word encoders and its hard-alignment score (module docstring).
+
+    Encoding is :class:`~vlret.models.cross_model.CrossAttentionModel`'s: one row per region
+    and one per token (word, or BERT token with ``[CLS]`` / ``[SEP]``).
 
     Args:
         image_encoder: The region encoder.
@@ -297,34 +299,10 @@ class CHAN(PairScoringModel):
         matmul_precision: str = "float32",
         config: Mapping[str, Any] | None = None,
     ) -> None:
-        if image_encoder.embed_dim != text_encoder.embed_dim:
-            raise ValueError(
-                "embed_dim: the image and text encoders disagree: "
-                f"{image_encoder.embed_dim} vs {text_encoder.embed_dim}"
-            )
         super().__init__(image_encoder, text_encoder, config=config)
         self.beta = positive_float(beta, "beta")
         self.lse_scale = choice(lse_scale, "lse_scale", LSE_SCALES)
         self.matmul_precision = choice(matmul_precision, "matmul_precision", PRECISIONS)
-
-    @property
-    def embed_dim(self) -> int:
-        """Size ``D`` of the region and word features."""
-        return self.image_encoder.embed_dim
-
-    def encode_images(
-        self, features: torch.Tensor, lengths: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Encode regions: ``(N, R, in_dim)`` -> ``(N, R, D)`` (:class:`CHANRegionEncoder`)."""
-        return self.image_encoder(features, lengths)
-
-    def encode_texts(self, captions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Encode captions: ``(N, L)`` ids -> ``(N, max(lengths), D)``, zero at padding."""
-        return self.text_encoder(captions, lengths)
-
-    def token_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
-        """One row per token (word, or BERT token with ``[CLS]`` / ``[SEP]``)."""
-        return torch.as_tensor(lengths)
 
     def score(self, regions, words, word_lengths, *, max_elements=None) -> torch.Tensor:
         return chan_scores(

@@ -223,7 +223,7 @@ def build_imram_model(top: Mapping[str, Any], *, vocab_size: int | None = None) 
         {**CROSS_MODEL_DEFAULTS["scan"], **{k: cfg[k] for k in ("embed_dim", "image", "text")}},
         vocab_size=vocab_size,
     )
-    assert scan.config is not None
+    assert scan.config is not None and isinstance(scan.text_encoder, WordEncoder)
     image, text = scan.image_encoder, scan.text_encoder
     cfg["image"], cfg["text"] = scan.config["image"], scan.config["text"]
     return IMRAM(
